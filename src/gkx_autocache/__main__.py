@@ -1,0 +1,3 @@
+from gkx_autocache._cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""Warnings and logging: one warning line per cause, never an exception, even under ``-W error``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+logger = logging.getLogger("gkx_autocache")
+
+SILENCE = "GKX_JAX_CACHE=0 silences this"
+
+
+class AutocacheWarning(UserWarning):
+    """Something changed what gkx-autocache gives you: a setting skipped, a directory refused."""
+
+
+AutocacheWarning.__module__ = "gkx_autocache"
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_said: set[str] = set()
+
+
+def warn(cause: str, message: str) -> None:
+    """Warn once per ``cause`` per process, pointing at the user's ``import jax`` line.
+
+    ``message`` is one line; it gets the ``gkx-autocache:`` prefix and the way to silence it.
+    A warning that the user's filters turn into an exception is logged instead.
+    """
+    if cause in _said:
+        return
+    _said.add(cause)
+    text = f"gkx-autocache: {message} ({SILENCE})"
+    try:
+        warnings.warn(text, AutocacheWarning, stacklevel=_user_stacklevel())
+    except Exception:  # -W error: a cache must not cost the user their run
+        logger.warning("%s", text)
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the first frame outside this package, as ``warnings`` counts it
+    (it skips importlib's own frames)."""
+    level = 2  # 1 is warn() itself
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if "importlib" in filename and "_bootstrap" in filename:
+            frame = frame.f_back
+            continue
+        if not filename.startswith(_PACKAGE_DIR):
+            return level
+        level += 1
+        frame = frame.f_back
+    return 1

@@ -1,0 +1,109 @@
+"""The TOML files of SPEC §3: where they are, reading them (trusted ones only), editing one key.
+
+Both files are flat tables of the keys in ``_settings.KEYS``::
+
+    dir = "/scratch/jax-cache"
+    max_size = "20GiB"
+
+Editing is line-based, so comments and the rest of the file survive ``config set``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+POLICY_NAME = "gkx-autocache.toml"
+
+
+def policy_path(prefix: str = sys.prefix) -> str:
+    """The environment's policy file, beside pip's own per-environment config."""
+    return os.path.join(prefix, POLICY_NAME)
+
+
+def user_path() -> str:
+    import platformdirs
+
+    return os.path.join(platformdirs.user_config_dir("gkx-autocache"), "config.toml")
+
+
+@dataclass(frozen=True)
+class FileVerdict:
+    status: str  # "absent", "used", "ignored"
+    data: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None  # one line, for a warning
+
+
+def read(path: str) -> FileVerdict:
+    """The file's keys, or why it is not used. Never raises."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            distrust = _untrusted(os.fstat(f.fileno()))
+            if distrust:
+                return FileVerdict("ignored", problem=f"{path}: file ignored, {distrust}")
+            data = tomllib.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        return FileVerdict("absent")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        return FileVerdict("ignored", problem=f"{path}: file ignored, it is not valid TOML ({exc}); fix or remove it")
+    return FileVerdict("used", data)
+
+
+def _untrusted(st: os.stat_result) -> str | None:
+    """Why a settings file must not be trusted: whoever can write it chooses your cache directory."""
+    if not hasattr(os, "getuid"):  # Windows: no POSIX owners or modes to check
+        return None
+    uid = os.getuid()
+    if st.st_uid not in (uid, 0):
+        return f"it is owned by uid {st.st_uid}, not by you or root; chown it to yourself"
+    if st.st_mode & 0o002:
+        return "others can write it; run chmod o-w on it"
+    if st.st_mode & 0o020 and st.st_gid != os.getgid():
+        return f"group {st.st_gid} can write it; run chmod g-w on it"
+    return None
+
+
+def format_value(value: Any) -> str:
+    """A TOML literal for a validated value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def _key_line(key: str) -> re.Pattern[str]:
+    return re.compile(rf"^\s*{re.escape(key)}\s*=")
+
+
+def set_key(path: str, key: str, literal: str | None) -> None:
+    """Write ``key = literal`` into the file (``None`` removes the key), keeping every other line.
+    Atomic: a temporary file beside it, then a rename."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        lines = []
+    pattern = _key_line(key)
+    kept = [line for line in lines if not pattern.match(line)]
+    if literal is not None:
+        at = next((i for i, line in enumerate(lines) if pattern.match(line)), None)
+        new = f"{key} = {literal}"
+        if at is None:
+            # Before the first [table], so the key stays at the top level.
+            first_table = next((i for i, line in enumerate(kept) if line.lstrip().startswith("[")), len(kept))
+            kept.insert(first_table, new)
+        else:
+            kept.insert(at - sum(1 for line in lines[:at] if pattern.match(line)), new)
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(kept) + ("\n" if kept else ""))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)

@@ -1,0 +1,204 @@
+"""Settings: every value resolved with its origin. Pure: the environment, prefix and files come in.
+
+The order, highest first (SPEC §3):
+
+1. JAX's own explicit settings (``JAX_COMPILATION_CACHE_DIR`` and friends, or a value already
+   changed in ``jax.config``): the caller passes them in as ``jax_explicit``, and the key is left
+   exactly as the user set it.
+2. ``GKX_JAX_CACHE*`` environment variables.
+3. The environment's policy file, ``<sys.prefix>/gkx-autocache.toml``.
+4. The user's config file, ``<user config dir>/config.toml``.
+5. The defaults.
+
+A bad value in one source is skipped with a problem reported, and the next source down applies.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gkx_autocache import _policy
+
+FALSE = frozenset({"0", "off", "false", "no", "none", "disable", "disabled"})
+TRUE = frozenset({"1", "on", "true", "yes", "enable", "enabled"})
+XLA_CACHES = ("all", "none", "xla_gpu_per_fusion_autotune_cache_dir", "xla_gpu_kernel_cache_file")
+JAX_DEFAULT = "JAX's default"  # the xla_caches default where a GPU plugin is installed
+
+
+class BadValue(ValueError):
+    """A value that does not parse; its message says what was expected."""
+
+
+def parse_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        word = raw.strip().lower()
+        if word in TRUE:
+            return True
+        if word in FALSE:
+            return False
+    raise BadValue(f"expected a boolean (1/0, on/off, true/false, yes/no), got {raw!r}")
+
+
+def parse_float(raw: Any) -> float:
+    try:
+        value = float(raw.strip() if isinstance(raw, str) else raw) if not isinstance(raw, bool) else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not math.isfinite(value) or value < 0:
+        raise BadValue(f"expected a number of seconds >= 0, got {raw!r}")
+    return value
+
+
+def parse_entry_size(raw: Any) -> int:
+    try:
+        value = int(raw.strip() if isinstance(raw, str) else raw) if not isinstance(raw, (bool, float)) else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None or value < -1:
+        raise BadValue(f"expected a whole number of bytes >= -1, got {raw!r}")
+    return value
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(i)?)?b?\s*$", re.IGNORECASE)
+_POWER = {"k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(raw: Any) -> int:
+    """``"5GiB"``, ``"800MB"``, ``"1.5G"``, ``123``; ``K``/``KB`` = 1000, ``KiB`` = 1024."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+        return raw
+    match = _SIZE.match(raw) if isinstance(raw, str) else None
+    if match is None:
+        raise BadValue(f"expected a size like 5GiB, 800MB or a byte count (0 = no cap), got {raw!r}")
+    number, unit, binary = match.groups()
+    base = 1024 if binary else 1000
+    return int(float(number) * base ** _POWER[unit.lower()]) if unit else int(float(number))
+
+
+def parse_xla_caches(raw: Any) -> str:
+    if isinstance(raw, str) and raw.strip() in XLA_CACHES:
+        return raw.strip()
+    raise BadValue(f"expected one of {', '.join(XLA_CACHES)}, got {raw!r}")
+
+
+def parse_dir(raw: Any, base: str) -> str:
+    """A path with ``~`` and ``$VARS`` expanded, absolute against ``base``; a URL verbatim."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise BadValue(f"expected a directory path or a gs:// or s3:// URL, got {raw!r}")
+    raw = raw.strip()
+    if is_url(raw):
+        return raw
+    path = os.path.expandvars(os.path.expanduser(raw))
+    return os.path.normpath(os.path.join(base, path))
+
+
+def is_url(path: str) -> bool:
+    return "://" in path
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    env: str
+    jax_option: str | None
+    default: Any
+    parse: Callable[[Any], Any]
+
+
+KEYS = {
+    k.name: k
+    for k in (
+        Key("enabled", "GKX_JAX_CACHE", None, True, parse_bool),
+        Key("dir", "GKX_JAX_CACHE_DIR", "jax_compilation_cache_dir", None, lambda raw: raw),
+        Key("min_compile_time_secs", "GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS",
+            "jax_persistent_cache_min_compile_time_secs", 0.0, parse_float),
+        Key("min_entry_size_bytes", "GKX_JAX_CACHE_MIN_ENTRY_SIZE_BYTES",
+            "jax_persistent_cache_min_entry_size_bytes", -1, parse_entry_size),
+        Key("xla_caches", "GKX_JAX_CACHE_XLA_CACHES", "jax_persistent_cache_enable_xla_caches",
+            None, parse_xla_caches),
+        Key("max_size", "GKX_JAX_CACHE_MAX_SIZE", None, 5 * 1024**3, parse_size),
+        Key("report", "GKX_JAX_CACHE_REPORT", None, False, parse_bool),
+        Key("trust_shared", "GKX_JAX_CACHE_TRUST_SHARED", None, False, parse_bool),
+    )
+}
+
+
+def validate(key: str, raw: Any, base: str) -> Any:
+    """Parse ``raw`` for ``key``; a relative ``dir`` is taken against ``base``. Raises BadValue."""
+    if key == "dir":
+        return parse_dir(raw, base)
+    return KEYS[key].parse(raw)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    value: Any
+    origin: str  # "default", "env GKX_JAX_CACHE_DIR", a file's path, "JAX (JAX_COMPILATION_CACHE_DIR)"
+
+
+@dataclass
+class Settings:
+    values: dict[str, Resolved]
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (cause, one-line message)
+    files: dict[str, _policy.FileVerdict] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key].value
+
+    def origin(self, key: str) -> str:
+        return self.values[key].origin
+
+    def from_jax(self, key: str) -> bool:
+        return self.values[key].origin.startswith("JAX")
+
+
+def resolve(
+    env: Mapping[str, str] = os.environ,
+    prefix: str = sys.prefix,
+    user_file: str | None = None,
+    cwd: str | None = None,
+    jax_explicit: Mapping[str, tuple[Any, str]] | None = None,
+) -> Settings:
+    """Resolve every key; ``jax_explicit`` maps a key to ``(value, origin)`` for JAX options the
+    user set themselves. ``user_file`` defaults to platformdirs' user config path."""
+    cwd = os.getcwd() if cwd is None else cwd
+    settings = Settings(values={})
+    layers: list[tuple[str, Mapping[str, Any], str]] = []  # (origin, raw values, base for dir)
+    layers.append(("env", {k.name: env[k.env] for k in KEYS.values() if env.get(k.env, "").strip()}, cwd))
+    for path in (_policy.policy_path(prefix), user_file or _policy.user_path()):
+        verdict = _policy.read(path)
+        settings.files[path] = verdict
+        if verdict.problem:
+            settings.problems.append((f"file:{path}", verdict.problem))
+        for unknown in sorted(set(verdict.data) - set(KEYS)):
+            settings.problems.append(
+                (f"key:{path}:{unknown}", f"{path}: unknown key {unknown!r} skipped; known keys: {', '.join(KEYS)}")
+            )
+        layers.append((path, verdict.data, os.path.dirname(path)))
+
+    for key in KEYS.values():
+        if jax_explicit and key.name in jax_explicit:
+            value, origin = jax_explicit[key.name]
+            settings.values[key.name] = Resolved(value, origin)
+            continue
+        settings.values[key.name] = Resolved(key.default, "default")
+        for origin, data, base in layers:
+            if key.name not in data:
+                continue
+            where = f"env {key.env}" if origin == "env" else origin
+            try:
+                settings.values[key.name] = Resolved(validate(key.name, data[key.name], base), where)
+                break
+            except BadValue as exc:
+                settings.problems.append(
+                    (f"value:{where}:{key.name}", f"{where}: {key.name} skipped, {exc}; fix or remove it")
+                )
+    return settings

@@ -1,0 +1,182 @@
+"""Counting hits, misses and time saved: in this process (for ``report``) and across processes
+(the ledger, for ``gkx-autocache stats``).
+
+The ledger is one append-only JSON-lines file per process under
+``<version dir>/.gkx-autocache/ledger/`` (appends to one shared file are not atomic on NFS), written
+as the process goes, so a worker that ends by ``os._exit`` loses at most its last line.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gkx_autocache._cache import META_DIR
+from gkx_autocache._diagnostics import logger
+
+LEDGER_DIR = "ledger"
+REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
+HITS = "/jax/compilation_cache/cache_hits"
+RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
+
+
+@dataclass
+class Totals:
+    hits: int = 0
+    misses: int = 0
+    saved_secs: float = 0.0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    writes: int = 0
+    compile_secs: dict[str, float] = field(default_factory=dict)  # key -> compile time, from writes
+
+    def add(self, record: dict[str, Any]) -> None:
+        kind = record.get("e")
+        if kind == "hit":
+            self.hits += 1
+            self.saved_secs += float(record.get("saved", 0.0))
+            self.bytes_read += int(record.get("bytes", 0))
+        elif kind == "miss":
+            self.misses += 1
+        elif kind == "put":
+            self.writes += 1
+            self.bytes_written += int(record.get("bytes", 0))
+            self.compile_secs[str(record.get("key"))] = float(record.get("compile", 0.0))
+
+
+class Recorder:
+    """This process's counters and ledger file. Every method swallows its own errors: it runs
+    inside JAX's compile path, where an exception would fail the user's ``jit`` call."""
+
+    def __init__(self, directory: str, ledger: bool) -> None:
+        self.directory = directory
+        self.requests = 0
+        self.jax_hits = 0
+        self.totals = Totals()
+        self._pending = threading.local()  # compile time of the entry just read on this thread
+        self._lock = threading.Lock()
+        self._ledger_path = os.path.join(directory, META_DIR, LEDGER_DIR, f"{os.getpid()}-{time.time_ns()}.jsonl") if ledger else None
+        self._ledger: Any = None
+
+    # JAX's monitoring events: counted whichever store serves the directory.
+    def on_event(self, event: str, *args: Any, **kwargs: Any) -> None:
+        if event == REQUESTS:
+            self.requests += 1
+        elif event == HITS:
+            self.jax_hits += 1
+
+    def on_duration(self, event: str, duration: float, *args: Any, **kwargs: Any) -> None:
+        try:
+            if event == RETRIEVAL:
+                pending = getattr(self._pending, "hit", None)
+                if pending is not None:
+                    self._pending.hit = None
+                    key, nbytes, compile_secs = pending
+                    self._record({"e": "hit", "key": key, "bytes": nbytes, "saved": max(compile_secs - duration, 0.0)})
+        except Exception:
+            pass
+
+    # The store's calls.
+    def hit(self, key: str, nbytes: int, compile_secs: float) -> None:
+        """An entry was read; it is recorded when JAX reports its load time, on this thread."""
+        self._pending.hit = (key, nbytes, compile_secs)
+
+    def miss(self, key: str) -> None:
+        self._pending.hit = None
+        self._record({"e": "miss", "key": key})
+
+    def put(self, key: str, nbytes: int, compile_secs: float) -> None:
+        self._pending.hit = None  # an entry read but not loadable is compiled and written again
+        self._record({"e": "put", "key": key, "bytes": nbytes, "compile": round(compile_secs, 6)})
+
+    def _record(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.totals.add(record)
+            if self._ledger_path is None:
+                return
+            try:
+                if self._ledger is None:
+                    os.makedirs(os.path.dirname(self._ledger_path), mode=0o700, exist_ok=True)
+                    self._ledger = open(self._ledger_path, "a", encoding="utf-8")
+                self._ledger.write(json.dumps(record, separators=(",", ":")) + "\n")
+                self._ledger.flush()
+            except OSError as exc:
+                logger.debug("ledger not written: %s", exc)
+                self._ledger_path = None
+
+    def report_line(self) -> str:
+        misses = self.requests - self.jax_hits
+        parts = [f"{self.jax_hits} hits", f"{misses} misses"]
+        if self._ledger_path is not None or self.totals.hits or self.totals.writes:
+            parts.append(f"{self.totals.saved_secs:.2f} s compile time saved")
+            parts.append(f"{human_bytes(self.totals.bytes_read)} read, {human_bytes(self.totals.bytes_written)} written")
+        return f"gkx-autocache: {', '.join(parts)}, {self.directory}"
+
+
+recorder: Recorder | None = None
+
+
+def start(settings: Any, directory: str, ledger: bool) -> Recorder:
+    """Listen to JAX's cache events; with ``report``, print one line at exit."""
+    global recorder
+    import jax.monitoring
+
+    recorder = Recorder(directory, ledger)
+    jax.monitoring.register_event_listener(recorder.on_event)
+    jax.monitoring.register_event_duration_secs_listener(recorder.on_duration)
+    if settings["report"]:
+        atexit.register(_report)
+    return recorder
+
+
+def _report() -> None:
+    if recorder is not None:
+        try:
+            print(recorder.report_line(), file=sys.stderr, flush=True)
+        except Exception:
+            pass
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def ledger_files(version_dir: str) -> Iterator[str]:
+    folder = os.path.join(version_dir, META_DIR, LEDGER_DIR)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return
+    for name in names:
+        if name.endswith(".jsonl"):
+            yield os.path.join(folder, name)
+
+
+def read_ledger(version_dir: str) -> Totals | None:
+    """Totals across every process since the last reset, or None when there is no ledger yet."""
+    files = list(ledger_files(version_dir))
+    if not files:
+        return None
+    totals = Totals()
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        totals.add(json.loads(line))
+                    except ValueError:
+                        continue  # a torn last line of a process that died mid-write
+        except OSError:
+            continue
+    return totals

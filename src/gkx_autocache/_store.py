@@ -1,0 +1,222 @@
+"""The cache backend JAX reads and writes through, for the directory the package resolved (SPEC §7).
+
+JAX's format and key are kept, so stock JAX and this store read each other's directories. What
+changes: writes are atomic (a temporary file, then ``os.replace``, overwriting, which heals a bad
+entry); an entry that does not decompress is removed and costs one recompile, silently; an entry in
+another compression format is left alone; each hit records recency with ``os.utime`` (no lock);
+the real compile time of each write is kept beside the entry (``<key>-gkx-compile``), so time saved
+is real for sub-second compiles; and every I/O failure is a miss and a DEBUG line, never a warning
+(users run their tests under ``-W error``).
+
+The seam, the same in JAX 0.10.2 and 0.12.0.1: ``jax._src.compilation_cache.get_file_cache(path)``
+builds the cache object; it is the only private name patched.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from gkx_autocache import _cache
+from gkx_autocache._diagnostics import logger
+
+COMPILE_SIDECAR = "-gkx-compile"
+VERDICT_FILE = "store.json"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def compression_of(data: bytes) -> str | None:
+    """``"zstd"`` or ``"zlib"`` by the frame's magic bytes, None for neither."""
+    if data[:4] == ZSTD_MAGIC:
+        return "zstd"
+    if len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0:
+        return "zlib"
+    return None
+
+
+class Store:
+    """JAX's ``CacheInterface``: ``get(key) -> bytes | None`` and ``put(key, bytes)``."""
+
+    def __init__(self, path: str, *, compression: str, decompress: Any, shared: bool, recorder: Any) -> None:
+        self._path = path  # JAX's VerificationCache reads this attribute
+        self._compression = compression
+        self._decompress = decompress
+        self._file_mode = 0o660 if shared else 0o600
+        self._recorder = recorder
+        self._misses = threading.local()  # key -> monotonic time of the miss, per thread
+
+    def _entry(self, key: str) -> str:
+        return os.path.join(self._path, key + _cache.ENTRY_SUFFIX)
+
+    def get(self, key: str) -> bytes | None:
+        path = self._entry(key)
+        data = _read(path)
+        if data is not None and self._usable(path, data):
+            try:
+                os.utime(path)  # recency for pruning, on noatime mounts too
+            except OSError:
+                pass
+            self._recorder.hit(key, len(data), self._compile_secs(key, data))
+            return data
+        pending = getattr(self._misses, "keys", None)
+        if pending is None:
+            pending = self._misses.keys = {}
+        pending[key] = time.monotonic()
+        self._recorder.miss(key)
+        return None
+
+    def _usable(self, path: str, data: bytes) -> bool:
+        if compression_of(data) not in (self._compression, None):
+            logger.debug("%s is in another compression format: a miss, left alone", path)
+            return False
+        try:
+            self._decompress(data)
+        except Exception as exc:
+            logger.debug("%s is corrupt (%s): removed, it will be compiled again", path, exc)
+            _remove(path)
+            return False
+        return True
+
+    def _compile_secs(self, key: str, data: bytes) -> float:
+        try:
+            with open(self._entry(key)[: -len(_cache.ENTRY_SUFFIX)] + COMPILE_SIDECAR, "rb") as f:
+                return float(f.read(64))
+        except (OSError, ValueError):
+            pass
+        try:  # JAX's own record: whole seconds, in the first 4 bytes of the payload
+            return float(int.from_bytes(self._decompress(data)[:4], "big"))
+        except Exception:
+            return 0.0
+
+    def put(self, key: str, value: bytes) -> None:
+        started = getattr(self._misses, "keys", {}).pop(key, None)
+        path = self._entry(key)
+        existing = _read(path, limit=4)
+        if existing is not None and compression_of(existing) not in (self._compression, None):
+            logger.debug("%s belongs to another environment's format: not overwritten", path)
+            return
+        if not _write_atomic(path, value, self._file_mode):
+            return
+        compile_secs = time.monotonic() - started if started is not None else 0.0
+        if started is not None:
+            _write_atomic(path[: -len(_cache.ENTRY_SUFFIX)] + COMPILE_SIDECAR, f"{compile_secs:.6f}".encode(), self._file_mode)
+        self._recorder.put(key, len(value), compile_secs)
+
+
+def _read(path: str, limit: int = -1) -> bytes | None:
+    """The file's bytes, or None. Never through a symlink: a planted link must not feed JAX."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ELOOP):
+            logger.debug("cannot read %s: %s", path, exc)
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return f.read(limit)
+    except OSError as exc:
+        logger.debug("cannot read %s: %s", path, exc)
+        return None
+
+
+def _write_atomic(path: str, data: bytes, mode: int) -> bool:
+    """Write to a temporary file beside ``path``, then rename over it: no reader ever sees a
+    partial entry, and a write that fails half-way (disk full, ``ulimit -f``) leaves nothing."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), mode)
+    except OSError as exc:
+        logger.debug("cannot write %s: %s", path, exc)
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)  # the open mode is masked by the umask
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError as exc:
+        logger.debug("cannot write %s: %s", path, exc)
+        _remove(tmp)
+        return False
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# -- installing the store into JAX ------------------------------------------------------------
+
+
+def _guard(cc: Any) -> str | None:
+    """Why this JAX's internals are not the ones the store was written for, or None."""
+    import inspect
+
+    get_file_cache = getattr(cc, "get_file_cache", None)
+    if get_file_cache is None or list(inspect.signature(get_file_cache).parameters) != ["path"]:
+        return "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
+    for name in ("decompress_executable", "compress_executable", "VerificationCache", "CacheInterface"):
+        if not hasattr(cc, name):
+            return f"jax._src.compilation_cache.{name} is missing"
+    return None
+
+
+def install(jax: Any, version_dir: str, shared: bool, recorder: Any) -> str | None:
+    """Serve ``version_dir`` through the store; return why not (JAX's stock cache then serves)."""
+    try:
+        from jax._src import compilation_cache as cc
+    except Exception as exc:  # pragma: no cover - a JAX without the module
+        return f"jax._src.compilation_cache cannot be imported ({exc})"
+    reason = _guard(cc)
+    if reason is None and jax.config.jax_compilation_cache_max_size != -1:
+        reason = "jax_compilation_cache_max_size is set by the user: JAX's own LRU cache serves"
+    if reason is not None:
+        return reason
+    compression = compression_of(cc.compress_executable(b"gkx-autocache"))
+    original = cc.get_file_cache
+    ours = os.path.realpath(version_dir)
+
+    def get_file_cache(path: str) -> Any:
+        if not isinstance(path, str) or "://" in path or os.path.realpath(path) != ours:
+            return original(path)
+        store = Store(path, compression=compression or "zlib", decompress=cc.decompress_executable, shared=shared, recorder=recorder)
+        if jax.config.jax_compilation_cache_check_contents:
+            return cc.VerificationCache(store), path
+        return store, path
+
+    get_file_cache.__wrapped__ = original  # type: ignore[attr-defined]
+    cc.get_file_cache = get_file_cache
+    return None
+
+
+def write_verdict(version_dir: str, store: str, reason: str | None) -> None:
+    """Record which store serves the directory, so ``status`` can say it without importing jax."""
+    text = json.dumps({"store": store, "reason": reason}) + "\n"
+    path = os.path.join(version_dir, _cache.META_DIR, VERDICT_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    except OSError:
+        return
+    _write_atomic(path, text.encode(), 0o644)
+
+
+def read_verdict(version_dir: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(version_dir, _cache.META_DIR, VERDICT_FILE), encoding="utf-8") as f:
+            verdict = json.load(f)
+        return verdict if isinstance(verdict, dict) else None
+    except (OSError, ValueError):
+        return None
