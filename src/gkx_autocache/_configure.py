@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -10,15 +11,6 @@ from typing import Any
 
 from gkx_autocache import _cache, _settings
 from gkx_autocache._diagnostics import logger, warn
-
-# JAX's own defaults for the options the package sets (the same in JAX 0.10 and 0.12). A value
-# in jax.config that differs from these was set by the user, and is left as they set it.
-JAX_DEFAULTS: dict[str, Any] = {
-    "jax_compilation_cache_dir": None,
-    "jax_persistent_cache_min_compile_time_secs": 1.0,
-    "jax_persistent_cache_min_entry_size_bytes": 0,
-    "jax_persistent_cache_enable_xla_caches": "xla_gpu_per_fusion_autotune_cache_dir",
-}
 
 _lock = threading.Lock()
 _configured = False
@@ -37,28 +29,12 @@ def configure(jax: Any, env: Mapping[str, str] = os.environ) -> None:
             warn("configure", f"cache not configured, {type(exc).__name__}: {exc}; please report this")
 
 
-def jax_explicit(jax_config: Any, env: Mapping[str, str] = os.environ) -> dict[str, tuple[Any, str]]:
-    """The keys whose JAX option the user set themselves: ``key -> (value, origin)``."""
-    explicit = {}
-    for key in _settings.KEYS.values():
-        option = key.jax_option
-        if option is None:
-            continue
-        value = getattr(jax_config, option)
-        variable = option.upper()
-        if env.get(variable, "").strip():
-            explicit[key.name] = (value, f"JAX ({variable})")
-        elif value != JAX_DEFAULTS[option]:
-            explicit[key.name] = (value, f"JAX (jax.config {option})")
-    return explicit
-
-
 def _configure(jax: Any, env: Mapping[str, str]) -> None:
     config = jax.config
     if not config.jax_enable_compilation_cache:
         logger.debug("JAX's compilation cache is turned off by the user: nothing to do")
         return
-    settings = _settings.resolve(env, jax_explicit=jax_explicit(config, env))
+    settings = _settings.resolve(env, jax_explicit=_settings.jax_explicit(env, config))
     for cause, message in settings.problems:
         warn(cause, message)
     for key, resolved in settings.values.items():
@@ -71,9 +47,12 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     if settings.from_jax("dir"):
         directory = settings["dir"]  # the user's own: JAX's stock cache, thresholds only
     else:
-        directory = choose_directory(settings, jax.__version__)
-        if directory is None:
+        choice = _cache.choose(settings, jax.__version__)
+        for cause, message in choice.problems:
+            warn(cause, message)
+        if choice.version_dir is None:
             return
+        directory = choice.version_dir
         updates["jax_compilation_cache_dir"] = directory
     for key in ("min_compile_time_secs", "min_entry_size_bytes"):
         if not settings.from_jax(key):
@@ -88,52 +67,20 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
 
     from gkx_autocache import _stats, _store
 
-    ours = not settings.from_jax("dir") and not _settings.is_url(directory)
+    ours = not settings.from_jax("dir") and not _cache.is_url(directory)
     recorder = _stats.start(settings, directory, ledger=ours)
     if ours:
         reason = _store.install(jax, directory, bool(settings["trust_shared"]), recorder)
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
         _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason)
+        if not reason and settings["max_size"] > 0:
+            atexit.register(_prune_at_exit, directory, settings["max_size"], recorder)
 
 
-def choose_directory(settings: _settings.Settings, jax_version: str, prefix: str = sys.prefix) -> str | None:
-    """The version directory to hand to JAX, or None (uncached, after one warning).
-
-    An explicit ``dir`` is used or refused, never replaced. The default is the environment's
-    own ``<prefix>/.cache/gkx/jax``, else the user cache; failing over between them is normal
-    (a shared conda environment, someone else's venv) and is logged only.
-    """
-    shared = bool(settings["trust_shared"])
-    explicit = settings["dir"]
-    if explicit is not None:
-        origin = settings.origin("dir")
-        if _settings.is_url(explicit):
-            return f"{explicit.rstrip('/')}/{_cache.version_name(jax_version)}"
-        try:
-            prepared = _cache.prepare(explicit, jax_version, shared)
-        except _cache.Refused as exc:
-            warn(f"dir:{explicit}", f"{origin}: dir {explicit} not used, {exc}; running uncached")
-            return None
-        if not prepared.writable:
-            logger.debug("%s is read-only: entries are read, none are written", prepared.version_dir)
-        return prepared.version_dir
-
-    reasons = []
-    roots = [_cache.venv_root(prefix)] if _cache.in_virtualenv(prefix) else []
-    for root in (*roots, _cache.user_root()):
-        try:
-            prepared = _cache.prepare(root, jax_version, shared)
-        except _cache.Refused as exc:
-            reasons.append(f"{root}: {exc}")
-            logger.debug("default directory %s refused: %s", root, exc)
-            continue
-        if prepared.writable:
-            return prepared.version_dir
-        reasons.append(f"{prepared.version_dir}: not writable")
-        logger.debug("default directory %s is not writable", prepared.version_dir)
-    warn("dir:default", f"no usable cache directory ({'; '.join(reasons)}); set GKX_JAX_CACHE_DIR; running uncached")
-    return None
+def _prune_at_exit(directory: str, cap: int, recorder: Any) -> None:
+    if recorder.totals.bytes_written:
+        _cache.prune_at_exit(directory, cap, recorder.totals.bytes_written)
 
 
 def xla_caches_for(settings: _settings.Settings, directory: str) -> str | None:
@@ -142,7 +89,7 @@ def xla_caches_for(settings: _settings.Settings, directory: str) -> str | None:
     XLA's C++ autotune cache cannot open gs:// or s3://, and without a GPU there is nothing for
     it to cache, while its path would still enter the cache key.
     """
-    if _settings.is_url(directory):
+    if _cache.is_url(directory):
         return "none"
     value: str | None = settings["xla_caches"]
     if value is not None:

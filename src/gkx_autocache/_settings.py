@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gkx_autocache import _policy
+from gkx_autocache._cache import is_url
 
 FALSE = frozenset({"0", "off", "false", "no", "none", "disable", "disabled"})
 TRUE = frozenset({"1", "on", "true", "yes", "enable", "enabled"})
@@ -83,6 +84,16 @@ def parse_size(raw: Any) -> int:
     return int(float(number) * base ** _POWER[unit.lower()]) if unit else int(float(number))
 
 
+def format_size(n: int) -> str:
+    """The inverse of parse_size for display: ``5368709120 -> "5GiB"``; 0 is no cap."""
+    if n == 0:
+        return "0 (no cap)"
+    for unit, power in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
+        if n >= 1024**power:
+            return f"{n / 1024**power:g}{unit}"
+    return f"{n}B"
+
+
 def parse_xla_caches(raw: Any) -> str:
     if isinstance(raw, str) and raw.strip() in XLA_CACHES:
         return raw.strip()
@@ -98,10 +109,6 @@ def parse_dir(raw: Any, base: str) -> str:
         return raw
     path = os.path.expandvars(os.path.expanduser(raw))
     return os.path.normpath(os.path.join(base, path))
-
-
-def is_url(path: str) -> bool:
-    return "://" in path
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,35 @@ KEYS = {
         Key("trust_shared", "GKX_JAX_CACHE_TRUST_SHARED", None, False, parse_bool),
     )
 }
+
+
+# JAX's own defaults for the options the package sets (the same in JAX 0.10 and 0.12). A value in
+# jax.config that differs from these was set by the user, and is left as they set it.
+JAX_DEFAULTS: dict[str, Any] = {
+    "jax_compilation_cache_dir": None,
+    "jax_persistent_cache_min_compile_time_secs": 1.0,
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+    "jax_persistent_cache_enable_xla_caches": "xla_gpu_per_fusion_autotune_cache_dir",
+}
+
+
+def jax_explicit(env: Mapping[str, str] = os.environ, jax_config: Any = None) -> dict[str, tuple[Any, str]]:
+    """Layer 1: the keys whose JAX option the user set themselves, ``key -> (value, origin)``.
+
+    From the ``JAX_*`` variables alone when ``jax_config`` is None (the CLI does not import jax).
+    """
+    explicit: dict[str, tuple[Any, str]] = {}
+    for key in KEYS.values():
+        option = key.jax_option
+        if option is None:
+            continue
+        variable = option.upper()
+        value = getattr(jax_config, option) if jax_config is not None else env.get(variable, "").strip()
+        if env.get(variable, "").strip():
+            explicit[key.name] = (value, f"JAX ({variable})")
+        elif jax_config is not None and value != JAX_DEFAULTS[option]:
+            explicit[key.name] = (value, f"JAX (jax.config {option})")
+    return explicit
 
 
 def validate(key: str, raw: Any, base: str) -> Any:
