@@ -1,0 +1,172 @@
+"""Fixtures for the three rings of tests: pure units, in-process hooks, and real interpreters in
+real virtual environments built from the wheel, running real JAX.
+
+A test venv gets the wheel (installed with uv, as users do) and a ``zz_test_deps.pth`` whose one
+path line lets it import JAX and platformdirs from the environment running pytest. A path line
+adds a folder to ``sys.path`` without running the ``.pth`` files inside it, so the runner's own
+install of the package stays inert there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER_SITE = sysconfig.get_paths()["purelib"]
+
+# The runner may have the package installed (pip install -e .): keep this pytest process's own
+# imports of jax unconfigured, so in-process tests start clean.
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "PostImportFinder"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without any of the user's cache settings, and a private home."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GKX_JAX_CACHE", "JAX_", "XDG_", "PYTHON"))}
+    env.update(JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Venv:
+    path: Path
+    home: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def python(self) -> str:
+        return str(self.path / "bin" / "python")
+
+    @property
+    def site(self) -> Path:
+        return Path(self.run("-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", check=True).stdout.strip())
+
+    @property
+    def default_cache(self) -> Path:
+        return self.path / ".cache" / "gkx" / "jax"
+
+    def run(self, *args: str, env: dict[str, str] | None = None, check: bool = False, user: int | None = None,
+            cwd: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        full = {**self.env, **(env or {})}
+        proc = subprocess.run([self.python, *args], env=full, capture_output=True, text=True, check=False,
+                              user=user, cwd=cwd or str(self.home), timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        return proc
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, user: int | None = None) -> subprocess.CompletedProcess[str]:
+        return self.run("-m", "gkx_autocache", *args, env=env, user=user)
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+                   check=True, capture_output=True)
+    (found,) = out.glob("gkx_autocache-*.whl")
+    return found
+
+
+def public_tmp() -> Path:
+    """A folder whose ancestors are 0755 (pytest's are 0700), so that uid 65534 can reach it."""
+    path = Path(tempfile.mkdtemp(prefix="gkx-test-", dir="/tmp"))
+    path.chmod(0o755)
+    return path
+
+
+def make_venv(base: Path, wheel: Path | None, *, deps: bool = True, editable: str | None = None) -> Venv:
+    path = base / "venv"
+    subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(path)], check=True,
+                   capture_output=True)
+    home = base / "home"
+    home.mkdir(mode=0o755)
+    venv = Venv(path, home, clean_env(HOME=str(home)))
+    if deps:
+        (venv.site / "zz_test_deps.pth").write_text(RUNNER_SITE + "\n")
+    else:  # platformdirs, a required dependency, without JAX
+        only = base / "deps-without-jax"
+        only.mkdir()
+        (only / "platformdirs").symlink_to(Path(RUNNER_SITE) / "platformdirs")
+        (venv.site / "zz_test_deps.pth").write_text(f"{only}\n")
+    # After the deps line: an editable build finds hatchling through it.
+    target = str(path / "bin" / "python")
+    if editable == "pip":
+        command = ["pip", "--python", target, "install", "--no-build-isolation", "-e", str(ROOT)]
+    elif editable == "uv":
+        command = ["uv", "pip", "install", "--python", target, "--no-build-isolation", "-e", str(ROOT)]
+    else:
+        command = ["uv", "pip", "install", "--python", target, str(wheel)] if wheel else []
+    if command:
+        proc = subprocess.run([sys.executable, "-m", *command, "-q", "--no-deps"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    return venv
+
+
+@pytest.fixture
+def venv(wheel: Path) -> Iterator[Venv]:
+    """A fresh venv with the wheel installed, and JAX reachable."""
+    base = public_tmp()
+    try:
+        yield make_venv(base, wheel)
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+@pytest.fixture
+def bare_venv(wheel: Path) -> Iterator[Venv]:
+    """A fresh venv with the wheel installed and no JAX anywhere."""
+    base = public_tmp()
+    try:
+        yield make_venv(base, wheel, deps=False)
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+# A small real JAX program: prints, as its last line, JSON with the cache counts and the result.
+PROGRAM = r"""
+import json, sys
+import jax, jax.numpy as jnp
+counts = {"requests": 0, "hits": 0}
+def listen(event, *a, **k):
+    if event == "/jax/compilation_cache/compile_requests_use_cache": counts["requests"] += 1
+    elif event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
+jax.monitoring.register_event_listener(listen)
+
+@jax.jit
+def f(x):
+    return jnp.tanh(x @ x.T).sum(axis=0) * 3.0
+@jax.jit
+def g(x):
+    return jnp.cumsum(jnp.sin(x) ** 2)
+x = jnp.linspace(0.0, 1.0, 64).reshape(8, 8)
+result = float(f(x).sum()) + float(g(x.ravel()).sum())
+c = jax.config
+print(json.dumps({**counts, "result": round(result, 4), "dir": c.jax_compilation_cache_dir,
+    "min_compile": c.jax_persistent_cache_min_compile_time_secs,
+    "min_entry": c.jax_persistent_cache_min_entry_size_bytes,
+    "xla_caches": c.jax_persistent_cache_enable_xla_caches,
+    "enabled": c.jax_enable_compilation_cache}))
+"""
+
+
+def run_program(venv: Venv, *flags: str, env: dict[str, str] | None = None, user: int | None = None,
+                program: str = PROGRAM) -> tuple[dict[str, object], str]:
+    """Run PROGRAM; return its JSON line and its stderr."""
+    import json
+
+    proc = venv.run(*flags, "-c", program, env=env, user=user)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def autocache_warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "AutocacheWarning" in line or line.startswith("gkx-autocache:")]

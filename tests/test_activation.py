@@ -1,0 +1,305 @@
+"""Zero-code activation in real venvs built from the wheel, with real JAX (SPEC §1-§6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, Venv, autocache_warnings, make_venv, public_tmp, run_program
+
+JAX_VERSION = __import__("importlib.metadata").metadata.version("jax")
+VERSION_DIR = f"jax-{JAX_VERSION}"
+
+
+def test_default_directory_thresholds_and_a_warm_second_process(venv: Venv) -> None:
+    """`import jax` in a venv caches under <venv>/.cache/gkx/jax/jax-<version>, thresholds opened,
+    and a second process is served from the cache."""
+    cold, err = run_program(venv)
+    assert cold["dir"] == str(venv.default_cache / VERSION_DIR)
+    assert cold["min_compile"] == 0.0 and cold["min_entry"] == -1 and cold["xla_caches"] == "none"
+    assert cold["hits"] == 0 and cold["requests"] >= 2
+    assert autocache_warnings(err) == []
+    warm, _ = run_program(venv)
+    assert warm["hits"] == warm["requests"] >= 2
+    assert warm["result"] == cold["result"]
+    assert (venv.default_cache / "CACHEDIR.TAG").is_file()
+    assert (venv.default_cache / VERSION_DIR / "CACHEDIR.TAG").is_file()
+    for folder in (venv.path / ".cache", venv.path / ".cache" / "gkx", venv.default_cache, venv.default_cache / VERSION_DIR):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    assert not (venv.path / ".cache" / "CACHEDIR.TAG").exists()
+
+
+@pytest.mark.parametrize("spelling", ["0", "off", "FALSE", " no ", "none", "disable", "Disabled"])
+def test_opt_out_leaves_jax_untouched(venv: Venv, spelling: str) -> None:
+    """Every false spelling of GKX_JAX_CACHE leaves JAX's settings at its own defaults."""
+    out, err = run_program(venv, env={"GKX_JAX_CACHE": spelling})
+    assert out["dir"] is None and out["min_compile"] == 1.0 and out["min_entry"] == 0
+    assert not venv.default_cache.exists()
+    assert err.strip() == "" or autocache_warnings(err) == []
+
+
+def test_gkx_dir_variable(venv: Venv, tmp_path: Path) -> None:
+    """GKX_JAX_CACHE_DIR=D caches in D/jax-<version>, and a relative D is taken from the cwd."""
+    out, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(tmp_path / "d")})
+    assert out["dir"] == str(tmp_path / "d" / VERSION_DIR)
+    proc = venv.run("-c", "import jax; print(jax.config.jax_compilation_cache_dir)", env={"GKX_JAX_CACHE_DIR": "rel"},
+                    cwd=str(tmp_path), check=True)
+    assert proc.stdout.strip() == str(tmp_path / "rel" / VERSION_DIR)
+
+
+def test_jax_own_directory_is_left_alone_but_gets_thresholds(venv: Venv, tmp_path: Path) -> None:
+    """JAX_COMPILATION_CACHE_DIR=E stays E, untouched by the store; the thresholds still apply."""
+    own = tmp_path / "own"
+    out, _ = run_program(venv, env={"JAX_COMPILATION_CACHE_DIR": str(own)})
+    assert out["dir"] == str(own) and out["min_compile"] == 0.0 and out["min_entry"] == -1
+    assert not any(p.name.endswith("-gkx-compile") for p in own.iterdir())
+    assert not (own / ".gkx-autocache").exists() and not (own / "CACHEDIR.TAG").exists()
+    warm, _ = run_program(venv, env={"JAX_COMPILATION_CACHE_DIR": str(own)})
+    assert warm["hits"] == warm["requests"]
+
+
+def test_jax_own_threshold_variable_wins(venv: Venv) -> None:
+    """A JAX_* variable the user set is left exactly as they set it."""
+    out, _ = run_program(venv, env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2.5"})
+    assert out["min_compile"] == 2.5 and out["min_entry"] == -1
+
+
+def test_jax_cache_turned_off_by_user_means_nothing_happens(venv: Venv) -> None:
+    """JAX_ENABLE_COMPILATION_CACHE=false: no directory, no setting."""
+    out, _ = run_program(venv, env={"JAX_ENABLE_COMPILATION_CACHE": "false"})
+    assert out["dir"] is None and out["min_compile"] == 1.0
+    assert not venv.default_cache.exists()
+
+
+def test_policy_file_relative_dir_and_precedence(venv: Venv, tmp_path: Path) -> None:
+    """The policy file applies, a relative dir in it is relative to the venv; env beats it; it beats
+    the user's config file."""
+    (venv.path / "gkx-autocache.toml").write_text('dir = "policy-cache"\nmin_compile_time_secs = 0.5\n')
+    user_cfg = venv.home / ".config" / "gkx-autocache"
+    user_cfg.mkdir(parents=True)
+    (user_cfg / "config.toml").write_text('dir = "/nonexistent-user"\nmin_compile_time_secs = 0.25\nmin_entry_size_bytes = 7\n')
+    out, err = run_program(venv)
+    assert out["dir"] == str(venv.path / "policy-cache" / VERSION_DIR)
+    assert out["min_compile"] == 0.5 and out["min_entry"] == 7
+    assert autocache_warnings(err) == []
+    out, _ = run_program(venv, env={"GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS": "0.125"})
+    assert out["min_compile"] == 0.125
+
+
+def test_user_config_applies_below_env(venv: Venv, tmp_path: Path) -> None:
+    """The user's config.toml (XDG_CONFIG_HOME honoured) sets the directory when nothing above does."""
+    cfg = tmp_path / "xdg"
+    (cfg / "gkx-autocache").mkdir(parents=True)
+    (cfg / "gkx-autocache" / "config.toml").write_text(f'dir = "{tmp_path / "user-cache"}"\nreport = "yes"\n')
+    out, err = run_program(venv, env={"XDG_CONFIG_HOME": str(cfg)})
+    assert out["dir"] == str(tmp_path / "user-cache" / VERSION_DIR)
+    assert re.search(r"^gkx-autocache: 0 hits, \d+ misses", err, re.M), err
+
+
+def test_uncreatable_default_falls_back_quietly_to_user_cache(venv: Venv, tmp_path: Path) -> None:
+    """A regular file where <venv>/.cache should be: the user cache path, with no warning."""
+    (venv.path / ".cache").write_text("in the way")
+    out, err = run_program(venv, env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert out["dir"] == str(tmp_path / "xdg" / "gkx" / "jax" / VERSION_DIR)
+    assert autocache_warnings(err) == []
+
+
+def test_nothing_usable_runs_uncached_with_one_warning(venv: Venv, tmp_path: Path) -> None:
+    """Neither default nor user cache can be created: one warning, the program runs uncached."""
+    (venv.path / ".cache").write_text("in the way")
+    (tmp_path / "xdg").write_text("in the way too")
+    out, err = run_program(venv, env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert out["dir"] is None and out["result"]
+    warnings = autocache_warnings(err)
+    assert len(warnings) == 1 and "GKX_JAX_CACHE=0" in warnings[0], err
+
+
+def test_unusable_explicit_dir_is_not_replaced(venv: Venv, tmp_path: Path) -> None:
+    """An explicit dir that cannot be created: one warning naming it, uncached, nothing elsewhere."""
+    (tmp_path / "file").write_text("x")
+    bad = tmp_path / "file" / "cache"
+    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(bad)})
+    assert out["dir"] is None
+    warnings = autocache_warnings(err)
+    assert len(warnings) == 1 and "GKX_JAX_CACHE_DIR" in warnings[0] and str(bad) in warnings[0]
+    assert not venv.default_cache.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        ("dir = [broken", "not valid TOML"),
+        ('min_compile_time_secs = "soon"', "min_compile_time_secs"),
+        ("colour = 3", "colour"),
+        ('max_size = "lots"', "max_size"),
+        ("report = 3", "report"),
+    ],
+)
+def test_bad_policy_values_warn_once_and_run(venv: Venv, content: str, named: str) -> None:
+    """Bad TOML, a wrong type, an unknown key, an unparsable size: one warning naming the file and
+    the key; the program runs with the next source down."""
+    policy = venv.path / "gkx-autocache.toml"
+    policy.write_text(content + "\n")
+    out, err = run_program(venv)
+    warnings = autocache_warnings(err)
+    assert len(warnings) == 1, err
+    assert str(policy) in warnings[0] and named in warnings[0]
+    assert out["dir"] == str(venv.default_cache / VERSION_DIR)
+
+
+def test_bad_env_value_warns_and_runs_under_w_error(venv: Venv) -> None:
+    """Under -W error a bad setting is logged, never raised: the program still runs, cached."""
+    out, err = run_program(venv, "-W", "error", env={"GKX_JAX_CACHE_MAX_SIZE": "huge"})
+    assert out["dir"] == str(venv.default_cache / VERSION_DIR)
+    assert "GKX_JAX_CACHE_MAX_SIZE" in err and "Traceback" not in err
+
+
+def test_warning_points_at_the_users_import_line(venv: Venv, tmp_path: Path) -> None:
+    """The warning's location is the user's `import jax`, not the package's code."""
+    script = tmp_path / "user_script.py"
+    script.write_text("import os\nimport jax\n")
+    proc = venv.run(str(script), env={"GKX_JAX_CACHE_MIN_ENTRY_SIZE_BYTES": "-5"})
+    assert f"{script}:2: AutocacheWarning: gkx-autocache: env GKX_JAX_CACHE_MIN_ENTRY_SIZE_BYTES" in proc.stderr
+
+
+def test_no_jax_installed_is_silent(bare_venv: Venv) -> None:
+    """Without JAX, interpreters start and programs run with nothing printed."""
+    proc = bare_venv.run("-c", "import json, sys; print(json.dumps(sorted(m for m in sys.modules if 'gkx' in m)))",
+                         check=True)
+    assert proc.stderr == ""
+    assert json.loads(proc.stdout) == ["gkx_autocache", "gkx_autocache._bootstrap"]
+
+
+FAKE_JAX = '''
+import os
+if os.path.exists(os.environ["BREAK_JAX"]):
+    raise ImportError("jaxlib is broken: " + os.environ["BREAK_JAX"])
+__version__ = "9.9.9"
+class _Config:
+    def __init__(self):
+        self.values = {"jax_enable_compilation_cache": True, "jax_compilation_cache_dir": None,
+                       "jax_persistent_cache_min_compile_time_secs": 1.0,
+                       "jax_persistent_cache_min_entry_size_bytes": 0,
+                       "jax_persistent_cache_enable_xla_caches": "xla_gpu_per_fusion_autotune_cache_dir",
+                       "jax_compilation_cache_max_size": -1, "jax_compilation_cache_check_contents": False}
+    def __getattr__(self, name):
+        return self.values[name]
+    def update(self, name, value):
+        self.values[name] = value
+config = _Config()
+'''
+
+FAKE_MONITORING = "def register_event_listener(f): pass\ndef register_event_duration_secs_listener(f): pass\n"
+
+RETRY = r'''
+import os, sys, traceback
+try:
+    import jax
+except ImportError as exc:
+    frames = [f.filename for f in traceback.extract_tb(exc.__traceback__)]
+    print("caught", type(exc).__name__, exc, "gkx frames:", [f for f in frames if "gkx_autocache" in f])
+    os.unlink(os.environ["BREAK_JAX"])
+import jax
+print("retry", jax.config.jax_compilation_cache_dir)
+'''
+
+
+def test_failing_jax_import_passes_through_and_a_retry_is_configured(bare_venv: Venv, tmp_path: Path) -> None:
+    """A jax whose import raises: the same exception, no package frames; after the fix, configured."""
+    fake = tmp_path / "fake"
+    (fake / "jax").mkdir(parents=True)
+    (fake / "jax" / "__init__.py").write_text(FAKE_JAX)
+    (fake / "jax" / "monitoring.py").write_text(FAKE_MONITORING)
+    flag = tmp_path / "broken"
+    flag.write_text("")
+    env = {"PYTHONPATH": str(fake), "BREAK_JAX": str(flag), "GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    # platformdirs is not needed: the dir is explicit.
+    proc = bare_venv.run("-c", RETRY, env=env, check=True)
+    assert f"caught ImportError jaxlib is broken: {flag} gkx frames: []" in proc.stdout
+    assert f"retry {tmp_path / 'c' / 'jax-9.9.9'}" in proc.stdout, proc.stderr
+
+
+def test_import_time_adds_only_the_start_up_modules(venv: Venv, tmp_path: Path, wheel: Path) -> None:
+    """`python -X importtime -c pass` lists no module beyond the package's own two."""
+    without = make_venv(public_tmp(), None)
+
+    def modules(v: Venv) -> set[str]:
+        proc = v.run("-X", "importtime", "-c", "pass", check=True)
+        return {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")} - {
+            "package"}
+
+    assert modules(venv) - modules(without) == {"gkx_autocache", "gkx_autocache._bootstrap"}
+
+
+@pytest.mark.parametrize(("flag", "active"), [("-S", False), ("-I", True), ("-E", True), ("-s", True)])
+def test_interpreter_flags(venv: Venv, flag: str, active: bool) -> None:
+    """`python -S` skips site processing, so the hook is inactive; -I, -E and -s keep it."""
+    code = "import sys; print(any(type(f).__name__ == 'PostImportFinder' for f in sys.meta_path))"
+    proc = venv.run(flag, "-c", code, check=True)
+    assert proc.stdout.strip() == str(active)
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_editable_install_works_like_the_wheel(installer: str) -> None:
+    """`pip install -e .` and `uv pip install -e .` put both start-up files at the root of
+    site-packages, and `import jax` is configured."""
+    base = public_tmp()
+    try:
+        v = make_venv(base, None, editable=installer)
+        assert (v.site / "gkx_autocache.pth").read_text() == (ROOT / "gkx_autocache.pth").read_text()
+        assert (v.site / "gkx_autocache.start").read_text() == (ROOT / "gkx_autocache.start").read_text()
+        proc = v.run("-c", "import jax; print(jax.config.jax_compilation_cache_dir)", check=True)
+        assert proc.stdout.strip() == str(v.default_cache / VERSION_DIR)
+    finally:
+        os.system(f"rm -rf {base}")
+
+
+def test_wheel_uninstall_removes_start_files(venv: Venv) -> None:
+    """Uninstalling removes gkx_autocache.pth and .start."""
+    import subprocess
+    import sys
+
+    site = venv.site
+    assert (site / "gkx_autocache.pth").exists() and (site / "gkx_autocache.start").exists()
+    subprocess.run([sys.executable, "-m", "uv", "pip", "uninstall", "-q", "--python", venv.python, "gkx-autocache"],
+                   check=True, capture_output=True)
+    assert not (site / "gkx_autocache.pth").exists() and not (site / "gkx_autocache.start").exists()
+
+
+THREADS = r'''
+import logging, sys, threading
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(name)s %(message)s")
+barrier = threading.Barrier(8)
+def worker():
+    barrier.wait()
+    import jax.numpy
+threads = [threading.Thread(target=worker) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+import jax
+print(jax.config.jax_compilation_cache_dir)
+'''
+
+
+def test_threads_importing_jax_at_once_configure_once(venv: Venv) -> None:
+    """Eight threads import jax together: configured exactly once, no deadlock."""
+    proc = venv.run("-c", THREADS, check=True, timeout=120)
+    assert proc.stdout.strip() == str(venv.default_cache / VERSION_DIR)
+    updates = [line for line in proc.stderr.splitlines() if "jax.config.update('jax_compilation_cache_dir'" in line]
+    assert len(updates) == 1, proc.stderr
+
+
+def test_already_imported_jax_is_configured_at_install(bare_venv: Venv, tmp_path: Path) -> None:
+    """install() after jax is imported configures at once."""
+    fake = tmp_path / "fake"
+    (fake / "jax").mkdir(parents=True)
+    (fake / "jax" / "__init__.py").write_text(FAKE_JAX)
+    (fake / "jax" / "monitoring.py").write_text(FAKE_MONITORING)
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != 'PostImportFinder'];"
+            "import jax; import gkx_autocache; gkx_autocache.install(); print(jax.config.jax_compilation_cache_dir)")
+    env = {"PYTHONPATH": str(fake), "BREAK_JAX": str(tmp_path / "absent"), "GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    proc = bare_venv.run("-c", code, env=env, check=True)
+    assert proc.stdout.strip() == str(tmp_path / "c" / "jax-9.9.9")
