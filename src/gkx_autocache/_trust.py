@@ -59,8 +59,10 @@ def ancestors_problem(path: str, shared: bool = False) -> str | None:
         if not st.st_mode & stat.S_ISVTX:
             if st.st_uid not in (0, uid):
                 return f"its parent {current} is owned by uid {st.st_uid}, neither you nor root, and is not sticky"
-            if st.st_mode & stat.S_IWOTH or not _group_ok(st, shared):
+            if st.st_mode & stat.S_IWOTH:
                 return f"others can write to its parent {current}, which is not sticky"
+            if not _group_ok(st, shared):
+                return f"its group can write to its parent {current}, which is not sticky; set trust_shared = true for a team cache"
         parent = os.path.dirname(current)
         if parent == current:
             return None

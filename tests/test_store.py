@@ -1,0 +1,192 @@
+"""The store (SPEC §7) with real JAX compiling real programs in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from conftest import PROGRAM, Venv, autocache_warnings, run_program
+from test_activation import VERSION_DIR
+
+JAX_READ_ERROR = "Error reading persistent compilation cache entry"
+
+
+def entries(vdir: Path) -> list[Path]:
+    return sorted(p for p in vdir.iterdir() if p.name.endswith("-cache"))
+
+
+def cache_env(root: Path, **extra: str) -> dict[str, str]:
+    return {"GKX_JAX_CACHE_DIR": str(root), **extra}
+
+
+def test_eight_processes_at_once_then_a_ninth_is_all_hits(venv: Venv, tmp_path: Path) -> None:
+    """Eight processes on an empty directory: same results, no read errors; a ninth is all hits."""
+    env = {**venv.env, **cache_env(tmp_path / "c")}
+    procs = [subprocess.Popen([venv.python, "-c", PROGRAM], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(8)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    results = {json.loads(out.strip().splitlines()[-1])["result"] for out, _ in outs}
+    assert len(results) == 1
+    assert not any(JAX_READ_ERROR in err for _, err in outs)
+    ninth, err = run_program(venv, env=cache_env(tmp_path / "c"))
+    assert ninth["hits"] == ninth["requests"] >= 2 and {ninth["result"]} == results
+    assert not list((tmp_path / "c" / VERSION_DIR).glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "zero", "garbage"])
+def test_corrupt_entry_costs_one_recompile_then_hits(venv: Venv, tmp_path: Path, damage: str) -> None:
+    """A damaged entry: right result, exactly one recompile, no JAX warning; the next run hits."""
+    env = cache_env(tmp_path / "c")
+    cold, _ = run_program(venv, env=env)
+    victim = entries(tmp_path / "c" / VERSION_DIR)[0]
+    data = victim.read_bytes()
+    victim.write_bytes({"truncate": data[: len(data) // 2], "zero": b"\0" * len(data),
+                        "garbage": os.urandom(len(data))}[damage])
+    after, err = run_program(venv, env=env)
+    assert after["result"] == cold["result"]
+    assert after["requests"] - after["hits"] == 1
+    assert JAX_READ_ERROR not in err and autocache_warnings(err) == []
+    healed, _ = run_program(venv, env=env)
+    assert healed["hits"] == healed["requests"]
+
+
+def test_failed_write_leaves_no_partial_entry(venv: Venv, tmp_path: Path) -> None:
+    """Under `ulimit -f` writes fail half-way: no partial entry, no temporary file is left."""
+    vdir = tmp_path / "c" / VERSION_DIR
+    code = f"ulimit -f 2; exec {venv.python} -c '{PROGRAM}'"
+    proc = subprocess.run(["bash", "-c", code], env={**venv.env, **cache_env(tmp_path / "c")}, capture_output=True,
+                          text=True, cwd=str(venv.home))
+    assert proc.returncode == 0, proc.stderr
+    assert JAX_READ_ERROR not in proc.stderr
+    big = [p for p in entries(vdir) if p.stat().st_size >= 2048]
+    assert big == []
+    for entry in entries(vdir):  # whatever was written is whole
+        zlib.decompress(entry.read_bytes())
+    assert not list(vdir.glob(".*"))  or [p.name for p in vdir.glob(".*")] == [".gkx-autocache"]
+
+
+def _give_to_nobody(root: Path, writable: bool) -> None:
+    for folder, dirs, files in os.walk(root):
+        os.chown(folder, 65534, 65534)
+        os.chmod(folder, 0o700 if writable else 0o500)
+        for name in files:
+            os.chown(os.path.join(folder, name), 65534, 65534)
+            os.chmod(os.path.join(folder, name), 0o400)
+
+
+def test_read_only_directory_serves_hits_silently(venv: Venv) -> None:
+    """Entries owned by and readable to a non-root user who cannot write them: hits, no warning."""
+    root = venv.home / "ro-cache"
+    cold, _ = run_program(venv, env=cache_env(root))
+    _give_to_nobody(root, writable=False)
+    warm, err = run_program(venv, env=cache_env(root), user=65534)
+    assert warm["hits"] == warm["requests"] >= 2 and warm["result"] == cold["result"]
+    assert err.strip() == "", err
+
+
+def test_w_error_with_corrupt_entry_and_unwritable_directory(venv: Venv) -> None:
+    """Under -W error: a corrupt entry in a directory the user cannot write, the run still succeeds."""
+    root = venv.home / "ro-cache"
+    cold, _ = run_program(venv, env=cache_env(root))
+    victim = entries(root / VERSION_DIR)[0]
+    victim.write_bytes(b"garbage" * 10)
+    _give_to_nobody(root, writable=False)
+    out, err = run_program(venv, "-W", "error", env=cache_env(root), user=65534)
+    assert out["result"] == cold["result"] and "Traceback" not in err
+
+
+def test_max_size_prunes_least_recently_used_at_exit(venv: Venv, tmp_path: Path) -> None:
+    """A directory past a small cap is pruned to 90 % of it at exit, oldest first."""
+    vdir = tmp_path / "c" / VERSION_DIR
+    vdir.mkdir(parents=True, mode=0o700)
+    (tmp_path / "c").chmod(0o700)
+    (vdir / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    now = time.time()
+    for i in range(10):  # ten old 10 kB entries, the oldest first in name order
+        path = vdir / f"jit_old{i}-{i:064x}-cache"
+        path.write_bytes(b"\0" * 10_000)
+        os.utime(path, (now - 10_000 + i, now - 10_000 + i))
+    out, _ = run_program(venv, env=cache_env(tmp_path / "c", GKX_JAX_CACHE_MAX_SIZE="60kB"))
+    total = sum(p.stat().st_size for p in vdir.iterdir() if p.is_file() and p.name != "CACHEDIR.TAG")
+    assert total <= 54_000
+    left = sorted(p.name for p in vdir.iterdir() if p.name.startswith("jit_old"))
+    assert left == sorted(left)[-len(left):] and "jit_old9" in " ".join(left) and "jit_old0" not in " ".join(left)
+    assert any(p.name.startswith(("jit_f", "jit_g")) for p in entries(vdir))  # this run's entries kept
+
+
+TIMED = PROGRAM.replace(
+    "jax.monitoring.register_event_listener(listen)",
+    """jax.monitoring.register_event_listener(listen)
+durations = {"compile": 0.0, "load": 0.0}
+def on_duration(event, secs, *a, **k):
+    if event == "/jax/core/compile/backend_compile_duration": durations["compile"] += secs
+    elif event == "/jax/compilation_cache/cache_retrieval_time_sec": durations["load"] += secs
+jax.monitoring.register_event_duration_secs_listener(on_duration)""",
+).replace('print(json.dumps({**counts,', 'print(json.dumps({**counts, **durations,')
+
+
+def test_time_saved_is_real_for_subsecond_compiles(venv: Venv, tmp_path: Path) -> None:
+    """`report` and the ledger show positive time saved on a warm run, within 25 % of the cold
+    run's summed compile time minus the warm run's load time."""
+    env = cache_env(tmp_path / "c", GKX_JAX_CACHE_REPORT="1")
+    cold, _ = run_program(venv, env=env, program=TIMED)
+    warm, err = run_program(venv, env=env, program=TIMED)
+    line = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:")][-1]
+    saved = float(line.split(" s compile time saved")[0].rsplit(",", 1)[1])
+    expected = cold["compile"] - warm["load"]
+    assert 0 < expected < 1.0 * len(cold) and saved > 0
+    assert abs(saved - expected) <= 0.25 * expected, (saved, expected, line)
+    proc = venv.cli("--json", "stats", env=env)
+    stats = json.loads(proc.stdout)["stats"]
+    assert stats["hits"] == warm["hits"] and stats["saved_secs"] > 0
+
+
+def test_stock_jax_and_the_store_read_each_others_entries(venv: Venv, tmp_path: Path) -> None:
+    """A directory written by stock JAX is read by the store, and the other way round."""
+    vdir = tmp_path / "c" / VERSION_DIR
+    run_program(venv, env={"JAX_COMPILATION_CACHE_DIR": str(vdir), "GKX_JAX_CACHE": "0",
+                           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
+    assert not list(vdir.glob("*-gkx-compile"))
+    ours, _ = run_program(venv, env=cache_env(tmp_path / "c"))
+    assert ours["hits"] == ours["requests"]
+    other = tmp_path / "d"
+    run_program(venv, env=cache_env(other))
+    stock, _ = run_program(venv, env={"JAX_COMPILATION_CACHE_DIR": str(other / VERSION_DIR), "GKX_JAX_CACHE": "0"})
+    assert stock["hits"] == stock["requests"]
+
+
+GUARD_TRIPPED = "import gkx_autocache._store as s; s._guard = lambda cc: 'simulated: internals changed'\n" + PROGRAM
+
+
+def test_guard_falls_back_to_jax_stock_cache(venv: Venv, tmp_path: Path) -> None:
+    """When JAX's internals are not the expected ones, JAX's stock cache still serves, and the
+    verdict is recorded for `status`."""
+    env = cache_env(tmp_path / "c")
+    cold, _ = run_program(venv, env=env, program=GUARD_TRIPPED)
+    vdir = tmp_path / "c" / VERSION_DIR
+    assert entries(vdir) and not list(vdir.glob("*-gkx-compile"))
+    verdict = json.loads((vdir / ".gkx-autocache" / "store.json").read_text())
+    assert verdict == {"store": "jax", "reason": "simulated: internals changed"}
+    warm, _ = run_program(venv, env=env, program=GUARD_TRIPPED)
+    assert warm["hits"] == warm["requests"]
+    status = json.loads(venv.cli("--json", "status", env=env).stdout)
+    assert status["store"]["store"] == "jax"
+
+
+def test_symlinked_entry_is_never_read(venv: Venv, tmp_path: Path) -> None:
+    """An entry replaced by a symlink (even to a valid entry) is a miss, and is not followed."""
+    env = cache_env(tmp_path / "c")
+    run_program(venv, env=env)
+    victim = entries(tmp_path / "c" / VERSION_DIR)[0]
+    good = tmp_path / "elsewhere"
+    victim.rename(good)
+    victim.symlink_to(good)
+    out, err = run_program(venv, env=env)
+    assert out["requests"] - out["hits"] == 1 and JAX_READ_ERROR not in err
+    assert not victim.is_symlink() and good.exists()  # healed by the atomic rewrite; target untouched

@@ -1,0 +1,286 @@
+"""Pure units on injected environments and temporary folders: settings, files, directories, trust."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+from gkx_autocache import _bootstrap, _cache, _policy, _settings, _trust
+
+
+def resolve(env: dict[str, str], prefix: Path, user: Path | None = None) -> _settings.Settings:
+    return _settings.resolve(env, str(prefix), str(user or prefix / "no-user.toml"), cwd="/work/cwd")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("5GiB", 5 * 1024**3), ("800MB", 800_000_000), ("1.5k", 1500), ("2KiB", 2048), ("123", 123), (0, 0),
+     (" 7 tib ", 7 * 1024**4), ("10b", 10)],
+)
+def test_sizes(text: object, expected: int) -> None:
+    """Sizes: a byte count or a number with K/M/G/T (1000) or KiB.. (1024), any case."""
+    assert _settings.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1", "5 GiBs", True, -3, "1e9"])
+def test_bad_sizes(bad: object) -> None:
+    with pytest.raises(_settings.BadValue):
+        _settings.parse_size(bad)
+
+
+def test_precedence_and_origins(tmp_path: Path) -> None:
+    """env > policy file > user file > default, each value with its origin; JAX's own wins over all."""
+    (tmp_path / "gkx-autocache.toml").write_text('max_size = "1GiB"\nreport = true\n')
+    user = tmp_path / "user.toml"
+    user.write_text('max_size = "2GiB"\ntrust_shared = "yes"\nreport = false\n')
+    s = _settings.resolve({"GKX_JAX_CACHE_REPORT": "off", "GKX_JAX_CACHE_DIR": "rel"}, str(tmp_path), str(user),
+                          cwd="/work/cwd", jax_explicit={"min_compile_time_secs": (3.0, "JAX (X)")})
+    assert (s["max_size"], s.origin("max_size")) == (1024**3, str(tmp_path / "gkx-autocache.toml"))
+    assert (s["report"], s.origin("report")) == (False, "env GKX_JAX_CACHE_REPORT")
+    assert (s["trust_shared"], s.origin("trust_shared")) == (True, str(user))
+    assert (s["dir"], s.origin("dir")) == ("/work/cwd/rel", "env GKX_JAX_CACHE_DIR")
+    assert (s["min_compile_time_secs"], s.origin("min_compile_time_secs")) == (3.0, "JAX (X)")
+    assert (s["min_entry_size_bytes"], s.origin("min_entry_size_bytes")) == (-1, "default")
+    assert s.problems == []
+
+
+def test_bad_value_falls_through_to_next_source(tmp_path: Path) -> None:
+    """A bad value is skipped with one problem naming source and key; the next source applies."""
+    (tmp_path / "gkx-autocache.toml").write_text("min_entry_size_bytes = 9\n")
+    s = resolve({"GKX_JAX_CACHE_MIN_ENTRY_SIZE_BYTES": "many", "GKX_JAX_CACHE_XLA_CACHES": "some"}, tmp_path)
+    assert s["min_entry_size_bytes"] == 9
+    assert s["xla_caches"] is None
+    messages = [m for _, m in s.problems]
+    assert any("GKX_JAX_CACHE_MIN_ENTRY_SIZE_BYTES" in m and "min_entry_size_bytes" in m for m in messages)
+    assert any("GKX_JAX_CACHE_XLA_CACHES" in m for m in messages)
+
+
+def test_empty_variable_counts_as_unset(tmp_path: Path) -> None:
+    s = resolve({"GKX_JAX_CACHE_DIR": "  ", "GKX_JAX_CACHE": ""}, tmp_path)
+    assert s.origin("dir") == "default" and s["enabled"] is True
+
+
+def test_dir_expansion_and_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """~ and $VARS expand; a file's relative dir is relative to its folder; URLs stay verbatim."""
+    monkeypatch.setenv("GKX_TEST_SCRATCH", "/scratch")
+    assert _settings.parse_dir("$GKX_TEST_SCRATCH/c", "/x") == "/scratch/c"
+    assert _settings.parse_dir("~/c", "/x") == os.path.expanduser("~/c")
+    assert _settings.parse_dir("s3://bucket/p", "/x") == "s3://bucket/p"
+    (tmp_path / "gkx-autocache.toml").write_text('dir = "../shared-cache"\n')
+    assert resolve({}, tmp_path)["dir"] == str(tmp_path.parent / "shared-cache")
+
+
+def test_config_set_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
+    """Editing one key keeps comments, other keys and tables."""
+    path = tmp_path / "c.toml"
+    path.write_text("# team policy\nmax_size = \"1GiB\"\nreport = true\n\n[other]\nx = 1\n")
+    _policy.set_key(str(path), "max_size", '"3GiB"')
+    _policy.set_key(str(path), "dir", '"/d"')
+    _policy.set_key(str(path), "report", None)
+    assert path.read_text() == '# team policy\nmax_size = "3GiB"\n\ndir = "/d"\n[other]\nx = 1\n'
+    assert _policy.read(str(path)).data["max_size"] == "3GiB"
+
+
+def test_untrusted_policy_file_is_ignored(tmp_path: Path) -> None:
+    """A world-writable file, or one owned by another user, is ignored with a reason."""
+    path = tmp_path / "gkx-autocache.toml"
+    path.write_text('max_size = "1GiB"\n')
+    path.chmod(0o666)
+    verdict = _policy.read(str(path))
+    assert verdict.status == "ignored" and "others can write" in (verdict.problem or "")
+    path.chmod(0o644)
+    os.chown(path, 12345, 0)
+    verdict = _policy.read(str(path))
+    assert verdict.status == "ignored" and "uid 12345" in (verdict.problem or "")
+    os.chown(path, 0, 0)
+    assert _policy.read(str(path)).status == "used"
+
+
+def test_created_directories_are_0700_under_any_umask(tmp_path: Path) -> None:
+    """Every directory the package creates is 0700 even with umask 000; tags only where it created."""
+    (tmp_path / "existing").mkdir(mode=0o755)
+    old = os.umask(0)
+    try:
+        prepared = _cache.prepare(str(tmp_path / "existing" / "a" / "b"), "1.0")
+    finally:
+        os.umask(old)
+    for p in (tmp_path / "existing" / "a", tmp_path / "existing" / "a" / "b", Path(prepared.version_dir)):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o700, p
+    assert (tmp_path / "existing" / "a" / "b" / _cache.TAG_NAME).exists()
+    assert (Path(prepared.version_dir) / _cache.TAG_NAME).exists()
+    assert not (tmp_path / "existing" / _cache.TAG_NAME).exists()
+    assert not (tmp_path / "existing" / "a" / _cache.TAG_NAME).exists()
+
+
+def test_existing_root_gets_no_tag(tmp_path: Path) -> None:
+    """A directory that already existed (a home, a scratch dir) is never tagged."""
+    root = tmp_path / "scratch"
+    root.mkdir(mode=0o700)
+    prepared = _cache.prepare(str(root), "1.0")
+    assert not (root / _cache.TAG_NAME).exists() and (Path(prepared.version_dir) / _cache.TAG_NAME).exists()
+
+
+def test_shared_mode_creates_setgid_group_directories(tmp_path: Path) -> None:
+    """trust_shared: created directories are 0770 with setgid, and a 2770 group dir is accepted."""
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    prepared = _cache.prepare(str(team / "cache"), "1.0", shared=True)
+    for p in (team / "cache", Path(prepared.version_dir)):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o2770
+    with pytest.raises(_cache.Refused, match="group can write"):
+        _cache.prepare(str(team), "1.0", shared=False)
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        (lambda p: p.chmod(0o777), "others can write"),
+        (lambda p: p.chmod(0o770), "group can write"),
+        (lambda p: os.chown(p, 4242, 4242), "owned by uid 4242"),
+    ],
+)
+def test_untrusted_directories_are_refused(tmp_path: Path, setup, reason: str) -> None:  # type: ignore[no-untyped-def]
+    """World-writable, group-writable (without trust_shared) or foreign-owned: refused, with why."""
+    bad = tmp_path / "bad"
+    bad.mkdir(mode=0o700)
+    setup(bad)
+    with pytest.raises(_cache.Refused, match=reason):
+        _cache.prepare(str(bad), "1.0")
+    link = tmp_path / "link"
+    link.symlink_to(bad)
+    with pytest.raises(_cache.Refused, match=reason):  # judged by its target
+        _cache.prepare(str(link), "1.0")
+
+
+def test_ancestor_writable_by_others_without_sticky_is_refused(tmp_path: Path) -> None:
+    """An ancestor others can write (not sticky) could swap the directory; a sticky one is fine."""
+    parent = tmp_path / "open"
+    parent.mkdir()
+    parent.chmod(0o777)
+    with pytest.raises(_cache.Refused, match="parent"):
+        _cache.prepare(str(parent / "cache"), "1.0")
+    parent.chmod(0o1777)
+    assert _cache.prepare(str(parent / "cache"), "1.0").writable
+
+
+def test_private_dir_in_sticky_tmp_is_trusted(tmp_path: Path) -> None:
+    """/tmp/<something> created 0700 by the user inside sticky /tmp: accepted."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        assert _trust.directory_problem(str(d)) is None and _trust.ancestors_problem(str(d / "x")) is None
+    finally:
+        os.rmdir(d)
+
+
+def test_scan_groups_sidecars_and_skips_links_and_strangers(tmp_path: Path) -> None:
+    """scan() groups an entry with its sidecars, lists temporaries, and never counts links or
+    files of other shapes."""
+    key = "jit_f-" + "a" * 64
+    (tmp_path / f"{key}-cache").write_bytes(b"x" * 10)
+    (tmp_path / f"{key}-gkx-compile").write_bytes(b"0.1")
+    (tmp_path / f"jit_g-{'b' * 64}-atime").write_bytes(b"12345678")
+    (tmp_path / ".jit_f.tmp").write_bytes(b"partial")
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / f"jit_h-{'c' * 64}-cache").symlink_to("/etc/passwd")
+    found = _cache.scan(str(tmp_path))
+    assert found.entries == 1 and found.units[key].bytes == 13 and len(found.units[key].files) == 2
+    assert not found.units[f"jit_g-{'b' * 64}"].has_entry
+    assert [os.path.basename(t[0]) for t in found.temporary] == [".jit_f.tmp"]
+    assert [os.path.basename(p) for p in found.links] == [f"jit_h-{'c' * 64}-cache"]
+
+
+def test_select_over_removes_least_recent_first() -> None:
+    units = [_cache.Unit(k, bytes=10, last_used=t, has_entry=True) for k, t in (("a", 3), ("b", 1), ("c", 2))]
+    assert [u.key for u in _cache.select_over(units, 15)] == ["b", "c"]
+
+
+def test_remove_files_refuses_untagged_directory(tmp_path: Path) -> None:
+    (tmp_path / f"jit_f-{'a' * 64}-cache").write_bytes(b"x")
+    with pytest.raises(_cache.Refused):
+        _cache.remove_files(str(tmp_path), [str(tmp_path / f"jit_f-{'a' * 64}-cache")])
+    assert (tmp_path / f"jit_f-{'a' * 64}-cache").exists()
+
+
+# -- the start-up hook, in process, with a stand-in module ----------------------------------------
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A module named like a stand-in for jax, on sys.path; configuration calls are recorded."""
+    name = f"standin_{os.getpid()}_{id(tmp_path)}"
+    (tmp_path / f"{name}.py").write_text("import os\nif os.environ.get('STANDIN_FAIL'):\n    raise OSError(5, 'disk')\nVALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_bootstrap, "TARGET", name)
+    calls: list[types.ModuleType] = []
+    monkeypatch.setattr(_bootstrap, "_configure_now", lambda module: calls.append(module))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv("GKX_JAX_CACHE", raising=False)
+    yield name, calls
+    sys.modules.pop(name, None)
+
+
+def test_finder_configures_after_the_module_body_and_leaves(stand_in) -> None:  # type: ignore[no-untyped-def]
+    """The callback sees the finished module; the finder leaves sys.meta_path; install is idempotent."""
+    name, calls = stand_in
+    _bootstrap.install()
+    _bootstrap.install()
+    assert sum(type(f) is _bootstrap.PostImportFinder for f in sys.meta_path) == 1
+    module = __import__(name)
+    assert [m.VALUE for m in calls] == [42]
+    assert module.__loader__.__class__.__name__ != "_ConfiguringLoader"
+    assert module.__spec__.loader is module.__loader__
+    assert not any(type(f) is _bootstrap.PostImportFinder for f in sys.meta_path)
+
+
+def test_failed_import_is_unchanged_and_retry_configures(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The user's exception comes through as it was, without our frames; the finder stays."""
+    name, calls = stand_in
+    _bootstrap.install()
+    monkeypatch.setenv("STANDIN_FAIL", "1")
+    with pytest.raises(OSError) as info:
+        __import__(name)
+    assert info.value.errno == 5
+    assert not any("gkx_autocache" in (tb.tb_frame.f_code.co_filename) for tb in _walk(info.value.__traceback__))
+    assert calls == [] and any(type(f) is _bootstrap.PostImportFinder for f in sys.meta_path)
+    monkeypatch.delenv("STANDIN_FAIL")
+    __import__(name)
+    assert len(calls) == 1
+
+
+def _walk(tb):  # type: ignore[no-untyped-def]
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def test_opt_out_installs_nothing(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("GKX_JAX_CACHE", "off")
+    _bootstrap.install()
+    assert not any(type(f) is _bootstrap.PostImportFinder for f in sys.meta_path)
+
+
+def test_threads_import_once(stand_in) -> None:  # type: ignore[no-untyped-def]
+    """Threads importing the module at once: one configuration call, no deadlock."""
+    name, calls = stand_in
+    _bootstrap.install()
+    barrier = threading.Barrier(6)
+
+    def work() -> None:
+        barrier.wait()
+        __import__(name)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(calls) == 1
