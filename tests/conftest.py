@@ -36,6 +36,28 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def as_user(uid: int, command: list[str]) -> list[str]:
+    """``command`` as ``uid``, able to reach the interpreter and the runner's packages.
+
+    Python here lives under /root, which is 0700 (SPEC §12). In a private mount namespace,
+    /root is covered by a 0755 tmpfs into which only the folders the interpreter needs are
+    bound back: nothing on the machine changes, and the process is a real non-root user.
+    """
+    import shlex
+
+    needed = {os.path.realpath(sys.base_prefix), os.path.realpath(RUNNER_SITE)}
+    binds = []
+    for path in sorted(p for p in needed if p.startswith("/root/")):
+        rel = shlex.quote(os.path.relpath(path, "/root"))
+        binds.append(f"mkdir -p /root/{rel} && mount --bind /tmp/.gkx-root/{rel} /root/{rel}")
+    script = " && ".join([
+        "mount --make-rprivate /", "mkdir -p /tmp/.gkx-root", "mount --bind /root /tmp/.gkx-root",
+        "mount -t tmpfs -o mode=755 gkx-test /root", *binds,
+        f"exec setpriv --reuid {uid} --regid {uid} --clear-groups {shlex.join(command)}",
+    ])
+    return ["unshare", "-m", "sh", "-c", script]
+
+
 @dataclass
 class Venv:
     path: Path
@@ -57,8 +79,11 @@ class Venv:
     def run(self, *args: str, env: dict[str, str] | None = None, check: bool = False, user: int | None = None,
             cwd: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         full = {**self.env, **(env or {})}
-        proc = subprocess.run([self.python, *args], env=full, capture_output=True, text=True, check=False,
-                              user=user, cwd=cwd or str(self.home), timeout=timeout)
+        command = [self.python, *args]
+        if user is not None:
+            command = as_user(user, command)
+        proc = subprocess.run(command, env=full, capture_output=True, text=True, check=False,
+                              cwd=cwd or str(self.home), timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
         return proc

@@ -1,0 +1,191 @@
+"""The installed `gkx-autocache` command, in subprocesses, against real populated caches (SPEC §10)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from conftest import Venv, run_program
+from test_activation import JAX_VERSION, VERSION_DIR
+
+TAG = "Signature: 8a477f597d28d172789f06886806bc55\n"
+
+
+def status(venv: Venv, **env: str) -> dict:  # type: ignore[type-arg]
+    proc = venv.cli("--json", "status", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_status_origins_for_every_source(venv: Venv, tmp_path: Path) -> None:
+    """status --json names where each value came from: env, policy file, user file, JAX, default."""
+    (venv.path / "gkx-autocache.toml").write_text('max_size = "1GiB"\n')
+    xdg = tmp_path / "xdg"
+    (xdg / "gkx-autocache").mkdir(parents=True)
+    (xdg / "gkx-autocache" / "config.toml").write_text("report = true\n")
+    data = status(venv, GKX_JAX_CACHE_TRUST_SHARED="0", XDG_CONFIG_HOME=str(xdg),
+                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="3")
+    origins = {k: v["origin"] for k, v in data["settings"].items()}
+    assert origins["trust_shared"] == "env GKX_JAX_CACHE_TRUST_SHARED"
+    assert origins["max_size"] == str(venv.path / "gkx-autocache.toml") and data["settings"]["max_size"]["value"] == 1024**3
+    assert origins["report"] == str(xdg / "gkx-autocache" / "config.toml")
+    assert origins["min_compile_time_secs"] == "JAX (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS)"
+    assert origins["dir"] == "default" and origins["min_entry_size_bytes"] == "default"
+    assert data["jax"] == JAX_VERSION and data["start_files"]["gkx_autocache.pth"]
+    assert data["directory"]["version_dir"] == str(venv.default_cache / VERSION_DIR)
+    assert any("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" in a for a in data["attention"])
+
+
+def test_status_does_not_import_jax_and_reads_the_ledger(venv: Venv) -> None:
+    """status works without importing jax, and shows the entries and stats of real runs."""
+    run_program(venv)
+    run_program(venv)
+    code = ("import sys; from gkx_autocache._cli import main; main(['status']); "
+            "print('JAX IMPORTED' if 'jax' in sys.modules else 'no jax')")
+    proc = venv.run("-c", code, check=True)
+    assert proc.stdout.strip().endswith("no jax")
+    assert "hits" in proc.stdout and "gkx-autocache" in proc.stdout
+    data = status(venv)
+    assert data["stats"]["hits"] >= 2 and data["store"]["store"] == "gkx-autocache"
+    (present,) = data["versions_present"]
+    assert present["installed"] and present["entries"] >= 2
+
+
+def test_dir_prints_the_bare_version_directory(venv: Venv) -> None:
+    proc = venv.cli("dir")
+    assert proc.returncode == 0 and proc.stdout == f"{venv.default_cache / VERSION_DIR}\n"
+
+
+def test_config_set_validates_and_status_shows_it(venv: Venv) -> None:
+    """A bad value exits 2 and leaves the file as it was; a good one shows up with its file."""
+    policy = venv.path / "gkx-autocache.toml"
+    policy.write_text("# mine\nreport = true\n")
+    proc = venv.cli("config", "set", "min_compile_time_secs", "abc")
+    assert proc.returncode == 2 and "min_compile_time_secs" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert policy.read_text() == "# mine\nreport = true\n"
+    assert venv.cli("config", "set", "min_compile_time_secs", "0.5").returncode == 0
+    assert venv.cli("config", "set", "--user", "max_size", "2GiB").returncode == 0
+    data = status(venv)
+    assert data["settings"]["min_compile_time_secs"] == {"value": 0.5, "origin": str(policy)}
+    assert data["settings"]["max_size"]["value"] == 2 * 1024**3
+    assert data["settings"]["max_size"]["origin"].endswith("gkx-autocache/config.toml")
+    assert policy.read_text().startswith("# mine\n")
+    assert venv.cli("config", "unset", "report").returncode == 0
+    assert "report" not in policy.read_text()
+    assert venv.cli("config", "get", "nonsense").returncode == 2
+
+
+def _plant(vdir: Path, n: int, size: int = 1000, start: float | None = None) -> list[Path]:
+    vdir.mkdir(parents=True, exist_ok=True)
+    (vdir / "CACHEDIR.TAG").write_text(TAG)
+    now = start or time.time()
+    paths = []
+    for i in range(n):
+        p = vdir / f"jit_p{i:03d}-{i:064x}-cache"
+        import zlib
+
+        p.write_bytes(zlib.compress(os.urandom(size)))
+        os.utime(p, (now - 1000 + i, now - 1000 + i))
+        paths.append(p)
+    return paths
+
+
+def test_prune_max_size_least_recent_first_and_dry_run(venv: Venv) -> None:
+    vdir = venv.default_cache / VERSION_DIR
+    planted = _plant(vdir, 20)
+    size = sum(p.stat().st_size for p in planted)
+    proc = venv.cli("prune", "--max-size", str(size // 2), "--dry-run")
+    assert proc.returncode == 0 and "would remove" in proc.stdout
+    assert all(p.exists() for p in planted)
+    proc = venv.cli("--json", "prune", "--max-size", str(size // 2))
+    assert json.loads(proc.stdout)["entries"] >= 10
+    left = [p for p in planted if p.exists()]
+    assert sum(p.stat().st_size for p in left) <= size // 2
+    assert left == planted[-len(left):]  # the most recently used survive
+
+
+def test_prune_stale_versions_keeps_the_installed_one(venv: Venv) -> None:
+    current = _plant(venv.default_cache / VERSION_DIR, 2)
+    old = _plant(venv.default_cache / "jax-0.0.1", 2)
+    (venv.default_cache / "jax-0.0.2").mkdir()  # not ours: no tag
+    assert venv.cli("prune", "--stale-versions", "--max-size", "0").returncode == 0
+    assert all(p.exists() for p in current)
+    assert not (venv.default_cache / "jax-0.0.1").exists() and not any(p.exists() for p in old)
+    assert (venv.default_cache / "jax-0.0.2").exists()
+
+
+def test_verify_repair_removes_only_the_corrupt(venv: Venv) -> None:
+    run_program(venv)
+    vdir = venv.default_cache / VERSION_DIR
+    good = sorted(vdir.glob("*-cache"))
+    bad = vdir / f"jit_bad-{'e' * 64}-cache"
+    bad.write_bytes(b"not zlib at all")
+    orphan = vdir / f"jit_gone-{'f' * 64}-gkx-compile"
+    orphan.write_text("0.5")
+    proc = venv.cli("verify")
+    assert proc.returncode == 1 and "jit_bad" in proc.stdout and "jit_gone" in proc.stdout
+    assert venv.cli("verify", "--repair").returncode == 0
+    assert not bad.exists() and not orphan.exists() and all(p.exists() for p in good)
+    assert venv.cli("verify").returncode == 0
+    warm, _ = run_program(venv)
+    assert warm["hits"] == warm["requests"]
+
+
+def test_clear_needs_our_tag(venv: Venv, tmp_path: Path) -> None:
+    """clear removes nothing from a directory without the package's CACHEDIR.TAG."""
+    root = tmp_path / "untagged"
+    vdir = root / VERSION_DIR
+    planted = _plant(vdir, 3)
+    (vdir / "CACHEDIR.TAG").unlink()
+    proc = venv.cli("clear", "--yes", env={"GKX_JAX_CACHE_DIR": str(root)})
+    assert proc.returncode == 1 and "CACHEDIR.TAG" in proc.stderr
+    assert all(p.exists() for p in planted)
+    (vdir / "CACHEDIR.TAG").write_text(TAG)
+    proc = venv.cli("--json", "clear", "--yes", env={"GKX_JAX_CACHE_DIR": str(root)})
+    assert json.loads(proc.stdout)["entries"] == 3 and not any(p.exists() for p in planted)
+
+
+def test_clear_on_home_or_root_deletes_nothing(venv: Venv) -> None:
+    """dir pointed at a home directory or /: nothing deleted, and the reason said."""
+    keep = venv.home / f"jit_mine-{'a' * 64}-cache"
+    keep.write_text("precious")
+    for target in (str(venv.home), "/"):
+        proc = venv.cli("clear", "--yes", "--all-versions", env={"GKX_JAX_CACHE_DIR": target})
+        assert proc.returncode == 1 and proc.stderr.strip(), proc
+    assert keep.exists()
+
+
+def test_clear_never_follows_a_symlink_out(venv: Venv, tmp_path: Path) -> None:
+    """A symlink planted in the cache, named like an entry: the link goes, its target stays."""
+    vdir = venv.default_cache / VERSION_DIR
+    _plant(vdir, 1)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "precious"
+    target.write_text("keep")
+    (vdir / f"jit_link-{'d' * 64}-cache").symlink_to(target)
+    (vdir / f"jit_dirlink-{'c' * 64}-cache").symlink_to(outside)
+    assert venv.cli("verify", "--repair").returncode == 0
+    assert venv.cli("clear", "--yes").returncode == 0
+    assert target.read_text() == "keep" and outside.is_dir()
+
+
+def test_stats_reports_ledger_and_reset(venv: Venv) -> None:
+    proc = venv.cli("stats")
+    assert proc.returncode == 0 and "no ledger yet" in proc.stdout
+    run_program(venv)
+    run_program(venv)
+    data = json.loads(venv.cli("--json", "stats").stdout)
+    assert data["stats"]["hits"] >= 2 and data["stats"]["misses"] >= 2
+    assert {f["name"] for f in data["top_functions"]} >= {"jit_f", "jit_g"}
+    assert venv.cli("stats", "--reset").returncode == 0
+    assert "no ledger yet" in venv.cli("stats").stdout
+
+
+def test_usage_errors_exit_2(venv: Venv) -> None:
+    assert venv.cli("frobnicate").returncode == 2
+    assert venv.cli("prune", "--older-than", "soon").returncode == 2
+    proc = venv.run("-m", "gkx_autocache", "--json", "dir")
+    assert json.loads(proc.stdout)["dir"].endswith(VERSION_DIR)
