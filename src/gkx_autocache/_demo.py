@@ -59,7 +59,7 @@ def child(functions: int) -> None:
     """Run the workload and print one JSON line: compiles served from the cache, and the checksum."""
     import jax.monitoring
 
-    counts = {"requests": 0, "hits": 0}
+    counts: dict[str, float] = {"requests": 0, "hits": 0, "load_secs": 0.0, "compile_secs": 0.0}
 
     def listen(event: str, *args: Any, **kwargs: Any) -> None:
         if event == "/jax/compilation_cache/compile_requests_use_cache":
@@ -67,7 +67,14 @@ def child(functions: int) -> None:
         elif event == "/jax/compilation_cache/cache_hits":
             counts["hits"] += 1
 
+    def durations(event: str, secs: float, *args: Any, **kwargs: Any) -> None:
+        if event == "/jax/compilation_cache/cache_retrieval_time_sec":
+            counts["load_secs"] += secs
+        elif event == "/jax/core/compile/backend_compile_duration":
+            counts["compile_secs"] += secs
+
     jax.monitoring.register_event_listener(listen)
+    jax.monitoring.register_event_duration_secs_listener(durations)
     checksum = workload(functions)
     import jax
 

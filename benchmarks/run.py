@@ -1,0 +1,240 @@
+"""Benchmarks for SPEC §11: what the package costs every process, and what it saves a JAX re-run.
+
+    python benchmarks/run.py [--quick] [--out benchmarks/results.json]
+
+Builds two virtual environments from the working tree (the same interpreter and JAX, one with
+the wheel installed and one without), then measures, as medians of interleaved runs:
+  1. `python -c pass`, with the package's bytecode present and absent, and the modules
+     `python -X importtime -c pass` lists in each;
+  2. `import jax` with the hook against without it;
+  3. the demo's compile-dominated workload, cold then warm in fresh processes, under: no cache,
+     JAX's stock cache (directory set only), JAX's stock cache with thresholds at zero, and
+     gkx-autocache;
+  4. the CLI on a synthetic directory of 100 000 entries, and the at-exit prune on 10 000.
+Prints a Markdown table and writes it, with every figure, as JSON. Needs `uv` and JAX in the
+environment that runs it (`pip install -e '.[test]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+RUNNER_SITE = sysconfig.get_paths()["purelib"]
+
+
+def sh(*cmd: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GKX_JAX_CACHE", "JAX_", "PYTHON"))}
+    env.update(JAX_PLATFORMS="cpu", **extra)
+    return env
+
+
+def make_venvs(work: Path) -> tuple[Path, Path]:
+    """(with, without): the same interpreter and JAX; only the package differs."""
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "wheel"), str(ROOT))
+    (wheel,) = (work / "wheel").glob("*.whl")
+    pythons = []
+    for name in ("with", "without"):
+        venv = work / name
+        sh(sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(venv))
+        python = venv / "bin" / "python"
+        site = sh(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+        Path(site, "zz_bench_deps.pth").write_text(RUNNER_SITE + "\n")
+        if name == "with":
+            sh(sys.executable, "-m", "uv", "pip", "install", "-q", "--no-deps", "--python", str(python), str(wheel))
+        pythons.append(python)
+    return pythons[0], pythons[1]
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def interleaved(a: list[str], b: list[str], env_a: dict[str, str], env_b: dict[str, str], runs: int) -> tuple[float, float]:
+    """Medians of A and B, alternating so that drift in the machine hits both alike."""
+    ta, tb = [], []
+    for _ in range(runs):
+        ta.append(timed(a, env_a))
+        tb.append(timed(b, env_b))
+    return statistics.median(ta), statistics.median(tb)
+
+
+def set_bytecode(python: Path, present: bool) -> dict[str, str]:
+    site = Path(sh(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout)
+    package = Path(str(site).strip()) / "gkx_autocache"
+    if package.exists():
+        shutil.rmtree(package / "__pycache__", ignore_errors=True)
+        if present:
+            sh(str(python), "-m", "compileall", "-q", str(package))
+    return base_env(PYTHONDONTWRITEBYTECODE="1")
+
+
+def imported_modules(python: Path) -> set[str]:
+    proc = subprocess.run([str(python), "-X", "importtime", "-c", "pass"], capture_output=True, text=True, check=True,
+                          env=base_env())
+    return {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")} - {"package"}
+
+
+def startup(with_py: Path, without_py: Path, runs: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for present in (True, False):
+        env = set_bytecode(with_py, present)
+        w, wo = interleaved([str(with_py), "-c", "pass"], [str(without_py), "-c", "pass"], env, env, runs)
+        results["bytecode present" if present else "bytecode absent"] = {"with": w, "without": wo}
+    extra = sorted(imported_modules(with_py) - imported_modules(without_py))
+    results["extra_modules"] = extra
+    return results
+
+
+def import_jax(with_py: Path, without_py: Path, runs: int, work: Path) -> dict[str, float]:
+    env = base_env(GKX_JAX_CACHE_DIR=str(work / "import-jax-cache"), HOME=str(work))
+    w, wo = interleaved([str(with_py), "-c", "import jax"], [str(without_py), "-c", "import jax"], env, env, runs)
+    return {"with": w, "without": wo}
+
+
+WORKLOAD = "import sys; sys.path.insert(0, {src!r}); from gkx_autocache._demo import child; child({n})"
+
+
+def workload(with_py: Path, without_py: Path, functions: int, runs: int, work: Path) -> dict[str, Any]:
+    """Each configuration: `runs` rounds of (fresh directory, cold process, warm process)."""
+    code = WORKLOAD.format(src=str(SRC), n=functions)
+    configs = {
+        "no cache": (without_py, {}),
+        "JAX stock cache, default thresholds": (without_py, {"JAX_COMPILATION_CACHE_DIR": "{d}"}),
+        "JAX stock cache, thresholds 0": (without_py, {"JAX_COMPILATION_CACHE_DIR": "{d}",
+                                                       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                                                       "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}),
+        "gkx-autocache": (with_py, {"GKX_JAX_CACHE_DIR": "{d}"}),
+    }
+    results: dict[str, Any] = {}
+    for name, (python, template) in configs.items():
+        cold, warm, hits, requests, load = [], [], [], [], []
+        for i in range(runs):
+            d = work / f"wl-{len(results)}-{i}"
+            env = base_env(HOME=str(work), **{k: v.format(d=d) for k, v in template.items()})
+            for phase in ("cold", "warm"):
+                started = time.perf_counter()
+                proc = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, check=True)
+                seconds = time.perf_counter() - started
+                out = json.loads(proc.stdout.strip().splitlines()[-1])
+                (cold if phase == "cold" else warm).append(seconds)
+                if phase == "warm":
+                    hits.append(out["hits"])
+                    requests.append(out["requests"])
+                    load.append(out["load_secs"] / max(out["hits"], 1))
+        results[name] = {"cold": statistics.median(cold), "warm": statistics.median(warm),
+                         "warm_hits": statistics.median(hits), "warm_requests": statistics.median(requests),
+                         "load_per_entry": statistics.median(load)}
+    return results
+
+
+def synthetic(vdir: Path, n: int) -> None:
+    vdir.mkdir(parents=True, mode=0o700)
+    vdir.parent.chmod(0o700)
+    (vdir / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    payload = zlib.compress(b"\x00\x00\x00\x01" + os.urandom(64) + b"\x00" * 2000)
+    now = time.time()
+    for i in range(n):
+        path = vdir / f"jit_fn{i % 97}-{i:064x}-cache"
+        path.write_bytes(payload)
+        os.utime(path, (now - i, now - i))
+
+
+def cli(with_py: Path, entries: int, work: Path) -> dict[str, float]:
+    jax_version = sh(str(with_py), "-c", "import importlib.metadata as m; print(m.version('jax'))").stdout.strip()
+    root = work / "synthetic"
+    synthetic(root / f"jax-{jax_version}", entries)
+    env = base_env(GKX_JAX_CACHE_DIR=str(root), HOME=str(work))
+    figures = {}
+    for command in (["status"], ["prune", "--dry-run", "--max-size", "1MB"], ["verify"]):
+        figures[" ".join(command)] = timed([str(with_py), "-m", "gkx_autocache", *command], env)
+    return figures
+
+
+def prune_at_exit(with_py: Path, entries: int, work: Path) -> float:
+    """The at-exit prune on `entries` entries, over the cap so it scans and removes 10 %."""
+    vdir = work / "prune" / "jax-x"
+    synthetic(vdir, entries)
+    (vdir / ".gkx-autocache").mkdir()
+    code = ("import time, sys; from gkx_autocache import _cache; t = time.perf_counter(); "
+            f"_cache.prune_at_exit({str(vdir)!r}, int(sys.argv[1]), 1); print(time.perf_counter() - t)")
+    size = sum(p.stat().st_size for p in vdir.glob("*-cache"))
+    return float(sh(str(with_py), "-c", code, str(int(size * 0.99)), env=base_env()).stdout)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def table(r: dict[str, Any]) -> str:
+    rows = [f"Machine: {r['machine']}; Python {r['python']}; JAX {r['jax']}; {r['date']}; `{r['command']}`", "",
+            "| measure | with gkx-autocache | without | ratio |", "|---|---|---|---|"]
+    for case, f in r["startup"].items():
+        if case == "extra_modules":
+            continue
+        rows.append(f"| `python -c pass`, {case} | {ms(f['with'])} | {ms(f['without'])} | "
+                    f"{f['with'] / f['without']:.3f} (+{ms(f['with'] - f['without'])}) |")
+    f = r["import_jax"]
+    rows.append(f"| `import jax` | {ms(f['with'])} | {ms(f['without'])} | {f['with'] / f['without']:.3f} |")
+    rows.append(f"| modules added at start-up | {', '.join(r['startup']['extra_modules'])} | | |")
+    rows += ["", "| workload (demo program, fresh processes) | cold | warm | warm / cold | warm hits | load per entry |",
+             "|---|---|---|---|---|---|"]
+    for name, w in r["workload"].items():
+        rows.append(f"| {name} | {w['cold']:.2f} s | {w['warm']:.2f} s | {w['warm'] / w['cold']:.2f} | "
+                    f"{w['warm_hits']:.0f} of {w['warm_requests']:.0f} | {ms(w['load_per_entry'])} |")
+    rows += ["", f"| CLI on {r['cli_entries']:,} entries | seconds |", "|---|---|"]
+    rows += [f"| `gkx-autocache {c}` | {s:.2f} |" for c, s in r["cli"].items()]
+    rows.append(f"| at-exit prune, {r['prune_entries']:,} entries | {r['prune_at_exit']:.3f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny run, for the smoke test")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
+    args = parser.parse_args(argv)
+    quick = args.quick
+    with tempfile.TemporaryDirectory(prefix="gkx-bench-") as tmp:
+        work = Path(tmp)
+        with_py, without_py = make_venvs(work)
+        jax_version = sh(str(with_py), "-c", "import importlib.metadata as m; print(m.version('jax'))").stdout.strip()
+        results: dict[str, Any] = {
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+            "python": platform.python_version(), "jax": jax_version, "date": time.strftime("%Y-%m-%d"),
+            "command": "python benchmarks/run.py" + (" --quick" if quick else ""),
+        }
+        results["startup"] = startup(with_py, without_py, 3 if quick else 40)
+        results["import_jax"] = import_jax(with_py, without_py, 1 if quick else 10, work)
+        results["workload"] = workload(with_py, without_py, 2 if quick else 24, 1 if quick else 3, work)
+        results["cli_entries"] = 300 if quick else 100_000
+        results["cli"] = cli(with_py, results["cli_entries"], work)
+        results["prune_entries"] = 100 if quick else 10_000
+        results["prune_at_exit"] = prune_at_exit(with_py, results["prune_entries"], work)
+    results["table"] = table(results)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(results["table"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
