@@ -72,7 +72,7 @@ def test_failed_write_leaves_no_partial_entry(venv: Venv, tmp_path: Path) -> Non
 
 
 def _give_to_nobody(root: Path, writable: bool) -> None:
-    for folder, dirs, files in os.walk(root):
+    for folder, _dirs, files in os.walk(root):
         os.chown(folder, 65534, 65534)
         os.chmod(folder, 0o700 if writable else 0o500)
         for name in files:

@@ -203,8 +203,12 @@ def has_tag(path: str) -> bool:
 # -- scanning and removing: only files named like entries, sidecars or temporary files, only in a
 # -- tagged directory, never through a symlink.
 
-_KEY = re.compile(r"^(?P<key>.+-[0-9a-f]{64})(?P<suffix>-[A-Za-z0-9_-]+)$")
+_KEY = r"^(?P<key>.+-[0-9a-f]{64})(?P<suffix>-[A-Za-z0-9_-]+)$"  # compiled on first scan, not on import jax
 STALE_TMP_SECS = 3600.0
+
+
+def key_match(name: str) -> re.Match[str] | None:
+    return re.match(_KEY, name)
 
 
 @dataclass
@@ -248,7 +252,7 @@ def scan(version_dir: str) -> Scan:
                     st = item.stat(follow_symlinks=False)
                     result.temporary.append((item.path, st.st_size, st.st_mtime))
                 continue
-            match = _KEY.match(name)
+            match = key_match(name)
             if match is None:
                 continue
             if item.is_symlink():

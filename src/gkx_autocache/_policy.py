@@ -39,17 +39,21 @@ class FileVerdict:
 
 def read(path: str) -> FileVerdict:
     """The file's keys, or why it is not used. Never raises."""
-    import tomllib
-
     try:
         with open(path, "rb") as f:
             distrust = _untrusted(os.fstat(f.fileno()))
             if distrust:
                 return FileVerdict("ignored", problem=f"{path}: file ignored, {distrust}")
-            data = tomllib.loads(f.read().decode("utf-8"))
+            text = f.read().decode("utf-8")
     except FileNotFoundError:
         return FileVerdict("absent")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
+        return FileVerdict("ignored", problem=f"{path}: file ignored, it cannot be read ({exc}); fix or remove it")
+    import tomllib  # only when there is a file: its import compiles regular expressions
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         return FileVerdict("ignored", problem=f"{path}: file ignored, it is not valid TOML ({exc}); fix or remove it")
     return FileVerdict("used", data)
 

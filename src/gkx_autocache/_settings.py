@@ -68,7 +68,7 @@ def parse_entry_size(raw: Any) -> int:
     return value
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(i)?)?b?\s*$", re.IGNORECASE)
+_SIZE = r"(?i)^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(i)?)?b?\s*$"  # compiled on first use, not on import
 _POWER = {"k": 1, "m": 2, "g": 3, "t": 4}
 
 
@@ -76,7 +76,7 @@ def parse_size(raw: Any) -> int:
     """``"5GiB"``, ``"800MB"``, ``"1.5G"``, ``123``; ``K``/``KB`` = 1000, ``KiB`` = 1024."""
     if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
         return raw
-    match = _SIZE.match(raw) if isinstance(raw, str) else None
+    match = re.match(_SIZE, raw) if isinstance(raw, str) else None
     if match is None:
         raise BadValue(f"expected a size like 5GiB, 800MB or a byte count (0 = no cap), got {raw!r}")
     number, unit, binary = match.groups()
