@@ -485,8 +485,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "list" or args.action == "get":
         settings = load_context().settings
         if args.action == "get":
-            key = _key(args.key).name
-            emit(args, str(settings[key]), {"key": key, "value": settings[key], "origin": settings.origin(key)})
+            name = _key(args.key).name
+            emit(args, str(settings[name]), {"key": name, "value": settings[name], "origin": settings.origin(name)})
             return OK
         lines = [f"{k:<22} {str(r.value):<28} {r.origin}" for k, r in settings.values.items()]
         lines += [f"file {p}: {v.status}" for p, v in settings.files.items()]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 import threading
 from collections.abc import Mapping
 from typing import Any

@@ -67,18 +67,19 @@ def child(functions: int) -> None:
         elif event == "/jax/compilation_cache/cache_hits":
             counts["hits"] += 1
 
-    def durations(event: str, secs: float, *args: Any, **kwargs: Any) -> None:
+    def durations(event: str, duration_secs: float, **kwargs: Any) -> None:
         if event == "/jax/compilation_cache/cache_retrieval_time_sec":
-            counts["load_secs"] += secs
+            counts["load_secs"] += duration_secs
         elif event == "/jax/core/compile/backend_compile_duration":
-            counts["compile_secs"] += secs
+            counts["compile_secs"] += duration_secs
 
     jax.monitoring.register_event_listener(listen)
     jax.monitoring.register_event_duration_secs_listener(durations)
     checksum = workload(functions)
     import jax
 
-    print(json.dumps({**counts, "checksum": checksum, "dir": jax.config.jax_compilation_cache_dir}))
+    directory = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+    print(json.dumps({**counts, "checksum": checksum, "dir": directory}))
 
 
 def run_once(env: dict[str, str], functions: int) -> dict[str, Any]:

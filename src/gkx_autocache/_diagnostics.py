@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import types
 import warnings
 
 logger = logging.getLogger("gkx_autocache")
@@ -42,7 +43,7 @@ def _user_stacklevel() -> int:
     """The stacklevel of the first frame outside this package, as ``warnings`` counts it
     (it skips importlib's own frames)."""
     level = 2  # 1 is warn() itself
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if "importlib" in filename and "_bootstrap" in filename:

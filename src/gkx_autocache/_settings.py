@@ -96,7 +96,7 @@ def format_size(n: int) -> str:
 
 def parse_xla_caches(raw: Any) -> str:
     if isinstance(raw, str) and raw.strip() in XLA_CACHES:
-        return raw.strip()
+        return str(raw.strip())
     raise BadValue(f"expected one of {', '.join(XLA_CACHES)}, got {raw!r}")
 
 
@@ -104,10 +104,10 @@ def parse_dir(raw: Any, base: str) -> str:
     """A path with ``~`` and ``$VARS`` expanded, absolute against ``base``; a URL verbatim."""
     if not isinstance(raw, str) or not raw.strip():
         raise BadValue(f"expected a directory path or a gs:// or s3:// URL, got {raw!r}")
-    raw = raw.strip()
-    if is_url(raw):
-        return raw
-    path = os.path.expandvars(os.path.expanduser(raw))
+    text: str = raw.strip()
+    if is_url(text):
+        return text
+    path = os.path.expandvars(os.path.expanduser(text))
     return os.path.normpath(os.path.join(base, path))
 
 

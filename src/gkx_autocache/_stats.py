@@ -66,20 +66,20 @@ class Recorder:
         self._ledger: Any = None
 
     # JAX's monitoring events: counted whichever store serves the directory.
-    def on_event(self, event: str, *args: Any, **kwargs: Any) -> None:
+    def on_event(self, event: str, **kwargs: Any) -> None:
         if event == REQUESTS:
             self.requests += 1
         elif event == HITS:
             self.jax_hits += 1
 
-    def on_duration(self, event: str, duration: float, *args: Any, **kwargs: Any) -> None:
+    def on_duration(self, event: str, duration_secs: float, **kwargs: Any) -> None:
         try:
             if event == RETRIEVAL:
                 pending = getattr(self._pending, "hit", None)
                 if pending is not None:
                     self._pending.hit = None
                     key, nbytes, compile_secs = pending
-                    self._record({"e": "hit", "key": key, "bytes": nbytes, "saved": max(compile_secs - duration, 0.0)})
+                    self._record({"e": "hit", "key": key, "bytes": nbytes, "saved": max(compile_secs - duration_secs, 0.0)})
         except Exception:
             pass
 

@@ -188,7 +188,7 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any) -> str | No
             return original(path)
         store = Store(path, compression=compression or "zlib", decompress=cc.decompress_executable, shared=shared, recorder=recorder)
         if jax.config.jax_compilation_cache_check_contents:
-            return cc.VerificationCache(store), path
+            return cc.VerificationCache(store), path  # type: ignore[arg-type]  # duck-typed CacheInterface
         return store, path
 
     get_file_cache.__wrapped__ = original  # type: ignore[attr-defined]
