@@ -53,6 +53,15 @@ def test_status_does_not_import_jax_and_reads_the_ledger(venv: Venv) -> None:
     assert present["installed"] and present["entries"] >= 2
 
 
+def test_status_does_not_vouch_for_jax_own_directory(venv: Venv, tmp_path: Path) -> None:
+    """The user's JAX_COMPILATION_CACHE_DIR is used as is: status says its trust was not checked."""
+    own = tmp_path / "own"
+    data = status(venv, JAX_COMPILATION_CACHE_DIR=str(own))
+    assert data["directory"]["version_dir"] == str(own) and data["directory"]["trusted"] is None
+    assert data["store"]["store"] == "jax"
+    assert "trust not checked" in venv.cli("status", env={"JAX_COMPILATION_CACHE_DIR": str(own)}).stdout
+
+
 def test_dir_prints_the_bare_version_directory(venv: Venv) -> None:
     proc = venv.cli("dir")
     assert proc.returncode == 0 and proc.stdout == f"{venv.default_cache / VERSION_DIR}\n"

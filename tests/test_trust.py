@@ -66,6 +66,8 @@ def test_trust_shared_accepts_a_group_directory(venv: Venv, tmp_path: Path) -> N
     vdir = team / VERSION_DIR
     assert out["dir"] == str(vdir) and autocache_warnings(err) == []
     assert stat.S_IMODE(vdir.stat().st_mode) == 0o2770
+    for folder in (vdir / ".gkx-autocache", vdir / ".gkx-autocache" / "ledger"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o2770, folder  # group members keep ledgers too
     assert {stat.S_IMODE(p.stat().st_mode) for p in vdir.glob("*-cache")} == {0o660}
     out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(team)})
     assert out["dir"] is None and len(autocache_warnings(err)) == 1

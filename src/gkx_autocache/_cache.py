@@ -184,6 +184,17 @@ def _make_dir(path: str, shared: bool) -> bool:
     return True
 
 
+def bookkeeping_dir(version_dir: str, shared: bool, *parts: str) -> str | None:
+    """``<version dir>/.gkx-autocache[/parts]``, created with the cache's own mode (group members
+    of a shared cache write their ledgers too), or None when it cannot be made."""
+    path = os.path.join(version_dir, META_DIR, *parts)
+    try:
+        _make_dir(path, shared)
+    except Refused:
+        return None
+    return path
+
+
 def _write_tag(path: str) -> None:
     try:
         with open(os.path.join(path, TAG_NAME), "x", encoding="ascii") as f:

@@ -71,7 +71,8 @@ def load_context() -> Context:
     choice = None
     if jax_version is not None and settings["enabled"]:
         if settings.from_jax("dir"):
-            choice = _cache.Choice(version_dir=settings["dir"], root=settings["dir"], writable=True)
+            own = str(settings["dir"])  # the user's JAX_COMPILATION_CACHE_DIR: used as is, not checked
+            choice = _cache.Choice(version_dir=own, writable=_cache.is_url(own) or os.access(own, os.W_OK))
         else:
             choice = _cache.choose(settings, jax_version, create=False)
     return Context(settings, jax_version, choice)
@@ -155,8 +156,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             attention.append(message)
         if ctx.choice.version_dir:
             vdir = ctx.choice.version_dir
+            # Our checks ran (and passed) only on a local directory the package chose.
+            checked = not ctx.settings.from_jax("dir") and not _cache.is_url(vdir)
             directory.update(root=ctx.choice.root, version_dir=vdir, usable=True, writable=ctx.choice.writable,
-                             trusted=True, exists=_cache.is_url(vdir) or os.path.isdir(vdir))
+                             trusted=True if checked else None, exists=_cache.is_url(vdir) or os.path.isdir(vdir))
             if ctx.settings.from_jax("dir"):
                 store = {"store": "jax", "reason": "the directory is the user's own (JAX_COMPILATION_CACHE_DIR)"}
             elif _cache.is_url(vdir):
@@ -198,8 +201,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines.append(f"  file {path}: {verdict}")
     lines.append("directory")
     if directory["version_dir"]:
-        state = ("writable" if directory.get("writable") else "read-only") + ", trusted"
-        lines.append(f"  root     {directory['root']}")
+        trust = {True: "trusted", None: "trust not checked: not chosen by gkx-autocache"}[directory["trusted"]]
+        state = ("writable" if directory.get("writable") else "read-only") + f", {trust}"
+        if directory["root"]:
+            lines.append(f"  root     {directory['root']}")
         lines.append(f"  version  {directory['version_dir']}  ({state}{'' if directory['exists'] else ', not created yet'})")
     for refused in directory.get("refused", []):
         lines.append(f"  refused  {refused['path']}: {refused['why']}")

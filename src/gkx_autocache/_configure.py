@@ -42,7 +42,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         logger.debug("disabled by %s", settings.origin("enabled"))
         return
 
-    updates: dict[str, Any] = {"jax_enable_compilation_cache": True}
+    updates: dict[str, Any] = {}
     if settings.from_jax("dir"):
         directory = settings["dir"]  # the user's own: JAX's stock cache, thresholds only
     else:
@@ -70,9 +70,10 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     recorder = _stats.start(settings, directory, ledger=ours)
     if ours:
         reason = _store.install(jax, directory, bool(settings["trust_shared"]), recorder)
+        recorder.store_serving = reason is None
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
-        _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason)
+        _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, bool(settings["trust_shared"]))
         if not reason and settings["max_size"] > 0:
             atexit.register(_prune_at_exit, directory, settings["max_size"], recorder)
 

@@ -29,7 +29,6 @@ from gkx_autocache._cache import is_url
 FALSE = frozenset({"0", "off", "false", "no", "none", "disable", "disabled"})
 TRUE = frozenset({"1", "on", "true", "yes", "enable", "enabled"})
 XLA_CACHES = ("all", "none", "xla_gpu_per_fusion_autotune_cache_dir", "xla_gpu_kernel_cache_file")
-JAX_DEFAULT = "JAX's default"  # the xla_caches default where a GPU plugin is installed
 
 
 class BadValue(ValueError):

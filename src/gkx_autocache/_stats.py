@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gkx_autocache._cache import META_DIR
+from gkx_autocache._cache import META_DIR, bookkeeping_dir
 from gkx_autocache._diagnostics import logger
 
 LEDGER_DIR = "ledger"
@@ -55,8 +55,9 @@ class Recorder:
     """This process's counters and ledger file. Every method swallows its own errors: it runs
     inside JAX's compile path, where an exception would fail the user's ``jit`` call."""
 
-    def __init__(self, directory: str, ledger: bool) -> None:
+    def __init__(self, directory: str, ledger: bool, shared: bool = False) -> None:
         self.directory = directory
+        self.shared = shared
         self.requests = 0
         self.jax_hits = 0
         self.totals = Totals()
@@ -64,6 +65,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._ledger_path = os.path.join(directory, META_DIR, LEDGER_DIR, f"{os.getpid()}-{time.time_ns()}.jsonl") if ledger else None
         self._ledger: Any = None
+        self.store_serving = False  # set once the store serves the directory: then time saved is known
 
     # JAX's monitoring events: counted whichever store serves the directory.
     def on_event(self, event: str, **kwargs: Any) -> None:
@@ -103,7 +105,7 @@ class Recorder:
                 return
             try:
                 if self._ledger is None:
-                    os.makedirs(os.path.dirname(self._ledger_path), mode=0o700, exist_ok=True)
+                    bookkeeping_dir(self.directory, self.shared, LEDGER_DIR)
                     self._ledger = open(self._ledger_path, "a", encoding="utf-8")
                 self._ledger.write(json.dumps(record, separators=(",", ":")) + "\n")
                 self._ledger.flush()
@@ -114,7 +116,7 @@ class Recorder:
     def report_line(self) -> str:
         misses = self.requests - self.jax_hits
         parts = [f"{self.jax_hits} hits", f"{misses} misses"]
-        if self._ledger_path is not None or self.totals.hits or self.totals.writes:
+        if self.store_serving:
             parts.append(f"{self.totals.saved_secs:.2f} s compile time saved")
             parts.append(f"{human_bytes(self.totals.bytes_read)} read, {human_bytes(self.totals.bytes_written)} written")
         return f"gkx-autocache: {', '.join(parts)}, {self.directory}"
@@ -128,7 +130,7 @@ def start(settings: Any, directory: str, ledger: bool) -> Recorder:
     global recorder
     import jax.monitoring
 
-    recorder = Recorder(directory, ledger)
+    recorder = Recorder(directory, ledger, shared=bool(settings["trust_shared"]))
     jax.monitoring.register_event_listener(recorder.on_event)
     jax.monitoring.register_event_duration_secs_listener(recorder.on_duration)
     if settings["report"]:

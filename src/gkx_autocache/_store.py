@@ -196,7 +196,7 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any) -> str | No
     return None
 
 
-def write_verdict(version_dir: str, store: str, reason: str | None) -> None:
+def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False) -> None:
     """Record which store serves the directory, so ``status`` can say it without importing jax."""
     text = json.dumps({"store": store, "reason": reason}) + "\n"
     path = os.path.join(version_dir, _cache.META_DIR, VERDICT_FILE)
@@ -206,11 +206,8 @@ def write_verdict(version_dir: str, store: str, reason: str | None) -> None:
                 return
     except OSError:
         pass
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    except OSError:
-        return
-    _write_atomic(path, text.encode(), 0o644)
+    if _cache.bookkeeping_dir(version_dir, shared) is not None:
+        _write_atomic(path, text.encode(), 0o644)
 
 
 def read_verdict(version_dir: str) -> dict[str, Any] | None:
