@@ -108,14 +108,33 @@ def public_tmp() -> Path:
     return path
 
 
-def make_venv(base: Path, wheel: Path | None, *, deps: bool = True, editable: str | None = None) -> Venv:
+REMOTE_EXTRA = ("etils", "fsspec", "s3fs", "gcsfs")
+
+
+def deps_without(base: Path, names: tuple[str, ...]) -> Path:
+    """A folder that shows the runner's packages, less ``names`` (and their metadata)."""
+    import re
+
+    only = base / "deps-without"
+    only.mkdir()
+    for entry in Path(RUNNER_SITE).iterdir():
+        top = re.split(r"[-.]", entry.name, maxsplit=1)[0].lower()
+        if top not in names and entry.suffix != ".pth":
+            (only / entry.name).symlink_to(entry)
+    return only
+
+
+def make_venv(base: Path, wheel: Path | None, *, deps: bool = True, editable: str | None = None,
+              without: tuple[str, ...] = ()) -> Venv:
     path = base / "venv"
     subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(path)], check=True,
                    capture_output=True)
     home = base / "home"
     home.mkdir(mode=0o755)
     venv = Venv(path, home, clean_env(HOME=str(home)))
-    if deps:
+    if deps and without:
+        (venv.site / "zz_test_deps.pth").write_text(f"{deps_without(base, without)}\n")
+    elif deps:
         (venv.site / "zz_test_deps.pth").write_text(RUNNER_SITE + "\n")
     else:  # platformdirs, a required dependency, without JAX
         only = base / "deps-without-jax"

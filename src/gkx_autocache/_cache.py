@@ -115,7 +115,14 @@ def choose(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
     explicit = settings["dir"]
     choice = Choice()
     if explicit is not None:
-        if is_url(explicit):
+        if is_url(explicit):  # kept verbatim; the bucket's access policy is its trust (§9)
+            from gkx_autocache import _remote
+
+            why = _remote.unsupported(explicit)
+            if why:
+                choice.tried.append((explicit, why))
+                choice.problems.append((f"dir:{explicit}", f"{settings.origin('dir')}: dir {explicit} not used, {why}; running uncached"))
+                return choice
             choice.root = explicit.rstrip("/")
             choice.version_dir = f"{choice.root}/{version_name(jax_version)}"
             choice.writable = True
@@ -251,6 +258,8 @@ class Scan:
 def scan(version_dir: str) -> Scan:
     """Group the directory's files by key. Files of other shapes are not the package's: ignored."""
     result = Scan()
+    if is_url(version_dir):
+        return _scan_remote(version_dir, result)
     try:
         iterator = os.scandir(version_dir)
     except OSError:
@@ -283,6 +292,26 @@ def scan(version_dir: str) -> Scan:
     return result
 
 
+def _scan_remote(version_dir: str, result: Scan) -> Scan:
+    """The same grouping over an object listing; an object's recency is its last write (object
+    stores keep no access time, and JAX's stock cache writes none unless its own cap is on)."""
+    from gkx_autocache import _remote
+
+    for name, size, mtime, prefix in _remote.listing(version_dir):
+        match = None if prefix else key_match(name)
+        if match is None:
+            continue
+        unit = result.units.get(match["key"])
+        if unit is None:
+            unit = result.units[match["key"]] = Unit(match["key"])
+        unit.files.append(f"{version_dir}/{name}")
+        unit.bytes += size
+        if match["suffix"] == ENTRY_SUFFIX:
+            unit.has_entry = True
+            unit.last_used = max(unit.last_used, mtime)
+    return result
+
+
 def least_recent_first(units: list[Unit]) -> list[Unit]:
     return sorted(units, key=lambda u: (u.has_entry, u.last_used))  # orphans first
 
@@ -300,7 +329,12 @@ def select_over(units: list[Unit], target: int) -> list[Unit]:
 
 
 def remove_files(version_dir: str, paths: list[str]) -> int:
-    """Unlink the given files of a tagged directory; the bytes freed. Refuses an untagged one."""
+    """Unlink the given files of a tagged directory; the bytes freed. Refuses an untagged one.
+    On a remote directory, deletes objects named like entries and sidecars; the count deleted."""
+    if is_url(version_dir):
+        from gkx_autocache import _remote
+
+        return _remote.remove(version_dir, paths)
     if not has_tag(version_dir):
         raise Refused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
     freed = 0

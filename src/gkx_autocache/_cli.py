@@ -80,6 +80,10 @@ def load_context() -> Context:
 
 def version_dirs(root: str) -> list[str]:
     """The ``jax-*`` directories under ``root``."""
+    if _cache.is_url(root):
+        from gkx_autocache import _remote
+
+        return _remote.version_dirs(root)
     try:
         names = sorted(n for n in os.listdir(root) if n.startswith("jax-"))
     except OSError:
@@ -163,11 +167,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             if ctx.settings.from_jax("dir"):
                 store = {"store": "jax", "reason": "the directory is the user's own (JAX_COMPILATION_CACHE_DIR)"}
             elif _cache.is_url(vdir):
-                store = {"store": "jax", "reason": "remote directories use JAX's stock cache"}
+                store = {"store": "jax", "reason": "remote directories use JAX's stock cache, uncapped; "
+                                                  "their trust is the bucket's access policy"}
+                totals = _stats.read_ledger(vdir)
             else:
                 store = _store.read_verdict(vdir) or {"store": None, "reason": "no process has used it yet"}
                 totals = _stats.read_ledger(vdir)
-            if ctx.choice.root and not _cache.is_url(ctx.choice.root):
+            if ctx.choice.root:
                 for path in version_dirs(ctx.choice.root):
                     found = _cache.scan(path)
                     name = os.path.basename(path)
@@ -202,6 +208,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     lines.append("directory")
     if directory["version_dir"]:
         trust = {True: "trusted", None: "trust not checked: not chosen by gkx-autocache"}[directory["trusted"]]
+        if _cache.is_url(directory["version_dir"]):
+            trust = "remote: trust is the bucket's access policy"
         state = ("writable" if directory.get("writable") else "read-only") + f", {trust}"
         if directory["root"]:
             lines.append(f"  root     {directory['root']}")
@@ -254,11 +262,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
     vdir = load_context().version_dir
     if args.reset:
         files = list(_stats.ledger_files(vdir))
-        for path in files:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        if _cache.is_url(vdir):
+            _cache.remove_files(vdir, files)
+        else:
+            for path in files:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         emit(args, f"stats reset ({len(files)} ledger files removed)", {"reset": True, "removed": len(files)})
         return OK
     totals = _stats.read_ledger(vdir)
@@ -312,6 +323,8 @@ def _execute(vdir: str, removal: Removal, dry_run: bool) -> None:
         _cache.remove_files(vdir, removal.files)
     except _cache.Refused as exc:
         raise CliError(str(exc)) from None
+    if _cache.is_url(vdir):
+        return
     try:
         os.unlink(os.path.join(vdir, _cache.META_DIR, "size"))  # the size estimate is stale now
     except OSError:
@@ -319,6 +332,10 @@ def _execute(vdir: str, removal: Removal, dry_run: bool) -> None:
 
 
 def _require_tag(vdir: str) -> None:
+    """A local cache is recognised by its tag before anything is deleted. An object store has no
+    directory to tag: there, only objects named like entries and sidecars are touched."""
+    if _cache.is_url(vdir):
+        return
     if not os.path.isdir(vdir):
         raise CliError(f"{vdir} does not exist: nothing to remove")
     if not _cache.has_tag(vdir):
@@ -334,7 +351,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     ctx = load_context()
     targets = [ctx.version_dir]
     if args.all_versions and ctx.root:
-        targets = [d for d in version_dirs(ctx.root) if _cache.has_tag(d)] or targets
+        targets = [d for d in version_dirs(ctx.root) if _cache.is_url(d) or _cache.has_tag(d)] or targets
     if not args.dry_run and not args.yes and sys.stdin.isatty():
         answer = input(f"remove every cache entry in {', '.join(targets)}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
@@ -367,7 +384,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     except _settings.BadValue as exc:
         raise CliError(f"--max-size: {exc}", USAGE) from None
     older = parse_age(args.older_than) if args.older_than else None
-    if os.path.isdir(vdir):
+    if _cache.is_url(vdir) or os.path.isdir(vdir):
         _require_tag(vdir)
     found = _cache.scan(vdir)
     units = list(found.units.values())
@@ -384,7 +401,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     stale_versions: list[str] = []
     if args.stale_versions and ctx.root:
         for other in version_dirs(ctx.root):
-            if other != vdir and _cache.has_tag(other):
+            if other != vdir and (_cache.is_url(other) or _cache.has_tag(other)):
                 stale_versions.append(other)
                 if not args.dry_run:
                     _remove_version_dir(other)
@@ -399,6 +416,9 @@ def _remove_version_dir(vdir: str) -> None:
     """Everything the package put there, then the directory itself if nothing else is left."""
     found = _cache.scan(vdir)
     _cache.remove_files(vdir, [p for u in found.units.values() for p in u.files] + [t[0] for t in found.temporary])
+    if _cache.is_url(vdir):
+        _cache.remove_files(vdir, list(_stats.ledger_files(vdir)))
+        return
     import shutil
 
     shutil.rmtree(os.path.join(vdir, _cache.META_DIR), ignore_errors=True)  # rmtree does not follow links
@@ -413,7 +433,12 @@ def check_entry(path: str) -> str | None:
     """Why the entry cannot be loaded, or None. Decompresses without importing JAX."""
     from gkx_autocache._store import _read, compression_of
 
-    data = _read(path)
+    if _cache.is_url(path):
+        from gkx_autocache import _remote
+
+        data = _remote.read_bytes(path)
+    else:
+        data = _read(path)
     if data is None:
         return "unreadable"
     kind = compression_of(data)
@@ -454,8 +479,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     stale = [t[0] for t in found.temporary if time.time() - t[2] > _cache.STALE_TMP_SECS]
     doomed = [p for u, _ in corrupt for p in u.files] + orphans + stale + found.links
     if args.repair and doomed:
-        if not _cache.has_tag(vdir):
-            raise CliError(f"{vdir} has no gkx-autocache {_cache.TAG_NAME}: nothing removed")
+        _require_tag(vdir)
         _cache.remove_files(vdir, doomed)
     lines = [f"verified {len(units) - len(orphans)} entries in {vdir}: {len(corrupt)} corrupt, "
              f"{len(orphans)} orphan sidecars, {len(stale)} stale temporary files, {len(found.links)} links"]
@@ -583,7 +607,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CliError as exc:
-        print(f"gkx-autocache {args.command}: {exc}", file=sys.stderr)
+        print(f"gkx-autocache {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.code
+    except OSError as exc:  # a remote directory's failures arrive as one line (_remote.RemoteError)
+        print(f"gkx-autocache {args.command}: {exc}", file=sys.stderr)
+        return FAILED
     except KeyboardInterrupt:
         return FAILED

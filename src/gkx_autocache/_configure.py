@@ -66,8 +66,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
 
     from gkx_autocache import _stats, _store
 
-    ours = not settings.from_jax("dir") and not _cache.is_url(directory)
-    recorder = _stats.start(settings, directory, ledger=ours)
+    remote = _cache.is_url(directory)
+    ours = not settings.from_jax("dir") and not remote
+    recorder = _stats.start(settings, directory, ledger=ours, remote=remote and not settings.from_jax("dir"))
     if ours:
         reason = _store.install(jax, directory, bool(settings["trust_shared"]), recorder)
         recorder.store_serving = reason is None

@@ -105,6 +105,9 @@ def parse_dir(raw: Any, base: str) -> str:
         raise BadValue(f"expected a directory path or a gs:// or s3:// URL, got {raw!r}")
     text: str = raw.strip()
     if is_url(text):
+        scheme, _, rest = text.partition("://")
+        if scheme.lower() not in ("s3", "gs") or not rest.strip("/"):
+            raise BadValue(f"expected a directory path or a gs://bucket or s3://bucket URL, got {raw!r}")
         return text
     path = os.path.expandvars(os.path.expanduser(text))
     return os.path.normpath(os.path.join(base, path))

@@ -3,7 +3,9 @@
 
 The ledger is one append-only JSON-lines file per process under
 ``<version dir>/.gkx-autocache/ledger/`` (appends to one shared file are not atomic on NFS), written
-as the process goes, so a worker that ends by ``os._exit`` loses at most its last line.
+as the process goes, so a worker that ends by ``os._exit`` loses at most its last line. A remote
+directory (JAX's stock cache) gets one object per process at exit, with the process's sums from
+JAX's own events; its time saved is JAX's, from compile times JAX keeps in whole seconds.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gkx_autocache._cache import META_DIR, bookkeeping_dir
+from gkx_autocache._cache import META_DIR, bookkeeping_dir, is_url
 from gkx_autocache._diagnostics import logger
 
 LEDGER_DIR = "ledger"
 REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
 HITS = "/jax/compilation_cache/cache_hits"
 RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
+JAX_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
 
 
 @dataclass
@@ -49,6 +52,10 @@ class Totals:
             self.writes += 1
             self.bytes_written += int(record.get("bytes", 0))
             self.compile_secs[str(record.get("key"))] = float(record.get("compile", 0.0))
+        elif kind == "sum":  # a remote directory's process, at exit
+            self.hits += int(record.get("hits", 0))
+            self.misses += int(record.get("misses", 0))
+            self.saved_secs += float(record.get("saved", 0.0))
 
 
 class Recorder:
@@ -60,6 +67,7 @@ class Recorder:
         self.shared = shared
         self.requests = 0
         self.jax_hits = 0
+        self.jax_saved_secs = 0.0  # JAX's own figure, whole-second compile times: for remote dirs
         self.totals = Totals()
         self._pending = threading.local()  # compile time of the entry just read on this thread
         self._lock = threading.Lock()
@@ -76,7 +84,9 @@ class Recorder:
 
     def on_duration(self, event: str, duration_secs: float, **kwargs: Any) -> None:
         try:
-            if event == RETRIEVAL:
+            if event == JAX_SAVED:
+                self.jax_saved_secs += max(duration_secs, 0.0)
+            elif event == RETRIEVAL:
                 pending = getattr(self._pending, "hit", None)
                 if pending is not None:
                     self._pending.hit = None
@@ -125,17 +135,49 @@ class Recorder:
 recorder: Recorder | None = None
 
 
-def start(settings: Any, directory: str, ledger: bool) -> Recorder:
-    """Listen to JAX's cache events; with ``report``, print one line at exit."""
+def start(settings: Any, directory: str, ledger: bool, remote: bool = False) -> Recorder:
+    """Listen to JAX's cache events; with ``report``, print one line at exit. A remote directory
+    gets this process's sums as one ledger object at exit."""
     global recorder
     import jax.monitoring
 
     recorder = Recorder(directory, ledger, shared=bool(settings["trust_shared"]))
     jax.monitoring.register_event_listener(recorder.on_event)
     jax.monitoring.register_event_duration_secs_listener(recorder.on_duration)
+    if remote:
+        _before_thread_pools_stop(_write_remote_ledger, recorder)
     if settings["report"]:
         atexit.register(_report)
     return recorder
+
+
+def _before_thread_pools_stop(func: Any, *args: Any) -> None:
+    """Run ``func`` at exit while thread pools still take work: s3fs and gcsfs need them, and by
+    the time ``atexit`` runs, ``concurrent.futures`` refuses new futures. Its own hook is
+    ``threading._register_atexit``, run last-registered first: registering after it runs first."""
+    import concurrent.futures.thread  # noqa: F401  (registers its hook before ours)
+
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(func, *args)
+            return
+    except RuntimeError:  # already shutting down
+        return
+    atexit.register(func, *args)
+
+
+def _write_remote_ledger(rec: Recorder) -> None:
+    if not rec.requests:
+        return
+    record = {"e": "sum", "hits": rec.jax_hits, "misses": rec.requests - rec.jax_hits,
+              "saved": round(rec.jax_saved_secs, 6)}
+    try:
+        from gkx_autocache import _remote
+
+        _remote.write_ledger(rec.directory, json.dumps(record) + "\n")
+    except Exception as exc:  # a ledger is bookkeeping: never a failure at exit
+        logger.debug("remote ledger not written: %s", exc)
 
 
 def _report() -> None:
@@ -155,6 +197,11 @@ def human_bytes(n: float) -> str:
 
 
 def ledger_files(version_dir: str) -> Iterator[str]:
+    if is_url(version_dir):
+        from gkx_autocache import _remote
+
+        yield from _remote.ledger_files(version_dir)
+        return
     folder = os.path.join(version_dir, META_DIR, LEDGER_DIR)
     try:
         names = sorted(os.listdir(folder))
@@ -172,13 +219,21 @@ def read_ledger(version_dir: str) -> Totals | None:
         return None
     totals = Totals()
     for path in files:
-        try:
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        totals.add(json.loads(line))
-                    except ValueError:
-                        continue  # a torn last line of a process that died mid-write
-        except OSError:
-            continue
+        for line in _read_text(path).splitlines():
+            try:
+                totals.add(json.loads(line))
+            except ValueError:
+                continue  # a torn last line of a process that died mid-write
     return totals
+
+
+def _read_text(path: str) -> str:
+    if is_url(path):
+        from gkx_autocache import _remote
+
+        return (_remote.read_bytes(path) or b"").decode("utf-8", "replace")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""

@@ -1,0 +1,198 @@
+"""Remote directories (SPEC §9): a real S3-compatible server (moto's standalone server) on
+127.0.0.1, started and stopped here; gs:// up to the filesystem call, since nothing here can reach
+Google Cloud Storage."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REMOTE_EXTRA, Venv, autocache_warnings, make_venv, public_tmp, run_program
+from test_activation import VERSION_DIR
+
+from gkx_autocache import _cache, _configure, _remote, _settings
+
+HEX = "ab" * 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class S3:
+    endpoint: str
+    bucket: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def keys(self, prefix: str = "") -> dict[str, int]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    """moto's S3 server on a free port of 127.0.0.1, for this module's tests."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto's S3 server did not start") from None
+                time.sleep(0.2)
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture
+def s3(s3_server: str) -> S3:
+    store = S3(s3_server, f"gkx-{uuid.uuid4().hex[:12]}")
+    store.client().create_bucket(Bucket=store.bucket)
+    return store
+
+
+def cli_json(venv: Venv, *args: str, env: dict[str, str]) -> dict[str, Any]:
+    proc = venv.cli("--json", *args, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not autocache_warnings(proc.stderr), proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+def test_s3_round_trip(venv: Venv, s3: S3) -> None:
+    """A cold run writes entries into the bucket, a second process is served from it, and the CLI
+    lists, counts and prunes them, touching only objects named like entries."""
+    env = {**s3.env, "GKX_JAX_CACHE_DIR": f"s3://{s3.bucket}/team-cache"}
+    prefix = f"team-cache/{VERSION_DIR}/"
+    cold, stderr = run_program(venv, env=env)
+    assert not autocache_warnings(stderr), stderr
+    assert cold["dir"] == f"s3://{s3.bucket}/{prefix.rstrip('/')}" and cold["xla_caches"] == "none"
+    assert cold["hits"] == 0 and cold["requests"] >= 2
+    entries = {k for k in s3.keys(prefix) if k.endswith("-cache") and "/" not in k[len(prefix):]}
+    assert len(entries) == cold["requests"]  # every compile written, directly under the version prefix
+
+    warm, stderr = run_program(venv, env=env)
+    assert warm["hits"] == warm["requests"] == cold["requests"] and warm["result"] == cold["result"]
+
+    foreign = {prefix + "notes.txt", prefix + f"nested/jit_f-{HEX}-cache", f"elsewhere/jit_f-{HEX}-cache"}
+    for key in foreign:
+        s3.client().put_object(Bucket=s3.bucket, Key=key, Body=b"not the package's")
+
+    status = cli_json(venv, "status", env=env)
+    assert status["directory"]["version_dir"] == cold["dir"] and status["directory"]["trusted"] is None
+    assert status["store"]["store"] == "jax"
+    assert status["versions_present"] == [{"version": VERSION_DIR, "entries": len(entries),
+                                           "bytes": sum(s3.keys(prefix)[k] for k in entries), "installed": True}]
+    stats = cli_json(venv, "stats", env=env)["stats"]
+    assert stats["hits"] == warm["hits"] and stats["misses"] == cold["requests"]  # both processes' ledgers
+
+    dry = cli_json(venv, "prune", "--max-size", "1", "--dry-run", env=env)
+    assert dry["entries"] == len(entries) and entries <= set(s3.keys(prefix))
+    pruned = cli_json(venv, "prune", "--max-size", "1", env=env)
+    assert pruned["entries"] == len(entries)
+    left = set(s3.keys())
+    assert not entries & left and foreign <= left  # only entries went
+
+    third, _ = run_program(venv, env=env)
+    assert third["hits"] == 0
+    cleared = cli_json(venv, "clear", "--yes", env=env)
+    assert cleared["entries"] == len(entries)
+    assert foreign <= set(s3.keys()) and not any(k.endswith("-cache") for k in s3.keys(prefix) if "/" not in k[len(prefix):])
+    assert cli_json(venv, "stats", "--reset", env=env)["removed"] == 3
+    assert not [k for k in s3.keys(prefix) if "/.gkx-autocache/" in k]
+
+
+def test_missing_remote_extra_is_one_warning_and_an_uncached_run(wheel: Path) -> None:
+    """Without gkx-autocache[remote], an s3:// dir costs one warning naming the extra, not the run."""
+    base = public_tmp()
+    try:
+        venv = make_venv(base, wheel, without=REMOTE_EXTRA)
+        env = {"GKX_JAX_CACHE_DIR": "s3://some-bucket/cache"}
+        result, stderr = run_program(venv, env=env)
+        (warning,) = autocache_warnings(stderr)
+        assert "gkx-autocache[remote]" in warning and "GKX_JAX_CACHE_DIR" in warning and "s3://some-bucket/cache" in warning
+        assert result["hits"] == 0 and result["dir"] in (None, "")
+        proc = venv.cli("--json", "status", env=env)
+        assert any("gkx-autocache[remote]" in a for a in json.loads(proc.stdout)["attention"])
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def gs_settings(url: str) -> _settings.Settings:
+    return _settings.resolve({"GKX_JAX_CACHE_DIR": url}, prefix="/nonexistent", user_file="/nonexistent/c.toml")
+
+
+def test_gs_up_to_the_filesystem_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gs:// cannot be reached here: check everything up to the call into fsspec (gcsfs)."""
+    import fsspec
+
+    settings = gs_settings("gs://bkt/cache/")
+    choice = _cache.choose(settings, "0.10.2")
+    assert choice.version_dir == "gs://bkt/cache/jax-0.10.2" and not choice.problems
+    assert _configure.xla_caches_for(settings, choice.version_dir) == "none"
+    assert fsspec.get_filesystem_class("gs").__module__.startswith("gcsfs")
+
+    asked = []
+
+    def url_to_fs(url: str, **kwargs: Any) -> Any:
+        asked.append(url)
+        raise ConnectionError("no route to Google Cloud Storage from the test machine")
+
+    monkeypatch.setattr("fsspec.core.url_to_fs", url_to_fs)
+    with pytest.raises(_remote.RemoteError, match=r"^gs://bkt/cache/jax-0.10.2: no route"):
+        _cache.scan(choice.version_dir)
+    assert asked == ["gs://bkt/cache/jax-0.10.2"]
+
+
+def test_remote_deletion_touches_only_entries_and_ledgers(monkeypatch: pytest.MonkeyPatch) -> None:
+    removed: list[list[str]] = []
+
+    class FakeFs:
+        def rm(self, paths: list[str]) -> None:
+            removed.append(paths)
+
+    monkeypatch.setattr(_remote, "filesystem", lambda url: (FakeFs(), "bkt/cache/jax-1"))
+    vdir = "gs://bkt/cache/jax-1"
+    asked = [f"{vdir}/jit_f-{HEX}-cache", f"{vdir}/jit_f-{HEX}-gkx-compile", f"{vdir}/notes.txt",
+             f"{vdir}/sub/jit_f-{HEX}-cache", f"gs://bkt/other/jit_f-{HEX}-cache",
+             f"{vdir}/.gkx-autocache/ledger/h-1-2.jsonl", f"{vdir}/.gkx-autocache/store.json"]
+    assert _remote.remove(vdir, asked) == 3
+    assert removed == [[f"bkt/cache/jax-1/jit_f-{HEX}-cache", f"bkt/cache/jax-1/jit_f-{HEX}-gkx-compile",
+                        "bkt/cache/jax-1/.gkx-autocache/ledger/h-1-2.jsonl"]]
+
+
+@pytest.mark.parametrize("url", ["ftp://host/cache", "s3://", "gs:///", "az://container/cache"])
+def test_unsupported_urls_are_bad_values(url: str) -> None:
+    with pytest.raises(_settings.BadValue, match="gs://bucket or s3://bucket"):
+        _settings.parse_dir(url, "/")
