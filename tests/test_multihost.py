@@ -1,0 +1,79 @@
+"""Multi-host runs (SPEC §9): two processes joined by ``jax.distributed.initialize`` on 127.0.0.1,
+on CPU, sharing one cache directory. Only process 0 writes (JAX returns before ``put`` elsewhere);
+on CPU the key of process 1 includes its device assignment, so it compiles again on every run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import Venv
+from test_activation import VERSION_DIR
+from test_remote import free_port
+
+RANK = r"""
+import json, sys
+import jax
+rank, port = int(sys.argv[1]), sys.argv[2]
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=rank,
+                           initialization_timeout=120)
+import jax.numpy as jnp
+counts = {"requests": 0, "hits": 0}
+def listen(event, *a, **k):
+    if event == "/jax/compilation_cache/compile_requests_use_cache": counts["requests"] += 1
+    elif event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
+jax.monitoring.register_event_listener(listen)
+
+@jax.jit
+def step(x):
+    return jnp.tanh(x @ x.T).sum(axis=0) * 3.0
+result = float(step(jnp.linspace(0.0, 1.0, 64).reshape(8, 8)).sum())
+print(json.dumps({"rank": jax.process_index(), "processes": jax.process_count(), "result": round(result, 4), **counts}))
+jax.distributed.shutdown()
+"""
+
+
+def run_ranks(venv: Venv, env: dict[str, str]) -> list[dict[str, int]]:
+    port = str(free_port())
+    procs = [subprocess.Popen([venv.python, "-c", RANK, str(rank), port], env={**venv.env, **env},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(venv.home))
+             for rank in (0, 1)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["rank"] for r in results] == [0, 1] and all(r["processes"] == 2 for r in results)
+    return results
+
+
+def entries(vdir: Path) -> set[str]:
+    return {p.name for p in vdir.iterdir() if p.name.endswith("-cache")}
+
+
+def ledgers(vdir: Path) -> list[list[dict[str, object]]]:
+    return [[json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted((vdir / ".gkx-autocache" / "ledger").iterdir())]
+
+
+def test_only_process_0_writes_and_is_served_on_the_second_run(venv: Venv, tmp_path: Path) -> None:
+    cache = tmp_path / "shared-cache"
+    env = {"GKX_JAX_CACHE_DIR": str(cache)}
+    vdir = cache / VERSION_DIR
+
+    first = run_ranks(venv, env)
+    assert all(r["hits"] == 0 and r["requests"] >= 2 for r in first)
+    written = entries(vdir)
+    assert len(written) == first[0]["requests"]  # process 0's entries only: process 1's keys differ
+    by_process = ledgers(vdir)
+    writers = [records for records in by_process if any(r["e"] == "put" for r in records)]
+    readers = [records for records in by_process if records and all(r["e"] == "miss" for r in records)]
+    assert len(by_process) == 2 and len(writers) == 1 and len(readers) == 1
+    assert sum(r["e"] == "put" for r in writers[0]) == first[0]["requests"]
+
+    second = run_ranks(venv, env)
+    assert second[0]["hits"] == second[0]["requests"] == first[0]["requests"]
+    assert second[1]["hits"] == 0  # CPU: process 1's key includes its device assignment
+    assert entries(vdir) == written  # and it still writes nothing
+    assert second[0]["result"] == second[1]["result"] == first[0]["result"]
