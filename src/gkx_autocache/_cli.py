@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gkx_autocache import _cache, _policy, _settings, _stats, _store
+from gkx_autocache import _bundle, _cache, _policy, _settings, _stats, _store
 
 OK, FAILED, USAGE = 0, 1, 2
 JSON_VERSION = 1
@@ -497,6 +497,75 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return FAILED if doomed and not args.repair else OK
 
 
+# -- export, import: warm bundles ---------------------------------------------------------------
+
+
+def _environment(ctx: Context) -> dict[str, Any]:
+    return _bundle.environment(ctx.jax_version, distribution_version("jaxlib"))
+
+
+def _local(vdir: str, command: str) -> str:
+    if _cache.is_url(vdir):
+        raise CliError(f"{command} works on local directories; {vdir} is remote (copy objects with your bucket's tools)")
+    return vdir
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    ctx = load_context()
+    vdir = _local(ctx.version_dir, "export")
+    if not os.path.isdir(vdir):
+        raise CliError(f"{vdir} does not exist: nothing to export")
+    archive = os.path.abspath(args.file)
+    try:
+        done = _bundle.export(vdir, archive, _environment(ctx))
+    except OSError as exc:
+        raise CliError(f"{archive} not written: {exc.strerror or exc}") from None
+    emit(args, f"exported {done.entries} entries ({done.files} files, {_stats.human_bytes(done.bytes)}) from {vdir}"
+               f" to {archive}\nsha256 {done.sha256}",
+         {"file": archive, "dir": vdir, "entries": done.entries, "files": done.files, "bytes": done.bytes,
+          "sha256": done.sha256, **_environment(ctx)})
+    return OK
+
+
+def _import_target(ctx: Context) -> str:
+    """The version directory, created (with its tag, trust-checked) if need be."""
+    if ctx.settings.from_jax("dir"):
+        vdir = _local(ctx.version_dir, "import")
+        if not os.path.isdir(vdir):
+            raise CliError(f"{vdir} does not exist")
+        return vdir
+    if ctx.jax_version is None or not ctx.settings["enabled"]:
+        raise CliError(ctx.why_no_dir())
+    _local(ctx.version_dir, "import")
+    choice = _cache.choose(ctx.settings, ctx.jax_version, create=True)
+    if choice.version_dir is None:
+        raise CliError(choice.problems[0][1] if choice.problems else "no usable cache directory")
+    if not choice.writable:
+        raise CliError(f"{choice.version_dir} is read-only here: nothing imported")
+    return choice.version_dir
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    ctx = load_context()
+    vdir = _import_target(ctx)
+    try:
+        done = _bundle.import_bundle(args.file, vdir, _environment(ctx), sha256=args.sha256, force=args.force,
+                                     shared=bool(ctx.settings["trust_shared"]))
+    except _bundle.Refused as exc:
+        raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
+    except OSError as exc:
+        raise CliError(f"{args.file}: {exc.strerror or exc}; nothing imported") from None
+    try:
+        os.unlink(os.path.join(vdir, _cache.META_DIR, "size"))  # the size estimate is stale now
+    except OSError:
+        pass
+    emit(args, f"imported {done.entries} entries ({done.files} files, {_stats.human_bytes(done.bytes)}) into {vdir}"
+               f"{f'; {done.present} already present, kept' if done.present else ''}",
+         {"file": args.file, "dir": vdir, "entries": done.entries, "present": done.present, "files": done.files,
+          "bytes": done.bytes})
+    return OK
+
+
 # -- config ------------------------------------------------------------------------------------
 
 
@@ -595,6 +664,12 @@ def build_parser() -> argparse.ArgumentParser:
     setter.add_argument("key")
     setter.add_argument("value")
     actions.add_parser("unset", parents=[where, json_flag]).add_argument("key")
+    add("export", cmd_export, "write the entries to one archive (a warm bundle)").add_argument(
+        "file", help="the archive to write (a tar)")
+    bundle_in = add("import", cmd_import, "merge a warm bundle's entries into the cache")
+    bundle_in.add_argument("file", help="the archive to read")
+    bundle_in.add_argument("--sha256", metavar="HASH", help="refuse unless the archive has this sha256 (from its author)")
+    bundle_in.add_argument("--force", action="store_true", help="import a bundle made for another JAX or platform")
     add("demo", cmd_demo, "run a compile-heavy JAX program cold, then warm")
     return parser
 
