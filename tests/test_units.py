@@ -138,6 +138,28 @@ def test_shared_mode_creates_setgid_group_directories(tmp_path: Path) -> None:
         _cache.prepare(str(team), "1.0", shared=False)
 
 
+def test_shared_mode_accepts_a_teammates_group_directory(tmp_path: Path) -> None:
+    """A team cache created by a teammate (another owner, one of your groups, group-writable) is
+    usable with trust_shared, and refused without it or when others can write it."""
+    team = tmp_path / "team"
+    team.mkdir()
+    os.chown(team, 4242, os.getgid())
+    team.chmod(0o2770)
+    vdir = team / "jax-1.0"
+    vdir.mkdir()
+    os.chown(vdir, 4242, os.getgid())
+    vdir.chmod(0o2770)
+    assert _cache.prepare(str(team), "1.0", shared=True).version_dir == str(vdir)
+    with pytest.raises(_cache.Refused, match="owned by uid 4242"):
+        _cache.prepare(str(team), "1.0", shared=False)
+    team.chmod(0o2750)  # a teammate's directory the group cannot write: theirs alone
+    with pytest.raises(_cache.Refused, match="owned by uid 4242"):
+        _cache.prepare(str(team), "1.0", shared=True)
+    team.chmod(0o2777)
+    with pytest.raises(_cache.Refused, match="others can write"):
+        _cache.prepare(str(team), "1.0", shared=True)
+
+
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [
