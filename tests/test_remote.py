@@ -132,6 +132,24 @@ def test_s3_round_trip(venv: Venv, s3: S3) -> None:
     assert cli_json(venv, "stats", "--reset", env=env)["removed"] == 3
     assert not [k for k in s3.keys(prefix) if "/.gkx-autocache/" in k]
 
+    old_version = f"team-cache/jax-0.0.1/jit_f-{HEX}-cache"
+    s3.client().put_object(Bucket=s3.bucket, Key=old_version, Body=b"x\x9c")
+    stale = cli_json(venv, "prune", "--stale-versions", env=env)
+    assert stale["stale_versions"] == [f"s3://{s3.bucket}/team-cache/jax-0.0.1"]
+    assert old_version not in s3.keys() and foreign <= set(s3.keys())
+
+
+def test_unreachable_bucket_status_still_reports(venv: Venv) -> None:
+    """status on a bucket it cannot reach: exit 0, everything else shown, the failure in one line."""
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1", "GKX_JAX_CACHE_DIR": "s3://nowhere/cache"}
+    data = cli_json(venv, "status", env=env)
+    assert data["directory"]["version_dir"] == f"s3://nowhere/cache/{VERSION_DIR}"
+    assert [a for a in data["attention"] if a.startswith("cannot list the cache: s3://nowhere/cache/")]
+    proc = venv.cli("prune", "--max-size", "1", env=env)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("gkx-autocache prune: s3://nowhere/cache/")
+
 
 def test_missing_remote_extra_is_one_warning_and_an_uncached_run(wheel: Path) -> None:
     """Without gkx-autocache[remote], an s3:// dir costs one warning naming the extra, not the run."""

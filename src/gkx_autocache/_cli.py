@@ -169,16 +169,18 @@ def cmd_status(args: argparse.Namespace) -> int:
             elif _cache.is_url(vdir):
                 store = {"store": "jax", "reason": "remote directories use JAX's stock cache, uncapped; "
                                                   "their trust is the bucket's access policy"}
-                totals = _stats.read_ledger(vdir)
             else:
                 store = _store.read_verdict(vdir) or {"store": None, "reason": "no process has used it yet"}
-                totals = _stats.read_ledger(vdir)
-            if ctx.choice.root:
-                for path in version_dirs(ctx.choice.root):
+            try:  # a bucket may be unreachable from here: status still reports the rest
+                if not ctx.settings.from_jax("dir"):
+                    totals = _stats.read_ledger(vdir)
+                for path in version_dirs(ctx.choice.root) if ctx.choice.root else []:
                     found = _cache.scan(path)
                     name = os.path.basename(path)
                     present.append({"version": name, "entries": found.entries, "bytes": found.bytes,
                                     "installed": name == _cache.version_name(ctx.jax_version or "")})
+            except OSError as exc:
+                attention.append(f"cannot list the cache: {exc}")
     elif not ctx.settings["enabled"]:
         attention.append(f"the cache is disabled by {ctx.settings.origin('enabled')}")
     elif ctx.jax_version is None:
