@@ -175,15 +175,20 @@ def bare_venv(wheel: Path) -> Iterator[Venv]:
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
-# A small real JAX program: prints, as its last line, JSON with the cache counts and the result.
-PROGRAM = r"""
-import json, sys
-import jax, jax.numpy as jnp
+# Counts JAX's cache lookups and hits in ``counts``, from JAX's own monitoring events.
+COUNTING = r"""
 counts = {"requests": 0, "hits": 0}
 def listen(event, *a, **k):
     if event == "/jax/compilation_cache/compile_requests_use_cache": counts["requests"] += 1
     elif event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
 jax.monitoring.register_event_listener(listen)
+"""
+
+# A small real JAX program: prints, as its last line, JSON with the cache counts and the result.
+PROGRAM = r"""
+import json, sys
+import jax, jax.numpy as jnp
+""" + COUNTING + r"""
 
 @jax.jit
 def f(x):

@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import Venv
+from conftest import COUNTING, Venv
 from test_activation import VERSION_DIR
 from test_remote import free_port
 
@@ -19,12 +19,7 @@ rank, port = int(sys.argv[1]), sys.argv[2]
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=rank,
                            initialization_timeout=120)
 import jax.numpy as jnp
-counts = {"requests": 0, "hits": 0}
-def listen(event, *a, **k):
-    if event == "/jax/compilation_cache/compile_requests_use_cache": counts["requests"] += 1
-    elif event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
-jax.monitoring.register_event_listener(listen)
-
+""" + COUNTING + r"""
 @jax.jit
 def step(x):
     return jnp.tanh(x @ x.T).sum(axis=0) * 3.0

@@ -48,7 +48,7 @@ class S3:
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
                             aws_access_key_id="testing", aws_secret_access_key="testing")
 
-    def keys(self, prefix: str = "") -> dict[str, int]:
+    def objects(self, prefix: str = "") -> dict[str, int]:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
 
@@ -99,7 +99,7 @@ def test_s3_round_trip(venv: Venv, s3: S3) -> None:
     assert not autocache_warnings(stderr), stderr
     assert cold["dir"] == f"s3://{s3.bucket}/{prefix.rstrip('/')}" and cold["xla_caches"] == "none"
     assert cold["hits"] == 0 and cold["requests"] >= 2
-    entries = {k for k in s3.keys(prefix) if k.endswith("-cache") and "/" not in k[len(prefix):]}
+    entries = {k for k in s3.objects(prefix) if k.endswith("-cache") and "/" not in k[len(prefix):]}
     assert len(entries) == cold["requests"]  # every compile written, directly under the version prefix
 
     warm, stderr = run_program(venv, env=env)
@@ -113,30 +113,30 @@ def test_s3_round_trip(venv: Venv, s3: S3) -> None:
     assert status["directory"]["version_dir"] == cold["dir"] and status["directory"]["trusted"] is None
     assert status["store"]["store"] == "jax"
     assert status["versions_present"] == [{"version": VERSION_DIR, "entries": len(entries),
-                                           "bytes": sum(s3.keys(prefix)[k] for k in entries), "installed": True}]
+                                           "bytes": sum(s3.objects(prefix)[k] for k in entries), "installed": True}]
     stats = cli_json(venv, "stats", env=env)["stats"]
     assert stats["hits"] == warm["hits"] and stats["misses"] == cold["requests"]  # both processes' ledgers
 
     dry = cli_json(venv, "prune", "--max-size", "1", "--dry-run", env=env)
-    assert dry["entries"] == len(entries) and entries <= set(s3.keys(prefix))
+    assert dry["entries"] == len(entries) and entries <= set(s3.objects(prefix))
     pruned = cli_json(venv, "prune", "--max-size", "1", env=env)
     assert pruned["entries"] == len(entries)
-    left = set(s3.keys())
+    left = set(s3.objects())
     assert not entries & left and foreign <= left  # only entries went
 
     third, _ = run_program(venv, env=env)
     assert third["hits"] == 0
     cleared = cli_json(venv, "clear", "--yes", env=env)
     assert cleared["entries"] == len(entries)
-    assert foreign <= set(s3.keys()) and not any(k.endswith("-cache") for k in s3.keys(prefix) if "/" not in k[len(prefix):])
+    assert foreign <= set(s3.objects()) and not any(k.endswith("-cache") for k in s3.objects(prefix) if "/" not in k[len(prefix):])
     assert cli_json(venv, "stats", "--reset", env=env)["removed"] == 3
-    assert not [k for k in s3.keys(prefix) if "/.gkx-autocache/" in k]
+    assert not [k for k in s3.objects(prefix) if "/.gkx-autocache/" in k]
 
     old_version = f"team-cache/jax-0.0.1/jit_f-{HEX}-cache"
     s3.client().put_object(Bucket=s3.bucket, Key=old_version, Body=b"x\x9c")
     stale = cli_json(venv, "prune", "--stale-versions", env=env)
     assert stale["stale_versions"] == [f"s3://{s3.bucket}/team-cache/jax-0.0.1"]
-    assert old_version not in s3.keys() and foreign <= set(s3.keys())
+    assert old_version not in s3.objects() and foreign <= set(s3.objects())
 
 
 def test_unreachable_bucket_status_still_reports(venv: Venv) -> None:
