@@ -20,7 +20,7 @@ import pytest
 from conftest import REMOTE_EXTRA, Venv, autocache_warnings, make_venv, public_tmp, run_program
 from test_activation import VERSION_DIR
 
-from gkx_autocache import _cache, _configure, _remote, _settings
+from gkx_autocache import _cache, _configure, _entries, _remote, _settings
 
 HEX = "ab" * 32
 
@@ -189,7 +189,7 @@ def test_gs_up_to_the_filesystem_call(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr("fsspec.core.url_to_fs", url_to_fs)
     with pytest.raises(_remote.RemoteError, match=r"^gs://bkt/cache/jax-0.10.2: no route"):
-        _cache.scan(choice.version_dir)
+        _entries.scan(choice.version_dir)
     assert asked == ["gs://bkt/cache/jax-0.10.2"]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gkx_autocache import _bootstrap, _cache, _policy, _settings, _trust
+from gkx_autocache import _bootstrap, _cache, _entries, _policy, _settings, _trust
 
 
 def resolve(env: dict[str, str], prefix: Path, user: Path | None = None) -> _settings.Settings:
@@ -213,7 +213,7 @@ def test_scan_groups_sidecars_and_skips_links_and_strangers(tmp_path: Path) -> N
     (tmp_path / ".jit_f.tmp").write_bytes(b"partial")
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / f"jit_h-{'c' * 64}-cache").symlink_to("/etc/passwd")
-    found = _cache.scan(str(tmp_path))
+    found = _entries.scan(str(tmp_path))
     assert found.entries == 1 and found.units[key].bytes == 13 and len(found.units[key].files) == 2
     assert not found.units[f"jit_g-{'b' * 64}"].has_entry
     assert [os.path.basename(t[0]) for t in found.temporary] == [".jit_f.tmp"]
@@ -221,14 +221,14 @@ def test_scan_groups_sidecars_and_skips_links_and_strangers(tmp_path: Path) -> N
 
 
 def test_select_over_removes_least_recent_first() -> None:
-    units = [_cache.Unit(k, bytes=10, last_used=t, has_entry=True) for k, t in (("a", 3), ("b", 1), ("c", 2))]
-    assert [u.key for u in _cache.select_over(units, 15)] == ["b", "c"]
+    units = [_entries.Unit(k, bytes=10, last_used=t, has_entry=True) for k, t in (("a", 3), ("b", 1), ("c", 2))]
+    assert [u.key for u in _entries.select_over(units, 15)] == ["b", "c"]
 
 
 def test_remove_files_refuses_untagged_directory(tmp_path: Path) -> None:
     (tmp_path / f"jit_f-{'a' * 64}-cache").write_bytes(b"x")
     with pytest.raises(_cache.Refused):
-        _cache.remove_files(str(tmp_path), [str(tmp_path / f"jit_f-{'a' * 64}-cache")])
+        _entries.remove_files(str(tmp_path), [str(tmp_path / f"jit_f-{'a' * 64}-cache")])
     assert (tmp_path / f"jit_f-{'a' * 64}-cache").exists()
 
 
@@ -306,3 +306,18 @@ def test_threads_import_once(stand_in) -> None:  # type: ignore[no-untyped-def]
     for t in threads:
         t.join(timeout=30)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("xdg", [None, "/srv/xdg", "  "])
+def test_user_dirs_match_platformdirs(monkeypatch: pytest.MonkeyPatch, xdg: str | None) -> None:
+    """The XDG rule computed inline (platformdirs costs ~7 ms of import jax) gives platformdirs' answer."""
+    import platformdirs
+
+    for variable in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+        if xdg is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, xdg)
+    assert _cache.user_dir("cache", "gkx") == platformdirs.user_cache_dir("gkx")
+    assert _cache.user_dir("config", "gkx-autocache") == platformdirs.user_config_dir("gkx-autocache")
+    assert _policy.user_path() == os.path.join(platformdirs.user_config_dir("gkx-autocache"), "config.toml")

@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from gkx_autocache import _cache
+from gkx_autocache import _cache, _entries
 
 MANIFEST = "gkx-autocache-manifest.json"
 FORMAT = 1
@@ -62,7 +62,7 @@ def export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
     """Write ``archive`` (atomically) from the entries of ``version_dir`` and their sidecars."""
     from gkx_autocache._store import _read
 
-    found = _cache.scan(version_dir)
+    found = _entries.scan(version_dir)
     units = sorted((u for u in found.units.values() if u.has_entry), key=lambda u: u.key)
     listed: list[dict[str, Any]] = []
     tmp = f"{archive}.{os.getpid()}.tmp"
@@ -133,7 +133,7 @@ def check_member(member: tarfile.TarInfo, files: dict[str, tuple[int, str]]) -> 
     if not member.isreg():
         kind = "link" if member.issym() or member.islnk() else "directory" if member.isdir() else "special file"
         raise Refused(f"{name!r} is a {kind}; a bundle holds plain files only")
-    if "/" in name or "\\" in name or name.startswith(".") or _cache.key_match(name) is None:
+    if "/" in name or "\\" in name or name.startswith(".") or _entries.key_match(name) is None:
         raise Refused(f"{name!r} is not the name of a cache entry or sidecar (it could escape the directory)")
     if name not in files:
         raise Refused(f"{name!r} is not listed in the manifest")
@@ -167,7 +167,7 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
             missing = set(files) - {m.name for m in members}
             if missing:
                 raise Refused(f"{len(missing)} files of the manifest are missing, such as {sorted(missing)[0]!r}")
-            present = {u.key for u in _cache.scan(version_dir).units.values() if u.has_entry}
+            present = {u.key for u in _entries.scan(version_dir).units.values() if u.has_entry}
             mode = 0o660 if shared else 0o600
             skipped = set()
             for member in members:
@@ -196,7 +196,7 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
 
 
 def _key(name: str) -> str:
-    match = _cache.key_match(name)
+    match = _entries.key_match(name)
     return match["key"] if match else name
 
 

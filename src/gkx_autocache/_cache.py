@@ -14,10 +14,9 @@ Layout of a version directory, shared by the store, the CLI, trust checks and pr
 from __future__ import annotations
 
 import os
-import re
 import sys
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from gkx_autocache import _trust
 from gkx_autocache._diagnostics import logger
@@ -43,9 +42,23 @@ def venv_root(prefix: str = sys.prefix) -> str:
 
 def user_root() -> str:
     """platformdirs' user cache path: ``~/.cache/gkx/jax`` on Linux, honouring XDG_CACHE_HOME."""
+    return os.path.join(user_dir("cache", "gkx"), "jax")
+
+
+_XDG = {"cache": ("XDG_CACHE_HOME", "~/.cache"), "config": ("XDG_CONFIG_HOME", "~/.config")}
+
+
+def user_dir(kind: str, app: str) -> str:
+    """platformdirs' ``user_cache_dir(app)`` or ``user_config_dir(app)``. On Linux (not Android)
+    that is the XDG rule, computed here: importing platformdirs costs about 7 ms of every
+    ``import jax``. Elsewhere, platformdirs itself."""
+    android = os.environ.get("ANDROID_DATA") == "/data" and os.environ.get("ANDROID_ROOT") == "/system"
+    if sys.platform == "linux" and not android:
+        variable, fallback = _XDG[kind]
+        return os.path.join(os.environ.get(variable, "").strip() or os.path.expanduser(fallback), app)
     import platformdirs
 
-    return os.path.join(platformdirs.user_cache_dir("gkx"), "jax")
+    return str(platformdirs.user_cache_dir(app) if kind == "cache" else platformdirs.user_config_dir(app))
 
 
 def version_name(jax_version: str) -> str:
@@ -60,8 +73,7 @@ class Refused(Exception):
     """The directory cannot hold the cache; the message says why, in words for the user."""
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     root: str
     version_dir: str
     writable: bool
@@ -92,15 +104,16 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
     return Prepared(root, version_dir, writable)
 
 
-@dataclass
 class Choice:
-    """The directory JAX gets, or None; what was tried and the problems that deserve a warning."""
+    """The directory JAX gets, or None; what was tried and the problems that deserve a warning.
+    (Plain classes on this path: a dataclass costs about 1 ms of ``import jax`` to create.)"""
 
-    version_dir: str | None = None
-    root: str | None = None
-    writable: bool = False
-    tried: list[tuple[str, str]] = field(default_factory=list)  # (root, why not)
-    problems: list[tuple[str, str]] = field(default_factory=list)  # (cause, one-line message)
+    def __init__(self, version_dir: str | None = None, root: str | None = None, writable: bool = False) -> None:
+        self.version_dir = version_dir
+        self.root = root
+        self.writable = writable
+        self.tried: list[tuple[str, str]] = []  # (root, why not)
+        self.problems: list[tuple[str, str]] = []  # (cause, one-line message)
 
 
 def choose(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bool = True) -> Choice:
@@ -139,8 +152,12 @@ def choose(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
         choice.root, choice.version_dir, choice.writable = prepared.root, prepared.version_dir, prepared.writable
         return choice
 
-    roots = [venv_root(prefix)] if in_virtualenv(prefix) else []
-    for root in (*roots, user_root()):
+    def roots() -> Iterator[str]:  # the user root is computed only when needed
+        if in_virtualenv(prefix):
+            yield venv_root(prefix)
+        yield user_root()
+
+    for root in roots():
         try:
             prepared = prepare(root, jax_version, shared, create)
         except Refused as exc:
@@ -216,181 +233,3 @@ def has_tag(path: str) -> bool:
             return f.read(43) == TAG[:43].encode()
     except OSError:
         return False
-
-
-# -- scanning and removing: only files named like entries, sidecars or temporary files, only in a
-# -- tagged directory, never through a symlink.
-
-_KEY = r"^(?P<key>.+-[0-9a-f]{64})(?P<suffix>-[A-Za-z0-9_-]+)$"  # compiled on first scan, not on import jax
-STALE_TMP_SECS = 3600.0
-
-
-def key_match(name: str) -> re.Match[str] | None:
-    return re.match(_KEY, name)
-
-
-@dataclass
-class Unit:
-    """One entry with its sidecars: pruned and cleared together."""
-
-    key: str
-    files: list[str] = field(default_factory=list)
-    bytes: int = 0
-    last_used: float = 0.0
-    has_entry: bool = False
-
-
-@dataclass
-class Scan:
-    units: dict[str, Unit] = field(default_factory=dict)
-    temporary: list[tuple[str, int, float]] = field(default_factory=list)  # (path, bytes, mtime)
-    links: list[str] = field(default_factory=list)  # named like entries, never read
-
-    @property
-    def bytes(self) -> int:
-        return sum(u.bytes for u in self.units.values()) + sum(t[1] for t in self.temporary)
-
-    @property
-    def entries(self) -> int:
-        return sum(1 for u in self.units.values() if u.has_entry)
-
-
-def scan(version_dir: str) -> Scan:
-    """Group the directory's files by key. Files of other shapes are not the package's: ignored."""
-    result = Scan()
-    if is_url(version_dir):
-        return _scan_remote(version_dir, result)
-    try:
-        iterator = os.scandir(version_dir)
-    except OSError:
-        return result
-    with iterator:
-        for item in iterator:
-            name = item.name
-            if name.startswith("."):
-                if name.endswith(".tmp") and item.is_file(follow_symlinks=False):
-                    st = item.stat(follow_symlinks=False)
-                    result.temporary.append((item.path, st.st_size, st.st_mtime))
-                continue
-            match = key_match(name)
-            if match is None:
-                continue
-            if item.is_symlink():
-                result.links.append(item.path)
-                continue
-            if not item.is_file(follow_symlinks=False):
-                continue
-            st = item.stat(follow_symlinks=False)
-            unit = result.units.get(match["key"])
-            if unit is None:
-                unit = result.units[match["key"]] = Unit(match["key"])
-            unit.files.append(item.path)
-            unit.bytes += st.st_size
-            if match["suffix"] == ENTRY_SUFFIX:
-                unit.has_entry = True
-                unit.last_used = max(unit.last_used, st.st_atime, st.st_mtime)
-    return result
-
-
-def _scan_remote(version_dir: str, result: Scan) -> Scan:
-    """The same grouping over an object listing; an object's recency is its last write (object
-    stores keep no access time, and JAX's stock cache writes none unless its own cap is on)."""
-    from gkx_autocache import _remote
-
-    for name, size, mtime, prefix in _remote.listing(version_dir):
-        match = None if prefix else key_match(name)
-        if match is None:
-            continue
-        unit = result.units.get(match["key"])
-        if unit is None:
-            unit = result.units[match["key"]] = Unit(match["key"])
-        unit.files.append(f"{version_dir}/{name}")
-        unit.bytes += size
-        if match["suffix"] == ENTRY_SUFFIX:
-            unit.has_entry = True
-            unit.last_used = max(unit.last_used, mtime)
-    return result
-
-
-def least_recent_first(units: list[Unit]) -> list[Unit]:
-    return sorted(units, key=lambda u: (u.has_entry, u.last_used))  # orphans first
-
-
-def select_over(units: list[Unit], target: int) -> list[Unit]:
-    """The least recently used units to remove so that the rest fits in ``target`` bytes."""
-    total = sum(u.bytes for u in units)
-    chosen = []
-    for unit in least_recent_first(units):
-        if total <= target:
-            break
-        chosen.append(unit)
-        total -= unit.bytes
-    return chosen
-
-
-def remove_files(version_dir: str, paths: list[str]) -> int:
-    """Unlink the given files of a tagged directory; the bytes freed. Refuses an untagged one.
-    On a remote directory, deletes objects named like entries and sidecars; the count deleted."""
-    if is_url(version_dir):
-        from gkx_autocache import _remote
-
-        return _remote.remove(version_dir, paths)
-    if not has_tag(version_dir):
-        raise Refused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
-    freed = 0
-    for path in paths:
-        if os.path.dirname(path) != version_dir:
-            continue
-        try:
-            st = os.lstat(path)
-            os.unlink(path)  # unlink never follows a symlink
-            freed += st.st_size
-        except OSError:
-            continue
-    return freed
-
-
-def prune_at_exit(version_dir: str, cap: int, written: int) -> None:
-    """Keep the directory under ``cap``: prune to 90 % of it, least recently used first.
-
-    Runs at exit in a process that wrote entries, under a non-blocking lock (a process that finds
-    it taken skips). The size is kept in ``.gkx-autocache/size``: a full scan happens only when
-    that estimate crosses the cap, or is over an hour old.
-    """
-    import fcntl
-    import time
-
-    meta = os.path.join(version_dir, META_DIR)
-    try:
-        lock = os.open(os.path.join(meta, "prune.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
-    except OSError:
-        return
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return
-        size_file = os.path.join(meta, "size")
-        estimate = None
-        try:
-            if time.time() - os.stat(size_file).st_mtime < 3600:
-                with open(size_file, encoding="ascii") as f:
-                    estimate = int(f.read()) + written
-        except (OSError, ValueError):
-            pass
-        if estimate is None or estimate > cap:
-            found = scan(version_dir)
-            units = list(found.units.values())
-            removed = select_over(units, int(cap * 0.9)) if found.bytes > cap else []
-            freed = remove_files(version_dir, [p for u in removed for p in u.files])
-            estimate = found.bytes - freed
-            if removed:
-                logger.debug("pruned %d entries (%d bytes) from %s", len(removed), freed, version_dir)
-        tmp = f"{size_file}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(str(estimate))
-        os.replace(tmp, size_file)
-    except (OSError, Refused) as exc:
-        logger.debug("prune skipped: %s", exc)
-    finally:
-        os.close(lock)

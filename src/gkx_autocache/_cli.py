@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gkx_autocache import _bundle, _cache, _policy, _settings, _stats, _store
+from gkx_autocache import _bundle, _cache, _entries, _policy, _settings, _stats, _store
 
 OK, FAILED, USAGE = 0, 1, 2
 JSON_VERSION = 1
@@ -175,7 +175,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 if not ctx.settings.from_jax("dir"):
                     totals = _stats.read_ledger(vdir)
                 for path in version_dirs(ctx.choice.root) if ctx.choice.root else []:
-                    found = _cache.scan(path)
+                    found = _entries.scan(path)
                     name = os.path.basename(path)
                     present.append({"version": name, "entries": found.entries, "bytes": found.bytes,
                                     "installed": name == _cache.version_name(ctx.jax_version or "")})
@@ -265,7 +265,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.reset:
         files = list(_stats.ledger_files(vdir))
         if _cache.is_url(vdir):
-            _cache.remove_files(vdir, files)
+            _entries.remove_files(vdir, files)
         else:
             for path in files:
                 try:
@@ -303,7 +303,7 @@ class Removal:
     compile_secs: float
 
 
-def _removal(units: list[_cache.Unit], extra: list[tuple[str, int, float]], compile_secs: dict[str, float]) -> Removal:
+def _removal(units: list[_entries.Unit], extra: list[tuple[str, int, float]], compile_secs: dict[str, float]) -> Removal:
     files = [p for u in units for p in u.files] + [t[0] for t in extra]
     return Removal(files, sum(1 for u in units if u.has_entry), sum(u.bytes for u in units) + sum(t[1] for t in extra),
                    sum(compile_secs.get(u.key, 0.0) for u in units))
@@ -322,7 +322,7 @@ def _execute(vdir: str, removal: Removal, dry_run: bool) -> None:
     if dry_run or not removal.files:
         return
     try:
-        _cache.remove_files(vdir, removal.files)
+        _entries.remove_files(vdir, removal.files)
     except _cache.Refused as exc:
         raise CliError(str(exc)) from None
     if _cache.is_url(vdir):
@@ -360,7 +360,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
             raise CliError("nothing removed")
     for vdir in targets:
         _require_tag(vdir)
-        found = _cache.scan(vdir)
+        found = _entries.scan(vdir)
         removal = _removal(list(found.units.values()), found.temporary, _compile_secs(vdir))
         _execute(vdir, removal, args.dry_run)
         _report_removal(args, "removed", vdir, removal, {})
@@ -388,16 +388,16 @@ def cmd_prune(args: argparse.Namespace) -> int:
     older = parse_age(args.older_than) if args.older_than else None
     if _cache.is_url(vdir) or os.path.isdir(vdir):
         _require_tag(vdir)
-    found = _cache.scan(vdir)
+    found = _entries.scan(vdir)
     units = list(found.units.values())
-    chosen: list[_cache.Unit] = []
+    chosen: list[_entries.Unit] = []
     if older is not None:
         cutoff = time.time() - older
         chosen = [u for u in units if u.last_used < cutoff]
     rest = [u for u in units if u not in chosen]
     if cap:
-        chosen += _cache.select_over(rest, cap)
-    stale_tmp = [t for t in found.temporary if time.time() - t[2] > _cache.STALE_TMP_SECS]
+        chosen += _entries.select_over(rest, cap)
+    stale_tmp = [t for t in found.temporary if time.time() - t[2] > _entries.STALE_TMP_SECS]
     removal = _removal(chosen, stale_tmp, _compile_secs(vdir))
     _execute(vdir, removal, args.dry_run)
     stale_versions: list[str] = []
@@ -416,10 +416,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def _remove_version_dir(vdir: str) -> None:
     """Everything the package put there, then the directory itself if nothing else is left."""
-    found = _cache.scan(vdir)
-    _cache.remove_files(vdir, [p for u in found.units.values() for p in u.files] + [t[0] for t in found.temporary])
+    found = _entries.scan(vdir)
+    _entries.remove_files(vdir, [p for u in found.units.values() for p in u.files] + [t[0] for t in found.temporary])
     if _cache.is_url(vdir):
-        _cache.remove_files(vdir, list(_stats.ledger_files(vdir)))
+        _entries.remove_files(vdir, list(_stats.ledger_files(vdir)))
         return
     import shutil
 
@@ -464,7 +464,7 @@ def check_entry(path: str) -> str | None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     vdir = load_context().version_dir
-    found = _cache.scan(vdir)
+    found = _entries.scan(vdir)
     corrupt, orphans = [], []
     units = list(found.units.values())
     for i, unit in enumerate(units):
@@ -478,11 +478,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if why:
             corrupt.append((unit, why))
     progress("")
-    stale = [t[0] for t in found.temporary if time.time() - t[2] > _cache.STALE_TMP_SECS]
+    stale = [t[0] for t in found.temporary if time.time() - t[2] > _entries.STALE_TMP_SECS]
     doomed = [p for u, _ in corrupt for p in u.files] + orphans + stale + found.links
     if args.repair and doomed:
         _require_tag(vdir)
-        _cache.remove_files(vdir, doomed)
+        _entries.remove_files(vdir, doomed)
     lines = [f"verified {len(units) - len(orphans)} entries in {vdir}: {len(corrupt)} corrupt, "
              f"{len(orphans)} orphan sidecars, {len(stale)} stale temporary files, {len(found.links)} links"]
     lines += [f"  corrupt  {os.path.basename(u.key)}: {why}" for u, why in corrupt]

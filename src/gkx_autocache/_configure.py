@@ -81,7 +81,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
 
 def _prune_at_exit(directory: str, cap: int, recorder: Any) -> None:
     if recorder.totals.bytes_written:
-        _cache.prune_at_exit(directory, cap, recorder.totals.bytes_written)
+        from gkx_autocache import _entries
+
+        _entries.prune_at_exit(directory, cap, recorder.totals.bytes_written)
 
 
 def xla_caches_for(settings: _settings.Settings, directory: str) -> str | None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 POLICY_NAME = "gkx-autocache.toml"
 
@@ -25,15 +26,14 @@ def policy_path(prefix: str = sys.prefix) -> str:
 
 
 def user_path() -> str:
-    import platformdirs
+    from gkx_autocache._cache import user_dir
 
-    return os.path.join(platformdirs.user_config_dir("gkx-autocache"), "config.toml")
+    return os.path.join(user_dir("config", "gkx-autocache"), "config.toml")
 
 
-@dataclass(frozen=True)
-class FileVerdict:
+class FileVerdict(NamedTuple):
     status: str  # "absent", "used", "ignored"
-    data: dict[str, Any] = field(default_factory=dict)
+    data: Mapping[str, Any] = MappingProxyType({})
     problem: str | None = None  # one line, for a warning
 
 

@@ -113,7 +113,7 @@ def version_dirs(root: str) -> list[str]:
 def remove(version_dir: str, urls: list[str]) -> int:
     """Delete the given objects, each directly under ``version_dir`` and named like an entry, a
     sidecar or a ledger; the count removed."""
-    from gkx_autocache._cache import key_match
+    from gkx_autocache._entries import key_match
 
     fs, path = filesystem(version_dir)
     doomed = []

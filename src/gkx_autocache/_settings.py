@@ -20,8 +20,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gkx_autocache import _policy
 from gkx_autocache._cache import is_url
@@ -113,8 +112,7 @@ def parse_dir(raw: Any, base: str) -> str:
     return os.path.normpath(os.path.join(base, path))
 
 
-@dataclass(frozen=True)
-class Key:
+class Key(NamedTuple):
     name: str
     env: str
     jax_option: str | None
@@ -176,17 +174,20 @@ def validate(key: str, raw: Any, base: str) -> Any:
     return KEYS[key].parse(raw)
 
 
-@dataclass(frozen=True)
-class Resolved:
+class Resolved(NamedTuple):
     value: Any
     origin: str  # "default", "env GKX_JAX_CACHE_DIR", a file's path, "JAX (JAX_COMPILATION_CACHE_DIR)"
 
 
-@dataclass
 class Settings:
-    values: dict[str, Resolved]
-    problems: list[tuple[str, str]] = field(default_factory=list)  # (cause, one-line message)
-    files: dict[str, _policy.FileVerdict] = field(default_factory=dict)
+    """Every key's value with its origin, the problems worth a warning, and what became of each
+    settings file. (Plain and named-tuple classes on this path: creating a dataclass costs about
+    1 ms of ``import jax``.)"""
+
+    def __init__(self, values: dict[str, Resolved]) -> None:
+        self.values = values
+        self.problems: list[tuple[str, str]] = []  # (cause, one-line message)
+        self.files: dict[str, _policy.FileVerdict] = {}
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key].value

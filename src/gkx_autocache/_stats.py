@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from gkx_autocache._cache import META_DIR, bookkeeping_dir, is_url
@@ -30,15 +29,17 @@ RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
 JAX_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
 
 
-@dataclass
 class Totals:
-    hits: int = 0
-    misses: int = 0
-    saved_secs: float = 0.0
-    bytes_read: int = 0
-    bytes_written: int = 0
-    writes: int = 0
-    compile_secs: dict[str, float] = field(default_factory=dict)  # key -> compile time, from writes
+    """Counts summed over ledger records (a plain class: this module is imported on ``import jax``)."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.saved_secs = 0.0
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.writes = 0
+        self.compile_secs: dict[str, float] = {}  # key -> compile time, from writes
 
     def add(self, record: dict[str, Any]) -> None:
         kind = record.get("e")
