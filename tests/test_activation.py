@@ -170,7 +170,7 @@ def test_no_jax_installed_is_silent(bare_venv: Venv) -> None:
     proc = bare_venv.run("-c", "import json, sys; print(json.dumps(sorted(m for m in sys.modules if 'gkx' in m)))",
                          check=True)
     assert proc.stderr == ""
-    assert json.loads(proc.stdout) == ["gkx_autocache", "gkx_autocache._bootstrap"]
+    assert json.loads(proc.stdout) == ["gkx_autocache"]
 
 
 FAKE_JAX = '''
@@ -231,7 +231,7 @@ def test_import_time_adds_only_the_start_up_modules(venv: Venv, tmp_path: Path, 
         return {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")} - {
             "package"}
 
-    assert modules(venv) - modules(without) == {"gkx_autocache", "gkx_autocache._bootstrap"}
+    assert modules(venv) - modules(without) == {"gkx_autocache"}
 
 
 @pytest.mark.parametrize(("flag", "active"), [("-S", False), ("-I", True), ("-E", True), ("-s", True)])

@@ -17,7 +17,7 @@ def test_runner_produces_every_figure(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
-    assert data["startup"]["extra_modules"] == ["gkx_autocache", "gkx_autocache._bootstrap"]
+    assert data["startup"]["extra_modules"] == ["gkx_autocache"]
     assert set(data["workload"]) == {"no cache", "JAX stock cache, default thresholds", "JAX stock cache, thresholds 0",
                                      "gkx-autocache"}
     assert data["workload"]["gkx-autocache"]["warm_hits"] == data["workload"]["gkx-autocache"]["warm_requests"] > 0

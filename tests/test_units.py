@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gkx_autocache import _bootstrap, _cache, _entries, _policy, _settings, _trust
+import gkx_autocache
+from gkx_autocache import _cache, _entries, _policy, _settings, _trust
 
 
 def resolve(env: dict[str, str], prefix: Path, user: Path | None = None) -> _settings.Settings:
@@ -241,9 +242,9 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[n
     name = f"standin_{os.getpid()}_{id(tmp_path)}"
     (tmp_path / f"{name}.py").write_text("import os\nif os.environ.get('STANDIN_FAIL'):\n    raise OSError(5, 'disk')\nVALUE = 42\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(_bootstrap, "TARGET", name)
+    monkeypatch.setattr(gkx_autocache, "TARGET", name)
     calls: list[types.ModuleType] = []
-    monkeypatch.setattr(_bootstrap, "_configure_now", lambda module: calls.append(module))
+    monkeypatch.setattr(gkx_autocache, "_configure_now", lambda module: calls.append(module))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delenv("GKX_JAX_CACHE", raising=False)
     yield name, calls
@@ -253,26 +254,26 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[n
 def test_finder_configures_after_the_module_body_and_leaves(stand_in) -> None:  # type: ignore[no-untyped-def]
     """The callback sees the finished module; the finder leaves sys.meta_path; install is idempotent."""
     name, calls = stand_in
-    _bootstrap.install()
-    _bootstrap.install()
-    assert sum(type(f) is _bootstrap.PostImportFinder for f in sys.meta_path) == 1
+    gkx_autocache.install()
+    gkx_autocache.install()
+    assert sum(type(f) is gkx_autocache.PostImportFinder for f in sys.meta_path) == 1
     module = __import__(name)
     assert [m.VALUE for m in calls] == [42]
     assert module.__loader__.__class__.__name__ != "_ConfiguringLoader"
     assert module.__spec__.loader is module.__loader__
-    assert not any(type(f) is _bootstrap.PostImportFinder for f in sys.meta_path)
+    assert not any(type(f) is gkx_autocache.PostImportFinder for f in sys.meta_path)
 
 
 def test_failed_import_is_unchanged_and_retry_configures(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """The user's exception comes through as it was, without our frames; the finder stays."""
     name, calls = stand_in
-    _bootstrap.install()
+    gkx_autocache.install()
     monkeypatch.setenv("STANDIN_FAIL", "1")
     with pytest.raises(OSError) as info:
         __import__(name)
     assert info.value.errno == 5
     assert not any("gkx_autocache" in (tb.tb_frame.f_code.co_filename) for tb in _walk(info.value.__traceback__))
-    assert calls == [] and any(type(f) is _bootstrap.PostImportFinder for f in sys.meta_path)
+    assert calls == [] and any(type(f) is gkx_autocache.PostImportFinder for f in sys.meta_path)
     monkeypatch.delenv("STANDIN_FAIL")
     __import__(name)
     assert len(calls) == 1
@@ -286,14 +287,14 @@ def _walk(tb):  # type: ignore[no-untyped-def]
 
 def test_opt_out_installs_nothing(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("GKX_JAX_CACHE", "off")
-    _bootstrap.install()
-    assert not any(type(f) is _bootstrap.PostImportFinder for f in sys.meta_path)
+    gkx_autocache.install()
+    assert not any(type(f) is gkx_autocache.PostImportFinder for f in sys.meta_path)
 
 
 def test_threads_import_once(stand_in) -> None:  # type: ignore[no-untyped-def]
     """Threads importing the module at once: one configuration call, no deadlock."""
     name, calls = stand_in
-    _bootstrap.install()
+    gkx_autocache.install()
     barrier = threading.Barrier(6)
 
     def work() -> None:

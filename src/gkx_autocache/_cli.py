@@ -127,7 +127,7 @@ def start_files() -> dict[str, str | None]:
 
 
 def hook_live() -> bool:
-    from gkx_autocache._bootstrap import PostImportFinder
+    from gkx_autocache import PostImportFinder
 
     return any(type(f) is PostImportFinder for f in sys.meta_path)
 
