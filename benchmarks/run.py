@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(), "jax": jax_version, "date": time.strftime("%Y-%m-%d"),
             "command": "python benchmarks/run.py" + (" --quick" if quick else ""),
         }
-        results["startup"] = startup(with_py, without_py, 3 if quick else 40)
+        results["startup"] = startup(with_py, without_py, 3 if quick else 200)
         results["import_jax"] = import_jax(with_py, without_py, 1 if quick else 10, work)
         results["workload"] = workload(with_py, without_py, 2 if quick else 24, 1 if quick else 3, work)
         results["cli_entries"] = 300 if quick else 100_000
