@@ -116,6 +116,8 @@ def test_s3_round_trip(venv: Venv, s3: S3) -> None:
                                            "bytes": sum(s3.objects(prefix)[k] for k in entries), "installed": True}]
     stats = cli_json(venv, "stats", env=env)["stats"]
     assert stats["hits"] == warm["hits"] and stats["misses"] == cold["requests"]  # both processes' ledgers
+    verified = cli_json(venv, "verify", env=env)  # every object read back and decompressed
+    assert verified["entries"] == len(entries) and verified["corrupt"] == [] and not verified["repaired"]
 
     dry = cli_json(venv, "prune", "--max-size", "1", "--dry-run", env=env)
     assert dry["entries"] == len(entries) and entries <= set(s3.objects(prefix))

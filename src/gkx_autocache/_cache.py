@@ -228,6 +228,11 @@ def _write_tag(path: str) -> None:
 
 
 def has_tag(path: str) -> bool:
+    """Whether ``path`` is known to be a gkx-autocache directory, so that its entries may be
+    deleted. An object store has no directory to tag: there the version prefix and the entry
+    names are what is recognised, so a URL counts as tagged."""
+    if is_url(path):
+        return True
     try:
         with open(os.path.join(path, TAG_NAME), "rb") as f:
             return f.read(43) == TAG[:43].encode()

@@ -263,16 +263,8 @@ def function_name(key: str) -> str:
 def cmd_stats(args: argparse.Namespace) -> int:
     vdir = load_context().version_dir
     if args.reset:
-        files = list(_stats.ledger_files(vdir))
-        if _cache.is_url(vdir):
-            _entries.remove_files(vdir, files)
-        else:
-            for path in files:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-        emit(args, f"stats reset ({len(files)} ledger files removed)", {"reset": True, "removed": len(files)})
+        removed = _stats.remove_ledger(vdir)
+        emit(args, f"stats reset ({removed} ledger files removed)", {"reset": True, "removed": removed})
         return OK
     totals = _stats.read_ledger(vdir)
     if totals is None:
@@ -325,23 +317,16 @@ def _execute(vdir: str, removal: Removal, dry_run: bool) -> None:
         _entries.remove_files(vdir, removal.files)
     except _cache.Refused as exc:
         raise CliError(str(exc)) from None
-    if _cache.is_url(vdir):
-        return
-    try:
-        os.unlink(os.path.join(vdir, _cache.META_DIR, "size"))  # the size estimate is stale now
-    except OSError:
-        pass
+    _entries.forget_size(vdir)
 
 
 def _require_tag(vdir: str) -> None:
-    """A local cache is recognised by its tag before anything is deleted. An object store has no
-    directory to tag: there, only objects named like entries and sidecars are touched."""
-    if _cache.is_url(vdir):
+    """A cache is recognised by its tag before anything is deleted (see ``_cache.has_tag``)."""
+    if _cache.has_tag(vdir):
         return
     if not os.path.isdir(vdir):
         raise CliError(f"{vdir} does not exist: nothing to remove")
-    if not _cache.has_tag(vdir):
-        raise CliError(f"{vdir} has no gkx-autocache {_cache.TAG_NAME}, so it is not known to be a cache: nothing removed")
+    raise CliError(f"{vdir} has no gkx-autocache {_cache.TAG_NAME}, so it is not known to be a cache: nothing removed")
 
 
 def _compile_secs(vdir: str) -> dict[str, float]:
@@ -353,7 +338,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     ctx = load_context()
     targets = [ctx.version_dir]
     if args.all_versions and ctx.root:
-        targets = [d for d in version_dirs(ctx.root) if _cache.is_url(d) or _cache.has_tag(d)] or targets
+        targets = [d for d in version_dirs(ctx.root) if _cache.has_tag(d)] or targets
     if not args.dry_run and not args.yes and sys.stdin.isatty():
         answer = input(f"remove every cache entry in {', '.join(targets)}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
@@ -386,7 +371,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     except _settings.BadValue as exc:
         raise CliError(f"--max-size: {exc}", USAGE) from None
     older = parse_age(args.older_than) if args.older_than else None
-    if _cache.is_url(vdir) or os.path.isdir(vdir):
+    if os.path.isdir(vdir):  # a directory that exists must carry the tag (a URL always does)
         _require_tag(vdir)
     found = _entries.scan(vdir)
     units = list(found.units.values())
@@ -403,7 +388,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     stale_versions: list[str] = []
     if args.stale_versions and ctx.root:
         for other in version_dirs(ctx.root):
-            if other != vdir and (_cache.is_url(other) or _cache.has_tag(other)):
+            if other != vdir and _cache.has_tag(other):
                 stale_versions.append(other)
                 if not args.dry_run:
                     _remove_version_dir(other)
@@ -419,7 +404,7 @@ def _remove_version_dir(vdir: str) -> None:
     found = _entries.scan(vdir)
     _entries.remove_files(vdir, [p for u in found.units.values() for p in u.files] + [t[0] for t in found.temporary])
     if _cache.is_url(vdir):
-        _entries.remove_files(vdir, list(_stats.ledger_files(vdir)))
+        _stats.remove_ledger(vdir)
         return
     import shutil
 
@@ -557,10 +542,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
     except OSError as exc:
         raise CliError(f"{args.file}: {exc.strerror or exc}; nothing imported") from None
-    try:
-        os.unlink(os.path.join(vdir, _cache.META_DIR, "size"))  # the size estimate is stale now
-    except OSError:
-        pass
+    _entries.forget_size(vdir)
     emit(args, f"imported {done.entries} entries ({done.files} files, {_stats.human_bytes(done.bytes)}) into {vdir}"
                f"{f'; {done.present} already present, kept' if done.present else ''}",
          {"file": args.file, "dir": vdir, "entries": done.entries, "present": done.present, "files": done.files,

@@ -66,9 +66,10 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
 
     from gkx_autocache import _stats, _store
 
-    remote = _cache.is_url(directory)
-    ours = not settings.from_jax("dir") and not remote
-    recorder = _stats.start(settings, directory, ledger=ours, remote=remote and not settings.from_jax("dir"))
+    chosen = not settings.from_jax("dir")  # resolved by the package, not the user's own JAX setting
+    remote = chosen and _cache.is_url(directory)
+    ours = chosen and not remote  # local: served by the store, with a ledger file
+    recorder = _stats.start(settings, directory, ledger=ours, remote=remote)
     if ours:
         reason = _store.install(jax, directory, bool(settings["trust_shared"]), recorder)
         recorder.store_serving = reason is None

@@ -125,12 +125,12 @@ def select_over(units: list[Unit], target: int) -> list[Unit]:
 def remove_files(version_dir: str, paths: list[str]) -> int:
     """Unlink the given files of a tagged directory; the bytes freed. Refuses an untagged one.
     On a remote directory, deletes objects named like entries and sidecars; the count deleted."""
+    if not has_tag(version_dir):
+        raise Refused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
     if is_url(version_dir):
         from gkx_autocache import _remote
 
         return _remote.remove(version_dir, paths)
-    if not has_tag(version_dir):
-        raise Refused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
     freed = 0
     for path in paths:
         if os.path.dirname(path) != version_dir:
@@ -142,6 +142,16 @@ def remove_files(version_dir: str, paths: list[str]) -> int:
         except OSError:
             continue
     return freed
+
+
+def forget_size(version_dir: str) -> None:
+    """Drop the at-exit prune's size estimate after entries were added or removed by hand."""
+    if is_url(version_dir):
+        return
+    try:
+        os.unlink(os.path.join(version_dir, META_DIR, "size"))
+    except OSError:
+        pass
 
 
 def prune_at_exit(version_dir: str, cap: int, written: int) -> None:

@@ -26,27 +26,15 @@ def scheme(url: str) -> str:
     return url.split("://", 1)[0].lower()
 
 
-def missing_modules(url: str) -> list[str]:
-    """The modules JAX and the CLI need for ``url`` that are not installed. Nothing is imported
-    (``find_spec`` of a top-level name only looks), so this is cheap on ``import jax``."""
+def unsupported(url: str) -> str | None:
+    """Why ``url`` (an ``s3://`` or ``gs://`` URL: the settings refuse other schemes) cannot hold
+    the cache here, in words for the user, or None. Nothing is imported (``find_spec`` of a
+    top-level name only looks), so this is cheap on ``import jax``."""
     import importlib.util
 
-    kind = scheme(url)
-    if kind not in BACKENDS:
-        return [f"a filesystem for {kind}://"]
-    needed = ["etils", "fsspec", BACKENDS[kind]]
-    return [name for name in needed if importlib.util.find_spec(name) is None]
-
-
-def unsupported(url: str) -> str | None:
-    """Why ``url`` cannot hold the cache here, in words for the user, or None."""
-    kind = scheme(url)
-    if kind not in BACKENDS:
-        return f"only s3:// and gs:// URLs are supported, not {kind}://"
-    missing = missing_modules(url)
-    if missing:
-        return f"{', '.join(missing)} not installed: pip install '{EXTRA}'"
-    return None
+    needed = ["etils", "fsspec", BACKENDS[scheme(url)]]
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    return f"{', '.join(missing)} not installed: pip install '{EXTRA}'" if missing else None
 
 
 class RemoteError(OSError):
@@ -138,7 +126,10 @@ def read_bytes(url: str) -> bytes | None:
 
 
 def ledger_dir(version_dir: str) -> str:
-    return f"{version_dir}/.gkx-autocache/ledger"
+    from gkx_autocache._cache import META_DIR
+    from gkx_autocache._stats import LEDGER_DIR
+
+    return f"{version_dir}/{META_DIR}/{LEDGER_DIR}"
 
 
 def ledger_files(version_dir: str) -> list[str]:
@@ -150,7 +141,7 @@ def write_ledger(version_dir: str, text: str) -> None:
     """One object per process, written once at exit (objects cannot be appended to)."""
     import socket
 
-    fs, path = filesystem(version_dir)
+    fs, folder = filesystem(ledger_dir(version_dir))
     name = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}.jsonl"
     with _errors(version_dir):
-        fs.pipe_file(f"{path}/.gkx-autocache/ledger/{name}", text.encode("utf-8"))
+        fs.pipe_file(f"{folder}/{name}", text.encode("utf-8"))

@@ -213,6 +213,23 @@ def ledger_files(version_dir: str) -> Iterator[str]:
             yield os.path.join(folder, name)
 
 
+def remove_ledger(version_dir: str) -> int:
+    """Delete every process's ledger (``stats --reset``); the count removed."""
+    files = list(ledger_files(version_dir))
+    if is_url(version_dir):
+        from gkx_autocache import _remote
+
+        return _remote.remove(version_dir, files)
+    removed = 0
+    for path in files:
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
 def read_ledger(version_dir: str) -> Totals | None:
     """Totals across every process since the last reset, or None when there is no ledger yet."""
     files = list(ledger_files(version_dir))
