@@ -177,7 +177,9 @@ def workload(with_py: Path, without_py: Path, functions: int, runs: int, work: P
 def synthetic(vdir: Path, n: int) -> None:
     vdir.mkdir(parents=True, mode=0o700)
     vdir.parent.chmod(0o700)
-    (vdir / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    from gkx_autocache._layout import TAG
+
+    (vdir / "CACHEDIR.TAG").write_text(TAG)
     payload = zlib.compress(b"\x00\x00\x00\x01" + os.urandom(64) + b"\x00" * 2000)
     now = time.time()
     for i in range(n):

@@ -36,8 +36,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def as_user(uid: int, command: list[str]) -> list[str]:
-    """``command`` as ``uid``, able to reach the interpreter and the runner's packages.
+def as_user(uid: int, command: list[str], groups: tuple[int, ...] = ()) -> list[str]:
+    """``command`` as ``uid`` (primary group ``uid``, and the supplementary ``groups``), able to
+    reach the interpreter and the runner's packages.
 
     Python here lives under /root, which is 0700 (SPEC §12). In a private mount namespace,
     /root is covered by a 0755 tmpfs into which only the folders the interpreter needs are
@@ -45,6 +46,7 @@ def as_user(uid: int, command: list[str]) -> list[str]:
     """
     import shlex
 
+    groups_flag = f"--groups {','.join(map(str, groups))}" if groups else "--clear-groups"
     needed = {os.path.realpath(sys.base_prefix), os.path.realpath(RUNNER_SITE)}
     binds = []
     for path in sorted(p for p in needed if p.startswith("/root/")):
@@ -53,7 +55,7 @@ def as_user(uid: int, command: list[str]) -> list[str]:
     script = " && ".join([
         "mount --make-rprivate /", "mkdir -p /tmp/.gkx-root", "mount --bind /root /tmp/.gkx-root",
         "mount -t tmpfs -o mode=755 gkx-test /root", *binds,
-        f"exec setpriv --reuid {uid} --regid {uid} --clear-groups {shlex.join(command)}",
+        f"exec setpriv --reuid {uid} --regid {uid} {groups_flag} {shlex.join(command)}",
     ])
     return ["unshare", "-m", "sh", "-c", script]
 
@@ -77,19 +79,20 @@ class Venv:
         return self.path / ".cache" / "gkx" / "jax"
 
     def run(self, *args: str, env: dict[str, str] | None = None, check: bool = False, user: int | None = None,
-            cwd: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+            cwd: str | None = None, timeout: float = 600, groups: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
         full = {**self.env, **(env or {})}
         command = [self.python, *args]
         if user is not None:
-            command = as_user(user, command)
+            command = as_user(user, command, groups)
         proc = subprocess.run(command, env=full, capture_output=True, text=True, check=False,
                               cwd=cwd or str(self.home), timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
         return proc
 
-    def cli(self, *args: str, env: dict[str, str] | None = None, user: int | None = None) -> subprocess.CompletedProcess[str]:
-        return self.run("-m", "gkx_autocache", *args, env=env, user=user)
+    def cli(self, *args: str, env: dict[str, str] | None = None, user: int | None = None,
+            groups: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
+        return self.run("-m", "gkx_autocache", *args, env=env, user=user, groups=groups)
 
 
 @pytest.fixture(scope="session")
@@ -208,11 +211,11 @@ print(json.dumps({**counts, "result": round(result, 4), "dir": c.jax_compilation
 
 
 def run_program(venv: Venv, *flags: str, env: dict[str, str] | None = None, user: int | None = None,
-                program: str = PROGRAM) -> tuple[dict[str, object], str]:
+                program: str = PROGRAM, groups: tuple[int, ...] = ()) -> tuple[dict[str, object], str]:
     """Run PROGRAM; return its JSON line and its stderr."""
     import json
 
-    proc = venv.run(*flags, "-c", program, env=env, user=user)
+    proc = venv.run(*flags, "-c", program, env=env, user=user, groups=groups)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -145,3 +146,68 @@ def test_refused_bundles_write_nothing(venv: Venv, tmp_path: Path, bundle: tuple
         forced = venv.cli("import", str(bad), "--force", env={"GKX_JAX_CACHE_DIR": str(target)})
         assert forced.returncode == 0, forced.stderr
         assert any(p.name.endswith("-cache") for p in vdir.iterdir())
+
+
+def crafted(path: Path, members: list[tuple[str, bytes]], sizes: dict[str, object] | None = None,
+            compress: bool = False, raw_size: str | None = None) -> None:
+    """A bundle made by hand: these members, and a manifest that lists each (with ``sizes``
+    overriding what the manifest declares, or ``raw_size`` written verbatim as every size)."""
+    import hashlib
+
+    files = [{"name": n, "size": (sizes or {}).get(n, len(d)), "sha256": hashlib.sha256(d).hexdigest()}
+             for n, d in members]
+    manifest = {"format": 1, "created_by": "gkx-autocache", **_here(), "files": files}
+    text = json.dumps(manifest)
+    if raw_size is not None:
+        text = re.sub(r'"size": -?\d+', f'"size": {raw_size}', text)
+    with tarfile.open(path, "w:gz" if compress else "w") as out:
+        for name, data in [*members, (MANIFEST, text.encode())]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+
+
+def _here() -> dict[str, object]:
+    from importlib.metadata import version
+
+    from gkx_autocache._bundle import environment
+
+    return environment(JAX_VERSION, version("jaxlib"))
+
+
+@pytest.mark.parametrize("case, why", [
+    ("over-the-cap", "more than max_size"),
+    ("bomb", "more than max_size"),
+    ("over-free-space", "free space"),
+    ("huge-number", "size"),
+    ("negative", "size"),
+    ("duplicate", "twice"),
+])
+def test_bundles_larger_than_the_cache_are_refused_before_writing(venv: Venv, tmp_path: Path, case: str,
+                                                                  why: str) -> None:
+    """A bundle declaring more than the cap or the free space, a manifest with an absurd size, or
+    one member twice: one line, exit 1, nothing written."""
+    bad = tmp_path / "bad.tar"
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "target"), "GKX_JAX_CACHE_MAX_SIZE": "10MB"}
+    name = f"{KEY}-cache"
+    small = [(name, b"x" * 1000)]
+    if case == "over-the-cap":
+        crafted(bad, small, sizes={name: 20_000_000})
+    elif case == "bomb":  # 50 MB of zeros is a small gzip: refused before any of it is written
+        crafted(bad, [(name, bytes(50_000_000))], compress=True)
+        assert bad.stat().st_size < 1_000_000
+    elif case == "over-free-space":
+        env["GKX_JAX_CACHE_MAX_SIZE"] = "0"
+        crafted(bad, small, sizes={name: 10**18})
+    elif case == "huge-number":
+        crafted(bad, small, raw_size="1e400")
+    elif case == "negative":
+        crafted(bad, small, sizes={name: -5})
+    else:
+        crafted(bad, [*small, *small])
+    proc = venv.cli("import", str(bad), env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("gkx-autocache import:") and why in line and line.endswith("nothing imported"), line
+    vdir = tmp_path / "target" / VERSION_DIR
+    assert not [p for p in vdir.iterdir() if p.name != "CACHEDIR.TAG"]

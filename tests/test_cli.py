@@ -10,7 +10,9 @@ from pathlib import Path
 from conftest import Venv, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
-TAG = "Signature: 8a477f597d28d172789f06886806bc55\n"
+from gkx_autocache._layout import TAG
+
+DAY = 86400.0
 
 
 def status(venv: Venv, **env: str) -> dict:  # type: ignore[type-arg]
@@ -77,7 +79,8 @@ def test_config_set_validates_and_status_shows_it(venv: Venv) -> None:
     assert venv.cli("config", "set", "min_compile_time_secs", "0.5").returncode == 0
     assert venv.cli("config", "set", "--user", "max_size", "2GiB").returncode == 0
     data = status(venv)
-    assert data["settings"]["min_compile_time_secs"] == {"value": 0.5, "origin": str(policy)}
+    assert data["settings"]["min_compile_time_secs"]["value"] == 0.5
+    assert data["settings"]["min_compile_time_secs"]["origin"] == str(policy)
     assert data["settings"]["max_size"]["value"] == 2 * 1024**3
     assert data["settings"]["max_size"]["origin"].endswith("gkx-autocache/config.toml")
     assert policy.read_text().startswith("# mine\n")
@@ -89,7 +92,7 @@ def test_config_set_validates_and_status_shows_it(venv: Venv) -> None:
 def _plant(vdir: Path, n: int, size: int = 1000, start: float | None = None) -> list[Path]:
     vdir.mkdir(parents=True, exist_ok=True)
     (vdir / "CACHEDIR.TAG").write_text(TAG)
-    now = start or time.time()
+    now = time.time() if start is None else start
     paths = []
     for i in range(n):
         p = vdir / f"jit_p{i:03d}-{i:064x}-cache"
@@ -116,8 +119,8 @@ def test_prune_max_size_least_recent_first_and_dry_run(venv: Venv) -> None:
 
 
 def test_prune_stale_versions_keeps_the_installed_one(venv: Venv) -> None:
-    current = _plant(venv.default_cache / VERSION_DIR, 2)
-    old = _plant(venv.default_cache / "jax-0.0.1", 2)
+    current = _plant(venv.default_cache / VERSION_DIR, 2, start=time.time() - 60 * DAY)
+    old = _plant(venv.default_cache / "jax-0.0.1", 2, start=time.time() - 60 * DAY)
     (venv.default_cache / "jax-0.0.2").mkdir()  # not ours: no tag
     assert venv.cli("prune", "--stale-versions", "--max-size", "0").returncode == 0
     assert all(p.exists() for p in current)
@@ -198,3 +201,71 @@ def test_usage_errors_exit_2(venv: Venv) -> None:
     assert venv.cli("prune", "--older-than", "soon").returncode == 2
     proc = venv.run("-m", "gkx_autocache", "--json", "dir")
     assert json.loads(proc.stdout)["dir"].endswith(VERSION_DIR)
+
+
+def _ledger(vdir: Path, age: float = 0.0) -> Path:
+    folder = vdir / ".gkx-autocache" / "ledger"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "123-456.jsonl"
+    path.write_text('{"e":"miss","key":"jit_x-0"}\n')
+    os.utime(path, (time.time() - age, time.time() - age))
+    return path
+
+
+def test_deleting_commands_never_pass_through_a_symlinked_directory(venv: Venv, tmp_path: Path) -> None:
+    """A `jax-*` directory or a `.gkx-autocache` that is a symlink to somewhere else: no command
+    deletes anything there (entries, sidecars, ledgers, tag)."""
+    root = venv.default_cache
+    _plant(root / VERSION_DIR, 2)
+    elsewhere = tmp_path / "elsewhere"
+    precious = _plant(elsewhere, 3, start=time.time() - 60 * DAY)
+    sidecar = elsewhere / f"jit_p000-{0:064x}-gkx-compile"
+    sidecar.write_text("0.5")
+    their_ledger = _ledger(elsewhere, age=60 * DAY)
+    (root / "jax-0.0.1").symlink_to(elsewhere)
+    meta = tmp_path / "meta"
+    (meta / "ledger").mkdir(parents=True)
+    meta_ledger = meta / "ledger" / "1-2.jsonl"
+    meta_ledger.write_text('{"e":"miss","key":"k"}\n')
+    meta_size = meta / "size"
+    meta_size.write_text("1")
+    (root / VERSION_DIR / ".gkx-autocache").symlink_to(meta)
+    for command in (["prune", "--stale-versions", "--max-size", "0"], ["clear", "--all-versions", "--yes"],
+                    ["stats", "--reset"], ["verify", "--repair"], ["prune", "--max-size", "1"]):
+        proc = venv.cli(*command)
+        assert "Traceback" not in proc.stderr, proc.stderr
+    assert all(p.exists() for p in precious) and sidecar.exists() and their_ledger.exists()
+    assert (elsewhere / "CACHEDIR.TAG").read_text() == TAG
+    assert meta_ledger.exists() and meta_size.exists()
+
+
+def test_stale_versions_are_unused_for_30_days_not_merely_not_installed(venv: Venv) -> None:
+    """The user cache is shared by environments with other JAX versions: `--stale-versions`
+    removes a version directory only when nothing used it (entry access, ledger write) for 30 days."""
+    root = venv.default_cache
+    _plant(root / VERSION_DIR, 1)
+    in_use = _plant(root / "jax-0.0.1", 2)  # another environment's JAX, used 1000 s ago
+    old = _plant(root / "jax-0.0.2", 2, start=time.time() - 40 * DAY)
+    old_entries = _plant(root / "jax-0.0.3", 2, start=time.time() - 40 * DAY)
+    _ledger(root / "jax-0.0.3", age=2 * DAY)  # ...but a process wrote its ledger two days ago
+    proc = venv.cli("--json", "prune", "--stale-versions", "--max-size", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["stale_versions"] == [str(root / "jax-0.0.2")]
+    assert all(p.exists() for p in in_use + old_entries)
+    assert not (root / "jax-0.0.2").exists() and not any(p.exists() for p in old)
+
+
+def test_another_tools_cachedir_tag_is_not_ours(venv: Venv, tmp_path: Path) -> None:
+    """cargo, ccache and borg write the same generic signature: only the package's own tag text
+    lets a command delete."""
+    root = tmp_path / "target"
+    vdir = root / VERSION_DIR
+    planted = _plant(vdir, 3)
+    (vdir / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n"
+                                       "# This file is a cache directory tag created by cargo.\n")
+    (vdir / f"jit_bad-{'e' * 64}-cache").write_bytes(b"not zlib")
+    env = {"GKX_JAX_CACHE_DIR": str(root)}
+    for command in (["clear", "--yes"], ["prune", "--max-size", "1"], ["verify", "--repair"]):
+        proc = venv.cli(*command, env=env)
+        assert proc.returncode == 1 and "CACHEDIR.TAG" in proc.stderr, (command, proc.stderr)
+    assert all(p.exists() for p in planted) and (vdir / f"jit_bad-{'e' * 64}-cache").exists()

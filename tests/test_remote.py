@@ -90,7 +90,7 @@ def cli_json(venv: Venv, *args: str, env: dict[str, str]) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
-def test_s3_round_trip(venv: Venv, s3: S3) -> None:
+def test_s3_round_trip(venv: Venv, s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cold run writes entries into the bucket, a second process is served from it, and the CLI
     lists, counts and prunes them, touching only objects named like entries."""
     env = {**s3.env, "GKX_JAX_CACHE_DIR": f"s3://{s3.bucket}/team-cache"}
@@ -134,11 +134,17 @@ def test_s3_round_trip(venv: Venv, s3: S3) -> None:
     assert cli_json(venv, "stats", "--reset", env=env)["removed"] == 3
     assert not [k for k in s3.objects(prefix) if "/.gkx-autocache/" in k]
 
-    old_version = f"team-cache/jax-0.0.1/jit_f-{HEX}-cache"
-    s3.client().put_object(Bucket=s3.bucket, Key=old_version, Body=b"x\x9c")
+    other_version = f"team-cache/jax-0.0.1/jit_f-{HEX}-cache"  # another environment's, written just now
+    s3.client().put_object(Bucket=s3.bucket, Key=other_version, Body=b"x\x9c")
     stale = cli_json(venv, "prune", "--stale-versions", env=env)
-    assert stale["stale_versions"] == [f"s3://{s3.bucket}/team-cache/jax-0.0.1"]
-    assert old_version not in s3.objects() and foreign <= set(s3.objects())
+    assert stale["stale_versions"] == [] and other_version in s3.objects()
+    for name, value in s3.env.items():  # the bucket, from this process
+        monkeypatch.setenv(name, value)
+    later = time.time() + 31 * 86400  # a bucket's objects cannot be aged: judge them from 31 days on
+    assert _entries.stale(f"s3://{s3.bucket}/team-cache/jax-0.0.1", VERSION_DIR, now=later)
+    assert not _entries.stale(f"s3://{s3.bucket}/team-cache/{VERSION_DIR}", VERSION_DIR, now=later)
+    _entries.remove_version_dir(f"s3://{s3.bucket}/team-cache/jax-0.0.1")
+    assert other_version not in s3.objects() and foreign <= set(s3.objects())
 
 
 def test_unreachable_bucket_status_still_reports(venv: Venv) -> None:
@@ -178,9 +184,10 @@ def test_gs_up_to_the_filesystem_call(monkeypatch: pytest.MonkeyPatch) -> None:
     import fsspec
 
     settings = gs_settings("gs://bkt/cache/")
-    choice = _cache.choose(settings, "0.10.2")
-    assert choice.version_dir == "gs://bkt/cache/jax-0.10.2" and not choice.problems
-    assert _configure.xla_caches_for(settings, choice.version_dir) == "none"
+    location = _cache.locate(settings, "0.10.2")
+    assert location.version_dir == "gs://bkt/cache/jax-0.10.2" and location.kind == _cache.REMOTE
+    assert not location.problems
+    assert _configure.xla_caches_for(settings, location.version_dir) == "none"
     assert fsspec.get_filesystem_class("gs").__module__.startswith("gcsfs")
 
     asked = []
@@ -191,7 +198,7 @@ def test_gs_up_to_the_filesystem_call(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr("fsspec.core.url_to_fs", url_to_fs)
     with pytest.raises(_remote.RemoteError, match=r"^gs://bkt/cache/jax-0.10.2: no route"):
-        _entries.scan(choice.version_dir)
+        _entries.scan(location.version_dir)
     assert asked == ["gs://bkt/cache/jax-0.10.2"]
 
 

@@ -13,6 +13,8 @@ import pytest
 from conftest import PROGRAM, Venv, autocache_warnings, run_program
 from test_activation import VERSION_DIR
 
+from gkx_autocache._layout import TAG
+
 JAX_READ_ERROR = "Error reading persistent compilation cache entry"
 
 
@@ -108,7 +110,7 @@ def test_max_size_prunes_least_recently_used_at_exit(venv: Venv, tmp_path: Path)
     vdir = tmp_path / "c" / VERSION_DIR
     vdir.mkdir(parents=True, mode=0o700)
     (tmp_path / "c").chmod(0o700)
-    (vdir / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    (vdir / "CACHEDIR.TAG").write_text(TAG)
     now = time.time()
     for i in range(10):  # ten old 10 kB entries, the oldest first in name order
         path = vdir / f"jit_old{i}-{i:064x}-cache"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Venv, autocache_warnings, run_program
+from conftest import PROGRAM, Venv, autocache_warnings, public_tmp, run_program
 from test_activation import VERSION_DIR
 
 
@@ -90,3 +90,102 @@ def test_untrusted_default_falls_back_silently(venv: Venv, tmp_path: Path) -> No
     out, err = run_program(venv, env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert out["dir"] == str(tmp_path / "xdg" / "gkx" / "jax" / VERSION_DIR)
     assert autocache_warnings(err) == []
+
+
+# -- attacks by other users (SPEC §8, §12): real non-root processes -----------------------------
+
+ATTACKER, VICTIM, MEMBER_A, MEMBER_B, TEAM = 4242, 1001, 1001, 1002, 3000
+
+
+@pytest.fixture
+def public(venv: Venv) -> Iterator[Path]:
+    """A folder every test user can reach (its ancestors are 0755), removed afterwards."""
+    path = public_tmp()
+    try:
+        yield path
+    finally:
+        subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def test_sticky_ancestor_owned_by_another_user_is_refused(venv: Venv, public: Path) -> None:
+    """A 1777 /scratch owned by someone else: its owner can rename the victim's cache away and put
+    their own in its place, so the victim's explicit dir is refused; owned by root, it is fine."""
+    scratch = public / "scratch"
+    scratch.mkdir()
+    os.chown(scratch, ATTACKER, ATTACKER)
+    scratch.chmod(0o1777)
+    cache = scratch / "victim-cache"
+    cache.mkdir(mode=0o700)
+    os.chown(cache, VICTIM, VICTIM)
+    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(cache)}, user=VICTIM)
+    assert out["dir"] is None and out["result"]
+    (warning,) = autocache_warnings(err)
+    assert str(scratch) in warning and f"uid {ATTACKER}" in warning and "sticky" in warning, warning
+    assert not (cache / VERSION_DIR).exists()
+    os.chown(scratch, 0, 0)  # /tmp's case: a sticky directory owned by root
+    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(cache)}, user=VICTIM)
+    assert out["dir"] == str(cache / VERSION_DIR) and autocache_warnings(err) == []
+
+
+def test_policy_file_writable_by_the_users_own_primary_group_is_ignored(venv: Venv, public: Path) -> None:
+    """Any member of a shared primary group (`users`) could point everyone at their directory:
+    a settings file its group can write is ignored with one warning, whoever's group it is."""
+    mine = public / "mine"
+    mine.mkdir(mode=0o700)
+    os.chown(mine, VICTIM, VICTIM)
+    policy = venv.path / "gkx-autocache.toml"
+    policy.write_text("min_compile_time_secs = 5\n")
+    os.chown(policy, VICTIM, VICTIM)
+    policy.chmod(0o664)
+    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(mine)}, user=VICTIM)
+    assert out["min_compile"] == 0.0
+    (warning,) = autocache_warnings(err)
+    assert str(policy) in warning and "group" in warning and "chmod g-w" in warning, warning
+    policy.chmod(0o644)  # its owner alone can write it: used
+    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(mine)}, user=VICTIM)
+    assert out["min_compile"] == 5.0 and autocache_warnings(err) == []
+
+
+def test_baked_root_owned_cache_is_read_only_for_other_users(venv: Venv, public: Path) -> None:
+    """The container recipe: root populates a cache, `chmod -R a+rX` it, and names it in the
+    image's policy file; a non-root user gets every hit, writes nothing, and sees no warning."""
+    baked = public / "baked"
+    cold, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)})
+    subprocess.run(["chmod", "-R", "a+rX", str(baked)], check=True)
+    (venv.path / "gkx-autocache.toml").write_text(f'dir = "{baked}"\n')
+    before = sorted(str(p) for p in baked.rglob("*"))
+    warm, err = run_program(venv, "-W", "error", user=65534)
+    assert warm["dir"] == str(baked / VERSION_DIR)
+    assert warm["hits"] == warm["requests"] >= 2 and warm["result"] == cold["result"]
+    assert err.strip() == "", err
+    assert sorted(str(p) for p in baked.rglob("*")) == before  # no entry, ledger or lock of theirs
+
+
+def test_baked_cache_writable_by_its_group_is_still_refused(venv: Venv, public: Path) -> None:
+    """Owned by root but group-writable: not a baked cache; without trust_shared it is refused."""
+    baked = public / "baked"
+    run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)})
+    subprocess.run(["chmod", "-R", "a+rX,g+w", str(baked)], check=True)
+    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)}, user=65534)
+    assert out["dir"] is None and len(autocache_warnings(err)) == 1
+
+
+def test_two_members_of_one_group_share_a_team_cache(venv: Venv, public: Path) -> None:
+    """The README's cluster recipe (`install -d -m 2770 -g simteam`, a policy file with
+    trust_shared): each member is served what the other compiled."""
+    team = public / "team"
+    team.mkdir()
+    os.chown(team, 0, TEAM)
+    team.chmod(0o2770)
+    (venv.path / "gkx-autocache.toml").write_text(f'dir = "{team}"\ntrust_shared = true\n')
+    first, err = run_program(venv, user=MEMBER_A, groups=(TEAM,))
+    assert first["dir"] == str(team / VERSION_DIR) and first["hits"] == 0 and autocache_warnings(err) == []
+    second, err = run_program(venv, user=MEMBER_B, groups=(TEAM,))
+    assert second["hits"] == second["requests"] >= 2 and autocache_warnings(err) == []
+    other = PROGRAM.replace("x @ x.T", "x @ x.T + 1.0")  # one new function, written by member B
+    third, _ = run_program(venv, user=MEMBER_B, groups=(TEAM,), program=other)
+    assert third["requests"] - third["hits"] == 1
+    fourth, _ = run_program(venv, user=MEMBER_A, groups=(TEAM,), program=other)
+    assert fourth["hits"] == fourth["requests"]
+    outsider, err = run_program(venv, user=ATTACKER)  # not in the group: cannot even look
+    assert outsider["dir"] is None and len(autocache_warnings(err)) == 1

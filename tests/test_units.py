@@ -13,6 +13,7 @@ import pytest
 
 import gkx_autocache
 from gkx_autocache import _cache, _entries, _policy, _settings, _trust
+from gkx_autocache._layout import TAG_NAME
 
 
 def resolve(env: dict[str, str], prefix: Path, user: Path | None = None) -> _settings.Settings:
@@ -113,10 +114,10 @@ def test_created_directories_are_0700_under_any_umask(tmp_path: Path) -> None:
         os.umask(old)
     for p in (tmp_path / "existing" / "a", tmp_path / "existing" / "a" / "b", Path(prepared.version_dir)):
         assert stat.S_IMODE(p.stat().st_mode) == 0o700, p
-    assert (tmp_path / "existing" / "a" / "b" / _cache.TAG_NAME).exists()
-    assert (Path(prepared.version_dir) / _cache.TAG_NAME).exists()
-    assert not (tmp_path / "existing" / _cache.TAG_NAME).exists()
-    assert not (tmp_path / "existing" / "a" / _cache.TAG_NAME).exists()
+    assert (tmp_path / "existing" / "a" / "b" / TAG_NAME).exists()
+    assert (Path(prepared.version_dir) / TAG_NAME).exists()
+    assert not (tmp_path / "existing" / TAG_NAME).exists()
+    assert not (tmp_path / "existing" / "a" / TAG_NAME).exists()
 
 
 def test_existing_root_gets_no_tag(tmp_path: Path) -> None:
@@ -124,7 +125,7 @@ def test_existing_root_gets_no_tag(tmp_path: Path) -> None:
     root = tmp_path / "scratch"
     root.mkdir(mode=0o700)
     prepared = _cache.prepare(str(root), "1.0")
-    assert not (root / _cache.TAG_NAME).exists() and (Path(prepared.version_dir) / _cache.TAG_NAME).exists()
+    assert not (root / TAG_NAME).exists() and (Path(prepared.version_dir) / TAG_NAME).exists()
 
 
 def test_shared_mode_creates_setgid_group_directories(tmp_path: Path) -> None:
@@ -228,7 +229,7 @@ def test_select_over_removes_least_recent_first() -> None:
 
 def test_remove_files_refuses_untagged_directory(tmp_path: Path) -> None:
     (tmp_path / f"jit_f-{'a' * 64}-cache").write_bytes(b"x")
-    with pytest.raises(_cache.Refused):
+    with pytest.raises(_entries.Refused):
         _entries.remove_files(str(tmp_path), [str(tmp_path / f"jit_f-{'a' * 64}-cache")])
     assert (tmp_path / f"jit_f-{'a' * 64}-cache").exists()
 

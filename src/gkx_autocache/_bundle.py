@@ -7,9 +7,12 @@ size and sha256. The manifest detects corruption, not tampering (whoever edits a
 the manifest too): importing a bundle is trusting its author to run code on this machine.
 ``--sha256`` checks the whole archive against a hash obtained separately.
 
-Import checks everything before it writes anything: a bundle with one bad member is refused whole.
-Then each entry appears atomically (a temporary file, then ``os.replace``); an entry already
-present is kept.
+Import checks everything it can before it writes anything: the manifest (every size a sane
+whole number, no name twice), the total it declares against the cap and the free space (a small
+compressed archive can declare gigabytes), then every member's name, kind and size. A bundle with
+one bad member is refused whole. Then each entry is staged and its sha256 checked while it is
+copied (reading stops at its declared size), and only when all have passed does each appear
+atomically (``os.replace``); an entry already present is kept.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from gkx_autocache import _cache, _entries
+from gkx_autocache import _entries, _files
+from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._layout import ENTRY_SUFFIX, key_match, tmp_name
 
 MANIFEST = "gkx-autocache-manifest.json"
 FORMAT = 1
 MANIFEST_LIMIT = 64 << 20
+MAX_MEMBER = 1 << 62  # a size beyond any disk: refused as absurd, not overflowed
 CHUNK = 1 << 20
 
 
@@ -60,8 +66,6 @@ class Exported:
 
 def export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
     """Write ``archive`` (atomically) from the entries of ``version_dir`` and their sidecars."""
-    from gkx_autocache._store import _read
-
     found = _entries.scan(version_dir)
     units = sorted((u for u in found.units.values() if u.has_entry), key=lambda u: u.key)
     listed: list[dict[str, Any]] = []
@@ -70,7 +74,7 @@ def export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
         with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
             for unit in units:
                 for path in sorted(unit.files):
-                    data = _read(path)  # never through a symlink
+                    data = _files.read(path)  # never through a symlink
                     if data is None:
                         continue  # pruned meanwhile
                     name = os.path.basename(path)
@@ -83,7 +87,7 @@ def export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    entries = sum(1 for f in listed if f["name"].endswith(_cache.ENTRY_SUFFIX))
+    entries = sum(1 for f in listed if f["name"].endswith(ENTRY_SUFFIX))
     return Exported(entries, len(listed), sum(f["size"] for f in listed), sha256_of(archive))
 
 
@@ -112,13 +116,50 @@ def read_manifest(tar: tarfile.TarFile) -> dict[str, Any]:
     stream = tar.extractfile(member)
     try:
         manifest = json.loads(stream.read() if stream else b"")
-        files = {f["name"]: (int(f["size"]), str(f["sha256"]).lower()) for f in manifest["files"]}
+        listed = manifest["files"]
+        if not isinstance(listed, list):
+            raise TypeError("files is not a list")
     except (ValueError, KeyError, TypeError) as exc:
         raise Refused(f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})") from None
     if manifest.get("format") != FORMAT:
         raise Refused(f"bundle format {manifest.get('format')!r}, this gkx-autocache reads format {FORMAT}")
+    files: dict[str, tuple[int, str]] = {}
+    for item in listed:
+        name, size, digest = _listed(item)
+        if name in files:
+            raise Refused(f"{MANIFEST} lists {name!r} twice")
+        files[name] = (size, digest)
     manifest["files"] = files
     return dict(manifest)
+
+
+def _listed(item: Any) -> tuple[str, int, str]:
+    """One file of the manifest: a name, a size (a whole number of bytes, not absurd) and a sha256."""
+    if not isinstance(item, dict):
+        raise Refused(f"{MANIFEST} lists {item!r}, not a file")
+    name, size, digest = item.get("name"), item.get("size"), item.get("sha256")
+    if not isinstance(name, str):
+        raise Refused(f"{MANIFEST} lists a file without a name")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_MEMBER:
+        raise Refused(f"{MANIFEST} gives {name[:80]!r} the size {str(size)[:40]}, not a byte count")
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise Refused(f"{MANIFEST} gives {name[:80]!r} no sha256")
+    return name, size, digest.lower()
+
+
+def check_room(files: dict[str, tuple[int, str]], version_dir: str, cap: int) -> None:
+    """Refuse a bundle whose declared total exceeds the cap or the free space, before anything is
+    written: a small compressed archive can declare (and hold) gigabytes."""
+    total = sum(size for size, _ in files.values())
+    if cap and total > cap:
+        raise Refused(f"it declares {human_bytes(total)}, more than max_size ({human_bytes(cap)})")
+    try:
+        st = os.statvfs(version_dir)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if total > free:
+        raise Refused(f"it declares {human_bytes(total)}, more than the free space in {version_dir} ({human_bytes(free)})")
 
 
 def check_environment(manifest: dict[str, Any], env: dict[str, Any]) -> list[str]:
@@ -133,7 +174,7 @@ def check_member(member: tarfile.TarInfo, files: dict[str, tuple[int, str]]) -> 
     if not member.isreg():
         kind = "link" if member.issym() or member.islnk() else "directory" if member.isdir() else "special file"
         raise Refused(f"{name!r} is a {kind}; a bundle holds plain files only")
-    if "/" in name or "\\" in name or name.startswith(".") or _entries.key_match(name) is None:
+    if "/" in name or "\\" in name or name.startswith(".") or key_match(name) is None:
         raise Refused(f"{name!r} is not the name of a cache entry or sidecar (it could escape the directory)")
     if name not in files:
         raise Refused(f"{name!r} is not listed in the manifest")
@@ -142,7 +183,7 @@ def check_member(member: tarfile.TarInfo, files: dict[str, tuple[int, str]]) -> 
 
 
 def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256: str | None = None,
-                  force: bool = False, shared: bool = False) -> Imported:
+                  force: bool = False, shared: bool = False, cap: int = 0) -> Imported:
     """Merge the bundle's entries into ``version_dir``. Raises Refused, having written nothing."""
     if sha256 is not None:
         expected = sha256.strip().lower().removeprefix("sha256:")
@@ -161,14 +202,19 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
             differences = check_environment(manifest, env)
             if differences and not force:
                 raise Refused(f"made for {', '.join(differences)}; its entries would never be hit here (--force to import anyway)")
+            check_room(files, version_dir, cap)
             members = [m for m in tar.getmembers() if m.name != MANIFEST]
+            seen: set[str] = set()
             for member in members:
                 check_member(member, files)
+                if member.name in seen:
+                    raise Refused(f"{member.name!r} appears twice in the archive")
+                seen.add(member.name)
             missing = set(files) - {m.name for m in members}
             if missing:
                 raise Refused(f"{len(missing)} files of the manifest are missing, such as {sorted(missing)[0]!r}")
             present = {u.key for u in _entries.scan(version_dir).units.values() if u.has_entry}
-            mode = 0o660 if shared else 0o600
+            mode = _files.file_mode(shared)
             skipped = set()
             for member in members:
                 key = _key(member.name)
@@ -176,7 +222,7 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
                     skipped.add(key)
                     continue
                 final = os.path.join(version_dir, member.name)
-                tmp = os.path.join(version_dir, f".{member.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                tmp = os.path.join(version_dir, tmp_name(member.name, os.getpid(), threading.get_ident()))
                 staged.append((tmp, final))
                 _stage(tar, member, tmp, mode, files[member.name][1])
             for tmp, final in staged:
@@ -191,12 +237,12 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
             except OSError:
                 pass
     new = [m for m in members if _key(m.name) not in skipped]
-    return Imported(entries=sum(1 for m in new if m.name.endswith(_cache.ENTRY_SUFFIX)), present=len(skipped),
+    return Imported(entries=sum(1 for m in new if m.name.endswith(ENTRY_SUFFIX)), present=len(skipped),
                     files=len(new), bytes=sum(m.size for m in new))
 
 
 def _key(name: str) -> str:
-    match = _entries.key_match(name)
+    match = key_match(name)
     return match["key"] if match else name
 
 
@@ -206,10 +252,12 @@ def _stage(tar: tarfile.TarFile, member: tarfile.TarInfo, tmp: str, mode: int, e
     if source is None:
         raise Refused(f"{member.name!r} cannot be read")
     digest = hashlib.sha256()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    left = member.size
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _files.NOFOLLOW, mode)
     os.fchmod(fd, mode)  # the umask does not decide a shared cache's group access
     with os.fdopen(fd, "wb") as out:
-        while chunk := source.read(CHUNK):
+        while left > 0 and (chunk := source.read(min(CHUNK, left))):  # never past its declared size
+            left -= len(chunk)
             digest.update(chunk)
             out.write(chunk)
     if digest.hexdigest() != expected:

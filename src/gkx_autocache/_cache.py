@@ -1,15 +1,5 @@
-"""The cache directory (SPEC §4): where it is, creating it safely, and its on-disk layout.
-
-Layout of a version directory, shared by the store, the CLI, trust checks and pruning::
-
-    <root>/CACHEDIR.TAG                 only when the package created <root>
-    <root>/jax-<jax version>/
-        CACHEDIR.TAG
-        <key>-cache                     JAX's entry, JAX's format
-        <key>-<sidecar>                 the package's sidecars begin with the key
-        .<anything>                     temporary files
-        .gkx-autocache/                 ledger, store verdict, prune lock
-"""
+"""The cache directory (SPEC §4): where it is, and creating it safely. The names inside it are
+``_layout``'s; who may write it is ``_trust``'s."""
 
 from __future__ import annotations
 
@@ -18,17 +8,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from gkx_autocache import _trust
+from gkx_autocache import _files, _trust
 from gkx_autocache._diagnostics import logger
-
-TAG_NAME = "CACHEDIR.TAG"
-TAG = (
-    "Signature: 8a477f597d28d172789f06886806bc55\n"
-    "# This file is a cache directory tag created by gkx-autocache (JAX compilation cache).\n"
-    "# For information about cache directory tags, see https://bford.info/cachedir/\n"
-)
-ENTRY_SUFFIX = "-cache"
-META_DIR = ".gkx-autocache"
+from gkx_autocache._layout import TAG, TAG_NAME, is_url, version_name
 
 
 def in_virtualenv(prefix: str = sys.prefix, base_prefix: str = sys.base_prefix) -> bool:
@@ -61,14 +43,6 @@ def user_dir(kind: str, app: str) -> str:
     return str(platformdirs.user_cache_dir(app) if kind == "cache" else platformdirs.user_config_dir(app))
 
 
-def version_name(jax_version: str) -> str:
-    return f"jax-{jax_version}"
-
-
-def dir_mode(shared: bool) -> int:
-    return 0o2770 if shared else 0o700
-
-
 class Refused(Exception):
     """The directory cannot hold the cache; the message says why, in words for the user."""
 
@@ -88,6 +62,8 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
     """
     root = os.path.realpath(os.path.abspath(root))
     version_dir = os.path.join(root, version_name(jax_version))
+    if os.path.islink(version_dir):  # nothing of the package ever passes through a symlink below the root
+        raise Refused(f"{version_dir} is a symlink; the package makes its version directories itself: remove the link")
     nearest = _nearest_existing(root)
     problem = _trust.ancestors_problem(nearest + os.sep + "x", shared)
     if problem:
@@ -104,78 +80,97 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
     return Prepared(root, version_dir, writable)
 
 
-class Choice:
-    """The directory JAX gets, or None; what was tried and the problems that deserve a warning.
-    (Plain classes on this path: a dataclass costs about 1 ms of ``import jax`` to create.)"""
+LOCAL, REMOTE, OWN = "local", "remote", "own"
 
-    def __init__(self, version_dir: str | None = None, root: str | None = None, writable: bool = False) -> None:
+
+class Location:
+    """Where JAX's entries go, and what kind of place it is (a plain class: a dataclass costs
+    about 1 ms of ``import jax`` to create):
+
+    - ``local``: a directory the package resolved and checked: its store, cap and ledger serve it;
+    - ``remote``: a bucket (``s3://``, ``gs://``): JAX's stock cache, uncapped (SPEC §9);
+    - ``own``: the user's own JAX setting (``JAX_COMPILATION_CACHE_DIR``, ``jax.config``): JAX's
+      stock cache, the thresholds only, nothing checked or counted (SPEC §5).
+
+    ``version_dir`` is None when no directory can be used; ``problems`` then say why.
+    """
+
+    def __init__(self, kind: str | None = None, version_dir: str | None = None, root: str | None = None,
+                 writable: bool = False, rule: str = "") -> None:
+        self.kind = kind
         self.version_dir = version_dir
         self.root = root
         self.writable = writable
+        self.rule = rule  # how it was chosen, for `status`
         self.tried: list[tuple[str, str]] = []  # (root, why not)
         self.problems: list[tuple[str, str]] = []  # (cause, one-line message)
 
+    @property
+    def local(self) -> bool:
+        return self.kind == LOCAL and self.version_dir is not None
 
-def choose(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bool = True) -> Choice:
-    """The version directory for JAX (SPEC §4).
 
-    An explicit ``dir`` is used or refused, never replaced: the user asked for that place. The
-    default is the environment's own ``<prefix>/.cache/gkx/jax``, else the user cache; failing
-    over between them is normal (a shared conda environment, someone else's venv) and silent.
-    A URL is kept verbatim, with the version added.
+def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bool = True) -> Location:
+    """The version directory for JAX and its kind (SPEC §4, §5, §9): the one answer configuration
+    and every command use.
+
+    The user's own JAX directory is taken as it is. An explicit ``dir`` is used or refused, never
+    replaced: the user asked for that place. The default is the environment's own
+    ``<prefix>/.cache/gkx/jax``, else the user cache; failing over between them is normal (a
+    shared conda environment, someone else's venv) and silent. A URL is kept verbatim, with the
+    version added. With ``create=False`` (the commands) nothing is created.
     """
+    if settings.from_jax("dir"):
+        own = str(settings["dir"])
+        return Location(OWN, own, writable=is_url(own) or os.access(own, os.W_OK), rule=settings.origin("dir"))
     shared = bool(settings["trust_shared"])
     explicit = settings["dir"]
-    choice = Choice()
     if explicit is not None:
+        where = settings.origin("dir")
+        location = Location(rule=f"dir from {where}")
         if is_url(explicit):  # kept verbatim; the bucket's access policy is its trust (§9)
             from gkx_autocache import _remote
 
             why = _remote.unsupported(explicit)
-            if why:
-                choice.tried.append((explicit, why))
-                choice.problems.append((f"dir:{explicit}", f"{settings.origin('dir')}: dir {explicit} not used, {why}; running uncached"))
-                return choice
-            choice.root = explicit.rstrip("/")
-            choice.version_dir = f"{choice.root}/{version_name(jax_version)}"
-            choice.writable = True
-            return choice
-        try:
-            prepared = prepare(explicit, jax_version, shared, create)
-        except Refused as exc:
-            choice.tried.append((explicit, str(exc)))
-            where = settings.origin("dir")
-            choice.problems.append((f"dir:{explicit}", f"{where}: dir {explicit} not used, {exc}; running uncached"))
-            return choice
-        if not prepared.writable:
-            logger.debug("%s is read-only: entries are read, none are written", prepared.version_dir)
-        choice.root, choice.version_dir, choice.writable = prepared.root, prepared.version_dir, prepared.writable
-        return choice
+            if why is None:
+                root = explicit.rstrip("/")
+                return Location(REMOTE, f"{root}/{version_name(jax_version)}", root, True, location.rule)
+        else:
+            try:
+                prepared = prepare(explicit, jax_version, shared, create)
+            except Refused as exc:
+                why = str(exc)
+            else:
+                if not prepared.writable:
+                    logger.debug("%s is read-only: entries are read, none are written", prepared.version_dir)
+                return Location(LOCAL, prepared.version_dir, prepared.root, prepared.writable, location.rule)
+        location.tried.append((explicit, why))
+        location.problems.append((f"dir:{explicit}", f"{where}: dir {explicit} not used, {why}; running uncached"))
+        return location
 
-    def roots() -> Iterator[str]:  # the user root is computed only when needed
+    location = Location()
+
+    def roots() -> Iterator[tuple[str, str]]:  # the user root is computed only when needed
         if in_virtualenv(prefix):
-            yield venv_root(prefix)
-        yield user_root()
+            yield venv_root(prefix), "default: the environment's own"
+        yield user_root(), "default: the user cache"
 
-    for root in roots():
+    for root, rule in roots():
         try:
             prepared = prepare(root, jax_version, shared, create)
         except Refused as exc:
-            choice.tried.append((root, str(exc)))
+            location.tried.append((root, str(exc)))
             logger.debug("default directory %s refused: %s", root, exc)
             continue
         if prepared.writable:
-            choice.root, choice.version_dir, choice.writable = prepared.root, prepared.version_dir, True
-            return choice
-        choice.tried.append((root, "not writable"))
+            found = Location(LOCAL, prepared.version_dir, prepared.root, True, rule)
+            found.tried = location.tried
+            return found
+        location.tried.append((root, "not writable"))
         logger.debug("default directory %s is not writable", prepared.version_dir)
-    reasons = "; ".join(f"{root}: {why}" for root, why in choice.tried)
-    choice.problems.append(("dir:default", f"no usable cache directory ({reasons}); set GKX_JAX_CACHE_DIR; running uncached"))
-    return choice
-
-
-def is_url(path: str) -> bool:
-    return "://" in path
+    reasons = "; ".join(f"{root}: {why}" for root, why in location.tried)
+    location.problems.append(("dir:default", f"no usable cache directory ({reasons}); set GKX_JAX_CACHE_DIR; running uncached"))
+    return location
 
 
 def _nearest_existing(path: str) -> str:
@@ -188,35 +183,12 @@ def _nearest_existing(path: str) -> str:
 
 
 def _make_dir(path: str, shared: bool) -> bool:
-    """Create ``path`` and missing parents with the package's mode whatever the umask; True when
-    ``path`` itself was created here."""
-    if os.path.isdir(path):
-        return False
-    parent = os.path.dirname(path)
-    if parent != path:
-        _make_dir(parent, shared)
     try:
-        os.mkdir(path, 0o700)
+        return _files.make_dir(path, shared)
     except FileExistsError:
-        if os.path.isdir(path):  # another process won the race
-            return False
         raise Refused(f"it cannot be created: {path} exists and is not a directory") from None
     except OSError as exc:
-        raise Refused(f"it cannot be created: {exc.strerror} ({path})") from None
-    os.chmod(path, dir_mode(shared))  # mkdir's mode is masked by the umask; chmod's is not
-    logger.debug("created %s", path)
-    return True
-
-
-def bookkeeping_dir(version_dir: str, shared: bool, *parts: str) -> str | None:
-    """``<version dir>/.gkx-autocache[/parts]``, created with the cache's own mode (group members
-    of a shared cache write their ledgers too), or None when it cannot be made."""
-    path = os.path.join(version_dir, META_DIR, *parts)
-    try:
-        _make_dir(path, shared)
-    except Refused:
-        return None
-    return path
+        raise Refused(f"it cannot be created: {exc.strerror} ({exc.filename or path})") from None
 
 
 def _write_tag(path: str) -> None:
@@ -225,16 +197,3 @@ def _write_tag(path: str) -> None:
             f.write(TAG)
     except OSError:
         pass
-
-
-def has_tag(path: str) -> bool:
-    """Whether ``path`` is known to be a gkx-autocache directory, so that its entries may be
-    deleted. An object store has no directory to tag: there the version prefix and the entry
-    names are what is recognised, so a URL counts as tagged."""
-    if is_url(path):
-        return True
-    try:
-        with open(os.path.join(path, TAG_NAME), "rb") as f:
-            return f.read(43) == TAG[:43].encode()
-    except OSError:
-        return False

@@ -10,6 +10,7 @@ from typing import Any
 
 from gkx_autocache import _cache, _settings
 from gkx_autocache._diagnostics import logger, warn
+from gkx_autocache._layout import is_url
 
 _lock = threading.Lock()
 _configured = False
@@ -42,22 +43,20 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         logger.debug("disabled by %s", settings.origin("enabled"))
         return
 
+    location = _cache.locate(settings, jax.__version__)
+    for cause, message in location.problems:
+        warn(cause, message)
+    if location.version_dir is None:
+        return
+    directory = location.version_dir
     updates: dict[str, Any] = {}
-    if settings.from_jax("dir"):
-        directory = settings["dir"]  # the user's own: JAX's stock cache, thresholds only
-    else:
-        choice = _cache.choose(settings, jax.__version__)
-        for cause, message in choice.problems:
-            warn(cause, message)
-        if choice.version_dir is None:
-            return
-        directory = choice.version_dir
+    if location.kind != _cache.OWN:  # the user's own directory is left as they set it
         updates["jax_compilation_cache_dir"] = directory
     for key in ("min_compile_time_secs", "min_entry_size_bytes"):
         if not settings.from_jax(key):
             updates[_settings.KEYS[key].jax_option] = settings[key]  # type: ignore[index]
     if not settings.from_jax("xla_caches"):
-        xla_caches = xla_caches_for(settings, str(directory))
+        xla_caches = xla_caches_for(settings, directory)
         if xla_caches is not None:
             updates["jax_persistent_cache_enable_xla_caches"] = xla_caches
     for option, value in updates.items():
@@ -66,17 +65,19 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
 
     from gkx_autocache import _stats, _store
 
-    chosen = not settings.from_jax("dir")  # resolved by the package, not the user's own JAX setting
-    remote = chosen and _cache.is_url(directory)
-    ours = chosen and not remote  # local: served by the store, with a ledger file
-    recorder = _stats.start(settings, directory, ledger=ours, remote=remote)
-    if ours:
-        reason = _store.install(jax, directory, bool(settings["trust_shared"]), recorder)
+    # Bookkeeping (the ledger, the verdict, the cap) only where the package resolved a local
+    # directory it may write: a baked read-only cache is read and nothing else.
+    keeping = location.local and location.writable
+    recorder = _stats.start(settings, directory, ledger=keeping, remote=location.kind == _cache.REMOTE)
+    if location.local:
+        shared = bool(settings["trust_shared"])
+        reason = _store.install(jax, directory, shared, recorder, writable=location.writable)
         recorder.store_serving = reason is None
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
-        _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, bool(settings["trust_shared"]))
-        if not reason and settings["max_size"] > 0:
+        if keeping:
+            _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, shared)
+        if keeping and not reason and settings["max_size"] > 0:
             atexit.register(_prune_at_exit, directory, settings["max_size"], recorder)
 
 
@@ -93,7 +94,7 @@ def xla_caches_for(settings: _settings.Settings, directory: str) -> str | None:
     XLA's C++ autotune cache cannot open gs:// or s3://, and without a GPU there is nothing for
     it to cache, while its path would still enter the cache key.
     """
-    if _cache.is_url(directory):
+    if is_url(directory):
         return "none"
     value: str | None = settings["xla_caches"]
     if value is not None:

@@ -1,4 +1,5 @@
-"""Warnings and logging: one warning line per cause, never an exception, even under ``-W error``."""
+"""How the package talks to people: one warning line per cause (never an exception, even under
+``-W error``), the ``gkx_autocache`` logger, and the human forms of sizes and durations."""
 
 from __future__ import annotations
 
@@ -54,3 +55,16 @@ def _user_stacklevel() -> int:
         level += 1
         frame = frame.f_back
     return 1
+
+
+def human_bytes(n: float) -> str:
+    """``1536 -> "1.5 KiB"``: the one byte formatter of every message and command."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_secs(secs: float) -> str:
+    return f"{secs:.1f} s" if secs < 120 else f"{secs / 60:.1f} min"

@@ -1,26 +1,42 @@
 """The files of a version directory (SPEC §7, §8): scanning them into entries with their sidecars,
-choosing what to prune, and removing, for the CLI and the at-exit prune. Only files named like
-entries, sidecars or temporary files are touched, only in a tagged directory, never through a
-symlink; on a remote directory, only objects named like entries and sidecars.
+choosing what to prune, and removing, for the CLI, the at-exit prune and bundles. Only files named
+like entries, sidecars, temporary files or the package's bookkeeping are touched, only in a
+directory carrying the package's own tag, never through a symlink at any level; on a bucket, only
+objects named like entries, sidecars and ledgers.
 
-Not imported on ``import jax``: the CLI, the at-exit prune and bundles use it.
+Not imported on ``import jax``.
 """
 
 from __future__ import annotations
 
 import os
-import re
+import stat
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from gkx_autocache._cache import ENTRY_SUFFIX, META_DIR, TAG_NAME, Refused, has_tag, is_url
+from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._layout import (
+    COMPILE_SIDECAR,
+    ENTRY_SUFFIX,
+    LEDGER_DIR,
+    LOCK_FILE,
+    META_DIR,
+    TAG_NAME,
+    VERSION_PREFIX,
+    is_own_tag,
+    is_temporary,
+    is_url,
+    key_match,
+)
 
-_KEY = r"^(?P<key>.+-[0-9a-f]{64})(?P<suffix>-[A-Za-z0-9_-]+)$"
 STALE_TMP_SECS = 3600.0
+STALE_VERSION_SECS = 30 * 86400.0
 
 
-def key_match(name: str) -> re.Match[str] | None:
-    return re.match(_KEY, name)
+class Refused(Exception):
+    """Nothing is removed; the message says why, in words for the user."""
 
 
 @dataclass
@@ -62,7 +78,7 @@ def scan(version_dir: str) -> Scan:
         for item in iterator:
             name = item.name
             if name.startswith("."):
-                if name.endswith(".tmp") and item.is_file(follow_symlinks=False):
+                if is_temporary(name) and item.is_file(follow_symlinks=False):
                     st = item.stat(follow_symlinks=False)
                     result.temporary.append((item.path, st.st_size, st.st_mtime))
                 continue
@@ -122,36 +138,166 @@ def select_over(units: list[Unit], target: int) -> list[Unit]:
     return chosen
 
 
+# -- removing: only in a tagged directory, never through a symlink --------------------------------
+
+
+def has_tag(version_dir: str) -> bool:
+    """Whether ``version_dir`` carries the package's own ``CACHEDIR.TAG``, reached without
+    following a symlink at any level, so that its entries may be deleted. An object store has no
+    directory to tag: there the version prefix and the entry names are what is recognised, so a
+    URL counts as tagged."""
+    if is_url(version_dir):
+        return True
+    try:
+        fd = _files.open_dir(version_dir)
+    except OSError:
+        return False
+    try:
+        return _tagged(fd)
+    finally:
+        os.close(fd)
+
+
+def _tagged(dir_fd: int) -> bool:
+    try:
+        tag = os.open(TAG_NAME, os.O_RDONLY | _files.NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return False
+    with os.fdopen(tag, "rb") as f:
+        return is_own_tag(f.read(4096))
+
+
 def remove_files(version_dir: str, paths: list[str]) -> int:
-    """Unlink the given files of a tagged directory; the bytes freed. Refuses an untagged one.
-    On a remote directory, deletes objects named like entries and sidecars; the count deleted."""
-    if not has_tag(version_dir):
-        raise Refused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
+    """Unlink the given files of a tagged version directory (entries, sidecars, temporaries, and
+    bookkeeping under ``.gkx-autocache``); the bytes freed. Every directory on the way is opened
+    without following a symlink, so nothing outside the cache is touched, whatever was planted or
+    renamed. Raises Refused for an untagged directory or one reached through a symlink.
+    On a bucket, deletes objects named like entries, sidecars or ledgers; the count deleted."""
     if is_url(version_dir):
         from gkx_autocache import _remote
 
         return _remote.remove(version_dir, paths)
+    try:
+        top = _files.open_dir(version_dir)
+    except OSError as exc:
+        raise Refused(f"{version_dir} cannot be opened without following a symlink ({exc.strerror}): "
+                      "nothing removed") from None
+    try:
+        if not _tagged(top):
+            raise Refused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
+        by_folder: dict[str, list[str]] = {}
+        for path in paths:
+            folder, name = os.path.split(os.path.relpath(path, version_dir))
+            if not folder.startswith(".."):
+                by_folder.setdefault(folder, []).append(name)
+        return sum(_unlink_in(top, folder, names) for folder, names in by_folder.items())
+    finally:
+        os.close(top)
+
+
+def _unlink_in(top: int, folder: str, names: list[str]) -> int:
+    try:
+        fd = _files.open_dir(folder, dir_fd=top) if folder else top
+    except OSError:
+        return 0
     freed = 0
-    for path in paths:
-        if os.path.dirname(path) != version_dir:
-            continue
+    try:
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(name, dir_fd=fd)  # unlink never follows a symlink
+                    freed += st.st_size
+            except OSError:
+                continue
+    finally:
+        if fd != top:
+            os.close(fd)
+    return freed
+
+
+def version_dirs(root: str) -> list[str]:
+    """The ``jax-*`` directories under ``root``; a symlink named like one is not one."""
+    if is_url(root):
+        from gkx_autocache import _remote
+
+        return _remote.version_dirs(root)
+    try:
+        with os.scandir(root) as items:
+            names = sorted(i.name for i in items if i.name.startswith(VERSION_PREFIX) and i.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+    return [os.path.join(root, n) for n in names]
+
+
+def last_used(version_dir: str) -> float:
+    """When a process last used the directory: its newest entry access or write, or bookkeeping
+    write (a ledger, the summary)."""
+    newest = max((u.last_used for u in scan(version_dir).units.values()), default=0.0)
+    if is_url(version_dir):
+        from gkx_autocache import _remote
+
+        ledgers = _remote.listing(f"{version_dir}/{META_DIR}/{LEDGER_DIR}")
+        return max([newest, *(mtime for _, _, mtime, _ in ledgers)])
+    for folder in (os.path.join(version_dir, META_DIR), os.path.join(version_dir, META_DIR, LEDGER_DIR)):
         try:
-            st = os.lstat(path)
-            os.unlink(path)  # unlink never follows a symlink
-            freed += st.st_size
+            with os.scandir(folder) as items:
+                for item in items:
+                    if item.is_file(follow_symlinks=False):
+                        newest = max(newest, item.stat(follow_symlinks=False).st_mtime)
         except OSError:
             continue
-    return freed
+    return newest
+
+
+def stale(version_dir: str, installed: str, now: float | None = None) -> bool:
+    """A directory of a JAX version not installed here that no process has used for 30 days: the
+    user cache is shared by environments with other JAX versions (SPEC §8)."""
+    if os.path.basename(version_dir.rstrip("/")) == installed:
+        return False
+    return last_used(version_dir) < (time.time() if now is None else now) - STALE_VERSION_SECS
+
+
+def remove_version_dir(version_dir: str) -> None:
+    """Everything the package put in a tagged version directory, then the directory itself if
+    nothing else is left; never through a symlink (``rmtree`` under a directory descriptor)."""
+    found = scan(version_dir)
+    remove_files(version_dir, [p for u in found.units.values() for p in u.files] + [t[0] for t in found.temporary])
+    if is_url(version_dir):
+        from gkx_autocache import _remote
+
+        _remote.remove(version_dir, _remote.ledger_files(version_dir))
+        return
+    import shutil
+
+    parent, name = os.path.split(version_dir)
+    try:
+        root = _files.open_dir(parent)
+    except OSError:
+        return
+    try:
+        vfd = os.open(name, os.O_RDONLY | _files.DIRECTORY | _files.NOFOLLOW, dir_fd=root)
+        try:
+            if not _tagged(vfd):
+                return
+            shutil.rmtree(META_DIR, ignore_errors=True, dir_fd=vfd)  # refuses a symlink, never follows one
+            os.unlink(TAG_NAME, dir_fd=vfd)
+        finally:
+            os.close(vfd)
+        os.rmdir(name, dir_fd=root)
+    except OSError:
+        pass
+    finally:
+        os.close(root)
 
 
 def forget_size(version_dir: str) -> None:
     """Drop the at-exit prune's size estimate after entries were added or removed by hand."""
-    if is_url(version_dir):
-        return
-    try:
-        os.unlink(os.path.join(version_dir, META_DIR, "size"))
-    except OSError:
-        pass
+    if not is_url(version_dir):
+        try:
+            remove_files(version_dir, [os.path.join(version_dir, META_DIR, "size")])
+        except Refused:
+            pass
 
 
 def prune_at_exit(version_dir: str, cap: int, written: int) -> None:
@@ -162,13 +308,18 @@ def prune_at_exit(version_dir: str, cap: int, written: int) -> None:
     that estimate crosses the cap, or is over an hour old.
     """
     import fcntl
-    import time
 
     meta = os.path.join(version_dir, META_DIR)
     try:
-        lock = os.open(os.path.join(meta, "prune.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+        meta_fd = _files.open_dir(meta)
     except OSError:
         return
+    try:
+        lock = os.open(LOCK_FILE, os.O_WRONLY | os.O_CREAT | _files.NOFOLLOW, 0o600, dir_fd=meta_fd)
+    except OSError:
+        return
+    finally:
+        os.close(meta_fd)
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -190,11 +341,142 @@ def prune_at_exit(version_dir: str, cap: int, written: int) -> None:
             estimate = found.bytes - freed
             if removed:
                 logger.debug("pruned %d entries (%d bytes) from %s", len(removed), freed, version_dir)
-        tmp = f"{size_file}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(str(estimate))
-        os.replace(tmp, size_file)
+        _files.write_atomic(size_file, str(estimate).encode(), 0o600)
     except (OSError, Refused) as exc:
         logger.debug("prune skipped: %s", exc)
     finally:
         os.close(lock)
+
+
+# -- what the commands remove -------------------------------------------------------------------
+
+
+@dataclass
+class Removal:
+    """The units and temporary files a command removes (or would, with ``--dry-run``)."""
+
+    version_dir: str
+    units: list[Unit]
+    temporary: list[tuple[str, int, float]] = field(default_factory=list)
+    compile_secs: float = 0.0  # what it cost to compile them, where the ledger knows
+
+    @property
+    def files(self) -> list[str]:
+        return [p for u in self.units for p in u.files] + [t[0] for t in self.temporary]
+
+    @property
+    def entries(self) -> int:
+        return sum(1 for u in self.units if u.has_entry)
+
+    @property
+    def bytes(self) -> int:
+        return sum(u.bytes for u in self.units) + sum(t[1] for t in self.temporary)
+
+
+def _removal(version_dir: str, units: list[Unit], temporary: list[tuple[str, int, float]]) -> Removal:
+    return Removal(version_dir, units, temporary, sum(compile_secs(u) for u in units))
+
+
+def compile_secs(unit: Unit) -> float:
+    """What the unit's entry cost to compile, from its sidecar (0 where there is none: written by
+    stock JAX, or on a bucket). About 3 us a unit: 0.3 s for 100 000."""
+    from gkx_autocache._store import read_compile_secs
+
+    for path in unit.files:
+        if path.endswith(COMPILE_SIDECAR) and not is_url(path):
+            return read_compile_secs(path) or 0.0
+    return 0.0
+
+
+def plan_clear(version_dir: str) -> Removal:
+    found = scan(version_dir)
+    return _removal(version_dir, list(found.units.values()), found.temporary)
+
+
+def plan_prune(version_dir: str, cap: int, older_than: float | None = None) -> Removal:
+    """Entries unused for ``older_than`` seconds, then the least recently used until the rest fits
+    in ``cap`` bytes (0: no cap), and temporary files left by processes that died writing."""
+    found = scan(version_dir)
+    units = list(found.units.values())
+    now = time.time()
+    chosen = [u for u in units if u.last_used < now - older_than] if older_than is not None else []
+    if cap:
+        rest = [u for u in units if u not in chosen]
+        chosen += select_over(rest, cap)
+    stale_tmp = [t for t in found.temporary if now - t[2] > STALE_TMP_SECS]
+    return _removal(version_dir, chosen, stale_tmp)
+
+
+def execute(removal: Removal) -> int:
+    """Remove what ``removal`` lists; the bytes freed. Raises Refused."""
+    if not removal.files:
+        return 0
+    freed = remove_files(removal.version_dir, removal.files)
+    forget_size(removal.version_dir)
+    return freed
+
+
+def check_entry(path: str) -> str | None:
+    """Why the entry cannot be loaded, or None. Decompresses without importing JAX."""
+    from gkx_autocache._store import compression_of
+
+    if is_url(path):
+        from gkx_autocache import _remote
+
+        data = _remote.read_bytes(path)
+    else:
+        data = _files.read(path)
+    if data is None:
+        return "unreadable"
+    kind = compression_of(data)
+    try:
+        if kind == "zlib":
+            import zlib
+
+            payload = zlib.decompress(data)
+        elif kind == "zstd":
+            try:
+                import zstandard  # type: ignore[import-not-found]
+            except ImportError:
+                return None  # cannot check here; JAX with zstandard will
+            payload = zstandard.ZstdDecompressor().decompress(data)
+        else:
+            return "not a compressed JAX entry"
+    except Exception as exc:
+        return f"does not decompress ({exc})"
+    return None if len(payload) > 4 else "empty executable"
+
+
+@dataclass
+class Verification:
+    version_dir: str
+    checked: int
+    corrupt: list[tuple[Unit, str]]
+    orphans: list[str]  # sidecars whose entry is gone
+    stale: list[str]  # temporary files of processes that died writing
+    links: list[str]  # named like entries: never read
+
+    @property
+    def doomed(self) -> list[str]:
+        return [p for u, _ in self.corrupt for p in u.files] + self.orphans + self.stale + self.links
+
+
+def verify(version_dir: str, progress: Any = None) -> Verification:
+    """Read back every entry of ``version_dir``."""
+    found = scan(version_dir)
+    corrupt, orphans = [], []
+    units = list(found.units.values())
+    for i, unit in enumerate(units):
+        if progress is not None and i % 1000 == 0:
+            progress(f"verify: {i}/{len(units)} entries checked")
+        entry = next((p for p in unit.files if p.endswith(ENTRY_SUFFIX)), None)
+        if entry is None:
+            orphans.extend(unit.files)
+            continue
+        why = check_entry(entry)
+        if why:
+            corrupt.append((unit, why))
+    if progress is not None:
+        progress("")
+    stale_tmp = [t[0] for t in found.temporary if time.time() - t[2] > STALE_TMP_SECS]
+    return Verification(version_dir, len(units) - len(orphans), corrupt, orphans, stale_tmp, found.links)

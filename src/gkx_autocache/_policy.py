@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from gkx_autocache._trust import file_problem
+
 POLICY_NAME = "gkx-autocache.toml"
 
 
@@ -41,7 +43,7 @@ def read(path: str) -> FileVerdict:
     """The file's keys, or why it is not used. Never raises."""
     try:
         with open(path, "rb") as f:
-            distrust = _untrusted(os.fstat(f.fileno()))
+            distrust = file_problem(os.fstat(f.fileno()))
             if distrust:
                 return FileVerdict("ignored", problem=f"{path}: file ignored, {distrust}")
             text = f.read().decode("utf-8")
@@ -56,20 +58,6 @@ def read(path: str) -> FileVerdict:
     except tomllib.TOMLDecodeError as exc:
         return FileVerdict("ignored", problem=f"{path}: file ignored, it is not valid TOML ({exc}); fix or remove it")
     return FileVerdict("used", data)
-
-
-def _untrusted(st: os.stat_result) -> str | None:
-    """Why a settings file must not be trusted: whoever can write it chooses your cache directory."""
-    if not hasattr(os, "getuid"):  # Windows: no POSIX owners or modes to check
-        return None
-    uid = os.getuid()
-    if st.st_uid not in (uid, 0):
-        return f"it is owned by uid {st.st_uid}, not by you or root; chown it to yourself"
-    if st.st_mode & 0o002:
-        return "others can write it; run chmod o-w on it"
-    if st.st_mode & 0o020 and st.st_gid != os.getgid():
-        return f"group {st.st_gid} can write it; run chmod g-w on it"
-    return None
 
 
 def format_value(value: Any) -> str:

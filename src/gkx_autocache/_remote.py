@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX, META_DIR, VERSION_PREFIX, key_match
+
 EXTRA = "gkx-autocache[remote]"
 BACKENDS = {"s3": "s3fs", "gs": "gcsfs"}  # scheme -> the fsspec implementation it needs
 
@@ -95,20 +97,18 @@ def listing(url: str) -> list[tuple[str, int, float, bool]]:
 
 
 def version_dirs(root: str) -> list[str]:
-    return [f"{root}/{name}" for name, _, _, prefix in sorted(listing(root)) if prefix and name.startswith("jax-")]
+    return [f"{root}/{name}" for name, _, _, prefix in sorted(listing(root)) if prefix and name.startswith(VERSION_PREFIX)]
 
 
 def remove(version_dir: str, urls: list[str]) -> int:
     """Delete the given objects, each directly under ``version_dir`` and named like an entry, a
     sidecar or a ledger; the count removed."""
-    from gkx_autocache._entries import key_match
-
     fs, path = filesystem(version_dir)
     doomed = []
     for url in urls:
         parent, _, name = url.rpartition("/")
         entry = parent == version_dir and key_match(name)
-        ledger = parent == ledger_dir(version_dir) and name.endswith(".jsonl")
+        ledger = parent == ledger_dir(version_dir) and name.endswith(LEDGER_SUFFIX)
         if entry or ledger:
             doomed.append(f"{path}/{url[len(version_dir) + 1:]}")
     if doomed:
@@ -126,15 +126,12 @@ def read_bytes(url: str) -> bytes | None:
 
 
 def ledger_dir(version_dir: str) -> str:
-    from gkx_autocache._cache import META_DIR
-    from gkx_autocache._stats import LEDGER_DIR
-
     return f"{version_dir}/{META_DIR}/{LEDGER_DIR}"
 
 
 def ledger_files(version_dir: str) -> list[str]:
     folder = ledger_dir(version_dir)
-    return [f"{folder}/{name}" for name, _, _, prefix in sorted(listing(folder)) if not prefix and name.endswith(".jsonl")]
+    return [f"{folder}/{name}" for name, _, _, prefix in sorted(listing(folder)) if not prefix and name.endswith(LEDGER_SUFFIX)]
 
 
 def write_ledger(version_dir: str, text: str) -> None:
@@ -142,6 +139,6 @@ def write_ledger(version_dir: str, text: str) -> None:
     import socket
 
     fs, folder = filesystem(ledger_dir(version_dir))
-    name = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}.jsonl"
+    name = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}{LEDGER_SUFFIX}"
     with _errors(version_dir):
         fs.pipe_file(f"{folder}/{name}", text.encode("utf-8"))

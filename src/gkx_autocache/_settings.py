@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from gkx_autocache import _policy
-from gkx_autocache._cache import is_url
+from gkx_autocache._layout import is_url
 
 FALSE = frozenset({"0", "off", "false", "no", "none", "disable", "disabled"})
 TRUE = frozenset({"1", "on", "true", "yes", "enable", "enabled"})
@@ -80,16 +80,6 @@ def parse_size(raw: Any) -> int:
     number, unit, binary = match.groups()
     base = 1024 if binary else 1000
     return int(float(number) * base ** _POWER[unit.lower()]) if unit else int(float(number))
-
-
-def format_size(n: int) -> str:
-    """The inverse of parse_size for display: ``5368709120 -> "5GiB"``; 0 is no cap."""
-    if n == 0:
-        return "0 (no cap)"
-    for unit, power in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
-        if n >= 1024**power:
-            return f"{n / 1024**power:g}{unit}"
-    return f"{n}B"
 
 
 def parse_xla_caches(raw: Any) -> str:

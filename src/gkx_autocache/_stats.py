@@ -19,10 +19,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from gkx_autocache._cache import META_DIR, bookkeeping_dir, is_url
-from gkx_autocache._diagnostics import logger
+from gkx_autocache._diagnostics import human_bytes, logger
+from gkx_autocache._files import bookkeeping_dir
+from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX, META_DIR, is_url
 
-LEDGER_DIR = "ledger"
 REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
 HITS = "/jax/compilation_cache/cache_hits"
 RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
@@ -72,7 +72,7 @@ class Recorder:
         self.totals = Totals()
         self._pending = threading.local()  # compile time of the entry just read on this thread
         self._lock = threading.Lock()
-        self._ledger_path = os.path.join(directory, META_DIR, LEDGER_DIR, f"{os.getpid()}-{time.time_ns()}.jsonl") if ledger else None
+        self._ledger_path = os.path.join(directory, META_DIR, LEDGER_DIR, f"{os.getpid()}-{time.time_ns()}{LEDGER_SUFFIX}") if ledger else None
         self._ledger: Any = None
         self.store_serving = False  # set once the store serves the directory: then time saved is known
 
@@ -189,14 +189,6 @@ def _report() -> None:
             pass
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def ledger_files(version_dir: str) -> Iterator[str]:
     if is_url(version_dir):
         from gkx_autocache import _remote
@@ -209,25 +201,21 @@ def ledger_files(version_dir: str) -> Iterator[str]:
     except OSError:
         return
     for name in names:
-        if name.endswith(".jsonl"):
+        if name.endswith(LEDGER_SUFFIX):
             yield os.path.join(folder, name)
 
 
 def remove_ledger(version_dir: str) -> int:
     """Delete every process's ledger (``stats --reset``); the count removed."""
-    files = list(ledger_files(version_dir))
-    if is_url(version_dir):
-        from gkx_autocache import _remote
+    from gkx_autocache import _entries
 
-        return _remote.remove(version_dir, files)
-    removed = 0
-    for path in files:
-        try:
-            os.unlink(path)
-            removed += 1
-        except OSError:
-            pass
-    return removed
+    files = list(ledger_files(version_dir))
+    try:
+        _entries.remove_files(version_dir, files)
+    except _entries.Refused as exc:
+        logger.debug("ledger not removed: %s", exc)
+        return 0
+    return len(files)
 
 
 def read_ledger(version_dir: str) -> Totals | None:
@@ -255,3 +243,20 @@ def _read_text(path: str) -> str:
             return f.read()
     except OSError:
         return ""
+
+
+def totals_dict(t: Totals) -> dict[str, Any]:
+    lookups = t.hits + t.misses
+    return {"hits": t.hits, "misses": t.misses, "hit_rate": t.hits / lookups if lookups else None,
+            "saved_secs": round(t.saved_secs, 3), "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
+            "writes": t.writes}
+
+
+def top_functions(t: Totals, n: int = 10) -> list[tuple[str, float]]:
+    """The functions that cost most compile time, summed over their shapes."""
+    from gkx_autocache._layout import function_name
+
+    by_function: dict[str, float] = {}
+    for key, secs in t.compile_secs.items():
+        by_function[function_name(key)] = by_function.get(function_name(key), 0.0) + secs
+    return sorted(by_function.items(), key=lambda kv: -kv[1])[:n]

@@ -14,19 +14,30 @@ builds the cache object; it is the only private name patched.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import threading
 import time
 from typing import Any
 
-from gkx_autocache import _cache
+from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, VERDICT_FILE
 
-COMPILE_SIDECAR = "-gkx-compile"
-VERDICT_FILE = "store.json"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+MAX_COMPILE_SECS = 86400.0 * 7  # a sidecar claiming more was not written by a compile
+
+
+def read_compile_secs(sidecar: str) -> float | None:
+    """The compile time a ``-gkx-compile`` sidecar records, or None when there is none (or it is
+    not a plausible number: a group member of a team cache can write anything there)."""
+    try:
+        value = float(_files.read(sidecar, 64) or b"")
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= MAX_COMPILE_SECS else None
 
 
 def compression_of(data: bytes) -> str | None:
@@ -41,20 +52,22 @@ def compression_of(data: bytes) -> str | None:
 class Store:
     """JAX's ``CacheInterface``: ``get(key) -> bytes | None`` and ``put(key, bytes)``."""
 
-    def __init__(self, path: str, *, compression: str, decompress: Any, shared: bool, recorder: Any) -> None:
+    def __init__(self, path: str, *, compression: str, decompress: Any, shared: bool, recorder: Any,
+                 writable: bool = True) -> None:
         self._path = path  # JAX's VerificationCache reads this attribute
         self._compression = compression
         self._decompress = decompress
-        self._file_mode = 0o660 if shared else 0o600
+        self._file_mode = _files.file_mode(shared)
+        self._writable = writable  # a baked cache, read-only for this user: hits only
         self._recorder = recorder
         self._misses = threading.local()  # key -> monotonic time of the miss, per thread
 
     def _entry(self, key: str) -> str:
-        return os.path.join(self._path, key + _cache.ENTRY_SUFFIX)
+        return os.path.join(self._path, key + ENTRY_SUFFIX)
 
     def get(self, key: str) -> bytes | None:
         path = self._entry(key)
-        data = _read(path)
+        data = _files.read(path)
         if data is not None and self._usable(path, data):
             try:
                 os.utime(path)  # recency for pruning, on noatime mounts too
@@ -77,16 +90,15 @@ class Store:
             self._decompress(data)
         except Exception as exc:
             logger.debug("%s is corrupt (%s): removed, it will be compiled again", path, exc)
-            _remove(path)
+            if self._writable:
+                _files.remove(path)
             return False
         return True
 
     def _compile_secs(self, key: str, data: bytes) -> float:
-        try:
-            with open(self._entry(key)[: -len(_cache.ENTRY_SUFFIX)] + COMPILE_SIDECAR, "rb") as f:
-                return float(f.read(64))
-        except (OSError, ValueError):
-            pass
+        recorded = read_compile_secs(os.path.join(self._path, key + COMPILE_SIDECAR))
+        if recorded is not None:
+            return recorded
         try:  # JAX's own record: whole seconds, in the first 4 bytes of the payload
             return float(int.from_bytes(self._decompress(data)[:4], "big"))
         except Exception:
@@ -94,62 +106,20 @@ class Store:
 
     def put(self, key: str, value: bytes) -> None:
         started = getattr(self._misses, "keys", {}).pop(key, None)
+        if not self._writable:
+            return
         path = self._entry(key)
-        existing = _read(path, limit=4)
+        existing = _files.read(path, limit=4)
         if existing is not None and compression_of(existing) not in (self._compression, None):
             logger.debug("%s belongs to another environment's format: not overwritten", path)
             return
-        if not _write_atomic(path, value, self._file_mode):
+        if not _files.write_atomic(path, value, self._file_mode):
             return
         compile_secs = time.monotonic() - started if started is not None else 0.0
         if started is not None:
-            _write_atomic(path[: -len(_cache.ENTRY_SUFFIX)] + COMPILE_SIDECAR, f"{compile_secs:.6f}".encode(), self._file_mode)
+            _files.write_atomic(os.path.join(self._path, key + COMPILE_SIDECAR), f"{compile_secs:.6f}".encode(),
+                                self._file_mode)
         self._recorder.put(key, len(value), compile_secs)
-
-
-def _read(path: str, limit: int = -1) -> bytes | None:
-    """The file's bytes, or None. Never through a symlink: a planted link must not feed JAX."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ELOOP):
-            logger.debug("cannot read %s: %s", path, exc)
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            return f.read(limit)
-    except OSError as exc:
-        logger.debug("cannot read %s: %s", path, exc)
-        return None
-
-
-def _write_atomic(path: str, data: bytes, mode: int) -> bool:
-    """Write to a temporary file beside ``path``, then rename over it: no reader ever sees a
-    partial entry, and a write that fails half-way (disk full, ``ulimit -f``) leaves nothing."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), mode)
-    except OSError as exc:
-        logger.debug("cannot write %s: %s", path, exc)
-        return False
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)  # the open mode is masked by the umask
-            f.write(data)
-        os.replace(tmp, path)
-        return True
-    except OSError as exc:
-        logger.debug("cannot write %s: %s", path, exc)
-        _remove(tmp)
-        return False
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 # -- installing the store into JAX ------------------------------------------------------------
@@ -168,7 +138,7 @@ def _guard(cc: Any) -> str | None:
     return None
 
 
-def install(jax: Any, version_dir: str, shared: bool, recorder: Any) -> str | None:
+def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: bool = True) -> str | None:
     """Serve ``version_dir`` through the store; return why not (JAX's stock cache then serves)."""
     try:
         from jax._src import compilation_cache as cc
@@ -186,7 +156,8 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any) -> str | No
     def get_file_cache(path: str) -> Any:
         if not isinstance(path, str) or "://" in path or os.path.realpath(path) != ours:
             return original(path)
-        store = Store(path, compression=compression or "zlib", decompress=cc.decompress_executable, shared=shared, recorder=recorder)
+        store = Store(path, compression=compression or "zlib", decompress=cc.decompress_executable, shared=shared,
+                      recorder=recorder, writable=writable)
         if jax.config.jax_compilation_cache_check_contents:
             return cc.VerificationCache(store), path  # type: ignore[arg-type]  # duck-typed CacheInterface
         return store, path
@@ -199,21 +170,16 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any) -> str | No
 def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False) -> None:
     """Record which store serves the directory, so ``status`` can say it without importing jax."""
     text = json.dumps({"store": store, "reason": reason}) + "\n"
-    path = os.path.join(version_dir, _cache.META_DIR, VERDICT_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    except OSError:
-        pass
-    if _cache.bookkeeping_dir(version_dir, shared) is not None:
-        _write_atomic(path, text.encode(), 0o644)
+    path = os.path.join(version_dir, META_DIR, VERDICT_FILE)
+    if _files.read(path) == text.encode():
+        return
+    if _files.bookkeeping_dir(version_dir, shared) is not None:
+        _files.write_atomic(path, text.encode(), 0o644)
 
 
 def read_verdict(version_dir: str) -> dict[str, Any] | None:
     try:
-        with open(os.path.join(version_dir, _cache.META_DIR, VERDICT_FILE), encoding="utf-8") as f:
-            verdict = json.load(f)
-        return verdict if isinstance(verdict, dict) else None
-    except (OSError, ValueError):
+        verdict = json.loads(_files.read(os.path.join(version_dir, META_DIR, VERDICT_FILE)) or b"")
+    except ValueError:
         return None
+    return verdict if isinstance(verdict, dict) else None

@@ -1,12 +1,21 @@
-"""Trust (SPEC §8): whoever can write the cache directory can run code in every process reading it.
+"""Trust (SPEC §8): whoever can write the cache directory, or a settings file, can run code in
+every process that reads it. The rules for both, in one place. POSIX only: on Windows every check
+passes.
 
-A directory is trusted when it is owned by you and not writable by group or others (group is
-allowed with ``trust_shared`` when it is one of your groups), and every ancestor is owned by root
-or you and not writable by others, or else carries the sticky bit (like ``/tmp``): the rule OpenSSH
-applies to ``authorized_keys``. With ``trust_shared``, a directory (or ancestor) that a teammate
-owns is accepted when one of your groups can write it and others cannot: a team cache has one
-owner, and its group is the trust boundary already. A symlinked directory is judged by its target. POSIX only: on
-Windows every check passes.
+Directories (the cache root and its version directory):
+- owned by you and writable by no one else; or
+- owned by root and writable by no one else (a warm cache baked into an image): read-only for
+  everyone but root;
+- with ``trust_shared``, writable by one of your groups (never by others), whoever in it owns it:
+  a team cache has one owner and many users, and its group is the trust boundary already.
+
+Ancestors of the cache: each owned by root or you, or (with ``trust_shared``) a team directory as
+above, and writable by no one else; or sticky (like ``/tmp``) and owned by root or you. The owner
+of a sticky directory can rename what is in it, so a sticky directory owned by anyone else could
+swap the cache after the check: refused. A symlinked directory is judged by its target.
+
+Settings files: owned by you or root, and writable by their owner alone (not the group, even your
+own primary group: any member of a shared ``users`` group could point everyone at their directory).
 """
 
 from __future__ import annotations
@@ -21,14 +30,9 @@ def user_groups() -> set[int]:
     return {os.getgid(), *os.getgroups()}
 
 
-def _group_ok(st: os.stat_result, shared: bool) -> bool:
-    return not st.st_mode & stat.S_IWGRP or (shared and st.st_gid in user_groups())
-
-
-def _team_dir(st: os.stat_result, shared: bool) -> bool:
-    """With ``trust_shared``, a teammate's directory: writable by one of your groups (so the group
-    is already the trust boundary), not by others. A team cache has one owner and many users."""
-    return shared and bool(st.st_mode & stat.S_IWGRP) and st.st_gid in user_groups()
+def _team(st: os.stat_result, shared: bool) -> bool:
+    """With ``trust_shared``: writable by one of your groups, not by others."""
+    return shared and bool(st.st_mode & stat.S_IWGRP) and not st.st_mode & stat.S_IWOTH and st.st_gid in user_groups()
 
 
 def directory_problem(path: str, shared: bool = False) -> str | None:
@@ -42,11 +46,12 @@ def directory_problem(path: str, shared: bool = False) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return "it is not a directory"
     uid = os.getuid()
-    if st.st_uid != uid and not _team_dir(st, shared):
-        return f"it is owned by uid {st.st_uid}, not by you (uid {uid}); use a directory of your own"
+    team = _team(st, shared)
     if st.st_mode & stat.S_IWOTH:
         return "others can write to it; run chmod o-w on it"
-    if not _group_ok(st, shared):
+    if st.st_uid not in (uid, 0) and not team:
+        return f"it is owned by uid {st.st_uid}, not by you (uid {uid}) or root; use a directory of your own"
+    if st.st_mode & stat.S_IWGRP and not team:
         if shared:
             return f"its group {st.st_gid} can write to it and is not one of your groups"
         return "its group can write to it; run chmod g-w on it, or set trust_shared = true for a team cache"
@@ -64,14 +69,40 @@ def ancestors_problem(path: str, shared: bool = False) -> str | None:
             st = os.stat(current)
         except OSError as exc:
             return f"its parent {current} cannot be examined ({exc.strerror})"
-        if not st.st_mode & stat.S_ISVTX:
-            if st.st_uid not in (0, uid) and not _team_dir(st, shared):
-                return f"its parent {current} is owned by uid {st.st_uid}, neither you nor root, and is not sticky"
-            if st.st_mode & stat.S_IWOTH:
-                return f"others can write to its parent {current}, which is not sticky"
-            if not _group_ok(st, shared):
-                return f"its group can write to its parent {current}, which is not sticky; set trust_shared = true for a team cache"
+        problem = _ancestor_problem(current, st, uid, shared)
+        if problem:
+            return problem
         parent = os.path.dirname(current)
         if parent == current:
             return None
         current = parent
+
+
+def _ancestor_problem(path: str, st: os.stat_result, uid: int, shared: bool) -> str | None:
+    if st.st_mode & stat.S_ISVTX:
+        if st.st_uid in (0, uid):
+            return None  # like /tmp: only its owner and each entry's owner can rename what is in it
+        return (f"its parent {path} is a sticky directory owned by uid {st.st_uid}, not root or you: "
+                "its owner can rename what is in it")
+    if st.st_mode & stat.S_IWOTH:
+        return f"others can write to its parent {path}"
+    team = _team(st, shared)
+    if st.st_uid not in (0, uid) and not team:
+        return f"its parent {path} is owned by uid {st.st_uid}, neither you nor root"
+    if st.st_mode & stat.S_IWGRP and not team:
+        return f"its group can write to its parent {path}; set trust_shared = true for a team cache"
+    return None
+
+
+def file_problem(st: os.stat_result) -> str | None:
+    """Why a settings file must not be trusted: whoever can write it chooses your cache directory."""
+    if not POSIX:
+        return None
+    uid = os.getuid()
+    if st.st_uid not in (uid, 0):
+        return f"it is owned by uid {st.st_uid}, not by you or root; chown it to yourself"
+    if st.st_mode & stat.S_IWOTH:
+        return "others can write it; run chmod o-w on it"
+    if st.st_mode & stat.S_IWGRP:
+        return f"its group ({st.st_gid}) can write it; run chmod g-w on it"
+    return None

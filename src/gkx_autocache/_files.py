@@ -1,0 +1,127 @@
+"""File primitives shared by every reader, writer and deleter of the cache: reads that never
+follow a symlink, atomic writes, directories opened without following a symlink at any level,
+and the modes the package gives what it creates.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+from gkx_autocache._diagnostics import logger
+from gkx_autocache._layout import META_DIR, tmp_name
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def file_mode(shared: bool) -> int:
+    """Entries and sidecars: the group's too in a team cache (SPEC §8)."""
+    return 0o660 if shared else 0o600
+
+
+def dir_mode(shared: bool) -> int:
+    """Directories: setgid in a team cache, so that what members create keeps the team's group."""
+    return 0o2770 if shared else 0o700
+
+
+def read(path: str, limit: int = -1) -> bytes | None:
+    """The file's bytes, or None. Never through a symlink: a planted link must not feed JAX."""
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ELOOP):
+            logger.debug("cannot read %s: %s", path, exc)
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return f.read(limit)
+    except OSError as exc:
+        logger.debug("cannot read %s: %s", path, exc)
+        return None
+
+
+def write_atomic(path: str, data: bytes, mode: int) -> bool:
+    """Write to a temporary file beside ``path``, then rename over it: no reader ever sees a
+    partial file, and a write that fails half-way (disk full, ``ulimit -f``) leaves nothing."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, tmp_name(name, os.getpid(), threading.get_ident()))
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, mode)
+    except OSError as exc:
+        logger.debug("cannot write %s: %s", path, exc)
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)  # the open mode is masked by the umask
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError as exc:
+        logger.debug("cannot write %s: %s", path, exc)
+        remove(tmp)
+        return False
+
+
+def remove(path: str) -> None:
+    try:
+        os.unlink(path)  # unlink never follows a symlink
+    except OSError:
+        pass
+
+
+def open_dir(path: str, dir_fd: int | None = None) -> int:
+    """A descriptor of the directory ``path`` (absolute, or relative to ``dir_fd``), opened one
+    component at a time without following a symlink at any level: what is deleted through it is
+    inside that directory, whatever is renamed meanwhile. Raises OSError (ELOOP, ENOTDIR...)."""
+    fd = os.open("/" if dir_fd is None else ".", os.O_RDONLY | DIRECTORY, dir_fd=dir_fd)
+    try:
+        for part in path.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                raise OSError(errno.EINVAL, f"'..' in {path}")
+            inner = os.open(part, os.O_RDONLY | DIRECTORY | NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_dir(path: str, shared: bool) -> bool:
+    """Create ``path`` and missing parents with the package's mode whatever the umask; True when
+    ``path`` itself was created here. Raises OSError; FileExistsError when a non-directory is in
+    the way."""
+    if os.path.isdir(path):
+        return False
+    parent = os.path.dirname(path)
+    if parent != path:
+        make_dir(parent, shared)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if os.path.isdir(path):  # another process won the race
+            return False
+        raise
+    os.chmod(path, dir_mode(shared))  # mkdir's mode is masked by the umask; chmod's is not
+    logger.debug("created %s", path)
+    return True
+
+
+def bookkeeping_dir(version_dir: str, shared: bool, *parts: str) -> str | None:
+    """``<version dir>/.gkx-autocache[/parts]``, created with the cache's own mode (group members
+    of a shared cache write their ledgers too), or None when it cannot be made or is a symlink."""
+    path = os.path.join(version_dir, META_DIR, *parts)
+    for level in range(len(parts) + 1):
+        if os.path.islink(os.path.join(version_dir, META_DIR, *parts[:level])):
+            logger.debug("%s is a symlink: no bookkeeping", path)
+            return None
+    try:
+        make_dir(path, shared)
+    except OSError as exc:
+        logger.debug("no bookkeeping in %s: %s", path, exc)
+        return None
+    return path

@@ -1,0 +1,74 @@
+"""Names on disk (SPEC §7), shared by the store, the ledger, trust, pruning, the CLI and bundles.
+A leaf: stdlib only, and nothing of the package. ::
+
+    <root>/CACHEDIR.TAG                   only when the package created <root>
+    <root>/jax-<jax version>/             one version directory per JAX version
+        CACHEDIR.TAG                      the package's own tag text (TAG)
+        <key>-cache                       JAX's entry, JAX's name and format
+        <key>-gkx-compile                 the package's sidecars begin with the key
+        .<name>.<pid>.<thread>.tmp        temporary files begin with a dot
+        .gkx-autocache/                   the package's bookkeeping
+            store.json                    which store serves the directory (for `status`)
+            ledger/<pid>-<ns>.jsonl       one append-only ledger per process
+            summary.json                  the ledgers of finished processes, folded
+            prune.lock                    taken (non-blocking) to prune and to fold
+
+A key is JAX's: the function's module name, a dash, a sha256 in hex (``jit_step-<64 hex>``).
+A bucket (``s3://``, ``gs://``) has the same names under its version prefix.
+"""
+
+from __future__ import annotations
+
+import re
+
+VERSION_PREFIX = "jax-"
+TAG_NAME = "CACHEDIR.TAG"
+TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by gkx-autocache (JAX compilation cache).\n"
+    "# For information about cache directory tags, see https://bford.info/cachedir/\n"
+)
+ENTRY_SUFFIX = "-cache"
+COMPILE_SIDECAR = "-gkx-compile"
+META_DIR = ".gkx-autocache"
+LEDGER_DIR = "ledger"
+LEDGER_SUFFIX = ".jsonl"
+VERDICT_FILE = "store.json"
+SUMMARY_FILE = "summary.json"
+LOCK_FILE = "prune.lock"
+TMP_SUFFIX = ".tmp"
+
+_KEY = r"^(?P<key>.+-[0-9a-f]{64})(?P<suffix>-[A-Za-z0-9_-]+)$"  # compiled on first use, not on import
+
+
+def version_name(jax_version: str) -> str:
+    return VERSION_PREFIX + jax_version
+
+
+def is_url(path: str) -> bool:
+    """``s3://…`` and ``gs://…`` (any ``scheme://``): a bucket, not a local directory."""
+    return "://" in path
+
+
+def is_own_tag(data: bytes) -> bool:
+    """The package's own tag, whole: cargo, ccache and borg write the same first line."""
+    return data == TAG.encode()
+
+
+def key_match(name: str) -> re.Match[str] | None:
+    """``<key><suffix>`` for an entry or a sidecar, else None."""
+    return re.match(_KEY, name)
+
+
+def is_temporary(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TMP_SUFFIX)
+
+
+def function_name(key: str) -> str:
+    """JAX's keys begin with the module name: ``jit_step-<sha256>`` -> ``jit_step``."""
+    return key.rsplit("-", 1)[0]
+
+
+def tmp_name(name: str, pid: int, thread: int) -> str:
+    """A temporary file's name beside ``name``: hidden, and unique per process and thread."""
+    return f".{name}.{pid}.{thread}{TMP_SUFFIX}"

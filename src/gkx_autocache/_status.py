@@ -1,0 +1,173 @@
+"""What every command starts from (the settings, the installed JAX, the directory and its kind),
+and what ``gkx-autocache status`` reports, gathered into one document: ``status --json`` prints it
+as it is, and the human text is drawn from it. Never imports ``jax``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, NamedTuple
+
+from gkx_autocache import _cache, _entries, _settings, _stats, _store
+from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._layout import is_url, version_name
+
+FINDER_NAME = "PostImportFinder"  # the start-up hook's finder, as sys.meta_path shows it
+
+
+class NoDirectory(Exception):
+    """There is no cache directory to act on; the message says why."""
+
+
+class Context(NamedTuple):
+    settings: _settings.Settings
+    jax_version: str | None
+    location: _cache.Location | None  # None when disabled or JAX is not installed
+
+    @property
+    def version_dir(self) -> str:
+        if self.location is None or self.location.version_dir is None:
+            raise NoDirectory(self.why_no_dir())
+        return self.location.version_dir
+
+    @property
+    def root(self) -> str | None:
+        return self.location.root if self.location else None
+
+    def why_no_dir(self) -> str:
+        if not self.settings["enabled"]:
+            return f"the cache is disabled ({self.settings.origin('enabled')})"
+        if self.jax_version is None:
+            return "JAX is not installed in this environment, so there is no version directory"
+        if self.location is not None and self.location.problems:
+            return self.location.problems[0][1]
+        return "no cache directory"
+
+
+def distribution_version(name: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def load_context(create: bool = False) -> Context:
+    """The settings as a process of this environment would resolve them (from the ``JAX_*``
+    variables: the commands do not import jax), and the directory it would use."""
+    settings = _settings.resolve(jax_explicit=_settings.jax_explicit(os.environ))
+    jax_version = distribution_version("jax")
+    location = None
+    if jax_version is not None and settings["enabled"]:
+        location = _cache.locate(settings, jax_version, create=create)
+    return Context(settings, jax_version, location)
+
+
+def start_files() -> dict[str, str | None]:
+    """Where ``gkx_autocache.pth`` and ``.start`` are installed in this environment."""
+    import site
+    import sysconfig
+
+    folders = [sysconfig.get_paths()["purelib"], *getattr(site, "getsitepackages", list)()]
+    found: dict[str, str | None] = {"gkx_autocache.pth": None, "gkx_autocache.start": None}
+    for folder in folders:
+        for name in found:
+            path = os.path.join(folder, name)
+            if found[name] is None and os.path.isfile(path):
+                found[name] = path
+    return found
+
+
+def hook_live() -> bool:
+    return any(type(f).__name__ == FINDER_NAME for f in sys.meta_path)
+
+
+def effective(ctx: Context) -> dict[str, str]:
+    """What each setting comes to in this environment, where its value alone does not say
+    (``dir`` unset means a default directory; ``xla_caches`` unset depends on the GPU plugins)."""
+    from gkx_autocache._configure import gpu_plugin_installed
+
+    settings, location = ctx.settings, ctx.location
+    shown = {key: str(settings[key]) for key in _settings.KEYS}
+    if location is not None and location.version_dir:
+        shown["dir"] = f"{location.version_dir} ({location.rule})"
+    elif location is not None:
+        shown["dir"] = "none: running uncached"
+    cap = settings["max_size"]
+    shown["max_size"] = human_bytes(cap) if isinstance(cap, int) and cap else "0 (no cap)"
+    if settings["xla_caches"] is None and not settings.from_jax("xla_caches"):
+        if location is not None and location.version_dir and is_url(location.version_dir):
+            shown["xla_caches"] = "none (a bucket: XLA's caches cannot open it)"
+        elif gpu_plugin_installed():
+            shown["xla_caches"] = "JAX's default (a GPU plugin is installed)"
+        else:
+            shown["xla_caches"] = "none (no GPU plugin installed)"
+    return shown
+
+
+def gather(ctx: Context) -> dict[str, Any]:
+    """The whole ``status`` document (its ``--json``): versions, hook, settings with origins,
+    the directory and its verdicts, the versions present, the store, the totals, and what needs
+    attention, each a line for the user."""
+    settings = ctx.settings
+    files = start_files()
+    live = hook_live()
+    attention: list[str] = []
+    shown = effective(ctx)
+    values = {k: {"value": r.value, "origin": r.origin, "effective": shown[k]} for k, r in settings.values.items()}
+    for key, resolved in settings.values.items():
+        if settings.from_jax(key):
+            attention.append(f"{resolved.origin} decides {key}: gkx-autocache leaves it as you set it; unset it to use ours")
+    attention.extend(message for _cause, message in settings.problems)
+    if files["gkx_autocache.pth"] is None:
+        attention.append("gkx_autocache.pth is not installed in this environment: reinstall gkx-autocache")
+    if not live and settings["enabled"] and os.environ.get("GKX_JAX_CACHE", "").strip():
+        attention.append("the hook is off in this interpreter (GKX_JAX_CACHE)")
+
+    directory: dict[str, Any] = {"root": None, "version_dir": None, "usable": False}
+    present: list[dict[str, Any]] = []
+    store = None
+    totals = None
+    location = ctx.location
+    if location is not None:
+        directory["refused"] = [{"path": root, "why": why} for root, why in location.tried]
+        attention.extend(message for _cause, message in location.problems)
+        if location.version_dir:
+            vdir = location.version_dir
+            directory.update(root=location.root, version_dir=vdir, kind=location.kind, rule=location.rule, usable=True,
+                             writable=location.writable, trusted=True if location.kind == _cache.LOCAL else None,
+                             exists=is_url(vdir) or os.path.isdir(vdir))
+            store = _store_verdict(location)
+            try:  # a bucket may be unreachable from here: status still reports the rest
+                if location.kind != _cache.OWN:
+                    totals = _stats.read_ledger(vdir)
+                for path in _entries.version_dirs(location.root) if location.root else []:
+                    found = _entries.scan(path)
+                    name = os.path.basename(path)
+                    present.append({"version": name, "entries": found.entries, "bytes": found.bytes,
+                                    "installed": name == version_name(ctx.jax_version or "")})
+            except OSError as exc:
+                attention.append(f"cannot list the cache: {exc}")
+    elif not settings["enabled"]:
+        attention.append(f"the cache is disabled by {settings.origin('enabled')}")
+    elif ctx.jax_version is None:
+        attention.append("JAX is not installed here: pip install 'gkx-autocache[jax]'")
+    return {
+        "package": distribution_version("gkx-autocache"), "python": sys.version.split()[0],
+        "jax": ctx.jax_version, "jaxlib": distribution_version("jaxlib"),
+        "start_files": files, "hook_live": live, "settings": values,
+        "files": {path: v.status + (f": {v.problem}" if v.problem else "") for path, v in settings.files.items()},
+        "directory": directory, "versions_present": present, "store": store,
+        "stats": _stats.totals_dict(totals) if totals else None, "attention": attention,
+    }
+
+
+def _store_verdict(location: _cache.Location) -> dict[str, Any]:
+    if location.kind == _cache.OWN:
+        return {"store": "jax", "reason": "the directory is the user's own (JAX_COMPILATION_CACHE_DIR)"}
+    if location.kind == _cache.REMOTE:
+        return {"store": "jax", "reason": "remote directories use JAX's stock cache, uncapped; "
+                                          "their trust is the bucket's access policy"}
+    assert location.version_dir is not None
+    return _store.read_verdict(location.version_dir) or {"store": None, "reason": "no process has used it yet"}

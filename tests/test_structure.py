@@ -1,0 +1,71 @@
+"""The package's shape (STYLE.md): the arrows between its modules go one way."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "gkx_autocache"
+
+
+def imports() -> dict[str, set[str]]:
+    """Each module's imports of the package's own modules, inside functions too."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.glob("*.py")):
+        module = path.stem
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gkx_autocache"):
+                if node.module == "gkx_autocache":
+                    found.update(alias.name for alias in node.names if (PACKAGE / f"{alias.name}.py").exists())
+                    if not any((PACKAGE / f"{alias.name}.py").exists() for alias in node.names):
+                        found.add("__init__")
+                else:
+                    found.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("gkx_autocache."))
+        graph[module] = found - {module}
+    return graph
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circle() -> None:
+    """No circle among the package's modules, counting imports inside functions; the start-up
+    module reaching `_configure` lazily is the one allowed back-edge."""
+    graph = imports()
+    graph["__init__"] -= {"_configure", "_diagnostics"}
+    assert cycle(graph) is None, " -> ".join(cycle(graph) or [])
+
+
+def test_the_leaves_import_nothing_of_the_package_but_the_layout() -> None:
+    """`_layout` is a leaf; `_remote` knows fsspec and the layout, not the ledger or entry rules."""
+    graph = imports()
+    assert graph["_layout"] == set()
+    assert graph["_remote"] <= {"_layout"}
+    assert graph["_trust"] == set()
+
+
+def test_cycle_finder_finds_a_circle() -> None:
+    """The check above can fail."""
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
