@@ -154,7 +154,11 @@ def workload(with_py: Path, without_py: Path, functions: int, runs: int, work: P
     }
     results: dict[str, Any] = {}
     for name, (python, template) in configs.items():
-        cold, warm, hits, requests, load = [], [], [], [], []
+        cold: list[float] = []
+        warm: list[float] = []
+        hits: list[float] = []
+        requests: list[float] = []
+        load: list[float] = []
         for i in range(runs):
             d = work / f"wl-{len(results)}-{i}"
             env = base_env(HOME=str(work), **{k: v.format(d=d) for k, v in template.items()})

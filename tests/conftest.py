@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,7 +212,7 @@ print(json.dumps({**counts, "result": round(result, 4), "dir": c.jax_compilation
 
 
 def run_program(venv: Venv, *flags: str, env: dict[str, str] | None = None, user: int | None = None,
-                program: str = PROGRAM, groups: tuple[int, ...] = ()) -> tuple[dict[str, object], str]:
+                program: str = PROGRAM, groups: tuple[int, ...] = ()) -> tuple[dict[str, Any], str]:
     """Run PROGRAM; return its JSON line and its stderr."""
     import json
 

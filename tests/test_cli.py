@@ -6,6 +6,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from conftest import Venv, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
@@ -15,10 +16,10 @@ from gkx_autocache._layout import TAG
 DAY = 86400.0
 
 
-def status(venv: Venv, **env: str) -> dict:  # type: ignore[type-arg]
+def status(venv: Venv, **env: str) -> dict[str, Any]:
     proc = venv.cli("--json", "status", env=env)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return dict(json.loads(proc.stdout))
 
 
 def test_status_origins_for_every_source(venv: Venv, tmp_path: Path) -> None:
@@ -269,3 +270,26 @@ def test_another_tools_cachedir_tag_is_not_ours(venv: Venv, tmp_path: Path) -> N
         proc = venv.cli(*command, env=env)
         assert proc.returncode == 1 and "CACHEDIR.TAG" in proc.stderr, (command, proc.stderr)
     assert all(p.exists() for p in planted) and (vdir / f"jit_bad-{'e' * 64}-cache").exists()
+
+
+def test_status_says_what_each_setting_comes_to(venv: Venv) -> None:
+    """A newcomer's first `status` answers "where is my cache?" on the settings line itself; in
+    --json, `value` stays as it is and `effective` says what it comes to."""
+    data = status(venv)
+    vdir = str(venv.default_cache / VERSION_DIR)
+    assert data["settings"]["dir"]["value"] is None
+    assert data["settings"]["dir"]["effective"] == f"{vdir} (default: the environment's own)"
+    assert data["settings"]["xla_caches"]["effective"] == "none (no GPU plugin installed)"
+    assert data["settings"]["max_size"]["effective"] == "5.0 GiB"
+    text = venv.cli("status").stdout
+    (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("dir ")]
+    assert vdir in line and "default" in line
+    assert "none (no GPU plugin installed)" in text
+
+
+def test_json_failure_carries_the_error(venv: Venv) -> None:
+    """--json on a failing command still prints one JSON object on stdout, with the error."""
+    proc = venv.cli("--json", "dir", env={"GKX_JAX_CACHE": "0"})
+    assert proc.returncode == 1
+    data = json.loads(proc.stdout)
+    assert data["command"] == "dir" and "disabled" in data["error"] and len(proc.stderr.splitlines()) == 1

@@ -7,6 +7,7 @@ import stat
 import sys
 import threading
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -261,7 +262,7 @@ def test_finder_configures_after_the_module_body_and_leaves(stand_in) -> None:  
     module = __import__(name)
     assert [m.VALUE for m in calls] == [42]
     assert module.__loader__.__class__.__name__ != "_ConfiguringLoader"
-    assert module.__spec__.loader is module.__loader__
+    assert module.__spec__ is not None and module.__spec__.loader is module.__loader__
     assert not any(type(f) is gkx_autocache.PostImportFinder for f in sys.meta_path)
 
 
@@ -280,7 +281,7 @@ def test_failed_import_is_unchanged_and_retry_configures(stand_in, monkeypatch: 
     assert len(calls) == 1
 
 
-def _walk(tb):  # type: ignore[no-untyped-def]
+def _walk(tb: types.TracebackType | None) -> Iterator[types.TracebackType]:
     while tb is not None:
         yield tb
         tb = tb.tb_next

@@ -69,24 +69,17 @@ def export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
     found = _entries.scan(version_dir)
     units = sorted((u for u in found.units.values() if u.has_entry), key=lambda u: u.key)
     listed: list[dict[str, Any]] = []
-    tmp = f"{archive}.{os.getpid()}.tmp"
-    try:
-        with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-            for unit in units:
-                for path in sorted(unit.files):
-                    data = _files.read(path)  # never through a symlink
-                    if data is None:
-                        continue  # pruned meanwhile
-                    name = os.path.basename(path)
-                    _add(tar, name, data)
-                    listed.append({"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-            manifest = {"format": FORMAT, "created_by": "gkx-autocache", **env, "version_dir": version_dir,
-                        "files": listed}
-            _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
-        os.replace(tmp, archive)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _files.atomic(archive, 0o644) as out, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for unit in units:
+            for path in sorted(unit.files):
+                data = _files.read(path)  # never through a symlink
+                if data is None:
+                    continue  # pruned meanwhile
+                name = os.path.basename(path)
+                _add(tar, name, data)
+                listed.append({"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        manifest = {"format": FORMAT, "created_by": "gkx-autocache", **env, "version_dir": version_dir, "files": listed}
+        _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
     entries = sum(1 for f in listed if f["name"].endswith(ENTRY_SUFFIX))
     return Exported(entries, len(listed), sum(f["size"] for f in listed), sha256_of(archive))
 
@@ -225,6 +218,7 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
                 tmp = os.path.join(version_dir, tmp_name(member.name, os.getpid(), threading.get_ident()))
                 staged.append((tmp, final))
                 _stage(tar, member, tmp, mode, files[member.name][1])
+            # Two phases, not _files.atomic per member: no member appears until every one has passed.
             for tmp, final in staged:
                 os.replace(tmp, final)
             staged.clear()
@@ -232,10 +226,7 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
         raise Refused(f"the archive is damaged ({exc})") from None
     finally:
         for tmp, _ in staged:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _files.remove(tmp)
     new = [m for m in members if _key(m.name) not in skipped]
     return Imported(entries=sum(1 for m in new if m.name.endswith(ENTRY_SUFFIX)), present=len(skipped),
                     files=len(new), bytes=sum(m.size for m in new))

@@ -8,6 +8,9 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
 
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import META_DIR, tmp_name
@@ -42,25 +45,33 @@ def read(path: str, limit: int = -1) -> bytes | None:
         return None
 
 
-def write_atomic(path: str, data: bytes, mode: int) -> bool:
-    """Write to a temporary file beside ``path``, then rename over it: no reader ever sees a
-    partial file, and a write that fails half-way (disk full, ``ulimit -f``) leaves nothing."""
+@contextmanager
+def atomic(path: str, mode: int) -> Iterator[BinaryIO]:
+    """A file written beside ``path`` and renamed over it when the block ends: no reader ever
+    sees a partial file, and a write that fails half-way (disk full, ``ulimit -f``, an exception)
+    leaves nothing. The one way the package replaces a file. Raises OSError."""
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, tmp_name(name, os.getpid(), threading.get_ident()))
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, mode)
-    except OSError as exc:
-        logger.debug("cannot write %s: %s", path, exc)
-        return False
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), mode)  # the open mode is masked by the umask
-            f.write(data)
+            yield f
         os.replace(tmp, path)
+    except BaseException:
+        remove(tmp)
+        raise
+
+
+def write_atomic(path: str, data: bytes, mode: int) -> bool:
+    """``data`` into ``path`` through ``atomic``; False (and a DEBUG line) when it fails: the
+    store's and the ledger's writes are bookkeeping, never an error of the user's run."""
+    try:
+        with atomic(path, mode) as f:
+            f.write(data)
         return True
     except OSError as exc:
         logger.debug("cannot write %s: %s", path, exc)
-        remove(tmp)
         return False
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from gkx_autocache._files import atomic
 from gkx_autocache._trust import file_problem
 
 POLICY_NAME = "gkx-autocache.toml"
@@ -94,8 +95,5 @@ def set_key(path: str, key: str, literal: str | None) -> None:
         else:
             kept.insert(at - sum(1 for line in lines[:at] if pattern.match(line)), new)
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(kept) + ("\n" if kept else ""))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    with atomic(path, 0o644) as f:  # writable by its owner alone, or it would be ignored (SPEC §8)
+        f.write(("\n".join(kept) + ("\n" if kept else "")).encode("utf-8"))

@@ -58,7 +58,7 @@ def _errors(url: str) -> Iterator[None]:
 def filesystem(url: str) -> tuple[Any, str]:
     """fsspec's filesystem for ``url`` and the path in it (``bucket/prefix``): the call every
     remote operation goes through."""
-    import fsspec.core  # type: ignore[import-untyped]
+    import fsspec.core
 
     with _errors(url):
         fs, path = fsspec.core.url_to_fs(url)
