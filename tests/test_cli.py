@@ -161,13 +161,19 @@ def test_clear_needs_our_tag(venv: Venv, tmp_path: Path) -> None:
 
 
 def test_clear_on_home_or_root_deletes_nothing(venv: Venv) -> None:
-    """dir pointed at a home directory or /: nothing deleted, and the reason said."""
+    """dir pointed at a home directory or /: nothing deleted, and that said. A `jax-*` directory
+    there that is not the package's (no tag) is refused."""
     keep = venv.home / f"jit_mine-{'a' * 64}-cache"
     keep.write_text("precious")
     for target in (str(venv.home), "/"):
         proc = venv.cli("clear", "--yes", "--all-versions", env={"GKX_JAX_CACHE_DIR": target})
-        assert proc.returncode == 1 and proc.stderr.strip(), proc
-    assert keep.exists()
+        assert proc.returncode == 0 and "removed 0 entries" in proc.stdout, proc
+    mine = venv.home / VERSION_DIR
+    mine.mkdir()
+    (mine / keep.name).write_text("precious too")
+    proc = venv.cli("clear", "--yes", "--all-versions", env={"GKX_JAX_CACHE_DIR": str(venv.home)})
+    assert proc.returncode == 1 and "CACHEDIR.TAG" in proc.stderr, proc
+    assert keep.exists() and (mine / keep.name).exists()
 
 
 def test_clear_never_follows_a_symlink_out(venv: Venv, tmp_path: Path) -> None:

@@ -128,11 +128,15 @@ def test_s3_round_trip(venv: Venv, s3: S3, monkeypatch: pytest.MonkeyPatch) -> N
 
     third, _ = run_program(venv, env=env)
     assert third["hits"] == 0
-    cleared = cli_json(venv, "clear", "--yes", env=env)
-    assert cleared["entries"] == len(entries)
-    assert foreign <= set(s3.objects()) and not any(k.endswith("-cache") for k in s3.objects(prefix) if "/" not in k[len(prefix):])
+    assert len([k for k in s3.objects(prefix) if "/.gkx-autocache/ledger/" in k]) == 3
     assert cli_json(venv, "stats", "--reset", env=env)["removed"] == 3
     assert not [k for k in s3.objects(prefix) if "/.gkx-autocache/" in k]
+    run_program(venv, env=env)
+    cleared = cli_json(venv, "clear", "--yes", env=env)  # a fresh start: the totals go too
+    assert cleared["entries"] == len(entries) and cleared["totals_reset"]
+    assert foreign <= set(s3.objects()) and not any(k.endswith("-cache") for k in s3.objects(prefix) if "/" not in k[len(prefix):])
+    assert not [k for k in s3.objects(prefix) if "/.gkx-autocache/" in k]
+    assert cli_json(venv, "stats", env=env)["stats"] is None
 
     other_version = f"team-cache/jax-0.0.1/jit_f-{HEX}-cache"  # another environment's, written just now
     s3.client().put_object(Bucket=s3.bucket, Key=other_version, Body=b"x\x9c")

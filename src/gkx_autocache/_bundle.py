@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gkx_autocache import _entries, _files
-from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._diagnostics import human_bytes, shown
 from gkx_autocache._layout import ENTRY_SUFFIX, key_match, tmp_name
 
 MANIFEST = "gkx-autocache-manifest.json"
@@ -115,12 +115,12 @@ def read_manifest(tar: tarfile.TarFile) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError) as exc:
         raise Refused(f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})") from None
     if manifest.get("format") != FORMAT:
-        raise Refused(f"bundle format {manifest.get('format')!r}, this gkx-autocache reads format {FORMAT}")
+        raise Refused(f"bundle format {shown(manifest.get('format'))}, this gkx-autocache reads format {FORMAT}")
     files: dict[str, tuple[int, str]] = {}
     for item in listed:
         name, size, digest = _listed(item)
         if name in files:
-            raise Refused(f"{MANIFEST} lists {name!r} twice")
+            raise Refused(f"{MANIFEST} lists {shown(name)} twice")
         files[name] = (size, digest)
     manifest["files"] = files
     return dict(manifest)
@@ -129,14 +129,14 @@ def read_manifest(tar: tarfile.TarFile) -> dict[str, Any]:
 def _listed(item: Any) -> tuple[str, int, str]:
     """One file of the manifest: a name, a size (a whole number of bytes, not absurd) and a sha256."""
     if not isinstance(item, dict):
-        raise Refused(f"{MANIFEST} lists {item!r}, not a file")
+        raise Refused(f"{MANIFEST} lists {shown(item)}, not a file")
     name, size, digest = item.get("name"), item.get("size"), item.get("sha256")
     if not isinstance(name, str):
         raise Refused(f"{MANIFEST} lists a file without a name")
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_MEMBER:
-        raise Refused(f"{MANIFEST} gives {name[:80]!r} the size {str(size)[:40]}, not a byte count")
+        raise Refused(f"{MANIFEST} gives {shown(name)} the size {str(size)[:40]}, not a byte count")
     if not isinstance(digest, str) or len(digest) != 64:
-        raise Refused(f"{MANIFEST} gives {name[:80]!r} no sha256")
+        raise Refused(f"{MANIFEST} gives {shown(name)} no sha256")
     return name, size, digest.lower()
 
 
@@ -166,13 +166,13 @@ def check_member(member: tarfile.TarInfo, files: dict[str, tuple[int, str]]) -> 
     name = member.name
     if not member.isreg():
         kind = "link" if member.issym() or member.islnk() else "directory" if member.isdir() else "special file"
-        raise Refused(f"{name!r} is a {kind}; a bundle holds plain files only")
+        raise Refused(f"{shown(name)} is a {kind}; a bundle holds plain files only")
     if "/" in name or "\\" in name or name.startswith(".") or key_match(name) is None:
-        raise Refused(f"{name!r} is not the name of a cache entry or sidecar (it could escape the directory)")
+        raise Refused(f"{shown(name)} is not the name of a cache entry or sidecar (it could escape the directory)")
     if name not in files:
-        raise Refused(f"{name!r} is not listed in the manifest")
+        raise Refused(f"{shown(name)} is not listed in the manifest")
     if member.size != files[name][0]:
-        raise Refused(f"{name!r} is {member.size} bytes, the manifest says {files[name][0]}")
+        raise Refused(f"{shown(name)} is {member.size} bytes, the manifest says {files[name][0]}")
 
 
 def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256: str | None = None,
@@ -201,11 +201,11 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
             for member in members:
                 check_member(member, files)
                 if member.name in seen:
-                    raise Refused(f"{member.name!r} appears twice in the archive")
+                    raise Refused(f"{shown(member.name)} appears twice in the archive")
                 seen.add(member.name)
             missing = set(files) - {m.name for m in members}
             if missing:
-                raise Refused(f"{len(missing)} files of the manifest are missing, such as {sorted(missing)[0]!r}")
+                raise Refused(f"{len(missing)} files of the manifest are missing, such as {shown(sorted(missing)[0])}")
             present = {u.key for u in _entries.scan(version_dir).units.values() if u.has_entry}
             mode = _files.file_mode(shared)
             skipped = set()
@@ -241,7 +241,7 @@ def _stage(tar: tarfile.TarFile, member: tarfile.TarInfo, tmp: str, mode: int, e
     """Copy one member to ``tmp``, checking its sha256 against the manifest on the way."""
     source = tar.extractfile(member)
     if source is None:
-        raise Refused(f"{member.name!r} cannot be read")
+        raise Refused(f"{shown(member.name)} cannot be read")
     digest = hashlib.sha256()
     left = member.size
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _files.NOFOLLOW, mode)
@@ -252,4 +252,4 @@ def _stage(tar: tarfile.TarFile, member: tarfile.TarInfo, tmp: str, mode: int, e
             digest.update(chunk)
             out.write(chunk)
     if digest.hexdigest() != expected:
-        raise Refused(f"{member.name!r} does not match its sha256 in the manifest: the bundle is corrupt")
+        raise Refused(f"{shown(member.name)} does not match its sha256 in the manifest: the bundle is corrupt")

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from gkx_autocache import _bundle, _cache, _entries, _policy, _settings, _stats, _status
-from gkx_autocache._diagnostics import human_bytes, human_secs
+from gkx_autocache import _bundle, _cache, _entries, _ledger, _policy, _settings, _stats, _status
+from gkx_autocache._diagnostics import human_bytes, human_secs, one_line, shown
 from gkx_autocache._status import Context, load_context
 
 OK, FAILED, USAGE = 0, 1, 2
@@ -104,10 +104,10 @@ def cmd_dir(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     vdir = load_context().version_dir
     if args.reset:
-        removed = _stats.remove_ledger(vdir)
-        emit(args, f"stats reset ({removed} ledger files removed)", {"reset": True, "removed": removed})
+        removed = _ledger.reset(vdir)
+        emit(args, f"stats reset ({removed} bookkeeping files removed)", {"reset": True, "removed": removed})
         return OK
-    totals = _stats.read_ledger(vdir)
+    totals = _ledger.read_totals(vdir)
     if totals is None:
         emit(args, f"no ledger yet in {vdir}: no process has used the cache since the last reset",
              {"dir": vdir, "stats": None})
@@ -160,8 +160,13 @@ def cmd_clear(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             raise CliError("nothing removed")
     for vdir in targets:
-        _require_tag(vdir)
-        _carry_out(args, _entries.plan_clear(vdir))
+        if os.path.isdir(vdir):  # one never used has nothing to remove (a URL is always tagged)
+            _require_tag(vdir)
+        _carry_out(args, _entries.plan_clear(vdir), {"totals_reset": not args.dry_run})
+        if not args.dry_run:  # a fresh start: the totals of what was cleared go too
+            _ledger.reset(vdir, bool(ctx.settings["trust_shared"]))
+            if not args.json:
+                print(f"stats of {vdir} reset")
     return OK
 
 
@@ -172,7 +177,7 @@ _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 def parse_age(text: str) -> float:
     match = _AGE.match(text)
     if match is None:
-        raise CliError(f"--older-than: expected an age like 30d, 12h, 45m, got {text!r}", USAGE)
+        raise CliError(f"--older-than: expected an age like 30d, 12h, 45m, got {shown(text)}", USAGE)
     return float(match[1]) * _AGE_UNITS[match[2].lower()]
 
 
@@ -271,7 +276,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
     except OSError as exc:
         raise CliError(f"{args.file}: {exc.strerror or exc}; nothing imported") from None
-    _entries.forget_size(vdir)
+    _ledger.record_added(vdir, done.bytes, bool(ctx.settings["trust_shared"]))
     emit(args, f"imported {done.entries} entries ({done.files} files, {human_bytes(done.bytes)}) into {vdir}"
                f"{f'; {done.present} already present, kept' if done.present else ''}",
          {"file": args.file, "dir": vdir, "entries": done.entries, "present": done.present, "files": done.files,
@@ -284,7 +289,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def _key(name: str) -> _settings.Key:
     if name not in _settings.KEYS:
-        raise CliError(f"unknown key {name!r}; known keys: {', '.join(_settings.KEYS)}", USAGE)
+        raise CliError(f"unknown key {shown(name)}; known keys: {', '.join(_settings.KEYS)}", USAGE)
     return _settings.KEYS[name]
 
 
@@ -310,9 +315,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     raw: str = args.value
     try:
         value = _settings.validate(key.name, raw, os.getcwd())
-    except _settings.BadValue as exc:
+        literal = _policy.format_value(_policy.as_typed(key.name, raw, value, os.getcwd()))
+    except (_settings.BadValue, _policy.Unwritable) as exc:
         raise CliError(f"{key.name}: {exc}; {path} left as it was", USAGE) from None
-    literal = _policy.format_value(raw.strip() if key.name == "max_size" else value)
     _policy.set_key(path, key.name, literal)
     emit(args, f"{key.name} = {literal} written to {path}", {"key": key.name, "value": value, "file": path})
     return OK
@@ -403,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
 def fail(args: argparse.Namespace, message: str, code: int) -> int:
     """The one place an error becomes a message: one line on stderr, and with ``--json`` one
     object on stdout that carries it."""
-    line = " ".join(message.split())
+    line = one_line(message)
     print(f"gkx-autocache {args.command}: {line}", file=sys.stderr)
     if getattr(args, "json", False):
         print(json.dumps({"version": JSON_VERSION, "command": args.command, "error": line, "exit": code}))

@@ -77,15 +77,8 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
         if keeping:
             _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, shared)
-        if keeping and not reason and settings["max_size"] > 0:
-            atexit.register(_prune_at_exit, directory, settings["max_size"], recorder)
-
-
-def _prune_at_exit(directory: str, cap: int, recorder: Any) -> None:
-    if recorder.totals.bytes_written:
-        from gkx_autocache import _entries
-
-        _entries.prune_at_exit(directory, cap, recorder.totals.bytes_written)
+            # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7).
+            atexit.register(_stats.finish, recorder, settings["max_size"] if not reason else 0)
 
 
 def xla_caches_for(settings: _settings.Settings, directory: str) -> str | None:

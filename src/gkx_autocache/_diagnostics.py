@@ -33,7 +33,7 @@ def warn(cause: str, message: str) -> None:
     if cause in _said:
         return
     _said.add(cause)
-    text = f"gkx-autocache: {message} ({SILENCE})"
+    text = f"gkx-autocache: {one_line(message)} ({SILENCE})"
     try:
         warnings.warn(text, AutocacheWarning, stacklevel=_user_stacklevel())
     except Exception:  # -W error: a cache must not cost the user their run
@@ -68,3 +68,16 @@ def human_bytes(n: float) -> str:
 
 def human_secs(secs: float) -> str:
     return f"{secs:.1f} s" if secs < 120 else f"{secs / 60:.1f} min"
+
+
+def shown(raw: object) -> str:
+    """``raw`` for a one-line message: its repr (which escapes newlines), cut short (a 400-digit
+    number, a whole file)."""
+    text = repr(raw)
+    return text if len(text) <= 60 else f"{text[:45]}... ({len(text)} characters)"
+
+
+def one_line(message: str) -> str:
+    """``message`` with its control characters escaped: a path or value from outside (a newline in
+    an environment variable) must not break a warning or an error into several lines."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)

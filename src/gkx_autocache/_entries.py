@@ -16,12 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gkx_autocache import _files
-from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import (
     COMPILE_SIDECAR,
     ENTRY_SUFFIX,
     LEDGER_DIR,
-    LOCK_FILE,
     META_DIR,
     TAG_NAME,
     VERSION_PREFIX,
@@ -100,6 +98,47 @@ def scan(version_dir: str) -> Scan:
                 unit.has_entry = True
                 unit.last_used = max(unit.last_used, st.st_atime, st.st_mtime)
     return result
+
+
+def count(version_dir: str) -> tuple[int, int]:
+    """``(entries, bytes)`` of a version directory, where bytes are what the cap counts: entries,
+    sidecars, temporary files and the package's bookkeeping. ``status``'s fast path: no grouping,
+    one ``stat`` per file (100 000 entries: see the README's benchmark table)."""
+    if is_url(version_dir):
+        found = scan(version_dir)
+        return found.entries, found.bytes
+    entries = total = 0
+    try:
+        with os.scandir(version_dir) as items:
+            for item in items:
+                name = item.name
+                if name.startswith("."):
+                    if not is_temporary(name):
+                        continue
+                elif key_match(name) is None:
+                    continue
+                try:
+                    st = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                    entries += name.endswith(ENTRY_SUFFIX)
+    except OSError:
+        return 0, 0
+    return entries, total + bookkeeping_bytes(version_dir)
+
+
+def bookkeeping_bytes(version_dir: str) -> int:
+    """The bytes of ``.gkx-autocache/`` and its ledgers: the cap counts them too."""
+    total = 0
+    for folder in (os.path.join(version_dir, META_DIR), os.path.join(version_dir, META_DIR, LEDGER_DIR)):
+        try:
+            with os.scandir(folder) as items:
+                total += sum(i.stat(follow_symlinks=False).st_size for i in items if i.is_file(follow_symlinks=False))
+        except OSError:
+            continue
+    return total
 
 
 def _scan_remote(version_dir: str, result: Scan) -> Scan:
@@ -291,63 +330,6 @@ def remove_version_dir(version_dir: str) -> None:
         os.close(root)
 
 
-def forget_size(version_dir: str) -> None:
-    """Drop the at-exit prune's size estimate after entries were added or removed by hand."""
-    if not is_url(version_dir):
-        try:
-            remove_files(version_dir, [os.path.join(version_dir, META_DIR, "size")])
-        except Refused:
-            pass
-
-
-def prune_at_exit(version_dir: str, cap: int, written: int) -> None:
-    """Keep the directory under ``cap``: prune to 90 % of it, least recently used first.
-
-    Runs at exit in a process that wrote entries, under a non-blocking lock (a process that finds
-    it taken skips). The size is kept in ``.gkx-autocache/size``: a full scan happens only when
-    that estimate crosses the cap, or is over an hour old.
-    """
-    import fcntl
-
-    meta = os.path.join(version_dir, META_DIR)
-    try:
-        meta_fd = _files.open_dir(meta)
-    except OSError:
-        return
-    try:
-        lock = os.open(LOCK_FILE, os.O_WRONLY | os.O_CREAT | _files.NOFOLLOW, 0o600, dir_fd=meta_fd)
-    except OSError:
-        return
-    finally:
-        os.close(meta_fd)
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return
-        size_file = os.path.join(meta, "size")
-        estimate = None
-        try:
-            if time.time() - os.stat(size_file).st_mtime < 3600:
-                with open(size_file, encoding="ascii") as f:
-                    estimate = int(f.read()) + written
-        except (OSError, ValueError):
-            pass
-        if estimate is None or estimate > cap:
-            found = scan(version_dir)
-            units = list(found.units.values())
-            removed = select_over(units, int(cap * 0.9)) if found.bytes > cap else []
-            freed = remove_files(version_dir, [p for u in removed for p in u.files])
-            estimate = found.bytes - freed
-            if removed:
-                logger.debug("pruned %d entries (%d bytes) from %s", len(removed), freed, version_dir)
-        _files.write_atomic(size_file, str(estimate).encode(), 0o600)
-    except (OSError, Refused) as exc:
-        logger.debug("prune skipped: %s", exc)
-    finally:
-        os.close(lock)
-
-
 # -- what the commands remove -------------------------------------------------------------------
 
 
@@ -411,9 +393,7 @@ def execute(removal: Removal) -> int:
     """Remove what ``removal`` lists; the bytes freed. Raises Refused."""
     if not removal.files:
         return 0
-    freed = remove_files(removal.version_dir, removal.files)
-    forget_size(removal.version_dir)
-    return freed
+    return remove_files(removal.version_dir, removal.files)
 
 
 def check_entry(path: str) -> str | None:

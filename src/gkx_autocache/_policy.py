@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from gkx_autocache._diagnostics import shown
 from gkx_autocache._files import atomic
 from gkx_autocache._trust import file_problem
 
@@ -61,14 +62,42 @@ def read(path: str) -> FileVerdict:
     return FileVerdict("used", data)
 
 
+class Unwritable(ValueError):
+    """A value that cannot be written as one TOML string."""
+
+
 def format_value(value: Any) -> str:
-    """A TOML literal for a validated value."""
+    """A TOML literal for a validated value; raises Unwritable for a string with a control
+    character (a newline would break the file, and the whole file would then be ignored) or one
+    that is not text."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    text = str(value)
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise Unwritable(f"{shown(text)} holds a control character and cannot be written as one TOML string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Unwritable(f"{shown(text)} is not text (undecodable bytes in the argument)") from None
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
+
+
+def as_typed(key: str, typed: str, value: Any, cwd: str) -> Any:
+    """What ``config set`` writes: the user's own words for ``dir`` and ``max_size`` (a shared
+    policy file keeps ``$SCRATCH/jax`` for everyone, not the setter's expansion), a relative path
+    made absolute against ``cwd`` (what the user meant; in the file it would be relative to the
+    file's folder); the parsed value for the rest."""
+    text = typed.strip()
+    if key == "max_size":
+        return text
+    if key == "dir":
+        if "://" in text or text.startswith(("/", "~", "$")):
+            return text
+        return os.path.join(cwd, text)
+    return value
 
 
 def _key_line(key: str) -> re.Pattern[str]:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from gkx_autocache import _policy
+from gkx_autocache._diagnostics import shown
 from gkx_autocache._layout import is_url
 
 FALSE = frozenset({"0", "off", "false", "no", "none", "disable", "disabled"})
@@ -43,26 +44,34 @@ def parse_bool(raw: Any) -> bool:
             return True
         if word in FALSE:
             return False
-    raise BadValue(f"expected a boolean (1/0, on/off, true/false, yes/no), got {raw!r}")
+    raise BadValue(f"expected a boolean (1/0, on/off, true/false, yes/no), got {shown(raw)}")
+
+
+MAX_BYTES = 1 << 60  # an exbibyte: a size beyond any disk is a typo, not a setting
+MAX_SECS = 1e9  # thirty years
 
 
 def parse_float(raw: Any) -> float:
     try:
-        value = float(raw.strip() if isinstance(raw, str) else raw) if not isinstance(raw, bool) else None
-    except (TypeError, ValueError):
-        value = None
-    if value is None or not math.isfinite(value) or value < 0:
-        raise BadValue(f"expected a number of seconds >= 0, got {raw!r}")
+        value = float(raw.strip() if isinstance(raw, str) else raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a TOML integer beyond any float
+        value = math.nan
+    if not 0 <= value <= MAX_SECS:  # NaN fails this too
+        raise BadValue(f"expected a number of seconds from 0 to {MAX_SECS:g}, got {shown(raw)}")
     return value
 
 
 def parse_entry_size(raw: Any) -> int:
-    try:
-        value = int(raw.strip() if isinstance(raw, str) else raw) if not isinstance(raw, (bool, float)) else None
-    except (TypeError, ValueError):
-        value = None
-    if value is None or value < -1:
-        raise BadValue(f"expected a whole number of bytes >= -1, got {raw!r}")
+    value = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str):
+        try:
+            value = int(raw.strip())
+        except ValueError:  # also more digits than int() takes
+            pass
+    if value is None or not -1 <= value <= MAX_BYTES:
+        raise BadValue(f"expected a whole number of bytes from -1 to {MAX_BYTES}, got {shown(raw)}")
     return value
 
 
@@ -71,34 +80,61 @@ _POWER = {"k": 1, "m": 2, "g": 3, "t": 4}
 
 
 def parse_size(raw: Any) -> int:
-    """``"5GiB"``, ``"800MB"``, ``"1.5G"``, ``123``; ``K``/``KB`` = 1000, ``KiB`` = 1024."""
-    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
-        return raw
-    match = re.match(_SIZE, raw) if isinstance(raw, str) else None
-    if match is None:
-        raise BadValue(f"expected a size like 5GiB, 800MB or a byte count (0 = no cap), got {raw!r}")
-    number, unit, binary = match.groups()
-    base = 1024 if binary else 1000
-    return int(float(number) * base ** _POWER[unit.lower()]) if unit else int(float(number))
+    """``"5GiB"``, ``"800MB"``, ``"1.5G"``, ``123``; ``K``/``KB`` = 1000, ``KiB`` = 1024. Exact
+    arithmetic (``Decimal``), so that no number of digits overflows."""
+    value = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, float) and math.isfinite(raw) and 0 <= raw <= MAX_BYTES:
+        value = int(raw)
+    elif isinstance(raw, str) and len(raw) <= 100 and (match := re.match(_SIZE, raw)):
+        from decimal import Decimal
+
+        number, unit, binary = match.groups()
+        scale = (1024 if binary else 1000) ** _POWER[unit.lower()] if unit else 1
+        value = int(Decimal(number) * scale)
+    if value is None or not 0 <= value <= MAX_BYTES:
+        raise BadValue(f"expected a size like 5GiB, 800MB or a byte count up to 1EiB (0 = no cap), got {shown(raw)}")
+    return value
 
 
 def parse_xla_caches(raw: Any) -> str:
     if isinstance(raw, str) and raw.strip() in XLA_CACHES:
         return str(raw.strip())
-    raise BadValue(f"expected one of {', '.join(XLA_CACHES)}, got {raw!r}")
+    raise BadValue(f"expected one of {', '.join(XLA_CACHES)}, got {shown(raw)}")
 
 
-def parse_dir(raw: Any, base: str) -> str:
-    """A path with ``~`` and ``$VARS`` expanded, absolute against ``base``; a URL verbatim."""
+_VAR = r"\$(?:(\w+)|\{([^}]*)\})"  # $NAME or ${NAME}
+
+
+def parse_dir(raw: Any, base: str, env: Mapping[str, str] = os.environ) -> str:
+    """A path with ``~`` and ``$VARS`` expanded (from ``env``), absolute against ``base``; a URL
+    verbatim. A ``$VAR`` that is not set, or a ``~user`` that does not exist, is a bad value, never
+    a literal directory of that name."""
     if not isinstance(raw, str) or not raw.strip():
-        raise BadValue(f"expected a directory path or a gs:// or s3:// URL, got {raw!r}")
+        raise BadValue(f"expected a directory path or a gs:// or s3:// URL, got {shown(raw)}")
     text: str = raw.strip()
     if is_url(text):
         scheme, _, rest = text.partition("://")
         if scheme.lower() not in ("s3", "gs") or not rest.strip("/"):
-            raise BadValue(f"expected a directory path or a gs://bucket or s3://bucket URL, got {raw!r}")
+            raise BadValue(f"expected a directory path or a gs://bucket or s3://bucket URL, got {shown(raw)}")
         return text
-    path = os.path.expandvars(os.path.expanduser(text))
+    if "\0" in text:
+        raise BadValue(f"a path cannot hold a NUL character, got {shown(raw)}")
+
+    def variable(match: re.Match[str]) -> str:
+        name = match[1] or match[2]
+        value = env.get(name)
+        if value is None:
+            raise BadValue(f"{shown('$' + name)} is not set, in {shown(raw)}; set it, or write the path out")
+        return value
+
+    path = re.sub(_VAR, variable, text)
+    if path.startswith("~"):
+        home = env.get("HOME") if path == "~" or path.startswith("~/") else None
+        path = os.path.join(home, path[2:]) if home else os.path.expanduser(path)
+        if path.startswith("~"):
+            raise BadValue(f"{shown(path.split('/')[0])} is not a user here, in {shown(raw)}")
     return os.path.normpath(os.path.join(base, path))
 
 
@@ -157,10 +193,10 @@ def jax_explicit(env: Mapping[str, str] = os.environ, jax_config: Any = None) ->
     return explicit
 
 
-def validate(key: str, raw: Any, base: str) -> Any:
+def validate(key: str, raw: Any, base: str, env: Mapping[str, str] = os.environ) -> Any:
     """Parse ``raw`` for ``key``; a relative ``dir`` is taken against ``base``. Raises BadValue."""
     if key == "dir":
-        return parse_dir(raw, base)
+        return parse_dir(raw, base, env)
     return KEYS[key].parse(raw)
 
 
@@ -209,7 +245,7 @@ def resolve(
             settings.problems.append((f"file:{path}", verdict.problem))
         for unknown in sorted(set(verdict.data) - set(KEYS)):
             settings.problems.append(
-                (f"key:{path}:{unknown}", f"{path}: unknown key {unknown!r} skipped; known keys: {', '.join(KEYS)}")
+                (f"key:{path}:{unknown}", f"{path}: unknown key {shown(unknown)} skipped; known keys: {', '.join(KEYS)}")
             )
         layers.append((path, verdict.data, os.path.dirname(path)))
 
@@ -224,7 +260,7 @@ def resolve(
                 continue
             where = f"env {key.env}" if origin == "env" else origin
             try:
-                settings.values[key.name] = Resolved(validate(key.name, data[key.name], base), where)
+                settings.values[key.name] = Resolved(validate(key.name, data[key.name], base, env), where)
                 break
             except BadValue as exc:
                 settings.problems.append(

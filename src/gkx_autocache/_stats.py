@@ -1,11 +1,10 @@
-"""Counting hits, misses and time saved: in this process (for ``report``) and across processes
-(the ledger, for ``gkx-autocache stats``).
+"""Counting in this process: JAX's cache events, the store's hits, misses and writes, the ledger
+file they are recorded in as the process goes (the files and their folding are ``_ledger``'s), and
+the ``report`` line at exit.
 
-The ledger is one append-only JSON-lines file per process under
-``<version dir>/.gkx-autocache/ledger/`` (appends to one shared file are not atomic on NFS), written
-as the process goes, so a worker that ends by ``os._exit`` loses at most its last line. A remote
-directory (JAX's stock cache) gets one object per process at exit, with the process's sums from
-JAX's own events; its time saved is JAX's, from compile times JAX keeps in whole seconds.
+A remote directory (JAX's stock cache) gets one ledger object per process at exit, with the
+process's sums from JAX's own events; its time saved is JAX's, from compile times JAX keeps in
+whole seconds.
 """
 
 from __future__ import annotations
@@ -16,47 +15,16 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
+from gkx_autocache import _files, _ledger
 from gkx_autocache._diagnostics import human_bytes, logger
-from gkx_autocache._files import bookkeeping_dir
-from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX, META_DIR, is_url
+from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX
 
 REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
 HITS = "/jax/compilation_cache/cache_hits"
 RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
 JAX_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
-
-
-class Totals:
-    """Counts summed over ledger records (a plain class: this module is imported on ``import jax``)."""
-
-    def __init__(self) -> None:
-        self.hits = 0
-        self.misses = 0
-        self.saved_secs = 0.0
-        self.bytes_read = 0
-        self.bytes_written = 0
-        self.writes = 0
-        self.compile_secs: dict[str, float] = {}  # key -> compile time, from writes
-
-    def add(self, record: dict[str, Any]) -> None:
-        kind = record.get("e")
-        if kind == "hit":
-            self.hits += 1
-            self.saved_secs += float(record.get("saved", 0.0))
-            self.bytes_read += int(record.get("bytes", 0))
-        elif kind == "miss":
-            self.misses += 1
-        elif kind == "put":
-            self.writes += 1
-            self.bytes_written += int(record.get("bytes", 0))
-            self.compile_secs[str(record.get("key"))] = float(record.get("compile", 0.0))
-        elif kind == "sum":  # a remote directory's process, at exit
-            self.hits += int(record.get("hits", 0))
-            self.misses += int(record.get("misses", 0))
-            self.saved_secs += float(record.get("saved", 0.0))
 
 
 class Recorder:
@@ -69,21 +37,26 @@ class Recorder:
         self.requests = 0
         self.jax_hits = 0
         self.jax_saved_secs = 0.0  # JAX's own figure, whole-second compile times: for remote dirs
-        self.totals = Totals()
-        self._pending = threading.local()  # compile time of the entry just read on this thread
-        self._lock = threading.Lock()
-        self._ledger_path = os.path.join(directory, META_DIR, LEDGER_DIR, f"{os.getpid()}-{time.time_ns()}{LEDGER_SUFFIX}") if ledger else None
-        self._ledger: Any = None
+        self.totals = _ledger.Totals()
         self.store_serving = False  # set once the store serves the directory: then time saved is known
+        self.explainer: Any = None  # names each miss's cause (SPEC §13), when JAX's key parts can be read
+        self._keeps_ledger = ledger
+        self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
+        self._lock = threading.Lock()
+        self._written: set[str] = set()  # keys this process wrote: a hit of one is not the cache being warm
+        self._fd: int | None = None
+        self._pid = os.getpid()
+        if ledger and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
 
     # JAX's monitoring events: counted whichever store serves the directory.
-    def on_event(self, event: str, **kwargs: Any) -> None:
+    def on_event(self, event: str, *args: Any, **kwargs: Any) -> None:
         if event == REQUESTS:
             self.requests += 1
         elif event == HITS:
             self.jax_hits += 1
 
-    def on_duration(self, event: str, duration_secs: float, **kwargs: Any) -> None:
+    def on_duration(self, event: str, duration_secs: float, *args: Any, **kwargs: Any) -> None:
         try:
             if event == JAX_SAVED:
                 self.jax_saved_secs += max(duration_secs, 0.0)
@@ -92,7 +65,10 @@ class Recorder:
                 if pending is not None:
                     self._pending.hit = None
                     key, nbytes, compile_secs = pending
-                    self._record({"e": "hit", "key": key, "bytes": nbytes, "saved": max(compile_secs - duration_secs, 0.0)})
+                    record = {"e": "hit", "key": key, "bytes": nbytes, "saved": round(max(compile_secs - duration_secs, 0.0), 6)}
+                    if key in self._written:
+                        record["own"] = True
+                    self._record(record)
         except Exception:
             pass
 
@@ -103,34 +79,97 @@ class Recorder:
 
     def miss(self, key: str) -> None:
         self._pending.hit = None
-        self._record({"e": "miss", "key": key})
+        record: dict[str, Any] = {"e": "miss", "key": key, "t": round(time.time(), 3)}
+        if self.explainer is not None:
+            record.update(self.explainer.cause(key))
+        self._record(record)
+
+    def rejected(self, key: str, reason: str) -> None:
+        """The entry was there, but JAX could not load it: a miss."""
+        self._pending.hit = None
+        self._record({"e": "miss", "key": key, "cause": "rejected", "detail": reason, "t": round(time.time(), 3)})
 
     def put(self, key: str, nbytes: int, compile_secs: float) -> None:
         self._pending.hit = None  # an entry read but not loadable is compiled and written again
-        self._record({"e": "put", "key": key, "bytes": nbytes, "compile": round(compile_secs, 6)})
+        self._written.add(key)
+        record: dict[str, Any] = {"e": "put", "key": key, "bytes": nbytes, "compile": round(compile_secs, 6)}
+        if self.explainer is not None:
+            record.update(self.explainer.ingredients(key))
+        self._record(record)
+
+    def uncached(self, key: str, reason: str) -> None:
+        """A compile JAX did not write, and why (SPEC §13)."""
+        self._record({"e": "uncached", "key": key, "reason": reason, "t": round(time.time(), 3)})
 
     def _record(self, record: dict[str, Any]) -> None:
         with self._lock:
             self.totals.add(record)
-            if self._ledger_path is None:
+            if not self._keeps_ledger:
                 return
             try:
-                if self._ledger is None:
-                    bookkeeping_dir(self.directory, self.shared, LEDGER_DIR)
-                    self._ledger = open(self._ledger_path, "a", encoding="utf-8")
-                self._ledger.write(json.dumps(record, separators=(",", ":")) + "\n")
-                self._ledger.flush()
+                if self._fd is None:
+                    self._fd = self._open()
+                os.write(self._fd, _ledger.encode(record))  # one write, O_APPEND: whole lines or none
             except OSError as exc:
                 logger.debug("ledger not written: %s", exc)
-                self._ledger_path = None
+                self._keeps_ledger = False
 
-    def report_line(self) -> str:
+    def _open(self) -> int:
+        """This process's ledger, created and locked for its lifetime (see ``_ledger``)."""
+        import fcntl
+
+        folder = _files.bookkeeping_dir(self.directory, self.shared, LEDGER_DIR)
+        if folder is None:
+            raise OSError(f"no bookkeeping directory in {self.directory}")
+        dir_fd = _files.open_dir(folder)
+        try:
+            name = f"{os.getpid()}-{time.time_ns()}{LEDGER_SUFFIX}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _files.NOFOLLOW
+            fd = os.open(name, flags, _files.file_mode(self.shared), dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        os.fchmod(fd, _files.file_mode(self.shared))  # the open mode is masked by the umask
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+
+    def close(self) -> None:
+        """Close the ledger (at exit, before folding): its lock is released with it."""
+        with self._lock:
+            if self._fd is not None:
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
+                self._fd = None
+
+    @property
+    def kept_ledger(self) -> bool:
+        return self._fd is not None
+
+    def _forked(self) -> None:
+        """In a forked child: its own ledger and counts from here on (one file per process)."""
+        if self._fd is not None:
+            try:
+                os.close(self._fd)  # the parent's descriptor; the parent keeps its lock
+            except OSError:
+                pass
+            self._fd = None
+        self._lock = threading.Lock()
+        self._pending = threading.local()
+        self._pid = os.getpid()
+        self.totals = _ledger.Totals()
+        self.requests = self.jax_hits = 0
+
+    def report_line(self, used: str | None = None) -> str:
+        """The ``report`` line; ``used`` is the directory JAX uses now (the user's code may have
+        chosen its own after ``import jax``): store figures only when the store served it."""
+        used = self.directory if used is None else used
         misses = self.requests - self.jax_hits
         parts = [f"{self.jax_hits} hits", f"{misses} misses"]
-        if self.store_serving:
+        if self.store_serving and used == self.directory:
             parts.append(f"{self.totals.saved_secs:.2f} s compile time saved")
             parts.append(f"{human_bytes(self.totals.bytes_read)} read, {human_bytes(self.totals.bytes_written)} written")
-        return f"gkx-autocache: {', '.join(parts)}, {self.directory}"
+        return f"gkx-autocache: {', '.join(parts)}, {used}"
 
 
 recorder: Recorder | None = None
@@ -150,6 +189,14 @@ def start(settings: Any, directory: str, ledger: bool, remote: bool = False) -> 
     if settings["report"]:
         atexit.register(_report)
     return recorder
+
+
+def finish(rec: Recorder, cap: int, explain: Any = None) -> None:
+    """At exit: close this process's ledger, then fold finished ledgers and keep the cap."""
+    kept = rec.kept_ledger
+    rec.close()
+    if kept:
+        _ledger.fold(rec.directory, cap, rec.shared, explain)
 
 
 def _before_thread_pools_stop(func: Any, *args: Any) -> None:
@@ -184,79 +231,22 @@ def _write_remote_ledger(rec: Recorder) -> None:
 def _report() -> None:
     if recorder is not None:
         try:
-            print(recorder.report_line(), file=sys.stderr, flush=True)
+            jax = sys.modules.get("jax")
+            used = getattr(getattr(jax, "config", None), "jax_compilation_cache_dir", None)
+            print(recorder.report_line(str(used) if used else recorder.directory), file=sys.stderr, flush=True)
         except Exception:
             pass
 
 
-def ledger_files(version_dir: str) -> Iterator[str]:
-    if is_url(version_dir):
-        from gkx_autocache import _remote
-
-        yield from _remote.ledger_files(version_dir)
-        return
-    folder = os.path.join(version_dir, META_DIR, LEDGER_DIR)
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return
-    for name in names:
-        if name.endswith(LEDGER_SUFFIX):
-            yield os.path.join(folder, name)
-
-
-def remove_ledger(version_dir: str) -> int:
-    """Delete every process's ledger (``stats --reset``); the count removed."""
-    from gkx_autocache import _entries
-
-    files = list(ledger_files(version_dir))
-    try:
-        _entries.remove_files(version_dir, files)
-    except _entries.Refused as exc:
-        logger.debug("ledger not removed: %s", exc)
-        return 0
-    return len(files)
-
-
-def read_ledger(version_dir: str) -> Totals | None:
-    """Totals across every process since the last reset, or None when there is no ledger yet."""
-    files = list(ledger_files(version_dir))
-    if not files:
-        return None
-    totals = Totals()
-    for path in files:
-        for line in _read_text(path).splitlines():
-            try:
-                totals.add(json.loads(line))
-            except ValueError:
-                continue  # a torn last line of a process that died mid-write
-    return totals
-
-
-def _read_text(path: str) -> str:
-    if is_url(path):
-        from gkx_autocache import _remote
-
-        return (_remote.read_bytes(path) or b"").decode("utf-8", "replace")
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def totals_dict(t: Totals) -> dict[str, Any]:
+def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
     lookups = t.hits + t.misses
-    return {"hits": t.hits, "misses": t.misses, "hit_rate": t.hits / lookups if lookups else None,
-            "saved_secs": round(t.saved_secs, 3), "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
-            "writes": t.writes}
+    return {"hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
+            "hit_rate": t.hits / lookups if lookups else None, "saved_secs": round(t.saved_secs, 3),
+            "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes,
+            "causes": dict(sorted(t.causes.items(), key=lambda kv: -kv[1])),
+            "uncached": dict(sorted(t.uncached.items(), key=lambda kv: -kv[1]))}
 
 
-def top_functions(t: Totals, n: int = 10) -> list[tuple[str, float]]:
+def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float]]:
     """The functions that cost most compile time, summed over their shapes."""
-    from gkx_autocache._layout import function_name
-
-    by_function: dict[str, float] = {}
-    for key, secs in t.compile_secs.items():
-        by_function[function_name(key)] = by_function.get(function_name(key), 0.0) + secs
-    return sorted(by_function.items(), key=lambda kv: -kv[1])[:n]
+    return sorted(((name, cost[0]) for name, cost in t.functions.items()), key=lambda kv: -kv[1])[:n]

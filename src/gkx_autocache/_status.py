@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, NamedTuple
 
-from gkx_autocache import _cache, _entries, _settings, _stats, _store
+from gkx_autocache import _cache, _entries, _ledger, _settings, _stats, _store
 from gkx_autocache._diagnostics import human_bytes
 from gkx_autocache._layout import is_url, version_name
 
@@ -141,11 +141,11 @@ def gather(ctx: Context) -> dict[str, Any]:
             store = _store_verdict(location)
             try:  # a bucket may be unreachable from here: status still reports the rest
                 if location.kind != _cache.OWN:
-                    totals = _stats.read_ledger(vdir)
+                    totals = _ledger.read_totals(vdir)
                 for path in _entries.version_dirs(location.root) if location.root else []:
-                    found = _entries.scan(path)
+                    found = _entries.count(path)
                     name = os.path.basename(path)
-                    present.append({"version": name, "entries": found.entries, "bytes": found.bytes,
+                    present.append({"version": name, "entries": found[0], "bytes": found[1],
                                     "installed": name == version_name(ctx.jax_version or "")})
             except OSError as exc:
                 attention.append(f"cannot list the cache: {exc}")

@@ -8,8 +8,16 @@ the real compile time of each write is kept beside the entry (``<key>-gkx-compil
 is real for sub-second compiles; and every I/O failure is a miss and a DEBUG line, never a warning
 (users run their tests under ``-W error``).
 
-The seam, the same in JAX 0.10.2 and 0.12.0.1: ``jax._src.compilation_cache.get_file_cache(path)``
-builds the cache object; it is the only private name patched.
+The seams, the same in JAX 0.10.2 and 0.12.0.1, each guarded (if it changes, JAX's stock
+behaviour stays):
+- ``jax._src.compilation_cache.get_file_cache(path)`` builds the cache object: for the directory
+  the package resolved, it returns the store;
+- ``jax._src.compilation_cache.get_executable_and_time(cache_key, ...)`` decompresses and
+  deserialises what ``get`` returned. An entry the store served that does not deserialise (bit
+  rot in a frame without a checksum, a jaxlib rebuilt under the same version, a forced bundle)
+  becomes a miss there: one recompile, and ``put`` replaces the entry. JAX's own path warns
+  instead, and ``-W error`` turns that warning into an exception out of the user's ``jit``, on
+  every run, forever (SPEC §7).
 """
 
 from __future__ import annotations
@@ -60,7 +68,8 @@ class Store:
         self._file_mode = _files.file_mode(shared)
         self._writable = writable  # a baked cache, read-only for this user: hits only
         self._recorder = recorder
-        self._misses = threading.local()  # key -> monotonic time of the miss, per thread
+        self._misses = threading.local()  # key -> process CPU time at the miss, per thread
+        self._served = threading.local()  # the key whose bytes this thread was last given
 
     def _entry(self, key: str) -> str:
         return os.path.join(self._path, key + ENTRY_SUFFIX)
@@ -74,13 +83,34 @@ class Store:
             except OSError:
                 pass
             self._recorder.hit(key, len(data), self._compile_secs(key, data))
+            self._served.key = key
             return data
+        self._missed(key)
+        self._recorder.miss(key)
+        return None
+
+    def _missed(self, key: str) -> None:
+        """Start the clock of the compile that follows a miss on this thread. Process CPU time:
+        XLA compiles on threads of its own (this thread's CPU time is ~5 % of it, measured), and
+        wall time recorded under contention (pytest-xdist workers sharing cores) inflated the same
+        warm run's "saved" from 90 s to 129 s (SPEC §7)."""
         pending = getattr(self._misses, "keys", None)
         if pending is None:
             pending = self._misses.keys = {}
-        pending[key] = time.monotonic()
-        self._recorder.miss(key)
-        return None
+        pending[key] = time.process_time()
+
+    def served(self, key: str) -> bool:
+        """Whether this thread's last hit was ``key``: the bytes JAX failed to load came from here."""
+        return getattr(self._served, "key", None) == key
+
+    def reject(self, key: str, exc: BaseException) -> None:
+        """JAX could not load the entry it was given: a miss, one recompile, and ``put`` replaces
+        the entry. Silent but for a DEBUG line (SPEC §7)."""
+        self._served.key = None
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        logger.debug("%s-cache could not be loaded (%s): it will be compiled again and replaced", key, reason)
+        self._missed(key)
+        self._recorder.rejected(key, reason)
 
     def _usable(self, path: str, data: bytes) -> bool:
         if compression_of(data) not in (self._compression, None):
@@ -115,11 +145,13 @@ class Store:
             return
         if not _files.write_atomic(path, value, self._file_mode):
             return
-        compile_secs = time.monotonic() - started if started is not None else 0.0
+        written = len(value)
+        compile_secs = time.process_time() - started if started is not None else 0.0
         if started is not None:
-            _files.write_atomic(os.path.join(self._path, key + COMPILE_SIDECAR), f"{compile_secs:.6f}".encode(),
-                                self._file_mode)
-        self._recorder.put(key, len(value), compile_secs)
+            sidecar = f"{compile_secs:.6f}".encode()
+            if _files.write_atomic(os.path.join(self._path, key + COMPILE_SIDECAR), sidecar, self._file_mode):
+                written += len(sidecar)
+        self._recorder.put(key, written, compile_secs)
 
 
 # -- installing the store into JAX ------------------------------------------------------------
@@ -127,15 +159,50 @@ class Store:
 
 def _guard(cc: Any) -> str | None:
     """Why this JAX's internals are not the ones the store was written for, or None."""
-    import inspect
-
     get_file_cache = getattr(cc, "get_file_cache", None)
-    if get_file_cache is None or list(inspect.signature(get_file_cache).parameters) != ["path"]:
+    if get_file_cache is None or _parameters(get_file_cache) != ["path"]:
         return "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
     for name in ("decompress_executable", "compress_executable", "VerificationCache", "CacheInterface"):
         if not hasattr(cc, name):
             return f"jax._src.compilation_cache.{name} is missing"
     return None
+
+
+def _parameters(func: Any) -> list[str]:
+    import inspect
+
+    try:
+        return list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+_serving: Store | None = None  # the store JAX got for the package's directory, once it asked
+
+
+def _loading_guard(cc: Any, jax: Any) -> None:
+    """Wrap ``get_executable_and_time`` so that an entry the store served but JAX cannot load is a
+    miss. Left alone (JAX's stock behaviour) if its first parameter is no longer ``cache_key``."""
+    original = getattr(cc, "get_executable_and_time", None)
+    if original is None or _parameters(original)[:1] != ["cache_key"]:
+        logger.debug("jax._src.compilation_cache.get_executable_and_time has changed: JAX's own handling of "
+                     "entries it cannot load stays")
+        return
+    verification_error = getattr(cc, "CacheVerificationError", ())
+
+    def get_executable_and_time(cache_key: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(cache_key, *args, **kwargs)
+        except Exception as exc:
+            store = _serving
+            deliberate = isinstance(exc, verification_error) or getattr(jax.config, "jax_raise_persistent_cache_errors", False)
+            if store is None or deliberate or not store.served(cache_key):
+                raise
+            store.reject(cache_key, exc)
+            return None, None
+
+    get_executable_and_time.__wrapped__ = original  # type: ignore[attr-defined]
+    cc.get_executable_and_time = get_executable_and_time
 
 
 def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: bool = True) -> str | None:
@@ -154,16 +221,18 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
     ours = os.path.realpath(version_dir)
 
     def get_file_cache(path: str) -> Any:
+        global _serving
         if not isinstance(path, str) or "://" in path or os.path.realpath(path) != ours:
             return original(path)
-        store = Store(path, compression=compression or "zlib", decompress=cc.decompress_executable, shared=shared,
-                      recorder=recorder, writable=writable)
+        store = _serving = Store(path, compression=compression or "zlib", decompress=cc.decompress_executable,
+                                 shared=shared, recorder=recorder, writable=writable)
         if jax.config.jax_compilation_cache_check_contents:
             return cc.VerificationCache(store), path  # type: ignore[arg-type]  # duck-typed CacheInterface
         return store, path
 
     get_file_cache.__wrapped__ = original  # type: ignore[attr-defined]
     cc.get_file_cache = get_file_cache
+    _loading_guard(cc, jax)
     return None
 
 

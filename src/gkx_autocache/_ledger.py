@@ -1,0 +1,498 @@
+"""The ledger on disk (SPEC §7): one append-only file per process, the summary they are folded into,
+and the account of bytes that the cap is kept by. Shared by the processes that write it, the
+at-exit fold and the commands that read it.
+
+Why this shape:
+- One file per process (``ledger/<pid>-<ns>.jsonl``), one ``write()`` per record with ``O_APPEND``,
+  so a worker that ends by ``os._exit`` or is killed loses nothing it already recorded (appends of
+  several processes to one shared file are not atomic on NFS).
+- Each process holds an ``flock`` on its own ledger for as long as it lives, and the kernel drops
+  it when the process ends, however it ends (exit, ``os._exit``, SIGKILL). A ledger whose lock is
+  free belongs to a finished process: a fold may read and delete it without losing a record that
+  a live process is about to append. A forked child opens a file of its own.
+- At the exit of every process that kept a ledger (warm runs too), under a non-blocking lock
+  (``prune.lock``, created with the cache's group mode, so every member of a team cache can take
+  it), the ledgers of finished processes are folded into ``summary.json``: totals, per-function
+  compile costs, misses by cause, the recent misses for ``explain``, and the size account. The
+  bookkeeping then grows with the number of distinct functions and entries, never with runs.
+- The size account: ``size`` is the directory's bytes (entries, sidecars, temporaries and this
+  bookkeeping) as of the last fold. A fold adds the bytes of the writes it folds and, for its
+  decision only, those of live processes' ledgers. A process that found the lock taken, ended by
+  ``os._exit`` or was killed still has its writes in its ledger: the next fold, by any member,
+  counts them, so the account does not drift low. Writers it cannot see (stock JAX on the same
+  directory, files copied in by hand) are caught by a full scan at least hourly: ``scanned_at`` is
+  refreshed by a scan only. When the account is over the cap, a full scan decides, and the
+  directory is pruned to 90 % of it.
+
+Everything read from these files is validated (a member of a team cache can write anything in
+them): a bad line or field is skipped, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from gkx_autocache import _files
+from gkx_autocache._diagnostics import logger
+from gkx_autocache._layout import (
+    LEDGER_DIR,
+    LEDGER_SUFFIX,
+    LOCK_FILE,
+    META_DIR,
+    SUMMARY_FILE,
+    function_name,
+    is_url,
+)
+
+FORMAT = 1
+RESCAN_SECS = 3600.0
+PRUNE_TO = 0.9
+READ_LIMIT = 64 << 20  # the most read of one ledger or summary file
+RECENT = 500  # misses and uncached compiles kept for `explain`
+MAX_INT = 1 << 62
+MAX_FLOAT = 1e12
+KINDS = ("hit", "miss", "put", "uncached", "added", "sum")
+
+
+# -- records ------------------------------------------------------------------------------------
+
+_INT_FIELDS = ("bytes", "hits", "misses")
+_FLOAT_FIELDS = ("saved", "compile", "t")
+_STR_FIELDS = ("key", "cause", "detail", "reason", "parts")
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT else None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value) if abs(value) < MAX_FLOAT * 10 else math.inf
+    return number if 0.0 <= number <= MAX_FLOAT else None
+
+
+def parse_record(line: bytes | str) -> dict[str, Any] | None:
+    """One ledger line as a record with only well-formed fields, or None: a torn last line, or
+    anything a hostile writer put there."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or record.get("e") not in KINDS:
+        return None
+    clean: dict[str, Any] = {"e": record["e"]}
+    for name in _INT_FIELDS:
+        if (value := _count(record.get(name))) is not None:
+            clean[name] = value
+    for name in _FLOAT_FIELDS:
+        if (number := _number(record.get(name))) is not None:
+            clean[name] = number
+    for name in _STR_FIELDS:
+        value = record.get(name)
+        if isinstance(value, str) and len(value) <= 4096:
+            clean[name] = value
+    if record.get("own") is True:
+        clean["own"] = True
+    readable = record.get("readable")
+    if isinstance(readable, dict):
+        clean["readable"] = {k: v for k, v in readable.items()
+                             if isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 4096}
+    return clean
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+# -- totals -------------------------------------------------------------------------------------
+
+
+class Totals:
+    """Counts summed over records (a plain class: this module is imported on ``import jax``)."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.own_hits = 0  # hits of entries written by the same process: not the cache being warm
+        self.misses = 0
+        self.saved_secs = 0.0
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.writes = 0
+        self.causes: dict[str, int] = {}  # misses by cause (SPEC §13)
+        self.uncached: dict[str, int] = {}  # compiles JAX did not write, by reason
+        self.functions: dict[str, list[float]] = {}  # function name -> [compile seconds, writes]
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Count one record (as ``parse_record`` returns it)."""
+        kind = record["e"]
+        if kind == "hit":
+            self.hits += 1
+            self.own_hits += bool(record.get("own"))
+            self.saved_secs += record.get("saved", 0.0)
+            self.bytes_read += record.get("bytes", 0)
+        elif kind == "miss":
+            self.misses += 1
+            cause = record.get("cause")
+            if cause:
+                self.causes[cause] = self.causes.get(cause, 0) + 1
+        elif kind == "put":
+            self.writes += 1
+            self.bytes_written += record.get("bytes", 0)
+            cost = self.functions.setdefault(function_name(record.get("key", "?-")), [0.0, 0])
+            cost[0] += record.get("compile", 0.0)
+            cost[1] += 1
+        elif kind == "uncached":
+            reason = record.get("reason") or "unknown"
+            self.uncached[reason] = self.uncached.get(reason, 0) + 1
+        elif kind == "sum":  # a remote directory's process, at exit
+            self.hits += record.get("hits", 0)
+            self.misses += record.get("misses", 0)
+            self.saved_secs += record.get("saved", 0.0)
+
+    def merge(self, other: Totals) -> None:
+        for name in ("hits", "own_hits", "misses", "saved_secs", "bytes_read", "bytes_written", "writes"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.causes, other.causes), (self.uncached, other.uncached)):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
+        for name, (secs, writes) in other.functions.items():
+            cost = self.functions.setdefault(name, [0.0, 0])
+            cost[0] += secs
+            cost[1] += writes
+
+    @property
+    def empty(self) -> bool:
+        return not (self.hits or self.misses or self.writes or self.uncached)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hits": self.hits, "own_hits": self.own_hits, "misses": self.misses,
+                "saved_secs": round(self.saved_secs, 6), "bytes_read": self.bytes_read,
+                "bytes_written": self.bytes_written, "writes": self.writes, "causes": self.causes,
+                "uncached": self.uncached, "functions": self.functions}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Totals:
+        totals = cls()
+        if not isinstance(data, dict):
+            return totals
+        for name in ("hits", "own_hits", "misses", "bytes_read", "bytes_written", "writes"):
+            setattr(totals, name, _count(data.get(name)) or 0)
+        totals.saved_secs = _number(data.get("saved_secs")) or 0.0
+        for name in ("causes", "uncached"):
+            table = data.get(name)
+            if isinstance(table, dict):
+                setattr(totals, name, {k[:200]: n for k, v in table.items()
+                                       if isinstance(k, str) and (n := _count(v)) is not None})
+        functions = data.get("functions")
+        if isinstance(functions, dict):
+            for name, cost in functions.items():
+                if isinstance(name, str) and isinstance(cost, list) and len(cost) == 2:
+                    secs, writes = _number(cost[0]), _count(cost[1])
+                    if secs is not None and writes is not None:
+                        totals.functions[name[:200]] = [secs, writes]
+        return totals
+
+
+# -- the summary --------------------------------------------------------------------------------
+
+
+class Summary:
+    """``summary.json``: what the ledgers of finished processes came to."""
+
+    def __init__(self) -> None:
+        self.totals = Totals()
+        self.size = 0  # the directory's bytes at the last fold: the account the cap is kept by
+        self.scanned_at = 0.0  # the last full scan (a fold without one leaves it)
+        self.folded: list[str] = []  # the ledgers folded last: not counted twice if deleting them failed
+        self.recent: list[dict[str, Any]] = []  # the latest misses and uncached compiles, for `explain`
+        self.explain: dict[str, Any] = {}  # what explaining the next miss needs (SPEC §13)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "totals": self.totals.to_json(), "size": self.size,
+                "scanned_at": self.scanned_at, "folded": self.folded, "recent": self.recent,
+                "explain": self.explain}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Summary:
+        summary = cls()
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            return summary
+        summary.totals = Totals.from_json(data.get("totals"))
+        summary.size = _count(data.get("size")) or 0
+        summary.scanned_at = _number(data.get("scanned_at")) or 0.0
+        folded = data.get("folded")
+        summary.folded = [n for n in folded if isinstance(n, str)] if isinstance(folded, list) else []
+        recent = data.get("recent")
+        if isinstance(recent, list):
+            summary.recent = [r for item in recent[-RECENT:] if (r := _recent(item))]
+        if isinstance(data.get("explain"), dict):
+            summary.explain = data["explain"]
+        return summary
+
+
+def _remember(recent: list[dict[str, Any]], record: dict[str, Any]) -> None:
+    """Add a miss or uncached compile to the recent ones, replacing an older one of the same key
+    and cause: a run that misses the same way every time adds nothing."""
+    same = (record["e"], record.get("key"), record.get("cause"), record.get("reason"))
+    recent[:] = [r for r in recent if (r["e"], r.get("key"), r.get("cause"), r.get("reason")) != same]
+    recent.append({k: v for k, v in record.items() if k != "readable"})
+
+
+def _recent(item: Any) -> dict[str, Any] | None:
+    record = parse_record(json.dumps(item)) if isinstance(item, dict) else None
+    return record if record and record["e"] in ("miss", "uncached") else None
+
+
+def summary_path(version_dir: str) -> str:
+    return os.path.join(version_dir, META_DIR, SUMMARY_FILE)
+
+
+def read_summary(version_dir: str) -> Summary:
+    data = _files.read(summary_path(version_dir), READ_LIMIT)
+    if not data:
+        return Summary()
+    try:
+        return Summary.from_json(json.loads(data))
+    except (ValueError, RecursionError):
+        logger.debug("%s is not valid JSON: starting a new summary", summary_path(version_dir))
+        return Summary()
+
+
+def _write_summary(version_dir: str, summary: Summary, shared: bool) -> bool:
+    data = json.dumps(summary.to_json(), separators=(",", ":")).encode()
+    return _files.write_atomic(summary_path(version_dir), data, _files.file_mode(shared))
+
+
+# -- ledger files -------------------------------------------------------------------------------
+
+
+def ledger_dir(version_dir: str) -> str:
+    return os.path.join(version_dir, META_DIR, LEDGER_DIR)
+
+
+def ledger_files(version_dir: str) -> list[str]:
+    if is_url(version_dir):
+        from gkx_autocache import _remote
+
+        return _remote.ledger_files(version_dir)
+    folder = ledger_dir(version_dir)
+    try:
+        with os.scandir(folder) as items:
+            return sorted(os.path.join(folder, i.name) for i in items
+                          if i.name.endswith(LEDGER_SUFFIX) and i.is_file(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def read_records(path: str) -> Iterator[dict[str, Any]]:
+    """The well-formed records of one ledger file (local or remote)."""
+    if is_url(path):
+        from gkx_autocache import _remote
+
+        data = _remote.read_bytes(path) or b""
+    else:
+        data = _files.read(path, READ_LIMIT) or b""
+    for line in data.splitlines():
+        record = parse_record(line)
+        if record is not None:
+            yield record
+
+
+def _finished(path: str) -> int | None:
+    """An open descriptor holding the ledger's lock when its process has finished, else None."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | _files.NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None  # its process is alive (or the file system has no locks: then it waits)
+    return fd
+
+
+# -- reading, for the commands ------------------------------------------------------------------
+
+
+def read_totals(version_dir: str) -> Totals | None:
+    """Totals since the last reset: the summary plus every ledger not folded yet (finished or
+    live). None when no process has used the directory since."""
+    summary = None if is_url(version_dir) else read_summary(version_dir)
+    totals = Totals()
+    files = ledger_files(version_dir)
+    folded = set(summary.folded) if summary else set()
+    for path in files:
+        if os.path.basename(path) not in folded:
+            for record in read_records(path):
+                totals.add(record)
+    if summary is not None:
+        totals.merge(summary.totals)
+    return None if totals.empty and not files else totals
+
+
+def recent(version_dir: str) -> list[dict[str, Any]]:
+    """The latest misses and uncached compiles, oldest first: the summary's, then unfolded ones."""
+    summary = read_summary(version_dir)
+    found = list(summary.recent)
+    folded = set(summary.folded)
+    for path in ledger_files(version_dir):
+        if os.path.basename(path) not in folded:
+            found.extend(r for r in read_records(path) if r["e"] in ("miss", "uncached"))
+    found.sort(key=lambda r: r.get("t", 0.0))
+    return found[-RECENT:]
+
+
+# -- the lock, folding and the cap --------------------------------------------------------------
+
+
+def _lock(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
+    """The bookkeeping lock, taken; None when another process holds it (after ``wait`` seconds)
+    or it cannot be opened. Read-only open: a lock file another member created can be taken too."""
+    import fcntl
+
+    meta = _files.bookkeeping_dir(version_dir, shared)
+    if meta is None:
+        return None
+    try:
+        meta_fd = _files.open_dir(meta)
+    except OSError:
+        return None
+    try:
+        fd = os.open(LOCK_FILE, os.O_RDONLY | os.O_CREAT | _files.NOFOLLOW, _files.file_mode(shared), dir_fd=meta_fd)
+    except OSError as exc:
+        logger.debug("bookkeeping lock not opened: %s", exc)
+        return None
+    finally:
+        os.close(meta_fd)
+    try:
+        os.fchmod(fd, _files.file_mode(shared))  # the umask masked the open mode; only its owner can do this
+    except OSError:
+        pass
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.05)
+
+
+def fold(version_dir: str, cap: int, shared: bool, explain: Any = None) -> None:
+    """Fold the ledgers of finished processes into the summary and keep the directory under
+    ``cap`` (0: no cap). At exit, under the non-blocking lock: a process that finds it taken skips
+    (its ledger is folded by the next). Never raises."""
+    try:
+        lock = _lock(version_dir, shared)
+    except Exception as exc:  # bookkeeping: never a failure at exit
+        logger.debug("fold skipped: %s", exc)
+        return
+    if lock is None:
+        return
+    try:
+        _fold(version_dir, cap, shared, explain)
+    except Exception as exc:
+        logger.debug("fold failed: %s", exc)
+    finally:
+        os.close(lock)
+
+
+def _fold(version_dir: str, cap: int, shared: bool, explain: Any) -> None:
+    summary = read_summary(version_dir)
+    already = set(summary.folded)
+    done: list[tuple[str, int]] = []  # (path, descriptor holding its lock)
+    live_bytes = 0
+    try:
+        for path in ledger_files(version_dir):
+            if os.path.basename(path) in already:
+                done.append((path, -1))  # folded before; its removal failed
+                continue
+            fd = _finished(path)
+            records = list(read_records(path))
+            if fd is None:  # a live process: its writes count for the decision, not the record
+                live_bytes += sum(r.get("bytes", 0) for r in records if r["e"] in ("put", "added"))
+                continue
+            done.append((path, fd))
+            for record in records:
+                summary.totals.add(record)
+                if record["e"] in ("put", "added"):
+                    summary.size += record.get("bytes", 0)
+                if record["e"] in ("miss", "uncached"):
+                    _remember(summary.recent, record)
+                if explain is not None:
+                    explain.fold(summary.explain, record)
+        summary.recent = summary.recent[-RECENT:]
+        if cap and (summary.size + live_bytes > cap or time.time() - summary.scanned_at > RESCAN_SECS):
+            _keep_under(version_dir, cap, summary, explain)
+        summary.folded = [os.path.basename(p) for p, _ in done]
+        if not _write_summary(version_dir, summary, shared):
+            return
+        from gkx_autocache import _entries
+
+        _entries.remove_files(version_dir, [p for p, _ in done])
+        summary.folded = []
+        _write_summary(version_dir, summary, shared)
+    finally:
+        for _, fd in done:
+            if fd >= 0:
+                os.close(fd)
+
+
+def _keep_under(version_dir: str, cap: int, summary: Summary, explain: Any) -> None:
+    """A full scan; above the cap, prune to 90 % of it, least recently used first."""
+    from gkx_autocache import _entries
+
+    found = _entries.scan(version_dir)
+    bookkeeping = _entries.bookkeeping_bytes(version_dir)
+    actual = found.bytes + bookkeeping
+    if actual > cap:
+        removed = _entries.select_over(list(found.units.values()), max(int(cap * PRUNE_TO) - bookkeeping, 0))
+        freed = _entries.remove_files(version_dir, [p for u in removed for p in u.files])
+        actual -= freed
+        if explain is not None:
+            explain.evicted(summary.explain, [u.key for u in removed if u.has_entry])
+        logger.debug("pruned %d entries (%d bytes) from %s", len(removed), freed, version_dir)
+    summary.size = actual
+    summary.scanned_at = time.time()
+
+
+def reset(version_dir: str, shared: bool = False) -> int:
+    """Forget the totals (``stats --reset``, ``clear``): the summary and every ledger. The count of
+    files removed. Waits a little for a fold in progress."""
+    from gkx_autocache import _entries
+
+    files = ledger_files(version_dir)
+    if is_url(version_dir):
+        _entries.remove_files(version_dir, files)
+        return len(files)
+    present = [p for p in [*files, summary_path(version_dir)] if os.path.lexists(p)]
+    if not present:
+        return 0
+    lock = _lock(version_dir, shared, wait=5.0)
+    try:
+        _entries.remove_files(version_dir, present)
+        return len(present)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def record_added(version_dir: str, nbytes: int, shared: bool) -> None:
+    """Count bytes added outside a process's store (a bundle import) in the account: a ledger of
+    one record, folded like any other."""
+    folder = _files.bookkeeping_dir(version_dir, shared, LEDGER_DIR)
+    if folder is not None:
+        name = f"{os.getpid()}-{time.time_ns()}{LEDGER_SUFFIX}"
+        _files.write_atomic(os.path.join(folder, name), encode({"e": "added", "bytes": nbytes}),
+                            _files.file_mode(shared))

@@ -1,0 +1,178 @@
+"""The cap holds and the bookkeeping stays small (SPEC §7, §11): team members, forked workers that
+end by `os._exit`, killed jobs, and many runs. Real JAX in fresh processes, real non-root users."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Venv, public_tmp, run_program
+from test_activation import VERSION_DIR
+
+MEMBER_A, MEMBER_B, TEAM = 1001, 1002, 3000
+
+
+def compiling(n: int, salt: float, tail: str = "") -> str:
+    """A program that compiles ``n`` distinct small functions (~3.5 kB entries each)."""
+    return f"""
+import json, os, jax, jax.numpy as jnp
+x = jnp.ones(16)
+for i in range({n}):
+    jax.jit(lambda v, c=float(i): jnp.tanh(v * c + {salt}).sum())(x).block_until_ready()
+{tail}
+print(json.dumps({{"requests": {n}, "result": 1.0}}))
+"""
+
+
+def on_disk(vdir: Path) -> int:
+    """Every byte in the version directory but the tag: what `du` would count, less directories."""
+    return sum(p.stat().st_size for p in vdir.rglob("*") if p.is_file() and p.name != "CACHEDIR.TAG")
+
+
+@pytest.fixture
+def public(venv: Venv) -> Iterator[Path]:
+    path = public_tmp()
+    try:
+        yield path
+    finally:
+        subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def test_a_second_team_member_brings_the_cache_under_the_cap(venv: Venv, public: Path) -> None:
+    """Two users of one group share a trust_shared cache: the second member's writing run can take
+    the lock the first created, and prunes the directory under the cap."""
+    team = public / "team"
+    team.mkdir()
+    os.chown(team, 0, TEAM)
+    team.chmod(0o2770)
+    cap = 50_000
+    (venv.path / "gkx-autocache.toml").write_text(f'dir = "{team}"\ntrust_shared = true\nmax_size = {cap}\n')
+    vdir = team / VERSION_DIR
+    run_program(venv, user=MEMBER_A, groups=(TEAM,), program=compiling(10, 1.0))
+    assert 30_000 < on_disk(vdir) <= cap
+    lock = vdir / ".gkx-autocache" / "prune.lock"
+    assert lock.stat().st_uid == MEMBER_A and lock.stat().st_mode & 0o060 == 0o060
+    run_program(venv, user=MEMBER_B, groups=(TEAM,), program=compiling(10, 2.0))
+    assert on_disk(vdir) <= cap, on_disk(vdir)
+    assert len(list(vdir.glob("*-cache"))) < 20
+
+
+def test_workers_that_end_by_os_exit_are_counted(venv: Venv, tmp_path: Path) -> None:
+    """Three forked workers import JAX after the fork, compile and end by `os._exit` (no at-exit
+    hook runs), overfilling the cap after an ordinary run recorded the size; the next ordinary
+    writing run brings the directory back under it."""
+    cap = 60_000
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": str(cap)}
+    vdir = tmp_path / "c" / VERSION_DIR
+    run_program(venv, env=env, program=compiling(3, 1.0))
+    workers = """
+import os
+pids = []
+for w in range(3):
+    pid = os.fork()
+    if pid == 0:
+        import jax, jax.numpy as jnp
+        x = jnp.ones(16)
+        for i in range(6):
+            jax.jit(lambda v, c=float(i): jnp.sin(v * c + 10.0 * (w + 1)).sum())(x).block_until_ready()
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)
+print('{"requests": 18, "result": 1.0}')
+"""
+    run_program(venv, env=env, program=workers)
+    assert on_disk(vdir) > cap  # nobody pruned: every worker ended by os._exit
+    run_program(venv, env=env, program=compiling(1, 99.0))
+    assert on_disk(vdir) <= cap, on_disk(vdir)
+
+
+def test_a_killed_process_is_counted(venv: Venv, tmp_path: Path) -> None:
+    """A process killed with SIGKILL after writing: its writes reach the totals and the account,
+    and the next writing run prunes what it overfilled."""
+    cap = 40_000
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": str(cap)}
+    vdir = tmp_path / "c" / VERSION_DIR
+    run_program(venv, env=env, program=compiling(2, 1.0))
+    killed = venv.run("-c", compiling(14, 5.0, tail="os.kill(os.getpid(), 9)"), env=env)
+    assert killed.returncode == -signal.SIGKILL
+    assert on_disk(vdir) > cap
+    run_program(venv, env=env, program=compiling(1, 99.0))
+    assert on_disk(vdir) <= cap, on_disk(vdir)
+    stats = json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]
+    assert stats["writes"] >= 2 + 14 + 1  # the killed process's writes are in the totals
+
+
+# A run without JAX that records like a warm one: real Recorder, real ledger, real fold at exit.
+RUN = r"""
+import sys
+from gkx_autocache import _stats
+vdir, n = sys.argv[1], int(sys.argv[2])
+rec = _stats.Recorder(vdir, ledger=True)
+for i in range(20):
+    key = f"jit_f{i}-" + f"{i:064x}"
+    rec.hit(key, 3500, 0.25)
+    rec.on_duration(_stats.RETRIEVAL, 0.001)
+rec.miss("jit_debug_print-" + "d" * 64)  # the same uncached function, every run
+_stats.finish(rec, 0)
+"""
+
+
+def runs(vdir: Path, first: int, last: int) -> None:
+    for n in range(first, last):
+        subprocess.run([sys.executable, "-c", RUN, str(vdir), str(n)], check=True)
+
+
+def meta_bytes(vdir: Path) -> int:
+    return sum(p.stat().st_size for p in (vdir / ".gkx-autocache").rglob("*") if p.is_file())
+
+
+def test_bookkeeping_grows_with_entries_not_runs(tmp_path: Path) -> None:
+    """40 runs leave a `.gkx-autocache/` no bigger than 10 runs did (within a small constant)."""
+    vdir = tmp_path / VERSION_DIR
+    vdir.mkdir(mode=0o700)
+    from gkx_autocache._layout import TAG
+
+    (vdir / "CACHEDIR.TAG").write_text(TAG)
+    runs(vdir, 0, 10)
+    after_10 = meta_bytes(vdir)
+    runs(vdir, 10, 40)
+    after_40 = meta_bytes(vdir)
+    assert after_40 <= after_10 + 3_000, (after_10, after_40)
+    assert len(list((vdir / ".gkx-autocache" / "ledger").iterdir())) == 0
+
+
+def test_folding_keeps_the_totals(venv: Venv, tmp_path: Path) -> None:
+    """`stats` totals and costliest functions are the same before and after 100 ledgers are folded."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    vdir = tmp_path / "c" / VERSION_DIR
+    run_program(venv, env=env)
+    ledger = vdir / ".gkx-autocache" / "ledger"
+    for n in range(100):  # finished processes' ledgers, in the package's format, not folded yet
+        lines = [{"e": "hit", "key": f"jit_f-{n:064x}", "bytes": 100, "saved": 0.5},
+                 {"e": "miss", "key": f"jit_g-{n:064x}", "cause": "new"},
+                 {"e": "put", "key": f"jit_g-{n:064x}", "bytes": 200, "compile": 0.25 + n / 1000}]
+        (ledger / f"{n + 10}-{n}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    before = json.loads(venv.cli("--json", "stats", env=env).stdout)
+    assert before["stats"]["hits"] >= 100 and before["stats"]["writes"] >= 100
+    fold = "import sys; from gkx_autocache import _ledger; _ledger.fold(sys.argv[1], 0, False)"
+    subprocess.run([sys.executable, "-c", fold, str(vdir)], check=True)
+    assert list(ledger.iterdir()) == []
+    after = json.loads(venv.cli("--json", "stats", env=env).stdout)
+    assert after["stats"] == before["stats"] and after["top_functions"] == before["top_functions"]
+
+
+def test_clear_leaves_stats_at_zero(venv: Venv) -> None:
+    """`clear` is a fresh start: it resets the totals too, and says so."""
+    run_program(venv)
+    run_program(venv)
+    proc = venv.cli("clear", "--yes")
+    assert proc.returncode == 0 and "reset" in proc.stdout
+    assert "no ledger yet" in venv.cli("stats").stdout
+    assert json.loads(venv.cli("--json", "status").stdout)["stats"] is None

@@ -1,0 +1,153 @@
+"""Every parser of outside input, with Hypothesis: setting values from variables and TOML, whole
+TOML files, ledger lines and summaries, bundle manifests and member names. Any input yields a
+value or the package's own one-line refusal, never another exception."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gkx_autocache import _bundle, _ledger, _policy, _settings
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+toml_scalars = st.booleans() | st.integers() | st.floats() | st.text() | st.lists(st.integers(), max_size=3)
+big_numbers = st.integers(min_value=10**18, max_value=10**500).map(str) | st.just("9" * 4000) | st.just("1e400")
+
+
+def one_line(message: str) -> None:
+    assert "\n" not in message and "\r" not in message and len(message) < 600, message
+
+
+@SETTINGS
+@given(key=st.sampled_from(sorted(_settings.KEYS)), raw=st.text() | big_numbers,
+       env=st.dictionaries(st.from_regex(r"[A-Z_]{1,8}", fullmatch=True), st.text(max_size=20), max_size=3))
+def test_setting_values_from_variables(key: str, raw: str, env: dict[str, str]) -> None:
+    try:
+        _settings.validate(key, raw, "/base", env)
+    except _settings.BadValue as exc:
+        one_line(str(exc))
+
+
+@SETTINGS
+@given(key=st.sampled_from(sorted(_settings.KEYS)), raw=toml_scalars | st.integers(min_value=10**300, max_value=10**400))
+def test_setting_values_from_toml(key: str, raw: Any) -> None:
+    try:
+        _settings.validate(key, raw, "/base", {})
+    except _settings.BadValue as exc:
+        one_line(str(exc))
+
+
+@SETTINGS
+@given(content=st.binary(max_size=300) | st.text(max_size=300).map(str.encode)
+       | st.dictionaries(st.sampled_from([*sorted(_settings.KEYS), "colour"]), toml_scalars, max_size=5).map(
+           lambda d: "".join(f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}\n" for k, v in d.items()).encode()))
+def test_whole_toml_files(tmp_path_factory: Any, content: bytes) -> None:
+    """Any file: read or ignored with one reason; resolving with it yields values and one-line problems."""
+    folder = tmp_path_factory.mktemp("toml")
+    path = folder / "gkx-autocache.toml"
+    path.write_bytes(content)
+    path.chmod(0o644)
+    verdict = _policy.read(str(path))
+    assert verdict.status in ("used", "ignored")
+    if verdict.problem:
+        one_line(verdict.problem)
+    resolved = _settings.resolve({}, str(folder), str(folder / "none.toml"), cwd="/cwd")
+    assert set(resolved.values) == set(_settings.KEYS)
+    for _cause, message in resolved.problems:
+        one_line(message)
+
+
+@SETTINGS
+@given(line=st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode())
+       | st.dictionaries(st.sampled_from(["e", "key", "bytes", "saved", "compile", "own", "cause", "t", "hits"]),
+                         json_values, max_size=6).map(lambda d: json.dumps({"e": "hit", **d}).encode()))
+def test_ledger_lines(line: bytes) -> None:
+    record = _ledger.parse_record(line)
+    if record is not None:
+        totals = _ledger.Totals()
+        totals.add(record)
+        json.dumps(totals.to_json())
+        assert totals.hits >= 0 and totals.saved_secs >= 0
+
+
+@SETTINGS
+@given(data=json_values | st.dictionaries(st.sampled_from(["format", "totals", "size", "scanned_at", "folded",
+                                                           "recent", "explain"]), json_values, max_size=7).map(
+    lambda d: {**d, "format": 1}))
+def test_summaries(data: Any) -> None:
+    summary = _ledger.Summary.from_json(data)
+    json.dumps(summary.to_json())
+    assert summary.size >= 0
+
+
+def tar_with(manifest: bytes, names: list[str]) -> tarfile.TarFile:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+        info = tarfile.TarInfo(_bundle.MANIFEST)
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest))
+    buffer.seek(0)
+    return tarfile.open(fileobj=buffer, mode="r")
+
+
+manifests = json_values.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=100) | st.builds(
+    lambda files, fmt: json.dumps({"format": fmt, "files": files}).encode(),
+    st.lists(st.dictionaries(st.sampled_from(["name", "size", "sha256"]), json_values | big_numbers, max_size=3),
+             max_size=3), st.sampled_from([1, 2, "1", None]))
+
+
+@SETTINGS
+@given(manifest=manifests)
+def test_bundle_manifests(manifest: bytes) -> None:
+    try:
+        read = _bundle.read_manifest(tar_with(manifest, []))
+    except _bundle.Refused as exc:
+        one_line(str(exc))
+        return
+    for name, (size, digest) in read["files"].items():
+        assert isinstance(name, str) and isinstance(size, int) and size >= 0 and isinstance(digest, str)
+    try:
+        _bundle.check_room(read["files"], "/tmp", 10**9)
+    except _bundle.Refused as exc:
+        one_line(str(exc))
+
+
+@SETTINGS
+@given(name=st.text(min_size=1, max_size=120) | st.sampled_from(["../x", "/etc/passwd", "a/b", "..", ".hidden-cache",
+                                                                   f"jit_f-{'a' * 64}-cache"]))
+def test_bundle_member_names(name: str) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = 1
+    try:
+        _bundle.check_member(info, {name: (1, "0" * 64)})
+    except _bundle.Refused as exc:
+        one_line(str(exc))
+        return
+    from gkx_autocache._layout import key_match
+
+    assert "/" not in name and not name.startswith(".") and key_match(name) is not None
+
+
+def test_the_properties_can_fail(tmp_path: Path) -> None:
+    """A check above can fail: a message with a newline is not one line."""
+    try:
+        one_line("two\nlines")
+    except AssertionError:
+        return
+    raise AssertionError("one_line accepted two lines")

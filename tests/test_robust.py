@@ -1,0 +1,199 @@
+"""Bad input and strict test suites (SPEC §3, §4, §5, §7, §10): one warning, never a lost run, never
+a traceback. Real JAX in fresh processes, under `-W error` and `-X dev` where that is the point."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+import pytest
+from conftest import PROGRAM, Venv, autocache_warnings, run_program
+from test_activation import VERSION_DIR
+
+JAX_READ_ERROR = "Error reading persistent compilation cache entry"
+HUGE = "9" * 400
+
+
+def entries(vdir: Path) -> list[Path]:
+    return sorted(p for p in vdir.iterdir() if p.name.endswith("-cache"))
+
+
+def test_undeserialisable_entry_under_w_error_costs_one_recompile(venv: Venv, tmp_path: Path) -> None:
+    """An entry that decompresses but does not deserialise (bit rot, a rebuilt jaxlib): under
+    -W error the run succeeds, with one recompile and no warning, and the entry is replaced."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    cold, _ = run_program(venv, env=env)
+    victim = entries(tmp_path / "c" / VERSION_DIR)[0]
+    payload = zlib.decompress(victim.read_bytes())
+    victim.write_bytes(zlib.compress(payload[:4] + b"\x07rotten executable\x00" * 16))
+    after, err = run_program(venv, "-W", "error", "-X", "dev", env=env)
+    assert after["result"] == cold["result"] and after["requests"] - after["hits"] == 1
+    assert JAX_READ_ERROR not in err and autocache_warnings(err) == [] and "Traceback" not in err, err
+    healed, err = run_program(venv, "-W", "error", env=env)
+    assert healed["hits"] == healed["requests"], err
+
+
+@pytest.mark.parametrize("variable", ["GKX_JAX_CACHE_MAX_SIZE", "GKX_JAX_CACHE_MIN_ENTRY_SIZE_BYTES",
+                                      "GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS"])
+def test_a_huge_number_skips_that_key_only(venv: Venv, tmp_path: Path, variable: str) -> None:
+    """A 400-digit value: that key is skipped with one warning naming it; the cache stays on."""
+    out, err = run_program(venv, "-W", "error", env={variable: HUGE, "GKX_JAX_CACHE_DIR": str(tmp_path / "c")})
+    assert out["dir"] == str(tmp_path / "c" / VERSION_DIR) and out["min_compile"] == 0.0 and out["min_entry"] == -1
+    (warning,) = [line for line in err.splitlines() if "gkx-autocache:" in line]
+    assert variable in warning and "Traceback" not in err, err
+
+
+def test_huge_numbers_in_toml_and_on_the_command_line(venv: Venv) -> None:
+    """TOML integers too large for a float, and `prune --max-size` with 400 digits: one line each,
+    no traceback; `status` still reports."""
+    policy = venv.path / "gkx-autocache.toml"
+    policy.write_text(f"max_size = {HUGE}\nmin_compile_time_secs = {HUGE}\nmin_entry_size_bytes = {HUGE}\n")
+    out, err = run_program(venv)
+    assert out["dir"] == str(venv.default_cache / VERSION_DIR) and out["min_compile"] == 0.0
+    warnings = autocache_warnings(err)
+    assert len(warnings) == 3 and all(str(policy) in w for w in warnings), err
+    proc = venv.cli("status")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "max_size" in proc.stdout
+    proc = venv.cli("prune", "--max-size", HUGE)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_unset_variable_in_dir_is_a_bad_value(venv: Venv, tmp_path: Path) -> None:
+    """`$VAR` not set: one warning naming the variable and the source; the next source down (the
+    default) applies; no literal `$VAR` directory anywhere."""
+    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": "$GKX_TEST_NOT_SET/jax"})
+    assert out["dir"] == str(venv.default_cache / VERSION_DIR)
+    (warning,) = autocache_warnings(err)
+    assert "GKX_JAX_CACHE_DIR" in warning and "GKX_TEST_NOT_SET" in warning
+    assert not any("$" in p.name for p in venv.home.rglob("*"))
+    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": "~no_such_user_here/jax"})
+    assert out["dir"] == str(venv.default_cache / VERSION_DIR) and "no_such_user_here" in autocache_warnings(err)[0]
+
+
+def test_config_set_writes_what_was_typed(venv: Venv, tmp_path: Path) -> None:
+    """`~` and `$VARS` stay as typed in a shared policy file; a relative path is made absolute
+    against the current directory; what cannot be one TOML string is refused with exit 2."""
+    policy = venv.path / "gkx-autocache.toml"
+    env = {"SCRATCH": str(tmp_path / "scratch")}
+    assert venv.cli("config", "set", "dir", "$SCRATCH/jax", env=env).returncode == 0
+    assert 'dir = "$SCRATCH/jax"' in policy.read_text()
+    assert venv.cli("config", "set", "dir", "~/jax-cache").returncode == 0
+    assert 'dir = "~/jax-cache"' in policy.read_text()
+    proc = venv.run("-m", "gkx_autocache", "config", "set", "dir", "rel/cache", cwd=str(tmp_path))
+    assert proc.returncode == 0 and f'dir = "{tmp_path / "rel" / "cache"}"' in policy.read_text()
+    before = policy.read_text()
+    for bad in ("a\nb", "tab\there", "bell\x07"):
+        proc = venv.cli("config", "set", "dir", bad)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    proc = venv.cli("config", "set", "dir", "$GKX_TEST_NOT_SET/x")
+    assert proc.returncode == 2 and "GKX_TEST_NOT_SET" in proc.stderr
+    assert policy.read_text() == before
+
+
+OWN_DIR = PROGRAM.replace("import jax, jax.numpy as jnp", "import jax, jax.numpy as jnp, os\n"
+                          "jax.config.update('jax_compilation_cache_dir', os.environ['MY_DIR'])")
+
+
+def test_report_shows_the_directory_jax_used(venv: Venv, tmp_path: Path) -> None:
+    """The user's own `jax.config.update("jax_compilation_cache_dir", ...)` in their code: `report`
+    names that directory, and claims no store figures (the store served nothing)."""
+    mine = tmp_path / "mine"
+    env = {"MY_DIR": str(mine), "GKX_JAX_CACHE_REPORT": "1"}
+    run_program(venv, env=env, program=OWN_DIR)
+    out, err = run_program(venv, env=env, program=OWN_DIR)
+    assert out["dir"] == str(mine) and out["hits"] == out["requests"]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:")]
+    assert line.endswith(str(mine)) and "saved" not in line and "read" not in line, line
+    assert f"{out['hits']} hits" in line
+
+
+def test_clear_on_a_never_used_directory_removes_nothing_and_succeeds(venv: Venv) -> None:
+    proc = venv.cli("--json", "clear", "--yes")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["entries"] == 0
+    assert not venv.default_cache.exists()
+
+
+def test_w_error_and_dev_mode_print_nothing_from_the_package(venv: Venv, tmp_path: Path) -> None:
+    """Under `-X dev -W error`, a cold and a warm run print nothing at all on stderr: no
+    ResourceWarning for the ledger, no warning of JAX's caused by the store."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    for _ in range(2):
+        proc = venv.run("-X", "dev", "-W", "error", "-c", PROGRAM, env=env)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+# The multiprocessing pattern: the parent imports (and so configures) JAX, then forks workers
+# before any compile (forking after XLA has started its threads is unsafe, JAX warns).
+FORKS = r'''
+import json, os, sys
+import jax, jax.numpy as jnp
+pid = os.fork()
+if pid == 0:
+    jax.jit(lambda v: jnp.sin(v) + 3.0)(jnp.ones(8)).block_until_ready()
+    os._exit(0)
+os.waitpid(pid, 0)
+jax.jit(lambda v: v * 2.0)(jnp.ones(8)).block_until_ready()
+ledger = os.path.join(jax.config.jax_compilation_cache_dir, ".gkx-autocache", "ledger")
+files = {name: open(os.path.join(ledger, name)).read() for name in os.listdir(ledger)}  # before the fold at exit
+print(json.dumps({"parent": os.getpid(), "child": pid, "ledgers": files}))
+'''
+
+
+def test_a_forked_child_keeps_its_own_ledger(venv: Venv, tmp_path: Path) -> None:
+    """A worker forked from a configured parent writes its own ledger, not its parent's (one file
+    per process, SPEC §7), and its records survive `os._exit`."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    proc = venv.run("-c", FORKS, env=env, check=True, timeout=120)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    owners = {int(name.split("-")[0]): text for name, text in out["ledgers"].items()}
+    assert set(owners) == {out["parent"], out["child"]}, sorted(owners)
+    child = [json.loads(line)["e"] for line in owners[out["child"]].splitlines()]
+    parent = [json.loads(line)["e"] for line in owners[out["parent"]].splitlines()]
+    assert "put" in child and "put" in parent and "hit" in parent, (child, parent)  # the parent hits jnp.ones
+    stats = json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]  # both, folded at the parent's exit
+    assert stats["writes"] == child.count("put") + parent.count("put") and not list((tmp_path / "c" / VERSION_DIR / ".gkx-autocache" / "ledger").iterdir())
+
+
+LATE_FORK = r'''
+import json, os
+pid = os.fork()
+if pid == 0:
+    import jax, jax.numpy as jnp
+    jax.jit(lambda v: jnp.cos(v) * 5.0)(jnp.ones(4)).block_until_ready()
+    os._exit(0)
+os.waitpid(pid, 0)
+import jax, jax.numpy as jnp
+jax.jit(lambda v: jnp.cos(v) * 5.0)(jnp.ones(4)).block_until_ready()
+ledger = os.path.join(jax.config.jax_compilation_cache_dir, ".gkx-autocache", "ledger")
+files = {name: open(os.path.join(ledger, name)).read() for name in os.listdir(ledger)}
+print(json.dumps({"parent": os.getpid(), "child": pid, "ledgers": files}))
+'''
+
+
+def test_a_child_that_imports_jax_after_the_fork_is_configured_alone(venv: Venv, tmp_path: Path) -> None:
+    """A child that imports JAX after the fork configures itself, with its own ledger; the parent,
+    importing JAX later, is served the child's entry."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    proc = venv.run("-c", LATE_FORK, env=env, check=True, timeout=120)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    records = {int(name.split("-")[0]): [json.loads(x)["e"] for x in text.splitlines()]
+               for name, text in out["ledgers"].items()}
+    assert "put" in records[out["child"]] and set(records[out["parent"]]) == {"hit"}, records
+
+
+@pytest.mark.parametrize("line", ['{"e":"hit","saved":null}', "[1]", '{"e":"put","bytes":"lots"}', "null",
+                                  '{"e":"hit","saved":1e999}', '{"e":"miss","key":{"a":1}}', "\x00\xff garbage"])
+def test_a_hostile_ledger_line_is_skipped(venv: Venv, line: str) -> None:
+    """A malformed ledger line (any member of a team cache can write one) never crashes `status`,
+    `stats`, `clear` or `prune`; the good lines still count."""
+    run_program(venv)
+    ledger = venv.default_cache / VERSION_DIR / ".gkx-autocache" / "ledger"
+    (ledger / f"{os.getpid()}-1-hostile.jsonl").write_text(line + "\n")
+    for command in (["status"], ["stats"], ["prune", "--dry-run"], ["clear", "--dry-run"]):
+        proc = venv.cli("--json", *command)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
+    stats = json.loads(venv.cli("--json", "stats").stdout)["stats"]
+    assert stats["misses"] >= 2
