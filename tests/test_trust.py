@@ -189,3 +189,49 @@ def test_two_members_of_one_group_share_a_team_cache(venv: Venv, public: Path) -
     assert fourth["hits"] == fourth["requests"]
     outsider, err = run_program(venv, user=ATTACKER)  # not in the group: cannot even look
     assert outsider["dir"] is None and len(autocache_warnings(err)) == 1
+
+
+def test_an_entry_others_can_write_is_never_loaded(venv: Venv, public: Path) -> None:
+    """An entry is code: one that others can write (stock JAX under umask 000, say) could have been
+    swapped, so it is a miss, silently, even in a trusted directory."""
+    baked = public / "baked"
+    cold, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)})
+    subprocess.run(["chmod", "-R", "a+rX", str(baked)], check=True)
+    victim = sorted((baked / VERSION_DIR).glob("*-cache"))[0]
+    victim.chmod(0o666)
+    warm, err = run_program(venv, "-W", "error", env={"GKX_JAX_CACHE_DIR": str(baked)}, user=65534)
+    assert warm["requests"] - warm["hits"] == 1 and warm["result"] == cold["result"] and err.strip() == "", err
+
+
+def test_commands_on_a_cache_they_cannot_write_say_so(venv: Venv, public: Path) -> None:
+    """`clear` by a user who cannot write the (baked) cache: exit 1 and the reason, never a claim
+    that entries were removed."""
+    baked = public / "baked"
+    run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)})
+    subprocess.run(["chmod", "-R", "a+rX", str(baked)], check=True)
+    before = sorted(p.name for p in (baked / VERSION_DIR).iterdir())
+    for command in (["clear", "--yes"], ["prune", "--max-size", "1"]):
+        proc = venv.cli(*command, env={"GKX_JAX_CACHE_DIR": str(baked)}, user=65534)
+        assert proc.returncode == 1 and "could not be removed" in proc.stderr and "removed 0 of" in proc.stderr, proc
+    assert sorted(p.name for p in (baked / VERSION_DIR).iterdir()) == before
+
+
+def test_planted_fifos_never_hang(venv: Venv, tmp_path: Path) -> None:
+    """FIFOs where the policy file, an entry, the tag and a ledger should be: `import jax` and
+    the commands finish (a timeout fails the test), with one line where something is refused."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    cold, _ = run_program(venv, env=env)
+    vdir = tmp_path / "c" / VERSION_DIR
+    victim = sorted(vdir.glob("*-cache"))[0]
+    victim.unlink()
+    os.mkfifo(victim)
+    os.mkfifo(vdir / ".gkx-autocache" / "ledger" / "1-2.jsonl")
+    os.mkfifo(venv.path / "gkx-autocache.toml")
+    proc = venv.run("-c", PROGRAM, env=env, timeout=120)
+    assert proc.returncode == 0 and len(autocache_warnings(proc.stderr)) == 1, proc.stderr
+    for command in (["status"], ["stats"], ["verify"]):
+        assert venv.cli(*command, env=env).returncode in (0, 1)
+    (vdir / "CACHEDIR.TAG").unlink()
+    os.mkfifo(vdir / "CACHEDIR.TAG")
+    proc = venv.cli("clear", "--yes", env=env)
+    assert proc.returncode == 1 and "CACHEDIR.TAG" in proc.stderr

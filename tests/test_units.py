@@ -324,3 +324,47 @@ def test_user_dirs_match_platformdirs(monkeypatch: pytest.MonkeyPatch, xdg: str 
     assert _cache.user_dir("cache", "gkx") == platformdirs.user_cache_dir("gkx")
     assert _cache.user_dir("config", "gkx-autocache") == platformdirs.user_config_dir("gkx-autocache")
     assert _policy.user_path() == os.path.join(platformdirs.user_config_dir("gkx-autocache"), "config.toml")
+
+
+def test_a_parent_swapped_in_while_creating_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parents are checked again once created: a folder an attacker swaps in (owned by them, 0777)
+    between the check and the creation of the cache below it is refused."""
+    from gkx_autocache import _files
+
+    sticky = tmp_path / "scratch"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    real = _files.make_dir
+
+    def racing(path: str, shared: bool) -> bool:
+        created = real(path, shared)
+        if path == str(sticky / "x"):
+            os.chown(path, 4242, 4242)
+            os.chmod(path, 0o777)
+        return created
+
+    monkeypatch.setattr(_files, "make_dir", racing)
+    with pytest.raises(_cache.Refused, match=f"its parent {sticky / 'x'}"):
+        _cache.prepare(str(sticky / "x" / "cache"), "1.0")
+
+
+def test_the_root_is_not_called_its_own_parent(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    root.mkdir()
+    root.chmod(0o770)
+    with pytest.raises(_cache.Refused) as info:
+        _cache.prepare(str(root), "1.0")
+    assert str(info.value).startswith("its group can write to it"), info.value
+
+
+def test_files_that_block_or_are_not_files_are_never_read(tmp_path: Path) -> None:
+    """A FIFO, a directory or a device where a file should be: refused at once, never read."""
+    from gkx_autocache import _files
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "dir").mkdir()
+    for path in (fifo, tmp_path / "dir", Path("/dev/zero")):
+        assert _files.read(str(path)) is None
+        verdict = _policy.read(str(path))
+        assert verdict.status == "ignored" and "regular" in (verdict.problem or ""), verdict

@@ -49,10 +49,14 @@ def environment(jax_version: str | None, jaxlib_version: str | None) -> dict[str
 
 
 def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
+        return _digest(f)
+
+
+def _digest(f: Any) -> str:
+    digest = hashlib.sha256()
+    while chunk := f.read(CHUNK):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -112,7 +116,7 @@ def read_manifest(tar: tarfile.TarFile) -> dict[str, Any]:
         listed = manifest["files"]
         if not isinstance(listed, list):
             raise TypeError("files is not a list")
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise Refused(f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})") from None
     if manifest.get("format") != FORMAT:
         raise Refused(f"bundle format {shown(manifest.get('format'))}, this gkx-autocache reads format {FORMAT}")
@@ -177,16 +181,26 @@ def check_member(member: tarfile.TarInfo, files: dict[str, tuple[int, str]]) -> 
 
 def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256: str | None = None,
                   force: bool = False, shared: bool = False, cap: int = 0) -> Imported:
-    """Merge the bundle's entries into ``version_dir``. Raises Refused, having written nothing."""
-    if sha256 is not None:
-        expected = sha256.strip().lower().removeprefix("sha256:")
-        actual = sha256_of(archive)
-        if actual != expected:
-            raise Refused(f"the archive's sha256 is {actual}, not {expected}")
-    try:
-        tar = tarfile.open(archive, "r:*")
-    except tarfile.TarError:
-        raise Refused("not a readable archive (a tar, as export writes)") from None
+    """Merge the bundle's entries into ``version_dir``. Raises Refused, having written nothing.
+
+    The archive is opened once: ``--sha256`` checks the very bytes that are then read (by path
+    twice, someone who can write its folder could swap it between the check and the import)."""
+    with open(archive, "rb") as source:
+        if sha256 is not None:
+            expected = sha256.strip().lower().removeprefix("sha256:")
+            actual = _digest(source)
+            if actual != expected:
+                raise Refused(f"the archive's sha256 is {actual}, not {shown(expected)}")
+            source.seek(0)
+        try:
+            tar = tarfile.open(fileobj=source, mode="r:*")
+        except (tarfile.TarError, ValueError, OverflowError):
+            raise Refused("not a readable archive (a tar, as export writes)") from None
+        return _import(tar, version_dir, env, force, shared, cap)
+
+
+def _import(tar: tarfile.TarFile, version_dir: str, env: dict[str, Any], force: bool, shared: bool,
+            cap: int) -> Imported:
     staged: list[tuple[str, str]] = []  # (temporary, final)
     try:
         with tar:
@@ -222,8 +236,8 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
             for tmp, final in staged:
                 os.replace(tmp, final)
             staged.clear()
-    except tarfile.TarError as exc:
-        raise Refused(f"the archive is damaged ({exc})") from None
+    except (tarfile.TarError, ValueError, OverflowError, RecursionError) as exc:  # a PAX size of 40 digits...
+        raise Refused(f"the archive is damaged ({shown(str(exc))})") from None
     finally:
         for tmp, _ in staged:
             _files.remove(tmp)

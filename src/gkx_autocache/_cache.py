@@ -65,12 +65,16 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
     if os.path.islink(version_dir):  # nothing of the package ever passes through a symlink below the root
         raise Refused(f"{version_dir} is a symlink; the package makes its version directories itself: remove the link")
     nearest = _nearest_existing(root)
-    problem = _trust.ancestors_problem(nearest + os.sep + "x", shared)
+    problem = _trust.ancestors_problem(root if nearest == root else os.path.join(nearest, "x"), shared)
     if problem:
         raise Refused(problem)
+    created = False
     for path in (root, version_dir):
         if create and _make_dir(path, shared):
+            created = True
             _write_tag(path)
+        if path == root and created and (problem := _trust.ancestors_problem(root, shared)):
+            raise Refused(problem)  # again, now that they exist: one may have been swapped in meanwhile
         if not create and not os.path.lexists(path):
             continue
         problem = _trust.directory_problem(path, shared)

@@ -130,9 +130,11 @@ def _carry_out(args: argparse.Namespace, removal: _entries.Removal, extra: dict[
     """Remove (unless ``--dry-run``) and report one version directory's removal."""
     if not args.dry_run:
         try:
-            _entries.execute(removal)
+            done = _entries.execute(removal)
         except _entries.Refused as exc:
             raise CliError(str(exc)) from None
+        if done.failed:  # never claim a removal that did not happen (a read-only cache)
+            raise CliError(f"removed {done.files} of {len(removal.files)} files from {removal.version_dir}; {done.why()}")
     would = "would remove" if args.dry_run else "removed"
     secs = f", {human_secs(removal.compile_secs)} of compile time" if removal.compile_secs else ""
     emit(args, f"{would} {removal.entries} entries ({len(removal.files)} files, {human_bytes(removal.bytes)}{secs})"
@@ -212,9 +214,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.repair and doomed:
         _require_tag(vdir)
         try:
-            _entries.remove_files(vdir, doomed)
+            done = _entries.remove_files(vdir, doomed)
         except _entries.Refused as exc:
             raise CliError(str(exc)) from None
+        if done.failed:
+            raise CliError(f"verify --repair: {done.why()}")
     lines = [f"verified {result.checked} entries in {vdir}: {len(result.corrupt)} corrupt, "
              f"{len(result.orphans)} orphan sidecars, {len(result.stale)} stale temporary files, {len(result.links)} links"]
     lines += [f"  corrupt  {u.key}: {why}" for u, why in result.corrupt]

@@ -13,7 +13,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gkx_autocache import _files
 from gkx_autocache._layout import (
@@ -75,20 +75,23 @@ def scan(version_dir: str) -> Scan:
     with iterator:
         for item in iterator:
             name = item.name
-            if name.startswith("."):
-                if is_temporary(name) and item.is_file(follow_symlinks=False):
-                    st = item.stat(follow_symlinks=False)
-                    result.temporary.append((item.path, st.st_size, st.st_mtime))
+            try:  # a file another process prunes meanwhile is simply gone
+                if name.startswith("."):
+                    if is_temporary(name) and item.is_file(follow_symlinks=False):
+                        st = item.stat(follow_symlinks=False)
+                        result.temporary.append((item.path, st.st_size, st.st_mtime))
+                    continue
+                match = key_match(name)
+                if match is None:
+                    continue
+                if item.is_symlink():
+                    result.links.append(item.path)
+                    continue
+                if not item.is_file(follow_symlinks=False):
+                    continue
+                st = item.stat(follow_symlinks=False)
+            except OSError:
                 continue
-            match = key_match(name)
-            if match is None:
-                continue
-            if item.is_symlink():
-                result.links.append(item.path)
-                continue
-            if not item.is_file(follow_symlinks=False):
-                continue
-            st = item.stat(follow_symlinks=False)
             unit = result.units.get(match["key"])
             if unit is None:
                 unit = result.units[match["key"]] = Unit(match["key"])
@@ -135,7 +138,12 @@ def bookkeeping_bytes(version_dir: str) -> int:
     for folder in (os.path.join(version_dir, META_DIR), os.path.join(version_dir, META_DIR, LEDGER_DIR)):
         try:
             with os.scandir(folder) as items:
-                total += sum(i.stat(follow_symlinks=False).st_size for i in items if i.is_file(follow_symlinks=False))
+                for item in items:
+                    try:
+                        if item.is_file(follow_symlinks=False):
+                            total += item.stat(follow_symlinks=False).st_size
+                    except OSError:
+                        continue
         except OSError:
             continue
     return total
@@ -199,23 +207,41 @@ def has_tag(version_dir: str) -> bool:
 
 def _tagged(dir_fd: int) -> bool:
     try:
-        tag = os.open(TAG_NAME, os.O_RDONLY | _files.NOFOLLOW, dir_fd=dir_fd)
+        tag = _files.open_regular(TAG_NAME, dir_fd=dir_fd)
     except OSError:
         return False
     with os.fdopen(tag, "rb") as f:
-        return is_own_tag(f.read(4096))
+        try:
+            return is_own_tag(f.read(4096))
+        except OSError:
+            return False
 
 
-def remove_files(version_dir: str, paths: list[str]) -> int:
+class Removed(NamedTuple):
+    """What a removal did: files and bytes removed, and the paths that could not be."""
+
+    files: int = 0
+    bytes: int = 0
+    failed: tuple[str, ...] = ()
+
+    def __add__(self, other: object) -> Removed:
+        assert isinstance(other, Removed)
+        return Removed(self.files + other.files, self.bytes + other.bytes, self.failed + other.failed)
+
+    def why(self) -> str:
+        return f"{len(self.failed)} files could not be removed, such as {self.failed[0]}" if self.failed else ""
+
+
+def remove_files(version_dir: str, paths: list[str]) -> Removed:
     """Unlink the given files of a tagged version directory (entries, sidecars, temporaries, and
-    bookkeeping under ``.gkx-autocache``); the bytes freed. Every directory on the way is opened
-    without following a symlink, so nothing outside the cache is touched, whatever was planted or
-    renamed. Raises Refused for an untagged directory or one reached through a symlink.
-    On a bucket, deletes objects named like entries, sidecars or ledgers; the count deleted."""
+    bookkeeping under ``.gkx-autocache``). Every directory on the way is opened without following
+    a symlink, so nothing outside the cache is touched, whatever was planted or renamed. Raises
+    Refused for an untagged directory or one reached through a symlink. On a bucket, deletes
+    objects named like entries, sidecars or ledgers."""
     if is_url(version_dir):
         from gkx_autocache import _remote
 
-        return _remote.remove(version_dir, paths)
+        return Removed(_remote.remove(version_dir, paths))
     try:
         top = _files.open_dir(version_dir)
     except OSError as exc:
@@ -229,30 +255,34 @@ def remove_files(version_dir: str, paths: list[str]) -> int:
             folder, name = os.path.split(os.path.relpath(path, version_dir))
             if not folder.startswith(".."):
                 by_folder.setdefault(folder, []).append(name)
-        return sum(_unlink_in(top, folder, names) for folder, names in by_folder.items())
+        return sum((_unlink_in(top, version_dir, f, names) for f, names in by_folder.items()), Removed())
     finally:
         os.close(top)
 
 
-def _unlink_in(top: int, folder: str, names: list[str]) -> int:
+def _unlink_in(top: int, version_dir: str, folder: str, names: list[str]) -> Removed:
     try:
         fd = _files.open_dir(folder, dir_fd=top) if folder else top
     except OSError:
-        return 0
-    freed = 0
+        return Removed(failed=tuple(os.path.join(version_dir, folder, n) for n in names))
+    files = freed = 0
+    failed = []
     try:
         for name in names:
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 if not stat.S_ISDIR(st.st_mode):
                     os.unlink(name, dir_fd=fd)  # unlink never follows a symlink
+                    files += 1
                     freed += st.st_size
+            except FileNotFoundError:
+                continue  # gone already (another process pruned it)
             except OSError:
-                continue
+                failed.append(os.path.join(version_dir, folder, name))
     finally:
         if fd != top:
             os.close(fd)
-    return freed
+    return Removed(files, freed, tuple(failed))
 
 
 def version_dirs(root: str) -> list[str]:
@@ -389,10 +419,10 @@ def plan_prune(version_dir: str, cap: int, older_than: float | None = None) -> R
     return _removal(version_dir, chosen, stale_tmp)
 
 
-def execute(removal: Removal) -> int:
-    """Remove what ``removal`` lists; the bytes freed. Raises Refused."""
+def execute(removal: Removal) -> Removed:
+    """Remove what ``removal`` lists. Raises Refused."""
     if not removal.files:
-        return 0
+        return Removed()
     return remove_files(removal.version_dir, removal.files)
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
@@ -29,20 +30,46 @@ def dir_mode(shared: bool) -> int:
     return 0o2770 if shared else 0o700
 
 
-def read(path: str, limit: int = -1) -> bytes | None:
-    """The file's bytes, or None. Never through a symlink: a planted link must not feed JAX."""
+NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+def open_regular(path: str, dir_fd: int | None = None) -> int:
+    """A read-only descriptor of a regular file, never through a symlink, and never one that
+    blocks: a FIFO planted where a file should be must not hang ``import jax`` or a command
+    (``O_NONBLOCK`` opens it at once; then it is refused, as a device or a directory is).
+    Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | NOFOLLOW | NONBLOCK, dir_fd=dir_fd)
     try:
-        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read(path: str, limit: int = -1, check: Callable[[os.stat_result], str | None] | None = None) -> bytes | None:
+    """The regular file's bytes (at most ``limit``), or None. Never through a symlink: a planted
+    link must not feed JAX. ``check`` may refuse the file by its ``fstat`` (who may write it)."""
+    try:
+        fd = open_regular(path)
     except OSError as exc:
         if exc.errno not in (errno.ENOENT, errno.ELOOP):
             logger.debug("cannot read %s: %s", path, exc)
         return None
     try:
+        if check is not None and (why := check(os.fstat(fd))):
+            logger.debug("not reading %s: %s", path, why)
+            return None
         with os.fdopen(fd, "rb") as f:
+            fd = -1
             return f.read(limit)
     except OSError as exc:
         logger.debug("cannot read %s: %s", path, exc)
         return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 @contextmanager
@@ -52,7 +79,8 @@ def atomic(path: str, mode: int) -> Iterator[BinaryIO]:
     leaves nothing. The one way the package replaces a file. Raises OSError."""
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, tmp_name(name, os.getpid(), threading.get_ident()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, mode)
+    remove(tmp)  # a leftover of a dead process with this pid, or something planted: never opened
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), mode)  # the open mode is masked by the umask

@@ -38,7 +38,7 @@ SUMMARY_FILE = "summary.json"
 LOCK_FILE = "prune.lock"
 TMP_SUFFIX = ".tmp"
 
-_KEY = r"^(?P<key>.+-[0-9a-f]{64})(?P<suffix>-[A-Za-z0-9_-]+)$"  # compiled on first use, not on import
+_KEY = r"(?P<key>[^/\\\s]+-[0-9a-f]{64})(?P<suffix>-[A-Za-z0-9_-]+)"  # compiled on first use, not on import
 
 
 def version_name(jax_version: str) -> str:
@@ -56,8 +56,9 @@ def is_own_tag(data: bytes) -> bool:
 
 
 def key_match(name: str) -> re.Match[str] | None:
-    """``<key><suffix>`` for an entry or a sidecar, else None."""
-    return re.match(_KEY, name)
+    """``<key><suffix>`` for an entry or a sidecar, else None: the whole name, printable, with no
+    separator or white space (a bundle's member name is outside input)."""
+    return re.fullmatch(_KEY, name) if name.isprintable() else None
 
 
 def is_temporary(name: str) -> bool:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -309,7 +310,7 @@ def _finished(path: str) -> int | None:
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDONLY | _files.NOFOLLOW)
+        fd = _files.open_regular(path)
     except OSError:
         return None
     try:
@@ -367,12 +368,16 @@ def _lock(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
     except OSError:
         return None
     try:
-        fd = os.open(LOCK_FILE, os.O_RDONLY | os.O_CREAT | _files.NOFOLLOW, _files.file_mode(shared), dir_fd=meta_fd)
+        flags = os.O_RDONLY | os.O_CREAT | _files.NOFOLLOW | _files.NONBLOCK  # a planted FIFO must not hang the exit
+        fd = os.open(LOCK_FILE, flags, _files.file_mode(shared), dir_fd=meta_fd)
     except OSError as exc:
         logger.debug("bookkeeping lock not opened: %s", exc)
         return None
     finally:
         os.close(meta_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
     try:
         os.fchmod(fd, _files.file_mode(shared))  # the umask masked the open mode; only its owner can do this
     except OSError:
@@ -440,8 +445,8 @@ def _fold(version_dir: str, cap: int, shared: bool, explain: Any) -> None:
             return
         from gkx_autocache import _entries
 
-        _entries.remove_files(version_dir, [p for p, _ in done])
-        summary.folded = []
+        removed = _entries.remove_files(version_dir, [p for p, _ in done])
+        summary.folded = [os.path.basename(p) for p in removed.failed]  # not counted twice
         _write_summary(version_dir, summary, shared)
     finally:
         for _, fd in done:
@@ -458,7 +463,7 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, explain: Any) -> N
     actual = found.bytes + bookkeeping
     if actual > cap:
         removed = _entries.select_over(list(found.units.values()), max(int(cap * PRUNE_TO) - bookkeeping, 0))
-        freed = _entries.remove_files(version_dir, [p for u in removed for p in u.files])
+        freed = _entries.remove_files(version_dir, [p for u in removed for p in u.files]).bytes
         actual -= freed
         if explain is not None:
             explain.evicted(summary.explain, [u.key for u in removed if u.has_entry])
@@ -474,15 +479,16 @@ def reset(version_dir: str, shared: bool = False) -> int:
 
     files = ledger_files(version_dir)
     if is_url(version_dir):
-        _entries.remove_files(version_dir, files)
-        return len(files)
+        return _entries.remove_files(version_dir, files).files
     present = [p for p in [*files, summary_path(version_dir)] if os.path.lexists(p)]
     if not present:
         return 0
     lock = _lock(version_dir, shared, wait=5.0)
     try:
-        _entries.remove_files(version_dir, present)
-        return len(present)
+        removed = _entries.remove_files(version_dir, present)
+        if removed.failed:
+            raise OSError(f"stats not reset: {removed.why()}")
+        return removed.files
     finally:
         if lock is not None:
             os.close(lock)

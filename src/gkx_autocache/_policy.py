@@ -41,16 +41,29 @@ class FileVerdict(NamedTuple):
     problem: str | None = None  # one line, for a warning
 
 
+MAX_FILE = 1 << 20  # a settings file is a few lines: more is a mistake or an attack
+
+
 def read(path: str) -> FileVerdict:
-    """The file's keys, or why it is not used. Never raises."""
+    """The file's keys, or why it is not used. Never raises, never blocks (a FIFO, a device)."""
+    import stat
+
     try:
-        with open(path, "rb") as f:
-            distrust = file_problem(os.fstat(f.fileno()))
-            if distrust:
-                return FileVerdict("ignored", problem=f"{path}: file ignored, {distrust}")
-            text = f.read().decode("utf-8")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a symlink is judged by its target
     except FileNotFoundError:
         return FileVerdict("absent")
+    except OSError as exc:
+        return FileVerdict("ignored", problem=f"{path}: file ignored, it cannot be read ({exc.strerror}); fix or remove it")
+    try:
+        st = os.fstat(fd)
+        distrust = (None if stat.S_ISREG(st.st_mode) else "it is not a regular file") or file_problem(st)
+        if distrust is None and st.st_size > MAX_FILE:
+            distrust = f"it is larger than {MAX_FILE // 1024} KiB"
+        if distrust:
+            os.close(fd)
+            return FileVerdict("ignored", problem=f"{path}: file ignored, {distrust}")
+        with os.fdopen(fd, "rb") as f:
+            text = f.read(MAX_FILE).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return FileVerdict("ignored", problem=f"{path}: file ignored, it cannot be read ({exc}); fix or remove it")
     import tomllib  # only when there is a file: its import compiles regular expressions

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from gkx_autocache import _files
+from gkx_autocache import _files, _trust
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, VERDICT_FILE
 
@@ -67,6 +67,7 @@ class Store:
         self._decompress = decompress
         self._file_mode = _files.file_mode(shared)
         self._writable = writable  # a baked cache, read-only for this user: hits only
+        self._shared = shared
         self._recorder = recorder
         self._misses = threading.local()  # key -> process CPU time at the miss, per thread
         self._served = threading.local()  # the key whose bytes this thread was last given
@@ -74,9 +75,12 @@ class Store:
     def _entry(self, key: str) -> str:
         return os.path.join(self._path, key + ENTRY_SUFFIX)
 
+    def _trusted(self, st: os.stat_result) -> str | None:
+        return _trust.entry_problem(st, self._shared)
+
     def get(self, key: str) -> bytes | None:
         path = self._entry(key)
-        data = _files.read(path)
+        data = _files.read(path, check=self._trusted)  # one fstat: an entry is code
         if data is not None and self._usable(path, data):
             try:
                 os.utime(path)  # recency for pruning, on noatime mounts too

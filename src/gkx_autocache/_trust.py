@@ -106,3 +106,19 @@ def file_problem(st: os.stat_result) -> str | None:
     if st.st_mode & stat.S_IWGRP:
         return f"its group ({st.st_gid}) can write it; run chmod g-w on it"
     return None
+
+
+def entry_problem(st: os.stat_result, shared: bool = False) -> str | None:
+    """Why an entry must not be loaded, from its ``fstat``: it is code. Writable by others, or by
+    a group outside a team cache, or owned by someone who is not you, root or (in a team cache)
+    a member of your group, and it could have been swapped."""
+    if not POSIX:
+        return None
+    if st.st_mode & stat.S_IWOTH:
+        return "others can write it"
+    team = shared and st.st_gid in user_groups()
+    if st.st_mode & stat.S_IWGRP and not team:
+        return "its group can write it"
+    if st.st_uid not in (os.getuid(), 0) and not team:
+        return f"it is owned by uid {st.st_uid}"
+    return None
