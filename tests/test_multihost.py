@@ -64,3 +64,19 @@ def test_only_process_0_writes_and_is_served_on_the_second_run(venv: Venv, tmp_p
     assert second[1]["hits"] == 0  # CPU: process 1's key includes its device assignment
     assert entries(vdir) == written  # and it still writes nothing
     assert second[0]["result"] == second[1]["result"] == first[0]["result"]
+
+
+def test_rank_1_is_named_not_process_0_and_its_misses_the_device_assignment(venv: Venv, tmp_path: Path) -> None:
+    """On CPU, rank 1's key includes its device assignment (JAX strips it only on GPU), and only
+    process 0 writes: `explain` names both, and the changed part as the device assignment, which
+    JAX keeps in the compile options."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "shared-cache")}
+    run_ranks(venv, env)
+    assert venv.cli("stats", "--reset", env=env).returncode == 0
+    second = run_ranks(venv, env)
+    assert second[0]["hits"] == second[0]["requests"] and second[1]["hits"] == 0
+    data = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    groups = {g["cause"]: {f["name"]: f["detail"] for f in g["functions"]} for g in data["groups"]}
+    assert "jit_step" in groups["not cached: not process 0"], groups
+    assert "jit_step" in groups["changed device assignment"], groups
+    assert "compile options" in groups["changed device assignment"]["jit_step"], groups

@@ -43,8 +43,20 @@ def progress(message: str) -> None:
 
 def stats_line(t: dict[str, Any]) -> str:
     rate = f" ({t['hit_rate']:.0%} hit rate)" if t["hit_rate"] is not None else ""
-    return (f"{t['hits']} hits, {t['misses']} misses{rate}, {human_secs(t['saved_secs'])} compile time saved, "
-            f"{human_bytes(t['bytes_read'])} read, {human_bytes(t['bytes_written'])} written")
+    own = f", {t['own_hits']} of them of a run's own compiles" if t["own_hits"] else ""
+    return (f"{t['hits']} hits{own}, {t['misses']} misses{rate}, {human_secs(t['saved_secs'])} compile CPU time "
+            f"avoided, {human_bytes(t['bytes_read'])} read, {human_bytes(t['bytes_written'])} written")
+
+
+def causes_lines(t: dict[str, Any]) -> list[str]:
+    lines = []
+    if t["causes"]:
+        lines.append("misses by cause:")
+        lines.extend(f"  {n:8d}  {cause}" for cause, n in t["causes"].items())
+    if t["uncached"]:
+        lines.append("compiles not cached, by reason:")
+        lines.extend(f"  {n:8d}  {reason}" for reason, n in t["uncached"].items())
+    return lines
 
 
 # -- status, dir, stats ---------------------------------------------------------------------------
@@ -105,7 +117,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     vdir = load_context().version_dir
     if args.reset:
         removed = _ledger.reset(vdir)
-        emit(args, f"stats reset ({removed} bookkeeping files removed)", {"reset": True, "removed": removed})
+        emit(args, f"stats reset ({removed} ledgers folded and removed)", {"reset": True, "removed": removed})
         return OK
     totals = _ledger.read_totals(vdir)
     if totals is None:
@@ -114,12 +126,32 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return OK
     top = _stats.top_functions(totals)
     data = _stats.totals_dict(totals)
-    lines = [stats_line(data), f"directory {vdir}"]
+    lines = [stats_line(data), f"directory {vdir}", *causes_lines(data)]
     if top:
         lines.append("costliest compiles (seconds, summed over shapes):")
         lines.extend(f"  {secs:8.3f}  {name}" for name, secs in top)
     emit(args, "\n".join(lines), {"dir": vdir, "stats": data,
                                    "top_functions": [{"name": n, "compile_secs": round(s, 3)} for n, s in top]})
+    return OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    ctx = load_context()
+    vdir = ctx.version_dir
+    data = _status.explain(ctx)
+    lines = [f"why recent compiles were not served from {vdir}"]
+    if data["unavailable"]:
+        lines.append(f"  explanations unavailable here: {data['unavailable']}")
+    if not data["groups"]:
+        lines.append("  no misses and no uncached compiles recorded since the last reset")
+    for group in data["groups"]:
+        lines.append(f"{group['cause']}  ({group['count']})")
+        for fn in group["functions"]:
+            times = f" x{fn['count']}" if fn["count"] > 1 else ""
+            lines.append(f"  {fn['name']}{times}: {fn['detail']}")
+        if group.get("fix"):
+            lines.append(f"  fix: {group['fix']}")
+    emit(args, "\n".join(lines), {"dir": vdir, **data})
     return OK
 
 
@@ -166,7 +198,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
             _require_tag(vdir)
         _carry_out(args, _entries.plan_clear(vdir), {"totals_reset": not args.dry_run})
         if not args.dry_run:  # a fresh start: the totals of what was cleared go too
-            _ledger.reset(vdir, bool(ctx.settings["trust_shared"]))
+            _ledger.reset(vdir, bool(ctx.settings["trust_shared"]), forget=True)
             if not args.json:
                 print(f"stats of {vdir} reset")
     return OK
@@ -197,7 +229,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.stale_versions and ctx.root:
         installed = os.path.basename(vdir)
         stale = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d) and _entries.stale(d, installed)]
-    _carry_out(args, _entries.plan_prune(vdir, cap, older), {"max_size": cap, "stale_versions": stale})
+    plan = _entries.plan_prune(vdir, cap, older)
+    _carry_out(args, plan, {"max_size": cap, "stale_versions": stale})
+    if not args.dry_run and os.path.isdir(vdir):  # their next miss is then named "evicted"
+        _ledger.record_evicted(vdir, [u.key for u in plan.units if u.has_entry], "prune", bool(ctx.settings["trust_shared"]))
     if not args.dry_run:
         for other in stale:
             _entries.remove_version_dir(other)
@@ -358,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("status", cmd_status, "versions, hook, settings with origins, directory, store, stats (the default)")
     add("dir", cmd_dir, "print the version directory, bare")
-    add("stats", cmd_stats, "hits, misses, time saved across processes").add_argument("--reset", action="store_true")
+    add("stats", cmd_stats, "hits, misses by cause, time saved across processes").add_argument("--reset", action="store_true")
+    add("explain", cmd_explain, "why recent compiles missed or were not cached, function by function")
     clear = add("clear", cmd_clear, "remove every entry")
     clear.add_argument("--all-versions", action="store_true", help="every JAX version's directory")
     clear.add_argument("--dry-run", action="store_true")

@@ -71,14 +71,23 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     recorder = _stats.start(settings, directory, ledger=keeping, remote=location.kind == _cache.REMOTE)
     if location.local:
         shared = bool(settings["trust_shared"])
+        cap = settings["max_size"]
         reason = _store.install(jax, directory, shared, recorder, writable=location.writable)
         recorder.store_serving = reason is None
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
+        from gkx_autocache import _explain, _ledger
+
+        def load() -> Any:
+            return _ledger.explain_state(directory, _explain.Folding())
+
+        unexplained = reason or _explain.install(jax, recorder, directory, cap, load)
+        if unexplained:
+            logger.debug("misses are not explained: %s", unexplained)
         if keeping:
-            _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, shared)
+            _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, shared, explain=unexplained)
             # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7).
-            atexit.register(_stats.finish, recorder, settings["max_size"] if not reason else 0)
+            atexit.register(_stats.finish, recorder, cap if not reason else 0)
 
 
 def xla_caches_for(settings: _settings.Settings, directory: str) -> str | None:

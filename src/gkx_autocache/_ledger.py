@@ -40,6 +40,7 @@ from typing import Any
 
 from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._explain import Folding
 from gkx_autocache._layout import (
     LEDGER_DIR,
     LEDGER_SUFFIX,
@@ -57,14 +58,14 @@ READ_LIMIT = 64 << 20  # the most read of one ledger or summary file
 RECENT = 500  # misses and uncached compiles kept for `explain`
 MAX_INT = 1 << 62
 MAX_FLOAT = 1e12
-KINDS = ("hit", "miss", "put", "uncached", "added", "sum")
+KINDS = ("hit", "miss", "put", "uncached", "added", "evicted", "sum")
 
 
 # -- records ------------------------------------------------------------------------------------
 
 _INT_FIELDS = ("bytes", "hits", "misses")
 _FLOAT_FIELDS = ("saved", "compile", "t")
-_STR_FIELDS = ("key", "cause", "detail", "reason", "parts")
+_STR_FIELDS = ("key", "cause", "detail", "reason", "parts", "change")
 
 
 def _count(value: Any) -> int | None:
@@ -148,9 +149,13 @@ class Totals:
             cost = self.functions.setdefault(function_name(record.get("key", "?-")), [0.0, 0])
             cost[0] += record.get("compile", 0.0)
             cost[1] += 1
-        elif kind == "uncached":
+        elif kind == "uncached":  # a miss JAX then did not write
+            self.misses += 1
             reason = record.get("reason") or "unknown"
             self.uncached[reason] = self.uncached.get(reason, 0) + 1
+            cause = record.get("cause")
+            if cause:
+                self.causes[cause] = self.causes.get(cause, 0) + 1
         elif kind == "sum":  # a remote directory's process, at exit
             self.hits += record.get("hits", 0)
             self.misses += record.get("misses", 0)
@@ -355,6 +360,29 @@ def recent(version_dir: str) -> list[dict[str, Any]]:
 # -- the lock, folding and the cap --------------------------------------------------------------
 
 
+def explain_state(version_dir: str, explain: Any) -> dict[str, Any]:
+    """What explaining a miss needs (``_explain``): the summary's state, with the writes and
+    evictions of ledgers not folded yet (another process's, a ``prune`` just run)."""
+    summary = read_summary(version_dir)
+    state = summary.explain
+    folded = set(summary.folded)
+    for path in ledger_files(version_dir):
+        if os.path.basename(path) not in folded:
+            for record in read_records(path):
+                explain.fold(state, record)
+    return state
+
+
+def record_evicted(version_dir: str, keys: list[str], reason: str, shared: bool) -> None:
+    """Remember keys a command removed, so that their next miss is named "evicted": a ledger of
+    their records, folded like any other."""
+    folder = _files.bookkeeping_dir(version_dir, shared, LEDGER_DIR)
+    if folder is not None and keys:
+        name = f"{os.getpid()}-{time.time_ns()}{LEDGER_SUFFIX}"
+        data = b"".join(encode({"e": "evicted", "key": key, "reason": reason}) for key in keys)
+        _files.write_atomic(os.path.join(folder, name), data, _files.file_mode(shared))
+
+
 def _lock(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
     """The bookkeeping lock, taken; None when another process holds it (after ``wait`` seconds)
     or it cannot be opened. Read-only open: a lock file another member created can be taken too."""
@@ -413,7 +441,9 @@ def fold(version_dir: str, cap: int, shared: bool, explain: Any = None) -> None:
         os.close(lock)
 
 
-def _fold(version_dir: str, cap: int, shared: bool, explain: Any) -> None:
+def _fold(version_dir: str, cap: int, shared: bool, explain: Any, zero: bool = False) -> int:
+    """Fold under the lock (see ``fold``); with ``zero``, then forget the totals and the recent
+    misses, keeping what explains the next miss and the size account. The count of ledgers folded."""
     summary = read_summary(version_dir)
     already = set(summary.folded)
     done: list[tuple[str, int]] = []  # (path, descriptor holding its lock)
@@ -438,16 +468,21 @@ def _fold(version_dir: str, cap: int, shared: bool, explain: Any) -> None:
                 if explain is not None:
                     explain.fold(summary.explain, record)
         summary.recent = summary.recent[-RECENT:]
+        if zero:
+            summary.totals, summary.recent = Totals(), []
         if cap and (summary.size + live_bytes > cap or time.time() - summary.scanned_at > RESCAN_SECS):
             _keep_under(version_dir, cap, summary, explain)
         summary.folded = [os.path.basename(p) for p, _ in done]
         if not _write_summary(version_dir, summary, shared):
-            return
+            if zero:
+                raise OSError(f"stats not reset: {summary_path(version_dir)} cannot be written")
+            return 0
         from gkx_autocache import _entries
 
         removed = _entries.remove_files(version_dir, [p for p, _ in done])
         summary.folded = [os.path.basename(p) for p in removed.failed]  # not counted twice
         _write_summary(version_dir, summary, shared)
+        return removed.files
     finally:
         for _, fd in done:
             if fd >= 0:
@@ -466,15 +501,17 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, explain: Any) -> N
         freed = _entries.remove_files(version_dir, [p for u in removed for p in u.files]).bytes
         actual -= freed
         if explain is not None:
-            explain.evicted(summary.explain, [u.key for u in removed if u.has_entry])
+            explain.evicted(summary.explain, [u.key for u in removed if u.has_entry], "max_size")
         logger.debug("pruned %d entries (%d bytes) from %s", len(removed), freed, version_dir)
     summary.size = actual
     summary.scanned_at = time.time()
 
 
-def reset(version_dir: str, shared: bool = False) -> int:
-    """Forget the totals (``stats --reset``, ``clear``): the summary and every ledger. The count of
-    files removed. Waits a little for a fold in progress."""
+def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
+    """Start the totals again (``stats --reset``): finished ledgers are folded, then the totals and
+    recent misses are zeroed; what explains the next miss and the size account stay. With
+    ``forget`` (``clear``, a fresh start), the summary and every ledger go. The count of files
+    folded or removed. Waits a little for a fold in progress."""
     from gkx_autocache import _entries
 
     files = ledger_files(version_dir)
@@ -485,6 +522,8 @@ def reset(version_dir: str, shared: bool = False) -> int:
         return 0
     lock = _lock(version_dir, shared, wait=5.0)
     try:
+        if not forget:
+            return _fold(version_dir, 0, shared, Folding(), zero=True)
         removed = _entries.remove_files(version_dir, present)
         if removed.failed:
             raise OSError(f"stats not reset: {removed.why()}")

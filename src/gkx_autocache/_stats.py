@@ -19,6 +19,7 @@ from typing import Any
 
 from gkx_autocache import _files, _ledger
 from gkx_autocache._diagnostics import human_bytes, logger
+from gkx_autocache._explain import Folding
 from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX
 
 REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
@@ -44,6 +45,7 @@ class Recorder:
         self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
         self._lock = threading.Lock()
         self._written: set[str] = set()  # keys this process wrote: a hit of one is not the cache being warm
+        self._waiting: dict[int, dict[str, Any]] = {}  # thread -> its miss, until the compile's fate is known
         self._fd: int | None = None
         self._pid = os.getpid()
         if ledger and hasattr(os, "register_at_fork"):
@@ -72,9 +74,12 @@ class Recorder:
         except Exception:
             pass
 
-    # The store's calls.
+    # The store's calls. A miss is recorded once the compile's fate is known (written, or not
+    # written and why), so that it gets one cause: a compile JAX never writes is "not cached:
+    # host callbacks" on every run, not "new".
     def hit(self, key: str, nbytes: int, compile_secs: float) -> None:
         """An entry was read; it is recorded when JAX reports its load time, on this thread."""
+        self._settle()
         self._pending.hit = (key, nbytes, compile_secs)
 
     def miss(self, key: str) -> None:
@@ -82,24 +87,47 @@ class Recorder:
         record: dict[str, Any] = {"e": "miss", "key": key, "t": round(time.time(), 3)}
         if self.explainer is not None:
             record.update(self.explainer.cause(key))
-        self._record(record)
+        self._settle(record)
 
     def rejected(self, key: str, reason: str) -> None:
         """The entry was there, but JAX could not load it: a miss."""
         self._pending.hit = None
-        self._record({"e": "miss", "key": key, "cause": "rejected", "detail": reason, "t": round(time.time(), 3)})
+        self._settle({"e": "miss", "key": key, "cause": "rejected", "detail": reason, "t": round(time.time(), 3)})
 
     def put(self, key: str, nbytes: int, compile_secs: float) -> None:
         self._pending.hit = None  # an entry read but not loadable is compiled and written again
+        self._settle()
         self._written.add(key)
         record: dict[str, Any] = {"e": "put", "key": key, "bytes": nbytes, "compile": round(compile_secs, 6)}
         if self.explainer is not None:
             record.update(self.explainer.ingredients(key))
         self._record(record)
 
-    def uncached(self, key: str, reason: str) -> None:
-        """A compile JAX did not write, and why (SPEC §13)."""
-        self._record({"e": "uncached", "key": key, "reason": reason, "t": round(time.time(), 3)})
+    def uncached(self, key: str, reason: str, detail: str = "") -> None:
+        """A compile JAX did not write, and why (SPEC §13). Its miss is counted with it; the
+        miss's own cause is kept too unless it was merely "new" (never written: the reason says
+        why), as a second rank's "changed device assignment" is."""
+        with self._lock:
+            waiting = self._waiting.get(threading.get_ident())
+            if waiting is not None and waiting.get("key") == key:
+                del self._waiting[threading.get_ident()]
+            else:
+                waiting = None
+        record = {"e": "uncached", "key": key, "reason": reason, "t": round(time.time(), 3)}
+        if detail:
+            record["detail"] = detail
+        if waiting is not None and waiting.get("cause") not in (None, "new"):
+            record["cause"], record["change"] = waiting["cause"], waiting.get("detail", "")
+        self._record(record)
+
+    def _settle(self, waiting: dict[str, Any] | None = None) -> None:
+        """Record this thread's miss that was waiting, and (optionally) start waiting on another."""
+        with self._lock:
+            previous = self._waiting.pop(threading.get_ident(), None)
+            if waiting is not None:
+                self._waiting[threading.get_ident()] = waiting
+        if previous is not None:
+            self._record(previous)
 
     def _record(self, record: dict[str, Any]) -> None:
         with self._lock:
@@ -135,6 +163,10 @@ class Recorder:
     def close(self) -> None:
         """Close the ledger (at exit, before folding): its lock is released with it."""
         with self._lock:
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for record in waiting:
+            self._record(record)
+        with self._lock:
             if self._fd is not None:
                 try:
                     os.close(self._fd)
@@ -156,6 +188,7 @@ class Recorder:
             self._fd = None
         self._lock = threading.Lock()
         self._pending = threading.local()
+        self._waiting = {}
         self._pid = os.getpid()
         self.totals = _ledger.Totals()
         self.requests = self.jax_hits = 0
@@ -165,9 +198,16 @@ class Recorder:
         chosen its own after ``import jax``): store figures only when the store served it."""
         used = self.directory if used is None else used
         misses = self.requests - self.jax_hits
-        parts = [f"{self.jax_hits} hits", f"{misses} misses"]
-        if self.store_serving and used == self.directory:
-            parts.append(f"{self.totals.saved_secs:.2f} s compile time saved")
+        ours = self.store_serving and used == self.directory
+        hits = f"{self.jax_hits} hits"
+        if ours and self.totals.own_hits:
+            hits += (f" ({self.jax_hits - self.totals.own_hits} from earlier runs, {self.totals.own_hits} of "
+                     "this run's own compiles)")
+        parts = [hits, f"{misses} misses{by_cause(self.totals.causes) if ours else ''}"]
+        if ours and self.totals.uncached:
+            parts.append(f"{sum(self.totals.uncached.values())} not cached{by_cause(self.totals.uncached)}")
+        if ours:
+            parts.append(f"{self.totals.saved_secs:.2f} s compile CPU time avoided")
             parts.append(f"{human_bytes(self.totals.bytes_read)} read, {human_bytes(self.totals.bytes_written)} written")
         return f"gkx-autocache: {', '.join(parts)}, {used}"
 
@@ -191,12 +231,12 @@ def start(settings: Any, directory: str, ledger: bool, remote: bool = False) -> 
     return recorder
 
 
-def finish(rec: Recorder, cap: int, explain: Any = None) -> None:
+def finish(rec: Recorder, cap: int) -> None:
     """At exit: close this process's ledger, then fold finished ledgers and keep the cap."""
     kept = rec.kept_ledger
     rec.close()
     if kept:
-        _ledger.fold(rec.directory, cap, rec.shared, explain)
+        _ledger.fold(rec.directory, cap, rec.shared, Folding())
 
 
 def _before_thread_pools_stop(func: Any, *args: Any) -> None:
@@ -236,6 +276,14 @@ def _report() -> None:
             print(recorder.report_line(str(used) if used else recorder.directory), file=sys.stderr, flush=True)
         except Exception:
             pass
+
+
+def by_cause(causes: dict[str, int]) -> str:
+    """``" (8 new, 3 changed XLA_FLAGS, 1 evicted)"``, most frequent first."""
+    if not causes:
+        return ""
+    ordered = sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))
+    return " (" + ", ".join(f"{n} {cause}" for cause, n in ordered) + ")"
 
 
 def totals_dict(t: _ledger.Totals) -> dict[str, Any]:

@@ -139,6 +139,8 @@ def gather(ctx: Context) -> dict[str, Any]:
                              writable=location.writable, trusted=True if location.kind == _cache.LOCAL else None,
                              exists=is_url(vdir) or os.path.isdir(vdir))
             store = _store_verdict(location)
+            if location.kind == _cache.LOCAL and store.get("explain"):
+                attention.append(f"misses are not explained here: {store['explain']}")
             try:  # a bucket may be unreachable from here: status still reports the rest
                 if location.kind != _cache.OWN:
                     totals = _ledger.read_totals(vdir)
@@ -171,3 +173,68 @@ def _store_verdict(location: _cache.Location) -> dict[str, Any]:
                                           "their trust is the bucket's access policy"}
     assert location.version_dir is not None
     return _store.read_verdict(location.version_dir) or {"store": None, "reason": "no process has used it yet"}
+
+
+# -- explain ------------------------------------------------------------------------------------------
+
+FIXES = {
+    "new": "nothing to fix: a first compile of this function; the next run is served",
+    "changed computation": "nothing to fix when you changed the code or the shapes; a value that differs on every run "
+                           "(a time, a seed, an id()) closed over by the function makes it miss every time: pass it "
+                           "as an argument",
+    "changed XLA_FLAGS": "keep XLA_FLAGS (and --xla arguments) the same between runs: every entry depends on them",
+    "changed jaxlib": "entries of another jaxlib are never hit: expected after an upgrade",
+    "changed backend": "entries of another backend version are never hit: expected after a driver or plugin upgrade",
+    "changed devices": "the device kinds or count differ (CUDA_VISIBLE_DEVICES, "
+                       "--xla_force_host_platform_device_count): each set has its own entries",
+    "changed device assignment": "expected for ranks other than 0 of a multi-process run on CPU (JAX keys the device "
+                                 "assignment there; on GPU it does not)",
+    "changed compile options": "compile options set in code or jax.config differ between runs",
+    "changed compression": "installing or removing zstandard changes every key: keep it the same",
+    "changed custom hook": "jax._src.cache_key.custom_hook() returns something else",
+    "evicted": "the cap is smaller than the working set: raise max_size (gkx-autocache config set max_size 20GiB)",
+    "rejected": "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
+    "unexplained": "JAX's key parts were not seen for this compile",
+    "not process 0": "expected: only process 0 of a multi-process run writes (JAX's rule)",
+    "host callbacks": "JAX 0.10 does not write functions with host callbacks (jax.debug.print, pure_callback): keep "
+                      "them out of hot functions, or upgrade JAX",
+    "below min_compile_time_secs": "lower min_compile_time_secs (gkx-autocache config set min_compile_time_secs 0)",
+    "below min_entry_size_bytes": "lower min_entry_size_bytes (gkx-autocache config set min_entry_size_bytes -1)",
+    "read-only directory": "expected: the cache is read-only for you (a baked image)",
+}
+
+
+def explain(ctx: Context) -> dict[str, Any]:
+    """The recent misses and uncached compiles, grouped by cause, then function: the latest detail
+    of each, how often, and the fix."""
+    from gkx_autocache._layout import function_name
+
+    vdir = ctx.version_dir
+    location = ctx.location
+    unavailable = None
+    if location is not None and location.kind != _cache.LOCAL:
+        unavailable = "misses are explained for a local directory gkx-autocache resolved (not a bucket or JAX's own)"
+    elif (verdict := _store.read_verdict(vdir)) is not None and verdict.get("explain"):
+        unavailable = str(verdict["explain"])
+    groups: dict[str, dict[str, Any]] = {}
+
+    def add(cause: str, key: str, detail: str) -> None:
+        short = cause.removeprefix("not cached: ").split(" (")[0]
+        group = groups.setdefault(cause, {"cause": cause, "count": 0, "functions": {}, "fix": FIXES.get(short, "")})
+        group["count"] += 1
+        name = function_name(key or "?-")
+        fn = group["functions"].setdefault(name, {"name": name, "count": 0, "detail": ""})
+        fn["count"] += 1
+        fn["detail"] = detail
+
+    for record in _ledger.recent(vdir) if location is not None and location.kind == _cache.LOCAL else []:
+        if record["e"] == "miss":
+            add(record.get("cause") or "unexplained", record.get("key", ""), record.get("detail", ""))
+            continue
+        add(f"not cached: {record.get('reason') or 'unknown'}", record.get("key", ""), record.get("detail", ""))
+        if record.get("cause"):  # the miss's own cause, where it says more than "new"
+            add(record["cause"], record.get("key", ""), record.get("change", ""))
+    ordered = sorted(groups.values(), key=lambda g: -g["count"])
+    for group in ordered:
+        group["functions"] = sorted(group["functions"].values(), key=lambda f: -f["count"])
+    return {"unavailable": unavailable, "groups": ordered}

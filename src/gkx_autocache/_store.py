@@ -141,6 +141,7 @@ class Store:
     def put(self, key: str, value: bytes) -> None:
         started = getattr(self._misses, "keys", {}).pop(key, None)
         if not self._writable:
+            self._recorder.uncached(key, "read-only directory", "this user cannot write the cache (a baked image)")
             return
         path = self._entry(key)
         existing = _files.read(path, limit=4)
@@ -240,9 +241,11 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
     return None
 
 
-def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False) -> None:
-    """Record which store serves the directory, so ``status`` can say it without importing jax."""
-    text = json.dumps({"store": store, "reason": reason}) + "\n"
+def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False,
+                  explain: str | None = None) -> None:
+    """Record which store serves the directory, and whether misses are explained (None: they are;
+    else why not), so ``status`` can say it without importing jax."""
+    text = json.dumps({"store": store, "reason": reason, "explain": explain}) + "\n"
     path = os.path.join(version_dir, META_DIR, VERDICT_FILE)
     if _files.read(path) == text.encode():
         return

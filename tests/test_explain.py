@@ -1,0 +1,160 @@
+"""Why it missed (SPEC §13): each miss and each uncached compile names exactly its own cause,
+with real JAX in fresh processes, as `explain --json`, `stats` and the `report` line show it."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+from conftest import Venv, run_program
+from test_activation import VERSION_DIR
+
+PROGRAM = r"""
+import json, os, sys
+import jax, jax.numpy as jnp
+SCALE = float(os.environ.get("SCALE", "3.0"))
+@jax.jit
+def f(x):
+    return jnp.tanh(x @ x.T).sum(axis=0) * SCALE
+@jax.jit
+def g(x):
+    return jnp.cumsum(jnp.sin(x) ** 2)
+x = jnp.linspace(0.0, 1.0, 64).reshape(8, 8)
+result = float(f(x).sum()) + float(g(x.ravel()).sum())
+if os.environ.get("EXTRA"):
+    @jax.jit
+    def h(x):
+        return jnp.cos(x).sum(axis=0) * 2.0 + 1.0
+    result += float(h(x).sum())
+if os.environ.get("PRINT"):
+    @jax.jit
+    def noisy(x):
+        jax.debug.print("total {}", x.sum())
+        return x * 2.0
+    result += float(noisy(x).sum())
+print(json.dumps({"result": round(result, 4)}))
+"""
+
+
+def explain(venv: Venv, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """`explain --json` as {cause: {function name: detail}}."""
+    proc = venv.cli("--json", "explain", env=env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["unavailable"] is None, data
+    return {g["cause"]: {f["name"]: f["detail"] for f in g["functions"]} for g in data["groups"]}
+
+
+def fresh_causes(venv: Venv, env: dict[str, str], **extra: str) -> tuple[dict[str, dict[str, Any]], str]:
+    """Run once more after a reset of the totals: the causes of that run alone, and its report line."""
+    assert venv.cli("stats", "--reset", env=env).returncode == 0
+    _, err = run_program(venv, env={**env, **extra, "GKX_JAX_CACHE_REPORT": "1"}, program=PROGRAM)
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:")]
+    return explain(venv, env), line
+
+
+def cache(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **extra}
+
+
+def test_a_cold_run_is_new_and_a_warm_run_has_nothing_to_explain(venv: Venv, tmp_path: Path) -> None:
+    env = cache(tmp_path)
+    causes, line = fresh_causes(venv, env)
+    assert {"jit_f", "jit_g"} <= set(causes["new"]), causes
+    assert set(causes) <= {"new", "changed computation"}, causes  # a second shape of a helper: its input shapes
+    assert "misses (" in line and " new" in line, line
+    causes, line = fresh_causes(venv, env)
+    assert causes == {} and " 0 misses," in line, (causes, line)
+
+
+def test_changed_xla_flags_names_the_values_before_and_after(venv: Venv, tmp_path: Path) -> None:
+    env = cache(tmp_path)
+    run_program(venv, env=env, program=PROGRAM)
+    causes, line = fresh_causes(venv, env, XLA_FLAGS="--xla_cpu_enable_fast_math=true")
+    assert set(causes) == {"changed XLA_FLAGS"}, causes
+    assert causes["changed XLA_FLAGS"]["jit_f"] == "XLA_FLAGS: '' -> '--xla_cpu_enable_fast_math=true'"
+    assert "changed XLA_FLAGS)" in line, line
+
+
+def test_a_changed_constant_is_that_functions_computation(venv: Venv, tmp_path: Path) -> None:
+    env = cache(tmp_path)
+    run_program(venv, env=env, program=PROGRAM)
+    causes, _ = fresh_causes(venv, env, SCALE="4.0")
+    assert causes == {"changed computation": {"jit_f": causes["changed computation"]["jit_f"]}}, causes
+    stats = json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]
+    assert stats["causes"] == {"changed computation": 1} and stats["hits"] >= 2  # g and the helpers hit
+
+
+def test_a_new_function_is_new(venv: Venv, tmp_path: Path) -> None:
+    env = cache(tmp_path)
+    run_program(venv, env=env, program=PROGRAM)
+    causes, _ = fresh_causes(venv, env, EXTRA="1")
+    assert set(causes) == {"new"} and set(causes["new"]) == {"jit_h"}, causes
+
+
+def test_an_entry_pruned_by_the_cap_is_evicted_naming_max_size(venv: Venv, tmp_path: Path) -> None:
+    """A cap below the working set: the entries pruned at exit miss next time as `evicted`."""
+    env = cache(tmp_path, GKX_JAX_CACHE_MAX_SIZE="12kB")
+    run_program(venv, env=env, program=PROGRAM)
+    vdir = tmp_path / "c" / VERSION_DIR
+    assert len(list(vdir.glob("*-cache"))) < 7  # the cap pruned some at exit
+    causes, line = fresh_causes(venv, env)
+    assert "evicted" in causes and all("max_size" in d for d in causes["evicted"].values()), causes
+    assert set(causes) == {"evicted"}, causes
+
+
+def test_an_entry_that_does_not_load_is_rejected(venv: Venv, tmp_path: Path) -> None:
+    env = cache(tmp_path)
+    run_program(venv, env=env, program=PROGRAM)
+    victim = max((tmp_path / "c" / VERSION_DIR).glob("jit_f-*-cache"), key=lambda p: p.stat().st_size)
+    payload = zlib.decompress(victim.read_bytes())
+    victim.write_bytes(zlib.compress(payload[:4] + b"\x07rotten\x00" * 40))
+    causes, _ = fresh_causes(venv, env)
+    assert set(causes) == {"rejected"} and set(causes["rejected"]) == {"jit_f"}, causes
+    assert causes["rejected"]["jit_f"], causes  # JAX's reason
+
+
+def test_host_callbacks_are_named_where_jax_does_not_write_them(venv: Venv, tmp_path: Path) -> None:
+    """`jax.debug.print` in a function: JAX 0.10 does not write it (uncached: host callbacks);
+    JAX 0.12 writes it, and it is served like any other."""
+    import inspect
+
+    from jax._src import compiler
+
+    writes_callbacks = "host_callbacks" not in inspect.signature(compiler._cache_write).parameters
+    env = cache(tmp_path)
+    run_program(venv, env={**env, "PRINT": "1"}, program=PROGRAM)
+    causes, line = fresh_causes(venv, env, PRINT="1")
+    if writes_callbacks:
+        assert causes == {}, causes
+    else:
+        assert set(causes) == {"not cached: host callbacks"}, causes  # not "new" on every run
+        assert set(causes["not cached: host callbacks"]) == {"jit_noisy"}
+        assert "1 not cached (1 host callbacks)" in line, line
+
+
+def test_a_raised_threshold_is_named(venv: Venv, tmp_path: Path) -> None:
+    env = cache(tmp_path, GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS="100")
+    causes, line = fresh_causes(venv, env)
+    assert set(causes) == {"not cached: below min_compile_time_secs"}, causes
+    assert {"jit_f", "jit_g"} <= set(causes["not cached: below min_compile_time_secs"])
+    assert "not cached (" in line and "below min_compile_time_secs)" in line, line
+
+
+SEAM_CHANGED = "import gkx_autocache._explain as e; e.install = lambda *a: 'simulated: cache_key changed'\n" + PROGRAM
+
+
+def test_a_changed_seam_leaves_everything_else_and_status_says_why(venv: Venv, tmp_path: Path) -> None:
+    """JAX's key internals not as expected: the cache still serves, and `status` and `explain`
+    say that explanations are unavailable, and why."""
+    env = cache(tmp_path)
+    run_program(venv, env=env, program=SEAM_CHANGED)
+    warm, _ = run_program(venv, env=env, program=SEAM_CHANGED)
+    stats = json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]
+    assert stats["hits"] >= 2 and stats["causes"] == {}
+    status = json.loads(venv.cli("--json", "status", env=env).stdout)
+    assert any("not explained here: simulated: cache_key changed" in a for a in status["attention"]), status["attention"]
+    data = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    assert data["unavailable"] == "simulated: cache_key changed"
