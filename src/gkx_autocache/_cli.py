@@ -127,9 +127,9 @@ def start_files() -> dict[str, str | None]:
 
 
 def hook_live() -> bool:
-    from gkx_autocache import PostImportFinder
+    from gkx_autocache import is_finder
 
-    return any(type(f) is PostImportFinder for f in sys.meta_path)
+    return any(is_finder(f) for f in sys.meta_path)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
