@@ -1,18 +1,22 @@
 """Benchmarks for SPEC §11: what the package costs every process, and what it saves a JAX re-run.
 
-    python benchmarks/run.py [--quick] [--out benchmarks/results.json]
+    python benchmarks/run.py [--quick] [--only SECTION ...] [--out benchmarks/results.json]
 
 Builds two virtual environments from the working tree (the same interpreter and JAX, one with
 the wheel installed and one without), then measures, as medians of interleaved runs:
-  1. `python -c pass`, with the package's bytecode present and absent, and the modules
-     `python -X importtime -c pass` lists in each;
+  1. `python -c pass`, with the package's bytecode present and absent: wall time, instructions
+     counted by valgrind (`--tool=lackey --basic-counts=yes`, deterministic to a fraction of a
+     percent where wall time at this scale is not; skipped where valgrind is not installed), and
+     the modules `python -X importtime -c pass` lists in each;
   2. `import jax` with the hook against without it;
   3. the demo's compile-dominated workload, cold then warm in fresh processes, under: no cache,
      JAX's stock cache (directory set only), JAX's stock cache with thresholds at zero, and
      gkx-autocache;
   4. the CLI on a synthetic directory of 100 000 entries, and the at-exit prune on 10 000.
-Prints a Markdown table and writes it, with every figure, as JSON. Needs `uv` and JAX in the
-environment that runs it (`pip install -e '.[test]'`).
+Prints a Markdown table and writes it, with every figure, as JSON. `--only startup` (or
+import_jax, workload, cli; repeatable) measures those sections only; when --out already holds a
+run, its other sections are kept and the JSON records which were measured when. Needs `uv` and JAX
+in the environment that runs it (`pip install -e '.[test]'`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -117,6 +122,37 @@ def startup(with_py: Path, without_py: Path, runs: int) -> dict[str, Any]:
         results["bytecode present" if present else "bytecode absent"] = {"with": w, "without": wo}
     extra = sorted(imported_modules(with_py) - imported_modules(without_py))
     results["extra_modules"] = extra
+    return results
+
+
+VALGRIND = ("valgrind", "--tool=lackey", "--basic-counts=yes")
+
+
+def instructions(python: Path, env: dict[str, str]) -> int:
+    """Instructions executed by one `python -c pass` (lackey's "guest instrs", printed at exit)."""
+    proc = subprocess.run([*VALGRIND, str(python), "-c", "pass"], capture_output=True, text=True, env=env, check=True)
+    found = re.search(r"guest instrs:\s+([\d,]+)", proc.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count in valgrind's output:\n{proc.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def startup_instructions(with_py: Path, without_py: Path, runs: int) -> dict[str, Any]:
+    """Medians of `runs` interleaved counts, with and without the package, bytecode present and absent.
+
+    Counts move only with hash randomisation (by a few hundredths of a million here), so a few runs
+    suffice, where wall time at the 1 ms scale needs hundreds on a shared machine."""
+    if shutil.which("valgrind") is None:
+        return {"skipped": "valgrind is not installed (apt-get install valgrind)"}
+    results: dict[str, Any] = {}
+    for present in (True, False):
+        env = set_bytecode(with_py, present)
+        w, wo = [], []
+        for _ in range(runs):
+            w.append(instructions(with_py, env))
+            wo.append(instructions(without_py, env))
+        results["bytecode present" if present else "bytecode absent"] = {
+            "with": statistics.median(w), "without": statistics.median(wo), "with_runs": w, "without_runs": wo}
     return results
 
 
@@ -247,53 +283,91 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
+def millions(count: float) -> str:
+    return f"{count / 1e6:.2f} M"
+
+
 def table(r: dict[str, Any]) -> str:
-    rows = [f"Machine: {r['machine']}; Python {r['python']}; JAX {r['jax']}; {r['date']}; `{r['command']}`", "",
-            "| measure | with gkx-autocache | without | ratio |", "|---|---|---|---|"]
-    for case, f in r["startup"].items():
+    rows = [f"Machine: {r['machine']}; Python {r['python']}; JAX {r['jax']}; {r['date']}; `{r['command']}`"]
+    for name, when in r.get("measured", {}).items():
+        if (when["date"], when["command"]) != (r["date"], r["command"]):
+            machine = f"; machine: {when['machine']}" if when["machine"] != r["machine"] else ""
+            rows.append(f"{name.replace('_', ' ').capitalize()} rows: {when['date']}; `{when['command']}`{machine}")
+    rows += ["", "| measure | with gkx-autocache | without | ratio |", "|---|---|---|---|"]
+    for case, f in r.get("startup", {}).items():
         if case == "extra_modules":
             continue
         rows.append(f"| `python -c pass`, {case} | {ms(f['with'])} | {ms(f['without'])} | "
-                    f"{f['with'] / f['without']:.3f} (+{ms(f['with'] - f['without'])}) |")
-    for case, f in r["import_jax"].items():
+                    f"{f['with'] / f['without']:.3f} ({(f['with'] - f['without']) * 1000:+.1f} ms) |")
+    counts = r.get("startup_instructions", {})
+    if "skipped" in counts:
+        rows.append(f"| `python -c pass`, instructions | skipped: {counts['skipped']} | | |")
+    for case, f in ((c, f) for c, f in counts.items() if c != "skipped"):
+        rows.append(f"| `python -c pass`, {case}, instructions | {millions(f['with'])} | {millions(f['without'])} | "
+                    f"{f['with'] / f['without']:.3f} ({(f['with'] - f['without']) / 1e6:+.2f} M) |")
+    for case, f in r.get("import_jax", {}).items():
         rows.append(f"| `import jax`, {case} | {ms(f['with'])} | {ms(f['without'])} | {f['with'] / f['without']:.3f}"
                     f" (configuring: {ms(f['configure'])} in-process) |")
-    rows.append(f"| modules added at start-up | {', '.join(r['startup']['extra_modules'])} | | |")
-    rows += ["", "| workload (demo program, fresh processes) | cold | warm | warm / cold | warm hits | load per entry |",
-             "|---|---|---|---|---|---|"]
-    for name, w in r["workload"].items():
-        rows.append(f"| {name} | {w['cold']:.2f} s | {w['warm']:.2f} s | {w['warm'] / w['cold']:.2f} | "
-                    f"{w['warm_hits']:.0f} of {w['warm_requests']:.0f} | {ms(w['load_per_entry'])} |")
-    rows += ["", f"| CLI on {r['cli_entries']:,} entries | seconds |", "|---|---|"]
-    rows += [f"| `gkx-autocache {c}` | {s:.2f} |" for c, s in r["cli"].items()]
-    rows.append(f"| at-exit fold and prune to 90 % of the cap, {r['prune_entries']:,} entries | {r['prune_at_exit']:.3f} |")
+    if "startup" in r:
+        rows.append(f"| modules added at start-up | {', '.join(r['startup']['extra_modules']) or 'none'} | | |")
+    if "workload" in r:
+        rows += ["", "| workload (demo program, fresh processes) | cold | warm | warm / cold | warm hits | load per entry |",
+                 "|---|---|---|---|---|---|"]
+        for name, w in r["workload"].items():
+            rows.append(f"| {name} | {w['cold']:.2f} s | {w['warm']:.2f} s | {w['warm'] / w['cold']:.2f} | "
+                        f"{w['warm_hits']:.0f} of {w['warm_requests']:.0f} | {ms(w['load_per_entry'])} |")
+    if "cli" in r:
+        rows += ["", f"| CLI on {r['cli_entries']:,} entries | seconds |", "|---|---|"]
+        rows += [f"| `gkx-autocache {c}` | {s:.2f} |" for c, s in r["cli"].items()]
+        rows.append(f"| at-exit fold and prune to 90 % of the cap, {r['prune_entries']:,} entries | {r['prune_at_exit']:.3f} |")
     return "\n".join(rows)
+
+
+SECTIONS = ("startup", "import_jax", "workload", "cli")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny run, for the smoke test")
+    parser.add_argument("--only", action="append", choices=SECTIONS, help="measure only this section (repeatable)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
     args = parser.parse_args(argv)
     quick = args.quick
+    sections = args.only or list(SECTIONS)
+    command = "python benchmarks/run.py" + (" --quick" if quick else "") + "".join(f" --only {s}" for s in args.only or [])
+    out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="gkx-bench-") as tmp:
         work = Path(tmp)
         with_py, without_py = make_venvs(work)
         jax_version = sh(str(with_py), "-c", "import importlib.metadata as m; print(m.version('jax'))").stdout.strip()
-        results: dict[str, Any] = {
+        here = {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
             "python": platform.python_version(), "jax": jax_version, "date": time.strftime("%Y-%m-%d"),
-            "command": "python benchmarks/run.py" + (" --quick" if quick else ""),
+            "command": command,
         }
-        results["startup"] = startup(with_py, without_py, 3 if quick else 200)
-        results["import_jax"] = import_jax(with_py, without_py, 1 if quick else 10, work)
-        results["workload"] = workload(with_py, without_py, 2 if quick else 24, 1 if quick else 3, work)
-        results["cli_entries"] = 300 if quick else 100_000
-        results["cli"] = cli(with_py, results["cli_entries"], work)
-        results["prune_entries"] = 100 if quick else 10_000
-        results["prune_at_exit"] = prune_at_exit(with_py, results["prune_entries"], work)
+        results: dict[str, Any] = dict(here)
+        if args.only and out.exists():  # keep the other sections of an earlier run, saying which is which
+            kept = json.loads(out.read_text())
+            if (kept["python"], kept["jax"]) != (here["python"], here["jax"]):
+                parser.error(f"{out} was measured with another Python or JAX: measure every section")
+            results = {k: v for k, v in kept.items() if k != "table"}
+            results.setdefault("measured", {s: {k: kept[k] for k in ("date", "command", "machine")} for s in SECTIONS})
+        measured = {s: {"date": here["date"], "command": command, "machine": here["machine"]} for s in sections}
+        results["measured"] = {**results.get("measured", {}), **measured}
+        if "startup" in sections:
+            results["startup"] = startup(with_py, without_py, 3 if quick else 200)
+            results["startup_instructions"] = startup_instructions(with_py, without_py, 1 if quick else 3)
+        if "import_jax" in sections:
+            results["import_jax"] = import_jax(with_py, without_py, 1 if quick else 10, work)
+        if "workload" in sections:
+            results["workload"] = workload(with_py, without_py, 2 if quick else 24, 1 if quick else 3, work)
+        if "cli" in sections:
+            results["cli_entries"] = 300 if quick else 100_000
+            results["cli"] = cli(with_py, results["cli_entries"], work)
+            results["prune_entries"] = 100 if quick else 10_000
+            results["prune_at_exit"] = prune_at_exit(with_py, results["prune_entries"], work)
     results["table"] = table(results)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    out.write_text(json.dumps(results, indent=2) + "\n")
     print(results["table"])
     return 0
 

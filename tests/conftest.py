@@ -26,7 +26,7 @@ RUNNER_SITE = sysconfig.get_paths()["purelib"]
 
 # The runner may have the package installed (pip install -e .): keep this pytest process's own
 # imports of jax unconfigured, so in-process tests start clean.
-sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "PostImportFinder"]
+sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "__name__", None) != "GkxAutocacheFinder"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, Venv, autocache_warnings, make_venv, public_tmp, run_program
 
 JAX_VERSION = __import__("importlib.metadata").metadata.version("jax")
+FINDER = "GkxAutocacheFinder"  # the finder's class name: the .pth line's class and the package's share it
 VERSION_DIR = f"jax-{JAX_VERSION}"
 
 
@@ -166,11 +168,13 @@ def test_warning_points_at_the_users_import_line(venv: Venv, tmp_path: Path) -> 
 
 
 def test_no_jax_installed_is_silent(bare_venv: Venv) -> None:
-    """Without JAX, interpreters start and programs run with nothing printed."""
+    """Without JAX, interpreters start and programs run with nothing printed, and the package is never imported."""
     proc = bare_venv.run("-c", "import json, sys; print(json.dumps(sorted(m for m in sys.modules if 'gkx' in m)))",
                          check=True)
     assert proc.stderr == ""
-    assert json.loads(proc.stdout) == ["gkx_autocache"]
+    assert json.loads(proc.stdout) == []
+    proc = bare_venv.run("-c", "import jax", check=False)
+    assert "No module named 'jax'" in proc.stderr and "gkx" not in proc.stderr
 
 
 FAKE_JAX = '''
@@ -222,8 +226,8 @@ def test_failing_jax_import_passes_through_and_a_retry_is_configured(bare_venv: 
     assert f"retry {tmp_path / 'c' / 'jax-9.9.9'}" in proc.stdout, proc.stderr
 
 
-def test_import_time_adds_only_the_start_up_modules(venv: Venv, tmp_path: Path, wheel: Path) -> None:
-    """`python -X importtime -c pass` lists no module beyond the package's own two."""
+def test_import_time_adds_no_module(venv: Venv, tmp_path: Path, wheel: Path) -> None:
+    """`python -X importtime -c pass` lists no module that the same venv without the package does not."""
     without = make_venv(public_tmp(), None)
 
     def modules(v: Venv) -> set[str]:
@@ -231,13 +235,75 @@ def test_import_time_adds_only_the_start_up_modules(venv: Venv, tmp_path: Path, 
         return {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")} - {
             "package"}
 
-    assert modules(venv) - modules(without) == {"gkx_autocache"}
+    assert modules(venv) - modules(without) == set()
+
+
+# Which modules of the package are imported, and which finders are on sys.meta_path, at start-up and
+# after importing modules other than jax.
+START_UP = r'''
+import sys
+def gkx():
+    return sorted(m for m in sys.modules if m.split(".")[0] == "gkx_autocache")
+before = gkx()
+finders = [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path]
+import csv, email.parser, json
+print(json.dumps({"before": before, "finders": finders, "after": gkx()}))
+'''
+
+
+def test_start_up_imports_nothing_of_the_package(venv: Venv) -> None:
+    """Without bytecode, `python -c` imports no module of the package (no compile() at start-up, SPEC §2):
+    the .pth line defines the finder itself, first on sys.meta_path and named GkxAutocacheFinder, and
+    imports other than jax leave the package unimported."""
+    package = venv.site / "gkx_autocache"
+    shutil.rmtree(package / "__pycache__", ignore_errors=True)
+    assert venv.env["PYTHONDONTWRITEBYTECODE"] == "1"
+    out = json.loads(venv.run("-c", START_UP, check=True).stdout)
+    assert out["before"] == [] and out["after"] == []
+    assert out["finders"][0] == FINDER and out["finders"].count(FINDER) == 1
+    assert not (package / "__pycache__").exists()
+
+
+# Runs every .pth file of site-packages again (site already ran them twice: a venv's site-packages is
+# processed twice at start-up), then counts the finders.
+AGAIN = r'''
+import json, site, sys
+def count():
+    return sum(getattr(f, "__name__", "") == "GkxAutocacheFinder" for f in sys.meta_path)
+at_start = count()
+site.addsitedir(sys.argv[1])
+print(json.dumps({"at_start": at_start, "again": count(), "gkx": sorted(m for m in sys.modules if "gkx" in m)}))
+'''
+
+
+@pytest.mark.parametrize(("value", "finders"), [(None, 1), ("", 1), ("yes", 1), ("0", 0), (" Disabled ", 0), ("OFF", 0)])
+def test_pth_line_is_idempotent_and_honours_the_opt_out(venv: Venv, value: str | None, finders: int) -> None:
+    """However often the .pth line runs, one finder at most; none when GKX_JAX_CACHE says off (an empty
+    value counts as unset); and the package is not imported either way."""
+    env = {} if value is None else {"GKX_JAX_CACHE": value}
+    out = json.loads(venv.run("-c", AGAIN, str(venv.site), env=env, check=True).stdout)
+    assert out == {"at_start": finders, "again": finders, "gkx": []}
+
+
+def test_pth_line_configures_a_jax_imported_before_it(bare_venv: Venv, tmp_path: Path) -> None:
+    """If jax is already imported when the line runs (an earlier .pth imported it), it is configured at once."""
+    fake = tmp_path / "fake"
+    (fake / "jax").mkdir(parents=True)
+    (fake / "jax" / "__init__.py").write_text(FAKE_JAX)
+    (fake / "jax" / "monitoring.py").write_text(FAKE_MONITORING)
+    site, pth = str(bare_venv.site), str(bare_venv.site / "gkx_autocache.pth")
+    code = (f"import sys; sys.path.append({site!r}); import jax; exec(open({pth!r}).read());"
+            f"print(sorted(getattr(f, '__name__', '') for f in sys.meta_path if 'Gkx' in str(f)),"
+            " jax.config.jax_compilation_cache_dir)")
+    env = {"PYTHONPATH": str(fake), "BREAK_JAX": str(tmp_path / "absent"), "GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    proc = bare_venv.run("-S", "-c", code, env=env, check=True)
+    assert proc.stdout.split() == ["[]", str(tmp_path / "c" / "jax-9.9.9")]
 
 
 @pytest.mark.parametrize(("flag", "active"), [("-S", False), ("-I", True), ("-E", True), ("-s", True)])
 def test_interpreter_flags(venv: Venv, flag: str, active: bool) -> None:
     """`python -S` skips site processing, so the hook is inactive; -I, -E and -s keep it."""
-    code = "import sys; print(any(type(f).__name__ == 'PostImportFinder' for f in sys.meta_path))"
+    code = f"import sys; print(any(getattr(f, '__name__', '') == {FINDER!r} for f in sys.meta_path))"
     proc = venv.run(flag, "-c", code, check=True)
     assert proc.stdout.strip() == str(active)
 
@@ -298,7 +364,7 @@ def test_already_imported_jax_is_configured_at_install(bare_venv: Venv, tmp_path
     (fake / "jax").mkdir(parents=True)
     (fake / "jax" / "__init__.py").write_text(FAKE_JAX)
     (fake / "jax" / "monitoring.py").write_text(FAKE_MONITORING)
-    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != 'PostImportFinder'];"
+    code = (f"import sys; sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, '__name__', '') != {FINDER!r}];"
             "import jax; import gkx_autocache; gkx_autocache.install(); print(jax.config.jax_compilation_cache_dir)")
     env = {"PYTHONPATH": str(fake), "BREAK_JAX": str(tmp_path / "absent"), "GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
     proc = bare_venv.run("-c", code, env=env, check=True)

@@ -1,28 +1,52 @@
-"""The benchmark runner, on a tiny workload, so that it cannot rot (its figures are not checked)."""
+"""The benchmark runner, on a tiny workload, so that it cannot rot (its timings are not checked;
+the instruction counts, which are deterministic, are)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
-from pathlib import Path
+from typing import Any
 
+import pytest
 from conftest import ROOT
 
 
-def test_runner_produces_every_figure(tmp_path: Path) -> None:
-    """`benchmarks/run.py --quick` builds its venvs, measures every section and writes the JSON."""
-    out = tmp_path / "results.json"
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """`benchmarks/run.py --quick`, once for this module: (its JSON, its printed table)."""
+    out = tmp_path_factory.mktemp("bench") / "results.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
-    data = json.loads(out.read_text())
-    assert data["startup"]["extra_modules"] == ["gkx_autocache"]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> None:
+    """`benchmarks/run.py --quick` builds its venvs, measures every section and writes the JSON."""
+    data, table = quick_run
+    assert data["startup"]["extra_modules"] == []
+    assert set(data["startup_instructions"]) in ({"bytecode present", "bytecode absent"}, {"skipped"})
     assert set(data["workload"]) == {"no cache", "JAX stock cache, default thresholds", "JAX stock cache, thresholds 0",
                                      "gkx-autocache"}
     assert data["workload"]["gkx-autocache"]["warm_hits"] == data["workload"]["gkx-autocache"]["warm_requests"] > 0
     assert data["workload"]["JAX stock cache, default thresholds"]["warm_hits"] == 0
     assert set(data["cli"]) == {"status", "prune --dry-run --max-size 1MB", "verify", "status, after that run",
                                 "ordinary run, folding the ledgers at exit (extra seconds)"}
-    assert "| `import jax`, bytecode absent |" in proc.stdout
+    assert "| `import jax`, bytecode absent |" in table and "| modules added at start-up | none |" in table
     assert all(0 < f["configure"] < 5 for f in data["import_jax"].values())
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None,
+                    reason="valgrind is not installed: benchmarks/run.py skips the instruction counts")
+def test_instruction_counts(quick_run: tuple[dict[str, Any], str]) -> None:
+    """valgrind counts `python -c pass` with and without the package: the package adds the same, well
+    under 3 M instructions, with bytecode and without (a module imported from source adds over 10 M)."""
+    data, table = quick_run
+    counts = data["startup_instructions"]
+    added = {case: counts[case]["with"] - counts[case]["without"] for case in ("bytecode present", "bytecode absent")}
+    assert all(30e6 < counts[case]["without"] < 100e6 for case in added), counts
+    assert all(0 < extra < 3e6 for extra in added.values()), added
+    assert abs(added["bytecode present"] - added["bytecode absent"]) < 0.5e6, added
+    assert "| `python -c pass`, bytecode absent, instructions |" in table

@@ -9,6 +9,7 @@ import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -236,10 +237,27 @@ def test_remove_files_refuses_untagged_directory(tmp_path: Path) -> None:
 
 
 # -- the start-up hook, in process, with a stand-in module ----------------------------------------
+#
+# Two finders share one name and one behaviour: the class that the .pth line defines (which hands
+# over to the package on the target's import) and the package's own, which install() puts in place
+# (Python >= 3.15 runs install() from gkx_autocache.start). Each test below runs against both.
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _finders() -> list[object]:
+    return [f for f in sys.meta_path if getattr(f, "__name__", None) == gkx_autocache.FINDER]
+
+
+def _pth_line(target: str) -> str:
+    """The .pth line as installed, aimed at the stand-in instead of jax."""
+    line = (ROOT / "gkx_autocache.pth").read_text()
+    assert line.count('"jax"') == 2 and line.count("\n") == 1 and line.startswith("import ")
+    return line.replace('"jax"', f'"{target}"')
 
 
 @pytest.fixture
-def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """A module named like a stand-in for jax, on sys.path; configuration calls are recorded."""
     name = f"standin_{os.getpid()}_{id(tmp_path)}"
     (tmp_path / f"{name}.py").write_text("import os\nif os.environ.get('STANDIN_FAIL'):\n    raise OSError(5, 'disk')\nVALUE = 42\n")
@@ -253,32 +271,43 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[n
     sys.modules.pop(name, None)
 
 
+@pytest.fixture(params=["pth line", "install()"])
+def stand_in(request, target):  # type: ignore[no-untyped-def]
+    """(name, calls, install): install() puts the hook in place as the .pth line does (exec'd inside a
+    function by site.addpackage, so with globals that are not its own) or as install() does."""
+    name, calls = target
+    if request.param == "install()":
+        return name, calls, gkx_autocache.install
+    line = _pth_line(name)
+    return name, calls, lambda: exec(line, {})
+
+
 def test_finder_configures_after_the_module_body_and_leaves(stand_in) -> None:  # type: ignore[no-untyped-def]
-    """The callback sees the finished module; the finder leaves sys.meta_path; install is idempotent."""
-    name, calls = stand_in
-    gkx_autocache.install()
-    gkx_autocache.install()
-    assert sum(type(f) is gkx_autocache.PostImportFinder for f in sys.meta_path) == 1
+    """The callback sees the finished module; the finder leaves sys.meta_path; installing is idempotent."""
+    name, calls, install = stand_in
+    install()
+    install()
+    assert len(_finders()) == 1 and sys.meta_path[0] is _finders()[0]
     module = __import__(name)
     assert [m.VALUE for m in calls] == [42]
     assert module.__loader__.__class__.__name__ != "_ConfiguringLoader"
     assert module.__spec__ is not None and module.__spec__.loader is module.__loader__
-    assert not any(type(f) is gkx_autocache.PostImportFinder for f in sys.meta_path)
+    assert _finders() == []
 
 
 def test_failed_import_is_unchanged_and_retry_configures(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """The user's exception comes through as it was, without our frames; the finder stays."""
-    name, calls = stand_in
-    gkx_autocache.install()
+    name, calls, install = stand_in
+    install()
     monkeypatch.setenv("STANDIN_FAIL", "1")
     with pytest.raises(OSError) as info:
         __import__(name)
     assert info.value.errno == 5
     assert not any("gkx_autocache" in (tb.tb_frame.f_code.co_filename) for tb in _walk(info.value.__traceback__))
-    assert calls == [] and any(type(f) is gkx_autocache.PostImportFinder for f in sys.meta_path)
+    assert calls == [] and len(_finders()) == 1
     monkeypatch.delenv("STANDIN_FAIL")
     __import__(name)
-    assert len(calls) == 1
+    assert len(calls) == 1 and _finders() == []
 
 
 def _walk(tb: types.TracebackType | None) -> Iterator[types.TracebackType]:
@@ -287,16 +316,29 @@ def _walk(tb: types.TracebackType | None) -> Iterator[types.TracebackType]:
         tb = tb.tb_next
 
 
-def test_opt_out_installs_nothing(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("GKX_JAX_CACHE", "off")
-    gkx_autocache.install()
-    assert not any(type(f) is gkx_autocache.PostImportFinder for f in sys.meta_path)
+@pytest.mark.parametrize("value", ["off", " No ", "DISABLED", "0"])
+def test_opt_out_installs_nothing(stand_in, monkeypatch: pytest.MonkeyPatch, value: str) -> None:  # type: ignore[no-untyped-def]
+    """GKX_JAX_CACHE off, in any spelling: no finder, and importing the target configures nothing."""
+    name, calls, install = stand_in
+    monkeypatch.setenv("GKX_JAX_CACHE", value)
+    install()
+    assert _finders() == []
+    __import__(name)
+    assert calls == []
+
+
+def test_target_imported_first_is_configured_at_once(stand_in) -> None:  # type: ignore[no-untyped-def]
+    """The target already imported when the hook is installed: configured at once, and no finder."""
+    name, calls, install = stand_in
+    module = __import__(name)
+    install()
+    assert calls == [module] and _finders() == []
 
 
 def test_threads_import_once(stand_in) -> None:  # type: ignore[no-untyped-def]
     """Threads importing the module at once: one configuration call, no deadlock."""
-    name, calls = stand_in
-    gkx_autocache.install()
+    name, calls, install = stand_in
+    install()
     barrier = threading.Barrier(6)
 
     def work() -> None:
@@ -309,6 +351,22 @@ def test_threads_import_once(stand_in) -> None:  # type: ignore[no-untyped-def]
     for t in threads:
         t.join(timeout=30)
     assert len(calls) == 1
+
+
+def test_pth_finder_answers_other_names_without_the_package(target, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The line's finder is a class named GkxAutocacheFinder, not the package's; for any other name its
+    find_spec returns None without importing the package; for the target it hands over to the package
+    (blocked here, so that any import of it raises)."""
+    name, calls = target
+    exec(_pth_line(name), {})
+    (finder,) = _finders()
+    assert isinstance(finder, type) and finder is not gkx_autocache.GkxAutocacheFinder
+    finder = cast(Any, finder)
+    monkeypatch.setitem(sys.modules, "gkx_autocache", None)
+    assert finder.find_spec("json", None, None) is None
+    assert finder.find_spec(name + ".sub", None, None) is None
+    with pytest.raises(ImportError):
+        finder.find_spec(name, None, None)
 
 
 @pytest.mark.parametrize("xdg", [None, "/srv/xdg", "  "])

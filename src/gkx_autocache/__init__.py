@@ -1,38 +1,68 @@
 """gkx-autocache: JAX's persistent compilation cache, on for every process in the environment.
 
-This module is the start-up hook. ``gkx_autocache.pth`` (or ``gkx_autocache.start`` on Python >=
-3.15) runs ``install()`` at every interpreter start: it puts a finder on ``sys.meta_path`` that
-configures JAX right after ``import jax``, and does nothing else. One module, not a package
-``__init__`` plus a submodule: each module found and loaded costs start-up time in every process
-of the environment, JAX or not. Don't import any costly module here: no ``typing``, ``pathlib``,
-``importlib.util``, ``threading``. It is compiled from source on every start where bytecode is not
-written (uv installs, ``PYTHONDONTWRITEBYTECODE``), so keep it short, too. Everything else lives in
-``_configure`` and is imported on the first ``import jax`` only.
+This module is the finder that configures JAX right after ``import jax``, and ``install()``, which
+puts it on ``sys.meta_path``. Its cost rule, and why:
+
+- It is not imported at interpreter start. ``gkx_autocache.pth`` defines a finder of the same name
+  in its one line, run by ``exec``, and that finder imports this module only when ``jax`` is
+  imported. Importing any module from source at start-up would call the builtin ``compile()``, and
+  the first call in a process initialises CPython's AST types: about 10 million instructions (3 ms)
+  in every process of the environment, wherever bytecode is not written (uv installs,
+  ``PYTHONDONTWRITEBYTECODE``, read-only site-packages). ``exec`` of a source string does not.
+- On Python >= 3.15, ``gkx_autocache.start`` (PEP 829) names ``install``, so site imports this module
+  at every start, and skips the ``.pth`` line. There the bytecode the installer wrote is what keeps
+  it cheap; without bytecode every start pays the compile. So: stdlib only, ``os`` and ``sys`` at
+  import, nothing costly (no ``typing``, ``pathlib``, ``importlib.util``, ``threading``: the
+  annotations below are for mypy only), and short. Everything else lives in ``_configure`` and is
+  imported on the first ``import jax`` only.
+
+The finder is a class, put on ``sys.meta_path`` itself (as importlib's ``BuiltinImporter`` is), and
+named ``GkxAutocacheFinder`` both here and in the ``.pth`` line, so that ``sys.meta_path`` says what it
+is. The two are different class objects: recognise the finder by that name (``is_finder``), never by
+identity.
 """
 
 import os
 import sys
 
-__all__ = ["AutocacheWarning", "install"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for mypy only: importing typing at run time costs every process of a 3.15 venv
+    from collections.abc import Sequence
+    from importlib.abc import Loader as _Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+else:
+    _Loader = object
+
+__all__ = ["FINDER", "AutocacheWarning", "GkxAutocacheFinder", "install", "is_finder"]
 
 TARGET = "jax"
+FINDER = "GkxAutocacheFinder"
 _FALSE = ("0", "off", "false", "no", "none", "disable", "disabled")
 
 
 def install() -> None:
     """Arrange for JAX's persistent cache to be configured when ``jax`` is imported.
 
-    Idempotent (CPython runs a ``.pth`` line twice in some venvs) and never raises.
+    What the ``.pth`` line does, for callers that import the package (``gkx_autocache.start`` on
+    Python >= 3.15). Idempotent, whichever of the two finders is already in place; never raises.
     """
     try:
         if _off(os.environ.get("GKX_JAX_CACHE")):
             return
         if TARGET in sys.modules:  # jax came first: configure now.
             _configure_now(sys.modules[TARGET])
-        elif not any(type(f) is PostImportFinder for f in sys.meta_path):
-            sys.meta_path.insert(0, PostImportFinder())
+        elif not any(is_finder(f) for f in sys.meta_path):
+            sys.meta_path.insert(0, GkxAutocacheFinder)
     except Exception:  # a cache must never cost the user their interpreter
         pass
+
+
+def is_finder(obj: object) -> bool:
+    """Whether ``obj`` is the finder: the class named ``GkxAutocacheFinder``, this module's or the
+    one the ``.pth`` line defines."""
+    return isinstance(obj, type) and obj.__name__ == FINDER
 
 
 def _off(value: "str | None") -> bool:
@@ -45,44 +75,52 @@ def _configure_now(module: object) -> None:
     configure(module)
 
 
-class PostImportFinder:
-    """Finds nothing itself: for ``jax``, wraps the real loader so that configuration runs once
-    the module body has run, then takes itself off ``sys.meta_path``."""
+class GkxAutocacheFinder:
+    """Finds nothing itself: for ``jax``, wraps the real loader so that configuration runs once the
+    module body has run, then takes the finder off ``sys.meta_path``.
 
-    def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
+    The ``.pth`` line's finder hands ``find_spec`` for ``jax`` over to this one, so it acts for
+    whichever finder of this name is on ``sys.meta_path``.
+    """
+
+    @staticmethod
+    def find_spec(name: str, path: "Sequence[str] | None" = None,
+                  target: "ModuleType | None" = None) -> "ModuleSpec | None":
         if name != TARGET:
             return None
+        finders = sys.meta_path
+        mine = [i for i, f in enumerate(finders) if is_finder(f)]
+        if not mine:  # already gone: another thread configured jax, or is configuring it
+            return None
+        finder = finders[mine[0]]
         # Ask the finders after this one directly: importlib.util.find_spec would re-enter the
         # import system, and find us again.
-        finders = sys.meta_path
-        after = finders[finders.index(self) + 1 :] if self in finders else finders
-        for finder in after:
-            find = getattr(finder, "find_spec", None)
+        spec: ModuleSpec | None = None
+        for other in finders[mine[0] + 1 :]:
+            find = getattr(other, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
             if spec is not None:
                 break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _ConfiguringLoader(spec.loader, self)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ConfiguringLoader(spec.loader, finder)
         return spec
 
 
-class _ConfiguringLoader:
+class _ConfiguringLoader(_Loader):
     """Delegates to the real loader; after a successful ``exec_module``, puts the real loader
     back on the module (so nothing of ours stays visible) and configures."""
 
-    def __init__(self, loader, finder: PostImportFinder) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, loader: "_Loader", finder: object) -> None:
         self._loader = loader
         self._finder = finder
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str) -> "Any":
         return getattr(self._loader, name)
 
-    def create_module(self, spec):  # type: ignore[no-untyped-def]
+    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
         return self._loader.create_module(spec)
 
-    def exec_module(self, module) -> None:  # type: ignore[no-untyped-def]
+    def exec_module(self, module: "ModuleType") -> None:
         try:
             self._loader.exec_module(module)
         except BaseException as exc:

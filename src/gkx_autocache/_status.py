@@ -12,8 +12,6 @@ from gkx_autocache import _cache, _entries, _ledger, _settings, _stats, _store
 from gkx_autocache._diagnostics import human_bytes
 from gkx_autocache._layout import is_url, version_name
 
-FINDER_NAME = "PostImportFinder"  # the start-up hook's finder, as sys.meta_path shows it
-
 
 class NoDirectory(Exception):
     """There is no cache directory to act on; the message says why."""
@@ -80,7 +78,9 @@ def start_files() -> dict[str, str | None]:
 
 
 def hook_live() -> bool:
-    return any(type(f).__name__ == FINDER_NAME for f in sys.meta_path)
+    from gkx_autocache import is_finder
+
+    return any(is_finder(f) for f in sys.meta_path)
 
 
 def effective(ctx: Context) -> dict[str, str]:
