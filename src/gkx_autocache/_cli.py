@@ -155,6 +155,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_ci_key(args: argparse.Namespace) -> int:
+    key, parts = _status.ci_key()
+    emit(args, key, {"key": key, "parts": parts})
+    return OK
+
+
 # -- clear, prune, verify -------------------------------------------------------------------------
 
 
@@ -395,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("dir", cmd_dir, "print the version directory, bare")
     add("stats", cmd_stats, "hits, misses by cause, time saved across processes").add_argument("--reset", action="store_true")
     add("explain", cmd_explain, "why recent compiles missed or were not cached, function by function")
+    add("ci-key", cmd_ci_key, "a key for a CI cache: changes whenever the entries could stop being valid")
     clear = add("clear", cmd_clear, "remove every entry")
     clear.add_argument("--all-versions", action="store_true", help="every JAX version's directory")
     clear.add_argument("--dry-run", action="store_true")
@@ -439,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         return fail(args, str(exc), exc.code)
     except _status.NoDirectory as exc:
         return fail(args, str(exc), FAILED)
+    except BrokenPipeError:  # `gkx-autocache status | head`: the reader left; no traceback at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return FAILED
     except OSError as exc:  # a remote directory's failures arrive as one line (_remote.RemoteError)
         return fail(args, str(exc), FAILED)
     except KeyboardInterrupt:

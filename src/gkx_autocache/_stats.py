@@ -193,23 +193,51 @@ class Recorder:
         self.totals = _ledger.Totals()
         self.requests = self.jax_hits = 0
 
-    def report_line(self, used: str | None = None) -> str:
-        """The ``report`` line; ``used`` is the directory JAX uses now (the user's code may have
-        chosen its own after ``import jax``): store figures only when the store served it."""
+    def snapshot(self, used: str | None = None) -> dict[str, Any]:
+        """This process's counts, as ``report`` and the pytest summary show them. ``used`` is the
+        directory JAX uses now (the user's code may have chosen its own after ``import jax``):
+        the store's figures only when the store served it."""
         used = self.directory if used is None else used
-        misses = self.requests - self.jax_hits
         ours = self.store_serving and used == self.directory
-        hits = f"{self.jax_hits} hits"
-        if ours and self.totals.own_hits:
-            hits += (f" ({self.jax_hits - self.totals.own_hits} from earlier runs, {self.totals.own_hits} of "
-                     "this run's own compiles)")
-        parts = [hits, f"{misses} misses{by_cause(self.totals.causes) if ours else ''}"]
-        if ours and self.totals.uncached:
-            parts.append(f"{sum(self.totals.uncached.values())} not cached{by_cause(self.totals.uncached)}")
-        if ours:
-            parts.append(f"{self.totals.saved_secs:.2f} s compile CPU time avoided")
-            parts.append(f"{human_bytes(self.totals.bytes_read)} read, {human_bytes(self.totals.bytes_written)} written")
-        return f"gkx-autocache: {', '.join(parts)}, {used}"
+        t = self.totals
+        return {"dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits, "store": ours,
+                "own_hits": t.own_hits if ours else 0, "causes": dict(t.causes) if ours else {},
+                "uncached": dict(t.uncached) if ours else {}, "saved_secs": t.saved_secs if ours else 0.0,
+                "bytes_read": t.bytes_read if ours else 0, "bytes_written": t.bytes_written if ours else 0}
+
+    def report_line(self, used: str | None = None) -> str:
+        return summary_line(self.snapshot(used))
+
+
+def merge(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counts of several processes (pytest-xdist workers), summed."""
+    total: dict[str, Any] = {"dirs": [], "hits": 0, "misses": 0, "store": False, "own_hits": 0, "causes": {},
+                             "uncached": {}, "saved_secs": 0.0, "bytes_read": 0, "bytes_written": 0}
+    for snap in snapshots:
+        total["dirs"] += [d for d in snap["dirs"] if d not in total["dirs"]]
+        total["store"] = total["store"] or snap["store"]
+        for name in ("hits", "misses", "own_hits", "saved_secs", "bytes_read", "bytes_written"):
+            total[name] += snap[name]
+        for table in ("causes", "uncached"):
+            for key, n in snap[table].items():
+                total[table][key] = total[table].get(key, 0) + n
+    return total
+
+
+def summary_line(snap: dict[str, Any]) -> str:
+    """``gkx-autocache: 1480 hits (1045 from earlier runs, 435 of this run's own compiles), 12
+    misses (8 new, 3 changed XLA_FLAGS, 1 evicted), 2.31 s compile CPU time avoided, ..., dir``."""
+    hits = f"{snap['hits']} hits"
+    if snap["own_hits"]:
+        hits += f" ({snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles)"
+    parts = [hits, f"{snap['misses']} misses{by_cause(snap['causes'])}"]
+    if snap["uncached"]:
+        parts.append(f"{sum(snap['uncached'].values())} not cached{by_cause(snap['uncached'])}")
+    if snap["store"]:
+        parts.append(f"{snap['saved_secs']:.2f} s compile CPU time avoided")
+        parts.append(f"{human_bytes(snap['bytes_read'])} read, {human_bytes(snap['bytes_written'])} written")
+    dirs = snap["dirs"]
+    return f"gkx-autocache: {', '.join(parts)}, {dirs[0] if len(dirs) == 1 else f'{len(dirs)} directories'}"
 
 
 recorder: Recorder | None = None
@@ -268,14 +296,25 @@ def _write_remote_ledger(rec: Recorder) -> None:
         logger.debug("remote ledger not written: %s", exc)
 
 
+def snapshot() -> dict[str, Any] | None:
+    """This process's counts, for the directory JAX uses now; None when JAX was not configured."""
+    if recorder is None:
+        return None
+    jax = sys.modules.get("jax")
+    used = getattr(getattr(jax, "config", None), "jax_compilation_cache_dir", None)
+    return recorder.snapshot(str(used) if used else recorder.directory)
+
+
 def _report() -> None:
-    if recorder is not None:
-        try:
-            jax = sys.modules.get("jax")
-            used = getattr(getattr(jax, "config", None), "jax_compilation_cache_dir", None)
-            print(recorder.report_line(str(used) if used else recorder.directory), file=sys.stderr, flush=True)
-        except Exception:
-            pass
+    plugin = sys.modules.get("gkx_autocache._pytest_plugin")
+    if getattr(plugin, "active", False):
+        return  # inside a pytest session: its summary has one line for the whole session
+    try:
+        snap = snapshot()
+        if snap is not None:
+            print(summary_line(snap), file=sys.stderr, flush=True)
+    except Exception:
+        pass
 
 
 def by_cause(causes: dict[str, int]) -> str:

@@ -238,3 +238,47 @@ def explain(ctx: Context) -> dict[str, Any]:
     for group in ordered:
         group["functions"] = sorted(group["functions"].values(), key=lambda f: -f["count"])
     return {"unavailable": unavailable, "groups": ordered}
+
+
+# -- the CI key ---------------------------------------------------------------------------------------
+
+CPUINFO = "/proc/cpuinfo"
+
+
+def cpu_features() -> str:
+    """The host CPU's feature flags (XLA:CPU code is built for them): Linux's ``/proc/cpuinfo``,
+    else what ``platform`` says of the processor."""
+    try:
+        with open(CPUINFO, encoding="ascii", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):  # x86, arm
+                    return " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor()
+
+
+def ci_key() -> tuple[str, dict[str, str]]:
+    """A short key that changes whenever the entries could stop being valid: JAX, jaxlib, Python,
+    platform and machine, the CPU's features, the compression library, XLA_FLAGS. And its parts."""
+    import hashlib
+    import platform
+
+    parts = {
+        "jax": distribution_version("jax") or "-", "jaxlib": distribution_version("jaxlib") or "-",
+        "python": f"{sys.implementation.name} {platform.python_version()}", "platform": sys.platform,
+        "machine": platform.machine(), "cpu": cpu_features(),
+        "compression": "zstandard" if distribution_version("zstandard") else "zlib",
+        "xla_flags": " ".join(sorted(os.environ.get("XLA_FLAGS", "").split())),
+    }
+    digest = hashlib.sha256(json_dumps(parts).encode()).hexdigest()[:16]
+    return f"{parts['jax']}-{digest}", parts
+
+
+def json_dumps(data: Any) -> str:
+    import json
+
+    return json.dumps(data, sort_keys=True)

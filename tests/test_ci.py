@@ -1,0 +1,100 @@
+"""The CI recipe without GitHub (README, In CI): `ci-key` and a cache directory restored at another
+path; and `.ci/run`'s choice of Pythons."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, Venv, make_venv, public_tmp, run_program
+from test_activation import VERSION_DIR
+
+from gkx_autocache import _status
+
+
+def test_a_restored_directory_gives_hits_in_a_fresh_venv_at_another_path(venv: Venv, wheel: Path) -> None:
+    """What actions/cache does: the version directory of one job, restored in a later job's fresh
+    environment at another path, serves every compile there."""
+    cold, _ = run_program(venv)
+    saved = venv.cli("dir").stdout.strip()
+    base = public_tmp()
+    try:
+        later = make_venv(base, wheel)
+        restored = later.cli("dir").stdout.strip()
+        assert restored != saved and restored.endswith(VERSION_DIR)
+        shutil.copytree(saved, restored)
+        for path in [Path(restored).parent, *Path(restored).parent.rglob("*")]:  # as a restore leaves them
+            path.chmod(0o700 if path.is_dir() else 0o600)
+        warm, _ = run_program(later)
+        assert warm["hits"] == warm["requests"] == cold["requests"] and warm["result"] == cold["result"]
+        assert later.cli("ci-key").stdout == venv.cli("ci-key").stdout
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_ci_key_is_stable_and_changes_with_the_cpu(venv: Venv, tmp_path: Path) -> None:
+    """Two processes print the same key; a different CPU feature list (a fake /proc/cpuinfo,
+    bind-mounted in a private mount namespace) gives another."""
+    first, second = venv.cli("ci-key").stdout, venv.cli("ci-key").stdout
+    assert first == second and len(first.strip()) > 10
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nflags\t\t: fpu sse sse2\n")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {fake} /proc/cpuinfo && exec {venv.python} "
+                           "-m gkx_autocache ci-key"], env=venv.env, capture_output=True, text=True, check=True)
+    assert proc.stdout != first
+
+
+def test_ci_key_changes_with_jaxlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    key, parts = _status.ci_key()
+    real = _status.distribution_version
+    monkeypatch.setattr(_status, "distribution_version", lambda name: "9.9.9" if name == "jaxlib" else real(name))
+    other, other_parts = _status.ci_key()
+    assert other != key and other_parts["jaxlib"] == "9.9.9" and parts["jaxlib"] != "9.9.9"
+
+
+def test_a_closed_pipe_is_not_a_traceback(venv: Venv) -> None:
+    """`gkx-autocache --json status | head -c 10`: the reader leaves early; no traceback."""
+    proc = subprocess.run(f"{venv.python} -m gkx_autocache --json status | head -c 10", shell=True, env=venv.env,
+                          capture_output=True, text=True)
+    assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr, proc.stderr
+
+
+def plan(path: str, ci: bool) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYENV_VERSION")}
+    env["PATH"] = path
+    if ci:
+        env["CI"] = "true"
+    return subprocess.run(["/bin/bash", str(ROOT / ".ci" / "run"), "--plan"], env=env, capture_output=True, text=True)
+
+
+def only(tmp_path: Path, *versions: str) -> str:
+    """A PATH on which only the given Pythons (the real ones) are found, and the few tools the
+    script's plan needs (the machine's own /usr/bin has a python3.11)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for version in versions:
+        real = next(Path("/root/.pyenv/versions").glob(f"{version}.*/bin/python{version}"))
+        (folder / f"python{version}").symlink_to(real)
+    for tool in ("dirname", "tr", "grep", "sort", "tail"):
+        (folder / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    return str(folder)
+
+
+@pytest.mark.parametrize("versions", [("3.11",), ("3.13",), ("3.11", "3.12", "3.13")])
+def test_ci_run_tests_every_python_it_finds(tmp_path: Path, versions: tuple[str, ...]) -> None:
+    """Without CI, `.ci/run` runs the suite on each Python found (3.11: JAX 0.10; 3.12 and later:
+    JAX 0.12), and passes with one line missing; it says which lines ran."""
+    proc = plan(only(tmp_path, *versions), ci=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for version in versions:
+        assert f"Python {version}" in proc.stdout
+    assert ("JAX 0.10" in proc.stdout) == ("3.11" in versions)
+    assert ("JAX 0.12" in proc.stdout) == any(v != "3.11" for v in versions)
+
+
+def test_ci_run_fails_under_ci_when_a_line_is_missing(tmp_path: Path) -> None:
+    proc = plan(only(tmp_path, "3.13"), ci=True)
+    assert proc.returncode != 0 and "JAX 0.10" in proc.stderr and "3.11" in proc.stderr, proc.stdout + proc.stderr

@@ -1,0 +1,100 @@
+"""The pytest plugin (SPEC §6's `report`, for test suites): one line per session with the totals of
+every pytest-xdist worker, in a real JAX test project run in a venv built from the wheel."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from conftest import Venv, make_venv, public_tmp
+
+TESTS = '''
+import jax, jax.numpy as jnp, pytest
+
+x = jnp.linspace(0.0, 1.0, 64).reshape(8, 8)
+
+@pytest.mark.parametrize("scale", [1.0, 2.0, 3.0])
+def test_tanh(scale):
+    assert float(jax.jit(lambda v: jnp.tanh(v @ v.T * scale).sum())(x)) > 0
+
+def test_cumsum():
+    assert float(jax.jit(lambda v: jnp.cumsum(jnp.sin(v) ** 2).sum())(x.ravel())) > 0
+
+def test_grad():
+    assert float(jax.jit(jax.grad(lambda v: (v ** 3).sum()))(x).sum()) > 0
+
+@pytest.mark.xfail(strict=True)
+def test_expected_failure():
+    assert float(jax.jit(lambda v: v.max())(x)) > 2
+
+@pytest.mark.skip(reason="not here")
+def test_skipped():
+    pass
+'''
+
+INI = "[pytest]\nfilterwarnings =\n    error\naddopts = -p xdist\n"
+
+
+def project(base: Path) -> Path:
+    proj = base / "proj"
+    proj.mkdir()
+    (proj / "test_model.py").write_text(TESTS)
+    (proj / "pytest.ini").write_text(INI)
+    return proj
+
+
+def session(venv: Venv, proj: Path, env: dict[str, str], *extra: str) -> tuple[str, list[str], str]:
+    """Run the project's suite: (pytest's outcome line, the gkx-autocache lines, all output)."""
+    proc = venv.run("-X", "dev", "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", *extra, str(proj), env=env,
+                    cwd=str(proj), timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    outcome = [ln for ln in proc.stdout.splitlines() if re.search(r"\d+ passed", ln)][-1]
+    return re.sub(r" in [\d.]+s.*", "", outcome.strip("= ")), [ln for ln in output.splitlines() if ln.startswith("gkx-autocache:")], output
+
+
+def counts(line: str) -> tuple[int, int]:
+    match = re.search(r"gkx-autocache: (\d+) hits.*?, (\d+) misses", line)
+    assert match, line
+    return int(match[1]), int(match[2])
+
+
+def test_one_line_per_session_with_every_workers_totals(venv: Venv, tmp_path: Path) -> None:
+    """Two sessions with `-n 2` and `-W error`-style filters: exactly one gkx-autocache line each
+    (no worker's `report` line), its totals those of the workers' ledgers, the warm session all
+    hits, no ResourceWarning, and the same outcomes as without the package."""
+    proj = project(tmp_path)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_REPORT": "1"}
+    cold_outcome, cold_lines, output = session(venv, proj, env)
+    assert len(cold_lines) == 1 and "ResourceWarning" not in output, output
+    cold_hits, cold_misses = counts(cold_lines[0])
+    assert cold_misses > 0
+    assert venv.cli("stats", "--reset", env=env).returncode == 0
+    warm_outcome, warm_lines, output = session(venv, proj, env)
+    assert len(warm_lines) == 1 and "ResourceWarning" not in output, output
+    hits, misses = counts(warm_lines[0])
+    assert misses == 0 and hits >= cold_misses, warm_lines
+    assert "from earlier runs" not in warm_lines[0] or ", 0 of this run's own" not in warm_lines[0]
+    stats = json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]  # the two workers' ledgers
+    assert (stats["hits"], stats["misses"]) == (hits, misses), (stats, warm_lines)
+    assert warm_outcome == cold_outcome and "1 skipped" in warm_outcome and "1 xfailed" in warm_outcome
+
+    base = public_tmp()
+    try:
+        without = make_venv(base, None, without=("gkx_autocache",))  # not even its metadata
+        plain_outcome, plain_lines, _ = session(without, proj, env)
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+    assert plain_outcome == cold_outcome and plain_lines == []
+
+
+def test_the_plugin_can_be_turned_off(venv: Venv, tmp_path: Path) -> None:
+    """`-p no:gkx_autocache`: no summary line; each worker's own `report` line again."""
+    proj = project(tmp_path)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_REPORT": "1"}
+    proc = venv.run("-m", "pytest", "-n", "2", "-p", "no:gkx_autocache", "-p", "no:cacheprovider", "-s", str(proj),
+                    env=env, cwd=str(proj), timeout=600)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("gkx-autocache:")]
+    assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr  # each worker's own
