@@ -213,6 +213,82 @@ def workload(with_py: Path, without_py: Path, functions: int, runs: int, work: P
     return results
 
 
+def warm_vs_raw(with_py: Path, without_py: Path, functions: int, pairs: int, work: Path) -> dict[str, Any]:
+    """Warm runs of the demo workload, gkx-autocache against JAX's stock cache at threshold 0,
+    interleaved: medians, and the spread of the per-pair ratio (SPEC §13: within 2 %)."""
+    code = WORKLOAD.format(src=str(SRC), n=functions)
+    ours = base_env(HOME=str(work), GKX_JAX_CACHE_DIR=str(work / "wvr-ours"))
+    raw = base_env(HOME=str(work), JAX_COMPILATION_CACHE_DIR=str(work / "wvr-raw" / "jax"),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+                   JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES="none")
+    for python, env in ((with_py, ours), (without_py, raw)):
+        timed([str(python), "-c", code], env)  # cold: fills the directory
+    a, b = [], []
+    for _ in range(pairs):
+        a.append(timed([str(with_py), "-c", code], ours))
+        b.append(timed([str(without_py), "-c", code], raw))
+    ratios = sorted(x / y for x, y in zip(a, b, strict=True))
+    return {"ours": statistics.median(a), "raw": statistics.median(b), "pairs": pairs,
+            "ratio": statistics.median(a) / statistics.median(b), "ratio_min": ratios[0], "ratio_max": ratios[-1]}
+
+
+KEYS = r"""
+import json, sys, time
+import numpy as np, jax, jax.numpy as jnp
+from jax._src import compilation_cache, compiler, xla_bridge
+n, rounds = int(sys.argv[1]), int(sys.argv[2])
+backend = xla_bridge.get_backend()
+devices = np.array(jax.devices()[:1])
+options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+x = jnp.ones((16, 16))
+modules = [jax.jit(lambda v, c=float(i): jnp.tanh(v @ v.T * c).sum(axis=0)).lower(x).compiler_ir("stablehlo")
+           for i in range(n)]
+def per_key():
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for m in modules:
+            compilation_cache.get_cache_key(m, devices, options, backend)
+    return (time.perf_counter() - start) / (rounds * n)
+plain = per_key()
+from gkx_autocache import _explain
+from gkx_autocache._stats import Recorder
+recorder = Recorder("/nonexistent", ledger=False)
+reason = _explain.install(jax, recorder, "/nonexistent", 0, lambda: {})
+assert reason is None, reason
+wrapped = per_key()
+keys = [compilation_cache.get_cache_key(m, devices, options, backend) for m in modules]
+start = time.perf_counter()
+for m, key in zip(modules, keys):
+    compilation_cache.get_cache_key(m, devices, options, backend)
+    recorder.explainer.cause(key)
+miss = (time.perf_counter() - start) / n - wrapped
+print(json.dumps({"plain": plain, "wrapped": wrapped, "miss_extra": miss}))
+"""
+
+
+def key_time(with_py: Path, n: int, rounds: int) -> dict[str, float]:
+    """JAX's key computation in-process, plain and with the explanation seam (every key: the hit
+    path), and what a miss adds (its parts hashed alone, its cause decided)."""
+    return dict(json.loads(sh(str(with_py), "-c", KEYS, str(n), str(rounds), env=base_env(GKX_JAX_CACHE="0")).stdout))
+
+
+def saved_under_contention(with_py: Path, functions: int, work: Path) -> dict[str, float]:
+    """The same warm run's "compile CPU time avoided", after a cold run alone and after a cold run
+    of two processes at once on 2 cores (as `pytest -n 2` does): compile time is CPU time, so the
+    two agree (wall time did not: 90 s against 129 s, SPEC §7)."""
+    code = WORKLOAD.format(src=str(SRC), n=functions)
+    figures = {}
+    for name, parallel in (("after an uncontended cold run", 1), ("after a contended cold run (2 at once)", 2)):
+        env = base_env(HOME=str(work), GKX_JAX_CACHE_DIR=str(work / f"contention-{parallel}"))
+        procs = [subprocess.Popen([str(with_py), "-c", code], env=env, stdout=subprocess.DEVNULL) for _ in range(parallel)]
+        assert all(p.wait() == 0 for p in procs)
+        sh(str(with_py), "-m", "gkx_autocache", "stats", "--reset", env=env)
+        sh(str(with_py), "-c", code, env=env)
+        stats = json.loads(sh(str(with_py), "-m", "gkx_autocache", "--json", "stats", env=env).stdout)["stats"]
+        figures[name] = stats["saved_secs"]
+    return figures
+
+
 def real_entry(with_py: Path, work: Path) -> tuple[bytes, bytes]:
     """One real entry and its compile-time sidecar, from a real compile."""
     seed = work / "seed"
@@ -316,6 +392,22 @@ def table(r: dict[str, Any]) -> str:
         for name, w in r["workload"].items():
             rows.append(f"| {name} | {w['cold']:.2f} s | {w['warm']:.2f} s | {w['warm'] / w['cold']:.2f} | "
                         f"{w['warm_hits']:.0f} of {w['warm_requests']:.0f} | {ms(w['load_per_entry'])} |")
+    if "warm_vs_raw" in r:
+        w = r["warm_vs_raw"]
+        rows += ["", "| warm run (demo program), interleaved | gkx-autocache | JAX stock cache, threshold 0 | ratio |",
+                 "|---|---|---|---|",
+                 f"| median of {w['pairs']} pairs (per-pair ratio from {w['ratio_min']:.3f} to {w['ratio_max']:.3f}) | "
+                 f"{w['ours']:.2f} s | {w['raw']:.2f} s | {w['ratio']:.3f} |"]
+    if "key_time" in r:
+        k = r["key_time"]
+        rows += ["", "| JAX's key computation, in-process, per key | microseconds |", "|---|---|",
+                 f"| plain JAX | {k['plain'] * 1e6:.0f} |",
+                 f"| with the explanation seam (every key: what a hit pays) | {k['wrapped'] * 1e6:.0f} |",
+                 f"| added on a miss (parts hashed alone, cause decided) | {k['miss_extra'] * 1e6:.0f} |"]
+    if "saved_contention" in r:
+        c = r["saved_contention"]
+        rows += ["", "| the same warm run's compile CPU time avoided | seconds |", "|---|---|"]
+        rows += [f"| {name} | {secs:.2f} |" for name, secs in c.items()]
     if "cli" in r:
         rows += ["", f"| CLI on {r['cli_entries']:,} entries | seconds |", "|---|---|"]
         rows += [f"| `gkx-autocache {c}` | {s:.2f} |" for c, s in r["cli"].items()]
@@ -323,7 +415,7 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-SECTIONS = ("startup", "import_jax", "workload", "cli")
+SECTIONS = ("startup", "import_jax", "workload", "explain", "cli")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
             results["import_jax"] = import_jax(with_py, without_py, 1 if quick else 10, work)
         if "workload" in sections:
             results["workload"] = workload(with_py, without_py, 2 if quick else 24, 1 if quick else 3, work)
+        if "explain" in sections:
+            results["warm_vs_raw"] = warm_vs_raw(with_py, without_py, 2 if quick else 24, 2 if quick else 7, work)
+            results["key_time"] = key_time(with_py, 4 if quick else 24, 2 if quick else 20)
+            results["saved_contention"] = saved_under_contention(with_py, 2 if quick else 24, work)
         if "cli" in sections:
             results["cli_entries"] = 300 if quick else 100_000
             results["cli"] = cli(with_py, results["cli_entries"], work)

@@ -26,9 +26,18 @@ def _snapshot() -> dict[str, Any] | None:
         return None
 
 
+SESSION_START = "GKX_JAX_CACHE_SESSION_START"  # as gkx_autocache._stats reads it
+
+
 def pytest_configure(config: Any) -> None:
+    """Before any worker starts: the session's start, so that every process of the session counts
+    a hit of an entry written since as this run's own compile, whichever worker wrote it."""
     global active
     active = True
+    if not hasattr(config, "workerinput"):
+        import time
+
+        os.environ.setdefault(SESSION_START, str(time.time()))
 
 
 def pytest_sessionfinish(session: Any) -> None:

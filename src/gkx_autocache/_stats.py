@@ -44,7 +44,9 @@ class Recorder:
         self._keeps_ledger = ledger
         self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
         self._lock = threading.Lock()
-        self._written: set[str] = set()  # keys this process wrote: a hit of one is not the cache being warm
+        # When "this run" began: a hit of an entry written since is this run's own compile, not the
+        # cache being warm. A pytest session's start (its plugin sets it for every worker), else now.
+        self.run_start = _session_start() or time.time()
         self._waiting: dict[int, dict[str, Any]] = {}  # thread -> its miss, until the compile's fate is known
         self._fd: int | None = None
         self._pid = os.getpid()
@@ -66,9 +68,9 @@ class Recorder:
                 pending = getattr(self._pending, "hit", None)
                 if pending is not None:
                     self._pending.hit = None
-                    key, nbytes, compile_secs = pending
+                    key, nbytes, compile_secs, written = pending
                     record = {"e": "hit", "key": key, "bytes": nbytes, "saved": round(max(compile_secs - duration_secs, 0.0), 6)}
-                    if key in self._written:
+                    if written >= self.run_start:
                         record["own"] = True
                     self._record(record)
         except Exception:
@@ -77,10 +79,10 @@ class Recorder:
     # The store's calls. A miss is recorded once the compile's fate is known (written, or not
     # written and why), so that it gets one cause: a compile JAX never writes is "not cached:
     # host callbacks" on every run, not "new".
-    def hit(self, key: str, nbytes: int, compile_secs: float) -> None:
+    def hit(self, key: str, nbytes: int, compile_secs: float, written: float = 0.0) -> None:
         """An entry was read; it is recorded when JAX reports its load time, on this thread."""
         self._settle()
-        self._pending.hit = (key, nbytes, compile_secs)
+        self._pending.hit = (key, nbytes, compile_secs, written)
 
     def miss(self, key: str) -> None:
         self._pending.hit = None
@@ -97,7 +99,6 @@ class Recorder:
     def put(self, key: str, nbytes: int, compile_secs: float) -> None:
         self._pending.hit = None  # an entry read but not loadable is compiled and written again
         self._settle()
-        self._written.add(key)
         record: dict[str, Any] = {"e": "put", "key": key, "bytes": nbytes, "compile": round(compile_secs, 6)}
         if self.explainer is not None:
             record.update(self.explainer.ingredients(key))
@@ -241,6 +242,14 @@ def summary_line(snap: dict[str, Any]) -> str:
 
 
 recorder: Recorder | None = None
+SESSION_START = "GKX_JAX_CACHE_SESSION_START"  # set by the pytest plugin for the session's processes
+
+
+def _session_start() -> float | None:
+    try:
+        return float(os.environ[SESSION_START])
+    except (KeyError, ValueError):
+        return None
 
 
 def start(settings: Any, directory: str, ledger: bool, remote: bool = False) -> Recorder:

@@ -41,11 +41,24 @@ MAX_COMPILE_SECS = 86400.0 * 7  # a sidecar claiming more was not written by a c
 def read_compile_secs(sidecar: str) -> float | None:
     """The compile time a ``-gkx-compile`` sidecar records, or None when there is none (or it is
     not a plausible number: a group member of a team cache can write anything there)."""
+    return read_sidecar(sidecar)[0]
+
+
+def read_sidecar(sidecar: str) -> tuple[float | None, float]:
+    """``(compile seconds or None, when the entry was written)``: the sidecar is written with its
+    entry and never touched after (hits touch the entry, for recency), so its mtime is the entry's
+    write time; 0.0 when there is no sidecar."""
+    written: list[float] = []
+
+    def when(st: os.stat_result) -> None:
+        written.append(st.st_mtime)
+
+    data = _files.read(sidecar, 64, check=lambda st: when(st))
     try:
-        value = float(_files.read(sidecar, 64) or b"")
+        value = float(data or b"")
     except ValueError:
-        return None
-    return value if 0.0 <= value <= MAX_COMPILE_SECS else None
+        value = -1.0
+    return (value if 0.0 <= value <= MAX_COMPILE_SECS else None), (written[0] if written else 0.0)
 
 
 def compression_of(data: bytes) -> str | None:
@@ -86,7 +99,7 @@ class Store:
                 os.utime(path)  # recency for pruning, on noatime mounts too
             except OSError:
                 pass
-            self._recorder.hit(key, len(data), self._compile_secs(key, data))
+            self._recorder.hit(key, len(data), *self._compile_secs(key, data))
             self._served.key = key
             return data
         self._missed(key)
@@ -129,14 +142,15 @@ class Store:
             return False
         return True
 
-    def _compile_secs(self, key: str, data: bytes) -> float:
-        recorded = read_compile_secs(os.path.join(self._path, key + COMPILE_SIDECAR))
+    def _compile_secs(self, key: str, data: bytes) -> tuple[float, float]:
+        """What the entry cost to compile, and when it was written (0.0: unknown)."""
+        recorded, written = read_sidecar(os.path.join(self._path, key + COMPILE_SIDECAR))
         if recorded is not None:
-            return recorded
+            return recorded, written
         try:  # JAX's own record: whole seconds, in the first 4 bytes of the payload
-            return float(int.from_bytes(self._decompress(data)[:4], "big"))
+            return float(int.from_bytes(self._decompress(data)[:4], "big")), written
         except Exception:
-            return 0.0
+            return 0.0, written
 
     def put(self, key: str, value: bytes) -> None:
         started = getattr(self._misses, "keys", {}).pop(key, None)
