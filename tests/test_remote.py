@@ -90,7 +90,7 @@ def cli_json(venv: Venv, *args: str, env: dict[str, str]) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
-def test_s3_round_trip(venv: Venv, s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_s3_round_trip(venv: Venv, s3: S3) -> None:
     """A cold run writes entries into the bucket, a second process is served from it, and the CLI
     lists, counts and prunes them, touching only objects named like entries."""
     env = {**s3.env, "GKX_JAX_CACHE_DIR": f"s3://{s3.bucket}/team-cache"}
@@ -142,12 +142,13 @@ def test_s3_round_trip(venv: Venv, s3: S3, monkeypatch: pytest.MonkeyPatch) -> N
     s3.client().put_object(Bucket=s3.bucket, Key=other_version, Body=b"x\x9c")
     stale = cli_json(venv, "prune", "--stale-versions", env=env)
     assert stale["stale_versions"] == [] and other_version in s3.objects()
-    for name, value in s3.env.items():  # the bucket, from this process
-        monkeypatch.setenv(name, value)
     later = time.time() + 31 * 86400  # a bucket's objects cannot be aged: judge them from 31 days on
-    assert _entries.stale(f"s3://{s3.bucket}/team-cache/jax-0.0.1", VERSION_DIR, now=later)
-    assert not _entries.stale(f"s3://{s3.bucket}/team-cache/{VERSION_DIR}", VERSION_DIR, now=later)
-    _entries.remove_version_dir(f"s3://{s3.bucket}/team-cache/jax-0.0.1")
+    judge = ("import sys; from gkx_autocache import _entries as e; old, current, name, later = sys.argv[1:5]; "
+             "print(e.stale(old, name, now=float(later)), e.stale(current, name, now=float(later))); "
+             "e.remove_version_dir(old)")
+    proc = venv.run("-c", judge, f"s3://{s3.bucket}/team-cache/jax-0.0.1", f"s3://{s3.bucket}/team-cache/{VERSION_DIR}",
+                    VERSION_DIR, str(later), env=env, check=True)
+    assert proc.stdout.split() == ["True", "False"], proc.stdout
     assert other_version not in s3.objects() and foreign <= set(s3.objects())
 
 

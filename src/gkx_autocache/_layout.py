@@ -55,10 +55,15 @@ def is_own_tag(data: bytes) -> bool:
     return data == TAG.encode()
 
 
+_compiled: list[re.Pattern[str]] = []
+
+
 def key_match(name: str) -> re.Match[str] | None:
     """``<key><suffix>`` for an entry or a sidecar, else None: the whole name, printable, with no
     separator or white space (a bundle's member name is outside input)."""
-    return re.fullmatch(_KEY, name) if name.isprintable() else None
+    if not _compiled:
+        _compiled.append(re.compile(_KEY))
+    return _compiled[0].fullmatch(name) if name.isprintable() else None
 
 
 def is_temporary(name: str) -> bool:
