@@ -140,7 +140,9 @@ def instructions(python: Path, env: dict[str, str]) -> int:
 def startup_instructions(with_py: Path, without_py: Path, runs: int) -> dict[str, Any]:
     """Medians of `runs` interleaved counts, with and without the package, bytecode present and absent.
 
-    Counts move only with hash randomisation (by a few hundredths of a million here), so a few runs
+    Counts move only with the hash seed (by a few hundredths of a million here, as much as the
+    margins they are held to), so run i pins PYTHONHASHSEED=i for both interpreters: the package's
+    own cost is then the same to a few thousand instructions in every pair, and a few runs
     suffice, where wall time at the 1 ms scale needs hundreds on a shared machine."""
     if shutil.which("valgrind") is None:
         return {"skipped": "valgrind is not installed (apt-get install valgrind)"}
@@ -148,9 +150,10 @@ def startup_instructions(with_py: Path, without_py: Path, runs: int) -> dict[str
     for present in (True, False):
         env = set_bytecode(with_py, present)
         w, wo = [], []
-        for _ in range(runs):
-            w.append(instructions(with_py, env))
-            wo.append(instructions(without_py, env))
+        for seed in range(runs):
+            paired = {**env, "PYTHONHASHSEED": str(seed)}
+            w.append(instructions(with_py, paired))
+            wo.append(instructions(without_py, paired))
         results["bytecode present" if present else "bytecode absent"] = {
             "with": statistics.median(w), "without": statistics.median(wo), "with_runs": w, "without_runs": wo}
     return results

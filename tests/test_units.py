@@ -317,14 +317,47 @@ def _walk(tb: types.TracebackType | None) -> Iterator[types.TracebackType]:
 
 
 @pytest.mark.parametrize("value", ["off", " No ", "DISABLED", "0"])
-def test_opt_out_installs_nothing(stand_in, monkeypatch: pytest.MonkeyPatch, value: str) -> None:  # type: ignore[no-untyped-def]
-    """GKX_JAX_CACHE off, in any spelling: no finder, and importing the target configures nothing."""
+def test_opt_out_configures_nothing(stand_in, monkeypatch: pytest.MonkeyPatch, value: str) -> None:  # type: ignore[no-untyped-def]
+    """GKX_JAX_CACHE off, in any spelling: importing the target configures nothing, keeps its own
+    loader and leaves no finder behind (the .pth line's finder steps aside at that import)."""
     name, calls, install = stand_in
     monkeypatch.setenv("GKX_JAX_CACHE", value)
     install()
+    module = __import__(name)
+    assert calls == [] and _finders() == []
+    assert module.__spec__ is not None and type(module.__spec__.loader).__name__ != "_ConfiguringLoader"
+
+
+def test_install_returns_at_once_when_off(target, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """install() (what gkx_autocache.start runs) puts no finder in place when GKX_JAX_CACHE says off."""
+    monkeypatch.setenv("GKX_JAX_CACHE", "off")
+    gkx_autocache.install()
     assert _finders() == []
+
+
+def test_opt_out_is_read_when_the_target_is_imported(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """GKX_JAX_CACHE set off after the hook is in place, before the import: still honoured."""
+    name, calls, install = stand_in
+    install()
+    assert len(_finders()) == 1
+    monkeypatch.setenv("GKX_JAX_CACHE", "0")
     __import__(name)
-    assert calls == []
+    assert calls == [] and _finders() == []
+
+
+def test_hook_is_not_live_when_opted_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """status's "hook live" says whether `import jax` would be configured: a finder in place is not
+    enough when GKX_JAX_CACHE says off."""
+    from gkx_autocache._status import hook_live
+
+    monkeypatch.setattr(sys, "meta_path", [gkx_autocache.GkxAutocacheFinder, *sys.meta_path])
+    monkeypatch.delenv("GKX_JAX_CACHE", raising=False)
+    assert hook_live()
+    monkeypatch.setenv("GKX_JAX_CACHE", " Off ")
+    assert not hook_live()
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if f is not gkx_autocache.GkxAutocacheFinder])
+    monkeypatch.delenv("GKX_JAX_CACHE")
+    assert not hook_live()
 
 
 def test_target_imported_first_is_configured_at_once(stand_in) -> None:  # type: ignore[no-untyped-def]

@@ -77,7 +77,8 @@ def _configure_now(module: object) -> None:
 
 class GkxAutocacheFinder:
     """Finds nothing itself: for ``jax``, wraps the real loader so that configuration runs once the
-    module body has run, then takes the finder off ``sys.meta_path``.
+    module body has run, then takes the finder off ``sys.meta_path``. When ``GKX_JAX_CACHE`` says
+    off at that moment, it leaves at once and touches nothing.
 
     The ``.pth`` line's finder hands ``find_spec`` for ``jax`` over to this one, so it acts for
     whichever finder of this name is on ``sys.meta_path``.
@@ -93,6 +94,13 @@ class GkxAutocacheFinder:
         if not mine:  # already gone: another thread configured jax, or is configuring it
             return None
         finder = finders[mine[0]]
+        if _off(os.environ.get("GKX_JAX_CACHE")):
+            # The opt-out, checked here and not by the .pth line, whose every token costs every
+            # process of the environment: reading it there cost 0.16 M instructions per start
+            # (README, Benchmarks). Nothing of jax is touched, and the finder leaves as if it had
+            # never been there.
+            sys.meta_path = [f for f in finders if f is not finder]
+            return None
         # Ask the finders after this one directly: importlib.util.find_spec would re-enter the
         # import system, and find us again.
         spec: ModuleSpec | None = None

@@ -78,9 +78,12 @@ def start_files() -> dict[str, str | None]:
 
 
 def hook_live() -> bool:
-    from gkx_autocache import is_finder
+    """Whether the hook is live in this interpreter: a finder is in place and ``GKX_JAX_CACHE`` does
+    not say off (the .pth line puts its finder in place either way, and the finder reads the
+    variable when ``jax`` is imported)."""
+    from gkx_autocache import _off, is_finder
 
-    return any(is_finder(f) for f in sys.meta_path)
+    return not _off(os.environ.get("GKX_JAX_CACHE")) and any(is_finder(f) for f in sys.meta_path)
 
 
 def effective(ctx: Context) -> dict[str, str]:
