@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,6 +113,7 @@ def test_a_killed_process_is_counted(venv: Venv, tmp_path: Path) -> None:
 # A run without JAX that records like a warm one: real Recorder, real ledger, real fold at exit.
 RUN = r"""
 import sys
+import time
 from gkx_autocache import _stats
 vdir, n = sys.argv[1], int(sys.argv[2])
 rec = _stats.Recorder(vdir, ledger=True)
@@ -176,3 +178,78 @@ def test_clear_leaves_stats_at_zero(venv: Venv) -> None:
     assert proc.returncode == 0 and "reset" in proc.stdout
     assert "no ledger yet" in venv.cli("stats").stdout
     assert json.loads(venv.cli("--json", "status").stdout)["stats"] is None
+
+
+def test_a_driver_whose_pool_compiled_everything_folds_and_prunes(venv: Venv, tmp_path: Path) -> None:
+    """The parent imports JAX and records nothing itself; its forked workers compile and end by
+    `os._exit`: the parent's exit folds their ledgers and keeps the cap, run after run."""
+    cap = 40_000
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": str(cap)}
+    vdir = tmp_path / "c" / VERSION_DIR
+    driver = """
+import os, sys
+import jax
+salt = float(sys.argv[1])
+pids = []
+for w in range(2):
+    pid = os.fork()
+    if pid == 0:
+        import jax.numpy as jnp
+        for i in range(6):
+            jax.jit(lambda v, c=float(i): jnp.sin(v * c + salt + w).sum())(jnp.ones(16)).block_until_ready()
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)
+"""
+    for run in range(3):
+        venv.run("-c", driver, str(10.0 * run), env=env, check=True, timeout=300)
+        assert list((vdir / ".gkx-autocache" / "ledger").iterdir()) == []
+        assert on_disk(vdir) <= cap, (run, on_disk(vdir))
+
+
+def test_temporaries_of_killed_writers_are_pruned_at_exit(venv: Venv, tmp_path: Path) -> None:
+    """Temporary files two hours old (writers killed mid-write) count against the cap, and the
+    at-exit scan (at least hourly: its writers never recorded them) removes them; a fresh one (a
+    write in progress) stays."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": "60kB"}
+    vdir = tmp_path / "c" / VERSION_DIR
+    run_program(venv, env=env)
+    old = [vdir / f".jit_x{i}-{i:064x}-cache.1.2.tmp" for i in range(3)] + [vdir / ".gkx-autocache" / ".summary.json.3.4.tmp"]
+    for path in old:
+        path.write_bytes(bytes(20_000))
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    fresh = vdir / ".jit_y-cache.5.6.tmp"
+    fresh.write_bytes(b"x")
+    summary = vdir / ".gkx-autocache" / "summary.json"
+    data = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**data, "scanned_at": time.time() - 7200}))  # the last full scan: two hours ago
+    run_program(venv, env=env, program=compiling(1, 42.0))
+    assert not any(p.exists() for p in old) and fresh.exists()
+    assert on_disk(vdir) <= 60_000
+
+
+def test_a_version_directory_someone_else_made_is_kept_under_the_cap(venv: Venv, tmp_path: Path) -> None:
+    """A `jax-<version>` made by hand (no tag): the package tags it and prunes it like its own."""
+    vdir = tmp_path / "c" / VERSION_DIR
+    vdir.mkdir(parents=True, mode=0o700)
+    (tmp_path / "c").chmod(0o700)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": "30kB"}
+    run_program(venv, env=env, program=compiling(12, 3.0))
+    assert (vdir / "CACHEDIR.TAG").exists() and on_disk(vdir) <= 30_000
+
+
+def test_reset_waits_for_a_fold_and_then_says_busy(venv: Venv, tmp_path: Path) -> None:
+    """`stats --reset` and `clear` while another process holds the bookkeeping lock: exit 1, "busy",
+    rather than a reset that a fold in progress would undo."""
+    import fcntl
+
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    run_program(venv, env=env)
+    lock = tmp_path / "c" / VERSION_DIR / ".gkx-autocache" / "prune.lock"
+    with open(lock, "r+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        for command in (["stats", "--reset"], ["clear", "--yes"]):
+            proc = venv.cli(*command, env=env)
+            assert proc.returncode == 1 and "busy" in proc.stderr, (command, proc.stderr)
+    assert json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]["misses"] > 0

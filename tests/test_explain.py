@@ -158,3 +158,52 @@ def test_a_changed_seam_leaves_everything_else_and_status_says_why(venv: Venv, t
     assert any("not explained here: simulated: cache_key changed" in a for a in status["attention"]), status["attention"]
     data = json.loads(venv.cli("--json", "explain", env=env).stdout)
     assert data["unavailable"] == "simulated: cache_key changed"
+
+
+def test_an_entry_of_another_format_is_rejected_not_evicted(venv: Venv, tmp_path: Path) -> None:
+    """An entry in another environment's compression (zstd framing), which the store leaves alone:
+    named `rejected` with why, not `evicted` ("raise max_size") on every run."""
+    env = cache(tmp_path)
+    run_program(venv, env=env, program=PROGRAM)
+    victim = max((tmp_path / "c" / VERSION_DIR).glob("jit_f-*-cache"), key=lambda p: p.stat().st_size)
+    victim.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(64))
+    for _ in range(2):
+        causes, _ = fresh_causes(venv, env)
+        assert set(causes) == {"rejected"} and "compresses with zstd" in causes["rejected"]["jit_f"], causes
+
+
+LONG = PROGRAM.replace("def f(x):", "def f" + "o" * 240 + "(x):").replace("float(f(x)", "float(f" + "o" * 240 + "(x)")
+
+
+def test_an_entry_that_cannot_be_written_is_named(venv: Venv, tmp_path: Path) -> None:
+    """A function name that makes the entry's file name too long: `not cached: write failed`, with
+    the system's reason, on every run, not `new`."""
+    env = cache(tmp_path)
+    run_program(venv, env=env, program=LONG)
+    assert venv.cli("stats", "--reset", env=env).returncode == 0
+    run_program(venv, env=env, program=LONG)
+    causes = explain(venv, env)
+    (name,) = [n for n in causes.get("not cached: write failed", {}) if n.startswith("jit_foooo")]
+    assert "too long" in causes["not cached: write failed"][name].lower() and "new" not in causes, causes
+
+
+DEBUG_LOG = r"""
+import logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(name)s %(message)s")
+logging.getLogger("jax._src.cache_key").setLevel(logging.DEBUG)
+""" + PROGRAM
+
+
+def test_the_users_debug_log_of_the_key_is_unchanged(venv: Venv, tmp_path: Path) -> None:
+    """A user who turned on JAX's DEBUG log of the key's parts sees the same lines with the package
+    as without it: explaining a miss does not make JAX log its parts again."""
+    flags = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=true --xla_cpu_fast_math_honor_nans=true"}
+
+    def lines(env: dict[str, str]) -> list[str]:
+        proc = venv.run("-c", DEBUG_LOG, env={**env, **flags}, check=True)
+        return sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("jax._src.cache_key"))
+
+    ours = lines(cache(tmp_path))
+    stock = lines({"GKX_JAX_CACHE": "0", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "stock"),
+                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none"})
+    assert len(ours) > 10 and ours == stock

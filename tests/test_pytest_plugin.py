@@ -98,3 +98,12 @@ def test_the_plugin_can_be_turned_off(venv: Venv, tmp_path: Path) -> None:
                     env=env, cwd=str(proj), timeout=600)
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("gkx-autocache:")]
     assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr  # each worker's own
+
+
+def test_ci_false_is_not_ci(venv: Venv, tmp_path: Path) -> None:
+    """`CI=false` is not CI: no "the cache was cold" line; `CI=true` on a cold cache: one."""
+    proj = project(tmp_path)
+    for value, expected in (("false", 1), ("true", 2)):
+        env = {"GKX_JAX_CACHE_DIR": str(tmp_path / f"c-{value}"), "CI": value}
+        _, lines, _ = session(venv, proj, env)
+        assert len(lines) == expected and ("cold" in lines[-1]) == (expected == 2), lines

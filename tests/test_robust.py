@@ -197,3 +197,30 @@ def test_a_hostile_ledger_line_is_skipped(venv: Venv, line: str) -> None:
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
     stats = json.loads(venv.cli("--json", "stats").stdout)["stats"]
     assert stats["misses"] >= 2
+
+
+def test_hostile_bookkeeping_text_is_escaped_not_a_traceback(venv: Venv) -> None:
+    """A lone surrogate in a ledger line, a deeply nested or ill-typed store verdict: the commands
+    still answer, with one line at most."""
+    run_program(venv)
+    meta = venv.default_cache / VERSION_DIR / ".gkx-autocache"
+    (meta / "ledger" / "9-9.jsonl").write_text('{"e":"miss","key":"jit_\\ud800-' + "a" * 64 + '","cause":"\\ud800"}\n')
+    for verdict in ("[" * 100000, '{"store": ["x"], "reason": {"a": 1}}'):
+        (meta / "store.json").write_text(verdict)
+        for command in (["status"], ["--json", "status"], ["stats"], ["explain"]):
+            proc = venv.run("-m", "gkx_autocache", *command, env={"PYTHONIOENCODING": "utf-8:strict"})
+            assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
+
+
+def test_config_set_refuses_line_separators_and_unreadable_files(venv: Venv) -> None:
+    policy = venv.path / "gkx-autocache.toml"
+    for bad in ("a\u2028b", "a\u0085b"):
+        proc = venv.cli("config", "set", "dir", "/x/" + bad)
+        assert proc.returncode == 2 and not policy.exists(), proc.stderr
+    policy.write_bytes(b"report = true\n\xff\xfe\n")
+    proc = venv.cli("config", "set", "max_size", "1GiB")
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    policy.unlink()
+    os.mkfifo(policy)
+    proc = venv.run("-m", "gkx_autocache", "config", "set", "max_size", "1GiB", timeout=60)
+    assert proc.returncode == 1, proc.stderr

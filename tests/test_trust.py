@@ -235,3 +235,20 @@ def test_planted_fifos_never_hang(venv: Venv, tmp_path: Path) -> None:
     os.mkfifo(vdir / "CACHEDIR.TAG")
     proc = venv.cli("clear", "--yes", env=env)
     assert proc.returncode == 1 and "CACHEDIR.TAG" in proc.stderr
+
+
+def test_a_members_reset_keeps_the_team_cache_usable(venv: Venv, public: Path) -> None:
+    """`stats --reset` by one member of a team cache leaves the lock and the summary writable by
+    the group, so the other member's runs still fold and are explained."""
+    team = public / "team"
+    team.mkdir()
+    os.chown(team, 0, TEAM)
+    team.chmod(0o2770)
+    (venv.path / "gkx-autocache.toml").write_text(f'dir = "{team}"\ntrust_shared = true\n')
+    run_program(venv, user=MEMBER_A, groups=(TEAM,))
+    assert venv.cli("stats", "--reset", user=MEMBER_A, groups=(TEAM,)).returncode == 0
+    meta = team / VERSION_DIR / ".gkx-autocache"
+    for name in ("prune.lock", "summary.json"):
+        assert (meta / name).stat().st_mode & 0o060 == 0o060, name
+    run_program(venv, user=MEMBER_B, groups=(TEAM,))
+    assert list((meta / "ledger").iterdir()) == []  # member B folded

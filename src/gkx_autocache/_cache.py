@@ -80,6 +80,8 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
         problem = _trust.directory_problem(path, shared)
         if problem:
             raise Refused(problem if path == root else f"{version_dir}: {problem}")
+    if create and not os.path.lexists(os.path.join(version_dir, TAG_NAME)):
+        _write_tag(version_dir)  # one someone else made (trusted, above) is the cache's all the same: pruning needs it
     writable = os.access(version_dir if os.path.isdir(version_dir) else _nearest_existing(version_dir), os.W_OK)
     return Prepared(root, version_dir, writable)
 

@@ -114,9 +114,10 @@ def cmd_dir(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    vdir = load_context().version_dir
+    ctx = load_context()
+    vdir = ctx.version_dir
     if args.reset:
-        removed = _ledger.reset(vdir)
+        removed = _ledger.reset(vdir, bool(ctx.settings["trust_shared"]))
         emit(args, f"stats reset ({removed} ledgers folded and removed)", {"reset": True, "removed": removed})
         return OK
     totals = _ledger.read_totals(vdir)
@@ -354,7 +355,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     key = _key(args.key)
     path = _policy.user_path() if args.user else _policy.policy_path()
     if args.action == "unset":
-        _policy.set_key(path, key.name, None)
+        try:
+            _policy.set_key(path, key.name, None)
+        except _policy.Unwritable as exc:
+            raise CliError(str(exc)) from None
         emit(args, f"{key.name} removed from {path}", {"key": key.name, "file": path})
         return OK
     raw: str = args.value
@@ -363,7 +367,10 @@ def cmd_config(args: argparse.Namespace) -> int:
         literal = _policy.format_value(_policy.as_typed(key.name, raw, value, os.getcwd()))
     except (_settings.BadValue, _policy.Unwritable) as exc:
         raise CliError(f"{key.name}: {exc}; {path} left as it was", USAGE) from None
-    _policy.set_key(path, key.name, literal)
+    try:
+        _policy.set_key(path, key.name, literal)
+    except _policy.Unwritable as exc:
+        raise CliError(str(exc)) from None
     emit(args, f"{key.name} = {literal} written to {path}", {"key": key.name, "value": value, "file": path})
     return OK
 
@@ -436,6 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8, a hostile ledger: escaped, never a traceback
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

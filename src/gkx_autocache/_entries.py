@@ -100,6 +100,14 @@ def scan(version_dir: str) -> Scan:
             if match["suffix"] == ENTRY_SUFFIX:
                 unit.has_entry = True
                 unit.last_used = max(unit.last_used, st.st_atime, st.st_mtime)
+    try:  # the bookkeeping's own temporaries: a summary whose writer was killed
+        with os.scandir(os.path.join(version_dir, META_DIR)) as items:
+            for item in items:
+                if is_temporary(item.name) and item.is_file(follow_symlinks=False):
+                    st = item.stat(follow_symlinks=False)
+                    result.temporary.append((item.path, st.st_size, st.st_mtime))
+    except OSError:
+        pass
     return result
 
 
@@ -140,7 +148,7 @@ def bookkeeping_bytes(version_dir: str) -> int:
             with os.scandir(folder) as items:
                 for item in items:
                     try:
-                        if item.is_file(follow_symlinks=False):
+                        if item.is_file(follow_symlinks=False) and not is_temporary(item.name):  # scan counts those
                             total += item.stat(follow_symlinks=False).st_size
                     except OSError:
                         continue

@@ -47,8 +47,8 @@ LABELS = {"computation": "computation", "jax_lib version": "jaxlib", "backend ve
 PRIORITY = ("jax_lib version", "backend version", "XLA flags", "compression", "accelerator_config",
             "compile_options", "custom_hook")
 HEX = 16  # a part's hash, shortened: enough to tell parts apart, small to keep
-MAX_COMPUTATIONS = 32  # per function name
-MAX_FUNCTIONS = 20000
+MAX_COMPUTATIONS = 8  # per function name: its latest shapes
+MAX_FUNCTIONS = 2000  # the summary stays a few MB at most: every exit reads and writes it
 MAX_VALUES = 64  # readable values kept per part
 MAX_EVICTED = 10000
 
@@ -134,12 +134,15 @@ def measure(parts: list[tuple[str, Any]], computation: str) -> tuple[dict[str, s
     hashes = {PARTS[0]: computation}
     readable: dict[str, str] = {}
     for name, hashfn in parts[1:]:
-        fresh = hashlib.sha256()
-        hashfn(fresh)
-        hashes[name] = fresh.hexdigest()[:HEX]
         value = _readable(name, hashfn)
         if value is not None:
             readable[name] = value[:400]
+        fresh = hashlib.sha256()
+        if name == "XLA flags" and value is not None:
+            fresh.update(value.encode())  # JAX's part function logs each flag at DEBUG: not called twice
+        else:
+            hashfn(fresh)
+        hashes[name] = fresh.hexdigest()[:HEX]
     for name in PARTS:
         hashes.setdefault(name, "-")
     return hashes, readable
@@ -342,6 +345,8 @@ def install(jax: Any, recorder: Any, version_dir: str, cap: int, load: Any) -> s
         before = recorder.totals.writes
         write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
         try:
+            if jax.config.jax_compilation_cache_dir != version_dir:
+                return  # the user's code chose another directory: its compiles are not ours to count
             if reason is None and recorder.totals.writes == before and recorder.store_serving:
                 minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
                 reason = ("below min_entry_size_bytes", f"{minimum} bytes") if minimum > 0 else None

@@ -33,12 +33,12 @@ def dir_mode(shared: bool) -> int:
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
-def open_regular(path: str, dir_fd: int | None = None) -> int:
-    """A read-only descriptor of a regular file, never through a symlink, and never one that
-    blocks: a FIFO planted where a file should be must not hang ``import jax`` or a command
-    (``O_NONBLOCK`` opens it at once; then it is refused, as a device or a directory is).
+def open_regular(path: str, dir_fd: int | None = None, write: bool = False) -> int:
+    """A descriptor of a regular file (read-only unless ``write``), never through a symlink, and
+    never one that blocks: a FIFO planted where a file should be must not hang ``import jax`` or a
+    command (``O_NONBLOCK`` opens it at once; then it is refused, as a device or a directory is).
     Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | NOFOLLOW | NONBLOCK, dir_fd=dir_fd)
+    fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | NOFOLLOW | NONBLOCK, dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)

@@ -56,6 +56,7 @@ RESCAN_SECS = 3600.0
 PRUNE_TO = 0.9
 READ_LIMIT = 64 << 20  # the most read of one ledger or summary file
 RECENT = 500  # misses and uncached compiles kept for `explain`
+MAX_FUNCTIONS = 5000  # function names whose compile costs `stats` lists
 MAX_INT = 1 << 62
 MAX_FLOAT = 1e12
 KINDS = ("hit", "miss", "put", "uncached", "added", "evicted", "sum")
@@ -149,6 +150,8 @@ class Totals:
             cost = self.functions.setdefault(function_name(record.get("key", "?-")), [0.0, 0])
             cost[0] += record.get("compile", 0.0)
             cost[1] += 1
+            if len(self.functions) > MAX_FUNCTIONS:  # bounded: the oldest name goes
+                del self.functions[next(iter(self.functions))]
         elif kind == "uncached":  # a miss JAX then did not write
             self.misses += 1
             reason = record.get("reason") or "unknown"
@@ -242,12 +245,19 @@ class Summary:
         return summary
 
 
-def _remember(recent: list[dict[str, Any]], record: dict[str, Any]) -> None:
-    """Add a miss or uncached compile to the recent ones, replacing an older one of the same key
-    and cause: a run that misses the same way every time adds nothing."""
-    same = (record["e"], record.get("key"), record.get("cause"), record.get("reason"))
-    recent[:] = [r for r in recent if (r["e"], r.get("key"), r.get("cause"), r.get("reason")) != same]
-    recent.append({k: v for k, v in record.items() if k != "readable"})
+def _recent_key(record: dict[str, Any]) -> tuple[Any, ...]:
+    return record["e"], record.get("key"), record.get("cause"), record.get("reason")
+
+
+def _remember(recent: dict[tuple[Any, ...], dict[str, Any]], record: dict[str, Any]) -> None:
+    """Add a miss or uncached compile to the recent ones (kept in order, by key and cause),
+    replacing an older one of the same key and cause: a run that misses the same way every time
+    adds nothing. O(1), and cut to ``RECENT`` as it goes."""
+    same = _recent_key(record)
+    recent.pop(same, None)
+    recent[same] = {k: v for k, v in record.items() if k != "readable"}
+    if len(recent) > RECENT:
+        del recent[next(iter(recent))]
 
 
 def _recent(item: Any) -> dict[str, Any] | None:
@@ -311,11 +321,13 @@ def read_records(path: str) -> Iterator[dict[str, Any]]:
 
 
 def _finished(path: str) -> int | None:
-    """An open descriptor holding the ledger's lock when its process has finished, else None."""
+    """An open descriptor holding the ledger's lock when its process has finished, else None.
+    Opened for writing: on NFS, Linux turns ``flock`` into a POSIX lock, and an exclusive one
+    needs a descriptor open for writing."""
     import fcntl
 
     try:
-        fd = _files.open_regular(path)
+        fd = _files.open_regular(path, write=True)
     except OSError:
         return None
     try:
@@ -366,8 +378,10 @@ def explain_state(version_dir: str, explain: Any) -> dict[str, Any]:
     summary = read_summary(version_dir)
     state = summary.explain
     folded = set(summary.folded)
+    mine = f"{os.getpid()}-"  # never opened here: on NFS, closing a descriptor of it drops this process's lock
     for path in ledger_files(version_dir):
-        if os.path.basename(path) not in folded:
+        name = os.path.basename(path)
+        if name not in folded and not name.startswith(mine):
             for record in read_records(path):
                 explain.fold(state, record)
     return state
@@ -385,7 +399,8 @@ def record_evicted(version_dir: str, keys: list[str], reason: str, shared: bool)
 
 def _lock(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
     """The bookkeeping lock, taken; None when another process holds it (after ``wait`` seconds)
-    or it cannot be opened. Read-only open: a lock file another member created can be taken too."""
+    or it cannot be opened. Opened for writing (an exclusive lock on NFS needs it): the file has
+    the cache's group mode, so every member of a team cache can open it."""
     import fcntl
 
     meta = _files.bookkeeping_dir(version_dir, shared)
@@ -396,7 +411,7 @@ def _lock(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
     except OSError:
         return None
     try:
-        flags = os.O_RDONLY | os.O_CREAT | _files.NOFOLLOW | _files.NONBLOCK  # a planted FIFO must not hang the exit
+        flags = os.O_RDWR | os.O_CREAT | _files.NOFOLLOW | _files.NONBLOCK  # a planted FIFO must not hang the exit
         fd = os.open(LOCK_FILE, flags, _files.file_mode(shared), dir_fd=meta_fd)
     except OSError as exc:
         logger.debug("bookkeeping lock not opened: %s", exc)
@@ -448,6 +463,7 @@ def _fold(version_dir: str, cap: int, shared: bool, explain: Any, zero: bool = F
     already = set(summary.folded)
     done: list[tuple[str, int]] = []  # (path, descriptor holding its lock)
     live_bytes = 0
+    recent = {_recent_key(r): r for r in summary.recent}
     try:
         for path in ledger_files(version_dir):
             if os.path.basename(path) in already:
@@ -464,14 +480,18 @@ def _fold(version_dir: str, cap: int, shared: bool, explain: Any, zero: bool = F
                 if record["e"] in ("put", "added"):
                     summary.size += record.get("bytes", 0)
                 if record["e"] in ("miss", "uncached"):
-                    _remember(summary.recent, record)
+                    _remember(recent, record)
                 if explain is not None:
                     explain.fold(summary.explain, record)
-        summary.recent = summary.recent[-RECENT:]
+        summary.recent = list(recent.values())
         if zero:
             summary.totals, summary.recent = Totals(), []
         if cap and (summary.size + live_bytes > cap or time.time() - summary.scanned_at > RESCAN_SECS):
-            _keep_under(version_dir, cap, summary, explain)
+            try:
+                _keep_under(version_dir, cap, summary, explain)
+            except Exception as exc:  # an untagged directory: nothing is pruned, the fold goes on
+                logger.debug("not pruned: %s", exc)
+                summary.scanned_at = time.time()
         summary.folded = [os.path.basename(p) for p, _ in done]
         if not _write_summary(version_dir, summary, shared):
             if zero:
@@ -496,6 +516,9 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, explain: Any) -> N
     found = _entries.scan(version_dir)
     bookkeeping = _entries.bookkeeping_bytes(version_dir)
     actual = found.bytes + bookkeeping
+    stale = [t for t in found.temporary if time.time() - t[2] > _entries.STALE_TMP_SECS]  # writers killed mid-write
+    if stale:
+        actual -= _entries.remove_files(version_dir, [t[0] for t in stale]).bytes
     if actual > cap:
         removed = _entries.select_over(list(found.units.values()), max(int(cap * PRUNE_TO) - bookkeeping, 0))
         freed = _entries.remove_files(version_dir, [p for u in removed for p in u.files]).bytes
@@ -510,8 +533,9 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, explain: Any) -> N
 def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     """Start the totals again (``stats --reset``): finished ledgers are folded, then the totals and
     recent misses are zeroed; what explains the next miss and the size account stay. With
-    ``forget`` (``clear``, a fresh start), the summary and every ledger go. The count of files
-    folded or removed. Waits a little for a fold in progress."""
+    ``forget`` (``clear``, a fresh start), the summary and the finished ledgers go. A running
+    process keeps its ledger (deleting it would lose what it records next). The count of files
+    folded or removed. Raises OSError when a fold in progress holds the lock past a few seconds."""
     from gkx_autocache import _entries
 
     files = ledger_files(version_dir)
@@ -521,16 +545,25 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     if not present:
         return 0
     lock = _lock(version_dir, shared, wait=5.0)
+    if lock is None:
+        raise OSError("the cache is busy (a process is folding its ledger, or the lock cannot be taken): try again")
     try:
         if not forget:
             return _fold(version_dir, 0, shared, Folding(), zero=True)
-        removed = _entries.remove_files(version_dir, present)
+        finished: dict[str, int] = {}  # path -> descriptor holding its lock
+        try:
+            for path in files:
+                if (fd := _finished(path)) is not None:
+                    finished[path] = fd
+            removed = _entries.remove_files(version_dir, [*finished, summary_path(version_dir)])
+        finally:
+            for fd in finished.values():
+                os.close(fd)
         if removed.failed:
             raise OSError(f"stats not reset: {removed.why()}")
         return removed.files
     finally:
-        if lock is not None:
-            os.close(lock)
+        os.close(lock)
 
 
 def record_added(version_dir: str, nbytes: int, shared: bool) -> None:

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from gkx_autocache._diagnostics import shown
-from gkx_autocache._files import atomic
+from gkx_autocache._files import atomic, open_regular
 from gkx_autocache._trust import file_problem
 
 POLICY_NAME = "gkx-autocache.toml"
@@ -88,8 +88,8 @@ def format_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
-        raise Unwritable(f"{shown(text)} holds a control character and cannot be written as one TOML string")
+    if not text.isprintable():  # control characters, and line separators (U+2028, U+0085) as well
+        raise Unwritable(f"{shown(text)} holds a control character or line break and cannot be one TOML string")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -121,10 +121,14 @@ def set_key(path: str, key: str, literal: str | None) -> None:
     """Write ``key = literal`` into the file (``None`` removes the key), keeping every other line.
     Atomic: a temporary file beside it, then a rename."""
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        with os.fdopen(open_regular(path), "rb") as f:  # never a FIFO: it would hang
+            lines = f.read(MAX_FILE).decode("utf-8").split("\n")
     except FileNotFoundError:
         lines = []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Unwritable(f"{path} cannot be read as a settings file ({exc}); fix or remove it") from None
+    if lines and lines[-1] == "":
+        lines.pop()
     pattern = _key_line(key)
     kept = [line for line in lines if not pattern.match(line)]
     if literal is not None:

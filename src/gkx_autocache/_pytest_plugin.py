@@ -55,6 +55,11 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         _workers.append(snap)
 
 
+def _ci() -> bool:
+    """``CI`` set to anything but a false spelling (``CI=false`` is not CI)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "off", "false", "no", "none", "disable", "disabled")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if getattr(terminalreporter.config, "workeroutput", None) is not None:
         return  # a worker: the controller speaks for the session
@@ -66,7 +71,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
     total = merge(snapshots)
     terminalreporter.write_line(summary_line(total))
-    if os.environ.get("CI") and total["store"] and total["hits"] == total["own_hits"] and total["misses"]:
+    if _ci() and total["store"] and total["hits"] == total["own_hits"] and total["misses"]:
         terminalreporter.write_line(
             "gkx-autocache: the cache was cold (no entry from an earlier run): keep "
             f"{total['dirs'][0]} between CI runs (actions/cache keyed on `gkx-autocache ci-key`: see the README, In CI)")

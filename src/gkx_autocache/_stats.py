@@ -269,10 +269,16 @@ def start(settings: Any, directory: str, ledger: bool, remote: bool = False) -> 
 
 
 def finish(rec: Recorder, cap: int) -> None:
-    """At exit: close this process's ledger, then fold finished ledgers and keep the cap."""
+    """At exit: close this process's ledger, then fold finished ledgers and keep the cap. Also
+    when this process recorded nothing but others left ledgers: a driver whose compiles all ran
+    in pool workers (they end by ``os._exit``) is the one that folds them."""
     kept = rec.kept_ledger
     rec.close()
-    if kept:
+    try:
+        others = not kept and bool(os.listdir(_ledger.ledger_dir(rec.directory)))
+    except OSError:
+        others = False
+    if kept or others:
         _ledger.fold(rec.directory, cap, rec.shared, Folding())
 
 

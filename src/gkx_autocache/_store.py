@@ -88,13 +88,19 @@ class Store:
     def _entry(self, key: str) -> str:
         return os.path.join(self._path, key + ENTRY_SUFFIX)
 
-    def _trusted(self, st: os.stat_result) -> str | None:
-        return _trust.entry_problem(st, self._shared)
-
     def get(self, key: str) -> bytes | None:
         path = self._entry(key)
-        data = _files.read(path, check=self._trusted)  # one fstat: an entry is code
-        if data is not None and self._usable(path, data):
+        refused: list[str] = []
+
+        def trusted(st: os.stat_result) -> str | None:  # one fstat: an entry is code
+            why = _trust.entry_problem(st, self._shared)
+            if why:
+                refused.append(why)
+            return why
+
+        data = _files.read(path, check=trusted)
+        why = refused[0] if refused else (self._unusable(path, data) if data is not None else None)
+        if data is not None and why is None:
             try:
                 os.utime(path)  # recency for pruning, on noatime mounts too
             except OSError:
@@ -103,7 +109,10 @@ class Store:
             self._served.key = key
             return data
         self._missed(key)
-        self._recorder.miss(key)
+        if why:  # the entry was there but cannot be used: named, not "evicted" on every run
+            self._recorder.rejected(key, why)
+        else:
+            self._recorder.miss(key)
         return None
 
     def _missed(self, key: str) -> None:
@@ -129,18 +138,20 @@ class Store:
         self._missed(key)
         self._recorder.rejected(key, reason)
 
-    def _usable(self, path: str, data: bytes) -> bool:
-        if compression_of(data) not in (self._compression, None):
+    def _unusable(self, path: str, data: bytes) -> str | None:
+        """Why these bytes cannot be given to JAX, or None."""
+        kind = compression_of(data)
+        if kind not in (self._compression, None):
             logger.debug("%s is in another compression format: a miss, left alone", path)
-            return False
+            return f"written by an environment that compresses with {kind}: left alone"
         try:
             self._decompress(data)
         except Exception as exc:
             logger.debug("%s is corrupt (%s): removed, it will be compiled again", path, exc)
             if self._writable:
                 _files.remove(path)
-            return False
-        return True
+            return f"does not decompress ({type(exc).__name__}): compiled again and replaced"
+        return None
 
     def _compile_secs(self, key: str, data: bytes) -> tuple[float, float]:
         """What the entry cost to compile, and when it was written (0.0: unknown)."""
@@ -162,7 +173,12 @@ class Store:
         if existing is not None and compression_of(existing) not in (self._compression, None):
             logger.debug("%s belongs to another environment's format: not overwritten", path)
             return
-        if not _files.write_atomic(path, value, self._file_mode):
+        try:
+            with _files.atomic(path, self._file_mode) as f:
+                f.write(value)
+        except OSError as exc:  # disk full, a name too long for the file system: said, not "new" every run
+            logger.debug("cannot write %s: %s", path, exc)
+            self._recorder.uncached(key, "write failed", exc.strerror or str(exc))
             return
         written = len(value)
         compile_secs = time.process_time() - started if started is not None else 0.0
@@ -269,7 +285,9 @@ def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool
 
 def read_verdict(version_dir: str) -> dict[str, Any] | None:
     try:
-        verdict = json.loads(_files.read(os.path.join(version_dir, META_DIR, VERDICT_FILE)) or b"")
-    except ValueError:
+        verdict = json.loads(_files.read(os.path.join(version_dir, META_DIR, VERDICT_FILE), 4096) or b"")
+    except (ValueError, RecursionError):
         return None
-    return verdict if isinstance(verdict, dict) else None
+    if not isinstance(verdict, dict):
+        return None
+    return {k: v if isinstance(v, str) else None for k, v in verdict.items() if k in ("store", "reason", "explain")}
