@@ -170,6 +170,16 @@ def venv(wheel: Path) -> Iterator[Venv]:
 
 
 @pytest.fixture
+def public() -> Iterator[Path]:
+    """A folder every test user can reach (its ancestors are 0755), removed afterwards."""
+    path = public_tmp()
+    try:
+        yield path
+    finally:
+        subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+@pytest.fixture
 def bare_venv(wheel: Path) -> Iterator[Venv]:
     """A fresh venv with the wheel installed and no JAX anywhere."""
     base = public_tmp()

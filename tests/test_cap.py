@@ -9,11 +9,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from conftest import Venv, public_tmp, run_program
+from conftest import Venv, run_program
 from test_activation import VERSION_DIR
 
 MEMBER_A, MEMBER_B, TEAM = 1001, 1002, 3000
@@ -34,15 +32,6 @@ print(json.dumps({{"requests": {n}, "result": 1.0}}))
 def on_disk(vdir: Path) -> int:
     """Every byte in the version directory but the tag: what `du` would count, less directories."""
     return sum(p.stat().st_size for p in vdir.rglob("*") if p.is_file() and p.name != "CACHEDIR.TAG")
-
-
-@pytest.fixture
-def public(venv: Venv) -> Iterator[Path]:
-    path = public_tmp()
-    try:
-        yield path
-    finally:
-        subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
 def test_a_second_team_member_brings_the_cache_under_the_cap(venv: Venv, public: Path) -> None:

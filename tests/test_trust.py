@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import PROGRAM, Venv, autocache_warnings, public_tmp, run_program
+from conftest import PROGRAM, Venv, autocache_warnings, run_program
 from test_activation import VERSION_DIR
 
 
@@ -95,16 +95,6 @@ def test_untrusted_default_falls_back_silently(venv: Venv, tmp_path: Path) -> No
 # -- attacks by other users (SPEC §8, §12): real non-root processes -----------------------------
 
 ATTACKER, VICTIM, MEMBER_A, MEMBER_B, TEAM = 4242, 1001, 1001, 1002, 3000
-
-
-@pytest.fixture
-def public(venv: Venv) -> Iterator[Path]:
-    """A folder every test user can reach (its ancestors are 0755), removed afterwards."""
-    path = public_tmp()
-    try:
-        yield path
-    finally:
-        subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
 def test_sticky_ancestor_owned_by_another_user_is_refused(venv: Venv, public: Path) -> None:

@@ -126,7 +126,7 @@ def count(version_dir: str) -> tuple[int, int]:
                 if name.startswith("."):
                     if not is_temporary(name):
                         continue
-                elif key_match(name) is None:
+                elif not _keyed(name):
                     continue
                 try:
                     st = item.stat(follow_symlinks=False)
@@ -138,6 +138,17 @@ def count(version_dir: str) -> tuple[int, int]:
     except OSError:
         return 0, 0
     return entries, total + bookkeeping_bytes(version_dir)
+
+
+def _keyed(name: str) -> bool:
+    """``key_match(name)``, with the two names that make up nearly all of a cache decided by
+    their shape alone (``<name>-<64 hex>-cache`` and ``-gkx-compile``): 200 000 regular
+    expressions are a third of ``status`` on 100 000 entries."""
+    for suffix in (ENTRY_SUFFIX, COMPILE_SIDECAR):
+        if name.endswith(suffix):
+            end = len(name) - len(suffix)
+            return end > 65 and name[end - 65] == "-" and name[end - 64:end].isalnum() and "/" not in name
+    return key_match(name) is not None
 
 
 def bookkeeping_bytes(version_dir: str) -> int:
@@ -259,9 +270,10 @@ def remove_files(version_dir: str, paths: list[str]) -> Removed:
         if not _tagged(top):
             raise Refused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
         by_folder: dict[str, list[str]] = {}
+        inside = version_dir.rstrip("/") + "/"
         for path in paths:
-            folder, name = os.path.split(os.path.relpath(path, version_dir))
-            if not folder.startswith(".."):
+            if path.startswith(inside) and "/../" not in path and not path.endswith("/.."):
+                folder, name = os.path.split(path[len(inside):])
                 by_folder.setdefault(folder, []).append(name)
         return sum((_unlink_in(top, version_dir, f, names) for f, names in by_folder.items()), Removed())
     finally:

@@ -64,9 +64,9 @@ KINDS = ("hit", "miss", "put", "uncached", "added", "evicted", "sum")
 
 # -- records ------------------------------------------------------------------------------------
 
-_INT_FIELDS = ("bytes", "hits", "misses")
-_FLOAT_FIELDS = ("saved", "compile", "t")
-_STR_FIELDS = ("key", "cause", "detail", "reason", "parts", "change")
+_FIELDS = {**dict.fromkeys(("bytes", "hits", "misses"), "count"), **dict.fromkeys(("saved", "compile", "t"), "number"),
+           **dict.fromkeys(("key", "cause", "detail", "reason", "parts", "change"), "text"), "own": "flag",
+           "readable": "table"}
 
 
 def _count(value: Any) -> int | None:
@@ -80,9 +80,26 @@ def _number(value: Any) -> float | None:
     return number if 0.0 <= number <= MAX_FLOAT else None
 
 
+def _field(kind: str, value: Any) -> Any:
+    """The value if it is well-formed for its kind of field, else None."""
+    if kind == "count":
+        return _count(value)
+    if kind == "number":
+        return _number(value)
+    if kind == "text":
+        return value if isinstance(value, str) and len(value) <= 4096 else None
+    if kind == "flag":
+        return True if value is True else None
+    if isinstance(value, dict):  # "table": the readable values of a key's parts
+        return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str) and len(k) <= 64
+                and len(v) <= 4096}
+    return None
+
+
 def parse_record(line: bytes | str) -> dict[str, Any] | None:
     """One ledger line as a record with only well-formed fields, or None: a torn last line, or
-    anything a hostile writer put there."""
+    anything a hostile writer put there. (One pass over the fields the line has: a fold of
+    100 000 ledgers parses 300 000 lines.)"""
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):
@@ -90,22 +107,10 @@ def parse_record(line: bytes | str) -> dict[str, Any] | None:
     if not isinstance(record, dict) or record.get("e") not in KINDS:
         return None
     clean: dict[str, Any] = {"e": record["e"]}
-    for name in _INT_FIELDS:
-        if (value := _count(record.get(name))) is not None:
-            clean[name] = value
-    for name in _FLOAT_FIELDS:
-        if (number := _number(record.get(name))) is not None:
-            clean[name] = number
-    for name in _STR_FIELDS:
-        value = record.get(name)
-        if isinstance(value, str) and len(value) <= 4096:
-            clean[name] = value
-    if record.get("own") is True:
-        clean["own"] = True
-    readable = record.get("readable")
-    if isinstance(readable, dict):
-        clean["readable"] = {k: v for k, v in readable.items()
-                             if isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 4096}
+    for name, value in record.items():
+        kind = _FIELDS.get(name)
+        if kind is not None and (good := _field(kind, value)) is not None:
+            clean[name] = good
     return clean
 
 
@@ -320,22 +325,24 @@ def read_records(path: str) -> Iterator[dict[str, Any]]:
             yield record
 
 
-def _finished(path: str) -> int | None:
-    """An open descriptor holding the ledger's lock when its process has finished, else None.
-    Opened for writing: on NFS, Linux turns ``flock`` into a POSIX lock, and an exclusive one
-    needs a descriptor open for writing."""
+def _finished(path: str) -> bool:
+    """Whether the ledger's process has finished: its lock is free. Taken and let go at once (a
+    finished process does not come back, and other folders wait for the bookkeeping lock), so a
+    fold of 100 000 ledgers holds no more descriptors than one. Opened for writing: on NFS, Linux
+    turns ``flock`` into a POSIX lock, and an exclusive one needs a descriptor open for writing."""
     import fcntl
 
     try:
         fd = _files.open_regular(path, write=True)
     except OSError:
-        return None
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
     except OSError:
+        return False  # its process is alive (or the file system has no locks: then it waits)
+    finally:
         os.close(fd)
-        return None  # its process is alive (or the file system has no locks: then it waits)
-    return fd
 
 
 # -- reading, for the commands ------------------------------------------------------------------
@@ -461,52 +468,47 @@ def _fold(version_dir: str, cap: int, shared: bool, explain: Any, zero: bool = F
     misses, keeping what explains the next miss and the size account. The count of ledgers folded."""
     summary = read_summary(version_dir)
     already = set(summary.folded)
-    done: list[tuple[str, int]] = []  # (path, descriptor holding its lock)
+    done: list[str] = []
     live_bytes = 0
     recent = {_recent_key(r): r for r in summary.recent}
-    try:
-        for path in ledger_files(version_dir):
-            if os.path.basename(path) in already:
-                done.append((path, -1))  # folded before; its removal failed
-                continue
-            fd = _finished(path)
-            records = list(read_records(path))
-            if fd is None:  # a live process: its writes count for the decision, not the record
-                live_bytes += sum(r.get("bytes", 0) for r in records if r["e"] in ("put", "added"))
-                continue
-            done.append((path, fd))
-            for record in records:
-                summary.totals.add(record)
-                if record["e"] in ("put", "added"):
-                    summary.size += record.get("bytes", 0)
-                if record["e"] in ("miss", "uncached"):
-                    _remember(recent, record)
-                if explain is not None:
-                    explain.fold(summary.explain, record)
-        summary.recent = list(recent.values())
+    for path in ledger_files(version_dir):
+        if os.path.basename(path) in already:
+            done.append(path)  # folded before; its removal failed
+            continue
+        finished = _finished(path)
+        records = list(read_records(path))
+        if not finished:  # a live process: its writes count for the decision, not the record
+            live_bytes += sum(r.get("bytes", 0) for r in records if r["e"] in ("put", "added"))
+            continue
+        done.append(path)
+        for record in records:
+            summary.totals.add(record)
+            if record["e"] in ("put", "added"):
+                summary.size += record.get("bytes", 0)
+            if record["e"] in ("miss", "uncached"):
+                _remember(recent, record)
+            if explain is not None:
+                explain.fold(summary.explain, record)
+    summary.recent = list(recent.values())
+    if zero:
+        summary.totals, summary.recent = Totals(), []
+    if cap and (summary.size + live_bytes > cap or time.time() - summary.scanned_at > RESCAN_SECS):
+        try:
+            _keep_under(version_dir, cap, summary, explain)
+        except Exception as exc:  # an untagged directory: nothing is pruned, the fold goes on
+            logger.debug("not pruned: %s", exc)
+            summary.scanned_at = time.time()
+    summary.folded = [os.path.basename(p) for p in done]
+    if not _write_summary(version_dir, summary, shared):
         if zero:
-            summary.totals, summary.recent = Totals(), []
-        if cap and (summary.size + live_bytes > cap or time.time() - summary.scanned_at > RESCAN_SECS):
-            try:
-                _keep_under(version_dir, cap, summary, explain)
-            except Exception as exc:  # an untagged directory: nothing is pruned, the fold goes on
-                logger.debug("not pruned: %s", exc)
-                summary.scanned_at = time.time()
-        summary.folded = [os.path.basename(p) for p, _ in done]
-        if not _write_summary(version_dir, summary, shared):
-            if zero:
-                raise OSError(f"stats not reset: {summary_path(version_dir)} cannot be written")
-            return 0
-        from gkx_autocache import _entries
+            raise OSError(f"stats not reset: {summary_path(version_dir)} cannot be written")
+        return 0
+    from gkx_autocache import _entries
 
-        removed = _entries.remove_files(version_dir, [p for p, _ in done])
-        summary.folded = [os.path.basename(p) for p in removed.failed]  # not counted twice
-        _write_summary(version_dir, summary, shared)
-        return removed.files
-    finally:
-        for _, fd in done:
-            if fd >= 0:
-                os.close(fd)
+    removed = _entries.remove_files(version_dir, done)
+    summary.folded = [os.path.basename(p) for p in removed.failed]  # not counted twice
+    _write_summary(version_dir, summary, shared)
+    return removed.files
 
 
 def _keep_under(version_dir: str, cap: int, summary: Summary, explain: Any) -> None:
@@ -550,15 +552,8 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     try:
         if not forget:
             return _fold(version_dir, 0, shared, Folding(), zero=True)
-        finished: dict[str, int] = {}  # path -> descriptor holding its lock
-        try:
-            for path in files:
-                if (fd := _finished(path)) is not None:
-                    finished[path] = fd
-            removed = _entries.remove_files(version_dir, [*finished, summary_path(version_dir)])
-        finally:
-            for fd in finished.values():
-                os.close(fd)
+        finished = [path for path in files if _finished(path)]
+        removed = _entries.remove_files(version_dir, [*finished, summary_path(version_dir)])
         if removed.failed:
             raise OSError(f"stats not reset: {removed.why()}")
         return removed.files
