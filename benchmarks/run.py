@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         if "workload" in sections:
             results["workload"] = workload(with_py, without_py, 2 if quick else 24, 1 if quick else 3, work)
         if "explain" in sections:
-            results["warm_vs_raw"] = warm_vs_raw(with_py, without_py, 2 if quick else 24, 2 if quick else 7, work)
+            results["warm_vs_raw"] = warm_vs_raw(with_py, without_py, 2 if quick else 24, 2 if quick else 9, work)
             results["key_time"] = key_time(with_py, 4 if quick else 24, 2 if quick else 20)
             results["saved_contention"] = saved_under_contention(with_py, 2 if quick else 24, work)
         if "cli" in sections:

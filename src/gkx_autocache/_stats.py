@@ -65,6 +65,8 @@ class Recorder:
             if event == JAX_SAVED:
                 self.jax_saved_secs += max(duration_secs, 0.0)
             elif event == RETRIEVAL:
+                if self.explainer is not None:
+                    self.explainer.forget()
                 pending = getattr(self._pending, "hit", None)
                 if pending is not None:
                     self._pending.hit = None
