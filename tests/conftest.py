@@ -30,8 +30,10 @@ sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "__name__", None) != 
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The environment without any of the user's cache settings, and a private home."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GKX_JAX_CACHE", "JAX_", "XDG_", "PYTHON"))}
+    """The environment without any of the user's cache settings, and a private home. ``CI`` goes too:
+    the suite runs the same in CI as here, and the tests of CI behaviour set it themselves."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GKX_JAX_CACHE", "JAX_", "XDG_", "PYTHON")) and k != "CI"}
     env.update(JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
     env.update(extra)
     return env
