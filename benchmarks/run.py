@@ -176,12 +176,17 @@ def import_jax(with_py: Path, without_py: Path, runs: int, work: Path) -> dict[s
     return results
 
 
-WORKLOAD = "import sys; sys.path.insert(0, {src!r}); from gkx_autocache._demo import child; child({n})"
+def demo_program(work: Path, functions: int) -> list[str]:
+    """The demo's child as a script outside the package: run as `-c` with `src` on the path, it
+    would import the package from the checkout, whatever bytecode the installed copy has."""
+    script = work / "demo_program.py"
+    shutil.copyfile(SRC / "gkx_autocache" / "_demo.py", script)
+    return [str(script), "--child", str(functions)]
 
 
 def workload(with_py: Path, without_py: Path, functions: int, runs: int, work: Path) -> dict[str, Any]:
     """Each configuration: `runs` rounds of (fresh directory, cold process, warm process)."""
-    code = WORKLOAD.format(src=str(SRC), n=functions)
+    code = demo_program(work, functions)
     configs = {
         "no cache": (without_py, {}),
         "JAX stock cache, default thresholds": (without_py, {"JAX_COMPILATION_CACHE_DIR": "{d}"}),
@@ -202,7 +207,7 @@ def workload(with_py: Path, without_py: Path, functions: int, runs: int, work: P
             env = base_env(HOME=str(work), **{k: v.format(d=d) for k, v in template.items()})
             for phase in ("cold", "warm"):
                 started = time.perf_counter()
-                proc = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, check=True)
+                proc = subprocess.run([str(python), *code], env=env, capture_output=True, text=True, check=True)
                 seconds = time.perf_counter() - started
                 out = json.loads(proc.stdout.strip().splitlines()[-1])
                 (cold if phase == "cold" else warm).append(seconds)
@@ -220,7 +225,7 @@ def warm_vs_raw(with_py: Path, without_py: Path, functions: int, pairs: int, wor
     """Warm runs of the demo workload, gkx-autocache against JAX's stock cache at threshold 0,
     interleaved, with the package's bytecode present (pip writes it) and absent (uv does not):
     medians, and the spread of the per-pair ratio (SPEC §13: within 2 %)."""
-    code = WORKLOAD.format(src=str(SRC), n=functions)
+    code = demo_program(work, functions)
     results: dict[str, Any] = {}
     for present in (True, False):
         case = "bytecode present" if present else "bytecode absent"
@@ -230,11 +235,11 @@ def warm_vs_raw(with_py: Path, without_py: Path, functions: int, pairs: int, wor
                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
                "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none"}
         for python, env in ((with_py, ours), (without_py, raw)):
-            timed([str(python), "-c", code], env)  # cold: fills the directory
+            timed([str(python), *code], env)  # cold: fills the directory
         a, b = [], []
         for _ in range(pairs):
-            a.append(timed([str(with_py), "-c", code], ours))
-            b.append(timed([str(without_py), "-c", code], raw))
+            a.append(timed([str(with_py), *code], ours))
+            b.append(timed([str(without_py), *code], raw))
         ratios = sorted(x / y for x, y in zip(a, b, strict=True))
         results[case] = {"ours": statistics.median(a), "raw": statistics.median(b), "pairs": pairs,
                          "ratio": statistics.median(a) / statistics.median(b), "ratio_min": ratios[0],
@@ -286,14 +291,14 @@ def saved_under_contention(with_py: Path, functions: int, work: Path) -> dict[st
     """The same warm run's "compile CPU time avoided", after a cold run alone and after a cold run
     of two processes at once on 2 cores (as `pytest -n 2` does): compile time is CPU time, so the
     two agree (wall time did not: 90 s against 129 s, SPEC §7)."""
-    code = WORKLOAD.format(src=str(SRC), n=functions)
+    code = demo_program(work, functions)
     figures = {}
     for name, parallel in (("after an uncontended cold run", 1), ("after a contended cold run (2 at once)", 2)):
         env = base_env(HOME=str(work), GKX_JAX_CACHE_DIR=str(work / f"contention-{parallel}"))
-        procs = [subprocess.Popen([str(with_py), "-c", code], env=env, stdout=subprocess.DEVNULL) for _ in range(parallel)]
+        procs = [subprocess.Popen([str(with_py), *code], env=env, stdout=subprocess.DEVNULL) for _ in range(parallel)]
         assert all(p.wait() == 0 for p in procs)
         sh(str(with_py), "-m", "gkx_autocache", "stats", "--reset", env=env)
-        sh(str(with_py), "-c", code, env=env)
+        sh(str(with_py), *code, env=env)
         stats = json.loads(sh(str(with_py), "-m", "gkx_autocache", "--json", "stats", env=env).stdout)["stats"]
         figures[name] = stats["saved_secs"]
     return figures
@@ -346,7 +351,8 @@ def cli(with_py: Path, entries: int, work: Path) -> dict[str, float]:
     synthetic(vdir, entries, *real_entry(with_py, work))
     env = base_env(GKX_JAX_CACHE_DIR=str(root), HOME=str(work), GKX_JAX_CACHE_MAX_SIZE="0")
     figures = {}
-    for command in (["status"], ["prune", "--dry-run", "--max-size", "1MB"], ["verify"]):
+    for command in (["status"], ["prune", "--dry-run", "--max-size", "1MB"], ["prune", "--dry-run", "--older-than", "1s"],
+                    ["verify"]):
         figures[" ".join(command)] = timed([str(with_py), "-m", "gkx_autocache", *command], env)
     baseline = timed([str(with_py), "-c", ORDINARY], env)
     synthetic_ledgers(vdir, entries)

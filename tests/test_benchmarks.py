@@ -32,7 +32,8 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
                                      "gkx-autocache"}
     assert data["workload"]["gkx-autocache"]["warm_hits"] == data["workload"]["gkx-autocache"]["warm_requests"] > 0
     assert data["workload"]["JAX stock cache, default thresholds"]["warm_hits"] == 0
-    assert set(data["cli"]) == {"status", "prune --dry-run --max-size 1MB", "verify", "status, after that run",
+    assert set(data["cli"]) == {"status", "prune --dry-run --max-size 1MB", "prune --dry-run --older-than 1s", "verify",
+                                "status, after that run",
                                 "ordinary run, folding the ledgers at exit (extra seconds)"}
     assert "| `import jax`, bytecode absent |" in table and "| modules added at start-up | none |" in table
     assert all(0 < f["configure"] < 5 for f in data["import_jax"].values())

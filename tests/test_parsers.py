@@ -144,6 +144,25 @@ def test_bundle_member_names(name: str) -> None:
     assert "/" not in name and not name.startswith(".") and key_match(name) is not None
 
 
+names_like_keys = st.builds(
+    lambda prefix, digest, suffix: f"{prefix}-{digest}{suffix}",
+    st.text(min_size=0, max_size=12) | st.from_regex(r"[a-z_]{1,10}", fullmatch=True),
+    st.text(alphabet="0123456789abcdefABCDEFg_ ", min_size=62, max_size=66) | st.just("a" * 64),
+    st.sampled_from(["-cache", "-gkx-compile", "-x", "cache", "-cache ", "-", "-gkx-compile-cache"]))
+
+
+@SETTINGS
+@given(name=names_like_keys | st.text(max_size=90))
+def test_key_names_read_alike_on_the_fast_path(name: str) -> None:
+    """``key_match`` decides the two common names without the pattern: it must agree with it."""
+    import re
+
+    from gkx_autocache._layout import _KEY, key_match
+
+    full = re.fullmatch(_KEY, name) if name.isprintable() else None
+    assert key_match(name) == (None if full is None else (full["key"], full["suffix"])), name
+
+
 def test_the_properties_can_fail(tmp_path: Path) -> None:
     """A check above can fail: a message with a newline is not one line."""
     try:

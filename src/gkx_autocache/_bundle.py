@@ -248,7 +248,7 @@ def _import(tar: tarfile.TarFile, version_dir: str, env: dict[str, Any], force: 
 
 def _key(name: str) -> str:
     match = key_match(name)
-    return match["key"] if match else name
+    return match[0] if match else name
 
 
 def _stage(tar: tarfile.TarFile, member: tarfile.TarInfo, tmp: str, mode: int, expected: str) -> None:

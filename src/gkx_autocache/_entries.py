@@ -92,12 +92,13 @@ def scan(version_dir: str) -> Scan:
                 st = item.stat(follow_symlinks=False)
             except OSError:
                 continue
-            unit = result.units.get(match["key"])
+            key, suffix = match
+            unit = result.units.get(key)
             if unit is None:
-                unit = result.units[match["key"]] = Unit(match["key"])
+                unit = result.units[key] = Unit(key)
             unit.files.append(item.path)
             unit.bytes += st.st_size
-            if match["suffix"] == ENTRY_SUFFIX:
+            if suffix == ENTRY_SUFFIX:
                 unit.has_entry = True
                 unit.last_used = max(unit.last_used, st.st_atime, st.st_mtime)
     try:  # the bookkeeping's own temporaries: a summary whose writer was killed
@@ -126,7 +127,7 @@ def count(version_dir: str) -> tuple[int, int]:
                 if name.startswith("."):
                     if not is_temporary(name):
                         continue
-                elif not _keyed(name):
+                elif key_match(name) is None:
                     continue
                 try:
                     st = item.stat(follow_symlinks=False)
@@ -138,17 +139,6 @@ def count(version_dir: str) -> tuple[int, int]:
     except OSError:
         return 0, 0
     return entries, total + bookkeeping_bytes(version_dir)
-
-
-def _keyed(name: str) -> bool:
-    """``key_match(name)``, with the two names that make up nearly all of a cache decided by
-    their shape alone (``<name>-<64 hex>-cache`` and ``-gkx-compile``): 200 000 regular
-    expressions are a third of ``status`` on 100 000 entries."""
-    for suffix in (ENTRY_SUFFIX, COMPILE_SIDECAR):
-        if name.endswith(suffix):
-            end = len(name) - len(suffix)
-            return end > 65 and name[end - 65] == "-" and name[end - 64:end].isalnum() and "/" not in name
-    return key_match(name) is not None
 
 
 def bookkeeping_bytes(version_dir: str) -> int:
@@ -177,12 +167,13 @@ def _scan_remote(version_dir: str, result: Scan) -> Scan:
         match = None if prefix else key_match(name)
         if match is None:
             continue
-        unit = result.units.get(match["key"])
+        key, suffix = match
+        unit = result.units.get(key)
         if unit is None:
-            unit = result.units[match["key"]] = Unit(match["key"])
+            unit = result.units[key] = Unit(key)
         unit.files.append(f"{version_dir}/{name}")
         unit.bytes += size
-        if match["suffix"] == ENTRY_SUFFIX:
+        if suffix == ENTRY_SUFFIX:
             unit.has_entry = True
             unit.last_used = max(unit.last_used, mtime)
     return result
@@ -431,9 +422,12 @@ def plan_prune(version_dir: str, cap: int, older_than: float | None = None) -> R
     found = scan(version_dir)
     units = list(found.units.values())
     now = time.time()
-    chosen = [u for u in units if u.last_used < now - older_than] if older_than is not None else []
+    chosen: list[Unit] = []
+    rest: list[Unit] = []
+    for unit in units:  # one pass: `unit not in chosen` compared dataclasses, 100 000 x 100 000
+        old = older_than is not None and unit.last_used < now - older_than
+        (chosen if old else rest).append(unit)
     if cap:
-        rest = [u for u in units if u not in chosen]
         chosen += select_over(rest, cap)
     stale_tmp = [t for t in found.temporary if now - t[2] > STALE_TMP_SECS]
     return _removal(version_dir, chosen, stale_tmp)

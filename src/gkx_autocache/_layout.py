@@ -56,14 +56,24 @@ def is_own_tag(data: bytes) -> bool:
 
 
 _compiled: list[re.Pattern[str]] = []
+_HEX = "0123456789abcdef"
 
 
-def key_match(name: str) -> re.Match[str] | None:
-    """``<key><suffix>`` for an entry or a sidecar, else None: the whole name, printable, with no
-    separator or white space (a bundle's member name is outside input)."""
+def key_match(name: str) -> tuple[str, str] | None:
+    """``(key, suffix)`` of an entry or a sidecar, else None: the whole name, printable, with no
+    separator or white space (a bundle's member name is outside input). The two names that make
+    up nearly all of a cache (``jit_f-<64 hex>-cache``, ``-gkx-compile``) are read without the
+    pattern: 200 000 regular expressions were a third of ``status`` and ``prune`` on 100 000
+    entries. The tests check that both ways agree."""
+    suffix = ENTRY_SUFFIX if name.endswith(ENTRY_SUFFIX) else COMPILE_SIDECAR if name.endswith(COMPILE_SIDECAR) else ""
+    if suffix:
+        end = len(name) - len(suffix)
+        if end > 65 and name[end - 65] == "-" and not name[end - 64:end].strip(_HEX) and name[:end - 65].isidentifier():
+            return name[:end], suffix
     if not _compiled:
         _compiled.append(re.compile(_KEY))
-    return _compiled[0].fullmatch(name) if name.isprintable() else None
+    match = _compiled[0].fullmatch(name) if name.isprintable() else None
+    return (match["key"], match["suffix"]) if match else None
 
 
 def is_temporary(name: str) -> bool:
