@@ -144,6 +144,16 @@ def test_bundle_member_names(name: str) -> None:
     assert "/" not in name and not name.startswith(".") and key_match(name) is not None
 
 
+@SETTINGS
+@given(raw=st.text(max_size=30) | big_numbers.map(lambda n: n + "d") | st.sampled_from(["30d", "1.5h", " 2W ", "1e9d"]))
+def test_ages(raw: str) -> None:
+    """``prune --older-than``: a finite number of seconds, or the one-line refusal."""
+    try:
+        assert 0 <= _settings.parse_age(raw) < 1e20
+    except _settings.BadValue as exc:
+        one_line(str(exc))
+
+
 names_like_keys = st.builds(
     lambda prefix, digest, suffix: f"{prefix}-{digest}{suffix}",
     st.text(min_size=0, max_size=12) | st.from_regex(r"[a-z_]{1,10}", fullmatch=True),

@@ -459,3 +459,34 @@ def test_files_that_block_or_are_not_files_are_never_read(tmp_path: Path) -> Non
         assert _files.read(str(path)) is None
         verdict = _policy.read(str(path))
         assert verdict.status == "ignored" and "regular" in (verdict.problem or ""), verdict
+
+
+class _Calls:
+    """A recorder that keeps what the store told it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda key, *rest: self.calls.append((name, key))
+
+
+@pytest.mark.parametrize("check_payload", [True, False])
+def test_a_payload_is_decompressed_before_serving_only_where_jax_loading_is_not_guarded(
+        tmp_path: Path, check_payload: bool) -> None:
+    """Bytes that do not decompress: refused by the store itself where JAX's loading is not
+    wrapped; served where it is (the wrapper then turns JAX's failure into a miss), so that a hit
+    is not decompressed twice."""
+    import zlib
+
+    from gkx_autocache._store import Store
+
+    key = "jit_f-" + "a" * 64
+    (tmp_path / f"{key}-cache").write_bytes(b"x\x9c" + b"not zlib" * 10)  # zlib's magic bytes, then garbage
+    (tmp_path / f"jit_g-{'b' * 64}-cache").write_bytes(zlib.compress(b"an executable"))
+    calls = _Calls()
+    store = Store(str(tmp_path), compression="zlib", decompress=zlib.decompress, shared=False, recorder=calls,
+                  check_payload=check_payload)
+    assert (store.get(key) is None) == check_payload
+    assert calls.calls[0] == (("rejected", key) if check_payload else ("hit", key))
+    assert store.get(f"jit_g-{'b' * 64}") is not None

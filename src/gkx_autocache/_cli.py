@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -41,13 +40,6 @@ def progress(message: str) -> None:
         print(f"\r{message}", end="", file=sys.stderr, flush=True)
 
 
-def stats_line(t: dict[str, Any]) -> str:
-    rate = f" ({t['hit_rate']:.0%} hit rate)" if t["hit_rate"] is not None else ""
-    own = f", {t['own_hits']} of them of a run's own compiles" if t["own_hits"] else ""
-    return (f"{t['hits']} hits{own}, {t['misses']} misses{rate}, {human_secs(t['saved_secs'])} compile CPU time "
-            f"avoided, {human_bytes(t['bytes_read'])} read, {human_bytes(t['bytes_written'])} written")
-
-
 def causes_lines(t: dict[str, Any]) -> list[str]:
     lines = []
     if t["causes"]:
@@ -64,47 +56,8 @@ def causes_lines(t: dict[str, Any]) -> list[str]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     data = _status.gather(load_context())
-    emit(args, status_text(data), data)
+    emit(args, _status.text(data), data)
     return OK
-
-
-def status_text(data: dict[str, Any]) -> str:
-    files, directory = data["start_files"], data["directory"]
-    lines = [
-        f"gkx-autocache {data['package']}  Python {data['python']}  JAX {data['jax'] or '(not installed)'}"
-        f"  jaxlib {data['jaxlib'] or '(not installed)'}",
-        f"hook        {'live in this interpreter' if data['hook_live'] else 'not live in this interpreter'}; "
-        f"{files['gkx_autocache.pth'] or 'gkx_autocache.pth NOT installed'}"
-        f"{' (+ .start)' if files['gkx_autocache.start'] else ''}",
-        "settings",
-    ]
-    for key, entry in data["settings"].items():
-        lines.append(f"  {key:<22} {entry['effective']:<40} {entry['origin']}")
-    for path, verdict in data["files"].items():
-        lines.append(f"  file {path}: {verdict}")
-    lines.append("directory")
-    if directory["version_dir"]:
-        kind = directory["kind"]
-        trust = {_cache.LOCAL: "trusted", _cache.OWN: "trust not checked: not chosen by gkx-autocache",
-                 _cache.REMOTE: "remote: trust is the bucket's access policy"}[kind]
-        state = ("writable" if directory["writable"] else "read-only") + f", {trust}"
-        if directory["root"]:
-            lines.append(f"  root     {directory['root']}")
-        lines.append(f"  version  {directory['version_dir']}  ({state}{'' if directory['exists'] else ', not created yet'})")
-    for refused in directory.get("refused", []):
-        lines.append(f"  refused  {refused['path']}: {refused['why']}")
-    store = data["store"]
-    if store:
-        lines.append(f"  store    {store['store'] or 'not recorded yet'}{': ' + store['reason'] if store.get('reason') else ''}")
-    for version in data["versions_present"]:
-        mark = " (installed)" if version["installed"] else ""
-        lines.append(f"  {version['version']:<18} {version['entries']:>7} entries  {human_bytes(version['bytes']):>10}{mark}")
-    stats = data["stats"]
-    lines.append(f"stats       {stats_line(stats) if stats else 'no ledger yet (no process has used this directory)'}")
-    if data["attention"]:
-        lines.append("attention")
-        lines.extend(f"  - {a}" for a in data["attention"])
-    return "\n".join(lines)
 
 
 def cmd_dir(args: argparse.Namespace) -> int:
@@ -127,7 +80,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return OK
     top = _stats.top_functions(totals)
     data = _stats.totals_dict(totals)
-    lines = [stats_line(data), f"directory {vdir}", *causes_lines(data)]
+    lines = [_status.stats_line(data), f"directory {vdir}", *causes_lines(data)]
     if top:
         lines.append("costliest compiles (seconds, summed over shapes):")
         lines.extend(f"  {secs:8.3f}  {name}" for name, secs in top)
@@ -211,17 +164,6 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return OK
 
 
-_AGE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smhdw])\s*$", re.IGNORECASE)
-_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_age(text: str) -> float:
-    match = _AGE.match(text)
-    if match is None:
-        raise CliError(f"--older-than: expected an age like 30d, 12h, 45m, got {shown(text)}", USAGE)
-    return float(match[1]) * _AGE_UNITS[match[2].lower()]
-
-
 def cmd_prune(args: argparse.Namespace) -> int:
     ctx = load_context()
     vdir = ctx.version_dir
@@ -229,7 +171,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
         cap = _settings.parse_size(args.max_size) if args.max_size is not None else ctx.settings["max_size"]
     except _settings.BadValue as exc:
         raise CliError(f"--max-size: {exc}", USAGE) from None
-    older = parse_age(args.older_than) if args.older_than else None
+    try:
+        older = _settings.parse_age(args.older_than) if args.older_than else None
+    except _settings.BadValue as exc:
+        raise CliError(f"--older-than: {exc}", USAGE) from None
     if os.path.isdir(vdir):  # a directory that exists must carry the tag (a URL always does)
         _require_tag(vdir)
     stale: list[str] = []

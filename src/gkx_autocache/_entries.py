@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import stat
 import time
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gkx_autocache import _files
@@ -37,22 +36,28 @@ class Refused(Exception):
     """Nothing is removed; the message says why, in words for the user."""
 
 
-@dataclass
+# Plain classes, not dataclasses: every process that folds its ledger at exit imports this
+# module, and four dataclasses cost 2 ms there.
+
+
 class Unit:
     """One entry with its sidecars: pruned and cleared together."""
 
-    key: str
-    files: list[str] = field(default_factory=list)
-    bytes: int = 0
-    last_used: float = 0.0
-    has_entry: bool = False
+    __slots__ = ("key", "files", "bytes", "last_used", "has_entry")
+
+    def __init__(self, key: str, bytes: int = 0, last_used: float = 0.0, has_entry: bool = False) -> None:
+        self.key = key
+        self.files: list[str] = []
+        self.bytes = bytes
+        self.last_used = last_used
+        self.has_entry = has_entry
 
 
-@dataclass
 class Scan:
-    units: dict[str, Unit] = field(default_factory=dict)
-    temporary: list[tuple[str, int, float]] = field(default_factory=list)  # (path, bytes, mtime)
-    links: list[str] = field(default_factory=list)  # named like entries, never read
+    def __init__(self) -> None:
+        self.units: dict[str, Unit] = {}
+        self.temporary: list[tuple[str, int, float]] = []  # (path, bytes, mtime)
+        self.links: list[str] = []  # named like entries, never read
 
     @property
     def bytes(self) -> int:
@@ -374,14 +379,15 @@ def remove_version_dir(version_dir: str) -> None:
 # -- what the commands remove -------------------------------------------------------------------
 
 
-@dataclass
 class Removal:
     """The units and temporary files a command removes (or would, with ``--dry-run``)."""
 
-    version_dir: str
-    units: list[Unit]
-    temporary: list[tuple[str, int, float]] = field(default_factory=list)
-    compile_secs: float = 0.0  # what it cost to compile them, where the ledger knows
+    def __init__(self, version_dir: str, units: list[Unit], temporary: list[tuple[str, int, float]],
+                 compile_secs: float) -> None:
+        self.version_dir = version_dir
+        self.units = units
+        self.temporary = temporary
+        self.compile_secs = compile_secs  # what it cost to compile them, where the sidecars say
 
     @property
     def files(self) -> list[str]:
@@ -471,8 +477,7 @@ def check_entry(path: str) -> str | None:
     return None if len(payload) > 4 else "empty executable"
 
 
-@dataclass
-class Verification:
+class Verification(NamedTuple):
     version_dir: str
     checked: int
     corrupt: list[tuple[Unit, str]]

@@ -506,8 +506,9 @@ def _fold(version_dir: str, cap: int, shared: bool, explain: Any, zero: bool = F
     from gkx_autocache import _entries
 
     removed = _entries.remove_files(version_dir, done)
-    summary.folded = [os.path.basename(p) for p in removed.failed]  # not counted twice
-    _write_summary(version_dir, summary, shared)
+    if removed.failed or len(done) > 64:  # the names of removed ledgers never come back (pid and ns):
+        summary.folded = [os.path.basename(p) for p in removed.failed]  # a few may stay listed, which
+        _write_summary(version_dir, summary, shared)  # saves a second write at most exits
     return removed.files
 
 

@@ -98,6 +98,18 @@ def parse_size(raw: Any) -> int:
     return value
 
 
+_AGE = r"\s*(\d{1,12}(?:\.\d{0,12})?)\s*([smhdwSMHDW])\s*"
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(raw: str) -> float:
+    """``"30d"``, ``"12h"``, ``"45m"``, ``"90s"``, ``"2w"``: seconds (``prune --older-than``)."""
+    match = re.fullmatch(_AGE, raw)
+    if match is None:
+        raise BadValue(f"expected an age like 30d, 12h or 45m, got {shown(raw)}")
+    return float(match[1]) * _AGE_UNITS[match[2].lower()]
+
+
 def parse_xla_caches(raw: Any) -> str:
     if isinstance(raw, str) and raw.strip() in XLA_CACHES:
         return str(raw.strip())

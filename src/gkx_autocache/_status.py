@@ -9,7 +9,7 @@ import sys
 from typing import Any, NamedTuple
 
 from gkx_autocache import _cache, _entries, _ledger, _settings, _stats, _store
-from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._diagnostics import human_bytes, human_secs
 from gkx_autocache._layout import is_url, version_name
 
 
@@ -286,3 +286,52 @@ def json_dumps(data: Any) -> str:
     import json
 
     return json.dumps(data, sort_keys=True)
+
+
+# -- the human text ------------------------------------------------------------------------------
+
+
+def stats_line(t: dict[str, Any]) -> str:
+    rate = f" ({t['hit_rate']:.0%} hit rate)" if t["hit_rate"] is not None else ""
+    own = f", {t['own_hits']} of them of a run's own compiles" if t["own_hits"] else ""
+    return (f"{t['hits']} hits{own}, {t['misses']} misses{rate}, {human_secs(t['saved_secs'])} compile CPU time "
+            f"avoided, {human_bytes(t['bytes_read'])} read, {human_bytes(t['bytes_written'])} written")
+
+
+def text(data: dict[str, Any]) -> str:
+    files, directory = data["start_files"], data["directory"]
+    lines = [
+        f"gkx-autocache {data['package']}  Python {data['python']}  JAX {data['jax'] or '(not installed)'}"
+        f"  jaxlib {data['jaxlib'] or '(not installed)'}",
+        f"hook        {'live in this interpreter' if data['hook_live'] else 'not live in this interpreter'}; "
+        f"{files['gkx_autocache.pth'] or 'gkx_autocache.pth NOT installed'}"
+        f"{' (+ .start)' if files['gkx_autocache.start'] else ''}",
+        "settings",
+    ]
+    for key, entry in data["settings"].items():
+        lines.append(f"  {key:<22} {entry['effective']:<40} {entry['origin']}")
+    for path, verdict in data["files"].items():
+        lines.append(f"  file {path}: {verdict}")
+    lines.append("directory")
+    if directory["version_dir"]:
+        kind = directory["kind"]
+        trust = {_cache.LOCAL: "trusted", _cache.OWN: "trust not checked: not chosen by gkx-autocache",
+                 _cache.REMOTE: "remote: trust is the bucket's access policy"}[kind]
+        state = ("writable" if directory["writable"] else "read-only") + f", {trust}"
+        if directory["root"]:
+            lines.append(f"  root     {directory['root']}")
+        lines.append(f"  version  {directory['version_dir']}  ({state}{'' if directory['exists'] else ', not created yet'})")
+    for refused in directory.get("refused", []):
+        lines.append(f"  refused  {refused['path']}: {refused['why']}")
+    store = data["store"]
+    if store:
+        lines.append(f"  store    {store['store'] or 'not recorded yet'}{': ' + store['reason'] if store.get('reason') else ''}")
+    for version in data["versions_present"]:
+        mark = " (installed)" if version["installed"] else ""
+        lines.append(f"  {version['version']:<18} {version['entries']:>7} entries  {human_bytes(version['bytes']):>10}{mark}")
+    stats = data["stats"]
+    lines.append(f"stats       {stats_line(stats) if stats else 'no ledger yet (no process has used this directory)'}")
+    if data["attention"]:
+        lines.append("attention")
+        lines.extend(f"  - {a}" for a in data["attention"])
+    return "\n".join(lines)

@@ -74,10 +74,11 @@ class Store:
     """JAX's ``CacheInterface``: ``get(key) -> bytes | None`` and ``put(key, bytes)``."""
 
     def __init__(self, path: str, *, compression: str, decompress: Any, shared: bool, recorder: Any,
-                 writable: bool = True) -> None:
+                 writable: bool = True, check_payload: bool = True) -> None:
         self._path = path  # JAX's VerificationCache reads this attribute
         self._compression = compression
         self._decompress = decompress
+        self._check_payload = check_payload  # decompress before serving: JAX's loading is not guarded
         self._file_mode = _files.file_mode(shared)
         self._writable = writable  # a baked cache, read-only for this user: hits only
         self._shared = shared
@@ -139,11 +140,15 @@ class Store:
         self._recorder.rejected(key, reason)
 
     def _unusable(self, path: str, data: bytes) -> str | None:
-        """Why these bytes cannot be given to JAX, or None."""
+        """Why these bytes cannot be given to JAX, or None. Where the loading guard is installed
+        (``_loading_guard``), bytes that do not decompress are JAX's failure to load them, a miss
+        like any other, and decompressing them here first would double the cost of every hit."""
         kind = compression_of(data)
         if kind not in (self._compression, None):
             logger.debug("%s is in another compression format: a miss, left alone", path)
             return f"written by an environment that compresses with {kind}: left alone"
+        if not self._check_payload:
+            return None
         try:
             self._decompress(data)
         except Exception as exc:
@@ -215,14 +220,15 @@ def _parameters(func: Any) -> list[str]:
 _serving: Store | None = None  # the store JAX got for the package's directory, once it asked
 
 
-def _loading_guard(cc: Any, jax: Any) -> None:
-    """Wrap ``get_executable_and_time`` so that an entry the store served but JAX cannot load is a
-    miss. Left alone (JAX's stock behaviour) if its first parameter is no longer ``cache_key``."""
+def _loading_guard(cc: Any, jax: Any) -> bool:
+    """Wrap ``get_executable_and_time`` so that an entry the store served but JAX cannot load (it
+    does not decompress, or does not deserialise) is a miss; whether it was wrapped. Left alone
+    (JAX's stock behaviour) if its first parameter is no longer ``cache_key``."""
     original = getattr(cc, "get_executable_and_time", None)
     if original is None or _parameters(original)[:1] != ["cache_key"]:
         logger.debug("jax._src.compilation_cache.get_executable_and_time has changed: JAX's own handling of "
                      "entries it cannot load stays")
-        return
+        return False
     verification_error = getattr(cc, "CacheVerificationError", ())
 
     def get_executable_and_time(cache_key: str, *args: Any, **kwargs: Any) -> Any:
@@ -238,6 +244,7 @@ def _loading_guard(cc: Any, jax: Any) -> None:
 
     get_executable_and_time.__wrapped__ = original  # type: ignore[attr-defined]
     cc.get_executable_and_time = get_executable_and_time
+    return True
 
 
 def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: bool = True) -> str | None:
@@ -254,20 +261,20 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
     compression = compression_of(cc.compress_executable(b"gkx-autocache"))
     original = cc.get_file_cache
     ours = os.path.realpath(version_dir)
+    guarded = _loading_guard(cc, jax)
 
     def get_file_cache(path: str) -> Any:
         global _serving
         if not isinstance(path, str) or "://" in path or os.path.realpath(path) != ours:
             return original(path)
         store = _serving = Store(path, compression=compression or "zlib", decompress=cc.decompress_executable,
-                                 shared=shared, recorder=recorder, writable=writable)
+                                 shared=shared, recorder=recorder, writable=writable, check_payload=not guarded)
         if jax.config.jax_compilation_cache_check_contents:
             return cc.VerificationCache(store), path  # type: ignore[arg-type]  # duck-typed CacheInterface
         return store, path
 
     get_file_cache.__wrapped__ = original  # type: ignore[attr-defined]
     cc.get_file_cache = get_file_cache
-    _loading_guard(cc, jax)
     return None
 
 
