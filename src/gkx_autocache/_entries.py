@@ -126,23 +126,31 @@ def count(version_dir: str) -> tuple[int, int]:
         return found.entries, found.bytes
     entries = total = 0
     try:
-        with os.scandir(version_dir) as items:
-            for item in items:
-                name = item.name
-                if name.startswith("."):
-                    if not is_temporary(name):
-                        continue
-                elif key_match(name) is None:
-                    continue
-                try:
-                    st = item.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-                    entries += name.endswith(ENTRY_SUFFIX)
+        fd = os.open(version_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
         return 0, 0
+    try:  # names, then one lstat each relative to the directory: the cheapest way in Python
+        for name in os.listdir(fd):
+            if name[0] == ".":
+                if not is_temporary(name):
+                    continue
+                entry = False
+            else:
+                match = key_match(name)
+                if match is None:
+                    continue
+                entry = match[1] == ENTRY_SUFFIX
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+                entries += entry
+    except OSError:
+        return 0, 0
+    finally:
+        os.close(fd)
     return entries, total + bookkeeping_bytes(version_dir)
 
 
