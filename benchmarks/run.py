@@ -247,6 +247,58 @@ def warm_vs_raw(with_py: Path, without_py: Path, functions: int, pairs: int, wor
     return results
 
 
+# The package's own time inside one warm run of the demo program, summed by where it is spent:
+# far steadier than the difference of two ~1.5 s runs. The wrappers go on before `import jax`, so
+# everything the package does in that run passes through one of them.
+OWN = r"""
+import atexit, json, runpy, sys, time
+spent = {}
+atexit.register(lambda: print("gkx-own " + json.dumps(spent), file=sys.stderr))  # registered first: runs last
+started = time.perf_counter()
+from gkx_autocache import _configure, _explain, _stats, _store
+spent["imports"] = time.perf_counter() - started
+
+def timed(owner, name, label):
+    original = getattr(owner, name)
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+    setattr(owner, name, wrapper)
+
+timed(_configure, "configure", "configure")
+timed(_store.Store, "get", "store")
+timed(_stats.Recorder, "on_duration", "events")
+timed(_stats.Recorder, "on_event", "events")
+timed(_explain.Explainer, "on_part", "explain")
+timed(_stats, "finish", "exit")
+sys.argv = [sys.argv[1], "--child", sys.argv[2]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def own_time(with_py: Path, functions: int, runs: int, work: Path) -> dict[str, dict[str, float]]:
+    """The package's own seconds in a warm run, by part (medians of ``runs``), bytecode present and
+    absent (see OWN)."""
+    code = demo_program(work, functions)
+    results = {}
+    for present in (True, False):
+        env = {**set_bytecode(with_py, present), "HOME": str(work), "GKX_JAX_CACHE_DIR": str(work / f"own-{present}")}
+        sh(str(with_py), *code, env=env)  # cold
+        samples: list[dict[str, float]] = []
+        for _ in range(runs):
+            err = subprocess.run([str(with_py), "-c", OWN, code[0], code[2]], env=env, capture_output=True, text=True,
+                                 check=True).stderr
+            samples.append(json.loads(err.split("gkx-own ", 1)[1].splitlines()[0]))
+        parts = sorted({k for sample in samples for k in sample})
+        figures = {k: statistics.median(sample.get(k, 0.0) for sample in samples) for k in parts}
+        figures["total"] = statistics.median(sum(sample.values()) for sample in samples)
+        results["bytecode present" if present else "bytecode absent"] = figures
+    return results
+
+
 KEYS = r"""
 import json, sys, time
 import numpy as np, jax, jax.numpy as jnp
@@ -414,6 +466,14 @@ def table(r: dict[str, Any]) -> str:
         for case, w in r["warm_vs_raw"].items():
             rows.append(f"| {case}: median of {w['pairs']} pairs (per-pair ratio {w['ratio_min']:.3f} to "
                         f"{w['ratio_max']:.3f}) | {w['ours']:.2f} s | {w['raw']:.2f} s | {w['ratio']:.3f} |")
+    if "own_time" in r:
+        raw = r.get("warm_vs_raw", {})
+        rows += ["", "| the package's own time in one warm run (medians of 5) | total | of raw JAX's warm run | "
+                 "imports | configure | store reads | JAX's events | explain seam | at exit |", "|---|---|---|---|---|---|---|---|---|"]
+        for case, f in r["own_time"].items():
+            share = f"{f['total'] / raw[case]['raw']:.1%}" if case in raw else ""
+            rows.append(f"| {case} | {ms(f['total'])} | {share} | " + " | ".join(
+                ms(f.get(k, 0.0)) for k in ("imports", "configure", "store", "events", "explain", "exit")) + " |")
     if "key_time" in r:
         k = r["key_time"]
         rows += ["", "| JAX's key computation, in-process, per key | microseconds |", "|---|---|",
@@ -471,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             results["workload"] = workload(with_py, without_py, 2 if quick else 24, 1 if quick else 3, work)
         if "explain" in sections:
             results["warm_vs_raw"] = warm_vs_raw(with_py, without_py, 2 if quick else 24, 2 if quick else 9, work)
+            results["own_time"] = own_time(with_py, 2 if quick else 24, 1 if quick else 5, work)
             results["key_time"] = key_time(with_py, 4 if quick else 24, 2 if quick else 20)
             results["saved_contention"] = saved_under_contention(with_py, 2 if quick else 24, work)
         if "cli" in sections:

@@ -38,6 +38,9 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
     assert "| `import jax`, bytecode absent |" in table and "| modules added at start-up | none |" in table
     assert all(0 < f["configure"] < 5 for f in data["import_jax"].values())
     assert set(data["warm_vs_raw"]) == {"bytecode present", "bytecode absent"}
+    assert set(data["own_time"]) == {"bytecode present", "bytecode absent"}
+    assert all(min(f["configure"], f["store"], f["exit"]) > 0 and f["exit"] < f["total"] < 2
+               for f in data["own_time"].values())
     assert all(w["pairs"] >= 2 and 0.5 < w["ratio"] < 2 for w in data["warm_vs_raw"].values())
     assert data["key_time"]["plain"] > 0 and data["key_time"]["wrapped"] > 0
     assert all(secs > 0 for secs in data["saved_contention"].values()), data["saved_contention"]
