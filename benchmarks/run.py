@@ -254,6 +254,8 @@ OWN = r"""
 import atexit, json, runpy, sys, time
 spent = {}
 atexit.register(lambda: print("gkx-own " + json.dumps(spent), file=sys.stderr))  # registered first: runs last
+for name in sys.argv[3].split(","):  # the standard library that `import jax` imports anyway
+    __import__(name)
 started = time.perf_counter()
 from gkx_autocache import _configure, _explain, _stats, _store
 spent["imports"] = time.perf_counter() - started
@@ -283,13 +285,15 @@ def own_time(with_py: Path, functions: int, runs: int, work: Path) -> dict[str, 
     """The package's own seconds in a warm run, by part (medians of ``runs``), bytecode present and
     absent (see OWN)."""
     code = demo_program(work, functions)
+    stdlib = sh(str(with_py), "-c", "import sys, jax; print(','.join(sorted(n for n in sys.modules if '.' not in n "
+                "and n in sys.stdlib_module_names and not n.startswith('_'))))", env=base_env(GKX_JAX_CACHE="0")).stdout.strip()
     results = {}
     for present in (True, False):
         env = {**set_bytecode(with_py, present), "HOME": str(work), "GKX_JAX_CACHE_DIR": str(work / f"own-{present}")}
         sh(str(with_py), *code, env=env)  # cold
         samples: list[dict[str, float]] = []
         for _ in range(runs):
-            err = subprocess.run([str(with_py), "-c", OWN, code[0], code[2]], env=env, capture_output=True, text=True,
+            err = subprocess.run([str(with_py), "-c", OWN, code[0], code[2], stdlib], env=env, capture_output=True, text=True,
                                  check=True).stderr
             samples.append(json.loads(err.split("gkx-own ", 1)[1].splitlines()[0]))
         parts = sorted({k for sample in samples for k in sample})

@@ -490,3 +490,16 @@ def test_a_payload_is_decompressed_before_serving_only_where_jax_loading_is_not_
     assert (store.get(key) is None) == check_payload
     assert calls.calls[0] == (("rejected", key) if check_payload else ("hit", key))
     assert store.get(f"jit_g-{'b' * 64}") is not None
+
+
+@pytest.mark.parametrize("size", [0, 1, 6000, 70_000, 3 << 20])
+def test_reads_are_whole_or_exactly_the_limit(tmp_path: Path, size: int) -> None:
+    """``_files.read`` sizes its reads by one ``fstat``: every size and limit still gets the whole
+    file, or exactly its first ``limit`` bytes."""
+    from gkx_autocache import _files
+
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    assert _files.read(str(tmp_path / "f")) == data
+    for limit in (0, 4, 65536, 65537, 100_000, 64 << 20):
+        assert _files.read(str(tmp_path / "f"), limit) == data[:limit]
