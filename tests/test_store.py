@@ -58,6 +58,31 @@ def test_corrupt_entry_costs_one_recompile_then_hits(venv: Venv, tmp_path: Path,
     assert healed["hits"] == healed["requests"]
 
 
+@pytest.mark.parametrize("flags", [
+    {"JAX_COMPILATION_CACHE_CHECK_CONTENTS": "1"},  # JAX's VerificationCache decompresses what get returned
+    {"JAX_RAISE_PERSISTENT_CACHE_ERRORS": "1"},  # the loading guard leaves JAX's errors to JAX
+    {"GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS": "100"},  # nothing is written back over the bad entry
+])
+def test_an_entry_that_does_not_decompress_costs_one_recompile_whatever_jax_is_told(
+        venv: Venv, tmp_path: Path, flags: dict[str, str]) -> None:
+    """Under -W error, with each JAX setting that takes another path than the loading guard: two
+    runs over a truncated entry both succeed, and the bad entry is gone or replaced by the first.
+    (JAX's check_contents compares each first compile in a process with the entry on disk and
+    raises when they differ, by design; some of XLA's CPU executables, reductions among them,
+    differ from compile to compile: this program has none.)"""
+    program = ("import json, jax, jax.numpy as jnp\n"
+               "print(json.dumps({'result': jax.jit(lambda x: jnp.sin(x) * 2.0)(jnp.ones(8)).tolist()}))")
+    env = cache_env(tmp_path / "c")
+    jax_flags = {k: v for k, v in flags.items() if k.startswith("JAX_")}  # the cold run writes every entry
+    cold, _ = run_program(venv, env={**env, **jax_flags}, program=program)
+    victim = entries(tmp_path / "c" / VERSION_DIR)[0]
+    victim.write_bytes(victim.read_bytes()[:40])
+    for _ in range(2):
+        out, err = run_program(venv, "-W", "error", env={**env, **flags}, program=program)
+        assert out["result"] == cold["result"] and JAX_READ_ERROR not in err, err
+    assert not victim.exists() or zlib.decompress(victim.read_bytes())
+
+
 def test_failed_write_leaves_no_partial_entry(venv: Venv, tmp_path: Path) -> None:
     """Under `ulimit -f` writes fail half-way: no partial entry, no temporary file is left."""
     vdir = tmp_path / "c" / VERSION_DIR

@@ -503,3 +503,7 @@ def test_reads_are_whole_or_exactly_the_limit(tmp_path: Path, size: int) -> None
     assert _files.read(str(tmp_path / "f")) == data
     for limit in (0, 4, 65536, 65537, 100_000, 64 << 20):
         assert _files.read(str(tmp_path / "f"), limit) == data[:limit]
+    with open(tmp_path / "sparse", "wb") as f:  # over 1 GiB: the buffered path (sparse: no disk used)
+        f.truncate((1 << 30) + 10)
+    assert _files.read(str(tmp_path / "sparse"), 4) == b"\0" * 4
+    assert _files.read(str(tmp_path / "sparse"), 100_000) == b"\0" * 100_000

@@ -70,8 +70,12 @@ def read(path: str, limit: int = -1, check: Callable[[os.stat_result], str | Non
             return None
         if 0 <= limit <= 65536:  # a sidecar: a regular file reads short only at its end
             return os.read(fd, limit)
+        if st.st_size >= 1 << 30:  # a buffered read's own growth, not a list of chunks and their join
+            with os.fdopen(fd, "rb") as f:
+                fd = -1
+                return f.read(limit)
         chunks = []
-        size = min(st.st_size + 1, 1 << 30)  # the whole file in the first call; the next finds the end
+        size = st.st_size + 1  # the whole file in the first call; the next finds the end
         while limit != 0 and (chunk := os.read(fd, size if limit < 0 else min(size, limit))):
             chunks.append(chunk)
             limit = limit - len(chunk) if limit > 0 else limit
@@ -81,7 +85,8 @@ def read(path: str, limit: int = -1, check: Callable[[os.stat_result], str | Non
         logger.debug("cannot read %s: %s", path, exc)
         return None
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 @contextmanager

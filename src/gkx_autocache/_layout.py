@@ -66,7 +66,7 @@ def key_match(name: str) -> tuple[str, str] | None:
     pattern: 200 000 regular expressions were a third of ``status`` and ``prune`` on 100 000
     entries. The tests check that both ways agree."""
     suffix = ENTRY_SUFFIX if name.endswith(ENTRY_SUFFIX) else COMPILE_SIDECAR if name.endswith(COMPILE_SIDECAR) else ""
-    if suffix:
+    if suffix and name.isascii():  # non-ASCII names (3.13's identifiers take invisible joiners): the pattern
         end = len(name) - len(suffix)
         if end > 65 and name[end - 65] == "-" and not name[end - 64:end].strip(_HEX) and name[:end - 65].isidentifier():
             return name[:end], suffix

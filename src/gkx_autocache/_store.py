@@ -132,10 +132,16 @@ class Store:
 
     def reject(self, key: str, exc: BaseException) -> None:
         """JAX could not load the entry it was given: a miss, one recompile, and ``put`` replaces
-        the entry. Silent but for a DEBUG line (SPEC §7)."""
+        the entry. Silent but for a DEBUG line (SPEC §7). One that does not even decompress is
+        removed at once: JAX may not write the recompile back (below its threshold, not process 0)."""
         self._served.key = None
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         logger.debug("%s-cache could not be loaded (%s): it will be compiled again and replaced", key, reason)
+        if self._writable and (data := _files.read(self._entry(key))) is not None:
+            try:
+                self._decompress(data)
+            except Exception:
+                _files.remove(self._entry(key))
         self._missed(key)
         self._recorder.rejected(key, reason)
 
@@ -223,9 +229,16 @@ _serving: Store | None = None  # the store JAX got for the package's directory, 
 def _loading_guard(cc: Any, jax: Any) -> bool:
     """Wrap ``get_executable_and_time`` so that an entry the store served but JAX cannot load (it
     does not decompress, or does not deserialise) is a miss; whether it was wrapped. Left alone
-    (JAX's stock behaviour) if its first parameter is no longer ``cache_key``."""
+    (JAX's stock behaviour) if its first parameter is no longer ``cache_key``, or if the compiler
+    no longer reaches it through the module (a wrapper it would never call)."""
     original = getattr(cc, "get_executable_and_time", None)
-    if original is None or _parameters(original)[:1] != ["cache_key"]:
+    try:
+        from jax._src import compiler
+
+        through_module = getattr(compiler, "compilation_cache", None) is cc and "get_executable_and_time" not in vars(compiler)
+    except Exception:
+        through_module = False
+    if original is None or _parameters(original)[:1] != ["cache_key"] or not through_module:
         logger.debug("jax._src.compilation_cache.get_executable_and_time has changed: JAX's own handling of "
                      "entries it cannot load stays")
         return False
@@ -267,8 +280,14 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
         global _serving
         if not isinstance(path, str) or "://" in path or os.path.realpath(path) != ours:
             return original(path)
+        # The store checks that an entry decompresses before serving it wherever JAX would meet a
+        # bad one outside the guard: JAX's VerificationCache decompresses what `get` returned, and
+        # `jax_raise_persistent_cache_errors` asks the guard to leave JAX's errors to JAX.
+        strict = jax.config.jax_compilation_cache_check_contents or getattr(
+            jax.config, "jax_raise_persistent_cache_errors", False)
         store = _serving = Store(path, compression=compression or "zlib", decompress=cc.decompress_executable,
-                                 shared=shared, recorder=recorder, writable=writable, check_payload=not guarded)
+                                 shared=shared, recorder=recorder, writable=writable,
+                                 check_payload=not guarded or bool(strict))
         if jax.config.jax_compilation_cache_check_contents:
             return cc.VerificationCache(store), path  # type: ignore[arg-type]  # duck-typed CacheInterface
         return store, path
