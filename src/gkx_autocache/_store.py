@@ -78,7 +78,7 @@ class Store:
         self._path = path  # JAX's VerificationCache reads this attribute
         self._compression = compression
         self._decompress = decompress
-        self._check_payload = check_payload  # decompress before serving: JAX's loading is not guarded
+        self._check_payload = check_payload  # decompress before serving (see `install`)
         self._file_mode = _files.file_mode(shared)
         self._writable = writable  # a baked cache, read-only for this user: hits only
         self._shared = shared
