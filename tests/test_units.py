@@ -507,3 +507,23 @@ def test_reads_are_whole_or_exactly_the_limit(tmp_path: Path, size: int) -> None
         f.truncate((1 << 30) + 10)
     assert _files.read(str(tmp_path / "sparse"), 4) == b"\0" * 4
     assert _files.read(str(tmp_path / "sparse"), 100_000) == b"\0" * 100_000
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1796000000.5", 1796000000.5), ("nan", None), ("inf", None),
+                                                 ("-1e400", None), ("soon", None), ("", None)])
+def test_a_session_start_is_a_time_or_nothing(monkeypatch: pytest.MonkeyPatch, value: str, expected: float | None) -> None:
+    """The pytest plugin's session start reaches every process through the environment: anything
+    but a plausible time is ignored (this run then starts at the process's start)."""
+    from gkx_autocache import _stats
+
+    monkeypatch.setenv(_stats.SESSION_START, value)
+    assert _stats._session_start() == expected
+
+
+@pytest.mark.parametrize(("value", "ci"), [("true", True), ("1", True), ("yes", True), ("", False), ("  ", False),
+                                           ("false", False), (" FALSE ", False), ("0", False), ("off", False)])
+def test_ci_is_any_value_but_a_false_spelling(monkeypatch: pytest.MonkeyPatch, value: str, ci: bool) -> None:
+    from gkx_autocache import _pytest_plugin
+
+    monkeypatch.setenv("CI", value)
+    assert _pytest_plugin._ci() is ci

@@ -56,8 +56,12 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 def _ci() -> bool:
-    """``CI`` set to anything but a false spelling (``CI=false`` is not CI)."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "off", "false", "no", "none", "disable", "disabled")
+    """``CI`` set to anything but a false spelling (``CI=false`` is not CI), the spellings that
+    turn the package off (``GKX_JAX_CACHE=0``)."""
+    from gkx_autocache import _off
+
+    value = os.environ.get("CI", "").strip()
+    return bool(value) and not _off(value)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -249,9 +249,10 @@ SESSION_START = "GKX_JAX_CACHE_SESSION_START"  # set by the pytest plugin for th
 
 def _session_start() -> float | None:
     try:
-        return float(os.environ[SESSION_START])
+        start = float(os.environ[SESSION_START])
     except (KeyError, ValueError):
         return None
+    return start if 0.0 < start < 1e11 else None  # a time, not "nan", "inf" or "-1e400"
 
 
 def start(settings: Any, directory: str, ledger: bool, remote: bool = False) -> Recorder:
