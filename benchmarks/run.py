@@ -122,7 +122,17 @@ def startup(with_py: Path, without_py: Path, runs: int) -> dict[str, Any]:
         results["bytecode present" if present else "bytecode absent"] = {"with": w, "without": wo}
     extra = sorted(imported_modules(with_py) - imported_modules(without_py))
     results["extra_modules"] = extra
+    results["young_collections"] = {"with": young_collections(with_py), "without": young_collections(without_py)}
     return results
+
+
+def young_collections(python: Path) -> int:
+    """Collections of the garbage collector's young generation by the time `-c` reads them (its
+    hash seed pinned, like the instruction counts'). Where start-up ends a few allocations short
+    of one, a `.pth` line that compiles anything pays for it (0.21 M instructions on 3.12 here)."""
+    code = "import gc; print(gc.get_stats()[0]['collections'])"
+    env = base_env(PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0")
+    return int(subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, check=True).stdout)
 
 
 VALGRIND = ("valgrind", "--tool=lackey", "--basic-counts=yes")
@@ -156,6 +166,30 @@ def startup_instructions(with_py: Path, without_py: Path, runs: int) -> dict[str
             wo.append(instructions(without_py, paired))
         results["bytecode present" if present else "bytecode absent"] = {
             "with": statistics.median(w), "without": statistics.median(wo), "with_runs": w, "without_runs": wo}
+    results["reference lines"] = reference_lines(without_py, runs)
+    return results
+
+
+# Other .pth files, each alone in the venv without the package, against that venv as it is.
+REFERENCE_LINES = {"a `.pth` file with only a comment": "# nothing\n"}
+
+
+def reference_lines(without_py: Path, runs: int) -> dict[str, dict[str, float]]:
+    site = Path(sh(str(without_py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+    pth = site / "gkx_reference.pth"
+    env = base_env(PYTHONDONTWRITEBYTECODE="1")
+    results = {}
+    for name, line in REFERENCE_LINES.items():
+        w, wo = [], []
+        for seed in range(runs):
+            paired = {**env, "PYTHONHASHSEED": str(seed)}
+            pth.write_text(line)
+            try:
+                w.append(instructions(without_py, paired))
+            finally:
+                pth.unlink()
+            wo.append(instructions(without_py, paired))
+        results[name] = {"with": statistics.median(w), "without": statistics.median(wo)}
     return results
 
 
@@ -443,21 +477,27 @@ def table(r: dict[str, Any]) -> str:
             rows.append(f"{name.replace('_', ' ').capitalize()} rows: {when['date']}; `{when['command']}`{machine}")
     rows += ["", "| measure | with gkx-autocache | without | ratio |", "|---|---|---|---|"]
     for case, f in r.get("startup", {}).items():
-        if case == "extra_modules":
+        if case in ("extra_modules", "young_collections"):
             continue
         rows.append(f"| `python -c pass`, {case} | {ms(f['with'])} | {ms(f['without'])} | "
                     f"{f['with'] / f['without']:.3f} ({(f['with'] - f['without']) * 1000:+.1f} ms) |")
     counts = r.get("startup_instructions", {})
     if "skipped" in counts:
         rows.append(f"| `python -c pass`, instructions | skipped: {counts['skipped']} | | |")
-    for case, f in ((c, f) for c, f in counts.items() if c != "skipped"):
+    for case, f in ((c, f) for c, f in counts.items() if c not in ("skipped", "reference lines")):
         rows.append(f"| `python -c pass`, {case}, instructions | {millions(f['with'])} | {millions(f['without'])} | "
+                    f"{f['with'] / f['without']:.3f} ({(f['with'] - f['without']) / 1e6:+.2f} M) |")
+    for case, f in counts.get("reference lines", {}).items():
+        rows.append(f"| for reference, instead of the package: {case} | {millions(f['with'])} | {millions(f['without'])} | "
                     f"{f['with'] / f['without']:.3f} ({(f['with'] - f['without']) / 1e6:+.2f} M) |")
     for case, f in r.get("import_jax", {}).items():
         rows.append(f"| `import jax`, {case} | {ms(f['with'])} | {ms(f['without'])} | {f['with'] / f['without']:.3f}"
                     f" (configuring: {ms(f['configure'])} in-process) |")
     if "startup" in r:
         rows.append(f"| modules added at start-up | {', '.join(r['startup']['extra_modules']) or 'none'} | | |")
+        if "young_collections" in r["startup"]:
+            young = r["startup"]["young_collections"]
+            rows.append(f"| young-generation garbage collections at start-up | {young['with']} | {young['without']} | |")
     if "workload" in r:
         rows += ["", "| workload (demo program, fresh processes) | cold | warm | warm / cold | warm hits | load per entry |",
                  "|---|---|---|---|---|---|"]

@@ -302,8 +302,10 @@ def test_opt_out_is_read_at_import_jax_and_touches_nothing(venv: Venv) -> None:
     assert not venv.default_cache.exists()
 
 
-def test_pth_line_configures_a_jax_imported_before_it(bare_venv: Venv, tmp_path: Path) -> None:
-    """If jax is already imported when the line runs (an earlier .pth imported it), it is configured at once."""
+def test_pth_line_leaves_a_jax_imported_before_it_to_install(bare_venv: Venv, tmp_path: Path) -> None:
+    """If jax is already imported when the line runs (an earlier .pth imported it), the line only puts
+    its finder in place, raising nothing and touching nothing of jax (checking sys.modules would cost
+    every start); install() then configures it."""
     fake = tmp_path / "fake"
     (fake / "jax").mkdir(parents=True)
     (fake / "jax" / "__init__.py").write_text(FAKE_JAX)
@@ -311,10 +313,26 @@ def test_pth_line_configures_a_jax_imported_before_it(bare_venv: Venv, tmp_path:
     site, pth = str(bare_venv.site), str(bare_venv.site / "gkx_autocache.pth")
     code = (f"import sys; sys.path.append({site!r}); import jax; exec(open({pth!r}).read());"
             f"print(sorted(getattr(f, '__name__', '') for f in sys.meta_path if 'Gkx' in str(f)),"
-            " jax.config.jax_compilation_cache_dir)")
+            " jax.config.jax_compilation_cache_dir);"
+            "import gkx_autocache; gkx_autocache.install(); print(jax.config.jax_compilation_cache_dir)")
     env = {"PYTHONPATH": str(fake), "BREAK_JAX": str(tmp_path / "absent"), "GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
     proc = bare_venv.run("-S", "-c", code, env=env, check=True)
-    assert proc.stdout.split() == ["[]", str(tmp_path / "c" / "jax-9.9.9")]
+    assert proc.stdout.split() == ["['GkxAutocacheFinder']", "None", str(tmp_path / "c" / "jax-9.9.9")]
+
+
+def test_a_program_that_drops_site_packages_imports_its_own_jax(bare_venv: Venv, tmp_path: Path) -> None:
+    """A program that takes site-packages off sys.path and imports a jax of its own (pip's isolated
+    build environments do, for a build that needs jax; so do zipapp runners) is not broken by the
+    finder, which then cannot import the package: jax imports, unconfigured."""
+    fake = tmp_path / "fake"
+    (fake / "jax").mkdir(parents=True)
+    (fake / "jax" / "__init__.py").write_text(FAKE_JAX)
+    code = ("import sys; sys.path[:] = [p for p in sys.path if p.startswith(sys.base_prefix) and 'site-packages' not in p]"
+            f" + [{str(fake)!r}]; import jax; print(jax.__version__, jax.config.jax_compilation_cache_dir)")
+    env = {"BREAK_JAX": str(tmp_path / "absent"), "GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    proc = bare_venv.run("-W", "error", "-c", code, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["9.9.9", "None"] and proc.stderr == ""
 
 
 @pytest.mark.parametrize(("flag", "active"), [("-S", False), ("-I", True), ("-E", True), ("-s", True)])

@@ -27,7 +27,9 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
     """`benchmarks/run.py --quick` builds its venvs, measures every section and writes the JSON."""
     data, table = quick_run
     assert data["startup"]["extra_modules"] == []
-    assert set(data["startup_instructions"]) in ({"bytecode present", "bytecode absent"}, {"skipped"})
+    assert all(n > 0 for n in data["startup"]["young_collections"].values())
+    assert "| young-generation garbage collections at start-up |" in table
+    assert set(data["startup_instructions"]) in ({"bytecode present", "bytecode absent", "reference lines"}, {"skipped"})
     assert set(data["workload"]) == {"no cache", "JAX stock cache, default thresholds", "JAX stock cache, thresholds 0",
                                      "gkx-autocache"}
     assert data["workload"]["gkx-autocache"]["warm_hits"] == data["workload"]["gkx-autocache"]["warm_requests"] > 0
@@ -59,3 +61,7 @@ def test_instruction_counts(quick_run: tuple[dict[str, Any], str]) -> None:
     assert all(0 < extra < 3e6 for extra in added.values()), added
     assert abs(added["bytecode present"] - added["bytecode absent"]) < 0.5e6, added
     assert "| `python -c pass`, bytecode absent, instructions |" in table
+    # A .pth file that holds only a comment costs something, and less than the package's line.
+    (comment,) = (f["with"] - f["without"] for f in counts["reference lines"].values())
+    assert 0 < comment < min(added.values()), (comment, added)
+    assert "| for reference, instead of the package: a `.pth` file with only a comment |" in table

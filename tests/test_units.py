@@ -252,7 +252,7 @@ def _finders() -> list[object]:
 def _pth_line(target: str) -> str:
     """The .pth line as installed, aimed at the stand-in instead of jax."""
     line = (ROOT / "gkx_autocache.pth").read_text()
-    assert line.count('"jax"') == 2 and line.count("\n") == 1 and line.startswith("import ")
+    assert line.count('"jax"') == 1 and line.count("\n") == 1 and line.startswith("import ")
     return line.replace('"jax"', f'"{target}"')
 
 
@@ -360,11 +360,17 @@ def test_hook_is_not_live_when_opted_out(monkeypatch: pytest.MonkeyPatch) -> Non
     assert not hook_live()
 
 
-def test_target_imported_first_is_configured_at_once(stand_in) -> None:  # type: ignore[no-untyped-def]
-    """The target already imported when the hook is installed: configured at once, and no finder."""
-    name, calls, install = stand_in
+@pytest.mark.parametrize("line_first", [False, True])
+def test_target_imported_first_is_configured_at_install(target, line_first: bool) -> None:  # type: ignore[no-untyped-def]
+    """The target already imported when install() runs: configured at once, and no finder left, also
+    when the .pth line ran after the import (it only puts its finder in place: checking sys.modules
+    there would cost every start)."""
+    name, calls = target
     module = __import__(name)
-    install()
+    if line_first:
+        exec(_pth_line(name), {})
+        assert calls == [] and len(_finders()) == 1
+    gkx_autocache.install()
     assert calls == [module] and _finders() == []
 
 
@@ -387,19 +393,21 @@ def test_threads_import_once(stand_in) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_pth_finder_answers_other_names_without_the_package(target, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """The line's finder is a class named GkxAutocacheFinder, not the package's; for any other name its
-    find_spec returns None without importing the package; for the target it hands over to the package
-    (blocked here, so that any import of it raises)."""
+    """The line's finder is a function named GkxAutocacheFinder that is its own find_spec, not the
+    package's class; for any other name it returns None without importing the package; for the target
+    it hands over to the package, and where the package cannot be imported (blocked here) it returns
+    None too, so that the target imports as if the finder were not there."""
     name, calls = target
     exec(_pth_line(name), {})
     (finder,) = _finders()
-    assert isinstance(finder, type) and finder is not gkx_autocache.GkxAutocacheFinder
     finder = cast(Any, finder)
+    assert not isinstance(finder, type) and finder.find_spec is finder and gkx_autocache.is_finder(finder)
     monkeypatch.setitem(sys.modules, "gkx_autocache", None)
     assert finder.find_spec("json", None, None) is None
     assert finder.find_spec(name + ".sub", None, None) is None
-    with pytest.raises(ImportError):
-        finder.find_spec(name, None, None)
+    assert finder.find_spec(name, None, None) is None and calls == []
+    monkeypatch.setitem(sys.modules, "gkx_autocache", gkx_autocache)
+    assert finder.find_spec(name, None, None) is not None and calls == []
 
 
 @pytest.mark.parametrize("xdg", [None, "/srv/xdg", "  "])
