@@ -107,3 +107,20 @@ def test_ci_false_is_not_ci(venv: Venv, tmp_path: Path) -> None:
         env = {"GKX_JAX_CACHE_DIR": str(tmp_path / f"c-{value}"), "CI": value}
         _, lines, _ = session(venv, proj, env)
         assert len(lines) == expected and ("cold" in lines[-1]) == (expected == 2), lines
+
+
+def test_pytest_without_xdist(venv: Venv, tmp_path: Path) -> None:
+    """Where pytest-xdist is not loaded (not installed, `-p no:xdist`, plugin autoload off), pytest
+    runs as before: the plugin's xdist-only hook is optional. One summary line, for this process."""
+    proj = project(tmp_path)
+    (proj / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_REPORT": "1"}
+    for extra in (["-p", "no:xdist"], []):
+        env_run = {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if not extra else env
+        loads = ["-p", "gkx_autocache._pytest_plugin"] if not extra else []  # with autoload off, by hand
+        proc = venv.run("-X", "dev", "-m", "pytest", "-p", "no:cacheprovider", *extra, *loads, str(proj),
+                        env=env_run, cwd=str(proj), timeout=600)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 0 and "INTERNALERROR" not in output, output
+        assert "5 passed, 1 skipped, 1 xfailed" in output, output
+        assert len([ln for ln in output.splitlines() if ln.startswith("gkx-autocache:")]) == 1, output

@@ -347,17 +347,62 @@ def test_opt_out_is_read_when_the_target_is_imported(stand_in, monkeypatch: pyte
 
 def test_hook_is_not_live_when_opted_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """status's "hook live" says whether `import jax` would be configured: a finder in place is not
-    enough when GKX_JAX_CACHE says off."""
+    enough when GKX_JAX_CACHE says off, or when the target is imported already (a finder put in
+    place after it never fires)."""
     from gkx_autocache._status import hook_live
 
+    name = f"standin_{os.getpid()}_never_imported"
+    monkeypatch.setattr(gkx_autocache, "TARGET", name)
     monkeypatch.setattr(sys, "meta_path", [gkx_autocache.GkxAutocacheFinder, *sys.meta_path])
     monkeypatch.delenv("GKX_JAX_CACHE", raising=False)
     assert hook_live()
+    monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    assert not hook_live()
+    monkeypatch.delitem(sys.modules, name)
     monkeypatch.setenv("GKX_JAX_CACHE", " Off ")
     assert not hook_live()
     monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if f is not gkx_autocache.GkxAutocacheFinder])
     monkeypatch.delenv("GKX_JAX_CACHE")
     assert not hook_live()
+
+
+def _nothing(*args: object) -> None:
+    return None
+
+
+def _hostile(kind: str) -> object:
+    """A finder that finds nothing and whose __name__ raises (through its metaclass), or one whose
+    every attribute but find_spec raises (so __class__ too)."""
+    if kind == "name raises":
+        class RaisingName(type):
+            def __getattribute__(cls, attr: str) -> Any:
+                if attr == "__name__":
+                    raise RuntimeError("hostile")
+                return super().__getattribute__(attr)
+
+        return RaisingName("Hostile", (), {"find_spec": staticmethod(_nothing)})
+
+    class Hostile:
+        def __getattribute__(self, attr: str) -> Any:
+            if attr == "find_spec":
+                return _nothing
+            raise RuntimeError("hostile")
+
+    return Hostile()
+
+
+@pytest.mark.parametrize("kind", ["name raises", "__class__ raises"])
+def test_a_hostile_finder_on_meta_path_does_not_stop_the_hook(stand_in, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """Another finder whose __name__ or __class__ raises, first on sys.meta_path: is_finder says
+    no, and the target is still configured."""
+    hostile = _hostile(kind)
+    name, calls, install = stand_in
+    install()
+    sys.meta_path.insert(0, cast(Any, hostile))
+    assert not gkx_autocache.is_finder(hostile)
+    module = __import__(name)
+    assert [m.VALUE for m in calls] == [42]
+    assert module.VALUE == 42
 
 
 @pytest.mark.parametrize("line_first", [False, True])

@@ -67,7 +67,10 @@ def is_finder(obj: object) -> bool:
     """Whether ``obj`` is the finder: this module's class or the ``.pth`` line's function, both named
     ``GkxAutocacheFinder``."""
     # type(is_finder) is types.FunctionType, which would import types at every start of Python >= 3.15.
-    return isinstance(obj, (type, type(is_finder))) and obj.__name__ == FINDER
+    try:
+        return isinstance(obj, (type, type(is_finder))) and obj.__name__ == FINDER
+    except Exception:  # another finder on sys.meta_path whose __class__ or __name__ raises
+        return False
 
 
 def _off(value: "str | None") -> bool:

@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Any
 
+import pytest  # already imported: pytest is what loads this module
+
 active = False  # set once pytest configured this process: its `report` line gives way to the summary
 _workers: list[dict[str, Any]] = []
 KEY = "gkx_autocache"
@@ -48,6 +50,7 @@ def pytest_sessionfinish(session: Any) -> None:
         output[KEY] = snap
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown, and fatal, where xdist is not loaded
 def pytest_testnodedown(node: Any, error: Any) -> None:
     """In the controller: a worker's counts (only with pytest-xdist, which calls this hook)."""
     snap = getattr(node, "workeroutput", {}).get(KEY)

@@ -78,12 +78,14 @@ def start_files() -> dict[str, str | None]:
 
 
 def hook_live() -> bool:
-    """Whether the hook is live in this interpreter: a finder is in place and ``GKX_JAX_CACHE`` does
-    not say off (the .pth line puts its finder in place either way, and the finder reads the
-    variable when ``jax`` is imported)."""
-    from gkx_autocache import _off, is_finder
+    """Whether the hook is live in this interpreter: a finder is in place, ``jax`` is not imported
+    yet (a finder put in place after it, by a ``.pth`` line that ran late, never fires), and
+    ``GKX_JAX_CACHE`` does not say off (the .pth line puts its finder in place either way, and the
+    finder reads the variable when ``jax`` is imported)."""
+    from gkx_autocache import TARGET, _off, is_finder
 
-    return not _off(os.environ.get("GKX_JAX_CACHE")) and any(is_finder(f) for f in sys.meta_path)
+    return (not _off(os.environ.get("GKX_JAX_CACHE")) and TARGET not in sys.modules
+            and any(is_finder(f) for f in sys.meta_path))
 
 
 def effective(ctx: Context) -> dict[str, str]:
