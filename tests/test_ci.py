@@ -62,11 +62,11 @@ def test_a_closed_pipe_is_not_a_traceback(venv: Venv) -> None:
     assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr, proc.stderr
 
 
-def plan(path: str, ci: bool) -> subprocess.CompletedProcess[str]:
+def plan(path: str, ci: bool | str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYENV_VERSION")}
     env["PATH"] = path
     if ci:
-        env["CI"] = "true"
+        env["CI"] = "true" if ci is True else str(ci)
     return subprocess.run(["/bin/bash", str(ROOT / ".ci" / "run"), "--plan"], env=env, capture_output=True, text=True)
 
 
@@ -98,3 +98,11 @@ def test_ci_run_tests_every_python_it_finds(tmp_path: Path, versions: tuple[str,
 def test_ci_run_fails_under_ci_when_a_line_is_missing(tmp_path: Path) -> None:
     proc = plan(only(tmp_path, "3.13"), ci=True)
     assert proc.returncode != 0 and "JAX 0.10" in proc.stderr and "3.11" in proc.stderr, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("value", ["false", " FALSE ", "0", "no"])
+def test_ci_false_is_not_ci_for_ci_run(tmp_path: Path, value: str) -> None:
+    """`CI=false` (or another false spelling) is not CI for `.ci/run` either, as for the plugin: a
+    missing line is reported, and the run goes on."""
+    proc = plan(only(tmp_path, "3.13"), ci=value)
+    assert proc.returncode == 0 and "CI would fail" in proc.stderr, proc.stdout + proc.stderr

@@ -117,10 +117,81 @@ def test_pytest_without_xdist(venv: Venv, tmp_path: Path) -> None:
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_REPORT": "1"}
     for extra in (["-p", "no:xdist"], []):
         env_run = {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if not extra else env
-        loads = ["-p", "gkx_autocache._pytest_plugin"] if not extra else []  # with autoload off, by hand
+        loads = ["-p", "gkx_autocache"] if not extra else []  # with autoload off, by its entry point's name
         proc = venv.run("-X", "dev", "-m", "pytest", "-p", "no:cacheprovider", *extra, *loads, str(proj),
                         env=env_run, cwd=str(proj), timeout=600)
         output = proc.stdout + proc.stderr
         assert proc.returncode == 0 and "INTERNALERROR" not in output, output
         assert "5 passed, 1 skipped, 1 xfailed" in output, output
         assert len([ln for ln in output.splitlines() if ln.startswith("gkx-autocache:")]) == 1, output
+
+
+TWICE = r"""
+import sys, pytest, jax, jax.numpy as jnp
+for _ in range(2):
+    assert pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[1]]) == 0
+print("after", float(jax.jit(lambda v: (v * 3).sum())(jnp.ones(3))))
+"""
+
+NESTED = r"""
+import jax, jax.numpy as jnp
+pytest_plugins = ["pytester"]
+
+def test_outer(pytester):
+    assert float(jax.jit(lambda v: (v - 1).sum())(jnp.ones(4))) == 0
+    pytester.makepyfile("def test_inner():\n    assert True\n")
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("gkx-autocache*")
+"""
+
+
+def test_sessions_in_one_process_each_count_their_own(venv: Venv, tmp_path: Path) -> None:
+    """pytest.main() twice in one process (ipytest does so in a notebook): each session's line counts
+    that session only (the second: hits of the first's entries, from an earlier run, no miss), and
+    no `report` line at exit (the sessions' lines said it). A session inside another (pytester)
+    prints no line of its own. --collect-only prints no line; under -p no:terminal the process
+    prints its `report` line instead."""
+    proj = project(tmp_path)
+    (proj / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_REPORT": "1"}
+    (tmp_path / "twice.py").write_text(TWICE)
+    proc = venv.run("-X", "dev", str(tmp_path / "twice.py"), str(proj), env=env, cwd=str(proj), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, second = (ln for ln in proc.stdout.splitlines() if ln.startswith("gkx-autocache:"))
+    hits, misses = counts(first)
+    assert misses > 0 and hits < misses, first
+    assert 0 < counts(second)[0] <= misses and counts(second)[1] == 0 and "of this run's own" not in second, second
+    assert "gkx-autocache" not in proc.stderr, proc.stderr
+
+    (proj / "test_nested.py").write_text(NESTED)
+    proc = venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "test_nested.py", env=env, cwd=str(proj), timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert len([ln for ln in output.splitlines() if ln.startswith("gkx-autocache:")]) == 1, output
+
+    lazy = tmp_path / "lazy"  # imports jax, compiles only when a test runs
+    lazy.mkdir()
+    (lazy / "test_lazy.py").write_text("import jax\n\ndef test_one():\n    assert jax.jit(lambda v: v + 1)(1) == 2\n")
+    proc = venv.run("-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", env=env, cwd=str(lazy), timeout=600)
+    assert proc.returncode == 0 and "gkx-autocache" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    proc = venv.run("-m", "pytest", "-p", "no:terminal", "-p", "no:cacheprovider", "test_model.py",
+                    env=env, cwd=str(proj), timeout=600)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("gkx-autocache:")]
+    assert proc.returncode == 0 and len(lines) == 1, proc.stdout + proc.stderr  # the process's `report` line
+
+
+def test_a_refused_cache_is_said_under_filterwarnings_error(venv: Venv, tmp_path: Path) -> None:
+    """With `filterwarnings = error` the package's warning cannot be a warning (it would fail the
+    import): the summary says it instead, once, from the workers too, so that CI does not run
+    uncached unseen."""
+    proj = project(tmp_path)
+    (tmp_path / "file").write_text("x")
+    bad = tmp_path / "file" / "cache"
+    env = {"GKX_JAX_CACHE_DIR": str(bad)}
+    for extra in (["-n", "2"], ["-p", "no:xdist"]):
+        proc = venv.run("-m", "pytest", "-p", "no:cacheprovider", *extra, str(proj), env=env, cwd=str(proj), timeout=600)
+        output = proc.stdout + proc.stderr
+        lines = [ln for ln in output.splitlines() if ln.startswith("gkx-autocache:")]
+        assert proc.returncode == 0 and "5 passed" in output, output
+        assert len(lines) == 1 and str(bad) in lines[0] and "GKX_JAX_CACHE_DIR" in lines[0], output

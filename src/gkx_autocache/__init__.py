@@ -21,6 +21,10 @@ is). The ``.pth`` line's is a function that is its own ``find_spec`` (a class co
 instructions more): it returns ``None`` for every name but ``jax``, and for ``jax`` calls this module's
 ``find_spec``. Both are named ``GkxAutocacheFinder``, so that ``sys.meta_path`` says what they are:
 recognise the finder by that name (``is_finder``), never by identity.
+
+PYTEST_DONT_REWRITE: the package ships a pytest plugin, so pytest marks it for assertion rewriting,
+and warns (an error under ``filterwarnings = error``) when a session starts in a process that
+imported ``jax`` already, which imported this module (``pytest.main()`` in a notebook).
 """
 
 import os

@@ -22,6 +22,7 @@ AutocacheWarning.__module__ = "gkx_autocache"
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _said: set[str] = set()
+swallowed: list[str] = []  # warnings the user's filters turned into errors: the pytest summary shows them
 
 
 def warn(cause: str, message: str) -> None:
@@ -37,6 +38,7 @@ def warn(cause: str, message: str) -> None:
     try:
         warnings.warn(text, AutocacheWarning, stacklevel=_user_stacklevel())
     except Exception:  # -W error: a cache must not cost the user their run
+        swallowed.append(text)
         logger.warning("%s", text)
 
 

@@ -15,9 +15,21 @@ from typing import Any
 
 import pytest  # already imported: pytest is what loads this module
 
-active = False  # set once pytest configured this process: its `report` line gives way to the summary
-_workers: list[dict[str, Any]] = []
+active = False  # a session ran in this process: its summary spoke, so no `report` line at exit
+_sessions: list[Any] = []  # the configs of this process's sessions, outermost first (pytester nests them)
 KEY = "gkx_autocache"
+SESSION_START = "GKX_JAX_CACHE_SESSION_START"  # as gkx_autocache._stats reads it
+
+
+class _Session:
+    """One session's part: its workers' counts, and this process's counts when it began (a process
+    may run several sessions: pytest.main() in a loop, ipytest in a notebook)."""
+
+    def __init__(self, set_start: bool) -> None:
+        self.workers: list[dict[str, Any]] = []
+        self.said: list[str] = []  # workers' warnings that their filters turned into errors
+        self.before = _snapshot()
+        self.set_start = set_start
 
 
 def _snapshot() -> dict[str, Any] | None:
@@ -28,34 +40,74 @@ def _snapshot() -> dict[str, Any] | None:
         return None
 
 
-SESSION_START = "GKX_JAX_CACHE_SESSION_START"  # as gkx_autocache._stats reads it
+def _swallowed() -> list[str]:
+    """This process's warnings that the user's filters (``filterwarnings = error``) turned into
+    errors, which the package logged instead: without this, a cache refused in CI goes unseen."""
+    return list(getattr(sys.modules.get("gkx_autocache._diagnostics"), "swallowed", []))
 
 
 def pytest_configure(config: Any) -> None:
     """Before any worker starts: the session's start, so that every process of the session counts
     a hit of an entry written since as this run's own compile, whichever worker wrote it."""
     global active
-    active = True
-    if not hasattr(config, "workerinput"):
+    if config.pluginmanager.is_blocked("terminal"):
+        return  # -p no:terminal: no summary to speak in, so each process keeps its `report` line
+    set_start = not hasattr(config, "workerinput") and SESSION_START not in os.environ
+    if set_start:
         import time
 
-        os.environ.setdefault(SESSION_START, str(time.time()))
+        os.environ[SESSION_START] = str(time.time())
+        recorder = getattr(sys.modules.get("gkx_autocache._stats"), "recorder", None)
+        if recorder is not None:  # JAX configured in an earlier session of this process
+            recorder.run_start = float(os.environ[SESSION_START])
+    config._gkx_autocache = _Session(set_start)
+    _sessions.append(config)
+    active = True
+
+
+def pytest_unconfigure(config: Any) -> None:
+    session = getattr(config, "_gkx_autocache", None)
+    if session is None:
+        return
+    if config in _sessions:
+        _sessions.remove(config)
+    if session.set_start:  # the next session in this process (pytest.main() again) starts anew
+        os.environ.pop(SESSION_START, None)
 
 
 def pytest_sessionfinish(session: Any) -> None:
     """In a pytest-xdist worker: hand this process's counts to the controller."""
     output = getattr(session.config, "workeroutput", None)
-    snap = _snapshot()
-    if output is not None and snap is not None:
+    if output is None:
+        return
+    snap = _own(session.config)
+    if snap is not None:
         output[KEY] = snap
+    output[KEY + ":said"] = _swallowed()
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown, and fatal, where xdist is not loaded
 def pytest_testnodedown(node: Any, error: Any) -> None:
     """In the controller: a worker's counts (only with pytest-xdist, which calls this hook)."""
-    snap = getattr(node, "workeroutput", {}).get(KEY)
-    if isinstance(snap, dict):
-        _workers.append(snap)
+    output = getattr(node, "workeroutput", {})
+    session = getattr(getattr(node, "config", None), "_gkx_autocache", None)
+    if session is None:
+        return
+    if isinstance(output.get(KEY), dict):
+        session.workers.append(output[KEY])
+    said = output.get(KEY + ":said")
+    session.said += [text for text in said if isinstance(text, str)] if isinstance(said, list) else []
+
+
+def _own(config: Any) -> dict[str, Any] | None:
+    """This process's counts since ``config``'s session began."""
+    from_session = getattr(config, "_gkx_autocache", None)
+    now = _snapshot()
+    if now is None or from_session is None or from_session.before is None:
+        return now
+    from gkx_autocache._stats import since
+
+    return since(now, from_session.before)
 
 
 def _ci() -> bool:
@@ -68,15 +120,23 @@ def _ci() -> bool:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if getattr(terminalreporter.config, "workeroutput", None) is not None:
+    config = terminalreporter.config
+    session = getattr(config, "_gkx_autocache", None)
+    if getattr(config, "workeroutput", None) is not None or session is None:
         return  # a worker: the controller speaks for the session
-    own = _snapshot()
-    snapshots = [*_workers, *([own] if own is not None else [])]
+    if _sessions and _sessions[0] is not config:
+        return  # a session inside another (pytester): the process's counts are the outer one's
+    for text in dict.fromkeys([*session.said, *_swallowed()]):  # each once, in order
+        terminalreporter.write_line(text)
+    own = _own(config)
+    snapshots = [*session.workers, *([own] if own is not None else [])]
     if not snapshots:
-        return  # JAX was not imported in this session
+        return  # JAX was not imported in this session, or not configured
     from gkx_autocache._stats import merge, summary_line
 
     total = merge(snapshots)
+    if not (total["hits"] or total["misses"] or total["uncached"]):
+        return  # nothing compiled (pytest --collect-only): no line
     terminalreporter.write_line(summary_line(total))
     if _ci() and total["store"] and total["hits"] == total["own_hits"] and total["misses"]:
         terminalreporter.write_line(

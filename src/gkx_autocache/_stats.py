@@ -227,6 +227,18 @@ def merge(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
+def since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The counts of ``now`` that were not yet in ``before``: one process's part of one pytest
+    session, where the process ran others before it."""
+    part = dict(now)
+    for name in ("hits", "misses", "own_hits", "saved_secs", "bytes_read", "bytes_written"):
+        part[name] = now[name] - before[name]
+    for table in ("causes", "uncached"):
+        part[table] = {key: n - before[table].get(key, 0) for key, n in now[table].items()
+                       if n - before[table].get(key, 0) > 0}
+    return part
+
+
 def summary_line(snap: dict[str, Any]) -> str:
     """``gkx-autocache: 1480 hits (1045 from earlier runs, 435 of this run's own compiles), 12
     misses (8 new, 3 changed XLA_FLAGS, 1 evicted), 2.31 s compile CPU time avoided, ..., dir``."""
