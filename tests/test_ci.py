@@ -106,3 +106,10 @@ def test_ci_false_is_not_ci_for_ci_run(tmp_path: Path, value: str) -> None:
     missing line is reported, and the run goes on."""
     proc = plan(only(tmp_path, "3.13"), ci=value)
     assert proc.returncode == 0 and "CI would fail" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_ci_key_without_jax_reads_as_a_key(bare_venv: Venv) -> None:
+    """Without JAX installed, the key still reads as a key (not `--f5320738...`, which a shell or
+    an action's input parser may take for an option)."""
+    proc = bare_venv.cli("ci-key")
+    assert proc.returncode == 0 and proc.stdout.startswith("nojax-") and len(proc.stdout.split()) == 1, proc.stdout

@@ -273,7 +273,7 @@ def ci_key() -> tuple[str, dict[str, str]]:
     import platform
 
     parts = {
-        "jax": distribution_version("jax") or "-", "jaxlib": distribution_version("jaxlib") or "-",
+        "jax": distribution_version("jax") or "nojax", "jaxlib": distribution_version("jaxlib") or "nojaxlib",
         "python": f"{sys.implementation.name} {platform.python_version()}", "platform": sys.platform,
         "machine": platform.machine(), "cpu": cpu_features(),
         "compression": "zstandard" if distribution_version("zstandard") else "zlib",
