@@ -128,6 +128,7 @@ def test_pytest_without_xdist(venv: Venv, tmp_path: Path) -> None:
 
 TWICE = r"""
 import sys, pytest, jax, jax.numpy as jnp
+print("before", float(jax.jit(lambda v: (v * 5).sum())(jnp.ones(2))))
 for _ in range(2):
     assert pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[1]]) == 0
 print("after", float(jax.jit(lambda v: (v * 3).sum())(jnp.ones(3))))
@@ -146,12 +147,23 @@ def test_outer(pytester):
 """
 
 
+INNER_ONLY = r"""
+pytest_plugins = ["pytester"]
+
+def test_outer(pytester):
+    pytester.makepyfile("import jax\ndef test_inner():\n    assert float(jax.jit(lambda v: v * 2)(2.0)) == 4\n")
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+"""
+
+
 def test_sessions_in_one_process_each_count_their_own(venv: Venv, tmp_path: Path) -> None:
     """pytest.main() twice in one process (ipytest does so in a notebook): each session's line counts
     that session only (the second: hits of the first's entries, from an earlier run, no miss), and
-    no `report` line at exit (the sessions' lines said it). A session inside another (pytester)
-    prints no line of its own. --collect-only prints no line; under -p no:terminal the process
-    prints its `report` line instead."""
+    the `report` line at exit counts what no session did (compiles before and after them): the
+    three add up to the process's ledger. A session inside another (pytester) prints no line of
+    its own. --collect-only prints no line; under -p no:terminal the process prints its `report`
+    line instead."""
     proj = project(tmp_path)
     (proj / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_REPORT": "1"}
@@ -162,13 +174,24 @@ def test_sessions_in_one_process_each_count_their_own(venv: Venv, tmp_path: Path
     hits, misses = counts(first)
     assert misses > 0 and hits < misses, first
     assert 0 < counts(second)[0] <= misses and counts(second)[1] == 0 and "of this run's own" not in second, second
-    assert "gkx-autocache" not in proc.stderr, proc.stderr
+    (report,) = (ln for ln in proc.stderr.splitlines() if ln.startswith("gkx-autocache:"))
+    stats = json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]
+    parts = [counts(first), counts(second), counts(report)]
+    total = (sum(h for h, _ in parts), sum(m for _, m in parts))
+    assert counts(report)[1] > 0 and (stats["hits"], stats["misses"]) == total, (parts, stats)
 
     (proj / "test_nested.py").write_text(NESTED)
     proc = venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "test_nested.py", env=env, cwd=str(proj), timeout=600)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert len([ln for ln in output.splitlines() if ln.startswith("gkx-autocache:")]) == 1, output
+
+    # Only the inner session imports jax, and pytester takes its modules out of sys.modules after:
+    # the outer session's line still counts its compiles.
+    (proj / "test_nested.py").write_text(INNER_ONLY)
+    proc = venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "test_nested.py", env=env, cwd=str(proj), timeout=600)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("gkx-autocache:")]
+    assert proc.returncode == 0 and len(lines) == 1 and counts(lines[0])[1] > 0, proc.stdout + proc.stderr
 
     lazy = tmp_path / "lazy"  # imports jax, compiles only when a test runs
     lazy.mkdir()

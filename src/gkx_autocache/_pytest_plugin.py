@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest  # already imported: pytest is what loads this module
 
-active = False  # a session ran in this process: its summary spoke, so no `report` line at exit
 _sessions: list[Any] = []  # the configs of this process's sessions, outermost first (pytester nests them)
+_counted: list[dict[str, Any]] = []  # this process's parts that a session's line counted (or a worker sent)
 KEY = "gkx_autocache"
 SESSION_START = "GKX_JAX_CACHE_SESSION_START"  # as gkx_autocache._stats reads it
 
@@ -33,7 +33,9 @@ class _Session:
 
 
 def _snapshot() -> dict[str, Any] | None:
-    stats = sys.modules.get("gkx_autocache._stats")
+    # pytester's in-process runs take the modules they imported out of sys.modules afterwards; the
+    # package keeps its own reference to the submodule.
+    stats = sys.modules.get("gkx_autocache._stats") or getattr(sys.modules.get("gkx_autocache"), "_stats", None)
     try:
         return stats.snapshot() if stats is not None else None
     except Exception:
@@ -46,10 +48,20 @@ def _swallowed() -> list[str]:
     return list(getattr(sys.modules.get("gkx_autocache._diagnostics"), "swallowed", []))
 
 
+def uncounted(now: dict[str, Any]) -> dict[str, Any] | None:
+    """What of this process's counts ``now`` no session's line counted, for its `report` line at
+    exit (None: nothing, once a session spoke for this process)."""
+    if not _counted:
+        return now
+    from gkx_autocache._stats import merge, since
+
+    rest = since(now, merge(_counted))
+    return rest if rest["hits"] or rest["misses"] or rest["uncached"] else None
+
+
 def pytest_configure(config: Any) -> None:
     """Before any worker starts: the session's start, so that every process of the session counts
     a hit of an entry written since as this run's own compile, whichever worker wrote it."""
-    global active
     if config.pluginmanager.is_blocked("terminal"):
         return  # -p no:terminal: no summary to speak in, so each process keeps its `report` line
     set_start = not hasattr(config, "workerinput") and SESSION_START not in os.environ
@@ -62,9 +74,9 @@ def pytest_configure(config: Any) -> None:
             recorder.run_start = float(os.environ[SESSION_START])
     config._gkx_autocache = _Session(set_start)
     _sessions.append(config)
-    active = True
 
 
+@pytest.hookimpl(tryfirst=True)  # before another plugin's unconfigure, which may raise
 def pytest_unconfigure(config: Any) -> None:
     session = getattr(config, "_gkx_autocache", None)
     if session is None:
@@ -83,6 +95,7 @@ def pytest_sessionfinish(session: Any) -> None:
     snap = _own(session.config)
     if snap is not None:
         output[KEY] = snap
+        _counted.append(snap)
     output[KEY + ":said"] = _swallowed()
 
 
@@ -129,6 +142,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for text in dict.fromkeys([*session.said, *_swallowed()]):  # each once, in order
         terminalreporter.write_line(text)
     own = _own(config)
+    if own is not None:
+        _counted.append(own)  # this session speaks for this process's part (no `report` line for it)
     snapshots = [*session.workers, *([own] if own is not None else [])]
     if not snapshots:
         return  # JAX was not imported in this session, or not configured

@@ -232,7 +232,8 @@ def since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     session, where the process ran others before it."""
     part = dict(now)
     for name in ("hits", "misses", "own_hits", "saved_secs", "bytes_read", "bytes_written"):
-        part[name] = now[name] - before[name]
+        # never below 0: the store's figures are 0 in ``now`` when JAX's directory changed since
+        part[name] = max(now[name] - before[name], 0)
     for table in ("causes", "uncached"):
         part[table] = {key: n - before[table].get(key, 0) for key, n in now[table].items()
                        if n - before[table].get(key, 0) > 0}
@@ -336,11 +337,11 @@ def snapshot() -> dict[str, Any] | None:
 
 
 def _report() -> None:
-    plugin = sys.modules.get("gkx_autocache._pytest_plugin")
-    if getattr(plugin, "active", False):
-        return  # inside a pytest session: its summary has one line for the whole session
     try:
         snap = snapshot()
+        plugin = sys.modules.get("gkx_autocache._pytest_plugin")
+        if snap is not None and plugin is not None:
+            snap = plugin.uncounted(snap)  # what no pytest session's line counted already
         if snap is not None:
             print(summary_line(snap), file=sys.stderr, flush=True)
     except Exception:
