@@ -198,10 +198,11 @@ def test_sessions_in_one_process_each_count_their_own(venv: Venv, tmp_path: Path
     (lazy / "test_lazy.py").write_text("import jax\n\ndef test_one():\n    assert jax.jit(lambda v: v + 1)(1) == 2\n")
     proc = venv.run("-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", env=env, cwd=str(lazy), timeout=600)
     assert proc.returncode == 0 and "gkx-autocache" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-    proc = venv.run("-m", "pytest", "-p", "no:terminal", "-p", "no:cacheprovider", "test_model.py",
-                    env=env, cwd=str(proj), timeout=600)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("gkx-autocache:")]
-    assert proc.returncode == 0 and len(lines) == 1, proc.stdout + proc.stderr  # the process's `report` line
+    for workers in ([], ["-n", "2"]):  # each process's `report` line: the one process, or each worker
+        proc = venv.run("-m", "pytest", "-p", "no:terminal", "-p", "no:cacheprovider", *workers, "test_model.py",
+                        env=env, cwd=str(proj), timeout=600)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("gkx-autocache:")]
+        assert proc.returncode == 0 and len(lines) == (2 if workers else 1), proc.stdout + proc.stderr
 
 
 def test_a_refused_cache_is_said_under_filterwarnings_error(venv: Venv, tmp_path: Path) -> None:

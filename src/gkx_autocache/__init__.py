@@ -130,6 +130,7 @@ class GkxAutocacheFinder:
 # sys.meta_path, jax has not been imported, so importlib asks with no path and no target.
 find_spec = GkxAutocacheFinder.find_spec
 
+
 class _ConfiguringLoader(_Loader):
     """Delegates to the real loader; after a successful ``exec_module``, puts the real loader
     back on the module (so nothing of ours stays visible) and configures."""

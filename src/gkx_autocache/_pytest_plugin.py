@@ -90,8 +90,8 @@ def pytest_unconfigure(config: Any) -> None:
 def pytest_sessionfinish(session: Any) -> None:
     """In a pytest-xdist worker: hand this process's counts to the controller."""
     output = getattr(session.config, "workeroutput", None)
-    if output is None:
-        return
+    if output is None or getattr(session.config, "_gkx_autocache", None) is None:
+        return  # not a worker, or one whose summary is off (-p no:terminal): it keeps its `report` line
     snap = _own(session.config)
     if snap is not None:
         output[KEY] = snap
