@@ -291,7 +291,7 @@ atexit.register(lambda: print("gkx-own " + json.dumps(spent), file=sys.stderr)) 
 for name in sys.argv[3].split(","):  # the standard library that `import jax` imports anyway
     __import__(name)
 started = time.perf_counter()
-from gkx_autocache import _configure, _explain, _stats, _store
+from gkx_autocache import _configure, _explain, _key, _stats, _store
 spent["imports"] = time.perf_counter() - started
 
 def timed(owner, name, label):
@@ -308,7 +308,7 @@ timed(_configure, "configure", "configure")
 timed(_store.Store, "get", "store")
 timed(_stats.Recorder, "on_duration", "events")
 timed(_stats.Recorder, "on_event", "events")
-timed(_explain.Explainer, "on_part", "explain")
+timed(_key.Seam, "on_part", "explain")
 timed(_stats, "finish", "exit")
 sys.argv = [sys.argv[1], "--child", sys.argv[2]]
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -355,9 +355,10 @@ def per_key():
             compilation_cache.get_cache_key(m, devices, options, backend)
     return (time.perf_counter() - start) / (rounds * n)
 plain = per_key()
-from gkx_autocache import _explain
+from gkx_autocache import _explain, _key
 from gkx_autocache._stats import Recorder
 recorder = Recorder("/nonexistent", ledger=False)
+_key.install(jax)
 reason = _explain.install(jax, recorder, "/nonexistent", 0, lambda: {})
 assert reason is None, reason
 wrapped = per_key()

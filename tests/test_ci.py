@@ -4,9 +4,11 @@ path; and `.ci/run`'s choice of Pythons."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, Venv, make_venv, public_tmp, run_program
@@ -113,3 +115,85 @@ def test_ci_key_without_jax_reads_as_a_key(bare_venv: Venv) -> None:
     an action's input parser may take for an option)."""
     proc = bare_venv.cli("ci-key")
     assert proc.returncode == 0 and proc.stdout.startswith("nojax-") and len(proc.stdout.split()) == 1, proc.stdout
+
+
+# -- the README's recipes: caches that keep learning (SPEC §15) -------------------------------------------
+
+
+def readme_yaml() -> list[Any]:
+    import yaml
+
+    text = (ROOT / "README.md").read_text()
+    return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+
+
+def github_steps() -> list[dict[str, Any]]:
+    """The steps of the README's GitHub Actions job, and of its bundle variant after it."""
+    found = []
+    for doc in readme_yaml():
+        if isinstance(doc, dict) and "jobs" in doc:
+            found += next(iter(doc["jobs"].values()))["steps"]
+        elif isinstance(doc, list):  # the bundle variant: a list of steps
+            found += doc
+    return found
+
+
+def test_readme_github_recipe_keys_each_run_anew_and_restores_by_prefix() -> None:
+    """`actions/cache` never updates an existing key: each run's key holds `github.run_id`, and
+    each restore key is a prefix of its key; nothing hashes a lockfile (entries are content-keyed);
+    a save only happens when the run wrote entries, fed by the package."""
+    steps = github_steps()
+    caches = [s for s in steps if str(s.get("uses", "")).startswith("actions/cache")]
+    assert {s["uses"].split("@")[0] for s in caches} == {"actions/cache/restore", "actions/cache/save"}, caches
+    for step in caches:
+        key = step["with"]["key"]
+        assert "github.run_id" in key and "steps.jax.outputs.prefix" in key, key
+        for restore in str(step["with"].get("restore-keys", "")).splitlines():
+            assert key.startswith(restore), (key, restore)
+        if step["uses"].startswith("actions/cache/save"):
+            assert "steps.wrote.outputs.entries != '0'" in step["if"], step
+    assert all("restore-keys" in s["with"] for s in caches if s["uses"].startswith("actions/cache/restore"))
+    assert "hashFiles" not in (ROOT / "README.md").read_text()
+    wrote = [s for s in steps if s.get("id") == "wrote"]
+    assert wrote and all("gkx-autocache stats --written" in s["run"] for s in wrote)
+
+
+def test_readme_gitlab_recipe_has_a_fixed_key_per_job_pulled_and_pushed() -> None:
+    (job,) = [next(iter(doc.values())) for doc in readme_yaml() if isinstance(doc, dict) and "jobs" not in doc]
+    assert job["cache"]["policy"] == "pull-push" and "$CI_JOB_NAME" in job["cache"]["key"]
+    assert "GKX_JAX_CACHE_MAX_SIZE" in job["variables"]
+
+
+def run_step(script: str, path: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """A `run:` step as GitHub runs it (`bash --noprofile --norc -eo pipefail`), its `${{ }}`
+    expressions filled in."""
+    script = re.sub(r"\$\{\{\s*([^}]*?)\s*\}\}", lambda m: m[1].replace(".", "_"), script)
+    output = tmp_path / "github_output"
+    output.write_text("")
+    env = {"PATH": path, "GITHUB_OUTPUT": str(output), "HOME": str(tmp_path)}
+    return subprocess.run(["/bin/bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], env=env,
+                          capture_output=True, text=True)
+
+
+def test_readme_key_step_fails_without_the_command(venv: Venv, tmp_path: Path) -> None:
+    """The key step fails when `gkx-autocache` is not on PATH (a cache key `jax--` would restore
+    nothing and save a useless cache), and gives a prefix and a directory when it is."""
+    (step,) = [s for s in github_steps() if s.get("id") == "jax"]
+    missing = run_step(step["run"], "/usr/bin:/bin", tmp_path)
+    assert missing.returncode != 0, missing
+    there = run_step(step["run"], f"{venv.path / 'bin'}:/usr/bin:/bin", tmp_path)
+    assert there.returncode == 0, there.stderr
+    outputs = dict(line.split("=", 1) for line in (tmp_path / "github_output").read_text().splitlines())
+    key = venv.cli("ci-key").stdout.strip()
+    assert outputs["prefix"].endswith(f"-{key}-") and outputs["dir"].endswith(VERSION_DIR), outputs
+
+
+def test_stats_written_counts_what_a_run_wrote_since_the_reset(venv: Venv, tmp_path: Path) -> None:
+    """What the README's save step reads: 0 after a reset and a warm run, more after a cold one."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    assert venv.cli("stats", "--written", env=env).stdout.strip() == "0"
+    run_program(venv, env=env)
+    assert int(venv.cli("stats", "--written", env=env).stdout) >= 2
+    assert venv.cli("stats", "--reset", env=env).returncode == 0
+    run_program(venv, env=env)
+    assert venv.cli("stats", "--written", env=env).stdout.strip() == "0"

@@ -74,6 +74,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         emit(args, f"stats reset ({removed} ledgers folded and removed)", {"reset": True, "removed": removed})
         return OK
     totals = _ledger.read_totals(vdir)
+    if args.written:  # bare, for a CI step's output: save the cache only when this run wrote entries
+        written = totals.writes if totals is not None else 0
+        emit(args, str(written), {"dir": vdir, "written": written})
+        return OK
     if totals is None:
         emit(args, f"no ledger yet in {vdir}: no process has used the cache since the last reset",
              {"dir": vdir, "stats": None})
@@ -351,7 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("status", cmd_status, "versions, hook, settings with origins, directory, store, stats (the default)")
     add("dir", cmd_dir, "print the version directory, bare")
-    add("stats", cmd_stats, "hits, misses by cause, time saved across processes").add_argument("--reset", action="store_true")
+    stats = add("stats", cmd_stats, "hits, misses by cause, time saved across processes")
+    stats.add_argument("--reset", action="store_true", help="start the totals again from zero")
+    stats.add_argument("--written", action="store_true",
+                       help="print only how many entries were written since the last reset (for CI: save when not 0)")
     add("explain", cmd_explain, "why recent compiles missed or were not cached, function by function")
     add("ci-key", cmd_ci_key, "a key for a CI cache: changes whenever the entries could stop being valid")
     clear = add("clear", cmd_clear, "remove every entry")

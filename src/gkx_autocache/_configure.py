@@ -42,6 +42,12 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     if not settings["enabled"]:
         logger.debug("disabled by %s", settings.origin("enabled"))
         return
+    from gkx_autocache import _key
+
+    # Every CPU key of the process gets the host's ISA, whichever directory JAX uses (SPEC §15).
+    unkeyed = _key.install(jax)
+    if unkeyed:
+        logger.debug("CPU entries are not keyed by ISA: %s", unkeyed)
 
     location = _cache.locate(settings, jax.__version__)
     for cause, message in location.problems:
@@ -85,9 +91,27 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         if unexplained:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:
-            _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, shared, explain=unexplained)
+            def verdict() -> None:
+                isa = f"CPU entries are not keyed by ISA: {unkeyed}" if unkeyed else replaced_hook()
+                _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, shared,
+                                     explain=unexplained, isa=isa)
+
+            verdict()
+            if _key.seam is not None:
+                _key.seam.on_replaced = verdict
             # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7).
             atexit.register(_stats.finish, recorder, cap if not reason else 0)
+
+
+def replaced_hook() -> str | None:
+    """What ``status`` says when the user's code replaced the package's key hook after ``import jax``."""
+    from gkx_autocache import _key
+
+    replaced = _key.seam.replaced if _key.seam is not None else None
+    if replaced is None:
+        return None
+    return (f"jax._src.cache_key.custom_hook was replaced after import jax (by {replaced}): CPU keys still get the "
+            "ISA, added by gkx-autocache's key seam; chain the hook you replace to keep yours and ours in one place")
 
 
 def xla_caches_for(settings: _settings.Settings, directory: str) -> str | None:

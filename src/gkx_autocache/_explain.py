@@ -33,8 +33,9 @@ import sys
 import threading
 from typing import Any
 
+from gkx_autocache import _isa, _key
 from gkx_autocache._diagnostics import human_bytes, logger
-from gkx_autocache._layout import function_name
+from gkx_autocache._layout import ENTRY_SUFFIX, function_name
 
 # JAX's part names, in the order it hashes them, and what the user calls each.
 PARTS = ("computation", "jax_lib version", "backend version", "XLA flags", "compile_options", "accelerator_config",
@@ -47,6 +48,7 @@ LABELS = {"computation": "computation", "jax_lib version": "jaxlib", "backend ve
 PRIORITY = ("jax_lib version", "backend version", "XLA flags", "compression", "accelerator_config",
             "compile_options", "custom_hook")
 HEX = 16  # a part's hash, shortened: enough to tell parts apart, small to keep
+NO_HOOK = hashlib.sha256(b"").hexdigest()[:HEX]  # the hook part of a key made without one (stock JAX)
 MAX_COMPUTATIONS = 8  # per function name: its latest shapes
 MAX_FUNCTIONS = 2000  # the summary stays a few MB at most: every exit reads and writes it
 MAX_VALUES = 64  # readable values kept per part
@@ -79,8 +81,11 @@ class Explainer:
         if parts is None:
             return
         parts.append((name, hashfn))
-        if name == PARTS[-1]:
+        if name == "compression":  # the key as far as the hook: what stock JAX's key goes on from
+            pending.before_hook = hash_obj.copy()
+        elif name == PARTS[-1]:
             pending.final = hash_obj.digest().hex()
+            pending.hook = _key.seam.last() if _key.seam is not None else None
 
     def forget(self) -> None:
         """The key was served: let go of its part functions now, while JAX still holds what they
@@ -96,12 +101,31 @@ class Explainer:
             ingredients = self._ingredients(key)
             if ingredients is None:
                 return {"cause": "unexplained", "detail": "its key was not computed on this thread"}
+            before = self._before_cpu_keying(key)
+            if before is not None:
+                return before
             with self._lock:
                 state = self._load()
                 return classify(key, ingredients, state, self.cap)
         except Exception as exc:  # an explanation must never cost a compile
             logger.debug("miss of %s not explained: %s", key, exc)
             return {"cause": "unexplained", "detail": f"{type(exc).__name__}: {exc}"[:200]}
+
+    def _before_cpu_keying(self, key: str) -> dict[str, Any] | None:
+        """The migration (SPEC §15): the entry stock JAX, or the package before it keyed CPU entries
+        by ISA, wrote for exactly this compile is here, under the key without the ISA."""
+        pending = self._thread
+        before_hook, text = getattr(pending, "before_hook", None), getattr(pending, "hook", None)
+        if before_hook is None or text is None or _key.isa_of(text) is None:
+            return None
+        legacy = before_hook.copy()
+        legacy.update(text[:text.rfind(_key.ISA_MARK)].encode())
+        name = f"{function_name(key)}-{legacy.hexdigest()}"
+        if not os.path.lexists(os.path.join(self.version_dir, name + ENTRY_SUFFIX)):
+            return None
+        return {"cause": "before CPU keying",
+                "detail": "its entry was written by stock JAX or before gkx-autocache keyed CPU entries by the "
+                          "CPU's instruction set: compiled once more under the new key"}
 
     def ingredients(self, key: str) -> dict[str, Any]:
         """What a written entry's ledger record keeps: its parts' hashes and readable values; and
@@ -126,7 +150,7 @@ class Explainer:
         if pending.ingredients is None:
             if not pending.parts:
                 return None
-            pending.ingredients = measure(pending.parts, pending.computation)
+            pending.ingredients = measure(pending.parts, pending.computation, getattr(pending, "hook", None))
             pending.parts = None  # what the put needs is measured: the functions can go
         result: tuple[dict[str, str], dict[str, str]] = pending.ingredients
         return result
@@ -137,20 +161,24 @@ class Explainer:
         return self._state
 
 
-def measure(parts: list[tuple[str, Any]], computation: str) -> tuple[dict[str, str], dict[str, str]]:
+def measure(parts: list[tuple[str, Any]], computation: str,
+            hook: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """Each part's own hash (the computation's was taken on the way: it is not hashed twice) and
-    the readable values of the parts a person can read."""
+    the readable values of the parts a person can read. ``hook`` is what the key's hook part hashed
+    (``_key``), where known."""
     hashes = {PARTS[0]: computation}
     readable: dict[str, str] = {}
     for name, hashfn in parts[1:]:
-        value = _readable(name, hashfn)
+        value = _readable(name, hashfn) if name != "custom_hook" else hook
         if value is not None:
-            readable[name] = value[:400]
+            readable[name] = value if name == "custom_hook" else value[:400]  # the ISA in full
         fresh = hashlib.sha256()
-        if name == "XLA flags" and value is not None:
+        if name in ("XLA flags", "custom_hook") and value is not None:
             fresh.update(value.encode())  # JAX's part function logs each flag at DEBUG: not called twice
         else:
             hashfn(fresh)
+            if name == "custom_hook":  # a user's hook replaced the package's: the seam adds the ISA
+                fresh.update(_key.isa_suffix().encode())
         hashes[name] = fresh.hexdigest()[:HEX]
     for name in PARTS:
         hashes.setdefault(name, "-")
@@ -224,6 +252,14 @@ def classify(key: str, ingredients: tuple[dict[str, str], dict[str, str]], state
     first = next((p for p in changed if values(p)[0] != values(p)[1]), changed[0])
     before, after = values(first)
     label = LABELS[first]
+    if first == "custom_hook":
+        old, new = _key.isa_of(before), _key.isa_of(after)
+        if new is not None and (old is None and (before != "?" or same[PARTS.index(first)] == NO_HOOK)):
+            return {"cause": "before CPU keying",
+                    "detail": "its entry was written before gkx-autocache keyed CPU entries by the CPU's instruction "
+                              "set (or by stock JAX): compiled once more under the new key"}
+        if old is not None and new is not None and old != new:
+            return {"cause": "changed CPU", "detail": f"built for another CPU: {_isa.difference(old, new)}"}
     if first == "compile_options" and before != after and "device assignment" in after:
         label = "device assignment"  # on CPU JAX keeps it in the compile options (it strips it only on GPU)
         detail = f"device assignment, in the compile options on CPU: {before} -> {after}"
@@ -328,25 +364,19 @@ def install(jax: Any, recorder: Any, version_dir: str, cap: int, load: Any) -> s
     """Wrap the two seams; return why explanations are unavailable (nothing else changes).
     ``load()`` reads the directory's state, at the first miss."""
     try:
-        from jax._src import cache_key, compiler
+        from jax._src import compiler
     except Exception as exc:
-        return f"jax._src.cache_key cannot be imported ({exc})"
+        return f"jax._src.compiler cannot be imported ({exc})"
+    from gkx_autocache import _key
     from gkx_autocache._store import _parameters
 
-    log_part = getattr(cache_key, "_log_cache_key_hash", None)
-    if log_part is None or _parameters(log_part) != ["hash_obj", "last_serialized", "hashfn"]:
+    seam = _key.seam
+    if seam is None or not seam.parts:
         return "jax._src.cache_key._log_cache_key_hash(hash_obj, last_serialized, hashfn) is missing or has changed"
     write = getattr(compiler, "_cache_write", None)
     if write is None or _parameters(write)[:5] != ["cache_key", "compile_time_secs", "module_name", "backend", "executable"]:
         return "jax._src.compiler._cache_write has changed"
     explainer = Explainer(version_dir, cap, load)
-
-    def _log_cache_key_hash(hash_obj: Any, last_serialized: str, hashfn: Any) -> None:
-        log_part(hash_obj, last_serialized, hashfn)
-        try:
-            explainer.on_part(hash_obj, last_serialized, hashfn)
-        except Exception:
-            pass
 
     def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
                      *rest: Any, **kwargs: Any) -> None:
@@ -364,10 +394,9 @@ def install(jax: Any, recorder: Any, version_dir: str, cap: int, load: Any) -> s
         except Exception:
             pass
 
-    _log_cache_key_hash.__wrapped__ = log_part  # type: ignore[attr-defined]
     _cache_write.__wrapped__ = write  # type: ignore[attr-defined]
-    cache_key._log_cache_key_hash = _log_cache_key_hash
     compiler._cache_write = _cache_write
+    seam.listener = explainer
     recorder.explainer = explainer
     return None
 

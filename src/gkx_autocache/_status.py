@@ -146,6 +146,8 @@ def gather(ctx: Context) -> dict[str, Any]:
             store = _store_verdict(location)
             if location.kind == _cache.LOCAL and store.get("explain"):
                 attention.append(f"misses are not explained here: {store['explain']}")
+            if location.kind == _cache.LOCAL and store.get("isa"):
+                attention.append(str(store["isa"]))
             try:  # a bucket may be unreachable from here: status still reports the rest
                 if location.kind != _cache.OWN:
                     totals = _ledger.read_totals(vdir)
@@ -197,6 +199,10 @@ FIXES = {
     "changed compile options": "compile options set in code or jax.config differ between runs",
     "changed compression": "installing or removing zstandard changes every key: keep it the same",
     "changed custom hook": "jax._src.cache_key.custom_hook() returns something else",
+    "changed CPU": "expected on another CPU: its entries are built for the CPU that compiled them, and are never "
+                   "loaded where they could not run; each CPU keeps its own",
+    "before CPU keying": "nothing to fix: once per entry after upgrading to a gkx-autocache that keys CPU entries by "
+                         "the CPU's instruction set (or after stock JAX wrote the directory)",
     "evicted": "the cap is smaller than the working set: raise max_size (gkx-autocache config set max_size 20GiB)",
     "rejected": "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
     "unexplained": "JAX's key parts were not seen for this compile",
@@ -247,35 +253,34 @@ def explain(ctx: Context) -> dict[str, Any]:
 
 # -- the CI key ---------------------------------------------------------------------------------------
 
-CPUINFO = "/proc/cpuinfo"
+def accelerator_plugins() -> str:
+    """JAX's accelerator plugins installed here, from metadata (nothing is imported): each changes
+    what an entry is built for. ``jax-cuda12-plugin 0.10.2, libtpu 0.0.30``."""
+    import importlib.metadata
+    import re
 
-
-def cpu_features() -> str:
-    """The host CPU's feature flags (XLA:CPU code is built for them): Linux's ``/proc/cpuinfo``,
-    else what ``platform`` says of the processor."""
-    try:
-        with open(CPUINFO, encoding="ascii", errors="replace") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name.strip() in ("flags", "Features"):  # x86, arm
-                    return " ".join(sorted(value.split()))
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor()
+    found = set()
+    for dist in importlib.metadata.distributions():
+        name = str(dist.metadata["Name"] or "")
+        if re.fullmatch(r"(?i)(jax[-_](cuda|rocm)\d*[-_](plugin|pjrt)|libtpu([-_]nightly)?)", name):
+            found.add(f"{name.lower().replace('_', '-')} {dist.version}")
+    return ", ".join(sorted(found)) or "none"
 
 
 def ci_key() -> tuple[str, dict[str, str]]:
-    """A short key that changes whenever the entries could stop being valid: JAX, jaxlib, Python,
-    platform and machine, the CPU's features, the compression library, XLA_FLAGS. And its parts."""
+    """A short key that changes whenever the entries could stop being valid, and no more often: the
+    host's ISA (the instruction-set flags of the CPU, not every flag: microcode and hypervisor flags
+    do not change what an entry runs on), the Python minor version, JAX, jaxlib and accelerator
+    plugins, platform and machine, the compression library, XLA_FLAGS. And its parts."""
     import hashlib
-    import platform
+
+    from gkx_autocache import _isa
 
     parts = {
         "jax": distribution_version("jax") or "nojax", "jaxlib": distribution_version("jaxlib") or "nojaxlib",
-        "python": f"{sys.implementation.name} {platform.python_version()}", "platform": sys.platform,
-        "machine": platform.machine(), "cpu": cpu_features(),
+        "plugins": accelerator_plugins(),
+        "python": f"{sys.implementation.name} {sys.version_info[0]}.{sys.version_info[1]}", "platform": sys.platform,
+        "machine": os.uname().machine if hasattr(os, "uname") else sys.platform, "isa": _isa.isa(),
         "compression": "zstandard" if distribution_version("zstandard") else "zlib",
         # JAX leaves the dump flags out of its key; so does this.
         "xla_flags": " ".join(sorted(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_dump"))),

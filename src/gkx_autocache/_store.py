@@ -298,10 +298,11 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
 
 
 def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False,
-                  explain: str | None = None) -> None:
-    """Record which store serves the directory, and whether misses are explained (None: they are;
-    else why not), so ``status`` can say it without importing jax."""
-    text = json.dumps({"store": store, "reason": reason, "explain": explain}) + "\n"
+                  explain: str | None = None, isa: str | None = None) -> None:
+    """Record which store serves the directory, whether misses are explained (None: they are; else
+    why not) and what to know of the ISA in CPU keys (None: nothing), so ``status`` can say it
+    without importing jax."""
+    text = json.dumps({"store": store, "reason": reason, "explain": explain, "isa": isa}) + "\n"
     path = os.path.join(version_dir, META_DIR, VERDICT_FILE)
     if _files.read(path) == text.encode():
         return
@@ -316,4 +317,4 @@ def read_verdict(version_dir: str) -> dict[str, Any] | None:
         return None
     if not isinstance(verdict, dict):
         return None
-    return {k: v if isinstance(v, str) else None for k, v in verdict.items() if k in ("store", "reason", "explain")}
+    return {k: v if isinstance(v, str) else None for k, v in verdict.items() if k in ("store", "reason", "explain", "isa")}

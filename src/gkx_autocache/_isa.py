@@ -1,0 +1,187 @@
+"""The host's instruction set (SPEC §15), read once: what XLA:CPU compiles for.
+
+XLA:CPU compiles for the host CPU (LLVM's ``-mcpu=host``), and its executables list the target
+features they were built with (``+avx512f,+amx-tile,...``). JAX's key says only ``cpu``, so an entry
+written on one CPU would be loaded on another that cannot run it (SIGILL, SIGSEGV). The key gets the
+host's ISA: the kernel's flags that are instruction sets, under LLVM's names, so that what a key
+says and what an entry lists can be compared (``tests/test_isa.py`` decompresses an entry written on
+the test host and checks that every ``+feature`` it lists is covered).
+
+- Linux: the first processor's ``flags`` (x86) or ``Features`` (ARM) line of ``/proc/cpuinfo``, and
+  no further (the file is ~400 KB on a 256-core host). Only the flags in the tables below count: the
+  rest are not instruction sets (``hypervisor``, ``constant_tsc``, ``rep_good``, ``nopl``,
+  ``cpuid``, ``arat``, the mitigation flags ``ibrs``, ``ibpb``, ``stibp``, ``ssbd``, ``md_clear``...),
+  so two hosts of one CPU model with other microcode or hypervisor flags share entries.
+- macOS: ``sysctl`` (the same names on Intel; ``hw.optional.arm.FEAT_*`` on Apple silicon).
+- Elsewhere: the machine and ``platform.processor()``, as they are.
+
+A leaf: stdlib only, imported on ``import jax`` (where the package is enabled).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+CPUINFO = "/proc/cpuinfo"
+
+# x86: the kernel's flag -> LLVM's target feature, for every flag that is an instruction set (or a
+# register state XLA's code may use). Where the names are equal the entry maps to itself.
+X86 = {
+    "lm": "64bit", "fpu": "x87", "cx8": "cx8", "cmov": "cmov", "mmx": "mmx", "fxsr": "fxsr",
+    "sse": "sse", "sse2": "sse2", "pni": "sse3", "ssse3": "ssse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2",
+    "sse4a": "sse4a", "pclmulqdq": "pclmul", "vpclmulqdq": "vpclmulqdq", "fma": "fma", "fma4": "fma4",
+    "cx16": "cx16", "movbe": "movbe", "popcnt": "popcnt", "abm": "lzcnt", "aes": "aes", "vaes": "vaes",
+    "xsave": "xsave", "xsaveopt": "xsaveopt", "xsavec": "xsavec", "xsaves": "xsaves", "avx": "avx",
+    "avx2": "avx2", "f16c": "f16c", "rdrand": "rdrnd", "rdseed": "rdseed", "lahf_lm": "sahf",
+    "3dnowprefetch": "prfchw", "xop": "xop", "tbm": "tbm", "lwp": "lwp", "mwaitx": "mwaitx",
+    "fsgsbase": "fsgsbase", "bmi1": "bmi", "bmi2": "bmi2", "adx": "adx", "invpcid": "invpcid",
+    "rtm": "rtm", "hle": "hle", "mpx": "mpx", "sha_ni": "sha", "clflushopt": "clflushopt", "clwb": "clwb",
+    "clzero": "clzero", "wbnoinvd": "wbnoinvd", "rdpru": "rdpru", "rdpid": "rdpid", "pku": "pku",
+    "waitpkg": "waitpkg", "gfni": "gfni", "cldemote": "cldemote", "movdiri": "movdiri",
+    "movdir64b": "movdir64b", "enqcmd": "enqcmd", "serialize": "serialize", "tsxldtrk": "tsxldtrk",
+    "pconfig": "pconfig", "sgx": "sgx", "user_shstk": "shstk", "hreset": "hreset", "uintr": "uintr",
+    "ptwrite": "ptwrite", "cmpccxadd": "cmpccxadd", "prefetchi": "prefetchi", "raoint": "raoint",
+    "sha512": "sha512", "sm3": "sm3", "sm4": "sm4", "wrmsrns": "wrmsrns", "avx_vnni": "avxvnni",
+    "avx_ifma": "avxifma", "avx_ne_convert": "avxneconvert", "avx_vnni_int8": "avxvnniint8",
+    "avx_vnni_int16": "avxvnniint16", "avx512f": "avx512f", "avx512dq": "avx512dq", "avx512cd": "avx512cd",
+    "avx512bw": "avx512bw", "avx512vl": "avx512vl", "avx512ifma": "avx512ifma", "avx512vbmi": "avx512vbmi",
+    "avx512_vbmi2": "avx512vbmi2", "avx512_vnni": "avx512vnni", "avx512_bitalg": "avx512bitalg",
+    "avx512_vpopcntdq": "avx512vpopcntdq", "avx512_bf16": "avx512bf16", "avx512_fp16": "avx512fp16",
+    "avx512_vp2intersect": "avx512vp2intersect", "avx512pf": "avx512pf", "avx512er": "avx512er",
+    "avx512_4vnniw": "avx5124vnniw", "avx512_4fmaps": "avx5124fmaps", "amx_tile": "amx-tile",
+    "amx_bf16": "amx-bf16", "amx_int8": "amx-int8", "amx_fp16": "amx-fp16", "amx_complex": "amx-complex",
+    "amx_fp8": "amx-fp8", "amx_tf32": "amx-tf32", "amx_transpose": "amx-transpose",
+    "amx_avx512": "amx-avx512", "amx_movrs": "amx-movrs", "movrs": "movrs", "avx10": "avx10.1",
+    "apx": "egpr", "keylocker": "kl", "widekl": "widekl",
+}
+# Features LLVM lists for the host that no kernel flag shows and that never restrict where code runs:
+# tuning (how to schedule, not which instructions exist) and the shadow stack, whose instructions are
+# no-ops on a CPU without it (LLVM reads it from CPUID; the kernel lists it as user_shstk only where
+# it enables it for programs). The test of coverage passes over these, and only these.
+UNRESTRICTED = ("shstk",)
+TUNING_PREFIXES = ("prefer-", "fast-", "slow-", "tuning-", "false-deps-", "idivl-", "idivq-", "lea-",
+                   "macrofusion", "branchfusion", "pad-short-functions", "sbb-dep-breaking", "use-",
+                   "allow-light-256-bit", "ermsb", "fsrm")
+
+# ARM (AArch64): the kernel's HWCAP name -> LLVM's target feature. Not verified on an ARM host here.
+ARM = {
+    "fp": "fp-armv8", "asimd": "neon", "aes": "aes", "pmull": "aes", "sha1": "sha2", "sha2": "sha2",
+    "crc32": "crc", "atomics": "lse", "fphp": "fullfp16", "asimdhp": "fullfp16", "asimdrdm": "rdm",
+    "jscvt": "jsconv", "fcma": "complxnum", "lrcpc": "rcpc", "dcpop": "ccpp", "sha3": "sha3",
+    "sm3": "sm4", "sm4": "sm4", "asimddp": "dotprod", "sha512": "sha3", "sve": "sve", "asimdfhm": "fp16fml",
+    "uscat": "lse2", "ilrcpc": "rcpc-immo", "flagm": "flagm", "sb": "sb", "paca": "pauth", "pacg": "pauth",
+    "dcpodp": "ccdp", "sve2": "sve2", "sveaes": "sve-aes", "svepmull": "sve-aes", "svebitperm": "sve-bitperm",
+    "svesha3": "sve-sha3", "svesm4": "sve-sm4", "flagm2": "altnzcv", "frint": "fptoint", "svei8mm": "i8mm",
+    "svef32mm": "f32mm", "svef64mm": "f64mm", "svebf16": "bf16", "i8mm": "i8mm", "bf16": "bf16",
+    "rng": "rand", "bti": "bti", "mte": "mte", "mte3": "mte", "ecv": "ecv", "afp": "fpac", "rpres": "rcpc3",
+    "sme": "sme", "smei16i64": "sme-i16i64", "smef64f64": "sme-f64f64", "sme2": "sme2", "sve2p1": "sve2p1",
+    "cssc": "cssc", "rprfm": "rprfm", "mops": "mops", "hbc": "hbc", "lrcpc3": "rcpc3", "lse128": "lse128",
+    "fpmr": "fpmr", "faminmax": "faminmax", "f8cvt": "fp8", "f8fma": "fp8fma", "f8dp4": "fp8dot4",
+    "f8dp2": "fp8dot2", "lut": "lut", "ebf16": "bf16", "sveebf16": "bf16", "wfxt": "wfxt",
+}
+
+
+def _first_block(path: str) -> list[str]:
+    """The lines of the first processor's block: read until its blank line, no further."""
+    lines: list[str] = []
+    with open(path, encoding="ascii", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                if lines:
+                    break
+                continue
+            lines.append(line)
+    return lines
+
+
+def from_cpuinfo(lines: list[str], machine: str) -> list[str] | None:
+    """LLVM's names for the instruction-set flags of one ``/proc/cpuinfo`` block, sorted; None when
+    the block has no flags line."""
+    for line in lines:
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name == "flags":
+            table = X86
+        elif name == "Features":
+            table = ARM
+        else:
+            continue
+        found = {table[flag] for flag in value.split() if flag in table}
+        if name == "flags" and "sse4.2" in found:
+            found.add("crc32")
+        return sorted(found)
+    return None
+
+
+def _from_sysctl() -> list[str] | None:  # pragma: no cover - macOS only
+    import subprocess
+
+    try:
+        out = subprocess.run(["sysctl", "machdep.cpu.features", "machdep.cpu.leaf7_features",
+                              "machdep.cpu.extfeatures", "hw.optional"], capture_output=True, text=True,
+                             timeout=5, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found: set[str] = set()
+    for line in out.splitlines():
+        name, _, value = line.partition(":")
+        if name.startswith("machdep.cpu."):
+            found.update(X86.get(flag.lower().replace(".", "_"), flag.lower()) for flag in value.split())
+        elif name.startswith("hw.optional.") and value.strip() == "1":
+            found.add(name.removeprefix("hw.optional.").removeprefix("arm."))
+    return sorted(found) or None
+
+
+def read() -> tuple[str, list[str]]:
+    """``(machine, features)`` of this host, read now; features are LLVM's names on Linux, the
+    system's elsewhere, and ``platform.processor()`` where nothing better is known."""
+    machine = os.uname().machine if hasattr(os, "uname") else sys.platform
+    features: list[str] | None = None
+    try:
+        if sys.platform.startswith("linux"):
+            features = from_cpuinfo(_first_block(CPUINFO), machine)
+        elif sys.platform == "darwin":
+            features = _from_sysctl()
+    except (OSError, ValueError):
+        features = None
+    if features is None:
+        import platform
+
+        features = [platform.processor() or "unknown"]
+    return machine, features
+
+
+_cached: list[str] = []
+
+
+def isa() -> str:
+    """This host's ISA as one string, read once per process: ``x86_64:64bit,adx,aes,avx,...``."""
+    if not _cached:
+        machine, features = read()
+        _cached.append(f"{machine}:{','.join(features)}")
+    return _cached[0]
+
+
+def parse(text: str) -> tuple[str, frozenset[str]] | None:
+    """``(machine, features)`` of a string ``isa()`` made (a key's hook value), or None."""
+    machine, sep, features = text.partition(":")
+    return (machine, frozenset(f for f in features.split(",") if f)) if sep else None
+
+
+def difference(before: str, after: str) -> str:
+    """What a person needs to know of two ISAs: ``x86_64 -> aarch64``, or the features one has and
+    the other lacks (``lacks avx512bw, avx512f; adds amx-tile``), in full."""
+    old, new = parse(before), parse(after)
+    if old is None or new is None:
+        return f"{before or 'unknown'} -> {after or 'unknown'}"
+    if old[0] != new[0]:
+        return f"{old[0]} -> {new[0]}"
+    lacks, adds = sorted(old[1] - new[1]), sorted(new[1] - old[1])
+    parts = ([f"this CPU lacks {', '.join(lacks)}"] if lacks else []) + ([f"has {', '.join(adds)} more"] if adds else [])
+    return "; ".join(parts) or "the same features in another order"
+
+
+def covers(features: frozenset[str], wanted: str) -> bool:
+    """Whether an entry's ``+wanted`` feature is covered by a key that holds ``features``."""
+    return wanted in features or wanted in UNRESTRICTED or wanted.startswith(TUNING_PREFIXES)

@@ -1,0 +1,145 @@
+"""JAX's cache key (SPEC §13, §15): the seam on its parts, and the host's ISA in its hook part.
+
+JAX's key is one sha256 over eight parts, hashed in turn into one object by
+``jax._src.cache_key.get``: the computation, the jaxlib version, the backend version, the XLA
+flags, the compile options, the accelerator config, the compression and a custom hook. After each
+part, ``get`` calls the module function ``_log_cache_key_hash(hash_obj, name, hashfn)`` (the same
+in JAX 0.10 to 0.12), which hashes the part again for DEBUG logs only when that logger is on. The
+seam wraps it, and on every key:
+
+- at ``custom_hook``, it checks that the hook is still the package's (a user's code may replace it
+  after ``import jax``: then the seam adds the ISA itself, which makes the same key, and says so);
+- it hands every part to a listener, the explainer (``_explain``), where misses are explained.
+
+The custom hook is JAX's part meant for additions to the key, called on every key. The package's
+hook returns the user's own hook's string (chained) and this host's ISA (``_isa``): XLA:CPU code is
+built for the host's instruction set, and JAX's key says only ``cpu``. Every key gets it, GPU and
+TPU keys too, whatever the key's platform: XLA:GPU compiles host-offloaded computations
+(``compute_on('device_host')``) and the host side of Mosaic GPU kernels with XLA:CPU, for the
+compiling host, and stores that object code in the entry; XLA loads it without checking the CPU
+(read in XLA's and JAX's source, 2026-12: ``docs/isa.md``). TPU's libtpu is closed. A miss is
+cheaper than a crash.
+
+Never raises into JAX: JAX catches only its own runtime error around the key, so an exception here
+would break every ``jit``. The ISA is read once, at the first key, never at interpreter start.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from gkx_autocache._diagnostics import logger
+
+ISA_MARK = "gkx-autocache-isa="  # what the package's part of the hook's string begins with
+
+
+class Seam:
+    """What the seam knows of the key being computed on each thread, and what it has noticed."""
+
+    def __init__(self, cache_key: Any, hook: Any) -> None:
+        self.cache_key = cache_key
+        self.hook = hook
+        self.thread = threading.local()  # the hook text of the key being computed on this thread
+        self.listener: Any = None  # the explainer: on_part(hash_obj, name, hashfn), where installed
+        self.replaced: str | None = None  # the user's hook that replaced the package's, once noticed
+        self.on_replaced: Any = None  # () -> None: tell status (the verdict file), once
+        self.parts = False  # whether _log_cache_key_hash is wrapped: the parts are seen
+
+    def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
+        if name == "custom_hook":
+            thread = self.thread
+            if getattr(self.cache_key, "custom_hook", None) is not self.hook:
+                self._noticed(getattr(self.cache_key, "custom_hook", None))
+                thread.text = None  # the user's string is not known here
+                hash_obj.update(isa_suffix().encode())  # the same key as the hook's own, chained
+            thread.last, thread.text = getattr(thread, "text", None), None
+        if self.listener is not None:
+            self.listener.on_part(hash_obj, name, hashfn)
+
+    def _noticed(self, current: Any) -> None:
+        if self.replaced is not None:
+            return
+        self.replaced = f"{getattr(current, '__module__', '?')}.{getattr(current, '__qualname__', repr(current))}"[:200]
+        logger.debug("jax._src.cache_key.custom_hook was replaced by %s: the ISA is added by the seam", self.replaced)
+        if self.on_replaced is not None:
+            self.on_replaced()
+
+    def last(self) -> str | None:
+        """What the hook part of this thread's last key hashed, where known (None where the user's own
+        hook replaced the package's)."""
+        return getattr(self.thread, "last", None)
+
+
+_suffix: list[str] = []
+
+
+def isa_suffix() -> str:
+    """The package's part of the hook's string, computed once: ``gkx-autocache-isa=x86_64:...``.
+    Where the ISA cannot be read, the host's name stands in: a key of this host alone."""
+    if not _suffix:
+        try:
+            from gkx_autocache import _isa
+
+            text = _isa.isa()
+        except Exception as exc:
+            import socket
+
+            logger.debug("the ISA cannot be read (%s): keyed by host name", exc)
+            text = f"unknown:host={socket.gethostname()}"
+        _suffix.append(ISA_MARK + text)
+    return _suffix[0]
+
+
+def isa_of(text: str) -> str | None:
+    """The ISA in a hook part's string (what ``isa_suffix`` added), or None where there is none."""
+    at = text.rfind(ISA_MARK)
+    return text[at + len(ISA_MARK):] if at >= 0 else None
+
+
+seam: Seam | None = None
+
+
+def install(jax: Any) -> str | None:
+    """Put the package's hook in place (chaining the one set before) and wrap the parts' seam; return
+    why CPU entries are not keyed by ISA, or None. Idempotent."""
+    global seam
+    if seam is not None:
+        return None
+    try:
+        from jax._src import cache_key
+    except Exception as exc:
+        return f"jax._src.cache_key cannot be imported ({exc})"
+    previous = getattr(cache_key, "custom_hook", None)
+    if not callable(previous):
+        return "jax._src.cache_key.custom_hook is missing"
+    from gkx_autocache._store import _parameters
+
+    def custom_hook() -> str:
+        base = previous()
+        if not isinstance(base, str):  # the user's hook: JAX says what is wrong with it, as before
+            return base  # type: ignore[no-any-return]
+        text = base + isa_suffix()
+        current.thread.text = text
+        return text
+
+    current = Seam(cache_key, custom_hook)
+    custom_hook.__wrapped__ = previous  # type: ignore[attr-defined]
+    cache_key.custom_hook = custom_hook
+    seam = current
+    log_part = getattr(cache_key, "_log_cache_key_hash", None)
+    if log_part is None or _parameters(log_part) != ["hash_obj", "last_serialized", "hashfn"]:
+        logger.debug("jax._src.cache_key._log_cache_key_hash has changed: a replaced hook is not noticed")
+        return None
+
+    def _log_cache_key_hash(hash_obj: Any, last_serialized: str, hashfn: Any) -> None:
+        log_part(hash_obj, last_serialized, hashfn)
+        try:
+            current.on_part(hash_obj, last_serialized, hashfn)
+        except Exception:
+            pass
+
+    _log_cache_key_hash.__wrapped__ = log_part  # type: ignore[attr-defined]
+    cache_key._log_cache_key_hash = _log_cache_key_hash
+    current.parts = True
+    return None

@@ -1,0 +1,224 @@
+"""Across machines (SPEC §15): CPU entries are keyed by the host's instruction set, so an entry is
+never loaded on a CPU that cannot run it. Another CPU is a fake ``/proc/cpuinfo``, bind-mounted in a
+private mount namespace (``unshare -m``, as root)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import types
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Venv, run_program
+from test_activation import VERSION_DIR
+
+from gkx_autocache import _isa, _key
+
+REAL = Path("/proc/cpuinfo").read_text(errors="replace")
+
+
+def cpuinfo_without(tmp_path: Path, flags: set[str], name: str = "cpuinfo") -> Path:
+    """The real ``/proc/cpuinfo`` with ``flags`` taken out of every processor's flags line."""
+    lines = []
+    for line in REAL.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            line = f"{key}: {' '.join(f for f in value.split() if f not in flags)}"
+        lines.append(line)
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def unshared() -> bool:
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+needs_unshare = pytest.mark.skipif(not unshared(), reason="a private mount namespace needs root (unshare -m)")
+
+
+def on_cpu(venv: Venv, cpuinfo: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python args`` in the venv, where ``/proc/cpuinfo`` reads as ``cpuinfo``."""
+    import shlex
+
+    command = f"mount --bind {shlex.quote(str(cpuinfo))} /proc/cpuinfo && exec {shlex.join([venv.python, *args])}"
+    return subprocess.run(["unshare", "-m", "sh", "-c", command], env={**venv.env, **env}, capture_output=True,
+                          text=True, cwd=str(venv.home), timeout=600)
+
+
+def host_flags() -> set[str]:
+    block = REAL.split("\n\n")[0]
+    match = re.search(r"^(?:flags|Features)\s*:(.*)$", block, re.M)
+    return set(match[1].split()) if match else set()
+
+
+# -- reading the ISA ---------------------------------------------------------------------------------
+
+
+def test_only_instruction_set_flags_count_and_only_the_first_processor(tmp_path: Path) -> None:
+    """Flags that are not instruction sets do not change the ISA; the first processor's block is
+    the only one read (the rest of the file may be anything)."""
+    text = ("processor\t: 0\nflags\t\t: fpu sse sse2 pni abm sha_ni pclmulqdq avx512f hypervisor constant_tsc rep_good "
+            "nopl cpuid arat ibrs ibpb stibp ssbd md_clear nonstop_tsc\n\nprocessor\t: 1\nflags\t\t: amx_tile\n")
+    (tmp_path / "a").write_text(text)
+    features = _isa.from_cpuinfo(_isa._first_block(str(tmp_path / "a")), "x86_64")
+    assert features == sorted(["x87", "sse", "sse2", "sse3", "lzcnt", "sha", "pclmul", "avx512f"])
+    (tmp_path / "b").write_text(text.replace(" hypervisor constant_tsc rep_good nopl cpuid arat", ""))
+    assert _isa.from_cpuinfo(_isa._first_block(str(tmp_path / "b")), "x86_64") == features
+
+
+def test_the_difference_of_two_isas_names_the_features() -> None:
+    assert _isa.difference("x86_64:avx,avx512f,avx512bw", "x86_64:avx,amx-tile") == \
+        "this CPU lacks avx512bw, avx512f; has amx-tile more"
+    assert _isa.difference("x86_64:avx", "aarch64:neon") == "x86_64 -> aarch64"
+
+
+# -- the hook -----------------------------------------------------------------------------------------
+
+
+class StandIn:
+    """``jax._src.cache_key`` as far as the hook needs it."""
+
+    def __init__(self, hook: Any = None) -> None:
+        self.custom_hook = hook or (lambda: "")
+
+    def _log_cache_key_hash(self, hash_obj: Any, last_serialized: str, hashfn: Any) -> None:
+        pass
+
+
+def test_the_hook_chains_a_users_hook_and_adds_the_isa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every key gets the ISA after the user's own hook's string (GPU and TPU entries can hold host
+    code: see docs/isa.md); a user's hook that raises raises as it would without the package."""
+    import jax._src as jax_src  # the real package: only its cache_key attribute is stood in for
+
+    monkeypatch.setattr(_key, "seam", None)
+    stand_in = StandIn(lambda: "theirs|")
+    monkeypatch.setattr(jax_src, "cache_key", stand_in, raising=False)
+    assert _key.install(types.SimpleNamespace()) is None
+    assert stand_in.custom_hook() == "theirs|" + _key.isa_suffix()
+    assert _key.isa_of(stand_in.custom_hook()) == _isa.isa()
+
+    def raising() -> str:
+        raise KeyError("their bug")
+
+    monkeypatch.setattr(_key, "seam", None)
+    stand_in = StandIn(raising)
+    monkeypatch.setattr(jax_src, "cache_key", stand_in, raising=False)
+    _key.install(types.SimpleNamespace())
+    with pytest.raises(KeyError, match="their bug"):
+        stand_in.custom_hook()
+
+
+def test_without_the_hook_part_cpu_entries_are_said_to_be_unkeyed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import jax._src as jax_src
+
+    monkeypatch.setattr(_key, "seam", None)
+    stand_in = types.SimpleNamespace()
+    monkeypatch.setattr(jax_src, "cache_key", stand_in, raising=False)
+    assert _key.install(types.SimpleNamespace()) == "jax._src.cache_key.custom_hook is missing"
+
+
+# -- real JAX on this host and on a fake one ----------------------------------------------------------
+
+
+def test_every_feature_an_entry_lists_is_covered_by_the_key(venv: Venv, tmp_path: Path) -> None:
+    """An entry written here, decompressed, lists the target features XLA built it for: each `+`
+    feature is in the ISA the key holds (or is tuning, which never restricts where code runs)."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    run_program(venv, env=env)
+    key_isa = _isa.parse(_isa.isa())
+    assert key_isa is not None
+    entries = list((tmp_path / "c" / VERSION_DIR).glob("jit_f-*-cache"))
+    assert entries
+    listed: set[str] = set()
+    for entry in entries:
+        payload = zlib.decompress(entry.read_bytes())
+        for found in re.findall(rb"(?:[+-][a-z0-9][a-z0-9_.-]*,){8,}[+-][a-z0-9][a-z0-9_.-]*", payload):
+            listed |= {f[1:] for f in found.decode().split(",") if f.startswith("+")}
+    assert {"sse2", "64bit"} <= listed, listed  # the feature list was found
+    uncovered = sorted(f for f in listed if not _isa.covers(key_isa[1], f))
+    assert uncovered == [], f"features the key does not cover: {uncovered}"
+
+
+@needs_unshare
+def test_a_cpu_without_avx512_loads_no_entry_of_this_host(venv: Venv, tmp_path: Path) -> None:
+    """A warm cache, read where /proc/cpuinfo lacks the AVX-512 flags: no entry of the real host is
+    loaded, the run finishes, and explain says `changed CPU` naming avx512."""
+    avx512 = {f for f in host_flags() if f.startswith("avx512")}
+    if not avx512:
+        pytest.skip("this host has no AVX-512 flags to take away")
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    cold, _ = run_program(venv, env=env)
+    warm, _ = run_program(venv, env=env)
+    assert warm["hits"] == warm["requests"] > 0
+    assert venv.cli("stats", "--reset", env=env).returncode == 0
+    proc = on_cpu(venv, cpuinfo_without(tmp_path, avx512), "-c", __import__("conftest").PROGRAM, env=env)
+    assert proc.returncode == 0, proc.stderr
+    other = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert other["hits"] == 0 and other["result"] == cold["result"]
+    data = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    causes = {g["cause"]: g for g in data["groups"]}
+    assert set(causes) == {"changed CPU"}, causes
+    detail = causes["changed CPU"]["functions"][0]["detail"]
+    assert "avx512f" in detail and "lacks" in detail, detail
+    again = on_cpu(venv, cpuinfo_without(tmp_path, avx512), "-c", __import__("conftest").PROGRAM, env=env)
+    assert json.loads(again.stdout.strip().splitlines()[-1])["hits"] == other["requests"]  # that CPU's own
+
+
+@needs_unshare
+def test_flags_that_are_not_instruction_sets_change_nothing(venv: Venv, tmp_path: Path) -> None:
+    """Another host of this CPU model with other hypervisor or microcode flags: every entry is a
+    hit, and `ci-key` is the same."""
+    not_isa = {"hypervisor", "constant_tsc", "nonstop_tsc", "rep_good", "nopl", "cpuid", "arat", "ibrs", "ibpb",
+               "stibp", "ssbd", "md_clear", "tsc_known_freq", "xtopology", "umip"}
+    fake = cpuinfo_without(tmp_path, not_isa)
+    fake.write_text(fake.read_text().replace("flags\t\t:", "flags\t\t: flush_l1d", 1))  # one flag more
+    assert fake.read_text() != REAL
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    run_program(venv, env=env)
+    proc = on_cpu(venv, fake, "-c", __import__("conftest").PROGRAM, env=env)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["hits"] == result["requests"] > 0
+    assert on_cpu(venv, fake, "-m", "gkx_autocache", "ci-key", env=env).stdout == venv.cli("ci-key", env=env).stdout
+
+
+def test_a_directory_written_before_cpu_keying_gets_the_migration_text(venv: Venv, tmp_path: Path) -> None:
+    """Entries written without the ISA in their key (by stock JAX, or the package before this
+    change) are each compiled once more, and explain says so: not `changed CPU`."""
+    vdir = tmp_path / "c" / VERSION_DIR
+    vdir.mkdir(parents=True)
+    stock = {"GKX_JAX_CACHE": "0", "JAX_COMPILATION_CACHE_DIR": str(vdir), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1", "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none"}
+    run_program(venv, env=stock)
+    assert len(list(vdir.glob("*-cache"))) >= 2
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    first, _ = run_program(venv, env=env)
+    assert first["hits"] == 0
+    data = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    causes = {g["cause"] for g in data["groups"]}
+    assert causes == {"before CPU keying"}, data
+    second, _ = run_program(venv, env=env)
+    assert second["hits"] == second["requests"]
+
+
+@needs_unshare
+def test_a_hook_replaced_after_import_is_noticed_and_cpu_keys_keep_the_isa(venv: Venv, tmp_path: Path) -> None:
+    """A user's code replaces JAX's custom hook after `import jax`: CPU keys still hold the ISA (a
+    fake CPU gets no hit), and `status` names the replacement."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    program = "import jax\nfrom jax._src import cache_key\ncache_key.custom_hook = lambda: 'mine'\n" + \
+        __import__("conftest").PROGRAM
+    run_program(venv, env=env, program=program)
+    warm, _ = run_program(venv, env=env, program=program)
+    assert warm["hits"] == warm["requests"] > 0
+    status = json.loads(venv.cli("--json", "status", env=env).stdout)
+    assert any("custom_hook was replaced" in a and "<lambda>" in a for a in status["attention"]), status["attention"]
+    avx = {f for f in host_flags() if f.startswith(("avx", "sse4"))}
+    proc = on_cpu(venv, cpuinfo_without(tmp_path, avx), "-c", program, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["hits"] == 0
