@@ -56,7 +56,7 @@ def session(venv: Venv, proj: Path, env: dict[str, str], *extra: str) -> tuple[s
 
 
 def counts(line: str) -> tuple[int, int]:
-    match = re.search(r"gkx-autocache: (\d+) hits.*?, (\d+) misses", line)
+    match = re.search(r"gkx-autocache: (\d+) hits?\b.*?, (\d+) miss(?:es)?\b", line)
     assert match, line
     return int(match[1]), int(match[2])
 

@@ -152,6 +152,7 @@ def test_a_forked_child_keeps_its_own_ledger(venv: Venv, tmp_path: Path) -> None
     assert set(owners) == {out["parent"], out["child"]}, sorted(owners)
     child = [json.loads(line)["e"] for line in owners[out["child"]].splitlines()]
     parent = [json.loads(line)["e"] for line in owners[out["parent"]].splitlines()]
+    assert child[0] == parent[0] == "start"  # who wrote it: host, pid and start time (liveness without flock)
     assert "put" in child and "put" in parent and "hit" in parent, (child, parent)  # the parent hits jnp.ones
     stats = json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]  # both, folded at the parent's exit
     assert stats["writes"] == child.count("put") + parent.count("put") and not list((tmp_path / "c" / VERSION_DIR / ".gkx-autocache" / "ledger").iterdir())
@@ -179,7 +180,7 @@ def test_a_child_that_imports_jax_after_the_fork_is_configured_alone(venv: Venv,
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
     proc = venv.run("-c", LATE_FORK, env=env, check=True, timeout=120)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    records = {int(name.split("-")[0]): [json.loads(x)["e"] for x in text.splitlines()]
+    records = {int(name.split("-")[0]): [e for x in text.splitlines() if (e := json.loads(x)["e"]) not in ("start", "tally")]
                for name, text in out["ledgers"].items()}
     assert "put" in records[out["child"]] and set(records[out["parent"]]) == {"hit"}, records
 

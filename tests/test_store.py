@@ -130,20 +130,25 @@ def test_w_error_with_corrupt_entry_and_unwritable_directory(venv: Venv) -> None
     assert out["result"] == cold["result"] and "Traceback" not in err
 
 
+def du(folder: Path) -> int:
+    """Bytes on disk, as `du` counts them: allocated blocks, the package's bookkeeping included."""
+    return sum(p.stat().st_blocks * 512 for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def test_max_size_prunes_least_recently_used_at_exit(venv: Venv, tmp_path: Path) -> None:
-    """A directory past a small cap is pruned to 90 % of it at exit, oldest first."""
+    """A directory past a small cap is pruned to 90 % of it at exit, oldest first, counting what
+    `du` counts (an 8-byte sidecar takes a 4 KiB block), bookkeeping included."""
     vdir = tmp_path / "c" / VERSION_DIR
     vdir.mkdir(parents=True, mode=0o700)
     (tmp_path / "c").chmod(0o700)
     (vdir / "CACHEDIR.TAG").write_text(TAG)
     now = time.time()
-    for i in range(10):  # ten old 10 kB entries, the oldest first in name order
+    for i in range(10):  # ten old 8 kB entries, the oldest first in name order
         path = vdir / f"jit_old{i}-{i:064x}-cache"
-        path.write_bytes(b"\0" * 10_000)
+        path.write_bytes(b"\0" * 8000)
         os.utime(path, (now - 10_000 + i, now - 10_000 + i))
-    out, _ = run_program(venv, env=cache_env(tmp_path / "c", GKX_JAX_CACHE_MAX_SIZE="60kB"))
-    total = sum(p.stat().st_size for p in vdir.iterdir() if p.is_file() and p.name != "CACHEDIR.TAG")
-    assert total <= 54_000
+    out, _ = run_program(venv, env=cache_env(tmp_path / "c", GKX_JAX_CACHE_MAX_SIZE="160kB"))
+    assert du(vdir) <= 0.9 * 160_000 + 4096, du(vdir)
     left = sorted(p.name for p in vdir.iterdir() if p.name.startswith("jit_old"))
     assert left == sorted(left)[-len(left):] and "jit_old9" in " ".join(left) and "jit_old0" not in " ".join(left)
     assert any(p.name.startswith(("jit_f", "jit_g")) for p in entries(vdir))  # this run's entries kept
@@ -161,16 +166,19 @@ jax.monitoring.register_event_duration_secs_listener(on_duration)""",
 
 
 def test_time_saved_is_real_for_subsecond_compiles(venv: Venv, tmp_path: Path) -> None:
-    """`report` and the ledger show positive time saved on a warm run, within 25 % of the cold
-    run's summed compile time minus the warm run's load time."""
+    """`report` and the ledger show positive time saved on a warm run: the compile CPU time the
+    cold run recorded beside each entry (sub-second compiles, which JAX's whole seconds count as 0)
+    less the warm run's load time; and that CPU time is of the order of JAX's own compile time
+    (not a whole process's: it never exceeds the wall time on the machine's cores)."""
     env = cache_env(tmp_path / "c", GKX_JAX_CACHE_REPORT="1")
     cold, _ = run_program(venv, env=env, program=TIMED)
     warm, err = run_program(venv, env=env, program=TIMED)
     line = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:")][-1]
     saved = float(line.split(" s compile CPU time avoided")[0].rsplit(",", 1)[1])
-    expected = cold["compile"] - warm["load"]
-    assert 0 < expected < 1.0 * len(cold) and saved > 0
-    assert abs(saved - expected) <= 0.25 * expected, (saved, expected, line)
+    recorded = sum(float(p.read_text()) for p in (tmp_path / "c" / VERSION_DIR).glob("*-gkx-compile"))
+    assert 0 < cold["compile"] < 1.0 * len(cold) and saved > 0
+    assert abs(saved - (recorded - warm["load"])) <= 0.02 + 0.1 * recorded, (saved, recorded, warm["load"], line)
+    assert 0.1 * cold["compile"] < recorded <= (os.cpu_count() or 1) * cold["compile"] + 0.05, (recorded, cold)
     proc = venv.cli("--json", "stats", env=env)
     stats = json.loads(proc.stdout)["stats"]
     assert stats["hits"] == warm["hits"] and stats["saved_secs"] > 0

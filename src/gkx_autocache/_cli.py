@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from gkx_autocache import _bundle, _cache, _entries, _ledger, _policy, _settings, _stats, _status
-from gkx_autocache._diagnostics import human_bytes, human_secs, one_line, shown
+from gkx_autocache._diagnostics import human_bytes, human_secs, one_line, plural, shown
 from gkx_autocache._status import Context, load_context
 
 OK, FAILED, USAGE = 0, 1, 2
-JSON_VERSION = 1
+JSON_VERSION = 2  # 2: misses and compiles not cached are two counts (misses_by_cause, not_cached_by_reason)
 
 
 class CliError(Exception):
@@ -42,12 +42,12 @@ def progress(message: str) -> None:
 
 def causes_lines(t: dict[str, Any]) -> list[str]:
     lines = []
-    if t["causes"]:
+    if t["misses_by_cause"]:
         lines.append("misses by cause:")
-        lines.extend(f"  {n:8d}  {cause}" for cause, n in t["causes"].items())
-    if t["uncached"]:
+        lines.extend(f"  {n:8d}  {cause}" for cause, n in t["misses_by_cause"].items())
+    if t["not_cached_by_reason"]:
         lines.append("compiles not cached, by reason:")
-        lines.extend(f"  {n:8d}  {reason}" for reason, n in t["uncached"].items())
+        lines.extend(f"  {n:8d}  {reason}" for reason, n in t["not_cached_by_reason"].items())
     return lines
 
 
@@ -73,44 +73,85 @@ def cmd_stats(args: argparse.Namespace) -> int:
         removed = _ledger.reset(vdir, bool(ctx.settings["trust_shared"]))
         emit(args, f"stats reset ({removed} ledgers folded and removed)", {"reset": True, "removed": removed})
         return OK
-    totals = _ledger.read_totals(vdir)
+    reading = _ledger.Reading(vdir)
+    totals = reading.totals()
     if args.written:  # bare, for a CI step's output: save the cache only when this run wrote entries
         written = totals.writes if totals is not None else 0
         emit(args, str(written), {"dir": vdir, "written": written})
         return OK
     if totals is None:
-        emit(args, f"no ledger yet in {vdir}: no process has used the cache since the last reset",
-             {"dir": vdir, "stats": None})
+        emit(args, f"none yet: no process has used {vdir}", {"dir": vdir, "stats": None})
+        return OK
+    reset_at = reading.summary.reset_at if reading.summary else 0.0
+    if totals.empty and reset_at:
+        emit(args, f"no lookups in {vdir} since the last reset (stats --reset, {_when(reset_at)})",
+             {"dir": vdir, "stats": _stats.totals_dict(totals), "reset_at": reset_at})
         return OK
     top = _stats.top_functions(totals)
     data = _stats.totals_dict(totals)
     lines = [_status.stats_line(data), f"directory {vdir}", *causes_lines(data)]
     if top:
-        lines.append("costliest compiles (seconds, summed over shapes):")
-        lines.extend(f"  {secs:8.3f}  {name}" for name, secs in top)
+        lines.append("costliest compiles (seconds, summed over shapes; JAX's own helpers last):")
+        lines.extend(f"  {secs:8.3f}  {name}{'  (JAX)' if helper else ''}" for name, secs, helper in top)
     emit(args, "\n".join(lines), {"dir": vdir, "stats": data,
-                                   "top_functions": [{"name": n, "compile_secs": round(s, 3)} for n, s in top]})
+                                   "top_functions": [{"name": n, "compile_secs": round(s, 3), "helper": h}
+                                                     for n, s, h in top]})
     return OK
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     ctx = load_context()
     vdir = ctx.version_dir
-    data = _status.explain(ctx)
-    lines = [f"why recent compiles were not served from {vdir}"]
+    try:
+        since = _settings.parse_age(args.since) if args.since else None
+    except _settings.BadValue as exc:
+        raise CliError(f"--since: {exc}", USAGE) from None
+    data = _status.explain(ctx, since=since, function=args.function)
+    lines = []
     if data["unavailable"]:
-        lines.append(f"  explanations unavailable here: {data['unavailable']}")
-    if not data["groups"]:
-        lines.append("  no misses and no uncached compiles recorded since the last reset")
-    for group in data["groups"]:
-        lines.append(f"{group['cause']}  ({group['count']})")
-        for fn in group["functions"]:
-            times = f" x{fn['count']}" if fn["count"] > 1 else ""
-            lines.append(f"  {fn['name']}{times}: {fn['detail']}")
-        if group.get("fix"):
-            lines.append(f"  fix: {group['fix']}")
+        lines.append(f"explanations unavailable here: {data['unavailable']}")
+    last = data["last_run"]
+    if last is None:
+        lines.append(f"no run has used {vdir} since the last reset")
+    else:
+        lines.append(f"last run: {_when(last['started'])}, {last['label'] or 'a process'} "
+                     f"({plural(last['processes'], 'process', 'processes')}): {_status.stats_line(last)}")
+        lines.extend(_groups_text(data["groups"], "  ", with_time=False))
+        if not data["groups"] and (last["misses"] or last["not_cached"]):
+            lines.append("  (its misses are older than --since, or of other functions)")
+    if data["earlier"]:
+        lines.append("earlier" + (f" (since {args.since} ago)" if args.since else "") + ":")
+        lines.extend(_groups_text(data["earlier"], "  ", with_time=True))
+    filtered = " of " + args.function if args.function else ""
+    if last is not None and not data["groups"] and not data["earlier"] and not (last["misses"] or last["not_cached"]):
+        lines.append(f"nothing missed{filtered}: every lookup was served")
     emit(args, "\n".join(lines), {"dir": vdir, **data})
     return OK
+
+
+def _when(t: float | None) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
+
+
+def _groups_text(groups: list[dict[str, Any]], indent: str, with_time: bool) -> list[str]:
+    lines = []
+    for group in groups:
+        lines.append(f"{indent}{group['cause']} ({group['count']})")
+        helpers = False
+        for fn in group["functions"]:
+            if fn["helper"] and not helpers:
+                lines.append(f"{indent}  JAX's own helpers:")
+                helpers = True
+            times = f" x{fn['count']}" if fn["count"] > 1 else ""
+            when = f" (last {_when(fn.get('last'))})" if with_time else ""
+            lines.append(f"{indent}  {fn['name']}{times}{when}: {fn['detail']}")
+            if fn.get("every_run"):
+                lines.append(f"{indent}    {fn['every_run']}")
+        if group.get("fix"):
+            lines.append(f"{indent}  fix: {group['fix']}")
+    return lines
 
 
 def cmd_ci_key(args: argparse.Namespace) -> int:
@@ -210,6 +251,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         if done.failed:
             raise CliError(f"verify --repair: {done.why()}")
+        # their next miss is then named "evicted", by verify --repair
+        _ledger.record_evicted(vdir, [u.key for u, _ in result.corrupt if u.has_entry], "verify",
+                               bool(load_context().settings["trust_shared"]))
     lines = [f"verified {result.checked} entries in {vdir}: {len(result.corrupt)} corrupt, "
              f"{len(result.orphans)} orphan sidecars, {len(result.stale)} stale temporary files, {len(result.links)} links"]
     lines += [f"  corrupt  {u.key}: {why}" for u, why in result.corrupt]
@@ -359,7 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--reset", action="store_true", help="start the totals again from zero")
     stats.add_argument("--written", action="store_true",
                        help="print only how many entries were written since the last reset (for CI: save when not 0)")
-    add("explain", cmd_explain, "why recent compiles missed or were not cached, function by function")
+    explain = add("explain", cmd_explain, "why the last run's compiles missed or were not cached, then older ones")
+    explain.add_argument("--since", metavar="AGE", help="only what happened in the last AGE (30m, 12h, 2d)")
+    explain.add_argument("--function", metavar="NAME", help="only this function (step, or jit_step)")
     add("ci-key", cmd_ci_key, "a key for a CI cache: changes whenever the entries could stop being valid")
     clear = add("clear", cmd_clear, "remove every entry")
     clear.add_argument("--all-versions", action="store_true", help="every JAX version's directory")

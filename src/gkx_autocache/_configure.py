@@ -82,12 +82,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         recorder.store_serving = reason is None
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
-        from gkx_autocache import _explain, _ledger
+        from gkx_autocache import _explain
 
-        def load() -> Any:
-            return _ledger.explain_state(directory, _explain.Folding())
-
-        unexplained = reason or _explain.install(jax, recorder, directory, cap, load)
+        unexplained = reason or _explain.install(jax, recorder, directory, recorder.run, recorder.run_start)
         if unexplained:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:

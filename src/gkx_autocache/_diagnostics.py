@@ -68,6 +68,11 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``1 hit``, ``2 hits``, ``0 misses``: counts that agree in number."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def human_secs(secs: float) -> str:
     return f"{secs:.1f} s" if secs < 120 else f"{secs / 60:.1f} min"
 

@@ -29,6 +29,13 @@ from gkx_autocache._layout import (
 )
 
 STALE_TMP_SECS = 3600.0
+
+
+def on_disk(st: os.stat_result) -> int:
+    """A file's bytes as ``du`` counts them: its allocated blocks (an 8-byte sidecar takes a 4 KiB
+    block). The cap, ``status`` and ``prune`` all count this way (SPEC §10)."""
+    blocks = getattr(st, "st_blocks", None)
+    return blocks * 512 if blocks is not None else st.st_size
 STALE_VERSION_SECS = 30 * 86400.0
 
 
@@ -84,7 +91,7 @@ def scan(version_dir: str) -> Scan:
                 if name.startswith("."):
                     if is_temporary(name) and item.is_file(follow_symlinks=False):
                         st = item.stat(follow_symlinks=False)
-                        result.temporary.append((item.path, st.st_size, st.st_mtime))
+                        result.temporary.append((item.path, on_disk(st), st.st_mtime))
                     continue
                 match = key_match(name)
                 if match is None:
@@ -102,7 +109,7 @@ def scan(version_dir: str) -> Scan:
             if unit is None:
                 unit = result.units[key] = Unit(key)
             unit.files.append(item.path)
-            unit.bytes += st.st_size
+            unit.bytes += on_disk(st)
             if suffix == ENTRY_SUFFIX:
                 unit.has_entry = True
                 unit.last_used = max(unit.last_used, st.st_atime, st.st_mtime)
@@ -111,7 +118,7 @@ def scan(version_dir: str) -> Scan:
             for item in items:
                 if is_temporary(item.name) and item.is_file(follow_symlinks=False):
                     st = item.stat(follow_symlinks=False)
-                    result.temporary.append((item.path, st.st_size, st.st_mtime))
+                    result.temporary.append((item.path, on_disk(st), st.st_mtime))
     except OSError:
         pass
     return result
@@ -145,7 +152,7 @@ def count(version_dir: str) -> tuple[int, int]:
             except OSError:
                 continue
             if stat.S_ISREG(st.st_mode):
-                total += st.st_size
+                total += on_disk(st)
                 entries += entry
     except OSError:
         return 0, 0
@@ -163,7 +170,7 @@ def bookkeeping_bytes(version_dir: str) -> int:
                 for item in items:
                     try:
                         if item.is_file(follow_symlinks=False) and not is_temporary(item.name):  # scan counts those
-                            total += item.stat(follow_symlinks=False).st_size
+                            total += on_disk(item.stat(follow_symlinks=False))
                     except OSError:
                         continue
         except OSError:
@@ -298,7 +305,7 @@ def _unlink_in(top: int, version_dir: str, folder: str, names: list[str]) -> Rem
                 if not stat.S_ISDIR(st.st_mode):
                     os.unlink(name, dir_fd=fd)  # unlink never follows a symlink
                     files += 1
-                    freed += st.st_size
+                    freed += on_disk(st)
             except FileNotFoundError:
                 continue  # gone already (another process pruned it)
             except OSError:

@@ -1,81 +1,103 @@
-"""Why it missed (SPEC §13): every miss gets one cause, and every compile JAX does not write gets
-its reason, recorded in the ledger for ``report``, ``stats`` and ``explain``.
+"""Why it missed (SPEC §13, §13.1): every miss gets one cause that is true, or says what the evidence
+cannot tell apart; every compile JAX does not write gets its reason.
 
-JAX's key is one sha256 over eight parts, hashed in turn into one object by
-``jax._src.cache_key.get``: the computation, the jaxlib version, the backend version, the XLA
-flags, the compile options, the accelerator config, the compression and a custom hook. After each
-part, ``get`` calls the module function ``_log_cache_key_hash(hash_obj, name, hashfn)`` (the same
-in JAX 0.10.2 and 0.12), which hashes the part again for DEBUG logs only when that logger is on.
-The seam wraps it, and on every key it only keeps the part's name and function and takes two
-digests: after the first part, which is the computation's own hash (the expensive part, hashed
-once), and after the last, which pairs the parts with the key the store is then asked for. On a
-miss, and only then, the seven cheap parts are hashed on their own, and the readable values
-(jaxlib and backend versions, XLA flags, devices, device assignment, compression) are read from
-the part functions' closures. A hit costs the wrapper's calls and two digests (benchmarked).
+JAX's key is one sha256 over eight parts (``_key``). On every key the seam hands each part to
+``Explainer.on_part``, which keeps the part functions and takes two digests (the computation's own
+hash after the first part, hashed once, and the final one that pairs the parts with the key the
+store is then asked for), and a copy of the hash before the hook part (the key stock JAX makes).
+A hit costs that and nothing else. On a miss, and only then, ``measure`` hashes the seven cheap
+parts alone and reads what a person can read of each (the XLA flags, the compile options field by
+field, the process's devices, the versions, the ISA), the module's input signature, where its code
+is (the MLIR locations), and the ``jax.config`` values.
 
-The cause is decided against what the directory holds, kept per function name (the module name
-JAX puts before the hash): for each of its computations, the parts of its latest entry. That index
-and the keys the cap or ``prune`` removed ("evicted") are folded into the summary with the rest of
-the ledger (``_ledger``); ``clear`` forgets them. Order when two causes apply: evicted, new,
-changed (SPEC §13).
+The evidence is the whole directory (``_index``): at the first miss the index and one listing are
+read; every entry of the function's name counts, recorded or not. The cause comes from the closest
+entry, the one with the fewest differing parts (the most recent among equals), in this order:
+``evicted`` (this very key was there, and who removed it), ``new``, then ``changed``:
+
+- an entry with this computation: ``changed <part>`` (the first of ``PRIORITY`` that differs), with
+  before and after;
+- entries of the name from elsewhere (another module path, or JAX's own helper against the user's
+  function): ``new (another jit_step, in model/core.py)``; where the place is not known (a notebook
+  cell, ``<stdin>``), ``cannot tell`` a changed function from another of that name;
+- entries of the same place: ``changed computation``, with the ``jax.config`` values that differ,
+  else the input signature before and after, else "same inputs: its code or a closed-over constant";
+  a further shape of a function whose entries this very run wrote is ``new`` (``new shape``);
+- entries without a record: never ``new``; ``cannot tell`` what changed.
 
 The second seam, ``jax._src.compiler._cache_write``, is where JAX decides not to write an entry
 (not process 0, host callbacks in 0.10, below ``min_compile_time_secs``); a write that reaches it
-but not the store was below ``min_entry_size_bytes``. Both seams are guarded like the store: if
-either has changed, explanations are "unavailable" (``status`` says why) and nothing else changes.
+but not the store was below ``min_entry_size_bytes``. Both seams are guarded: where they changed,
+explanations are "unavailable" (``status`` says why) and nothing else changes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import sys
 import threading
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
-from gkx_autocache import _isa, _key
-from gkx_autocache._diagnostics import human_bytes, logger
-from gkx_autocache._layout import ENTRY_SUFFIX, function_name
+from gkx_autocache import _index, _isa, _key
+from gkx_autocache._diagnostics import logger
+from gkx_autocache._index import PARTS, Evidence, Record
+from gkx_autocache._layout import ENTRY_SUFFIX, VERSION_PREFIX, function_name
 
-# JAX's part names, in the order it hashes them, and what the user calls each.
-PARTS = ("computation", "jax_lib version", "backend version", "XLA flags", "compile_options", "accelerator_config",
-         "compression", "custom_hook")
 LABELS = {"computation": "computation", "jax_lib version": "jaxlib", "backend version": "backend",
           "XLA flags": "XLA_FLAGS", "compile_options": "compile options", "accelerator_config": "devices",
           "compression": "compression", "custom_hook": "custom hook"}
 # When the computation matches and several other parts differ, the cause named is the first here:
 # an XLA flag also changes the compile options it sets, a jaxlib upgrade the backend version.
-PRIORITY = ("jax_lib version", "backend version", "XLA flags", "compression", "accelerator_config",
-            "compile_options", "custom_hook")
+PRIORITY = ("jax_lib version", "backend version", "XLA flags", "compression", "custom_hook", "accelerator_config",
+            "compile_options")
 HEX = 16  # a part's hash, shortened: enough to tell parts apart, small to keep
 NO_HOOK = hashlib.sha256(b"").hexdigest()[:HEX]  # the hook part of a key made without one (stock JAX)
-MAX_COMPUTATIONS = 8  # per function name: its latest shapes
-MAX_FUNCTIONS = 2000  # the summary stays a few MB at most: every exit reads and writes it
-MAX_VALUES = 64  # readable values kept per part
-MAX_EVICTED = 10000
+UNKNOWN_PLACE = "?"
+HELPER_PLACE = "jax"  # JAX's own helpers: a name JAX jits, with no frame of that function in the module
+# jax.config values that cannot change what is compiled: the cache's own settings, logs and printing.
+CONFIG_IGNORED = ("jax_compilation_cache", "jax_persistent_cache", "jax_enable_compilation_cache",
+                  "jax_raise_persistent_cache_errors", "jax_explain_cache_misses", "jax_log_compiles",
+                  "jax_logging_level", "jax_debug_log_modules", "jax_pprint_use_color", "jax_traceback",
+                  "jax_include_full_tracebacks_in_locations", "jax_tracer_error_num_traceback_frames",
+                  "jax_compiler_detailed_logging_min_ops", "jax_check_proxy_envs")
+
+
+class Facts(NamedTuple):
+    """What a key was made of, as far as a person can act on it (measured on a miss only)."""
+
+    parts: dict[str, str]  # part -> its own hash (HEX digits)
+    readable: dict[str, str]  # part -> what its hash stands for
+    signature: str  # the module's inputs: "f32[8,8], i32[]"
+    place: str  # "model/core.py:step"; HELPER_PLACE; UNKNOWN_PLACE
+    config: dict[str, str]  # jax.config values (less CONFIG_IGNORED)
 
 
 class Explainer:
-    """Names the cause of each miss in this process (the recorder asks), and keeps the
-    ingredients of each key written (for the ledger, so that later processes can compare)."""
+    """Names the cause of each miss in this process (the recorder asks), and gives each written
+    entry its index lines (for the ledger, so that later processes can compare)."""
 
-    def __init__(self, version_dir: str, cap: int, load: Any) -> None:
+    def __init__(self, version_dir: str, run: str, run_start: float, load: Any = None) -> None:
         self.version_dir = version_dir
-        self.cap = cap
-        self._read_state = load  # () -> the directory's explain state, as stored (``_ledger``)
+        self.run = run
+        self.run_start = run_start
+        self._read = load or (lambda: _index.load(version_dir))
         self._thread = threading.local()  # the key being computed on this thread: its parts
-        self._state: dict[str, Any] | None = None  # the directory's index, loaded at the first miss
+        self._evidence: Evidence | None = None  # the directory as seen at this process's first miss
         self._lock = threading.Lock()
+        self._written: set[str] = set()  # table lines this process gave the ledger already
 
-    # -- the seam: called by JAX for each part of each key ----------------------------------------
+    # -- the seam: called for each part of each key -----------------------------------------------
 
     def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
         pending = self._thread
         if name == PARTS[0]:
             pending.parts = [(name, hashfn)]
             pending.computation = hash_obj.digest().hex()[:HEX]  # the first part: its own hash
-            pending.final = None
-            pending.ingredients = None
+            pending.final = pending.facts = None
             return
         parts = getattr(pending, "parts", None)
         if parts is None:
@@ -98,15 +120,18 @@ class Explainer:
     def cause(self, key: str) -> dict[str, Any]:
         """``{"cause": ..., "detail": ...}`` for a miss of ``key``; never raises."""
         try:
-            ingredients = self._ingredients(key)
-            if ingredients is None:
+            facts = self._facts(key)
+            if facts is None:
                 return {"cause": "unexplained", "detail": "its key was not computed on this thread"}
             before = self._before_cpu_keying(key)
             if before is not None:
                 return before
             with self._lock:
-                state = self._load()
-                return classify(key, ingredients, state, self.cap)
+                evidence = self._load()
+                found = classify(key, facts, evidence, self.run, self.run_start)
+            if facts.place == HELPER_PLACE:
+                found["helper"] = True  # grouped after the user's functions
+            return found
         except Exception as exc:  # an explanation must never cost a compile
             logger.debug("miss of %s not explained: %s", key, exc)
             return {"cause": "unexplained", "detail": f"{type(exc).__name__}: {exc}"[:200]}
@@ -128,80 +153,106 @@ class Explainer:
                           "CPU's instruction set: compiled once more under the new key"}
 
     def ingredients(self, key: str) -> dict[str, Any]:
-        """What a written entry's ledger record keeps: its parts' hashes and readable values; and
-        the entry joins this process's index at once."""
+        """What a written entry's ledger record carries: its index lines (the tables only the first
+        time this process gives them); and the entry joins this process's evidence at once."""
         try:
-            ingredients = self._ingredients(key)
-            if ingredients is None:
+            facts = self._facts(key)
+            if facts is None:
                 return {}
-            parts, readable = ingredients
+            name, hex_ = _index.split_key(key)
+            lines = _index.lines_for(name, hex_, time.time(), self.run, facts.parts, facts.readable,
+                                     facts.signature, facts.place, facts.config)
             with self._lock:
-                remember(self._load(), key, parts, readable)
-            return {"parts": ",".join(parts[p] for p in PARTS), "readable": readable}
+                if self._evidence is not None:
+                    self._evidence.add(lines)
+                    self._evidence.present.setdefault(name, {})[hex_] = key
+                fresh = [ln for ln in lines if ln.startswith("E\t") or ln not in self._written]
+                self._written.update(ln for ln in lines if not ln.startswith("E\t"))
+            return {"rec": "\n".join(fresh), **({"helper": True} if facts.place == HELPER_PLACE else {})}
         except Exception as exc:
             logger.debug("ingredients of %s not kept: %s", key, exc)
             return {}
 
-    def _ingredients(self, key: str) -> tuple[dict[str, str], dict[str, str]] | None:
+    def _facts(self, key: str) -> Facts | None:
         pending = self._thread
         final = getattr(pending, "final", None)
         if final is None or not key.endswith(final):
             return None
-        if pending.ingredients is None:
+        if pending.facts is None:
             if not pending.parts:
                 return None
-            pending.ingredients = measure(pending.parts, pending.computation, getattr(pending, "hook", None))
+            pending.facts = measure(pending.parts, pending.computation, getattr(pending, "hook", None),
+                                    function_name(key))
             pending.parts = None  # what the put needs is measured: the functions can go
-        result: tuple[dict[str, str], dict[str, str]] = pending.ingredients
-        return result
+        facts: Facts = pending.facts
+        return facts
 
-    def _load(self) -> dict[str, Any]:
-        if self._state is None:
-            self._state = validate(self._read_state())
-        return self._state
+    def _load(self) -> Evidence:
+        if self._evidence is None:
+            started = time.perf_counter()
+            self._evidence = self._read()
+            logger.debug("index of %s read in %.1f ms", self.version_dir, (time.perf_counter() - started) * 1e3)
+        return self._evidence
 
 
-def measure(parts: list[tuple[str, Any]], computation: str,
-            hook: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
-    """Each part's own hash (the computation's was taken on the way: it is not hashed twice) and
-    the readable values of the parts a person can read. ``hook`` is what the key's hook part hashed
-    (``_key``), where known."""
+# -- measuring a key's parts (on a miss) ------------------------------------------------------------
+
+
+def _cells(hashfn: Any) -> dict[str, Any]:
+    return dict(zip(hashfn.__code__.co_freevars, (c.cell_contents for c in hashfn.__closure__ or ()), strict=False))
+
+
+def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, name: str) -> Facts:
+    """Each part's own hash (the computation's was taken on the way: it is not hashed twice), the
+    readable values, the input signature, the place and the config."""
     hashes = {PARTS[0]: computation}
     readable: dict[str, str] = {}
-    for name, hashfn in parts[1:]:
-        value = _readable(name, hashfn) if name != "custom_hook" else hook
-        if value is not None:
-            readable[name] = value if name == "custom_hook" else value[:400]  # the ISA in full
+    signature, place = "?", UNKNOWN_PLACE
+    for part, hashfn in parts:
+        cells = _cells(hashfn)
+        if part == PARTS[0]:
+            module = cells.get("module")
+            if module is not None:
+                signature, place = _guarded(signature_of, module, "?"), _guarded(place_of, (module, name), UNKNOWN_PLACE)
+            continue
+        value = hook if part == "custom_hook" else _guarded(_readable, (part, cells), None)
         fresh = hashlib.sha256()
-        if name in ("XLA flags", "custom_hook") and value is not None:
-            fresh.update(value.encode())  # JAX's part function logs each flag at DEBUG: not called twice
+        if part in ("XLA flags", "custom_hook") and value is not None:
+            fresh.update(value.encode())  # JAX's flags part logs each flag at DEBUG: not called twice
         else:
             hashfn(fresh)
-            if name == "custom_hook":  # a user's hook replaced the package's: the seam adds the ISA
+            if part == "custom_hook":  # a user's hook replaced the package's: the seam adds the ISA
                 fresh.update(_key.isa_suffix().encode())
-        hashes[name] = fresh.hexdigest()[:HEX]
-    for name in PARTS:
-        hashes.setdefault(name, "-")
-    return hashes, readable
+        if value is not None:
+            readable[part] = value
+        hashes[part] = fresh.hexdigest()[:HEX]
+    for part in PARTS:
+        hashes.setdefault(part, "-")
+    return Facts(hashes, readable, signature, place, _guarded(config_map, (), {}))
 
 
-def _readable(name: str, hashfn: Any) -> str | None:
-    cells = dict(zip(hashfn.__code__.co_freevars, (c.cell_contents for c in hashfn.__closure__ or ()), strict=False))
-    if name == "jax_lib version":
+def _guarded(func: Any, args: Any, default: Any) -> Any:
+    try:
+        return func(*args) if isinstance(args, tuple) else func(args)
+    except Exception as exc:
+        logger.debug("%s: %s", getattr(func, "__name__", func), exc)
+        return default
+
+
+def _readable(part: str, cells: dict[str, Any]) -> str | None:
+    if part == "jax_lib version":
         return str(getattr(sys.modules.get("jax._src.cache_key"), "jaxlib_version_str", "?"))
-    if name == "backend version" and "backend" in cells:
+    if part == "backend version" and "backend" in cells:
         return f"{cells['backend'].platform} {cells['backend'].platform_version}"
-    if name == "XLA flags":
+    if part == "XLA flags":
         return xla_flags()
-    if name == "compile_options" and "compile_options" in cells:
-        assignment = getattr(cells["compile_options"], "device_assignment", None)
-        return f"device assignment {str(assignment).removeprefix('DeviceAssignment')}" if assignment else "no device assignment"
-    if name == "accelerator_config" and "devices" in cells:
-        kinds: dict[str, int] = {}
-        for device in cells["devices"].flat:
-            kinds[device.device_kind] = kinds.get(device.device_kind, 0) + 1
-        return ", ".join(f"{n} x {kind}" for kind, n in kinds.items())
-    if name == "compression" and "compression_algorithm" in cells:
+    if part == "compile_options" and "compile_options" in cells:
+        backend = cells.get("backend")
+        return json.dumps(compile_options(cells["compile_options"], getattr(backend, "platform", "") == "gpu"),
+                          sort_keys=True, separators=(",", ":"))
+    if part == "accelerator_config" and "devices" in cells:
+        return devices_text(cells["devices"])
+    if part == "compression" and "compression_algorithm" in cells:
         return str(cells["compression_algorithm"])
     return None
 
@@ -216,158 +267,412 @@ def xla_flags() -> str:
     return " ".join(f for f in sorted(flags) if f.split("=")[0] not in excluded)
 
 
+def devices_text(devices: Any) -> str:
+    """The process's devices, kind and count (``2 x cpu``), and which of them the computation runs
+    on (``on device 1``) where that is not all of them from the first."""
+    import jax
+
+    kinds: dict[str, int] = {}
+    for device in jax.devices():
+        kinds[device.device_kind] = kinds.get(device.device_kind, 0) + 1
+    text = ", ".join(f"{n} x {kind}" for kind, n in kinds.items())
+    if jax.process_count() > 1:
+        text += f" in {jax.process_count()} processes"
+    ids = [getattr(d, "id", "?") for d in devices.flat]
+    if ids != list(range(len(ids))):
+        text += f"; the computation on device {', '.join(map(str, ids[:16]))}"
+    return text
+
+
+_cleared: list[frozenset[str]] = []
+
+
+def _cleared_by_jax() -> frozenset[str]:
+    """The debug options JAX clears before hashing the compile options (read from its source, once):
+    their values never change a key, so they are never named as a change."""
+    if not _cleared:
+        import inspect
+
+        try:
+            source = inspect.getsource(sys.modules["jax._src.cache_key"]._hash_serialized_compile_options)
+            _cleared.append(frozenset(re.findall(r"debug_options\.(\w+)\s*=", source)))
+        except Exception:
+            _cleared.append(frozenset())
+    return _cleared[0]
+
+
+def compile_options(options: Any, strip_device_assignment: bool) -> dict[str, str]:
+    """Every field the compile-options binding exposes (its build options and debug options
+    included), ``env_option_overrides``, after JAX's own clearing; and ``#<n>`` digests of the
+    serialised fields, for changes no exposed field shows (``field <n> changed``)."""
+    cleared = _cleared_by_jax()
+    excluded = set(getattr(sys.modules.get("jax._src.cache_key"), "env_override_flags_to_exclude_from_cache_key", ()))
+    fields: dict[str, str] = {}
+
+    def walk(obj: Any, prefix: str) -> None:
+        for attr in dir(obj):
+            if attr.startswith("_") or attr in ("ParseFromString", "SerializeAsString") or attr in cleared:
+                continue
+            try:
+                value = getattr(obj, attr)
+            except Exception:
+                continue
+            if attr in ("executable_build_options", "debug_options"):
+                walk(value, f"{prefix}{attr}.")
+            elif not callable(value):
+                if attr == "env_option_overrides":
+                    value = [v for v in value if v[0] not in excluded]
+                if attr == "device_assignment" and strip_device_assignment:
+                    continue
+                fields[prefix + attr] = repr(value)[:300]
+
+    walk(options, "")
+    fields.update(_wire_digests(options, strip_device_assignment))
+    return fields
+
+
+def _wire_digests(options: Any, strip: bool) -> dict[str, str]:
+    """The serialised compile options (as JAX hashes them), field by field: ``#3`` for a top-level
+    field, ``#3.14`` for a field of a message in it."""
+    capture = _Capture()
+    sys.modules["jax._src.cache_key"]._hash_serialized_compile_options(capture, options, strip_device_assignment=strip)
+    found: dict[str, str] = {}
+    for number, value in _wire_fields(capture.data) or []:
+        inner = _wire_fields(value) if isinstance(value, bytes) else None
+        if inner:
+            for sub, sub_value in inner:
+                found[f"#{number}.{sub}"] = hashlib.sha256(repr(sub_value).encode()).hexdigest()[:8]
+        else:
+            found[f"#{number}"] = hashlib.sha256(repr(value).encode()).hexdigest()[:8]
+    return found
+
+
+class _Capture:
+    data = b""
+
+    def update(self, data: bytes) -> None:
+        self.data = data
+
+
+def _wire_fields(data: bytes) -> list[tuple[int, bytes | int]] | None:
+    """Protocol buffer fields ``(number, value)``, or None where ``data`` is not one message."""
+    found: list[tuple[int, bytes | int]] = []
+    at = 0
+
+    def varint() -> int:
+        nonlocal at
+        shift = result = 0
+        while True:
+            if at >= len(data) or shift > 63:
+                raise ValueError("truncated")
+            byte = data[at]
+            at += 1
+            result |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return result
+
+    try:
+        while at < len(data):
+            tag = varint()
+            number, kind = tag >> 3, tag & 7
+            if number == 0:
+                return None
+            if kind == 0:
+                found.append((number, varint()))
+            elif kind in (1, 5):
+                size = 8 if kind == 1 else 4
+                found.append((number, data[at:at + size]))
+                at += size
+            elif kind == 2:
+                size = varint()
+                if at + size > len(data):
+                    return None
+                found.append((number, data[at:at + size]))
+                at += size
+            else:
+                return None
+    except ValueError:
+        return None
+    return found
+
+
+_TENSOR = re.compile(r"tensor<([^<>]*)>")
+
+
+def signature_of(module: Any) -> str:
+    """The module's inputs, as JAX prints avals: ``f32[8,8], i32[]``."""
+    main = next((op for op in module.body.operations if str(op.attributes["sym_name"]).strip('"') == "main"), None)
+    if main is None:
+        return "?"
+    text = str(main.attributes["function_type"])
+    inputs = text[1:text.index(") -> ")] if text.startswith("(") and ") -> " in text else text
+
+    def aval(match: re.Match[str]) -> str:
+        *dims, dtype = match[1].split(",")[0].split("x")
+        return f"{dtype}[{','.join(dims)}]"
+
+    shown = _TENSOR.sub(aval, inputs)
+    return shown if len(shown) <= 300 else f"{shown[:280]}... ({shown.count(',') + 1} inputs)"
+
+
+_FRAME = re.compile(r'"([^"]+)"\("([^"]+)":(\d+)')
+
+
+def place_of(module: Any, name: str) -> str:
+    """Where the function's code is: the module path (relative to the ``sys.path`` entry that holds
+    it) and the function's name, from the MLIR locations of the code in its body (``model/core.py:
+    step``); ``jax`` for JAX's own helpers (locations, but no frame of a function of that name);
+    ``?`` where it cannot be known (no locations; ``<stdin>``, a notebook cell)."""
+    wanted = name.removeprefix("jit_").removeprefix("pmap_")
+    files: set[str] = set()
+    seen = 0
+    for func in module.body.operations:
+        for region in func.regions:
+            for block in region.blocks:
+                for op in block.operations:
+                    seen += 1
+                    if seen > 2000:
+                        break
+                    frames = _FRAME.findall(str(op.location))
+                    match = [(fn, file) for fn, file, _line in frames if _sanitized(fn) == wanted]
+                    if match:
+                        return _where(match[-1][1], match[-1][0])  # the outermost: the jitted function itself
+                    files.update(file for _fn, file, _line in frames)
+    return HELPER_PLACE if files else UNKNOWN_PLACE
+
+
+def _sanitized(function: str) -> str:
+    """A Python function's name as JAX puts it in a module's name (``<lambda>`` -> ``_lambda``)."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", function.rsplit(".", 1)[-1]).rstrip("_") or "_"
+
+
+def _where(file: str, function: str) -> str:
+    if not file.endswith(".py") or "ipykernel_" in file or file.startswith("<"):
+        return UNKNOWN_PLACE  # a notebook cell, <stdin>, <string>: no module to tell functions apart by
+    best = ""
+    for entry in sys.path:
+        root = os.path.abspath(entry or ".").rstrip("/") + "/"
+        if file.startswith(root) and len(root) > len(best):
+            best = root
+    return f"{file[len(best):] if best else file}:{function}"
+
+
+def config_map() -> dict[str, str]:
+    """Every ``jax.config`` value (the thread's own where a context manager set one), but those that
+    cannot change what is compiled."""
+    import jax
+
+    found = {}
+    for option, holder in getattr(jax.config, "_value_holders", {}).items():
+        if option.startswith(CONFIG_IGNORED):
+            continue
+        try:
+            found[option] = repr(holder.value)[:120]
+        except Exception:
+            continue
+    return found
+
+
 # -- deciding the cause ------------------------------------------------------------------------------
 
 
-def classify(key: str, ingredients: tuple[dict[str, str], dict[str, str]], state: dict[str, Any], cap: int) -> dict[str, Any]:
-    """The one cause of a miss, in SPEC §13's order: evicted, new, changed."""
-    hashes, readable = ingredients
-    evicted = state["evicted"].get(key)
-    if evicted is not None:
-        why = evicted[1]
-        if why == "max_size":
-            return {"cause": "evicted", "detail": f"pruned by the cap (max_size {human_bytes(cap) if cap else 'now 0'}): "
-                                                  "the working set is larger; raise max_size"}
-        return {"cause": "evicted", "detail": f"removed by {why}"}
-    name = function_name(key)
-    known = state["index"].get(name)
-    if not known:
-        return {"cause": "new", "detail": f"no entry for {name} yet"}
-    found = known.get(hashes[PARTS[0]])
-    if found is None:
-        latest = list(known.values())[-1].split(",")
-        others = [p for p in PRIORITY if latest[PARTS.index(p)] != hashes[p]]
-        also = f"; also changed: {', '.join(LABELS[p] for p in others)}" if others else ""
-        return {"cause": "changed computation",
-                "detail": f"{name}: its code, input shapes or dtypes, or a closed-over constant{also}"}
-    same = found.split(",")
-    changed = [p for p in PRIORITY if same[PARTS.index(p)] != hashes[p]]
-    if not changed:
-        return {"cause": "evicted", "detail": "this exact key was stored before; its entry was removed outside the cap"}
-    def values(part: str) -> tuple[str, str]:
-        return state["values"].get(part, {}).get(same[PARTS.index(part)], "?"), readable.get(part, "?")
+def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: float) -> dict[str, Any]:
+    """The one cause of a miss: evicted, new, then changed (SPEC §13.1)."""
+    name, hex_ = _index.split_key(key)
+    removed = evidence.removed.get((name, hex_))
+    records = evidence.records(name)
+    present = evidence.present.get(name, {})
+    mine = next((r for r in records if r.hex == hex_), None)
+    if removed is not None or (mine is not None and hex_ not in present):
+        return evicted(removed)
+    recorded = [r for r in records if r.hex in present]
+    unrecorded = evidence.unrecorded(name, recorded)
+    if not recorded and not unrecorded:
+        return new_here(name, evidence)
+    same = [r for r in recorded if r.parts[0] == facts.parts[PARTS[0]]]
+    if same:
+        return changed_part(closest(same, facts), facts, evidence)
+    if facts.place == UNKNOWN_PLACE:
+        where = "its code has no module to tell it by (a notebook cell, <stdin>, python -c)"
+        return {"cause": "cannot tell", "detail": f"new, or another function named {name} changed: {where}"}
+    here = [r for r in recorded if r.place == facts.place]
+    if not here and unrecorded:
+        return {"cause": "cannot tell",
+                "detail": f"new, or changed: {len(unrecorded)} entries of {name} here have no record (written by stock "
+                          "JAX, an older gkx-autocache, a bundle without records, or a process still running)"}
+    if not here:
+        elsewhere = sorted({r.place for r in recorded})
+        return {"cause": "new", "detail": f"another {name}, {_in(facts.place)} (its entries here are "
+                                          f"{', '.join(_in(p) for p in elsewhere[:3])})"}
+    # What this run wrote cannot have been a hit for it: the question is what the directory held
+    # before. Only where this run wrote every entry of the function is a further shape "new".
+    earlier = [r for r in here if r.run != run]
+    before = [k for k in unrecorded if evidence.written_at(k) < run_start]
+    if not earlier and before:
+        return {"cause": "cannot tell",
+                "detail": f"new, or changed: {len(before)} older entries of {name} here have no record"}
+    if not earlier:
+        shapes = sorted({r.signature for r in here})
+        if facts.place == HELPER_PLACE:
+            return {"cause": "new", "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
+        if facts.signature in shapes:
+            return {"cause": "new", "detail": f"a further variant of {name} with inputs this run compiled it for "
+                                              f"({facts.signature}): other static arguments or closed-over values"}
+        return {"cause": "new", "detail": f"new shape {facts.signature} (this run compiled {name} for "
+                                          f"{'; '.join(shapes[:3])}{_more(shapes, 3)})"}
+    nearest = closest(earlier, facts)
+    differing = [k for k in sorted(set(nearest.config) | set(facts.config))
+                 if nearest.config.get(k) != facts.config.get(k)]
+    if differing:
+        shown = "; ".join(f"{k}: {nearest.config.get(k, 'unset')} -> {facts.config.get(k, 'unset')}" for k in differing[:4])
+        return {"cause": "changed computation", "detail": f"jax.config differs: {shown}{_more(differing, 4)}"}
+    if facts.place == HELPER_PLACE:  # another use of JAX's own helper (other shapes, other static arguments)
+        return {"cause": "new", "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
+    if any(r.signature == facts.signature for r in earlier):
+        return {"cause": "changed computation", "detail": f"same inputs ({facts.signature}): its code or a "
+                                                          "closed-over constant changed"}
+    return {"cause": "changed computation", "detail": f"inputs {nearest.signature} -> {facts.signature}"}
 
-    # The first changed part a person can see change: on CPU, a second rank's accelerator config
-    # hashes differently while reading "1 x cpu" on both sides; its device assignment says why.
-    first = next((p for p in changed if values(p)[0] != values(p)[1]), changed[0])
-    before, after = values(first)
+
+def _in(place: str) -> str:
+    if place == HELPER_PLACE:
+        return "JAX's own helper"
+    return f"in {place.rsplit(':', 1)[0]}" if place != UNKNOWN_PLACE else "in an unknown place"
+
+
+def _more(items: list[Any], shown: int) -> str:
+    return f" and {len(items) - shown} more" if len(items) > shown else ""
+
+
+def closest(records: list[Record], facts: Facts) -> Record:
+    """The record with the fewest parts that differ from ``facts``, the most recent among equals."""
+    ours = tuple(facts.parts[p] for p in PARTS)
+    ranked = [(sum(a != b for a, b in zip(r.parts, ours, strict=True)), -r.written, -i, r) for i, r in enumerate(records)]
+    return min(ranked, key=lambda t: t[:3])[3]  # the index: written later in the index, more recent
+
+
+def evicted(removed: tuple[float, str] | None) -> dict[str, Any]:
+    when = f" on {time.strftime('%Y-%m-%d %H:%M', time.localtime(removed[0]))}" if removed else ""
+    by = removed[1] if removed else "outside"
+    detail = {"max_size": f"removed by the cap (max_size){when}: the working set is larger than the cap",
+              "prune": f"removed by gkx-autocache prune{when}",
+              "verify": f"removed by gkx-autocache verify --repair{when} (it did not load)",
+              }.get(by, f"removed outside gkx-autocache{when} (by hand, or another tool): this exact entry was here")
+    return {"cause": "evicted", "detail": detail, "by": by}
+
+
+def new_here(name: str, evidence: Evidence) -> dict[str, Any]:
+    """No entry of ``name`` here. After a JAX upgrade, the previous version's directory may hold it."""
+    other = _other_version(evidence.version_dir, name)
+    if other is not None:
+        mine = os.path.basename(evidence.version_dir).removeprefix(VERSION_PREFIX)
+        theirs = os.path.basename(other).removeprefix(VERSION_PREFIX)
+        return {"cause": "changed JAX", "detail": f"JAX {theirs} -> {mine}: the entries of {theirs} are in "
+                                                  f"{os.path.basename(other)}/; every entry is compiled once for {mine}"}
+    return {"cause": "new", "detail": f"first compile of {name} here (none removed in the last "
+                                      f"{int(_index.REMOVED_SECS // 86400)} days)"}
+
+
+_others: dict[str, dict[str, str]] = {}  # version dir -> function name -> the newest other version dir holding it
+
+
+def _other_version(version_dir: str, name: str) -> str | None:
+    if version_dir not in _others:
+        found: dict[str, str] = {}
+        root = os.path.dirname(version_dir)
+        try:
+            siblings = sorted((os.stat(os.path.join(root, d)).st_mtime, d) for d in os.listdir(root)
+                              if d.startswith(VERSION_PREFIX) and os.path.join(root, d) != version_dir)
+        except OSError:
+            siblings = []
+        for _mtime, sibling in siblings[-3:]:  # the newest last, so it wins
+            try:
+                for entry in os.listdir(os.path.join(root, sibling)):
+                    if entry.endswith(ENTRY_SUFFIX):
+                        found[function_name(entry[:-len(ENTRY_SUFFIX)])] = os.path.join(root, sibling)
+            except OSError:
+                continue
+        _others[version_dir] = found
+    return _others[version_dir].get(name)
+
+
+def changed_part(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str, Any]:
+    """The computation matches an entry: the first other part that differs, named with before and
+    after (and the parts that changed with it)."""
+    changed = [p for p in PRIORITY if nearest.parts[PARTS.index(p)] != facts.parts[p]]
+    if not changed:
+        return {"cause": "evicted", "detail": "this exact key was stored before and is gone", "by": "outside"}
+    if "compile_options" in changed and set(changed) <= {"accelerator_config", "compile_options"}:
+        options = compile_options_change(
+            evidence.readable("compile_options", nearest.parts[PARTS.index("compile_options")]),
+            facts.readable.get("compile_options"), "")
+        if options["cause"] == "changed device assignment":  # another rank's devices, on CPU
+            return options
+    first = changed[0]
+    before = evidence.readable(first, nearest.parts[PARTS.index(first)])
+    after = facts.readable.get(first)
     label = LABELS[first]
+    with_it = f" (with it: {', '.join(LABELS[p] for p in changed[1:])})" if changed[1:] else ""
     if first == "custom_hook":
-        old, new = _key.isa_of(before), _key.isa_of(after)
-        if new is not None and (old is None and (before != "?" or same[PARTS.index(first)] == NO_HOOK)):
+        old, new = _key.isa_of(before or ""), _key.isa_of(after or "")
+        if new is not None and old is None and (before is not None or nearest.parts[PARTS.index(first)] == NO_HOOK):
             return {"cause": "before CPU keying",
                     "detail": "its entry was written before gkx-autocache keyed CPU entries by the CPU's instruction "
                               "set (or by stock JAX): compiled once more under the new key"}
         if old is not None and new is not None and old != new:
-            return {"cause": "changed CPU", "detail": f"built for another CPU: {_isa.difference(old, new)}"}
-    if first == "compile_options" and before != after and "device assignment" in after:
-        label = "device assignment"  # on CPU JAX keeps it in the compile options (it strips it only on GPU)
-        detail = f"device assignment, in the compile options on CPU: {before} -> {after}"
-    elif first == "XLA flags":
-        detail = f"XLA_FLAGS: {before!r} -> {after!r}"
-    else:
-        detail = f"{label}: {before} -> {after}"
-    return {"cause": f"changed {label}", "detail": detail[:600]}
+            return {"cause": "changed CPU", "detail": f"built for another CPU: {_isa.difference(old, new)}{with_it}"}
+    if first == "compile_options":
+        return compile_options_change(before, after, with_it)
+    if first == "XLA flags":
+        return {"cause": "changed XLA_FLAGS", "detail": f"XLA_FLAGS: {before!r} -> {after!r}{with_it}"}
+    if before is None or after is None:
+        return {"cause": f"changed {label}", "detail": f"{label} differs (its value was not recorded){with_it}"}
+    if before == after:
+        return {"cause": f"changed {label}", "detail": f"{label} hashes differently, though it reads {after!r} both "
+                                                       f"times{with_it}"}
+    return {"cause": f"changed {label}", "detail": f"{label}: {before} -> {after}{with_it}"}
 
 
-# -- the index: built from written entries, folded with the ledger -----------------------------------
+def compile_options_change(before: str | None, after: str | None, with_it: str) -> dict[str, Any]:
+    """Every compile-options field that differs, by name and value; ``field <n>`` for the rest. On
+    CPU the device assignment is in the compile options (JAX strips it from the key on GPU only)."""
+    try:
+        old, new = json.loads(before or "{}"), json.loads(after or "{}")
+    except ValueError:
+        old, new = {}, {}
+    named = [k for k in sorted(set(old) | set(new)) if not k.startswith("#") and old.get(k) != new.get(k)]
+    if named == ["device_assignment"] or named == ["device_assignment", "executable_build_options.device_assignment"]:
+        return {"cause": "changed device assignment",
+                "detail": f"device assignment, in the compile options on CPU: {_short(old.get('device_assignment'))} -> "
+                          f"{_short(new.get('device_assignment'))}{with_it}"}
+    if named:
+        shown = "; ".join(f"{k.removeprefix('executable_build_options.')}: {_short(old.get(k))} -> {_short(new.get(k))}"
+                          for k in named[:4])
+        return {"cause": "changed compile options", "detail": f"{shown}{_more(named, 4)}{with_it}"}
+    fields = [k[1:] for k in sorted(set(old) | set(new)) if k.startswith("#") and old.get(k) != new.get(k)]
+    if fields:
+        return {"cause": "changed compile options",
+                "detail": f"field {', '.join(fields[:4])} changed (not one the binding names){with_it}"}
+    return {"cause": "changed compile options", "detail": f"they serialise differently{with_it}"}
 
 
-def empty() -> dict[str, Any]:
-    return {"index": {}, "values": {}, "evicted": {}}
-
-
-def validate(data: Any) -> dict[str, Any]:
-    """The explain state as read from disk (a member of a team cache can write anything there)."""
-    state = empty()
-    if not isinstance(data, dict):
-        return state
-    index = data.get("index")
-    if isinstance(index, dict):
-        for name, computations in list(index.items())[-MAX_FUNCTIONS:]:
-            if isinstance(name, str) and isinstance(computations, dict):
-                kept = {c: p for c, p in list(computations.items())[-MAX_COMPUTATIONS:]
-                        if isinstance(c, str) and isinstance(p, str) and p.count(",") == len(PARTS) - 1}
-                if kept:
-                    state["index"][name] = kept
-    values = data.get("values")
-    if isinstance(values, dict):
-        for part, table in values.items():
-            if part in PARTS and isinstance(table, dict):
-                state["values"][part] = {h: v for h, v in list(table.items())[-MAX_VALUES:]
-                                         if isinstance(h, str) and isinstance(v, str)}
-    evicted = data.get("evicted")
-    if isinstance(evicted, dict):
-        state["evicted"] = {k: v for k, v in list(evicted.items())[-MAX_EVICTED:]
-                            if isinstance(k, str) and isinstance(v, list) and len(v) == 2 and isinstance(v[1], str)}
-    return state
-
-
-def remember(state: dict[str, Any], key: str, parts: dict[str, str], readable: dict[str, str]) -> None:
-    """An entry written: its function's index gets its parts; its readable values are kept."""
-    computations = state["index"].setdefault(function_name(key), {})
-    computations.pop(parts[PARTS[0]], None)  # latest last
-    computations[parts[PARTS[0]]] = ",".join(parts[p] for p in PARTS)
-    while len(computations) > MAX_COMPUTATIONS:
-        computations.pop(next(iter(computations)))
-    while len(state["index"]) > MAX_FUNCTIONS:
-        state["index"].pop(next(iter(state["index"])))
-    for part, value in readable.items():
-        table = state["values"].setdefault(part, {})
-        table.pop(parts.get(part, ""), None)
-        table[parts.get(part, "")] = value
-        while len(table) > MAX_VALUES:
-            table.pop(next(iter(table)))
-    state["evicted"].pop(key, None)
-
-
-class Folding:
-    """What ``_ledger.fold`` asks of explanations: to fold a record into the summary's state, and
-    to remember the keys a prune removed. The state is validated the first time it is touched (it
-    was read from disk) and then changed in place."""
-
-    def __init__(self) -> None:
-        self._checked: set[int] = set()
-
-    def fold(self, raw: dict[str, Any], record: dict[str, Any]) -> None:
-        if record["e"] == "put" and "parts" in record:
-            hashes = record["parts"].split(",")
-            if len(hashes) == len(PARTS):
-                remember(self._state(raw), record.get("key", ""), dict(zip(PARTS, hashes, strict=True)),
-                         record.get("readable", {}))
-        elif record["e"] == "evicted" and record.get("key"):
-            self.evicted(raw, [record["key"]], record.get("reason") or "prune")
-
-    def evicted(self, raw: dict[str, Any], keys: list[str], why: str) -> None:
-        import time
-
-        state = self._state(raw)
-        for key in keys:
-            state["evicted"].pop(key, None)
-            state["evicted"][key] = [round(time.time(), 1), why]
-        while len(state["evicted"]) > MAX_EVICTED:
-            state["evicted"].pop(next(iter(state["evicted"])))
-
-    def _state(self, raw: dict[str, Any]) -> dict[str, Any]:
-        if id(raw) not in self._checked:
-            fresh = validate(raw)
-            raw.clear()
-            raw.update(fresh)
-            self._checked.add(id(raw))
-        return raw
+def _short(value: Any) -> str:
+    text = "unset" if value is None else str(value)
+    text = text.removeprefix("DeviceAssignment")
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 # -- installing the seams ----------------------------------------------------------------------------
 
 
-def install(jax: Any, recorder: Any, version_dir: str, cap: int, load: Any) -> str | None:
-    """Wrap the two seams; return why explanations are unavailable (nothing else changes).
-    ``load()`` reads the directory's state, at the first miss."""
+def install(jax: Any, recorder: Any, version_dir: str, run: str, run_start: float, load: Any = None) -> str | None:
+    """Listen to the key's parts and wrap the write seam; return why explanations are unavailable
+    (nothing else changes). ``load()`` reads the directory's evidence, at the first miss."""
     try:
         from jax._src import compiler
     except Exception as exc:
         return f"jax._src.compiler cannot be imported ({exc})"
-    from gkx_autocache import _key
     from gkx_autocache._store import _parameters
 
     seam = _key.seam
@@ -376,17 +681,17 @@ def install(jax: Any, recorder: Any, version_dir: str, cap: int, load: Any) -> s
     write = getattr(compiler, "_cache_write", None)
     if write is None or _parameters(write)[:5] != ["cache_key", "compile_time_secs", "module_name", "backend", "executable"]:
         return "jax._src.compiler._cache_write has changed"
-    explainer = Explainer(version_dir, cap, load)
+    explainer = Explainer(version_dir, run, run_start, load)
 
     def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
                      *rest: Any, **kwargs: Any) -> None:
         reason = _not_written(jax, compile_time_secs, rest[0] if rest else kwargs.get("host_callbacks"))
-        before = recorder.totals.writes
+        before = recorder.writes
         write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
         try:
             if jax.config.jax_compilation_cache_dir != version_dir:
                 return  # the user's code chose another directory: its compiles are not ours to count
-            if reason is None and recorder.totals.writes == before and recorder.store_serving:
+            if reason is None and recorder.writes == before and recorder.store_serving:
                 minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
                 reason = ("below min_entry_size_bytes", f"{minimum} bytes") if minimum > 0 else None
             if reason is not None:
@@ -396,8 +701,8 @@ def install(jax: Any, recorder: Any, version_dir: str, cap: int, load: Any) -> s
 
     _cache_write.__wrapped__ = write  # type: ignore[attr-defined]
     compiler._cache_write = _cache_write
-    seam.listener = explainer
     recorder.explainer = explainer
+    seam.listener = explainer
     return None
 
 

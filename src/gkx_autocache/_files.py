@@ -127,6 +127,13 @@ def remove(path: str) -> None:
         pass
 
 
+def remove_at(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
 def open_dir(path: str, dir_fd: int | None = None) -> int:
     """A descriptor of the directory ``path`` (absolute, or relative to ``dir_fd``), opened one
     component at a time without following a symlink at any level: what is deleted through it is

@@ -11,7 +11,10 @@ A leaf: stdlib only, and nothing of the package. ::
             store.json                    which store serves the directory (for `status`)
             ledger/<pid>-<ns>.jsonl       one append-only ledger per process
             summary.json                  the ledgers of finished processes, folded
+            index                         what each entry's key was made of (for `explain`)
             prune.lock                    taken (non-blocking) to prune and to fold
+            fold.lock                     the same lock where flock does not work (O_EXCL)
+            no-flock                      this file system has no working flock (said once)
 
 A key is JAX's: the function's module name, a dash, a sha256 in hex (``jit_step-<64 hex>``).
 A bucket (``s3://``, ``gs://``) has the same names under its version prefix.
@@ -36,6 +39,9 @@ LEDGER_SUFFIX = ".jsonl"
 VERDICT_FILE = "store.json"
 SUMMARY_FILE = "summary.json"
 LOCK_FILE = "prune.lock"
+EXCL_LOCK_FILE = "fold.lock"
+NO_FLOCK_FILE = "no-flock"
+INDEX_FILE = "index"
 TMP_SUFFIX = ".tmp"
 
 _KEY = r"(?P<key>[^/\\\s]+-[0-9a-f]{64})(?P<suffix>-[A-Za-z0-9_-]+)"  # compiled on first use, not on import

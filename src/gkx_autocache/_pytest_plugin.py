@@ -18,18 +18,19 @@ import pytest  # already imported: pytest is what loads this module
 _sessions: list[Any] = []  # the configs of this process's sessions, outermost first (pytester nests them)
 _counted: list[dict[str, Any]] = []  # this process's parts that a session's line counted (or a worker sent)
 KEY = "gkx_autocache"
-SESSION_START = "GKX_JAX_CACHE_SESSION_START"  # as gkx_autocache._stats reads it
+RUN = "GKX_JAX_CACHE_RUN"  # "<start>-<pid>", as gkx_autocache._stats reads it: a session is one run
 
 
 class _Session:
     """One session's part: its workers' counts, and this process's counts when it began (a process
     may run several sessions: pytest.main() in a loop, ipytest in a notebook)."""
 
-    def __init__(self, set_start: bool) -> None:
+    def __init__(self, set_start: bool, previous: str | None) -> None:
         self.workers: list[dict[str, Any]] = []
         self.said: list[str] = []  # workers' warnings that their filters turned into errors
         self.before = _snapshot()
         self.set_start = set_start
+        self.previous = previous  # the run this process was in before the session (put back after it)
 
 
 def _snapshot() -> dict[str, Any] | None:
@@ -56,24 +57,36 @@ def uncounted(now: dict[str, Any]) -> dict[str, Any] | None:
     from gkx_autocache._stats import merge, since
 
     rest = since(now, merge(_counted))
-    return rest if rest["hits"] or rest["misses"] or rest["uncached"] else None
+    return rest if rest["hits"] or rest["misses"] or rest["not_cached"] else None
 
 
 def pytest_configure(config: Any) -> None:
-    """Before any worker starts: the session's start, so that every process of the session counts
-    a hit of an entry written since as this run's own compile, whichever worker wrote it."""
+    """Before any worker starts: the session is one run (SPEC §13.1), so that every process of the
+    session counts a hit of an entry written since as this run's own compile, whichever worker
+    wrote it, and `explain` shows the session as its last run."""
     if config.pluginmanager.is_blocked("terminal"):
         return  # -p no:terminal: no summary to speak in, so each process keeps its `report` line
-    set_start = not hasattr(config, "workerinput") and SESSION_START not in os.environ
+    previous = os.environ.get(RUN)
+    # A run begun by a parent process (this session is one of its processes) goes on; one this
+    # process began itself (it imported jax before pytest.main()) gives way to the session's.
+    set_start = not hasattr(config, "workerinput") and (previous is None or _began_here(previous))
     if set_start:
         import time
 
-        os.environ[SESSION_START] = str(time.time())
+        now = time.time()
+        os.environ[RUN] = f"{now:.3f}-{os.getpid()}"
         recorder = getattr(sys.modules.get("gkx_autocache._stats"), "recorder", None)
         if recorder is not None:  # JAX configured in an earlier session of this process
-            recorder.run_start = float(os.environ[SESSION_START])
-    config._gkx_autocache = _Session(set_start)
+            recorder.close()  # the earlier session's ledger ends: its run is not this one
+            recorder.run, recorder.run_start = os.environ[RUN], now
+            if recorder.explainer is not None:
+                recorder.explainer.run, recorder.explainer.run_start = recorder.run, now
+    config._gkx_autocache = _Session(set_start, previous)
     _sessions.append(config)
+
+
+def _began_here(run: str) -> bool:
+    return run.rpartition("-")[2] == str(os.getpid())
 
 
 @pytest.hookimpl(tryfirst=True)  # before another plugin's unconfigure, which may raise
@@ -84,7 +97,10 @@ def pytest_unconfigure(config: Any) -> None:
     if config in _sessions:
         _sessions.remove(config)
     if session.set_start:  # the next session in this process (pytest.main() again) starts anew
-        os.environ.pop(SESSION_START, None)
+        if session.previous is None:
+            os.environ.pop(RUN, None)
+        else:
+            os.environ[RUN] = session.previous
 
 
 def pytest_sessionfinish(session: Any) -> None:
@@ -150,7 +166,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     from gkx_autocache._stats import merge, summary_line
 
     total = merge(snapshots)
-    if not (total["hits"] or total["misses"] or total["uncached"]):
+    if not (total["hits"] or total["misses"] or total["not_cached"]):
         return  # nothing compiled (pytest --collect-only): no line
     terminalreporter.write_line(summary_line(total))
     if _ci() and total["store"] and total["hits"] == total["own_hits"] and total["misses"]:

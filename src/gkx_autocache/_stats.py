@@ -1,6 +1,15 @@
 """Counting in this process: JAX's cache events, the store's hits, misses and writes, the ledger
-file they are recorded in as the process goes (the files and their folding are ``_ledger``'s), and
-the ``report`` line at exit.
+file they are recorded in as the process goes (the files and their folding are ``_ledger``'s), the
+run the process belongs to, and the ``report`` line at exit.
+
+A ledger grows with the process's distinct keys, not its lookups (SPEC §7): the first hit of a key
+and the first miss of a key by cause are records; what repeats (a ``jax.jit(lambda …)`` in a loop
+looks the same key up on every iteration) is counted here and written as a tally at most every
+``_ledger.TALLY_SECS``, at the end of a ledger and at exit.
+
+A run is a process and the processes it starts (SPEC §13.1): the first configured process of a run
+sets ``GKX_JAX_CACHE_RUN`` (its start time and pid), which the processes it starts inherit; the
+pytest plugin sets it for a session and its xdist workers.
 
 A remote directory (JAX's stock cache) gets one ledger object per process at exit, with the
 process's sums from JAX's own events; its time saved is JAX's, from compile times JAX keeps in
@@ -18,40 +27,73 @@ import time
 from typing import Any
 
 from gkx_autocache import _files, _ledger
-from gkx_autocache._diagnostics import human_bytes, logger
-from gkx_autocache._explain import Folding
+from gkx_autocache._diagnostics import human_bytes, logger, plural, warn
 from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX
 
 REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
 HITS = "/jax/compilation_cache/cache_hits"
 RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
 JAX_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
+RUN = "GKX_JAX_CACHE_RUN"  # "<start time>-<pid>": the run this process belongs to
+
+
+def run_of(env: Any = os.environ) -> tuple[str, float] | None:
+    """The run named in the environment, and when it began; None when there is none (or it is not
+    a plausible time: not ``nan``, ``inf`` or ``-1e400``)."""
+    value = str(env.get(RUN, "")).strip()
+    start, sep, pid = value.partition("-")
+    try:
+        when = float(start)
+    except ValueError:
+        return None
+    if not sep or not pid.isdigit() or not 0.0 < when < 1e11 or len(value) > 40:
+        return None
+    return value, when
+
+
+def begin_run() -> tuple[str, float]:
+    """This process's run: the one the environment names, else a new one, named in the environment
+    for the processes this one starts."""
+    found = run_of()
+    if found is not None:
+        return found
+    now = time.time()
+    run = f"{now:.3f}-{os.getpid()}"
+    os.environ[RUN] = run
+    return run, now
 
 
 class Recorder:
     """This process's counters and ledger file. Every method swallows its own errors: it runs
     inside JAX's compile path, where an exception would fail the user's ``jit`` call."""
 
-    def __init__(self, directory: str, ledger: bool, shared: bool = False) -> None:
+    def __init__(self, directory: str, ledger: bool, shared: bool = False, run: tuple[str, float] | None = None) -> None:
         self.directory = directory
         self.shared = shared
         self.requests = 0
         self.jax_hits = 0
         self.jax_saved_secs = 0.0  # JAX's own figure, whole-second compile times: for remote dirs
-        self.totals = _ledger.Totals()
-        self.store_serving = False  # set once the store serves the directory: then time saved is known
+        self.totals = _ledger.Totals()  # everything this process counted
+        self.store_serving = False  # set once the store serves the directory: then its counts are true
         self.explainer: Any = None  # names each miss's cause (SPEC §13), when JAX's key parts can be read
+        self.run, self.run_start = run or (f"{time.time():.3f}-{os.getpid()}", time.time())
         self._keeps_ledger = ledger
         self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
         self._lock = threading.Lock()
-        # When "this run" began: a hit of an entry written since is this run's own compile, not the
-        # cache being warm. A pytest session's start (its plugin sets it for every worker), else now.
-        self.run_start = _session_start() or time.time()
         self._waiting: dict[int, dict[str, Any]] = {}  # thread -> its miss, until the compile's fate is known
         self._fd: int | None = None
-        self._pid = os.getpid()
+        self._seen: set[tuple[str, ...]] = set()  # what this ledger has a record of
+        self._repeats = _ledger.Totals()  # counted, not written as records: this ledger's tally
+        self._dirty = False
+        self._tally_at = 0.0
+        self._written = 0
+        self._block = 4096
         if ledger and hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forked)
+
+    @property
+    def writes(self) -> int:
+        return self.totals.writes
 
     # JAX's monitoring events: counted whichever store serves the directory.
     def on_event(self, event: str, *args: Any, **kwargs: Any) -> None:
@@ -74,7 +116,7 @@ class Recorder:
                     record = {"e": "hit", "key": key, "bytes": nbytes, "saved": round(max(compile_secs - duration_secs, 0.0), 6)}
                     if written >= self.run_start:
                         record["own"] = True
-                    self._record(record)
+                    self._record(record, ("hit", key))
         except Exception:
             pass
 
@@ -101,15 +143,18 @@ class Recorder:
     def put(self, key: str, nbytes: int, compile_secs: float) -> None:
         self._pending.hit = None  # an entry read but not loadable is compiled and written again
         self._settle()
-        record: dict[str, Any] = {"e": "put", "key": key, "bytes": nbytes, "compile": round(compile_secs, 6)}
+        block = self._block
+        disk = -(-nbytes // block) * block + block  # the entry and its sidecar, in whole blocks
+        record: dict[str, Any] = {"e": "put", "key": key, "bytes": nbytes, "disk": disk,
+                                  "compile": round(compile_secs, 6), "t": round(time.time(), 3)}
         if self.explainer is not None:
             record.update(self.explainer.ingredients(key))
         self._record(record)
 
     def uncached(self, key: str, reason: str, detail: str = "") -> None:
-        """A compile JAX did not write, and why (SPEC §13). Its miss is counted with it; the
-        miss's own cause is kept too unless it was merely "new" (never written: the reason says
-        why), as a second rank's "changed device assignment" is."""
+        """A compile JAX did not write, and why (SPEC §13): it counts as not cached, not as a miss.
+        The miss's own cause is kept with it unless it was merely "new" (never written: the reason
+        says why), as a second rank's "changed device assignment" is."""
         with self._lock:
             waiting = self._waiting.get(threading.get_ident())
             if waiting is not None and waiting.get("key") == key:
@@ -121,7 +166,7 @@ class Recorder:
             record["detail"] = detail
         if waiting is not None and waiting.get("cause") not in (None, "new"):
             record["cause"], record["change"] = waiting["cause"], waiting.get("detail", "")
-        self._record(record)
+        self._record(record, ("uncached", key, reason))
 
     def _settle(self, waiting: dict[str, Any] | None = None) -> None:
         """Record this thread's miss that was waiting, and (optionally) start waiting on another."""
@@ -130,25 +175,67 @@ class Recorder:
             if waiting is not None:
                 self._waiting[threading.get_ident()] = waiting
         if previous is not None:
-            self._record(previous)
+            self._record(previous, ("miss", previous["key"], str(previous.get("cause"))))
 
-    def _record(self, record: dict[str, Any]) -> None:
+    def _record(self, record: dict[str, Any], same: tuple[str, ...] | None = None) -> None:
         with self._lock:
             self.totals.add(record)
             if not self._keeps_ledger:
                 return
             try:
-                if self._fd is None:
-                    self._fd = self._open()
-                os.write(self._fd, _ledger.encode(record))  # one write, O_APPEND: whole lines or none
+                if same is not None and same in self._seen:  # a repeat: counted, written as the tally
+                    self._repeats.add(record)
+                    self._dirty = True
+                    if time.monotonic() - self._tally_at >= _ledger.TALLY_SECS:
+                        self._write_tally()
+                    return
+                if same is not None:
+                    self._seen.add(same)
+                self._write(record)
             except OSError as exc:
                 logger.debug("ledger not written: %s", exc)
                 self._keeps_ledger = False
 
-    def _open(self) -> int:
-        """This process's ledger, created and locked for its lifetime (see ``_ledger``)."""
-        import fcntl
+    def _write(self, record: dict[str, Any]) -> None:
+        """One record, one ``write``, ``O_APPEND``: whole lines or none. Past ``LIVE_LIMIT`` the
+        ledger ends (its final tally) and the next record begins another."""
+        if self._fd is None:
+            self._fd = self._open()
+            self._written = 0
+        data = _ledger.encode(record)
+        os.write(self._fd, data)
+        self._written += len(data)
+        if self._written > _ledger.LIVE_LIMIT:
+            self._end()
 
+    def _write_tally(self, end: bool = False) -> None:
+        tally = self._repeats.tally()
+        if end:
+            tally["end"] = True
+        self._dirty = False
+        self._tally_at = time.monotonic()
+        assert self._fd is not None
+        os.write(self._fd, _ledger.encode(tally))
+
+    def _end(self) -> None:
+        """End this ledger: the final tally says it is finished (where flock does not work, that is
+        how a fold knows), and the descriptor goes with its lock."""
+        if self._fd is None:
+            return
+        try:
+            self._write_tally(end=True)
+        finally:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+            self._seen = set()
+            self._repeats = _ledger.Totals()
+
+    def _open(self) -> int:
+        """A new ledger of this process, created and locked for as long as it is written (see
+        ``_ledger``); where flock does not work, said once for the directory."""
         folder = _files.bookkeeping_dir(self.directory, self.shared, LEDGER_DIR)
         if folder is None:
             raise OSError(f"no bookkeeping directory in {self.directory}")
@@ -157,24 +244,38 @@ class Recorder:
             name = f"{os.getpid()}-{time.time_ns()}{LEDGER_SUFFIX}"
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _files.NOFOLLOW
             fd = os.open(name, flags, _files.file_mode(self.shared), dir_fd=dir_fd)
+            try:
+                self._block = os.fstatvfs(fd).f_frsize or 4096
+                os.fchmod(fd, _files.file_mode(self.shared))  # the open mode is masked by the umask
+                locked = _ledger._flock(fd)
+                if locked is None and _ledger.no_flock(self.directory, self.shared, "flock() fails here"):
+                    warn(f"flock:{self.directory}", f"{self.directory}: this file system has no working flock "
+                         "(Lustre, or NFS mounted without locks); gkx-autocache uses lock files and process ids "
+                         "there instead")
+                start = {"e": "start", "run": self.run, "host": _ledger.host(), "pid": os.getpid(),
+                         "t": round(time.time(), 3), "label": label()}
+                started = _ledger.born(os.getpid())
+                if started is not None:
+                    start["born"] = started
+                os.write(fd, _ledger.encode(start))
+            except BaseException:  # no empty ledger, no open descriptor left behind
+                os.close(fd)
+                _files.remove_at(name, dir_fd)
+                raise
         finally:
             os.close(dir_fd)
-        os.fchmod(fd, _files.file_mode(self.shared))  # the open mode is masked by the umask
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return fd
 
     def close(self) -> None:
-        """Close the ledger (at exit, before folding): its lock is released with it."""
+        """End the ledger (at exit, before folding)."""
         with self._lock:
             waiting, self._waiting = list(self._waiting.values()), {}
         for record in waiting:
-            self._record(record)
+            self._record(record, ("miss", record["key"], str(record.get("cause"))))
         with self._lock:
-            if self._fd is not None:
-                try:
-                    os.close(self._fd)
-                except OSError:
-                    pass
+            try:
+                self._end()
+            except OSError:
                 self._fd = None
 
     @property
@@ -192,37 +293,53 @@ class Recorder:
         self._lock = threading.Lock()
         self._pending = threading.local()
         self._waiting = {}
-        self._pid = os.getpid()
         self.totals = _ledger.Totals()
+        self._seen = set()
+        self._repeats = _ledger.Totals()
         self.requests = self.jax_hits = 0
 
     def snapshot(self, used: str | None = None) -> dict[str, Any]:
         """This process's counts, as ``report`` and the pytest summary show them. ``used`` is the
         directory JAX uses now (the user's code may have chosen its own after ``import jax``):
-        the store's figures only when the store served it."""
+        the store's figures only when the store served it; JAX's own events otherwise."""
         used = self.directory if used is None else used
         ours = self.store_serving and used == self.directory
         t = self.totals
-        return {"dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits, "store": ours,
-                "own_hits": t.own_hits if ours else 0, "causes": dict(t.causes) if ours else {},
-                "uncached": dict(t.uncached) if ours else {}, "saved_secs": t.saved_secs if ours else 0.0,
-                "bytes_read": t.bytes_read if ours else 0, "bytes_written": t.bytes_written if ours else 0}
+        if not ours:
+            return {**empty(), "dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits}
+        return {"dirs": [used], "store": True, "hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
+                "causes": dict(t.causes), "not_cached": t.not_cached, "reasons": dict(t.reasons),
+                "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written}
 
     def report_line(self, used: str | None = None) -> str:
         return summary_line(self.snapshot(used))
 
 
+def label() -> str:
+    """What this process is, for `explain`'s runs: the script (or ``-c``, ``-m module``)."""
+    argv = sys.argv or [""]
+    script = os.path.basename(argv[0]) if argv[0] not in ("", "-c") else argv[0] or "python"
+    return " ".join([script, *argv[1:3]])[:120]
+
+
+NUMBERS = ("hits", "own_hits", "misses", "not_cached", "saved_secs", "bytes_read", "bytes_written")
+TABLES = ("causes", "reasons")
+
+
+def empty() -> dict[str, Any]:
+    return {"dirs": [], "store": False, **dict.fromkeys(NUMBERS, 0), "saved_secs": 0.0, "causes": {}, "reasons": {}}
+
+
 def merge(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
     """The counts of several processes (pytest-xdist workers), summed."""
-    total: dict[str, Any] = {"dirs": [], "hits": 0, "misses": 0, "store": False, "own_hits": 0, "causes": {},
-                             "uncached": {}, "saved_secs": 0.0, "bytes_read": 0, "bytes_written": 0}
+    total = empty()
     for snap in snapshots:
         total["dirs"] += [d for d in snap["dirs"] if d not in total["dirs"]]
         total["store"] = total["store"] or snap["store"]
-        for name in ("hits", "misses", "own_hits", "saved_secs", "bytes_read", "bytes_written"):
-            total[name] += snap[name]
-        for table in ("causes", "uncached"):
-            for key, n in snap[table].items():
+        for name in NUMBERS:
+            total[name] += snap.get(name, 0)
+        for table in TABLES:
+            for key, n in snap.get(table, {}).items():
                 total[table][key] = total[table].get(key, 0) + n
     return total
 
@@ -231,24 +348,25 @@ def since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """The counts of ``now`` that were not yet in ``before``: one process's part of one pytest
     session, where the process ran others before it."""
     part = dict(now)
-    for name in ("hits", "misses", "own_hits", "saved_secs", "bytes_read", "bytes_written"):
+    for name in NUMBERS:
         # never below 0: the store's figures are 0 in ``now`` when JAX's directory changed since
-        part[name] = max(now[name] - before[name], 0)
-    for table in ("causes", "uncached"):
-        part[table] = {key: n - before[table].get(key, 0) for key, n in now[table].items()
-                       if n - before[table].get(key, 0) > 0}
+        part[name] = max(now.get(name, 0) - before.get(name, 0), 0)
+    for table in TABLES:
+        part[table] = {key: n - before.get(table, {}).get(key, 0) for key, n in now.get(table, {}).items()
+                       if n - before.get(table, {}).get(key, 0) > 0}
     return part
 
 
 def summary_line(snap: dict[str, Any]) -> str:
     """``gkx-autocache: 1480 hits (1045 from earlier runs, 435 of this run's own compiles), 12
-    misses (8 new, 3 changed XLA_FLAGS, 1 evicted), 2.31 s compile CPU time avoided, ..., dir``."""
-    hits = f"{snap['hits']} hits"
+    misses (8 new, 3 changed XLA_FLAGS, 1 evicted), 1 not cached (host callbacks), 2.31 s compile
+    CPU time avoided, ..., dir``. Misses and compiles not cached add up to the lookups not served."""
+    hits = plural(snap["hits"], "hit")
     if snap["own_hits"]:
         hits += f" ({snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles)"
-    parts = [hits, f"{snap['misses']} misses{by_cause(snap['causes'])}"]
-    if snap["uncached"]:
-        parts.append(f"{sum(snap['uncached'].values())} not cached{by_cause(snap['uncached'])}")
+    parts = [hits, f"{plural(snap['misses'], 'miss', 'misses')}{by_cause(snap['causes'])}"]
+    if snap["not_cached"]:
+        parts.append(f"{snap['not_cached']} not cached{by_cause(snap['reasons'])}")
     if snap["store"]:
         parts.append(f"{snap['saved_secs']:.2f} s compile CPU time avoided")
         parts.append(f"{human_bytes(snap['bytes_read'])} read, {human_bytes(snap['bytes_written'])} written")
@@ -257,15 +375,6 @@ def summary_line(snap: dict[str, Any]) -> str:
 
 
 recorder: Recorder | None = None
-SESSION_START = "GKX_JAX_CACHE_SESSION_START"  # set by the pytest plugin for the session's processes
-
-
-def _session_start() -> float | None:
-    try:
-        start = float(os.environ[SESSION_START])
-    except (KeyError, ValueError):
-        return None
-    return start if 0.0 < start < 1e11 else None  # a time, not "nan", "inf" or "-1e400"
 
 
 def start(settings: Any, directory: str, ledger: bool, remote: bool = False) -> Recorder:
@@ -274,7 +383,7 @@ def start(settings: Any, directory: str, ledger: bool, remote: bool = False) -> 
     global recorder
     import jax.monitoring
 
-    recorder = Recorder(directory, ledger, shared=bool(settings["trust_shared"]))
+    recorder = Recorder(directory, ledger, shared=bool(settings["trust_shared"]), run=begin_run())
     jax.monitoring.register_event_listener(recorder.on_event)
     jax.monitoring.register_event_duration_secs_listener(recorder.on_duration)
     if remote:
@@ -285,9 +394,9 @@ def start(settings: Any, directory: str, ledger: bool, remote: bool = False) -> 
 
 
 def finish(rec: Recorder, cap: int) -> None:
-    """At exit: close this process's ledger, then fold finished ledgers and keep the cap. Also
-    when this process recorded nothing but others left ledgers: a driver whose compiles all ran
-    in pool workers (they end by ``os._exit``) is the one that folds them."""
+    """At exit: end this process's ledger, then fold finished ledgers and keep the cap. Also when
+    this process recorded nothing but others left ledgers: a driver whose compiles all ran in pool
+    workers (they end by ``os._exit``) is the one that folds them."""
     kept = rec.kept_ledger
     rec.close()
     try:
@@ -295,7 +404,7 @@ def finish(rec: Recorder, cap: int) -> None:
     except OSError:
         others = False
     if kept or others:
-        _ledger.fold(rec.directory, cap, rec.shared, Folding())
+        _ledger.fold(rec.directory, cap, rec.shared)
 
 
 def _before_thread_pools_stop(func: Any, *args: Any) -> None:
@@ -357,14 +466,17 @@ def by_cause(causes: dict[str, int]) -> str:
 
 
 def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
+    """The totals as ``stats --json`` and ``explain --json`` (``last_run``) name them."""
     lookups = t.hits + t.misses
     return {"hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
+            "misses_by_cause": dict(sorted(t.causes.items(), key=lambda kv: -kv[1])),
+            "not_cached": t.not_cached, "not_cached_by_reason": dict(sorted(t.reasons.items(), key=lambda kv: -kv[1])),
             "hit_rate": t.hits / lookups if lookups else None, "saved_secs": round(t.saved_secs, 3),
-            "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes,
-            "causes": dict(sorted(t.causes.items(), key=lambda kv: -kv[1])),
-            "uncached": dict(sorted(t.uncached.items(), key=lambda kv: -kv[1]))}
+            "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes}
 
 
-def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float]]:
-    """The functions that cost most compile time, summed over their shapes."""
-    return sorted(((name, cost[0]) for name, cost in t.functions.items()), key=lambda kv: -kv[1])[:n]
+def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float, bool]]:
+    """The functions that cost most compile time, summed over their shapes: the user's first, then
+    JAX's own helpers (``jit_broadcast_in_dim``...), each with whether it is one."""
+    costs = sorted(((name, cost[0], name in t.helpers) for name, cost in t.functions.items()), key=lambda kv: -kv[1])
+    return sorted(costs[:n], key=lambda kv: kv[2])

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any, NamedTuple
 
 from gkx_autocache import _cache, _entries, _ledger, _settings, _stats, _store
-from gkx_autocache._diagnostics import human_bytes, human_secs
+from gkx_autocache._diagnostics import human_bytes, human_secs, plural
 from gkx_autocache._layout import is_url, version_name
 
 
@@ -134,6 +135,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     present: list[dict[str, Any]] = []
     store = None
     totals = None
+    reset_at = 0.0
     location = ctx.location
     if location is not None:
         directory["refused"] = [{"path": root, "why": why} for root, why in location.tried]
@@ -148,9 +150,18 @@ def gather(ctx: Context) -> dict[str, Any]:
                 attention.append(f"misses are not explained here: {store['explain']}")
             if location.kind == _cache.LOCAL and store.get("isa"):
                 attention.append(str(store["isa"]))
+            if location.kind == _cache.LOCAL and (note := _ledger.flock_note(vdir)):
+                attention.append(note)
             try:  # a bucket may be unreachable from here: status still reports the rest
                 if location.kind != _cache.OWN:
-                    totals = _ledger.read_totals(vdir)
+                    reading = _ledger.Reading(vdir)
+                    totals = reading.totals()
+                    reset_at = reading.summary.reset_at if reading.summary else 0.0
+                    if totals is not None and totals.empty and reset_at:
+                        totals = None  # "no lookups since the last reset", not a line of zeros
+                    if reading.skipped:
+                        attention.append(f"{human_bytes(reading.skipped)} of oversized ledgers were not read (a ledger "
+                                         "is at most 1 MiB unless someone wrote it by hand)")
                 for path in _entries.version_dirs(location.root) if location.root else []:
                     found = _entries.count(path)
                     name = os.path.basename(path)
@@ -168,7 +179,8 @@ def gather(ctx: Context) -> dict[str, Any]:
         "start_files": files, "hook_live": live, "settings": values,
         "files": {path: v.status + (f": {v.problem}" if v.problem else "") for path, v in settings.files.items()},
         "directory": directory, "versions_present": present, "store": store,
-        "stats": _stats.totals_dict(totals) if totals else None, "attention": attention,
+        "stats": _stats.totals_dict(totals) if totals else None, "stats_reset_at": reset_at or None,
+        "sizes": "on disk: allocated blocks, as du counts them (what max_size caps)", "attention": attention,
     }
 
 
@@ -185,15 +197,17 @@ def _store_verdict(location: _cache.Location) -> dict[str, Any]:
 # -- explain ------------------------------------------------------------------------------------------
 
 FIXES = {
-    "new": "nothing to fix: a first compile of this function; the next run is served",
-    "changed computation": "nothing to fix when you changed the code or the shapes; a value that differs on every run "
-                           "(a time, a seed, an id()) closed over by the function makes it miss every time: pass it "
-                           "as an argument",
+    "new": "nothing to fix: a first compile; the next run is served",
+    "changed computation": "nothing to fix when you changed the code, the shapes or jax.config; a value that differs "
+                           "on every run (a time, a seed, an id()) closed over by the function makes it miss every "
+                           "time: pass it as an argument",
     "changed XLA_FLAGS": "keep XLA_FLAGS (and --xla arguments) the same between runs: every entry depends on them",
     "changed jaxlib": "entries of another jaxlib are never hit: expected after an upgrade",
+    "changed JAX": "expected after an upgrade; gkx-autocache prune --stale-versions removes the old directory once "
+                   "unused for 30 days",
     "changed backend": "entries of another backend version are never hit: expected after a driver or plugin upgrade",
     "changed devices": "the device kinds or count differ (CUDA_VISIBLE_DEVICES, "
-                       "--xla_force_host_platform_device_count): each set has its own entries",
+                       "--xla_force_host_platform_device_count, jax_num_cpu_devices): each set has its own entries",
     "changed device assignment": "expected for ranks other than 0 of a multi-process run on CPU (JAX keys the device "
                                  "assignment there; on GPU it does not)",
     "changed compile options": "compile options set in code or jax.config differ between runs",
@@ -203,21 +217,51 @@ FIXES = {
                    "loaded where they could not run; each CPU keeps its own",
     "before CPU keying": "nothing to fix: once per entry after upgrading to a gkx-autocache that keys CPU entries by "
                          "the CPU's instruction set (or after stock JAX wrote the directory)",
-    "evicted": "the cap is smaller than the working set: raise max_size (gkx-autocache config set max_size 20GiB)",
+    "cannot tell": "the evidence cannot decide: run your code from a module file (not a notebook cell or python -c) "
+                   "to tell functions of one name apart",
     "rejected": "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
     "unexplained": "JAX's key parts were not seen for this compile",
     "not process 0": "expected: only process 0 of a multi-process run writes (JAX's rule)",
     "host callbacks": "JAX 0.10 does not write functions with host callbacks (jax.debug.print, pure_callback): keep "
                       "them out of hot functions, or upgrade JAX",
-    "below min_compile_time_secs": "lower min_compile_time_secs (gkx-autocache config set min_compile_time_secs 0)",
-    "below min_entry_size_bytes": "lower min_entry_size_bytes (gkx-autocache config set min_entry_size_bytes -1)",
     "read-only directory": "expected: the cache is read-only for you (a baked image)",
 }
+EVICTED = {"max_size": "the cap is smaller than the working set: raise max_size ({how})",
+           "prune": "removed by gkx-autocache prune: nothing to fix (prune less, or raise --max-size)",
+           "verify": "removed by gkx-autocache verify --repair because it did not load: nothing to fix",
+           "outside": "someone or something outside gkx-autocache removed it (a person, a cleanup job, another tool)"}
+EVERY_RUN = ("misses on every run: a value that differs on every run (a time, a seed, an id()) is closed over by the "
+             "function: pass it as an argument")
 
 
-def explain(ctx: Context) -> dict[str, Any]:
-    """The recent misses and uncached compiles, grouped by cause, then function: the latest detail
-    of each, how often, and the fix."""
+def fix_for(cause: str, ctx: Context, by: str | None = None) -> str:
+    """The fix for a cause, naming the source of every setting it names (SPEC §13.1)."""
+    short = cause.removeprefix("not cached: ")
+    if short == "evicted":
+        return EVICTED.get(by or "max_size", EVICTED["outside"]).format(how=setting_fix(ctx, "max_size", "20GiB"))
+    if short == "below min_compile_time_secs":
+        return f"lower min_compile_time_secs ({setting_fix(ctx, 'min_compile_time_secs', '0')})"
+    if short == "below min_entry_size_bytes":
+        return f"lower min_entry_size_bytes ({setting_fix(ctx, 'min_entry_size_bytes', '-1')})"
+    return FIXES.get(short, "")
+
+
+def setting_fix(ctx: Context, key: str, example: str) -> str:
+    """How to change a setting where it is set: an environment variable outranks the files, JAX's
+    own setting outranks both."""
+    origin = ctx.settings.origin(key)
+    if origin.startswith("env "):
+        return f"it is set by {origin.removeprefix('env ')}, which outranks config set: change it there"
+    if origin.startswith("JAX"):
+        return f"it is set by {origin}: change it there"
+    where = "" if origin == "default" else f"; now set in {origin}"
+    return f"gkx-autocache config set {key} {example}{where}"
+
+
+def explain(ctx: Context, since: float | None = None, function: str | None = None) -> dict[str, Any]:
+    """The last run (when, what, its counts by cause), its misses and uncached compiles grouped by
+    cause then function, then older ones with their time. ``since``: seconds back; ``function``: a
+    name (``step`` or ``jit_step``)."""
     from gkx_autocache._layout import function_name
 
     vdir = ctx.version_dir
@@ -227,28 +271,72 @@ def explain(ctx: Context) -> dict[str, Any]:
         unavailable = "misses are explained for a local directory gkx-autocache resolved (not a bucket or JAX's own)"
     elif (verdict := _store.read_verdict(vdir)) is not None and verdict.get("explain"):
         unavailable = str(verdict["explain"])
+    local = location is not None and location.kind == _cache.LOCAL
+    reading = _ledger.Reading(vdir) if local else None
+    runs = reading.runs() if reading else {}
+    last = next(reversed(runs.items()), None)
+    last_run = None
+    if last is not None:
+        run, entry = last
+        totals = _ledger.Totals.from_json(entry["totals"])
+        last_run = {"run": run, "started": entry["start"], "ended": entry["end"], "label": entry["label"],
+                    "processes": entry["processes"], **_stats.totals_dict(totals)}
+    wanted = None if function is None else {function, f"jit_{function}"}
+    cutoff = time.time() - since if since is not None else 0.0
+    records = [r for r in (reading.recent() if reading else [])
+               if r.get("t", 0.0) >= cutoff and (wanted is None or function_name(r.get("key") or "?-") in wanted)]
+    recent_runs = list(runs)[-3:]
+    every_run = _every_run(records, recent_runs)
+    in_last = [r for r in records if last is not None and r.get("run") == last[0]]
+    earlier = [r for r in records if last is None or r.get("run") != last[0]]
+    return {"unavailable": unavailable, "last_run": last_run, "groups": _grouped(in_last, ctx, every_run),
+            "earlier": _grouped(earlier, ctx, every_run), "since": since, "function": function}
+
+
+def _every_run(records: list[dict[str, Any]], runs: list[str]) -> set[str]:
+    """Functions that missed with a changed computation in each of the last three runs."""
+    from gkx_autocache._layout import function_name
+
+    if len(runs) < 3:
+        return set()
+    seen: dict[str, set[str]] = {}
+    for record in records:
+        if record["e"] == "miss" and record.get("cause") == "changed computation" and record.get("run") in runs:
+            seen.setdefault(function_name(record.get("key") or "?-"), set()).add(record["run"])
+    return {name for name, found in seen.items() if len(found) == len(runs)}
+
+
+def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -> list[dict[str, Any]]:
+    """Records grouped by cause, then function (the user's functions first, JAX's own helpers
+    after): the latest detail of each, how often, when last, and the fix."""
+    from gkx_autocache._layout import function_name
+
     groups: dict[str, dict[str, Any]] = {}
 
-    def add(cause: str, key: str, detail: str) -> None:
-        short = cause.removeprefix("not cached: ").split(" (")[0]
-        group = groups.setdefault(cause, {"cause": cause, "count": 0, "functions": {}, "fix": FIXES.get(short, "")})
+    def add(cause: str, record: dict[str, Any], detail: str) -> None:
+        group = groups.setdefault(cause, {"cause": cause, "count": 0, "functions": {},
+                                          "fix": fix_for(cause, ctx, record.get("by"))})
         group["count"] += 1
-        name = function_name(key or "?-")
-        fn = group["functions"].setdefault(name, {"name": name, "count": 0, "detail": ""})
+        name = function_name(record.get("key") or "?-")
+        fn = group["functions"].setdefault(name, {"name": name, "count": 0, "detail": "", "helper": False})
         fn["count"] += 1
         fn["detail"] = detail
+        fn["last"] = record.get("t")
+        fn["helper"] = fn["helper"] or bool(record.get("helper"))
+        if cause == "changed computation" and name in every_run:
+            fn["every_run"] = EVERY_RUN
 
-    for record in _ledger.recent(vdir) if location is not None and location.kind == _cache.LOCAL else []:
+    for record in records:
         if record["e"] == "miss":
-            add(record.get("cause") or "unexplained", record.get("key", ""), record.get("detail", ""))
-            continue
-        add(f"not cached: {record.get('reason') or 'unknown'}", record.get("key", ""), record.get("detail", ""))
-        if record.get("cause"):  # the miss's own cause, where it says more than "new"
-            add(record["cause"], record.get("key", ""), record.get("change", ""))
-    ordered = sorted(groups.values(), key=lambda g: -g["count"])
+            add(record.get("cause") or "unexplained", record, record.get("detail", ""))
+        else:
+            change = f"; its key differs from the entries here: {record['cause']}: {record.get('change', '')}" \
+                if record.get("cause") else ""
+            add(f"not cached: {record.get('reason') or 'unknown'}", record, record.get("detail", "") + change)
+    ordered = sorted(groups.values(), key=lambda g: (g["cause"].startswith("not cached"), -g["count"]))
     for group in ordered:
-        group["functions"] = sorted(group["functions"].values(), key=lambda f: -f["count"])
-    return {"unavailable": unavailable, "groups": ordered}
+        group["functions"] = sorted(group["functions"].values(), key=lambda f: (f["helper"], -f["count"], f["name"]))
+    return ordered
 
 
 # -- the CI key ---------------------------------------------------------------------------------------
@@ -299,10 +387,14 @@ def json_dumps(data: Any) -> str:
 
 
 def stats_line(t: dict[str, Any]) -> str:
+    """One line of totals, as ``stats --json`` names them; misses and compiles not cached are the
+    lookups not served, each with its breakdown."""
     rate = f" ({t['hit_rate']:.0%} hit rate)" if t["hit_rate"] is not None else ""
     own = f", {t['own_hits']} of them of a run's own compiles" if t["own_hits"] else ""
-    return (f"{t['hits']} hits{own}, {t['misses']} misses{rate}, {human_secs(t['saved_secs'])} compile CPU time "
-            f"avoided, {human_bytes(t['bytes_read'])} read, {human_bytes(t['bytes_written'])} written")
+    not_cached = f", {t['not_cached']} not cached" if t["not_cached"] else ""
+    return (f"{plural(t['hits'], 'hit')}{own}, {plural(t['misses'], 'miss', 'misses')}{rate}{not_cached}, "
+            f"{human_secs(t['saved_secs'])} compile CPU time avoided, {human_bytes(t['bytes_read'])} read, "
+            f"{human_bytes(t['bytes_written'])} written")
 
 
 def text(data: dict[str, Any]) -> str:
@@ -335,9 +427,16 @@ def text(data: dict[str, Any]) -> str:
         lines.append(f"  store    {store['store'] or 'not recorded yet'}{': ' + store['reason'] if store.get('reason') else ''}")
     for version in data["versions_present"]:
         mark = " (installed)" if version["installed"] else ""
-        lines.append(f"  {version['version']:<18} {version['entries']:>7} entries  {human_bytes(version['bytes']):>10}{mark}")
+        lines.append(f"  {version['version']:<18} {plural(version['entries'], 'entry', 'entries'):>13}  "
+                     f"{human_bytes(version['bytes']):>10} on disk{mark}")
     stats = data["stats"]
-    lines.append(f"stats       {stats_line(stats) if stats else 'no ledger yet (no process has used this directory)'}")
+    if stats:
+        lines.append(f"stats       {stats_line(stats)}")
+    elif data.get("stats_reset_at"):
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(data["stats_reset_at"]))
+        lines.append(f"stats       no lookups since the last reset (stats --reset, {when})")
+    else:
+        lines.append("stats       none yet: no process has used this directory")
     if data["attention"]:
         lines.append("attention")
         lines.extend(f"  - {a}" for a in data["attention"])

@@ -1,0 +1,297 @@
+"""The index that explanations compare a miss with (SPEC §13.1): what every entry's key was made of,
+and the keys removed lately, in one append-only file, ``<version dir>/.gkx-autocache/index``.
+
+One line each, tab-separated; ids are short content hashes, so processes never coordinate them::
+
+    E <name> <key hex> <written> <run> <computation> <context> <signature> <place> <config>
+    C <context> <the other seven parts' hashes, comma-separated>
+    V <part> <hash> <what the hash stands for, JSON>        the readable parts (XLA flags, devices, ...)
+    S <id> <input signature, JSON>                          "f32[8,8], f32[]"
+    P <id> <place, JSON>                                    "model/core.py:step"; "jax" (JAX's helper); "?"
+    G <id> <jax.config values, JSON>
+    X <name> <key hex> <removed> <by>                       by: max_size, prune, verify, outside
+
+``<key hex>`` is the first 20 hex digits of JAX's sha256 (80 bits: no two keys of one directory
+share them). An ``E`` line is about 130 bytes, so the index is about 150 bytes an entry (the
+tables are shared by the entries that have the same values).
+
+Who writes it: the fold at a process's exit, under the bookkeeping lock (one writer at a time, also
+on NFS), appends the entries the folded ledgers wrote (their ``put`` records carry the lines), the
+keys a command removed, and the keys the cap removed. So an exit costs what it appends, not what
+the index holds. A full scan (hourly, or when the directory is over its cap) rewrites it: the
+entries still present; the keys removed in the last ``REMOVED_SECS`` (at most ``MAX_REMOVED`` or
+as many as there are entries), an entry gone without a record of who removed it becoming
+``X ... outside``; the tables still referred to.
+
+Who reads it: a process at its first miss, once (never on a hit), together with one listing of
+the directory: the listing says which entries are there, the index what they were made of. An
+entry listed but not indexed has no record (stock JAX wrote it, an older gkx-autocache, a bundle
+without records, or a live process whose ledger is not folded yet): it is evidence all the same.
+A live process's ledger is never read here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import time
+from typing import NamedTuple
+
+from gkx_autocache import _files
+from gkx_autocache._diagnostics import logger
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, INDEX_FILE, META_DIR, function_name, key_match
+
+HEX = 20  # digits of a key kept
+REMOVED_SECS = 30 * 86400.0  # how long a removed key is remembered (for `evicted`)
+MAX_REMOVED = 10_000  # ...and how many at least (more where the directory holds more entries)
+READ_LIMIT = 256 << 20  # the most read of an index (about 1.7 million entries)
+PARTS = ("computation", "jax_lib version", "backend version", "XLA flags", "compile_options", "accelerator_config",
+         "compression", "custom_hook")
+
+
+def digest(text: str, n: int = 10) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:n]
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``jit_f-<64 hex>`` -> ``("jit_f", "<first 20 hex>")``."""
+    name = function_name(key)
+    return name, key[len(name) + 1:len(name) + 1 + HEX]
+
+
+class Record(NamedTuple):
+    """One entry's key, part by part, with what a person can read of it."""
+
+    name: str
+    hex: str
+    written: float
+    run: str
+    parts: tuple[str, ...]  # the eight parts' hashes, in PARTS order
+    signature: str
+    place: str
+    config: dict[str, str]
+
+
+def _text(value: str) -> str:
+    """A table value: one JSON string, so that no tab or newline in it splits a line."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def lines_for(name: str, hex_: str, written: float, run: str, parts: dict[str, str], readable: dict[str, str],
+              signature: str, place: str, config: dict[str, str]) -> list[str]:
+    """The index lines of one written entry: its ``E`` line after the table lines it refers to."""
+    others = ",".join(parts[p] for p in PARTS[1:])
+    context = digest(others, 12)
+    config_text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    sig, where, cfg = digest(signature), digest(place), digest(config_text)
+    lines = [f"C\t{context}\t{others}", f"S\t{sig}\t{_text(signature)}", f"P\t{where}\t{_text(place)}",
+             f"G\t{cfg}\t{_text(config_text)}"]
+    lines += [f"V\t{part}\t{parts[part]}\t{_text(value)}" for part, value in readable.items() if part in parts]
+    run = "".join(c for c in run if c.isprintable() and c not in "\t ")[:40] or "-"
+    lines.append(f"E\t{name}\t{hex_}\t{int(written)}\t{run}\t{parts[PARTS[0]]}\t{context}\t{sig}\t{where}\t{cfg}")
+    return lines
+
+
+class Evidence:
+    """What a directory holds, as one process saw it at its first miss (and its own writes since)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, list[str]] = {}  # name -> its E lines, unparsed (parsed on a miss of that name)
+        self.removed: dict[tuple[str, str], tuple[float, str]] = {}  # (name, hex) -> (when, by whom)
+        self.contexts: dict[str, tuple[str, ...]] = {}
+        self.values: dict[tuple[str, str], str] = {}  # (part, hash) -> readable
+        self.signatures: dict[str, str] = {}
+        self.places: dict[str, str] = {}
+        self.configs: dict[str, str] = {}
+        self.present: dict[str, dict[str, str]] = {}  # name -> hex -> the entry's key, as the listing showed
+        self.truncated = False
+        self.version_dir = ""
+
+    def add(self, lines: list[str]) -> None:
+        for line in lines:
+            self._line(line)
+
+    def _line(self, line: str) -> None:
+        kind, _, rest = line.partition("\t")
+        if kind == "E":
+            name, _, fields = rest.partition("\t")
+            self.entries.setdefault(name, []).append(fields)
+            return
+        parts = rest.split("\t")
+        try:
+            if kind == "X" and len(parts) == 4:
+                self.removed[(parts[0], parts[1])] = (float(parts[2]), parts[3][:40])
+            elif kind == "C" and len(parts) == 2:
+                self.contexts[parts[0]] = tuple(parts[1].split(","))
+            elif kind == "V" and len(parts) == 3:
+                self.values[(parts[0], parts[1])] = str(json.loads(parts[2]))
+            elif kind in "SPG" and kind and len(parts) == 2:
+                table = {"S": self.signatures, "P": self.places, "G": self.configs}[kind]
+                table[parts[0]] = str(json.loads(parts[1]))
+        except (ValueError, RecursionError):  # a hostile or torn line: skipped
+            return
+
+    def records(self, name: str) -> list[Record]:
+        """Every well-formed record of ``name``, the latest per key."""
+        found: dict[str, Record] = {}
+        for fields in self.entries.get(name, ()):
+            record = self._record(name, fields)
+            if record is not None:
+                found[record.hex] = record
+        return list(found.values())
+
+    def _record(self, name: str, fields: str) -> Record | None:
+        parts = fields.split("\t")
+        if len(parts) != 8:
+            return None
+        hex_, written, run, computation, context, sig, where, cfg = parts
+        others = self.contexts.get(context)
+        if others is None or len(others) != len(PARTS) - 1:
+            return None
+        try:
+            when = float(written)
+            config = json.loads(self.configs.get(cfg, "{}"))
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(config, dict):
+            config = {}
+        return Record(name, hex_, when, run, (computation, *others), self.signatures.get(sig, "?"),
+                      self.places.get(where, "?"), {str(k): str(v) for k, v in config.items()})
+
+    def readable(self, part: str, hash_: str) -> str | None:
+        return self.values.get((part, hash_))
+
+    def unrecorded(self, name: str, recorded: list[Record]) -> list[str]:
+        """The keys of the entries of ``name`` the listing showed that have no record."""
+        known = {r.hex for r in recorded}
+        return sorted(key for hex_, key in self.present.get(name, {}).items() if hex_ not in known)
+
+    def written_at(self, key: str) -> float:
+        """When an entry without a record was written: its compile-time sidecar's time (written with
+        the entry, never touched after: a hit touches the entry itself), or 0.0 (unknown: stock JAX
+        writes no sidecar)."""
+        try:
+            return os.stat(os.path.join(self.version_dir, key + COMPILE_SIDECAR), follow_symlinks=False).st_mtime
+        except OSError:
+            return 0.0
+
+
+def index_path(version_dir: str) -> str:
+    return os.path.join(version_dir, META_DIR, INDEX_FILE)
+
+
+def load(version_dir: str) -> Evidence:
+    """The index and one listing of the directory: what a first miss compares with."""
+    evidence = Evidence()
+    evidence.version_dir = version_dir
+    data = _files.read(index_path(version_dir), READ_LIMIT) or b""
+    if len(data) >= READ_LIMIT:
+        evidence.truncated = True
+        data = data[:data.rfind(b"\n") + 1]
+        logger.debug("%s is larger than %d bytes: read in part", index_path(version_dir), READ_LIMIT)
+    for line in data.decode("utf-8", "replace").split("\n"):
+        evidence._line(line)
+    try:
+        names = os.listdir(version_dir)
+    except OSError:
+        names = []
+    present = evidence.present
+    for entry in names:
+        if entry.endswith(ENTRY_SUFFIX) and entry[0] != ".":
+            key = entry[:-len(ENTRY_SUFFIX)]
+            name, hex_ = split_key(key)
+            present.setdefault(name, {})[hex_] = key
+    return evidence
+
+
+def append(version_dir: str, lines: list[str], shared: bool) -> bool:
+    """Append lines to the index (under the bookkeeping lock): one write."""
+    if not lines:
+        return True
+    folder = _files.bookkeeping_dir(version_dir, shared)
+    if folder is None:
+        return False
+    data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+    try:
+        fd = os.open(os.path.join(folder, INDEX_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | _files.NOFOLLOW
+                     | _files.NONBLOCK, _files.file_mode(shared))
+    except OSError as exc:
+        logger.debug("index not appended: %s", exc)
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted there
+            return False
+        os.write(fd, data)
+        return True
+    except OSError as exc:
+        logger.debug("index not appended: %s", exc)
+        return False
+    finally:
+        os.close(fd)
+
+
+def removed_lines(keys: list[str], by: str, when: float | None = None) -> list[str]:
+    when = time.time() if when is None else when
+    return [f"X\t{name}\t{hex_}\t{int(when)}\t{by}" for name, hex_ in map(split_key, keys)]
+
+
+def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: float | None = None) -> int:
+    """Rewrite the index for what the directory holds (at a full scan, under the lock): the bytes
+    it holds after."""
+    now = time.time() if now is None else now
+    data = _files.read(index_path(version_dir), READ_LIMIT)
+    if data is None:
+        return 0
+    entries: dict[tuple[str, str], str] = {}
+    removed: dict[tuple[str, str], tuple[float, str]] = {}
+    tables: dict[tuple[str, str], str] = {}  # (kind, id) -> line
+    for line in data.decode("utf-8", "replace").split("\n"):
+        kind, _, rest = line.partition("\t")
+        fields = rest.split("\t")
+        if kind == "E" and len(fields) == 9:
+            entries[(fields[0], fields[1])] = line
+        elif kind == "X" and len(fields) == 4:
+            try:
+                removed[(fields[0], fields[1])] = (float(fields[2]), fields[3])
+            except ValueError:
+                continue
+        elif kind in ("C", "S", "P", "G") and len(fields) == 2:
+            tables[(kind, fields[0])] = line
+        elif kind == "V" and len(fields) == 3:
+            tables[("V", f"{fields[0]}\t{fields[1]}")] = line
+    kept: list[str] = []
+    for key, line in entries.items():
+        if key in present:
+            kept.append(line)
+            removed.pop(key, None)  # written again since
+        elif key not in removed:
+            removed[key] = (now, "outside")  # gone, and no command or cap of the package removed it
+    keep_removed = max(MAX_REMOVED, len(present))
+    recent = sorted(((t, by, key) for key, (t, by) in removed.items() if now - t < REMOVED_SECS), reverse=True)
+    kept += [f"X\t{name}\t{hex_}\t{int(t)}\t{by}" for t, by, (name, hex_) in recent[:keep_removed]]
+    used: set[tuple[str, str]] = set()
+    for line in kept:
+        fields = line.split("\t")
+        if fields[0] == "E":
+            _, _, _, _, _, computation, context, sig, where, cfg = fields
+            used.update({("C", context), ("S", sig), ("P", where), ("G", cfg), ("V", f"computation\t{computation}")})
+    contexts = {key[1]: line.split("\t")[2].split(",") for key, line in tables.items() if key in used and key[0] == "C"}
+    for others in contexts.values():
+        used.update(("V", f"{part}\t{hash_}") for part, hash_ in zip(PARTS[1:], others, strict=False))
+    lines = [line for key, line in tables.items() if key in used] + kept
+    text = ("\n".join(lines) + "\n" if lines else "").encode("utf-8", "surrogatepass")
+    if _files.write_atomic(index_path(version_dir), text, _files.file_mode(shared)):
+        return len(text)
+    return len(data)
+
+
+def present_keys(names: list[str]) -> set[tuple[str, str]]:
+    """``(name, hex)`` of the entries among a directory's file names."""
+    found = set()
+    for entry in names:
+        match = key_match(entry)
+        if match is not None and match[1] == ENTRY_SUFFIX:
+            found.add(split_key(match[0]))
+    return found
