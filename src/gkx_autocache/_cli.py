@@ -233,6 +233,17 @@ def _environment(ctx: Context) -> dict[str, Any]:
     return _bundle.environment(ctx.jax_version, _status.distribution_version("jaxlib"))
 
 
+def _absolute(path: str) -> str:
+    """A path argument made absolute, or one line when it is relative to a deleted directory."""
+    if os.path.isabs(path):
+        return path
+    cwd = _settings.current_dir()
+    if cwd is None:
+        raise CliError(f"{shown(path)} is relative and the current directory no longer exists (it was deleted): "
+                       "give an absolute path, or cd to a directory that exists")
+    return os.path.join(cwd, path)
+
+
 def _local(ctx: Context, command: str) -> str:
     vdir = ctx.version_dir
     if ctx.location is not None and ctx.location.kind == _cache.REMOTE:
@@ -245,7 +256,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     vdir = _local(ctx, "export")
     if not os.path.isdir(vdir):
         raise CliError(f"{vdir} does not exist: nothing to export")
-    archive = os.path.abspath(args.file)
+    archive = _absolute(args.file)
     try:
         done = _bundle.export(vdir, archive, _environment(ctx))
     except OSError as exc:
@@ -258,6 +269,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    _absolute(args.file)
     ctx = load_context(create=True)  # the version directory, created (with its tag, trust-checked) if need be
     vdir = _local(ctx, "import")
     if not os.path.isdir(vdir):
@@ -312,8 +324,9 @@ def cmd_config(args: argparse.Namespace) -> int:
         return OK
     raw: str = args.value
     try:
-        value = _settings.validate(key.name, raw, os.getcwd())
-        literal = _policy.format_value(_policy.as_typed(key.name, raw, value, os.getcwd()))
+        cwd = _settings.current_dir()
+        value = _settings.validate(key.name, raw, cwd)
+        literal = _policy.format_value(_policy.as_typed(key.name, raw, value, cwd))
     except (_settings.BadValue, _policy.Unwritable) as exc:
         raise CliError(f"{key.name}: {exc}; {path} left as it was", USAGE) from None
     try:
@@ -413,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return FAILED
     except OSError as exc:  # a remote directory's failures arrive as one line (_remote.RemoteError)
-        return fail(args, str(exc), FAILED)
+        gone = "" if _settings.current_dir() else " (the current directory no longer exists: cd to one that does)"
+        return fail(args, f"{exc}{gone}", FAILED)
     except KeyboardInterrupt:
         return FAILED
 
