@@ -299,3 +299,22 @@ def test_json_failure_carries_the_error(venv: Venv) -> None:
     assert proc.returncode == 1
     data = json.loads(proc.stdout)
     assert data["command"] == "dir" and "disabled" in data["error"] and len(proc.stderr.splitlines()) == 1
+
+
+def test_json_usage_errors_are_json_too(venv: Venv) -> None:
+    """With --json, a usage error (unknown command, unknown option, missing or bad value) prints
+    one JSON object with the error on stdout, one line on stderr, and exits 2."""
+    cases = [(["--json", "bogus"], None), (["stats", "--json", "--bogus"], "stats"),
+             (["prune", "--json", "--max-size", "lots"], "prune"), (["--json", "config"], "config"),
+             (["--json", "config", "set", "dir"], "config"), (["--json", "import"], "import"),
+             (["--js", "stats", "--reset", "extra"], "stats")]
+    for argv, command in cases:
+        proc = venv.cli(*argv)
+        assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+        data = json.loads(proc.stdout)
+        assert data["version"] == 1 and data["command"] == command and data["exit"] == 2, (argv, data)
+        assert data["error"] and "\n" not in data["error"]
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith("gkx-autocache") and data["error"] in line, (argv, proc.stderr)
+    proc = venv.cli("bogus")  # without --json: argparse's usage and error, as before
+    assert proc.returncode == 2 and proc.stdout == "" and "usage:" in proc.stderr

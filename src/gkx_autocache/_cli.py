@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from gkx_autocache import _bundle, _cache, _entries, _ledger, _policy, _settings, _stats, _status
 from gkx_autocache._diagnostics import human_bytes, human_secs, one_line, shown
@@ -25,6 +25,21 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+class UsageError(Exception):
+    """argparse's complaint, raised rather than printed, so that ``--json`` can carry it."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class Parser(argparse.ArgumentParser):
+    commands: tuple[str, ...] = ()  # the top level's, for a usage error to name its command
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self, message)
 
 
 def emit(args: argparse.Namespace, human: str, data: dict[str, Any]) -> None:
@@ -354,10 +369,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- the parser -----------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gkx-autocache", description="JAX's persistent compilation cache, on by default.")
+def build_parser() -> Parser:
+    parser = Parser(prog="gkx-autocache", description="JAX's persistent compilation cache, on by default.")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag = Parser(add_help=False)
     json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="one JSON object on stdout")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -387,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--repair", action="store_true")
     config = add("config", cmd_config, "show or edit the settings files")
     actions = config.add_subparsers(dest="action", metavar="ACTION", required=True)
-    where = argparse.ArgumentParser(add_help=False)
+    where = Parser(add_help=False)
     group = where.add_mutually_exclusive_group()
     group.add_argument("--venv", action="store_true", help="the environment's policy file (the default)")
     group.add_argument("--user", action="store_true", help="your user config file")
@@ -404,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     bundle_in.add_argument("--sha256", metavar="HASH", help="refuse unless the archive has this sha256 (from its author)")
     bundle_in.add_argument("--force", action="store_true", help="import a bundle made for another JAX or platform")
     add("demo", cmd_demo, "run a compile-heavy JAX program cold, then warm")
+    parser.commands = tuple(commands.choices)
     return parser
 
 
@@ -413,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        return usage_error(parser, exc, sys.argv[1:] if argv is None else argv)
     if args.command is None:
         args.command, args.func = "status", cmd_status
     try:
@@ -432,11 +451,22 @@ def main(argv: list[str] | None = None) -> int:
         return FAILED
 
 
+def usage_error(parser: Parser, exc: UsageError, argv: list[str]) -> int:
+    """Bad usage: argparse's usage and message, exit 2; with ``--json`` (spotted among the words,
+    since parsing failed), the message as one line and one JSON object instead."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    if not any(len(word) >= 3 and "--json".startswith(word) for word in words):  # argparse takes --js for --json
+        argparse.ArgumentParser.error(exc.parser, str(exc))  # prints the usage, exits 2
+    command = next((word for word in words if word in parser.commands), None)
+    hint = f"gkx-autocache {command} --help" if command else "gkx-autocache --help"
+    return fail(argparse.Namespace(command=command, json=True), f"{exc} (see {hint})", USAGE)
+
+
 def fail(args: argparse.Namespace, message: str, code: int) -> int:
     """The one place an error becomes a message: one line on stderr, and with ``--json`` one
     object on stdout that carries it."""
     line = one_line(message)
-    print(f"gkx-autocache {args.command}: {line}", file=sys.stderr)
+    print(f"gkx-autocache {args.command}: {line}" if args.command else f"gkx-autocache: {line}", file=sys.stderr)
     if getattr(args, "json", False):
         print(json.dumps({"version": JSON_VERSION, "command": args.command, "error": line, "exit": code}))
     return code
