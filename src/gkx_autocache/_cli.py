@@ -338,17 +338,29 @@ def cmd_config(args: argparse.Namespace) -> int:
         emit(args, f"{key.name} removed from {path}", {"key": key.name, "file": path})
         return OK
     raw: str = args.value
+    # Written as typed, so a $VAR the setter lacks is no reason to refuse: other users of the
+    # file may set it. Checked with a stand-in for it, so every other fault is still refused.
+    unset = _settings.unset_variables(raw) if key.name == "dir" else []
     try:
         cwd = _settings.current_dir()
-        value = _settings.validate(key.name, raw, cwd)
-        literal = _policy.format_value(_policy.as_typed(key.name, raw, value, cwd))
+        value = _settings.validate(key.name, raw, cwd, {**os.environ, **{name: f"/{name}" for name in unset}})
+        typed = _policy.as_typed(key.name, raw, value, cwd)
+        literal = _policy.format_value(typed)
     except (_settings.BadValue, _policy.Unwritable) as exc:
         raise CliError(f"{key.name}: {exc}; {path} left as it was", USAGE) from None
     try:
         _policy.set_key(path, key.name, literal)
     except _policy.Unwritable as exc:
         raise CliError(str(exc)) from None
-    emit(args, f"{key.name} = {literal} written to {path}", {"key": key.name, "value": value, "file": path})
+    note = None
+    if unset:
+        names = ", ".join(f"${name}" for name in unset)
+        note = (f"note: {names} {'is' if len(unset) == 1 else 'are'} not set for you now, so {key.name} will be a bad "
+                f"value for anyone without {'it' if len(unset) == 1 else 'them'} (written as typed)")
+        print(f"gkx-autocache config: {note}", file=sys.stderr)
+        value = typed  # what was written: its expansion is each reader's
+    emit(args, f"{key.name} = {literal} written to {path}",
+         {"key": key.name, "value": value, "file": path, **({"note": note} if note else {})})
     return OK
 
 

@@ -163,6 +163,15 @@ def current_dir() -> str | None:
         return None
 
 
+def unset_variables(raw: str, env: Mapping[str, str] = os.environ) -> list[str]:
+    """The ``$VARS`` of a ``dir`` path that ``env`` does not set, among names a shell can set:
+    a policy file is shared, and another user may set what the one editing it does not."""
+    if is_url(raw):
+        return []
+    names = {match[1] or match[2] for match in re.finditer(_VAR, raw)}
+    return sorted(n for n in names if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) and n not in env)
+
+
 class Key(NamedTuple):
     name: str
     env: str
