@@ -318,3 +318,48 @@ def test_json_usage_errors_are_json_too(venv: Venv) -> None:
         assert line.startswith("gkx-autocache") and data["error"] in line, (argv, proc.stderr)
     proc = venv.cli("bogus")  # without --json: argparse's usage and error, as before
     assert proc.returncode == 2 and proc.stdout == "" and "usage:" in proc.stderr
+
+
+def test_verify_names_what_is_not_a_regular_file_and_repair_removes_it(venv: Venv, monkeypatch: Any) -> None:
+    """An entry replaced by a FIFO, a socket or a directory is reported as not a regular file (not
+    as an orphan sidecar alone); --repair removes each without blocking or following a link,
+    removes an empty directory and leaves one that holds something, saying so."""
+    import socket
+
+    run_program(venv)
+    vdir = venv.default_cache / VERSION_DIR
+    fifo, sock = sorted(vdir.glob("*-cache"))[:2]
+    fifo.unlink()
+    os.mkfifo(fifo)
+    sock.unlink()
+    monkeypatch.chdir(vdir)  # a socket's path is limited to 108 bytes: bind it by its name
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(sock.name)
+    empty, full = vdir / f"jit_empty-{'a' * 64}-cache", vdir / f"jit_full-{'b' * 64}-gkx-compile"
+    empty.mkdir()
+    full.mkdir()
+    (full / "theirs").write_text("kept")
+    elsewhere = vdir.parent / "elsewhere-fifo"
+    os.mkfifo(elsewhere)
+    link = vdir / f"jit_link-{'c' * 64}-cache"
+    link.symlink_to(elsewhere)
+    try:
+        proc = venv.cli("--json", "verify")
+        assert proc.returncode == 1, proc.stderr
+        data = json.loads(proc.stdout)
+        kinds = {os.path.basename(item["path"]): item["kind"] for item in data["not_regular"]}
+        assert kinds == {fifo.name: "a FIFO", sock.name: "a socket", empty.name: "a directory",
+                         full.name: "a directory"}, kinds
+        text = venv.cli("verify").stdout
+        assert f"{fifo.name}: not a regular file: a FIFO" in text and f"{sock.name}: not a regular file: a socket" in text
+        proc = venv.run("-m", "gkx_autocache", "verify", "--repair", timeout=120)
+        assert proc.returncode == 1 and f"{full.name}" in proc.stdout and "not empty" in proc.stdout, proc
+        assert not any(p.exists() or p.is_symlink() for p in (fifo, sock, empty, link))
+        assert (full / "theirs").read_text() == "kept" and elsewhere.exists()
+        (full / "theirs").unlink()
+        assert venv.cli("verify", "--repair").returncode == 0 and not full.exists()
+        assert venv.cli("verify").returncode == 0
+    finally:
+        server.close()
+    warm, _ = run_program(venv)
+    assert warm["hits"] == warm["requests"] - 2

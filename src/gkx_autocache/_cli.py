@@ -217,28 +217,35 @@ def cmd_verify(args: argparse.Namespace) -> int:
     vdir = load_context().version_dir
     result = _entries.verify(vdir, progress)
     doomed = result.doomed
-    if args.repair and doomed:
+    left: list[str] = []  # directories named like entries that hold something: the user's to remove
+    if args.repair and (doomed or result.doomed_dirs):
         _require_tag(vdir)
         try:
             done = _entries.remove_files(vdir, doomed)
+            left = _entries.remove_empty_dirs(vdir, result.doomed_dirs)
         except _entries.Refused as exc:
             raise CliError(str(exc)) from None
         if done.failed:
             raise CliError(f"verify --repair: {done.why()}")
     lines = [f"verified {result.checked} entries in {vdir}: {len(result.corrupt)} corrupt, "
-             f"{len(result.orphans)} orphan sidecars, {len(result.stale)} stale temporary files, {len(result.links)} links"]
+             f"{len(result.orphans)} orphan sidecars, {len(result.stale)} stale temporary files, {len(result.links)} links"
+             f", {len(result.not_regular)} not regular files"]
     lines += [f"  corrupt  {u.key}: {why}" for u, why in result.corrupt]
     lines += [f"  orphan   {os.path.basename(p)}" for p in result.orphans]
     lines += [f"  stale    {os.path.basename(p)}" for p in result.stale]
     lines += [f"  link     {os.path.basename(p)} (never read)" for p in result.links]
-    if doomed:
-        lines.append("removed them" if args.repair else "run verify --repair to remove them")
+    lines += [f"  odd      {os.path.basename(p)}: not a regular file: {kind} (never read)" for p, kind in result.not_regular]
+    if doomed or result.doomed_dirs:
+        lines.append(("removed them, but:" if left else "removed them") if args.repair else "run verify --repair to remove them")
+    lines += [f"  left     {os.path.basename(p)}: a directory that is not empty; look inside, and remove it yourself"
+              for p in left]
     emit(args, "\n".join(lines), {
-        "dir": vdir, "entries": result.checked, "repaired": bool(args.repair and doomed),
+        "dir": vdir, "entries": result.checked, "repaired": bool(args.repair and (doomed or result.doomed_dirs)),
         "corrupt": [{"key": u.key, "why": why} for u, why in result.corrupt], "orphans": result.orphans,
         "stale_temporary": result.stale, "links": result.links,
+        "not_regular": [{"path": p, "kind": kind} for p, kind in result.not_regular], "left": left,
     })
-    return FAILED if doomed and not args.repair else OK
+    return FAILED if ((doomed or result.doomed_dirs) and not args.repair) or left else OK
 
 
 # -- export, import: warm bundles -----------------------------------------------------------------
