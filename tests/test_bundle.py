@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import lzma
 import re
 import subprocess
 import tarfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,8 +37,11 @@ def bundle(venv: Venv, tmp_path: Path) -> tuple[Path, dict[str, object]]:
 
 def test_export_then_import_into_a_fresh_environment_is_warm(venv: Venv, wheel: Path,
                                                              bundle: tuple[Path, dict[str, object]]) -> None:
+    """A bundle written with its manifest first imports at another path, and the next run is warm."""
     archive, exported = bundle
     with tarfile.open(archive) as tar:
+        first = tar.next()
+        assert first is not None and first.name == MANIFEST  # first: it bounds what import reads after it
         manifest = json.load(tar.extractfile(MANIFEST))  # type: ignore[arg-type]
         names = {m.name for m in tar.getmembers()} - {MANIFEST}
     assert manifest["jax"] == JAX_VERSION and manifest["jaxlib"] and manifest["system"] and manifest["machine"]
@@ -211,3 +217,161 @@ def test_bundles_larger_than_the_cache_are_refused_before_writing(venv: Venv, tm
     assert line.startswith("gkx-autocache import:") and why in line and line.endswith("nothing imported"), line
     vdir = tmp_path / "target" / VERSION_DIR
     assert not [p for p in vdir.iterdir() if p.name != "CACHEDIR.TAG"]
+
+
+def test_a_bundle_of_the_earlier_layout_still_imports(venv: Venv, tmp_path: Path,
+                                                      bundle: tuple[Path, dict[str, object]]) -> None:
+    """A bundle written before the manifest came first (manifest last) imports as before."""
+    good, exported = bundle
+    old = tmp_path / "old.tar"
+    rewrite(good, old)  # the same members, the manifest last
+    with tarfile.open(old) as tar:
+        assert tar.getmembers()[-1].name == MANIFEST
+    proc = venv.cli("--json", "import", str(old), env={"GKX_JAX_CACHE_DIR": str(tmp_path / "target")})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["entries"] == exported["entries"]
+
+
+# -- memory and time bounded by the manifest (SPEC §8) --------------------------------------------
+
+
+def _header(name: str, size: int = 0, kind: bytes = tarfile.REGTYPE) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, kind
+    return info.tobuf(tarfile.GNU_FORMAT)
+
+
+def _member(name: str, data: bytes) -> bytes:
+    return _header(name, len(data)) + data + bytes(-len(data) % 512)
+
+
+def _zero_size_members(count: int) -> Iterator[bytes]:
+    """``count`` zero-size members with names like entries, 1000 headers at a time (a header
+    patched in place, its checksum recomputed: tarfile takes 7 s for 300 000)."""
+    template = bytearray(_header(f"jit_f{0:06d}-{'a' * 64}-cache"))
+    for start in range(0, count, 1000):
+        chunk = []
+        for i in range(start, min(count, start + 1000)):
+            block = bytearray(template)
+            block[5:11] = b"%06d" % i
+            block[148:156] = b" " * 8
+            block[148:155] = b"%06o\0" % sum(block)
+            chunk.append(bytes(block))
+        yield b"".join(chunk)
+
+
+def _manifest(files: list[tuple[str, bytes]]) -> bytes:
+    import hashlib
+
+    listed = [{"name": n, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files]
+    return json.dumps({"format": 1, "created_by": "gkx-autocache", **_here(), "files": listed}).encode()
+
+
+MEASURED = """import resource, sys
+from gkx_autocache._cli import main
+code = main(sys.argv[1:])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)  # peak RSS, MiB
+sys.exit(code)
+"""
+
+
+def _import_measured(venv: Venv, archive: Path, target: Path) -> tuple[str, int, float]:
+    """``gkx-autocache import`` of ``archive``: its one-line refusal, its peak RSS in MiB, seconds."""
+    start = time.monotonic()
+    proc = venv.run("-c", MEASURED, "import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
+    seconds = time.monotonic() - start
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert not [p for p in (target / VERSION_DIR).iterdir() if p.name != "CACHEDIR.TAG"]  # nothing written
+    return line, int(proc.stdout.split()[-1]), seconds
+
+
+@pytest.mark.parametrize("layout, why", [
+    ("manifest-last", "more than 100000 members before its manifest"),
+    ("manifest-first", f"'jit_f000000-{'a' * 32}... (84 characters) is not listed in the manifest"),
+])
+def test_a_small_archive_of_many_headers_is_refused_with_bounded_memory(venv: Venv, tmp_path: Path, layout: str,
+                                                                        why: str) -> None:
+    """300 000 zero-size members (a 0.4 MB .tar.xz): refused at the first member beyond what the
+    manifest lists (manifest first) or beyond the earlier layout's cap of 100 000 (manifest
+    last), in bounded memory and time, having written nothing."""
+    one = [(f"{KEY}-cache", b"x\x9c")]
+    archive = tmp_path / "many.tar.xz"
+    compressor = lzma.LZMACompressor(preset=1)
+    with archive.open("wb") as out:
+        out.write(compressor.compress(_member(MANIFEST, _manifest(one)) if layout == "manifest-first" else b""))
+        out.write(compressor.compress(_member(*one[0])))
+        for chunk in _zero_size_members(300_000):
+            out.write(compressor.compress(chunk))
+        out.write(compressor.compress(_member(MANIFEST, _manifest(one)) if layout == "manifest-last" else b""))
+        out.write(compressor.compress(bytes(1024)) + compressor.flush())
+    assert archive.stat().st_size < 1_000_000
+    line, peak_mib, seconds = _import_measured(venv, archive, tmp_path / "target")
+    assert line.startswith("gkx-autocache import:") and why in line and line.endswith("nothing imported"), line
+    print(f"{layout}: peak {peak_mib} MiB, {seconds:.1f} s")  # pytest -s shows it
+    assert peak_mib < 150 and seconds < 60, (peak_mib, seconds)  # measured: 47 MiB; 2.0 s, 0.1 s (before: 180 MiB, 6 s)
+
+
+def test_a_huge_tar_header_in_a_small_archive_is_refused_with_bounded_memory(venv: Venv, tmp_path: Path) -> None:
+    """A GNU long-name header declaring 512 MiB of name (zeros: 100 KB of xz) is refused before
+    tarfile reads it into memory, as is a PAX header of that size."""
+    zeros = lzma.compress(bytes(8 << 20), preset=1)  # xz streams may be concatenated: 64 of them
+    for kind in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE):
+        archive = tmp_path / "long.tar.xz"
+        with archive.open("wb") as out:
+            out.write(lzma.compress(_member(MANIFEST, _manifest([])) + _header("././@LongLink", 512 << 20, kind)))
+            for _ in range(64):
+                out.write(zeros)
+        assert archive.stat().st_size < 200_000
+        line, peak_mib, seconds = _import_measured(venv, archive, tmp_path / f"target-{kind!r}")
+        assert "damaged" in line and line.endswith("nothing imported"), line
+        print(f"{kind!r}: peak {peak_mib} MiB, {seconds:.1f} s")  # pytest -s shows it
+        assert peak_mib < 150 and seconds < 60, (peak_mib, seconds)  # measured: 63 MiB, 0.2 s (before: 551 MiB)
+
+
+@pytest.mark.parametrize("extra, why", [("unlisted", "is not listed in the manifest"), ("again", "appears twice")])
+def test_a_member_beyond_a_first_manifest_is_refused_at_that_member(venv: Venv, tmp_path: Path, extra: str,
+                                                                    why: str) -> None:
+    """With the manifest first, the first member beyond what it lists (another name, or a listed
+    one again) is refused, having written nothing."""
+    listed = [(f"{KEY}-cache", b"x\x9c"), (f"{KEY}-gkx-compile", b"0.5")]
+    beyond = (f"jit_more-{'ab' * 32}-cache", b"x\x9c") if extra == "unlisted" else listed[0]
+    archive = tmp_path / "extra.tar"
+    archive.write_bytes(_member(MANIFEST, _manifest(listed)) + b"".join(_member(*m) for m in [*listed, beyond])
+                        + bytes(1024))
+    target = tmp_path / "target"
+    proc = venv.cli("import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and why in line and shown_name(beyond[0]) in line, line
+    assert not [p for p in (target / VERSION_DIR).iterdir() if p.name != "CACHEDIR.TAG"]
+    archive.write_bytes(_member(MANIFEST, _manifest(listed)) + b"".join(_member(*m) for m in listed) + bytes(1024))
+    proc = venv.cli("--json", "import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
+    assert proc.returncode == 0 and json.loads(proc.stdout)["files"] == 2, proc.stderr
+
+
+def shown_name(name: str) -> str:
+    from gkx_autocache._diagnostics import shown
+
+    return shown(name)
+
+
+@pytest.mark.parametrize("members, imported", [(3, True), (4, False)])
+def test_the_earlier_layout_is_read_up_to_its_stated_member_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                members: int, imported: bool) -> None:
+    """A bundle whose manifest comes last imports with up to EARLIER_LAYOUT_MEMBERS members before
+    it, and is refused beyond (here the cap is made 3)."""
+    from gkx_autocache import _bundle
+
+    monkeypatch.setattr(_bundle, "EARLIER_LAYOUT_MEMBERS", 3)
+    files = [(f"jit_m{i}-{'ab' * 32}-cache", b"x\x9c%d" % i) for i in range(members)]
+    archive = tmp_path / "old.tar"
+    archive.write_bytes(b"".join(_member(*m) for m in files) + _member(MANIFEST, _manifest(files)) + bytes(1024))
+    target = tmp_path / "target"
+    target.mkdir()
+    if imported:
+        done = _bundle.import_bundle(str(archive), str(target), _here())
+        assert done.files == members and sorted(p.name for p in target.iterdir()) == sorted(n for n, _ in files)
+    else:
+        with pytest.raises(_bundle.Refused, match="more than 3 members before its manifest"):
+            _bundle.import_bundle(str(archive), str(target), _here())
+        assert list(target.iterdir()) == []

@@ -116,7 +116,8 @@ manifests = json_values.map(lambda v: json.dumps(v).encode()) | st.binary(max_si
 @given(manifest=manifests)
 def test_bundle_manifests(manifest: bytes) -> None:
     try:
-        read = _bundle.read_manifest(tar_with(manifest, []))
+        tar = tar_with(manifest, [])
+        read = _bundle.read_manifest(tar, tar.getmember(_bundle.MANIFEST))
     except _bundle.Refused as exc:
         one_line(str(exc))
         return
