@@ -67,14 +67,16 @@ def test_export_then_import_into_a_fresh_environment_is_warm(venv: Venv, wheel: 
 
 
 def rewrite(source: Path, target: Path, *, change: str | None = None, extra: tarfile.TarInfo | None = None,
-            extra_data: bytes = b"", manifest_edit: dict[str, object] | None = None, list_extra: bool = True) -> None:
-    """A copy of the bundle with one thing wrong."""
+            extra_data: bytes = b"", manifest_edit: dict[str, object] | None = None, list_extra: bool = True,
+            manifest_first: bool = False) -> None:
+    """A copy of the bundle with one thing wrong, its manifest last (the earlier layout) or first."""
     import hashlib
 
     with tarfile.open(source) as tar:
         members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
     manifest = json.loads(dict((m.name, d) for m, d in members)[MANIFEST])
-    with tarfile.open(target, "w") as out:
+    body = io.BytesIO()
+    with tarfile.open(fileobj=body, mode="w") as out:
         for member, data in members:
             if member.name == MANIFEST:
                 continue
@@ -88,11 +90,11 @@ def rewrite(source: Path, target: Path, *, change: str | None = None, extra: tar
             if list_extra:
                 manifest["files"].append({"name": extra.name, "size": extra.size,
                                           "sha256": hashlib.sha256(extra_data).hexdigest()})
-        manifest.update(manifest_edit or {})
-        blob = json.dumps(manifest).encode()
-        info = tarfile.TarInfo(MANIFEST)
-        info.size = len(blob)
-        out.addfile(info, io.BytesIO(blob))
+        end = out.offset  # where the members end: close() adds the end-of-archive blocks
+    manifest.update(manifest_edit or {})
+    head = _member(MANIFEST, json.dumps(manifest).encode())
+    body_bytes = body.getvalue()[:end]
+    target.write_bytes(head + body_bytes + bytes(1024) if manifest_first else body_bytes + head + bytes(1024))
 
 
 def link(name: str, target: str) -> tarfile.TarInfo:
@@ -118,23 +120,26 @@ KEY = "jit_evil-" + "cd" * 32
     ("wrong-sha256", "sha256 is"),
     ("not-a-tar", "not a readable archive"),
 ])
+@pytest.mark.parametrize("first", [False, True], ids=["manifest-last", "manifest-first"])
 def test_refused_bundles_write_nothing(venv: Venv, tmp_path: Path, bundle: tuple[Path, dict[str, object]],
-                                       case: str, why: str) -> None:
+                                       case: str, why: str, first: bool) -> None:
+    """A corrupt entry, an escaping name, a link, an unlisted member, another JAX, a wrong
+    --sha256, not a tar: one line, exit 1, nothing written, whichever layout."""
     good, _ = bundle
     bad = tmp_path / "bad.tar"
     args: list[str] = []
     if case == "corrupt":
-        rewrite(good, bad, change="jit_")
+        rewrite(good, bad, change="jit_", manifest_first=first)
     elif case == "traversal":
-        rewrite(good, bad, extra=regular(f"../{KEY}-cache"), extra_data=b"x\x9c")
+        rewrite(good, bad, extra=regular(f"../{KEY}-cache"), extra_data=b"x\x9c", manifest_first=first)
     elif case == "absolute":
-        rewrite(good, bad, extra=regular(f"/tmp/{KEY}-cache"), extra_data=b"x\x9c")
+        rewrite(good, bad, extra=regular(f"/tmp/{KEY}-cache"), extra_data=b"x\x9c", manifest_first=first)
     elif case == "link":
-        rewrite(good, bad, extra=link(f"{KEY}-cache", "/etc/passwd"))
+        rewrite(good, bad, extra=link(f"{KEY}-cache", "/etc/passwd"), manifest_first=first)
     elif case == "unlisted":
-        rewrite(good, bad, extra=regular(f"{KEY}-cache"), extra_data=b"x\x9c", list_extra=False)
+        rewrite(good, bad, extra=regular(f"{KEY}-cache"), extra_data=b"x\x9c", list_extra=False, manifest_first=first)
     elif case == "other-jax":
-        rewrite(good, bad, manifest_edit={"jax": "0.0.1"})
+        rewrite(good, bad, manifest_edit={"jax": "0.0.1"}, manifest_first=first)
     elif case == "wrong-sha256":
         bad = good
         args = ["--sha256", "0" * 64]
@@ -155,7 +160,7 @@ def test_refused_bundles_write_nothing(venv: Venv, tmp_path: Path, bundle: tuple
 
 
 def crafted(path: Path, members: list[tuple[str, bytes]], sizes: dict[str, object] | None = None,
-            compress: bool = False, raw_size: str | None = None) -> None:
+            compress: bool = False, raw_size: str | None = None, manifest_first: bool = False) -> None:
     """A bundle made by hand: these members, and a manifest that lists each (with ``sizes``
     overriding what the manifest declares, or ``raw_size`` written verbatim as every size)."""
     import hashlib
@@ -167,7 +172,8 @@ def crafted(path: Path, members: list[tuple[str, bytes]], sizes: dict[str, objec
     if raw_size is not None:
         text = re.sub(r'"size": -?\d+', f'"size": {raw_size}', text)
     with tarfile.open(path, "w:gz" if compress else "w") as out:
-        for name, data in [*members, (MANIFEST, text.encode())]:
+        head = [(MANIFEST, text.encode())]
+        for name, data in [*head, *members] if manifest_first else [*members, *head]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             out.addfile(info, io.BytesIO(data))
@@ -189,8 +195,9 @@ def _here() -> dict[str, object]:
     ("negative", "size"),
     ("duplicate", "twice"),
 ])
+@pytest.mark.parametrize("first", [False, True], ids=["manifest-last", "manifest-first"])
 def test_bundles_larger_than_the_cache_are_refused_before_writing(venv: Venv, tmp_path: Path, case: str,
-                                                                  why: str) -> None:
+                                                                  why: str, first: bool) -> None:
     """A bundle declaring more than the cap or the free space, a manifest with an absurd size, or
     one member twice: one line, exit 1, nothing written."""
     bad = tmp_path / "bad.tar"
@@ -198,19 +205,19 @@ def test_bundles_larger_than_the_cache_are_refused_before_writing(venv: Venv, tm
     name = f"{KEY}-cache"
     small = [(name, b"x" * 1000)]
     if case == "over-the-cap":
-        crafted(bad, small, sizes={name: 20_000_000})
+        crafted(bad, small, sizes={name: 20_000_000}, manifest_first=first)
     elif case == "bomb":  # 50 MB of zeros is a small gzip: refused before any of it is written
-        crafted(bad, [(name, bytes(50_000_000))], compress=True)
+        crafted(bad, [(name, bytes(50_000_000))], compress=True, manifest_first=first)
         assert bad.stat().st_size < 1_000_000
     elif case == "over-free-space":
         env["GKX_JAX_CACHE_MAX_SIZE"] = "0"
-        crafted(bad, small, sizes={name: 10**18})
+        crafted(bad, small, sizes={name: 10**18}, manifest_first=first)
     elif case == "huge-number":
-        crafted(bad, small, raw_size="1e400")
+        crafted(bad, small, raw_size="1e400", manifest_first=first)
     elif case == "negative":
-        crafted(bad, small, sizes={name: -5})
+        crafted(bad, small, sizes={name: -5}, manifest_first=first)
     else:
-        crafted(bad, [*small, *small])
+        crafted(bad, [*small, *small], manifest_first=first)
     proc = venv.cli("import", str(bad), env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
