@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -335,6 +336,8 @@ def test_verify_names_what_is_not_a_regular_file_and_repair_removes_it(venv: Ven
     monkeypatch.chdir(vdir)  # a socket's path is limited to 108 bytes: bind it by its name
     server = socket.socket(socket.AF_UNIX)
     server.bind(sock.name)
+    device = vdir / f"jit_dev-{'d' * 64}-cache"
+    os.mknod(device, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # /dev/null's numbers
     empty, full = vdir / f"jit_empty-{'a' * 64}-cache", vdir / f"jit_full-{'b' * 64}-gkx-compile"
     empty.mkdir()
     full.mkdir()
@@ -348,13 +351,13 @@ def test_verify_names_what_is_not_a_regular_file_and_repair_removes_it(venv: Ven
         assert proc.returncode == 1, proc.stderr
         data = json.loads(proc.stdout)
         kinds = {os.path.basename(item["path"]): item["kind"] for item in data["not_regular"]}
-        assert kinds == {fifo.name: "a FIFO", sock.name: "a socket", empty.name: "a directory",
-                         full.name: "a directory"}, kinds
+        assert kinds == {fifo.name: "a FIFO", sock.name: "a socket", device.name: "a character device",
+                         empty.name: "a directory", full.name: "a directory"}, kinds
         text = venv.cli("verify").stdout
         assert f"{fifo.name}: not a regular file: a FIFO" in text and f"{sock.name}: not a regular file: a socket" in text
         proc = venv.run("-m", "gkx_autocache", "verify", "--repair", timeout=120)
         assert proc.returncode == 1 and f"{full.name}" in proc.stdout and "not empty" in proc.stdout, proc
-        assert not any(p.exists() or p.is_symlink() for p in (fifo, sock, empty, link))
+        assert not any(p.exists() or p.is_symlink() for p in (fifo, sock, device, empty, link))
         assert (full / "theirs").read_text() == "kept" and elsewhere.exists()
         (full / "theirs").unlink()
         assert venv.cli("verify", "--repair").returncode == 0 and not full.exists()
