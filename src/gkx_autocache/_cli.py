@@ -291,7 +291,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    _absolute(args.file)
+    archive = _absolute(args.file)
     ctx = load_context(create=True)  # the version directory, created (with its tag, trust-checked) if need be
     vdir = _local(ctx, "import")
     if not os.path.isdir(vdir):
@@ -299,7 +299,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if ctx.location is not None and not ctx.location.writable:
         raise CliError(f"{vdir} is read-only here: nothing imported")
     try:
-        done = _bundle.import_bundle(args.file, vdir, _environment(ctx), sha256=args.sha256, force=args.force,
+        done = _bundle.import_bundle(archive, vdir, _environment(ctx), sha256=args.sha256, force=args.force,
                                      shared=bool(ctx.settings["trust_shared"]), cap=ctx.settings["max_size"])
     except _bundle.Refused as exc:
         raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
