@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import lzma
 import re
 import subprocess
 import tarfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,8 +37,11 @@ def bundle(venv: Venv, tmp_path: Path) -> tuple[Path, dict[str, object]]:
 
 def test_export_then_import_into_a_fresh_environment_is_warm(venv: Venv, wheel: Path,
                                                              bundle: tuple[Path, dict[str, object]]) -> None:
+    """A bundle written with its manifest first imports at another path, and the next run is warm."""
     archive, exported = bundle
     with tarfile.open(archive) as tar:
+        first = tar.next()
+        assert first is not None and first.name == MANIFEST  # first: it bounds what import reads after it
         manifest = json.load(tar.extractfile(MANIFEST))  # type: ignore[arg-type]
         names = {m.name for m in tar.getmembers()} - {MANIFEST}
     assert manifest["jax"] == JAX_VERSION and manifest["jaxlib"] and manifest["system"] and manifest["machine"]
@@ -61,14 +67,16 @@ def test_export_then_import_into_a_fresh_environment_is_warm(venv: Venv, wheel: 
 
 
 def rewrite(source: Path, target: Path, *, change: str | None = None, extra: tarfile.TarInfo | None = None,
-            extra_data: bytes = b"", manifest_edit: dict[str, object] | None = None, list_extra: bool = True) -> None:
-    """A copy of the bundle with one thing wrong."""
+            extra_data: bytes = b"", manifest_edit: dict[str, object] | None = None, list_extra: bool = True,
+            manifest_first: bool = False) -> None:
+    """A copy of the bundle with one thing wrong, its manifest last (the earlier layout) or first."""
     import hashlib
 
     with tarfile.open(source) as tar:
         members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
     manifest = json.loads(dict((m.name, d) for m, d in members)[MANIFEST])
-    with tarfile.open(target, "w") as out:
+    body = io.BytesIO()
+    with tarfile.open(fileobj=body, mode="w") as out:
         for member, data in members:
             if member.name == MANIFEST:
                 continue
@@ -82,11 +90,11 @@ def rewrite(source: Path, target: Path, *, change: str | None = None, extra: tar
             if list_extra:
                 manifest["files"].append({"name": extra.name, "size": extra.size,
                                           "sha256": hashlib.sha256(extra_data).hexdigest()})
-        manifest.update(manifest_edit or {})
-        blob = json.dumps(manifest).encode()
-        info = tarfile.TarInfo(MANIFEST)
-        info.size = len(blob)
-        out.addfile(info, io.BytesIO(blob))
+        end = out.offset  # where the members end: close() adds the end-of-archive blocks
+    manifest.update(manifest_edit or {})
+    head = _member(MANIFEST, json.dumps(manifest).encode())
+    body_bytes = body.getvalue()[:end]
+    target.write_bytes(head + body_bytes + bytes(1024) if manifest_first else body_bytes + head + bytes(1024))
 
 
 def link(name: str, target: str) -> tarfile.TarInfo:
@@ -112,23 +120,26 @@ KEY = "jit_evil-" + "cd" * 32
     ("wrong-sha256", "sha256 is"),
     ("not-a-tar", "not a readable archive"),
 ])
+@pytest.mark.parametrize("first", [False, True], ids=["manifest-last", "manifest-first"])
 def test_refused_bundles_write_nothing(venv: Venv, tmp_path: Path, bundle: tuple[Path, dict[str, object]],
-                                       case: str, why: str) -> None:
+                                       case: str, why: str, first: bool) -> None:
+    """A corrupt entry, an escaping name, a link, an unlisted member, another JAX, a wrong
+    --sha256, not a tar: one line, exit 1, nothing written, whichever layout."""
     good, _ = bundle
     bad = tmp_path / "bad.tar"
     args: list[str] = []
     if case == "corrupt":
-        rewrite(good, bad, change="jit_")
+        rewrite(good, bad, change="jit_", manifest_first=first)
     elif case == "traversal":
-        rewrite(good, bad, extra=regular(f"../{KEY}-cache"), extra_data=b"x\x9c")
+        rewrite(good, bad, extra=regular(f"../{KEY}-cache"), extra_data=b"x\x9c", manifest_first=first)
     elif case == "absolute":
-        rewrite(good, bad, extra=regular(f"/tmp/{KEY}-cache"), extra_data=b"x\x9c")
+        rewrite(good, bad, extra=regular(f"/tmp/{KEY}-cache"), extra_data=b"x\x9c", manifest_first=first)
     elif case == "link":
-        rewrite(good, bad, extra=link(f"{KEY}-cache", "/etc/passwd"))
+        rewrite(good, bad, extra=link(f"{KEY}-cache", "/etc/passwd"), manifest_first=first)
     elif case == "unlisted":
-        rewrite(good, bad, extra=regular(f"{KEY}-cache"), extra_data=b"x\x9c", list_extra=False)
+        rewrite(good, bad, extra=regular(f"{KEY}-cache"), extra_data=b"x\x9c", list_extra=False, manifest_first=first)
     elif case == "other-jax":
-        rewrite(good, bad, manifest_edit={"jax": "0.0.1"})
+        rewrite(good, bad, manifest_edit={"jax": "0.0.1"}, manifest_first=first)
     elif case == "wrong-sha256":
         bad = good
         args = ["--sha256", "0" * 64]
@@ -149,7 +160,7 @@ def test_refused_bundles_write_nothing(venv: Venv, tmp_path: Path, bundle: tuple
 
 
 def crafted(path: Path, members: list[tuple[str, bytes]], sizes: dict[str, object] | None = None,
-            compress: bool = False, raw_size: str | None = None) -> None:
+            compress: bool = False, raw_size: str | None = None, manifest_first: bool = False) -> None:
     """A bundle made by hand: these members, and a manifest that lists each (with ``sizes``
     overriding what the manifest declares, or ``raw_size`` written verbatim as every size)."""
     import hashlib
@@ -161,7 +172,8 @@ def crafted(path: Path, members: list[tuple[str, bytes]], sizes: dict[str, objec
     if raw_size is not None:
         text = re.sub(r'"size": -?\d+', f'"size": {raw_size}', text)
     with tarfile.open(path, "w:gz" if compress else "w") as out:
-        for name, data in [*members, (MANIFEST, text.encode())]:
+        head = [(MANIFEST, text.encode())]
+        for name, data in [*head, *members] if manifest_first else [*members, *head]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             out.addfile(info, io.BytesIO(data))
@@ -183,8 +195,9 @@ def _here() -> dict[str, object]:
     ("negative", "size"),
     ("duplicate", "twice"),
 ])
+@pytest.mark.parametrize("first", [False, True], ids=["manifest-last", "manifest-first"])
 def test_bundles_larger_than_the_cache_are_refused_before_writing(venv: Venv, tmp_path: Path, case: str,
-                                                                  why: str) -> None:
+                                                                  why: str, first: bool) -> None:
     """A bundle declaring more than the cap or the free space, a manifest with an absurd size, or
     one member twice: one line, exit 1, nothing written."""
     bad = tmp_path / "bad.tar"
@@ -192,22 +205,180 @@ def test_bundles_larger_than_the_cache_are_refused_before_writing(venv: Venv, tm
     name = f"{KEY}-cache"
     small = [(name, b"x" * 1000)]
     if case == "over-the-cap":
-        crafted(bad, small, sizes={name: 20_000_000})
+        crafted(bad, small, sizes={name: 20_000_000}, manifest_first=first)
     elif case == "bomb":  # 50 MB of zeros is a small gzip: refused before any of it is written
-        crafted(bad, [(name, bytes(50_000_000))], compress=True)
+        crafted(bad, [(name, bytes(50_000_000))], compress=True, manifest_first=first)
         assert bad.stat().st_size < 1_000_000
     elif case == "over-free-space":
         env["GKX_JAX_CACHE_MAX_SIZE"] = "0"
-        crafted(bad, small, sizes={name: 10**18})
+        crafted(bad, small, sizes={name: 10**18}, manifest_first=first)
     elif case == "huge-number":
-        crafted(bad, small, raw_size="1e400")
+        crafted(bad, small, raw_size="1e400", manifest_first=first)
     elif case == "negative":
-        crafted(bad, small, sizes={name: -5})
+        crafted(bad, small, sizes={name: -5}, manifest_first=first)
     else:
-        crafted(bad, [*small, *small])
+        crafted(bad, [*small, *small], manifest_first=first)
     proc = venv.cli("import", str(bad), env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("gkx-autocache import:") and why in line and line.endswith("nothing imported"), line
     vdir = tmp_path / "target" / VERSION_DIR
     assert not [p for p in vdir.iterdir() if p.name != "CACHEDIR.TAG"]
+
+
+def test_a_bundle_of_the_earlier_layout_still_imports(venv: Venv, tmp_path: Path,
+                                                      bundle: tuple[Path, dict[str, object]]) -> None:
+    """A bundle written before the manifest came first (manifest last) imports as before."""
+    good, exported = bundle
+    old = tmp_path / "old.tar"
+    rewrite(good, old)  # the same members, the manifest last
+    with tarfile.open(old) as tar:
+        assert tar.getmembers()[-1].name == MANIFEST
+    proc = venv.cli("--json", "import", str(old), env={"GKX_JAX_CACHE_DIR": str(tmp_path / "target")})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["entries"] == exported["entries"]
+
+
+# -- memory and time bounded by the manifest (SPEC §8) --------------------------------------------
+
+
+def _header(name: str, size: int = 0, kind: bytes = tarfile.REGTYPE) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, kind
+    return info.tobuf(tarfile.GNU_FORMAT)
+
+
+def _member(name: str, data: bytes) -> bytes:
+    return _header(name, len(data)) + data + bytes(-len(data) % 512)
+
+
+def _zero_size_members(count: int) -> Iterator[bytes]:
+    """``count`` zero-size members with names like entries, 1000 headers at a time (a header
+    patched in place, its checksum recomputed: tarfile takes 7 s for 300 000)."""
+    template = bytearray(_header(f"jit_f{0:06d}-{'a' * 64}-cache"))
+    for start in range(0, count, 1000):
+        chunk = []
+        for i in range(start, min(count, start + 1000)):
+            block = bytearray(template)
+            block[5:11] = b"%06d" % i
+            block[148:156] = b" " * 8
+            block[148:155] = b"%06o\0" % sum(block)
+            chunk.append(bytes(block))
+        yield b"".join(chunk)
+
+
+def _manifest(files: list[tuple[str, bytes]]) -> bytes:
+    import hashlib
+
+    listed = [{"name": n, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files]
+    return json.dumps({"format": 1, "created_by": "gkx-autocache", **_here(), "files": listed}).encode()
+
+
+MEASURED = """import resource, sys
+from gkx_autocache._cli import main
+code = main(sys.argv[1:])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)  # peak RSS, MiB
+sys.exit(code)
+"""
+
+
+def _import_measured(venv: Venv, archive: Path, target: Path) -> tuple[str, int, float]:
+    """``gkx-autocache import`` of ``archive``: its one-line refusal, its peak RSS in MiB, seconds."""
+    start = time.monotonic()
+    proc = venv.run("-c", MEASURED, "import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
+    seconds = time.monotonic() - start
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert not [p for p in (target / VERSION_DIR).iterdir() if p.name != "CACHEDIR.TAG"]  # nothing written
+    return line, int(proc.stdout.split()[-1]), seconds
+
+
+@pytest.mark.parametrize("layout, why", [
+    ("manifest-last", "more than 100000 members before its manifest"),
+    ("manifest-first", f"'jit_f000000-{'a' * 32}... (84 characters) is not listed in the manifest"),
+])
+def test_a_small_archive_of_many_headers_is_refused_with_bounded_memory(venv: Venv, tmp_path: Path, layout: str,
+                                                                        why: str) -> None:
+    """300 000 zero-size members (a 0.4 MB .tar.xz): refused at the first member beyond what the
+    manifest lists (manifest first) or beyond the earlier layout's cap of 100 000 (manifest
+    last), in bounded memory and time, having written nothing."""
+    one = [(f"{KEY}-cache", b"x\x9c")]
+    archive = tmp_path / "many.tar.xz"
+    compressor = lzma.LZMACompressor(preset=1)
+    with archive.open("wb") as out:
+        out.write(compressor.compress(_member(MANIFEST, _manifest(one)) if layout == "manifest-first" else b""))
+        out.write(compressor.compress(_member(*one[0])))
+        for chunk in _zero_size_members(300_000):
+            out.write(compressor.compress(chunk))
+        out.write(compressor.compress(_member(MANIFEST, _manifest(one)) if layout == "manifest-last" else b""))
+        out.write(compressor.compress(bytes(1024)) + compressor.flush())
+    assert archive.stat().st_size < 1_000_000
+    line, peak_mib, seconds = _import_measured(venv, archive, tmp_path / "target")
+    assert line.startswith("gkx-autocache import:") and why in line and line.endswith("nothing imported"), line
+    print(f"{layout}: peak {peak_mib} MiB, {seconds:.1f} s")  # pytest -s shows it
+    assert peak_mib < 150 and seconds < 60, (peak_mib, seconds)  # measured: 47 MiB; 2.0 s, 0.1 s (before: 180 MiB, 6 s)
+
+
+def test_a_huge_tar_header_in_a_small_archive_is_refused_with_bounded_memory(venv: Venv, tmp_path: Path) -> None:
+    """A GNU long-name header declaring 512 MiB of name (zeros: 100 KB of xz) is refused before
+    tarfile reads it into memory, as is a PAX header of that size."""
+    zeros = lzma.compress(bytes(8 << 20), preset=1)  # xz streams may be concatenated: 64 of them
+    for kind in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE):
+        archive = tmp_path / "long.tar.xz"
+        with archive.open("wb") as out:
+            out.write(lzma.compress(_member(MANIFEST, _manifest([])) + _header("././@LongLink", 512 << 20, kind)))
+            for _ in range(64):
+                out.write(zeros)
+        assert archive.stat().st_size < 200_000
+        line, peak_mib, seconds = _import_measured(venv, archive, tmp_path / f"target-{kind!r}")
+        assert "damaged" in line and line.endswith("nothing imported"), line
+        print(f"{kind!r}: peak {peak_mib} MiB, {seconds:.1f} s")  # pytest -s shows it
+        assert peak_mib < 150 and seconds < 60, (peak_mib, seconds)  # measured: 63 MiB, 0.2 s (before: 551 MiB)
+
+
+@pytest.mark.parametrize("extra, why", [("unlisted", "is not listed in the manifest"), ("again", "appears twice")])
+def test_a_member_beyond_a_first_manifest_is_refused_at_that_member(venv: Venv, tmp_path: Path, extra: str,
+                                                                    why: str) -> None:
+    """With the manifest first, the first member beyond what it lists (another name, or a listed
+    one again) is refused, having written nothing."""
+    listed = [(f"{KEY}-cache", b"x\x9c"), (f"{KEY}-gkx-compile", b"0.5")]
+    beyond = (f"jit_more-{'ab' * 32}-cache", b"x\x9c") if extra == "unlisted" else listed[0]
+    archive = tmp_path / "extra.tar"
+    archive.write_bytes(_member(MANIFEST, _manifest(listed)) + b"".join(_member(*m) for m in [*listed, beyond])
+                        + bytes(1024))
+    target = tmp_path / "target"
+    proc = venv.cli("import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and why in line and shown_name(beyond[0]) in line, line
+    assert not [p for p in (target / VERSION_DIR).iterdir() if p.name != "CACHEDIR.TAG"]
+    archive.write_bytes(_member(MANIFEST, _manifest(listed)) + b"".join(_member(*m) for m in listed) + bytes(1024))
+    proc = venv.cli("--json", "import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
+    assert proc.returncode == 0 and json.loads(proc.stdout)["files"] == 2, proc.stderr
+
+
+def shown_name(name: str) -> str:
+    from gkx_autocache._diagnostics import shown
+
+    return shown(name)
+
+
+@pytest.mark.parametrize("members, imported", [(3, True), (4, False)])
+def test_the_earlier_layout_is_read_up_to_its_stated_member_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                members: int, imported: bool) -> None:
+    """A bundle whose manifest comes last imports with up to EARLIER_LAYOUT_MEMBERS members before
+    it, and is refused beyond (here the cap is made 3)."""
+    from gkx_autocache import _bundle
+
+    monkeypatch.setattr(_bundle, "EARLIER_LAYOUT_MEMBERS", 3)
+    files = [(f"jit_m{i}-{'ab' * 32}-cache", b"x\x9c%d" % i) for i in range(members)]
+    archive = tmp_path / "old.tar"
+    archive.write_bytes(b"".join(_member(*m) for m in files) + _member(MANIFEST, _manifest(files)) + bytes(1024))
+    target = tmp_path / "target"
+    target.mkdir()
+    if imported:
+        done = _bundle.import_bundle(str(archive), str(target), _here())
+        assert done.files == members and sorted(p.name for p in target.iterdir()) == sorted(n for n, _ in files)
+    else:
+        with pytest.raises(_bundle.Refused, match="more than 3 members before its manifest"):
+            _bundle.import_bundle(str(archive), str(target), _here())
+        assert list(target.iterdir()) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -301,3 +302,69 @@ def test_json_failure_carries_the_error(venv: Venv) -> None:
     assert proc.returncode == 1
     data = json.loads(proc.stdout)
     assert data["command"] == "dir" and "disabled" in data["error"] and len(proc.stderr.splitlines()) == 1
+
+
+def test_json_usage_errors_are_json_too(venv: Venv) -> None:
+    """With --json, a usage error (unknown command, unknown option, missing or bad value) prints
+    one JSON object with the error on stdout, one line on stderr, and exits 2."""
+    cases = [(["--json", "bogus"], None), (["stats", "--json", "--bogus"], "stats"),
+             (["prune", "--json", "--max-size", "lots"], "prune"), (["--json", "config"], "config"),
+             (["--json", "config", "set", "dir"], "config"), (["--json", "import"], "import"),
+             (["--js", "stats", "--reset", "extra"], "stats")]
+    for argv, command in cases:
+        proc = venv.cli(*argv)
+        assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+        data = json.loads(proc.stdout)
+        assert data["version"] == 1 and data["command"] == command and data["exit"] == 2, (argv, data)
+        assert data["error"] and "\n" not in data["error"]
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith("gkx-autocache") and data["error"] in line, (argv, proc.stderr)
+    proc = venv.cli("bogus")  # without --json: argparse's usage and error, as before
+    assert proc.returncode == 2 and proc.stdout == "" and "usage:" in proc.stderr
+
+
+def test_verify_names_what_is_not_a_regular_file_and_repair_removes_it(venv: Venv, monkeypatch: Any) -> None:
+    """An entry replaced by a FIFO, a socket or a directory is reported as not a regular file (not
+    as an orphan sidecar alone); --repair removes each without blocking or following a link,
+    removes an empty directory and leaves one that holds something, saying so."""
+    import socket
+
+    run_program(venv)
+    vdir = venv.default_cache / VERSION_DIR
+    fifo, sock = sorted(vdir.glob("*-cache"))[:2]
+    fifo.unlink()
+    os.mkfifo(fifo)
+    sock.unlink()
+    monkeypatch.chdir(vdir)  # a socket's path is limited to 108 bytes: bind it by its name
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(sock.name)
+    device = vdir / f"jit_dev-{'d' * 64}-cache"
+    os.mknod(device, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # /dev/null's numbers
+    empty, full = vdir / f"jit_empty-{'a' * 64}-cache", vdir / f"jit_full-{'b' * 64}-gkx-compile"
+    empty.mkdir()
+    full.mkdir()
+    (full / "theirs").write_text("kept")
+    elsewhere = vdir.parent / "elsewhere-fifo"
+    os.mkfifo(elsewhere)
+    link = vdir / f"jit_link-{'c' * 64}-cache"
+    link.symlink_to(elsewhere)
+    try:
+        proc = venv.cli("--json", "verify")
+        assert proc.returncode == 1, proc.stderr
+        data = json.loads(proc.stdout)
+        kinds = {os.path.basename(item["path"]): item["kind"] for item in data["not_regular"]}
+        assert kinds == {fifo.name: "a FIFO", sock.name: "a socket", device.name: "a character device",
+                         empty.name: "a directory", full.name: "a directory"}, kinds
+        text = venv.cli("verify").stdout
+        assert f"{fifo.name}: not a regular file: a FIFO" in text and f"{sock.name}: not a regular file: a socket" in text
+        proc = venv.run("-m", "gkx_autocache", "verify", "--repair", timeout=120)
+        assert proc.returncode == 1 and f"{full.name}" in proc.stdout and "not empty" in proc.stdout, proc
+        assert not any(p.exists() or p.is_symlink() for p in (fifo, sock, device, empty, link))
+        assert (full / "theirs").read_text() == "kept" and elsewhere.exists()
+        (full / "theirs").unlink()
+        assert venv.cli("verify", "--repair").returncode == 0 and not full.exists()
+        assert venv.cli("verify").returncode == 0
+    finally:
+        server.close()
+    warm, _ = run_program(venv)
+    assert warm["hits"] == warm["requests"] - 2

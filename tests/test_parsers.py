@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,8 @@ manifests = json_values.map(lambda v: json.dumps(v).encode()) | st.binary(max_si
 @given(manifest=manifests)
 def test_bundle_manifests(manifest: bytes) -> None:
     try:
-        read = _bundle.read_manifest(tar_with(manifest, []))
+        tar = tar_with(manifest, [])
+        read = _bundle.read_manifest(tar, tar.getmember(_bundle.MANIFEST))
     except _bundle.Refused as exc:
         one_line(str(exc))
         return
@@ -180,3 +182,62 @@ def test_the_properties_can_fail(tmp_path: Path) -> None:
     except AssertionError:
         return
     raise AssertionError("one_line accepted two lines")
+
+
+def _valid_bundle() -> bytes:
+    """A small bundle as export writes it: the manifest first, an entry and its sidecar."""
+    import hashlib
+
+    files = [(f"jit_f-{'ab' * 32}-cache", b"x\x9c" + bytes(700)), (f"jit_f-{'ab' * 32}-gkx-compile", b"0.25")]
+    listed = [{"name": n, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in [(_bundle.MANIFEST, json.dumps({"format": 1, "files": listed}).encode()), *files]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+VALID_BUNDLE = _valid_bundle()
+
+
+def _flipped(flips: list[tuple[int, int]]) -> bytes:
+    changed = dict(flips)
+    return bytes(changed.get(i, b) for i, b in enumerate(VALID_BUNDLE))
+
+
+def _compressed_cut(kind: str, cut: int) -> bytes:
+    import bz2
+    import gzip
+    import lzma
+
+    compress: dict[str, Callable[[bytes], bytes]] = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}
+    data = compress[kind](VALID_BUNDLE)
+    return data[:len(data) - cut]
+
+
+bundles = (st.binary(max_size=2000)
+           | st.lists(st.tuples(st.integers(0, len(VALID_BUNDLE) - 1), st.integers(0, 255)), min_size=1,
+                      max_size=8).map(_flipped)
+           | st.integers(0, len(VALID_BUNDLE)).map(lambda n: VALID_BUNDLE[:n])
+           | st.builds(_compressed_cut, st.sampled_from(["gz", "bz2", "xz"]), st.integers(0, 400)))
+
+
+@SETTINGS
+@given(archive=bundles)
+def test_whole_bundles(tmp_path_factory: Any, archive: bytes) -> None:
+    """Any archive (random bytes, a bundle with bytes changed, cut short, compressed and cut
+    short): imported whole, or refused in one line with nothing left in the directory."""
+    folder = tmp_path_factory.mktemp("bundle")
+    path, target = folder / "in.tar", folder / "target"
+    path.write_bytes(archive)
+    target.mkdir()
+    environment = {"jax": None, "jaxlib": None, "system": None, "machine": None}
+    try:
+        done = _bundle.import_bundle(str(path), str(target), environment, force=True)
+    except _bundle.Refused as exc:
+        one_line(str(exc))
+        assert list(target.iterdir()) == []
+        return
+    assert len(list(target.iterdir())) == done.files

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -242,3 +243,41 @@ def test_a_members_reset_keeps_the_team_cache_usable(venv: Venv, public: Path) -
         assert (meta / name).stat().st_mode & 0o060 == 0o060, name
     run_program(venv, user=MEMBER_B, groups=(TEAM,))
     assert list((meta / "ledger").iterdir()) == []  # member B folded
+
+
+# -- what a checked-out repository may choose (SPEC §3) -------------------------------------------
+
+
+def test_a_relative_xdg_cache_home_cannot_make_a_checkout_the_cache(venv: Venv, tmp_path: Path) -> None:
+    """A relative XDG_CACHE_HOME is ignored (XDG spec): a run from a repository holding a planted,
+    trusted cache under that relative path gets no hit from it and uses ~/.cache instead."""
+    repo = tmp_path / "repo"
+    planted = repo / "xdg" / "gkx" / "jax"
+    cold, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(planted)})  # entries that pass every check
+    assert cold["hits"] == 0 and any((planted / VERSION_DIR).glob("*-cache"))
+    (venv.path / ".cache").write_text("")  # the venv's own cache cannot be made: the user cache is next
+    proc = venv.run("-c", PROGRAM, env={"XDG_CACHE_HOME": "xdg"}, cwd=str(repo))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["hits"] == 0 and out["dir"] == str(venv.home / ".cache" / "gkx" / "jax" / VERSION_DIR)
+    assert autocache_warnings(proc.stderr) == []
+
+
+def test_a_relative_xdg_config_home_cannot_make_a_checkout_the_config(venv: Venv, tmp_path: Path) -> None:
+    """A relative XDG_CONFIG_HOME is ignored: a config.toml planted in a repository under that
+    relative path is not read; the user's own ~/.config one is."""
+    repo = tmp_path / "repo"
+    (repo / "cfg" / "gkx-autocache").mkdir(parents=True)
+    (repo / "cfg" / "gkx-autocache" / "config.toml").write_text(f'dir = "{tmp_path / "chosen"}"\nreport = true\n')
+    mine = venv.home / ".config" / "gkx-autocache" / "config.toml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text('max_size = "1GiB"\n')
+    proc = venv.run("-m", "gkx_autocache", "--json", "config", "list", env={"XDG_CONFIG_HOME": "cfg"}, cwd=str(repo))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["files"].get(str(mine)) == "used" and not any("cfg" in p for p in data["files"])
+    assert data["settings"]["dir"]["origin"] == "default" and data["settings"]["report"]["value"] is False
+    assert data["settings"]["max_size"]["origin"] == str(mine)
+    proc = venv.run("-c", PROGRAM, env={"XDG_CONFIG_HOME": "cfg"}, cwd=str(repo))
+    assert proc.returncode == 0 and "gkx-autocache:" not in proc.stderr, proc.stderr  # no report line either
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["dir"] == str(venv.default_cache / VERSION_DIR)

@@ -456,7 +456,7 @@ def test_pth_finder_answers_other_names_without_the_package(target, monkeypatch:
     assert finder.find_spec(name, None, None) is not None and calls == []
 
 
-@pytest.mark.parametrize("xdg", [None, "/srv/xdg", "  "])
+@pytest.mark.parametrize("xdg", [None, "/srv/xdg", "  ", "relative/xdg", "./xdg", "~/xdg"])
 def test_user_dirs_match_platformdirs(monkeypatch: pytest.MonkeyPatch, xdg: str | None) -> None:
     """The XDG rule computed inline (platformdirs costs ~7 ms of import jax) gives platformdirs' answer."""
     import platformdirs
@@ -469,6 +469,38 @@ def test_user_dirs_match_platformdirs(monkeypatch: pytest.MonkeyPatch, xdg: str 
     assert _cache.user_dir("cache", "gkx") == platformdirs.user_cache_dir("gkx")
     assert _cache.user_dir("config", "gkx-autocache") == platformdirs.user_config_dir("gkx-autocache")
     assert _policy.user_path() == os.path.join(platformdirs.user_config_dir("gkx-autocache"), "config.toml")
+
+
+@pytest.mark.parametrize("variable", ["XDG_CACHE_HOME", "XDG_CONFIG_HOME"])
+@pytest.mark.parametrize("home", ["", ".", "home"])
+def test_user_dirs_never_depend_on_the_current_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         variable: str, home: str) -> None:
+    """A relative XDG value (and a relative HOME) is ignored, as the XDG spec says: the user
+    directories are absolute and the same from every current directory."""
+    monkeypatch.setenv(variable, "checkout/xdg")
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.chdir(tmp_path)
+    import pwd
+
+    own_home = pwd.getpwuid(os.getuid()).pw_dir
+    assert _cache.user_root() == os.path.join(own_home, ".cache", "gkx", "jax")
+    assert _policy.user_path() == os.path.join(own_home, ".config", "gkx-autocache", "config.toml")
+
+
+@pytest.mark.parametrize("kind, default", [("cache", "Library/Caches"), ("config", "Library/Application Support")])
+def test_a_platformdirs_that_takes_a_relative_xdg_value_is_not_followed(monkeypatch: pytest.MonkeyPatch,
+                                                                          kind: str, default: str) -> None:
+    """Off Linux the package asks platformdirs, whose older versions take a relative XDG value as
+    it is (macOS reads XDG too): a relative answer is replaced by the platform's own place."""
+    stand_in = types.ModuleType("platformdirs")
+    stand_in.user_cache_dir = lambda app: os.path.join("xdg", app)  # type: ignore[attr-defined]
+    stand_in.user_config_dir = lambda app: os.path.join("xdg", app)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "platformdirs", stand_in)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setenv("HOME", "/Users/someone")
+    assert _cache.user_dir(kind, "gkx") == os.path.join("/Users/someone", default, "gkx")
+    stand_in.user_cache_dir = stand_in.user_config_dir = lambda app: f"/abs/{app}"  # type: ignore[attr-defined]
+    assert _cache.user_dir(kind, "gkx") == "/abs/gkx"
 
 
 def test_a_parent_swapped_in_while_creating_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,18 +1,26 @@
 """Warm bundles (SPEC §9): a version directory's entries in one archive, to ship a warm cache with
 an image or a CI job.
 
-A bundle is a plain tar (entries are compressed already) of entries and their sidecars, flat, plus
-``gkx-autocache-manifest.json``: the JAX and jaxlib versions, the platform, and every file's name,
-size and sha256. The manifest detects corruption, not tampering (whoever edits an entry can edit
-the manifest too): importing a bundle is trusting its author to run code on this machine.
-``--sha256`` checks the whole archive against a hash obtained separately.
+A bundle is a plain tar (entries are compressed already): first ``gkx-autocache-manifest.json``
+(the JAX and jaxlib versions, the platform, and every file's name, size and sha256), then the
+entries and their sidecars, flat. The manifest detects corruption, not tampering (whoever edits an
+entry can edit the manifest too): importing a bundle is trusting its author to run code on this
+machine. ``--sha256`` checks the whole archive against a hash obtained separately.
 
-Import checks everything it can before it writes anything: the manifest (every size a sane
-whole number, no name twice), the total it declares against the cap and the free space (a small
-compressed archive can declare gigabytes), then every member's name, kind and size. A bundle with
-one bad member is refused whole. Then each entry is staged and its sha256 checked while it is
-copied (reading stops at its declared size), and only when all have passed does each appear
-atomically (``os.replace``); an entry already present is kept.
+The manifest comes first so that it bounds everything read after it (SPEC §8): a few KB of
+compressed tar headers can hold millions of members, and ``tarfile`` keeps every header it reads
+(a 75 KB ``.tar.xz`` of a million headers took 600 MB before it was refused). Import reads the
+archive as a stream of members, one at a time, and keeps none of their headers: it checks the
+manifest (every size a sane whole number, no name twice) and the total it declares against the cap
+and the free space before reading on, then refuses the first member beyond what the manifest
+lists, or not listed, or of another size or kind. A header ``tarfile`` would read whole, however
+large it says it is (a GNU long name, a PAX header, a sparse map), is refused beyond
+``HEADER_LIMIT``. Each member is staged to a temporary file, its sha256 checked on the way
+(reading stops at its declared size); only when every member has passed does each appear
+atomically (``os.replace``), and a refusal removes what was staged. An entry already present is
+kept. Bundles of the earlier layout (manifest last) are still read, in two passes: the first finds
+the manifest within ``EARLIER_LAYOUT_MEMBERS`` members (and the cap's worth of bytes), the second
+is the same as above.
 """
 
 from __future__ import annotations
@@ -25,11 +33,13 @@ import platform
 import sys
 import tarfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from gkx_autocache import _entries, _files
-from gkx_autocache._diagnostics import human_bytes, shown
+from gkx_autocache._diagnostics import human_bytes, one_line, shown
 from gkx_autocache._layout import ENTRY_SUFFIX, key_match, tmp_name
 
 MANIFEST = "gkx-autocache-manifest.json"
@@ -37,6 +47,9 @@ FORMAT = 1
 MANIFEST_LIMIT = 64 << 20
 MAX_MEMBER = 1 << 62  # a size beyond any disk: refused as absurd, not overflowed
 CHUNK = 1 << 20
+HEADER_LIMIT = 1 << 20  # what tarfile may read for one member's headers; export writes under 1 KB
+EARLIER_LAYOUT_MEMBERS = 100_000  # members read before a manifest written last (bundles before the manifest came first)
+EXPORT_TRIES = 3
 
 
 class Refused(Exception):
@@ -68,22 +81,42 @@ class Exported:
     sha256: str
 
 
+class _Changed(Exception):
+    """A file changed between hashing it for the manifest and writing it."""
+
+
 def export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
-    """Write ``archive`` (atomically) from the entries of ``version_dir`` and their sidecars."""
+    """Write ``archive`` (atomically) from the entries of ``version_dir`` and their sidecars, the
+    manifest first. Each file is read twice (for the manifest, then into the archive) and must be
+    the same both times; a directory in use can change meanwhile, so that is tried again."""
+    for _ in range(EXPORT_TRIES):
+        try:
+            return _export(version_dir, archive, env)
+        except _Changed:
+            continue
+    raise OSError(f"its entries changed while they were written, {EXPORT_TRIES} times; try again")
+
+
+def _export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
     found = _entries.scan(version_dir)
     units = sorted((u for u in found.units.values() if u.has_entry), key=lambda u: u.key)
     listed: list[dict[str, Any]] = []
+    paths: list[str] = []
+    for unit in units:
+        for path in sorted(unit.files):
+            data = _files.read(path)  # never through a symlink
+            if data is None:
+                continue  # pruned meanwhile
+            listed.append({"name": os.path.basename(path), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+            paths.append(path)
+    manifest = {"format": FORMAT, "created_by": "gkx-autocache", **env, "version_dir": version_dir, "files": listed}
     with _files.atomic(archive, 0o644) as out, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for unit in units:
-            for path in sorted(unit.files):
-                data = _files.read(path)  # never through a symlink
-                if data is None:
-                    continue  # pruned meanwhile
-                name = os.path.basename(path)
-                _add(tar, name, data)
-                listed.append({"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-        manifest = {"format": FORMAT, "created_by": "gkx-autocache", **env, "version_dir": version_dir, "files": listed}
         _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
+        for path, item in zip(paths, listed, strict=True):
+            data = _files.read(path)
+            if data is None or hashlib.sha256(data).hexdigest() != item["sha256"]:
+                raise _Changed(path)  # the temporary archive goes with it
+            _add(tar, item["name"], data)
     entries = sum(1 for f in listed if f["name"].endswith(ENTRY_SUFFIX))
     return Exported(entries, len(listed), sum(f["size"] for f in listed), sha256_of(archive))
 
@@ -93,6 +126,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info.size = len(data)
     info.mode = 0o600
     tar.addfile(info, io.BytesIO(data))
+    tar.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every header it writes too
 
 
 @dataclass
@@ -103,16 +137,13 @@ class Imported:
     bytes: int
 
 
-def read_manifest(tar: tarfile.TarFile) -> dict[str, Any]:
-    try:
-        member = tar.getmember(MANIFEST)
-    except KeyError:
-        raise Refused(f"no {MANIFEST}: not a gkx-autocache bundle") from None
-    if not member.isreg() or member.size > MANIFEST_LIMIT:
+def read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, Any]:
+    """The manifest ``member`` of ``tar``, checked: every file once, with a sane size and a sha256."""
+    if not member.isreg() or member.issparse() or member.size > MANIFEST_LIMIT:
         raise Refused(f"{MANIFEST} is not a plain file of sensible size")
     stream = tar.extractfile(member)
     try:
-        manifest = json.loads(stream.read() if stream else b"")
+        manifest = json.loads(_read_all(stream, member.size) if stream else b"")
         listed = manifest["files"]
         if not isinstance(listed, list):
             raise TypeError("files is not a list")
@@ -144,19 +175,32 @@ def _listed(item: Any) -> tuple[str, int, str]:
     return name, size, digest.lower()
 
 
+def _read_all(stream: IO[bytes], size: int) -> bytes:
+    chunks = []
+    while size > 0 and (chunk := stream.read(min(CHUNK, size))):
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def room(version_dir: str, cap: int) -> list[tuple[int, str]]:
+    """What a bundle may hold: ``(bytes, what)`` for the cap and the free space."""
+    limits = [(cap, f"max_size ({human_bytes(cap)})")] if cap else []
+    try:
+        st = os.statvfs(version_dir)
+    except OSError:
+        return limits
+    free = st.f_bavail * st.f_frsize
+    return [*limits, (free, f"the free space in {version_dir} ({human_bytes(free)})")]
+
+
 def check_room(files: dict[str, tuple[int, str]], version_dir: str, cap: int) -> None:
     """Refuse a bundle whose declared total exceeds the cap or the free space, before anything is
     written: a small compressed archive can declare (and hold) gigabytes."""
     total = sum(size for size, _ in files.values())
-    if cap and total > cap:
-        raise Refused(f"it declares {human_bytes(total)}, more than max_size ({human_bytes(cap)})")
-    try:
-        st = os.statvfs(version_dir)
-    except OSError:
-        return
-    free = st.f_bavail * st.f_frsize
-    if total > free:
-        raise Refused(f"it declares {human_bytes(total)}, more than the free space in {version_dir} ({human_bytes(free)})")
+    for limit, what in room(version_dir, cap):
+        if total > limit:
+            raise Refused(f"it declares {human_bytes(total)}, more than {what}")
 
 
 def check_environment(manifest: dict[str, Any], env: dict[str, Any]) -> list[str]:
@@ -168,7 +212,7 @@ def check_member(member: tarfile.TarInfo, files: dict[str, tuple[int, str]]) -> 
     """A member must be a plain file, named like an entry or sidecar, with no directory part,
     and listed in the manifest with its size."""
     name = member.name
-    if not member.isreg():
+    if not member.isreg() or member.issparse():
         kind = "link" if member.issym() or member.islnk() else "directory" if member.isdir() else "special file"
         raise Refused(f"{shown(name)} is a {kind}; a bundle holds plain files only")
     if "/" in name or "\\" in name or name.startswith(".") or key_match(name) is None:
@@ -191,59 +235,188 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
             actual = _digest(source)
             if actual != expected:
                 raise Refused(f"the archive's sha256 is {actual}, not {shown(expected)}")
-            source.seek(0)
         try:
-            tar = tarfile.open(fileobj=source, mode="r:*")
-        except (tarfile.TarError, ValueError, OverflowError):
-            raise Refused("not a readable archive (a tar, as export writes)") from None
-        return _import(tar, version_dir, env, force, shared, cap)
+            with _members(source) as members:
+                first = next(members)
+                if first is not None and first[1].name == MANIFEST:
+                    manifest = read_manifest(*first)
+                    return _merge(members, manifest, True, version_dir, env, force, shared, cap)
+                manifest = _manifest_last(first, members, version_dir, cap)
+            with _members(source) as members:  # the earlier layout: read again, now with its manifest
+                return _merge(members, manifest, False, version_dir, env, force, shared, cap)
+        except _Unreadable as exc:
+            raise Refused(f"the archive is damaged: {exc}") from None
+        except (tarfile.TarError, ValueError, OverflowError, RecursionError) as exc:  # a PAX size of 40 digits...
+            raise Refused(f"the archive is damaged ({shown(str(exc))})") from None
 
 
-def _import(tar: tarfile.TarFile, version_dir: str, env: dict[str, Any], force: bool, shared: bool,
-            cap: int) -> Imported:
-    staged: list[tuple[str, str]] = []  # (temporary, final)
+Member = tuple[tarfile.TarFile, tarfile.TarInfo]
+
+
+class _Unreadable(tarfile.ReadError):
+    """The archive cannot be read on (our own words, shown as they are)."""
+
+
+class _Reader:
+    """The archive, decompressed, as ``tarfile`` reads it. While a member's headers are read
+    (``budget`` set), what ``tarfile`` takes is counted: it reads a GNU long name, a PAX header or
+    a sparse map whole, however large the header says it is (512 MiB of long name is 100 KB of
+    xz). The decompressor's errors become ``tarfile.ReadError``: the archive's own failure, not
+    one of this machine's files (a full disk while staging stays an OSError)."""
+
+    def __init__(self, raw: io.BufferedIOBase | IO[bytes], errors: tuple[type[Exception], ...]) -> None:
+        self.raw = raw
+        self.errors = errors
+        self.budget: int | None = HEADER_LIMIT
+
+    def read(self, size: int = -1) -> bytes:
+        if self.budget is not None:
+            if size < 0 or size > self.budget:
+                raise _Unreadable(f"a member's tar headers exceed {human_bytes(HEADER_LIMIT)} "
+                                  "(gkx-autocache writes them under 1 KB)")
+            self.budget -= size
+        try:
+            return self.raw.read(size)
+        except self.errors as exc:
+            raise _Unreadable(f"it does not decompress ({one_line(str(exc))[:200]})") from None
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        try:
+            return self.raw.seek(offset, whence)  # forward: decompressed and dropped, in bounded memory
+        except self.errors as exc:
+            raise _Unreadable(f"it does not decompress ({one_line(str(exc))[:200]})") from None
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def seekable(self) -> bool:
+        return True
+
+
+def _decompressing(source: IO[bytes]) -> tuple[io.BufferedIOBase | IO[bytes], tuple[type[Exception], ...]]:
+    """``source`` (at its start) decompressed as its first bytes say (gzip, bzip2, xz or none),
+    and what its decompressor raises for a damaged stream."""
+    magic = source.read(6)
+    source.seek(0)
+    if magic.startswith(b"\x1f\x8b"):
+        import gzip
+        import zlib
+
+        return gzip.GzipFile(fileobj=source, mode="rb"), (OSError, EOFError, zlib.error)
+    if magic.startswith(b"BZh"):
+        import bz2
+
+        return bz2.BZ2File(source), (OSError, EOFError)
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        import lzma
+
+        return lzma.LZMAFile(source), (lzma.LZMAError, EOFError)
+    return source, ()
+
+
+@contextmanager
+def _members(source: IO[bytes]) -> Iterator[Iterator[Member | None]]:
+    """The archive's members, one at a time, from the start of ``source``; ``tarfile`` keeps none
+    of their headers (it appends each to ``members``, which is emptied as they come)."""
+    source.seek(0)
+    reader = _Reader(*_decompressing(source))
+    try:
+        tar: tarfile.TarFile = tarfile.open(fileobj=reader, mode="r:")  # type: ignore[call-overload]  # duck-typed file
+    except (tarfile.TarError, ValueError, OverflowError, RecursionError):
+        raise Refused("not a readable archive (a tar, as export writes)") from None
+
+    def each() -> Iterator[Member | None]:
+        while True:
+            reader.budget = HEADER_LIMIT
+            member = tar.next()
+            reader.budget = None
+            tar.members.clear()  # type: ignore[attr-defined]
+            if tar.pax_headers:  # global ones, kept for the rest of the archive
+                raise Refused("it holds a global PAX header; gkx-autocache writes none")
+            yield (tar, member) if member is not None else None
+            if member is None:
+                return
+
     try:
         with tar:
-            manifest = read_manifest(tar)
-            files = manifest["files"]
-            differences = check_environment(manifest, env)
-            if differences and not force:
-                raise Refused(f"made for {', '.join(differences)}; its entries would never be hit here (--force to import anyway)")
-            check_room(files, version_dir, cap)
-            members = [m for m in tar.getmembers() if m.name != MANIFEST]
-            seen: set[str] = set()
-            for member in members:
-                check_member(member, files)
-                if member.name in seen:
-                    raise Refused(f"{shown(member.name)} appears twice in the archive")
-                seen.add(member.name)
-            missing = set(files) - {m.name for m in members}
-            if missing:
-                raise Refused(f"{len(missing)} files of the manifest are missing, such as {shown(sorted(missing)[0])}")
-            present = {u.key for u in _entries.scan(version_dir).units.values() if u.has_entry}
-            mode = _files.file_mode(shared)
-            skipped = set()
-            for member in members:
-                key = _key(member.name)
-                if key in present:
-                    skipped.add(key)
-                    continue
-                final = os.path.join(version_dir, member.name)
-                tmp = os.path.join(version_dir, tmp_name(member.name, os.getpid(), threading.get_ident()))
-                staged.append((tmp, final))
-                _stage(tar, member, tmp, mode, files[member.name][1])
-            # Two phases, not _files.atomic per member: no member appears until every one has passed.
-            for tmp, final in staged:
-                os.replace(tmp, final)
-            staged.clear()
-    except (tarfile.TarError, ValueError, OverflowError, RecursionError) as exc:  # a PAX size of 40 digits...
-        raise Refused(f"the archive is damaged ({shown(str(exc))})") from None
+            yield each()
+    finally:
+        if reader.raw is not source:
+            reader.raw.close()  # the decompressor; it leaves ``source`` open
+
+
+def _manifest_last(first: Member | None, members: Iterator[Member | None], version_dir: str,
+                   cap: int) -> dict[str, Any]:
+    """The manifest of a bundle of the earlier layout, written after its members: read within
+    ``EARLIER_LAYOUT_MEMBERS`` members and the cap's worth of bytes (the manifest cannot say
+    more), so that no archive costs more than that to refuse."""
+    limits = room(version_dir, cap)
+    count = total = 0
+    item = first
+    while item is not None:
+        tar, member = item
+        if member.name == MANIFEST:
+            return read_manifest(tar, member)
+        count += 1
+        if count > EARLIER_LAYOUT_MEMBERS:
+            raise Refused(f"more than {EARLIER_LAYOUT_MEMBERS} members before its manifest (a bundle whose manifest "
+                          f"comes last, as before gkx-autocache wrote it first, is read up to that many)")
+        total += max(member.size, 0)
+        for limit, what in limits:
+            if total > limit:
+                raise Refused(f"its members hold more than {what}")
+        item = next(members)
+    raise Refused(f"no {MANIFEST}: not a gkx-autocache bundle")
+
+
+def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_read: bool, version_dir: str,
+           env: dict[str, Any], force: bool, shared: bool, cap: int) -> Imported:
+    """Check, stage and then place every member after the manifest: at most as many as it lists."""
+    files: dict[str, tuple[int, str]] = manifest["files"]
+    differences = check_environment(manifest, env)
+    if differences and not force:
+        raise Refused(f"made for {', '.join(differences)}; its entries would never be hit here (--force to import anyway)")
+    check_room(files, version_dir, cap)
+    present = {u.key for u in _entries.scan(version_dir).units.values() if u.has_entry}
+    mode = _files.file_mode(shared)
+    staged: list[tuple[str, str]] = []  # (temporary, final)
+    seen: set[str] = set()
+    skipped: set[str] = set()
+    entries = copied = 0
+    try:
+        while (item := next(members)) is not None:
+            tar, member = item
+            if member.name == MANIFEST and not manifest_read:  # the earlier layout's, read already
+                manifest_read = True
+                continue
+            # Each member is one the manifest lists, once: the first beyond what it lists is
+            # refused (unlisted, or twice), so what is read is bounded by the manifest (SPEC §8).
+            check_member(member, files)
+            if member.name in seen:
+                raise Refused(f"{shown(member.name)} appears twice in the archive")
+            seen.add(member.name)
+            key = _key(member.name)
+            if key in present:
+                skipped.add(key)
+                continue
+            final = os.path.join(version_dir, member.name)
+            tmp = os.path.join(version_dir, tmp_name(member.name, os.getpid(), threading.get_ident()))
+            staged.append((tmp, final))
+            _stage(tar, member, tmp, mode, files[member.name][1])
+            entries += member.name.endswith(ENTRY_SUFFIX)
+            copied += member.size
+        missing = set(files) - seen
+        if missing:
+            raise Refused(f"{len(missing)} files of the manifest are missing, such as {shown(sorted(missing)[0])}")
+        # Two phases, not _files.atomic per member: no member appears until every one has passed.
+        for tmp, final in staged:
+            os.replace(tmp, final)
+        placed = len(staged)
+        staged.clear()
     finally:
         for tmp, _ in staged:
             _files.remove(tmp)
-    new = [m for m in members if _key(m.name) not in skipped]
-    return Imported(entries=sum(1 for m in new if m.name.endswith(ENTRY_SUFFIX)), present=len(skipped),
-                    files=len(new), bytes=sum(m.size for m in new))
+    return Imported(entries=entries, present=len(skipped), files=placed, bytes=copied)
 
 
 def _key(name: str) -> str:

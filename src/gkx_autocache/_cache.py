@@ -27,20 +27,50 @@ def user_root() -> str:
     return os.path.join(user_dir("cache", "gkx"), "jax")
 
 
-_XDG = {"cache": ("XDG_CACHE_HOME", "~/.cache"), "config": ("XDG_CONFIG_HOME", "~/.config")}
+_XDG = {"cache": ("XDG_CACHE_HOME", ".cache"), "config": ("XDG_CONFIG_HOME", ".config")}
+_MACOS = {"cache": "Library/Caches", "config": "Library/Application Support"}
 
 
 def user_dir(kind: str, app: str) -> str:
-    """platformdirs' ``user_cache_dir(app)`` or ``user_config_dir(app)``. On Linux (not Android)
-    that is the XDG rule, computed here: importing platformdirs costs about 7 ms of every
-    ``import jax``. Elsewhere, platformdirs itself."""
+    """platformdirs' ``user_cache_dir(app)`` or ``user_config_dir(app)``, always absolute.
+
+    Where platformdirs follows XDG (Linux and the other Unixes, not Android), the XDG rule is
+    computed here: importing platformdirs costs about 7 ms of every ``import jax``. A relative
+    ``XDG_CACHE_HOME`` or ``XDG_CONFIG_HOME`` is ignored, as the XDG spec says: taken against the
+    current directory, it would let a cloned repository choose the cache and ship the
+    executables in it (they pass every trust check: the user owns the checkout). Elsewhere,
+    platformdirs itself; its releases before tox-dev/platformdirs#540 (2026) take a relative XDG
+    value as it is (macOS reads XDG too), so a relative answer there is replaced by macOS's own
+    place. Windows and Android
+    read no XDG variable."""
     android = os.environ.get("ANDROID_DATA") == "/data" and os.environ.get("ANDROID_ROOT") == "/system"
-    if sys.platform == "linux" and not android:
+    if os.name == "posix" and sys.platform not in ("darwin", "ios") and not android:
         variable, fallback = _XDG[kind]
-        return os.path.join(os.environ.get(variable, "").strip() or os.path.expanduser(fallback), app)
+        value = os.environ.get(variable, "").strip()
+        if value and not os.path.isabs(value):
+            logger.debug("%s=%r is relative: ignored, as the XDG spec says", variable, value)
+        return os.path.join(value if os.path.isabs(value) else os.path.join(home(), fallback), app)
     import platformdirs
 
-    return str(platformdirs.user_cache_dir(app) if kind == "cache" else platformdirs.user_config_dir(app))
+    path = str(platformdirs.user_cache_dir(app) if kind == "cache" else platformdirs.user_config_dir(app))
+    if os.path.isabs(path) or sys.platform != "darwin":
+        return path
+    logger.debug("platformdirs answered %r, a relative path: %s ignored", path, _XDG[kind][0])
+    return os.path.join(home(), _MACOS[kind], app)
+
+
+def home() -> str:
+    """The user's home: ``HOME`` when it is absolute, else the password database's (a relative
+    ``HOME`` would move with the current directory, as platformdirs also holds)."""
+    value = os.environ.get("HOME", "")
+    if os.path.isabs(value):
+        return value
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        return os.path.expanduser("~")
 
 
 class Refused(Exception):

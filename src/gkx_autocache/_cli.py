@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from gkx_autocache import _bundle, _cache, _entries, _ledger, _policy, _settings, _stats, _status
 from gkx_autocache._diagnostics import human_bytes, human_secs, one_line, plural, shown
@@ -25,6 +25,21 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+class UsageError(Exception):
+    """argparse's complaint, raised rather than printed, so that ``--json`` can carry it."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class Parser(argparse.ArgumentParser):
+    commands: tuple[str, ...] = ()  # the top level's, for a usage error to name its command
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self, message)
 
 
 def emit(args: argparse.Namespace, human: str, data: dict[str, Any]) -> None:
@@ -243,10 +258,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     vdir = load_context().version_dir
     result = _entries.verify(vdir, progress)
     doomed = result.doomed
-    if args.repair and doomed:
+    left: list[str] = []  # directories named like entries that hold something: the user's to remove
+    if args.repair and (doomed or result.doomed_dirs):
         _require_tag(vdir)
         try:
             done = _entries.remove_files(vdir, doomed)
+            left = _entries.remove_empty_dirs(vdir, result.doomed_dirs)
         except _entries.Refused as exc:
             raise CliError(str(exc)) from None
         if done.failed:
@@ -255,19 +272,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
         _ledger.record_evicted(vdir, [u.key for u, _ in result.corrupt if u.has_entry], "verify",
                                bool(load_context().settings["trust_shared"]))
     lines = [f"verified {result.checked} entries in {vdir}: {len(result.corrupt)} corrupt, "
-             f"{len(result.orphans)} orphan sidecars, {len(result.stale)} stale temporary files, {len(result.links)} links"]
+             f"{len(result.orphans)} orphan sidecars, {len(result.stale)} stale temporary files, {len(result.links)} links"
+             f", {len(result.not_regular)} not regular files"]
     lines += [f"  corrupt  {u.key}: {why}" for u, why in result.corrupt]
     lines += [f"  orphan   {os.path.basename(p)}" for p in result.orphans]
     lines += [f"  stale    {os.path.basename(p)}" for p in result.stale]
     lines += [f"  link     {os.path.basename(p)} (never read)" for p in result.links]
-    if doomed:
-        lines.append("removed them" if args.repair else "run verify --repair to remove them")
+    lines += [f"  odd      {os.path.basename(p)}: not a regular file: {kind} (never read)" for p, kind in result.not_regular]
+    if doomed or result.doomed_dirs:
+        lines.append(("removed them, but:" if left else "removed them") if args.repair else "run verify --repair to remove them")
+    lines += [f"  left     {os.path.basename(p)}: a directory that is not empty; look inside, and remove it yourself"
+              for p in left]
     emit(args, "\n".join(lines), {
-        "dir": vdir, "entries": result.checked, "repaired": bool(args.repair and doomed),
+        "dir": vdir, "entries": result.checked, "repaired": bool(args.repair and (doomed or result.doomed_dirs)),
         "corrupt": [{"key": u.key, "why": why} for u, why in result.corrupt], "orphans": result.orphans,
         "stale_temporary": result.stale, "links": result.links,
+        "not_regular": [{"path": p, "kind": kind} for p, kind in result.not_regular], "left": left,
     })
-    return FAILED if doomed and not args.repair else OK
+    return FAILED if ((doomed or result.doomed_dirs) and not args.repair) or left else OK
 
 
 # -- export, import: warm bundles -----------------------------------------------------------------
@@ -275,6 +297,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _environment(ctx: Context) -> dict[str, Any]:
     return _bundle.environment(ctx.jax_version, _status.distribution_version("jaxlib"))
+
+
+def _absolute(path: str) -> str:
+    """A path argument made absolute, or one line when it is relative to a deleted directory."""
+    if os.path.isabs(path):
+        return path
+    cwd = _settings.current_dir()
+    if cwd is None:
+        raise CliError(f"{shown(path)} is relative and the current directory no longer exists (it was deleted): "
+                       "give an absolute path, or cd to a directory that exists")
+    return os.path.join(cwd, path)
 
 
 def _local(ctx: Context, command: str) -> str:
@@ -289,7 +322,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     vdir = _local(ctx, "export")
     if not os.path.isdir(vdir):
         raise CliError(f"{vdir} does not exist: nothing to export")
-    archive = os.path.abspath(args.file)
+    archive = _absolute(args.file)
     try:
         done = _bundle.export(vdir, archive, _environment(ctx))
     except OSError as exc:
@@ -302,6 +335,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    archive = _absolute(args.file)
     ctx = load_context(create=True)  # the version directory, created (with its tag, trust-checked) if need be
     vdir = _local(ctx, "import")
     if not os.path.isdir(vdir):
@@ -309,7 +343,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if ctx.location is not None and not ctx.location.writable:
         raise CliError(f"{vdir} is read-only here: nothing imported")
     try:
-        done = _bundle.import_bundle(args.file, vdir, _environment(ctx), sha256=args.sha256, force=args.force,
+        done = _bundle.import_bundle(archive, vdir, _environment(ctx), sha256=args.sha256, force=args.force,
                                      shared=bool(ctx.settings["trust_shared"]), cap=ctx.settings["max_size"])
     except _bundle.Refused as exc:
         raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
@@ -355,16 +389,29 @@ def cmd_config(args: argparse.Namespace) -> int:
         emit(args, f"{key.name} removed from {path}", {"key": key.name, "file": path})
         return OK
     raw: str = args.value
+    # Written as typed, so a $VAR the setter lacks is no reason to refuse: other users of the
+    # file may set it. Checked with a stand-in for it, so every other fault is still refused.
+    unset = _settings.unset_variables(raw) if key.name == "dir" else []
     try:
-        value = _settings.validate(key.name, raw, os.getcwd())
-        literal = _policy.format_value(_policy.as_typed(key.name, raw, value, os.getcwd()))
+        cwd = _settings.current_dir()
+        value = _settings.validate(key.name, raw, cwd, {**os.environ, **{name: f"/{name}" for name in unset}})
+        typed = _policy.as_typed(key.name, raw, value, cwd)
+        literal = _policy.format_value(typed)
     except (_settings.BadValue, _policy.Unwritable) as exc:
         raise CliError(f"{key.name}: {exc}; {path} left as it was", USAGE) from None
     try:
         _policy.set_key(path, key.name, literal)
     except _policy.Unwritable as exc:
         raise CliError(str(exc)) from None
-    emit(args, f"{key.name} = {literal} written to {path}", {"key": key.name, "value": value, "file": path})
+    note = None
+    if unset:
+        names = ", ".join(f"${name}" for name in unset)
+        note = (f"note: {names} {'is' if len(unset) == 1 else 'are'} not set for you now, so {key.name} will be a bad "
+                f"value for anyone without {'it' if len(unset) == 1 else 'them'} (written as typed)")
+        print(f"gkx-autocache config: {note}", file=sys.stderr)
+        value = typed  # what was written: its expansion is each reader's
+    emit(args, f"{key.name} = {literal} written to {path}",
+         {"key": key.name, "value": value, "file": path, **({"note": note} if note else {})})
     return OK
 
 
@@ -385,10 +432,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- the parser -----------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gkx-autocache", description="JAX's persistent compilation cache, on by default.")
+def build_parser() -> Parser:
+    parser = Parser(prog="gkx-autocache", description="JAX's persistent compilation cache, on by default.")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag = Parser(add_help=False)
     json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="one JSON object on stdout")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -420,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--repair", action="store_true")
     config = add("config", cmd_config, "show or edit the settings files")
     actions = config.add_subparsers(dest="action", metavar="ACTION", required=True)
-    where = argparse.ArgumentParser(add_help=False)
+    where = Parser(add_help=False)
     group = where.add_mutually_exclusive_group()
     group.add_argument("--venv", action="store_true", help="the environment's policy file (the default)")
     group.add_argument("--user", action="store_true", help="your user config file")
@@ -437,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     bundle_in.add_argument("--sha256", metavar="HASH", help="refuse unless the archive has this sha256 (from its author)")
     bundle_in.add_argument("--force", action="store_true", help="import a bundle made for another JAX or platform")
     add("demo", cmd_demo, "run a compile-heavy JAX program cold, then warm")
+    parser.commands = tuple(commands.choices)
     return parser
 
 
@@ -446,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        return usage_error(parser, exc, sys.argv[1:] if argv is None else argv)
     if args.command is None:
         args.command, args.func = "status", cmd_status
     try:
@@ -459,16 +510,28 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return FAILED
     except OSError as exc:  # a remote directory's failures arrive as one line (_remote.RemoteError)
-        return fail(args, str(exc), FAILED)
+        gone = "" if _settings.current_dir() else " (the current directory no longer exists: cd to one that does)"
+        return fail(args, f"{exc}{gone}", FAILED)
     except KeyboardInterrupt:
         return FAILED
+
+
+def usage_error(parser: Parser, exc: UsageError, argv: list[str]) -> int:
+    """Bad usage: argparse's usage and message, exit 2; with ``--json`` (spotted among the words,
+    since parsing failed), the message as one line and one JSON object instead."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    if not any(len(word) >= 3 and "--json".startswith(word) for word in words):  # argparse takes --js for --json
+        argparse.ArgumentParser.error(exc.parser, str(exc))  # prints the usage, exits 2
+    command = next((word for word in words if word in parser.commands), None)
+    hint = f"gkx-autocache {command} --help" if command else "gkx-autocache --help"
+    return fail(argparse.Namespace(command=command, json=True), f"{exc} (see {hint})", USAGE)
 
 
 def fail(args: argparse.Namespace, message: str, code: int) -> int:
     """The one place an error becomes a message: one line on stderr, and with ``--json`` one
     object on stdout that carries it."""
     line = one_line(message)
-    print(f"gkx-autocache {args.command}: {line}", file=sys.stderr)
+    print(f"gkx-autocache {args.command}: {line}" if args.command else f"gkx-autocache: {line}", file=sys.stderr)
     if getattr(args, "json", False):
         print(json.dumps({"version": JSON_VERSION, "command": args.command, "error": line, "exit": code}))
     return code

@@ -65,6 +65,7 @@ class Scan:
         self.units: dict[str, Unit] = {}
         self.temporary: list[tuple[str, int, float]] = []  # (path, bytes, mtime)
         self.links: list[str] = []  # named like entries, never read
+        self.not_regular: list[tuple[str, str]] = []  # (path, kind): a FIFO, a socket... named like one
 
     @property
     def bytes(self) -> int:
@@ -99,9 +100,10 @@ def scan(version_dir: str) -> Scan:
                 if item.is_symlink():
                     result.links.append(item.path)
                     continue
-                if not item.is_file(follow_symlinks=False):
+                st = item.stat(follow_symlinks=False)  # lstat: a FIFO is never opened
+                if not stat.S_ISREG(st.st_mode):
+                    result.not_regular.append((item.path, kind_of(st.st_mode)))
                     continue
-                st = item.stat(follow_symlinks=False)
             except OSError:
                 continue
             key, suffix = match
@@ -122,6 +124,16 @@ def scan(version_dir: str) -> Scan:
     except OSError:
         pass
     return result
+
+
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return kind
+    return "a special file"
 
 
 def count(version_dir: str) -> tuple[int, int]:
@@ -316,6 +328,34 @@ def _unlink_in(top: int, version_dir: str, folder: str, names: list[str]) -> Rem
     return Removed(files, freed, tuple(failed))
 
 
+def remove_empty_dirs(version_dir: str, paths: list[str]) -> list[str]:
+    """Remove the given directories of a tagged version directory if they are empty (``rmdir``
+    neither follows a symlink nor removes what is inside); the paths left. Raises Refused."""
+    try:
+        top = _files.open_dir(version_dir)
+    except OSError as exc:
+        raise Refused(f"{version_dir} cannot be opened without following a symlink ({exc.strerror}): "
+                      "nothing removed") from None
+    left = []
+    try:
+        if not _tagged(top):
+            raise Refused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
+        for path in paths:
+            folder, name = os.path.split(path)
+            if folder != version_dir.rstrip("/") or name in ("", ".", ".."):
+                left.append(path)
+                continue
+            try:
+                os.rmdir(name, dir_fd=top)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                left.append(path)
+    finally:
+        os.close(top)
+    return left
+
+
 def version_dirs(root: str) -> list[str]:
     """The ``jax-*`` directories under ``root``; a symlink named like one is not one."""
     if is_url(root):
@@ -499,10 +539,17 @@ class Verification(NamedTuple):
     orphans: list[str]  # sidecars whose entry is gone
     stale: list[str]  # temporary files of processes that died writing
     links: list[str]  # named like entries: never read
+    not_regular: list[tuple[str, str]]  # (path, kind) named like entries: never read
 
     @property
     def doomed(self) -> list[str]:
-        return [p for u, _ in self.corrupt for p in u.files] + self.orphans + self.stale + self.links
+        """What ``--repair`` unlinks (directories are ``doomed_dirs``: removed only when empty)."""
+        odd = [p for p, kind in self.not_regular if kind != "a directory"]
+        return [p for u, _ in self.corrupt for p in u.files] + self.orphans + self.stale + self.links + odd
+
+    @property
+    def doomed_dirs(self) -> list[str]:
+        return [p for p, kind in self.not_regular if kind == "a directory"]
 
 
 def verify(version_dir: str, progress: Any = None) -> Verification:
@@ -523,4 +570,5 @@ def verify(version_dir: str, progress: Any = None) -> Verification:
     if progress is not None:
         progress("")
     stale_tmp = [t[0] for t in found.temporary if time.time() - t[2] > STALE_TMP_SECS]
-    return Verification(version_dir, len(units) - len(orphans), corrupt, orphans, stale_tmp, found.links)
+    return Verification(version_dir, len(units) - len(orphans), corrupt, orphans, stale_tmp, found.links,
+                        found.not_regular)

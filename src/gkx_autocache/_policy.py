@@ -98,7 +98,7 @@ def format_value(value: Any) -> str:
     return f'"{escaped}"'
 
 
-def as_typed(key: str, typed: str, value: Any, cwd: str) -> Any:
+def as_typed(key: str, typed: str, value: Any, cwd: str | None) -> Any:
     """What ``config set`` writes: the user's own words for ``dir`` and ``max_size`` (a shared
     policy file keeps ``$SCRATCH/jax`` for everyone, not the setter's expansion), a relative path
     made absolute against ``cwd`` (what the user meant; in the file it would be relative to the
@@ -107,7 +107,7 @@ def as_typed(key: str, typed: str, value: Any, cwd: str) -> Any:
     if key == "max_size":
         return text
     if key == "dir":
-        if "://" in text or text.startswith(("/", "~", "$")):
+        if "://" in text or text.startswith(("/", "~", "$")) or cwd is None:  # validated: then absolute
             return text
         return os.path.join(cwd, text)
     return value

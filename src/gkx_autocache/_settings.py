@@ -119,10 +119,11 @@ def parse_xla_caches(raw: Any) -> str:
 _VAR = r"\$(?:(\w+)|\{([^}]*)\})"  # $NAME or ${NAME}
 
 
-def parse_dir(raw: Any, base: str, env: Mapping[str, str] = os.environ) -> str:
+def parse_dir(raw: Any, base: str | None, env: Mapping[str, str] = os.environ) -> str:
     """A path with ``~`` and ``$VARS`` expanded (from ``env``), absolute against ``base``; a URL
     verbatim. A ``$VAR`` that is not set, or a ``~user`` that does not exist, is a bad value, never
-    a literal directory of that name."""
+    a literal directory of that name; so is a relative path when ``base`` is None (the current
+    directory was deleted)."""
     if not isinstance(raw, str) or not raw.strip():
         raise BadValue(f"expected a directory path or a gs:// or s3:// URL, got {shown(raw)}")
     text: str = raw.strip()
@@ -147,7 +148,28 @@ def parse_dir(raw: Any, base: str, env: Mapping[str, str] = os.environ) -> str:
         path = os.path.join(home, path[2:]) if home else os.path.expanduser(path)
         if path.startswith("~"):
             raise BadValue(f"{shown(path.split('/')[0])} is not a user here, in {shown(raw)}")
-    return os.path.normpath(os.path.join(base, path))
+    if base is None and not os.path.isabs(path):
+        raise BadValue(f"{shown(raw)} is relative and the current directory no longer exists (it was deleted); "
+                       "write the path out, or run from a directory that exists")
+    return os.path.normpath(os.path.join(base or "", path))
+
+
+def current_dir() -> str | None:
+    """The current directory, or None when it no longer exists (deleted under the process): that
+    is no reason to lose a run, or a command, that does not need it."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+def unset_variables(raw: str, env: Mapping[str, str] = os.environ) -> list[str]:
+    """The ``$VARS`` of a ``dir`` path that ``env`` does not set, among names a shell can set:
+    a policy file is shared, and another user may set what the one editing it does not."""
+    if is_url(raw):
+        return []
+    names = {match[1] or match[2] for match in re.finditer(_VAR, raw)}
+    return sorted(n for n in names if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) and n not in env)
 
 
 class Key(NamedTuple):
@@ -205,8 +227,9 @@ def jax_explicit(env: Mapping[str, str] = os.environ, jax_config: Any = None) ->
     return explicit
 
 
-def validate(key: str, raw: Any, base: str, env: Mapping[str, str] = os.environ) -> Any:
-    """Parse ``raw`` for ``key``; a relative ``dir`` is taken against ``base``. Raises BadValue."""
+def validate(key: str, raw: Any, base: str | None, env: Mapping[str, str] = os.environ) -> Any:
+    """Parse ``raw`` for ``key``; a relative ``dir`` is taken against ``base`` (None: there is no
+    current directory, and a relative ``dir`` is a bad value). Raises BadValue."""
     if key == "dir":
         return parse_dir(raw, base, env)
     return KEYS[key].parse(raw)
@@ -245,11 +268,12 @@ def resolve(
     jax_explicit: Mapping[str, tuple[Any, str]] | None = None,
 ) -> Settings:
     """Resolve every key; ``jax_explicit`` maps a key to ``(value, origin)`` for JAX options the
-    user set themselves. ``user_file`` defaults to platformdirs' user config path."""
-    cwd = os.getcwd() if cwd is None else cwd
+    user set themselves. ``user_file`` defaults to platformdirs' user config path; ``cwd`` to the
+    current directory, which may no longer exist: that matters only to a relative ``dir``."""
     settings = Settings(values={})
-    layers: list[tuple[str, Mapping[str, Any], str]] = []  # (origin, raw values, base for dir)
-    layers.append(("env", {k.name: env[k.env] for k in KEYS.values() if env.get(k.env, "").strip()}, cwd))
+    layers: list[tuple[str, Mapping[str, Any], str | None]] = []  # (origin, raw values, base for dir)
+    env_values = {k.name: env[k.env] for k in KEYS.values() if env.get(k.env, "").strip()}
+    layers.append(("env", env_values, current_dir() if cwd is None else cwd))
     for path in (_policy.policy_path(prefix), user_file or _policy.user_path()):
         verdict = _policy.read(path)
         settings.files[path] = verdict
