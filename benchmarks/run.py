@@ -12,10 +12,14 @@ the wheel installed and one without), then measures, as medians of interleaved r
   3. the demo's compile-dominated workload, cold then warm in fresh processes, under: no cache,
      JAX's stock cache (directory set only), JAX's stock cache with thresholds at zero, and
      gkx-autocache;
-  4. the CLI on a synthetic directory of 100 000 entries, and the at-exit prune on 10 000.
+  4. the CLI on a synthetic directory of 100 000 entries, and the at-exit prune on 10 000;
+  5. the bookkeeping: the index explanations read at a first miss (bytes per entry, its load at
+     100 000 entries), an exit beside it, and another process's first miss, exit and `status`
+     beside a live process that made 1 000 000 lookups, against one that made 100.
 Prints a Markdown table and writes it, with every figure, as JSON. `--only startup` (or
 import_jax, workload, cli; repeatable) measures those sections only; when --out already holds a
-run, its other sections are kept and the JSON records which were measured when. Needs `uv` and JAX
+run, its other sections are kept and the JSON records which were measured when (sections:
+startup, import_jax, workload, explain, cli, bookkeeping). Needs `uv` and JAX
 in the environment that runs it (`pip install -e '.[test]'`).
 """
 
@@ -413,10 +417,17 @@ def synthetic(vdir: Path, n: int, entry: bytes, sidecar: bytes) -> None:
     (vdir / "CACHEDIR.TAG").write_text(TAG)
     now = time.time()
     for i in range(n):
-        key = vdir / f"jit_fn{i % 97}-{i:064x}"
+        key = vdir / synthetic_key(i)
         Path(f"{key}-cache").write_bytes(entry)
         Path(f"{key}-gkx-compile").write_bytes(sidecar)
         os.utime(f"{key}-cache", (now - i, now - i))
+
+
+def synthetic_key(i: int) -> str:
+    """A key as JAX makes them: a function name and a sha256 (the index keeps its first 20 digits)."""
+    import hashlib
+
+    return f"jit_fn{i % 97}-{hashlib.sha256(str(i).encode()).hexdigest()}"
 
 
 def synthetic_ledgers(vdir: Path, n: int) -> None:
@@ -424,7 +435,7 @@ def synthetic_ledgers(vdir: Path, n: int) -> None:
     folder = vdir / ".gkx-autocache" / "ledger"
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(n):
-        lines = [{"e": "hit", "key": f"jit_fn{i % 97}-{i:064x}", "bytes": 3500, "saved": 0.02},
+        lines = [{"e": "hit", "key": synthetic_key(i), "bytes": 3500, "saved": 0.02},
                  {"e": "miss", "key": f"jit_new{i % 13}-{i:064x}", "cause": "new", "t": 1.0},
                  {"e": "put", "key": f"jit_new{i % 13}-{i:064x}", "bytes": 3508, "compile": 0.03}]
         (folder / f"{100000 + i}-{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
@@ -460,6 +471,123 @@ def prune_at_exit(with_py: Path, entries: int, work: Path) -> float:
             f"_ledger.fold({str(vdir)!r}, int(sys.argv[1]), False); print(time.perf_counter() - t)")
     size = sum(p.stat().st_size for p in vdir.iterdir() if p.is_file())
     return float(sh(str(with_py), "-c", code, str(int(size * 0.99)), env=base_env()).stdout)
+
+
+# -- the bookkeeping: the index explanations read, and processes that live long ----------------------
+
+INDEX_LOAD = r"""
+import json, sys, time
+from gkx_autocache import _explain, _index
+vdir, key, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+evidence = _index.load(vdir)  # warm the file cache once: the figure is the work, not the disk
+times = []
+for _ in range(runs):
+    started = time.perf_counter()
+    evidence = _index.load(vdir)
+    name, hex_ = _index.split_key(key)
+    records = evidence.records(name)
+    times.append(time.perf_counter() - started)
+print(json.dumps({"load": sorted(times)[len(times) // 2], "records": len(records)}))
+"""
+
+
+def synthetic_index(vdir: Path, n: int, seed: Path) -> int:
+    """An index of ``n`` entries, as the fold writes it: the seed run's real tables once, and an E
+    line per entry (its computation and key its own); the bytes written."""
+    import hashlib
+
+    lines = (seed / ".gkx-autocache" / "index").read_text().splitlines()
+    tables = [ln for ln in lines if not ln.startswith("E\t")]
+    template = next(ln for ln in lines if ln.startswith("E\t")).split("\t")
+    meta = vdir / ".gkx-autocache"
+    meta.mkdir(parents=True, exist_ok=True)
+    with open(meta / "index", "w") as f:
+        f.write("\n".join(tables) + "\n")
+        for i in range(n):
+            name, hex_ = synthetic_key(i).rsplit("-", 1)
+            fields = [*template]
+            fields[1], fields[2], fields[3] = name, hex_[:20], str(int(time.time()) - i)
+            fields[5] = hashlib.sha256(hex_.encode()).hexdigest()[:16]
+            f.write("\t".join(fields) + "\n")
+    return (meta / "index").stat().st_size
+
+
+LIVE = r"""
+import sys, time
+from gkx_autocache import _stats
+vdir, n = sys.argv[1], int(sys.argv[2])
+rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
+keys = [f"jit_live{i}-" + f"{i:064x}" for i in range(100)]
+for i in range(n):
+    rec.hit(keys[i % 100], 3500, 0.25)
+    rec.on_duration(_stats.RETRIEVAL, 0.001)
+time.sleep(2.1)
+rec.hit(keys[0], 3500, 0.25)
+rec.on_duration(_stats.RETRIEVAL, 0.001)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+OTHER = r"""
+import json, sys, time
+from gkx_autocache import _index, _stats
+vdir = sys.argv[1]
+started = time.perf_counter()
+_index.load(vdir)  # its first miss reads the index and lists the directory, never a live ledger
+first = time.perf_counter() - started
+rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
+rec.miss("jit_other-" + "e" * 64)
+rec.put("jit_other-" + "e" * 64, 3500, 0.02)
+started = time.perf_counter()
+_stats.finish(rec, 0)  # its exit: the fold (reads what it folds; of a live ledger, at most 1 MiB)
+print(json.dumps({"first_miss": first, "exit": time.perf_counter() - started}))
+"""
+
+
+def bookkeeping(with_py: Path, entries: int, lookups: int, work: Path) -> dict[str, Any]:
+    """The index at ``entries`` entries (bytes per entry, its load at a first miss); an exit against
+    an index of 1 000 entries and of ``entries``; and another process's first miss, exit and
+    ``status`` beside a live process that made ``lookups`` lookups of 100 keys, against one that
+    made 100."""
+    jax_version = sh(str(with_py), "-c", "import importlib.metadata as m; print(m.version('jax'))").stdout.strip()
+    seed = work / "index-seed"
+    sh(str(with_py), "-c", ORDINARY, env=base_env(GKX_JAX_CACHE_DIR=str(seed), HOME=str(work)))
+    seed_vdir = seed / f"jax-{jax_version}"
+    figures: dict[str, Any] = {}
+    exits = {}
+    for n in sorted({min(1000, entries), entries}):
+        vdir = work / f"index-{n}" / f"jax-{jax_version}"
+        synthetic(vdir, n, *real_entry(with_py, work))
+        size = synthetic_index(vdir, n, seed_vdir)
+        found = json.loads(sh(str(with_py), "-c", INDEX_LOAD, str(vdir), synthetic_key(n // 2), "5",
+                              env=base_env()).stdout)
+        figures[f"index of {n} entries: bytes per entry"] = round(size / n, 1)
+        figures[f"index of {n} entries: first miss reads it and lists the directory"] = found["load"]
+        exits[n] = statistics.median(json.loads(sh(str(with_py), "-c", OTHER, str(vdir), env=base_env()).stdout)["exit"]
+                                     for _ in range(5))
+        figures[f"index of {n} entries: an exit's fold"] = exits[n]
+    for count in (100, lookups):
+        vdir = work / f"live-{count}" / f"jax-{jax_version}"
+        synthetic(vdir, 1000, *real_entry(with_py, work))
+        synthetic_index(vdir, 1000, seed_vdir)
+        live = subprocess.Popen([str(with_py), "-c", LIVE, str(vdir), str(count)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env=base_env())
+        try:
+            assert live.stdout is not None and live.stdout.readline().strip() == "ready"
+            ledger = sum(p.stat().st_size for p in (vdir / ".gkx-autocache" / "ledger").iterdir())
+            figures[f"beside {count} lookups: the live process's ledger (bytes)"] = ledger
+            others = [json.loads(sh(str(with_py), "-c", OTHER, str(vdir), env=base_env()).stdout) for _ in range(5)]
+            figures[f"beside {count} lookups: another process's first miss"] = statistics.median(o["first_miss"] for o in others)
+            figures[f"beside {count} lookups: another process's exit"] = statistics.median(o["exit"] for o in others)
+            env = base_env(GKX_JAX_CACHE_DIR=str(vdir.parent), HOME=str(work))
+            figures[f"beside {count} lookups: status"] = statistics.median(
+                timed([str(with_py), "-m", "gkx_autocache", "status"], env) for _ in range(3))
+        finally:
+            assert live.stdin is not None and live.stdout is not None
+            live.stdin.close()
+            live.wait(timeout=60)
+            live.stdout.close()
+    return figures
 
 
 def ms(seconds: float) -> str:
@@ -533,10 +661,15 @@ def table(r: dict[str, Any]) -> str:
         rows += ["", f"| CLI on {r['cli_entries']:,} entries | seconds |", "|---|---|"]
         rows += [f"| `gkx-autocache {c}` | {s:.2f} |" for c, s in r["cli"].items()]
         rows.append(f"| at-exit fold and prune to 90 % of the cap, {r['prune_entries']:,} entries | {r['prune_at_exit']:.3f} |")
+    if "bookkeeping" in r:
+        rows += ["", "| the bookkeeping (explanations' index; beside a long-lived process) | figure |", "|---|---|"]
+        for name, value in r["bookkeeping"].items():
+            shown = f"{value:,.0f}" if "bytes" in name else f"{value:.1f}" if "per entry" in name else ms(value)
+            rows.append(f"| {name} | {shown} |")
     return "\n".join(rows)
 
 
-SECTIONS = ("startup", "import_jax", "workload", "explain", "cli")
+SECTIONS = ("startup", "import_jax", "workload", "explain", "cli", "bookkeeping")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -585,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
             results["cli"] = cli(with_py, results["cli_entries"], work)
             results["prune_entries"] = 100 if quick else 10_000
             results["prune_at_exit"] = prune_at_exit(with_py, results["prune_entries"], work)
+        if "bookkeeping" in sections:
+            results["bookkeeping"] = bookkeeping(with_py, 300 if quick else 100_000, 1000 if quick else 1_000_000, work)
     results["table"] = table(results)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(results["table"])

@@ -38,6 +38,10 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
                                 "status, after that run",
                                 "ordinary run, folding the ledgers at exit (extra seconds)"}
     assert "| `import jax`, bytecode absent |" in table and "| modules added at start-up | none |" in table
+    book = data["bookkeeping"]
+    assert 0 < book["index of 300 entries: bytes per entry"] < 1000 and book["index of 300 entries: first miss reads it and lists the directory"] > 0
+    assert book["beside 1000 lookups: the live process's ledger (bytes)"] < 1 << 20
+    assert "| beside 1000 lookups: status |" in table
     assert all(0 < f["configure"] < 5 for f in data["import_jax"].values())
     assert set(data["warm_vs_raw"]) == {"bytecode present", "bytecode absent"}
     assert set(data["own_time"]) == {"bytecode present", "bytecode absent"}

@@ -382,3 +382,64 @@ def test_the_earlier_layout_is_read_up_to_its_stated_member_cap(tmp_path: Path, 
         with pytest.raises(_bundle.Refused, match="more than 3 members before its manifest"):
             _bundle.import_bundle(str(archive), str(target), _here())
         assert list(target.iterdir()) == []
+
+
+def test_a_bundle_carries_its_records_so_a_later_miss_is_explained(venv: Venv, wheel: Path, tmp_path: Path) -> None:
+    """The README's CI recipe imports a bundle, then the run's flags change: each miss names the
+    flag (the bundle carried what each entry's key was made of), never `new` beside its entry."""
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    (folder / "main.py").write_text("import jax, jax.numpy as jnp\n@jax.jit\ndef energy(x):\n"
+                                    "    return (x * x).sum()\nprint(float(energy(jnp.ones(8))))\n")
+    assert venv.run(str(folder / "main.py"), cwd=str(folder)).returncode == 0
+    archive = tmp_path / "warm.tar"
+    export(venv, archive)
+    base = public_tmp()
+    try:
+        fresh = make_venv(base, wheel)
+        assert fresh.cli("import", str(archive)).returncode == 0
+        proc = fresh.run(str(folder / "main.py"), env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"}, cwd=str(folder))
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(fresh.cli("--json", "explain").stdout)
+        found = {g["cause"]: {f["name"]: f["detail"] for f in g["functions"]} for g in data["groups"]}
+        assert set(found) == {"changed XLA_FLAGS"}, found
+        assert found["changed XLA_FLAGS"]["jit_energy"].startswith("XLA_FLAGS: '' -> '--xla_cpu_enable_fast_math=true'")
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_a_bundle_from_another_cpu_is_kept_old_and_never_loaded(venv: Venv, wheel: Path, tmp_path: Path) -> None:
+    """Imported on a CPU without AVX-512 (a fake /proc/cpuinfo in a private mount namespace), a
+    bundle built here says how many entries were built for another CPU; they keep their original
+    access time (they must not push useful entries out) and a run there loads none of them."""
+    from test_isa import cpuinfo_without, host_flags, needs_unshare, on_cpu
+
+    avx512 = {f for f in host_flags() if f.startswith("avx512")}
+    if not avx512 or needs_unshare.args[0]:
+        pytest.skip("needs AVX-512 flags to take away and a private mount namespace")
+    cold, _ = run_program(venv)
+    vdir = venv.default_cache / VERSION_DIR
+    old = time.time() - 30 * 86400
+    for entry in vdir.glob("*-cache"):
+        import os
+
+        os.utime(entry, (old, old))
+    archive = tmp_path / "warm.tar"
+    export(venv, archive)
+    fake = cpuinfo_without(tmp_path, avx512)
+    base = public_tmp()
+    try:
+        fresh = make_venv(base, wheel)
+        proc = on_cpu(fresh, fake, "-m", "gkx_autocache", "--json", "import", str(archive), env={})
+        assert proc.returncode == 0, proc.stderr
+        imported = json.loads(proc.stdout)
+        assert imported["entries"] == cold["requests"] and imported["other_cpu"] == imported["entries"], imported
+        target = fresh.default_cache / VERSION_DIR
+        assert all(abs(p.stat().st_atime - old) < 5 for p in target.glob("*-cache"))
+        from conftest import PROGRAM
+
+        proc = on_cpu(fresh, fake, "-c", PROGRAM, env={})
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["hits"] == 0
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)

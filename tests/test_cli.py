@@ -12,6 +12,7 @@ from typing import Any
 from conftest import Venv, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
+from gkx_autocache import _cli
 from gkx_autocache._layout import TAG
 
 DAY = 86400.0
@@ -315,7 +316,7 @@ def test_json_usage_errors_are_json_too(venv: Venv) -> None:
         proc = venv.cli(*argv)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         data = json.loads(proc.stdout)
-        assert data["version"] == 1 and data["command"] == command and data["exit"] == 2, (argv, data)
+        assert data["version"] == _cli.JSON_VERSION and data["command"] == command and data["exit"] == 2, (argv, data)
         assert data["error"] and "\n" not in data["error"]
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith("gkx-autocache") and data["error"] in line, (argv, proc.stderr)

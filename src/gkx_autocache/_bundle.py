@@ -35,10 +35,10 @@ import tarfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
-from gkx_autocache import _entries, _files
+from gkx_autocache import _entries, _files, _index, _isa
 from gkx_autocache._diagnostics import human_bytes, one_line, shown
 from gkx_autocache._layout import ENTRY_SUFFIX, key_match, tmp_name
 
@@ -107,9 +107,17 @@ def _export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
             data = _files.read(path)  # never through a symlink
             if data is None:
                 continue  # pruned meanwhile
-            listed.append({"name": os.path.basename(path), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+            item: dict[str, Any] = {"name": os.path.basename(path), "size": len(data),
+                                    "sha256": hashlib.sha256(data).hexdigest()}
+            if path.endswith(ENTRY_SUFFIX):
+                item["used"] = round(unit.last_used, 3)  # its recency travels: a foreign entry stays old
+            listed.append(item)
             paths.append(path)
-    manifest = {"format": FORMAT, "created_by": "gkx-autocache", **env, "version_dir": version_dir, "files": listed}
+    # What each entry's key was made of (SPEC §13.1: bundles carry the records of their entries), so
+    # that a miss after the import is explained, and its ISA is known (SPEC §15).
+    records = _index.lines_of(version_dir, [u.key for u in units])
+    manifest = {"format": FORMAT, "created_by": "gkx-autocache", **env, "version_dir": version_dir, "files": listed,
+                "records": records}
     with _files.atomic(archive, 0o644) as out, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
         for path, item in zip(paths, listed, strict=True):
@@ -135,6 +143,9 @@ class Imported:
     present: int
     files: int
     bytes: int
+    records: list[str] = field(default_factory=list)  # the index lines of the entries placed
+    other_cpu: int = 0  # entries built for another CPU (kept, never loaded here)
+    unknown_cpu: int = 0  # entries whose record does not say (no record, or made without the ISA)
 
 
 def read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, Any]:
@@ -152,12 +163,20 @@ def read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, An
     if manifest.get("format") != FORMAT:
         raise Refused(f"bundle format {shown(manifest.get('format'))}, this gkx-autocache reads format {FORMAT}")
     files: dict[str, tuple[int, str]] = {}
+    used: dict[str, float] = {}
     for item in listed:
         name, size, digest = _listed(item)
         if name in files:
             raise Refused(f"{MANIFEST} lists {shown(name)} twice")
         files[name] = (size, digest)
-    manifest["files"] = files
+        when = item.get("used")
+        if isinstance(when, (int, float)) and not isinstance(when, bool) and 0 < when < 1e11:
+            used[name] = float(when)
+    records = manifest.get("records", [])
+    if not isinstance(records, list) or len(records) > 4 * len(files) + 10_000 or \
+            not all(isinstance(r, str) and len(r) <= 1 << 16 and "\n" not in r for r in records):
+        raise Refused(f"{MANIFEST} has records that are not index lines")
+    manifest["files"], manifest["used"], manifest["records"] = files, used, records
     return dict(manifest)
 
 
@@ -411,12 +430,30 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
         # Two phases, not _files.atomic per member: no member appears until every one has passed.
         for tmp, final in staged:
             os.replace(tmp, final)
+            when = manifest["used"].get(os.path.basename(final))
+            if when is not None:  # its recency as it was: an entry of another CPU must not push ours out
+                try:
+                    os.utime(final, (when, when), follow_symlinks=False)
+                except (OSError, NotImplementedError):
+                    pass
         placed = len(staged)
+        placed_keys = [_key(os.path.basename(final)) for _tmp, final in staged if final.endswith(ENTRY_SUFFIX)]
         staged.clear()
     finally:
         for tmp, _ in staged:
             _files.remove(tmp)
-    return Imported(entries=entries, present=len(skipped), files=placed, bytes=copied)
+    done = Imported(entries=entries, present=len(skipped), files=placed, bytes=copied)
+    records = manifest.get("records") or []
+    isas = _index.isa_of_entries(records)
+    here = _isa.isa()
+    for key in placed_keys:
+        name, hex_ = _index.split_key(key)
+        isa = isas.get(f"{name}-{hex_}")
+        done.other_cpu += isa is not None and isa != here
+        done.unknown_cpu += isa is None
+    wanted = {_index.split_key(k) for k in placed_keys}
+    done.records = [r for r in records if not r.startswith("E\t") or tuple(r.split("\t")[1:3]) in wanted]
+    return done
 
 
 def _key(name: str) -> str:

@@ -129,8 +129,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if last is None:
         lines.append(f"no run has used {vdir} since the last reset")
     else:
+        counts = [plural(last["hits"], "hit"), plural(last["misses"], "miss", "misses") + _stats.by_cause(last["misses_by_cause"])]
+        if last["not_cached"]:
+            counts.append(f"{last['not_cached']} not cached{_stats.by_cause(last['not_cached_by_reason'])}")
         lines.append(f"last run: {_when(last['started'])}, {last['label'] or 'a process'} "
-                     f"({plural(last['processes'], 'process', 'processes')}): {_status.stats_line(last)}")
+                     f"({plural(last['processes'], 'process', 'processes')}): {', '.join(counts)}")
         lines.extend(_groups_text(data["groups"], "  ", with_time=False))
         if not data["groups"] and (last["misses"] or last["not_cached"]):
             lines.append("  (its misses are older than --since, or of other functions)")
@@ -349,11 +352,16 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
     except OSError as exc:
         raise CliError(f"{args.file}: {exc.strerror or exc}; nothing imported") from None
-    _ledger.record_added(vdir, done.bytes, bool(ctx.settings["trust_shared"]))
-    emit(args, f"imported {done.entries} entries ({done.files} files, {human_bytes(done.bytes)}) into {vdir}"
-               f"{f'; {done.present} already present, kept' if done.present else ''}",
+    _ledger.record_added(vdir, done.bytes, bool(ctx.settings["trust_shared"]), lines=done.records)
+    other = (f"; {plural(done.other_cpu, 'entry was', 'entries were')} built for another CPU: kept with their old "
+             "access time, never loaded here") if done.other_cpu else ""
+    unknown = (f"; {plural(done.unknown_cpu, 'entry does', 'entries do')} not say for which CPU (no record): "
+               "each is loaded only where its key holds this CPU's instruction set") if done.unknown_cpu else ""
+    emit(args, f"imported {plural(done.entries, 'entry', 'entries')} ({plural(done.files, 'file')}, "
+               f"{human_bytes(done.bytes)}) into {vdir}"
+               f"{f'; {done.present} already present, kept' if done.present else ''}{other}{unknown}",
          {"file": args.file, "dir": vdir, "entries": done.entries, "present": done.present, "files": done.files,
-          "bytes": done.bytes})
+          "bytes": done.bytes, "other_cpu": done.other_cpu, "unknown_cpu": done.unknown_cpu})
     return OK
 
 

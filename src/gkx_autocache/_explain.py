@@ -613,7 +613,7 @@ def changed_part(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str,
     before = evidence.readable(first, nearest.parts[PARTS.index(first)])
     after = facts.readable.get(first)
     label = LABELS[first]
-    with_it = f" (with it: {', '.join(LABELS[p] for p in changed[1:])})" if changed[1:] else ""
+    with_it = f" (and the {', '.join(LABELS[p] for p in changed[1:])} with it)" if changed[1:] else ""
     if first == "custom_hook":
         old, new = _key.isa_of(before or ""), _key.isa_of(after or "")
         if new is not None and old is None and (before is not None or nearest.parts[PARTS.index(first)] == NO_HOOK):

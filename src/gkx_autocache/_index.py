@@ -287,6 +287,43 @@ def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: 
     return len(data)
 
 
+def lines_of(version_dir: str, keys: list[str]) -> list[str]:
+    """The index lines of these entries (the latest ``E`` line of each, and the table lines they
+    refer to), for a bundle to carry."""
+    wanted = {split_key(key) for key in keys}
+    data = _files.read(index_path(version_dir), READ_LIMIT) or b""
+    entries: dict[tuple[str, str], str] = {}
+    tables: dict[tuple[str, str], str] = {}
+    for line in data.decode("utf-8", "replace").split("\n"):
+        fields = line.split("\t")
+        if fields[0] == "E" and len(fields) == 10 and (fields[1], fields[2]) in wanted:
+            entries[(fields[1], fields[2])] = line
+        elif fields[0] in ("C", "S", "P", "G") and len(fields) == 3:
+            tables[(fields[0], fields[1])] = line
+        elif fields[0] == "V" and len(fields) == 4:
+            tables[("V", f"{fields[1]}\t{fields[2]}")] = line
+    used: set[tuple[str, str]] = set()
+    for line in entries.values():
+        _, _, _, _, _, computation, context, sig, where, cfg = line.split("\t")
+        used.update({("C", context), ("S", sig), ("P", where), ("G", cfg), ("V", f"computation\t{computation}")})
+        others = tables.get(("C", context), "").split("\t")[-1].split(",")
+        used.update(("V", f"{part}\t{hash_}") for part, hash_ in zip(PARTS[1:], others, strict=False))
+    return [line for key, line in tables.items() if key in used] + list(entries.values())
+
+
+def isa_of_entries(lines: list[str]) -> dict[str, str | None]:
+    """``name-hex -> the ISA its key holds`` (None: made without one), from index lines."""
+    evidence = Evidence()
+    evidence.add(lines)
+    found: dict[str, str | None] = {}
+    for name in evidence.entries:
+        for record in evidence.records(name):
+            hook = evidence.readable("custom_hook", record.parts[PARTS.index("custom_hook")])
+            mark = "gkx-autocache-isa="
+            found[f"{name}-{record.hex}"] = hook[hook.rfind(mark) + len(mark):] if hook and mark in hook else None
+    return found
+
+
 def present_keys(names: list[str]) -> set[tuple[str, str]]:
     """``(name, hex)`` of the entries among a directory's file names."""
     found = set()
