@@ -506,7 +506,7 @@ def synthetic_index(vdir: Path, n: int, seed: Path) -> int:
         for i in range(n):
             name, hex_ = synthetic_key(i).rsplit("-", 1)
             fields = [*template]
-            fields[1], fields[2], fields[3] = name, hex_[:20], str(int(time.time()) - i)
+            fields[1], fields[2], fields[3] = name, hex_, str(int(time.time()) - i)
             fields[5] = hashlib.sha256(hex_.encode()).hexdigest()[:16]
             f.write("\t".join(fields) + "\n")
     return (meta / "index").stat().st_size

@@ -165,7 +165,7 @@ class Explainer:
             with self._lock:
                 if self._evidence is not None:
                     self._evidence.add(lines)
-                    self._evidence.present.setdefault(name, {})[hex_] = key
+                    self._evidence.wrote(name, hex_)
                 fresh = [ln for ln in lines if ln.startswith("E\t") or ln not in self._written]
                 self._written.update(ln for ln in lines if not ln.startswith("E\t"))
             return {"rec": "\n".join(fresh), **({"helper": True} if facts.place == HELPER_PLACE else {})}
@@ -482,13 +482,11 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     name, hex_ = _index.split_key(key)
     removed = evidence.removed.get((name, hex_))
     records = evidence.records(name)
-    present = evidence.present.get(name, {})
     mine = next((r for r in records if r.hex == hex_), None)
-    if removed is not None or (mine is not None and hex_ not in present):
+    if removed is not None or (mine is not None and not evidence.present(name, hex_)):
         return evicted(removed)
-    recorded = [r for r in records if r.hex in present]
-    unrecorded = evidence.unrecorded(name, recorded)
-    if not recorded and not unrecorded:
+    recorded = [r for r in records if evidence.present(name, r.hex)]
+    if not recorded and not evidence.unrecorded(name, recorded):
         return new_here(name, evidence)
     same = [r for r in recorded if r.parts[0] == facts.parts[PARTS[0]]]
     if same:
@@ -497,6 +495,7 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
         where = "its code has no module to tell it by (a notebook cell, <stdin>, python -c)"
         return {"cause": "cannot tell", "detail": f"new, or another function named {name} changed: {where}"}
     here = [r for r in recorded if r.place == facts.place]
+    unrecorded = evidence.unrecorded(name, recorded) if not here or not any(r.run != run for r in here) else []
     if not here and unrecorded:
         return {"cause": "cannot tell",
                 "detail": f"new, or changed: {len(unrecorded)} entries of {name} here have no record (written by stock "
