@@ -40,7 +40,8 @@ if TYPE_CHECKING:  # for mypy only: importing typing at run time costs every pro
 else:
     _Loader = object
 
-__all__ = ["FINDER", "AutocacheWarning", "GkxAutocacheFinder", "find_spec", "install", "is_finder"]
+__all__ = ["FINDER", "AutocacheError", "AutocacheWarning", "GkxAutocacheFinder", "explain", "find_spec", "install",
+           "is_finder", "stats", "status"]
 
 TARGET = "jax"
 FINDER = "GkxAutocacheFinder"
@@ -169,9 +170,14 @@ class _ConfiguringLoader(_Loader):
 
 
 def __getattr__(name: str) -> object:
-    """``gkx_autocache.AutocacheWarning``, loaded on first use."""
+    """``gkx_autocache.AutocacheWarning``, and the Python API (``stats()``, ``explain()``,
+    ``status()``, ``AutocacheError``: ``_api``), loaded on first use: nothing at start-up."""
     if name == "AutocacheWarning":
         from gkx_autocache._diagnostics import AutocacheWarning
 
         return AutocacheWarning
+    if name in ("stats", "explain", "status", "AutocacheError"):
+        from gkx_autocache import _api
+
+        return getattr(_api, name)
     raise AttributeError(f"module 'gkx_autocache' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from gkx_autocache._diagnostics import human_bytes, human_secs, one_line, plural
 from gkx_autocache._status import Context, load_context
 
 OK, FAILED, USAGE = 0, 1, 2
-JSON_VERSION = 2  # 2: misses and compiles not cached are two counts (misses_by_cause, not_cached_by_reason)
+JSON_VERSION = _status.JSON_VERSION
 
 
 class CliError(Exception):
@@ -75,6 +75,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_version(args: argparse.Namespace) -> int:
+    """From the distributions' metadata: no ``import jax``."""
+    found = {name: _status.distribution_version(dist) for name, dist in
+             (("gkx-autocache", "gkx-autocache"), ("jax", "jax"), ("jaxlib", "jaxlib"))}
+    found["python"] = sys.version.split()[0]
+    emit(args, "  ".join(f"{name} {version or '(not installed)'}" for name, version in found.items()), found)
+    return OK
+
+
 def cmd_dir(args: argparse.Namespace) -> int:
     vdir = load_context().version_dir
     emit(args, vdir, {"dir": vdir})
@@ -86,31 +95,26 @@ def cmd_stats(args: argparse.Namespace) -> int:
     vdir = ctx.version_dir
     if args.reset:
         removed = _ledger.reset(vdir, bool(ctx.settings["trust_shared"]))
-        emit(args, f"stats reset ({removed} ledgers folded and removed)", {"reset": True, "removed": removed})
+        emit(args, f"stats reset ({plural(removed, 'ledger')} folded and removed)", {"reset": True, "removed": removed})
         return OK
-    reading = _ledger.Reading(vdir)
-    totals = reading.totals()
+    data = _status.stats_data(vdir)
     if args.written:  # bare, for a CI step's output: save the cache only when this run wrote entries
-        written = totals.writes if totals is not None else 0
+        written = data["stats"]["writes"] if data["stats"] else 0
         emit(args, str(written), {"dir": vdir, "written": written})
         return OK
-    if totals is None:
-        emit(args, f"none yet: no process has used {vdir}", {"dir": vdir, "stats": None})
+    stats = data["stats"]
+    if stats is None and data["reset_at"]:
+        emit(args, f"no lookups in {vdir} since the last reset (stats --reset, {_when(data['reset_at'])})", data)
         return OK
-    reset_at = reading.summary.reset_at if reading.summary else 0.0
-    if totals.empty and reset_at:
-        emit(args, f"no lookups in {vdir} since the last reset (stats --reset, {_when(reset_at)})",
-             {"dir": vdir, "stats": _stats.totals_dict(totals), "reset_at": reset_at})
+    if stats is None:
+        emit(args, f"none yet: no process has used {vdir}", data)
         return OK
-    top = _stats.top_functions(totals)
-    data = _stats.totals_dict(totals)
-    lines = [_status.stats_line(data), f"directory {vdir}", *causes_lines(data)]
-    if top:
+    lines = [_status.stats_line(stats), f"directory {vdir}", *causes_lines(stats)]
+    if data["top_functions"]:
         lines.append("costliest compiles (seconds, summed over shapes; JAX's own helpers last):")
-        lines.extend(f"  {secs:8.3f}  {name}{'  (JAX)' if helper else ''}" for name, secs, helper in top)
-    emit(args, "\n".join(lines), {"dir": vdir, "stats": data,
-                                   "top_functions": [{"name": n, "compile_secs": round(s, 3), "helper": h}
-                                                     for n, s, h in top]})
+        lines.extend(f"  {f['compile_secs']:8.3f}  {f['name']}{'  (JAX)' if f['helper'] else ''}"
+                     for f in data["top_functions"])
+    emit(args, "\n".join(lines), data)
     return OK
 
 
@@ -121,7 +125,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         since = _settings.parse_age(args.since) if args.since else None
     except _settings.BadValue as exc:
         raise CliError(f"--since: {exc}", USAGE) from None
-    data = _status.explain(ctx, since=since, function=args.function)
+    data = {"dir": vdir, **_status.explain(ctx, since=since, function=args.function)}
     lines = []
     if data["unavailable"]:
         lines.append(f"explanations unavailable here: {data['unavailable']}")
@@ -143,7 +147,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     filtered = " of " + args.function if args.function else ""
     if last is not None and not data["groups"] and not data["earlier"] and not (last["misses"] or last["not_cached"]):
         lines.append(f"nothing missed{filtered}: every lookup was served")
-    emit(args, "\n".join(lines), {"dir": vdir, **data})
+    emit(args, "\n".join(lines), data)
     return OK
 
 
@@ -181,8 +185,10 @@ def cmd_ci_key(args: argparse.Namespace) -> int:
 # -- clear, prune, verify -------------------------------------------------------------------------
 
 
-def _carry_out(args: argparse.Namespace, removal: _entries.Removal, extra: dict[str, Any] | None = None) -> None:
-    """Remove (unless ``--dry-run``) and report one version directory's removal."""
+def _carry_out(args: argparse.Namespace, removal: _entries.Removal, extra: dict[str, Any] | None = None,
+               remains: bool = False) -> None:
+    """Remove (unless ``--dry-run``) and report one version directory's removal; with ``remains``,
+    what is left (or would be) too."""
     if not args.dry_run:
         try:
             done = _entries.execute(removal)
@@ -192,10 +198,18 @@ def _carry_out(args: argparse.Namespace, removal: _entries.Removal, extra: dict[
             raise CliError(f"removed {done.files} of {len(removal.files)} files from {removal.version_dir}; {done.why()}")
     would = "would remove" if args.dry_run else "removed"
     secs = f", {human_secs(removal.compile_secs)} of compile time" if removal.compile_secs else ""
-    emit(args, f"{would} {removal.entries} entries ({len(removal.files)} files, {human_bytes(removal.bytes)}{secs})"
-               f" from {removal.version_dir}",
-         {"dry_run": args.dry_run, "entries": removal.entries, "files": len(removal.files), "bytes": removal.bytes,
-          "compile_secs": round(removal.compile_secs, 3), "dir": removal.version_dir, **(extra or {})})
+    data = {"dry_run": args.dry_run, "entries": removal.entries, "files": len(removal.files), "bytes": removal.bytes,
+            "compile_secs": round(removal.compile_secs, 3), "dir": removal.version_dir, **(extra or {})}
+    left = ""
+    if remains:
+        entries, on_disk = _entries.count(removal.version_dir)
+        if args.dry_run:
+            entries, on_disk = entries - removal.entries, on_disk - removal.bytes
+        data.update(remaining_entries=entries, remaining_bytes=on_disk)
+        left = (f"; {plural(entries, 'entry', 'entries')} ({human_bytes(on_disk)} on disk, bookkeeping included) "
+                f"{'would remain' if args.dry_run else 'remain'}")
+    emit(args, f"{would} {plural(removal.entries, 'entry', 'entries')} ({plural(len(removal.files), 'file')}, "
+               f"{human_bytes(removal.bytes)}{secs}) from {removal.version_dir}{left}", data)
 
 
 def _require_tag(vdir: str) -> None:
@@ -245,7 +259,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         installed = os.path.basename(vdir)
         stale = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d) and _entries.stale(d, installed)]
     plan = _entries.plan_prune(vdir, cap, older)
-    _carry_out(args, plan, {"max_size": cap, "stale_versions": stale})
+    _carry_out(args, plan, {"max_size": cap, "stale_versions": stale}, remains=True)
     if not args.dry_run and os.path.isdir(vdir):  # their next miss is then named "evicted"
         _ledger.record_evicted(vdir, [u.key for u in plan.units if u.has_entry], "prune", bool(ctx.settings["trust_shared"]))
     if not args.dry_run:
@@ -379,11 +393,13 @@ def cmd_config(args: argparse.Namespace) -> int:
         settings = load_context().settings
         if args.action == "get":
             name = _key(args.key).name
-            emit(args, str(settings[name]), {"key": name, "value": settings[name], "origin": settings.origin(name)})
+            resolved = settings.values[name]
+            emit(args, resolved.shown(), {"key": name, "value": resolved.value, "written": resolved.shown(),
+                                          "origin": resolved.origin})
             return OK
-        lines = [f"{k:<22} {str(r.value):<28} {r.origin}" for k, r in settings.values.items()]
+        lines = [f"{k:<22} {r.shown():<28} {r.origin}" for k, r in settings.values.items()]
         lines += [f"file {p}: {v.status}" for p, v in settings.files.items()]
-        emit(args, "\n".join(lines), {"settings": {k: {"value": r.value, "origin": r.origin}
+        emit(args, "\n".join(lines), {"settings": {k: {"value": r.value, "written": r.shown(), "origin": r.origin}
                                                    for k, r in settings.values.items()},
                                       "files": {p: v.status for p, v in settings.files.items()}})
         return OK
@@ -443,6 +459,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> Parser:
     parser = Parser(prog="gkx-autocache", description="JAX's persistent compilation cache, on by default.")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--version", action="store_true", help="the versions of gkx-autocache, JAX, jaxlib and Python")
     json_flag = Parser(add_help=False)
     json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="one JSON object on stdout")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -462,29 +479,35 @@ def build_parser() -> Parser:
     explain.add_argument("--since", metavar="AGE", help="only what happened in the last AGE (30m, 12h, 2d)")
     explain.add_argument("--function", metavar="NAME", help="only this function (step, or jit_step)")
     add("ci-key", cmd_ci_key, "a key for a CI cache: changes whenever the entries could stop being valid")
-    clear = add("clear", cmd_clear, "remove every entry")
-    clear.add_argument("--all-versions", action="store_true", help="every JAX version's directory")
-    clear.add_argument("--dry-run", action="store_true")
+    clear = add("clear", cmd_clear, "remove every entry (a fresh start: the stats and the history of misses too)")
+    clear.add_argument("--all-versions", action="store_true", help="every JAX version's directory, not only this one's")
+    clear.add_argument("--dry-run", action="store_true", help="say what would be removed, and remove nothing")
     clear.add_argument("--yes", action="store_true", help="do not ask")
-    prune = add("prune", cmd_prune, "remove least recently used entries")
+    prune = add("prune", cmd_prune, "remove least recently used entries, and say what remains")
     prune.add_argument("--max-size", metavar="SIZE", help="keep the directory under SIZE (default: max_size)")
     prune.add_argument("--older-than", metavar="AGE", help="remove entries unused for AGE (30d, 12h)")
-    prune.add_argument("--stale-versions", action="store_true", help="remove directories of JAX versions not installed")
-    prune.add_argument("--dry-run", action="store_true")
+    prune.add_argument("--stale-versions", action="store_true",
+                       help="remove directories of JAX versions not installed here and unused for 30 days")
+    prune.add_argument("--dry-run", action="store_true", help="say what would be removed, and remove nothing")
     add("verify", cmd_verify, "read back every entry; --repair removes the bad ones").add_argument(
-        "--repair", action="store_true")
-    config = add("config", cmd_config, "show or edit the settings files")
+        "--repair", action="store_true", help="remove the corrupt entries, orphan sidecars and stale temporaries found")
+    config = add("config", cmd_config, "show or edit the settings files (actions: list, get, set, unset)")
     actions = config.add_subparsers(dest="action", metavar="ACTION", required=True)
     where = Parser(add_help=False)
     group = where.add_mutually_exclusive_group()
     group.add_argument("--venv", action="store_true", help="the environment's policy file (the default)")
     group.add_argument("--user", action="store_true", help="your user config file")
-    actions.add_parser("list", parents=[where, json_flag])
-    actions.add_parser("get", parents=[where, json_flag]).add_argument("key")
-    setter = actions.add_parser("set", parents=[where, json_flag])
-    setter.add_argument("key")
-    setter.add_argument("value")
-    actions.add_parser("unset", parents=[where, json_flag]).add_argument("key")
+    keys = ", ".join(_settings.KEYS)
+
+    def action(name: str, text: str) -> argparse.ArgumentParser:
+        return actions.add_parser(name, parents=[where, json_flag], help=text, description=text)
+
+    action("list", "every setting: its value as written, and where it comes from")
+    action("get", "one setting: its value as written").add_argument("key", help=f"one of: {keys}")
+    setter = action("set", "write a setting into a settings file (validated first; written as you typed it)")
+    setter.add_argument("key", help=f"one of: {keys}")
+    setter.add_argument("value", help="the value, as you would write it (5GiB, $SCRATCH/jax, true)")
+    action("unset", "remove a setting from a settings file").add_argument("key", help=f"one of: {keys}")
     add("export", cmd_export, "write the entries to one archive (a warm bundle)").add_argument(
         "file", help="the archive to write (a tar)")
     bundle_in = add("import", cmd_import, "merge a warm bundle's entries into the cache")
@@ -506,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except UsageError as exc:
         return usage_error(parser, exc, sys.argv[1:] if argv is None else argv)
+    if args.version:
+        args.command = "version"
+        return cmd_version(args)
     if args.command is None:
         args.command, args.func = "status", cmd_status
     try:

@@ -11,7 +11,7 @@ import warnings
 
 logger = logging.getLogger("gkx_autocache")
 
-SILENCE = "GKX_JAX_CACHE=0 silences this"
+SILENCE = "fix it, or filter gkx_autocache.AutocacheWarning to hide it"
 
 
 class AutocacheWarning(UserWarning):

@@ -198,6 +198,9 @@ KEYS = {
 }
 
 
+DEFAULTS_WRITTEN = {"max_size": "5GiB"}  # defaults shown as a person would write them
+
+
 # JAX's own defaults for the options the package sets (the same in JAX 0.10 and 0.12). A value in
 # jax.config that differs from these was set by the user, and is left as they set it.
 JAX_DEFAULTS: dict[str, Any] = {
@@ -238,6 +241,17 @@ def validate(key: str, raw: Any, base: str | None, env: Mapping[str, str] = os.e
 class Resolved(NamedTuple):
     value: Any
     origin: str  # "default", "env GKX_JAX_CACHE_DIR", a file's path, "JAX (JAX_COMPILATION_CACHE_DIR)"
+    written: str | None = None  # as the user wrote it ("5GiB", "$SCRATCH/jax"); None for a default
+
+    def shown(self) -> str:
+        """The value as the user wrote it (``5GiB``, not ``5368709120``), or the default's words."""
+        if self.written is not None:
+            return self.written
+        if self.value is None:
+            return "unset"
+        if isinstance(self.value, bool):
+            return "true" if self.value else "false"
+        return str(self.value)
 
 
 class Settings:
@@ -288,15 +302,17 @@ def resolve(
     for key in KEYS.values():
         if jax_explicit and key.name in jax_explicit:
             value, origin = jax_explicit[key.name]
-            settings.values[key.name] = Resolved(value, origin)
+            settings.values[key.name] = Resolved(value, origin, str(value))
             continue
-        settings.values[key.name] = Resolved(key.default, "default")
+        settings.values[key.name] = Resolved(key.default, "default", DEFAULTS_WRITTEN.get(key.name))
         for origin, data, base in layers:
             if key.name not in data:
                 continue
             where = f"env {key.env}" if origin == "env" else origin
             try:
-                settings.values[key.name] = Resolved(validate(key.name, data[key.name], base, env), where)
+                raw = data[key.name]
+                written = raw if isinstance(raw, str) else ("true" if raw else "false") if isinstance(raw, bool) else str(raw)
+                settings.values[key.name] = Resolved(validate(key.name, raw, base, env), where, written.strip())
                 break
             except BadValue as exc:
                 settings.problems.append(

@@ -278,6 +278,20 @@ class Recorder:
             except OSError:
                 self._fd = None
 
+    def flush(self) -> None:
+        """Write what this process counted but has not written yet (its tally; a miss waiting for
+        its compile's fate), so that a reader of the ledger sees it: the Python API calls this."""
+        with self._lock:
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for record in waiting:
+            self._record(record, ("miss", record["key"], str(record.get("cause"))))
+        with self._lock:
+            if self._fd is not None and self._dirty:
+                try:
+                    self._write_tally()
+                except OSError:
+                    pass
+
     @property
     def kept_ledger(self) -> bool:
         return self._fd is not None

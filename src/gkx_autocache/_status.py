@@ -13,6 +13,8 @@ from gkx_autocache import _cache, _entries, _ledger, _settings, _stats, _store
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural
 from gkx_autocache._layout import is_url, version_name
 
+JSON_VERSION = 2  # 2: misses and compiles not cached are two counts (misses_by_cause, not_cached_by_reason)
+
 
 class NoDirectory(Exception):
     """There is no cache directory to act on; the message says why."""
@@ -95,7 +97,7 @@ def effective(ctx: Context) -> dict[str, str]:
     from gkx_autocache._configure import gpu_plugin_installed
 
     settings, location = ctx.settings, ctx.location
-    shown = {key: str(settings[key]) for key in _settings.KEYS}
+    shown = {key: settings.values[key].shown() for key in _settings.KEYS}
     if location is not None and location.version_dir:
         shown["dir"] = f"{location.version_dir} ({location.rule})"
     elif location is not None:
@@ -184,6 +186,18 @@ def gather(ctx: Context) -> dict[str, Any]:
     }
 
 
+def stats_data(vdir: str) -> dict[str, Any]:
+    """What ``stats --json`` prints (less its version and command): the totals since the last reset,
+    live processes included (None when there are none), and the costliest functions."""
+    reading = _ledger.Reading(vdir)
+    totals = reading.totals()
+    reset_at = reading.summary.reset_at if reading.summary else 0.0
+    if totals is None or (totals.empty and reset_at):
+        return {"dir": vdir, "stats": None, "top_functions": [], "reset_at": reset_at or None}
+    top = [{"name": n, "compile_secs": round(s, 3), "helper": h} for n, s, h in _stats.top_functions(totals)]
+    return {"dir": vdir, "stats": _stats.totals_dict(totals), "top_functions": top, "reset_at": reset_at or None}
+
+
 def _store_verdict(location: _cache.Location) -> dict[str, Any]:
     if location.kind == _cache.OWN:
         return {"store": "jax", "reason": "the directory is the user's own (JAX_COMPILATION_CACHE_DIR)"}
@@ -258,13 +272,14 @@ def setting_fix(ctx: Context, key: str, example: str) -> str:
     return f"gkx-autocache config set {key} {example}{where}"
 
 
-def explain(ctx: Context, since: float | None = None, function: str | None = None) -> dict[str, Any]:
+def explain(ctx: Context, since: float | None = None, function: str | None = None,
+            version_dir: str | None = None) -> dict[str, Any]:
     """The last run (when, what, its counts by cause), its misses and uncached compiles grouped by
     cause then function, then older ones with their time. ``since``: seconds back; ``function``: a
     name (``step`` or ``jit_step``)."""
     from gkx_autocache._layout import function_name
 
-    vdir = ctx.version_dir
+    vdir = version_dir or ctx.version_dir
     location = ctx.location
     unavailable = None
     if location is not None and location.kind != _cache.LOCAL:
@@ -408,7 +423,10 @@ def text(data: dict[str, Any]) -> str:
         "settings",
     ]
     for key, entry in data["settings"].items():
-        lines.append(f"  {key:<22} {entry['effective']:<40} {entry['origin']}")
+        if len(entry["effective"]) <= 40:
+            lines.append(f"  {key:<22} {entry['effective']:<40} {entry['origin']}")
+        else:  # a long path: the origin on a line of its own, in its column
+            lines += [f"  {key:<22} {entry['effective']}", f"  {'':<22} {'':<40} {entry['origin']}"]
     for path, verdict in data["files"].items():
         lines.append(f"  file {path}: {verdict}")
     lines.append("directory")

@@ -158,13 +158,19 @@ class Store:
         self._served.key = None
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         logger.debug("%s-cache could not be loaded (%s): it will be compiled again and replaced", key, reason)
-        if self._writable and (data := _files.read(self._entry(key))) is not None:
+        data = _files.read(self._entry(key))
+        corrupt = False
+        if data is not None:
             try:
                 self._decompress(data)
             except Exception:
-                _files.remove(self._entry(key))
+                corrupt = True
+                if self._writable:
+                    _files.remove(self._entry(key))
+        what = ("corrupt entry: it does not decompress" if corrupt
+                else "an entry JAX could not load (it decompresses, but does not deserialise)")
         self._missed(key)
-        self._recorder.rejected(key, reason)
+        self._recorder.rejected(key, f"{what}; compiled again and replaced ({reason})"[:400])
 
     def _unusable(self, path: str, data: bytes) -> str | None:
         """Why these bytes cannot be given to JAX, or None. Where the loading guard is installed

@@ -1,0 +1,75 @@
+"""The Python API (SPEC §10): what ``gkx-autocache --json stats``, ``explain`` and ``status`` print,
+as dicts, for a notebook or a pytest fixture, without a subprocess. In a process where JAX was
+configured, its own counts are written to its ledger first (the tally of what repeated, and a miss
+still waiting for its compile's fate), so that they are in what is read back.
+
+Reached through ``gkx_autocache.stats()`` and the others, which import this module when first
+called: nothing of it is imported at start-up or on ``import jax``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gkx_autocache import _stats, _status
+
+
+class AutocacheError(Exception):
+    """A call of the API failed: ``error`` is the JSON object the command would print (``version``,
+    ``command``, ``error``, ``exit``)."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error["error"])
+        self.error = error
+
+
+AutocacheError.__module__ = "gkx_autocache"
+
+
+def _call(command: str, build: Any) -> dict[str, Any]:
+    try:
+        data = build()
+    except (_status.NoDirectory, OSError, ValueError) as exc:
+        from gkx_autocache._diagnostics import one_line
+
+        raise AutocacheError({"version": _status.JSON_VERSION, "command": command, "error": one_line(str(exc)),
+                              "exit": 1}) from None
+    return {"version": _status.JSON_VERSION, "command": command, **data}
+
+
+def _directory() -> str:
+    """The directory this process's JAX uses, where the package configured it; else the one a
+    process of this environment would use."""
+    recorder = _stats.recorder
+    if recorder is not None and recorder.store_serving:
+        recorder.flush()
+        return recorder.directory
+    return _status.load_context().version_dir
+
+
+def stats() -> dict[str, Any]:
+    """``gkx-autocache --json stats``: the totals since the last reset, this process's included."""
+    return _call("stats", lambda: _status.stats_data(_directory()))
+
+
+def explain(since: float | str | None = None, function: str | None = None) -> dict[str, Any]:
+    """``gkx-autocache --json explain``: the last run and the misses, grouped by cause. ``since``:
+    seconds, or an age like ``"30m"``; ``function``: ``"step"`` or ``"jit_step"``."""
+
+    def build() -> dict[str, Any]:
+        from gkx_autocache import _settings
+
+        seconds = _settings.parse_age(since) if isinstance(since, str) else since
+        vdir = _directory()
+        ctx = _status.load_context()
+        return {"dir": vdir, **_status.explain(ctx, since=seconds, function=function, version_dir=vdir)}
+
+    return _call("explain", build)
+
+
+def status() -> dict[str, Any]:
+    """``gkx-autocache --json status``: versions, hook, settings with origins, the directory, the
+    store, the totals and what needs attention."""
+    if _stats.recorder is not None:
+        _stats.recorder.flush()
+    return _call("status", lambda: _status.gather(_status.load_context()))
