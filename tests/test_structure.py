@@ -52,9 +52,10 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_circle() -> None:
     """No circle among the package's modules, counting imports inside functions; the start-up
-    module reaching `_configure` lazily is the one allowed back-edge."""
+    module reaching `_configure` lazily (on `import jax`), and its lazy re-exports of the public
+    names (`AutocacheWarning`, the Python API of `_api`), are the allowed back-edges."""
     graph = imports()
-    graph["__init__"] -= {"_configure", "_diagnostics"}
+    graph["__init__"] -= {"_configure", "_diagnostics", "_api"}
     assert cycle(graph) is None, " -> ".join(cycle(graph) or [])
 
 
