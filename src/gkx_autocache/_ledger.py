@@ -59,14 +59,14 @@ RECENT = 500  # misses and uncached compiles kept for `explain`
 MAX_FUNCTIONS = 5000  # function names whose compile costs `stats` lists
 MAX_INT = 1 << 62
 MAX_FLOAT = 1e12
-KINDS = ("hit", "miss", "put", "uncached", "added", "evicted", "sum")
+KINDS = ("hit", "miss", "put", "uncached", "added", "evicted", "sum", "levels")
 
 
 # -- records ------------------------------------------------------------------------------------
 
 _FIELDS = {**dict.fromkeys(("bytes", "hits", "misses"), "count"), **dict.fromkeys(("saved", "compile", "t"), "number"),
-           **dict.fromkeys(("key", "cause", "detail", "reason", "parts", "change"), "text"), "own": "flag",
-           "readable": "table"}
+           **dict.fromkeys(("key", "cause", "detail", "reason", "parts", "change", "off"), "text"), "own": "flag",
+           "readable": "table", "local": "counts", "shared": "counts"}
 
 
 def _count(value: Any) -> int | None:
@@ -90,6 +90,8 @@ def _field(kind: str, value: Any) -> Any:
         return value if isinstance(value, str) and len(value) <= 4096 else None
     if kind == "flag":
         return True if value is True else None
+    if kind == "counts":  # a level's numbers (SPEC §14)
+        return add_levels({}, {"_": value})["_"] if isinstance(value, dict) else None
     if isinstance(value, dict):  # "table": the readable values of a key's parts
         return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str) and len(k) <= 64
                 and len(v) <= 4096}
@@ -121,6 +123,20 @@ def encode(record: dict[str, Any]) -> bytes:
 # -- totals -------------------------------------------------------------------------------------
 
 
+def add_levels(total: dict[str, dict[str, Any]], other: dict[str, Any], sign: int = 1) -> dict[str, dict[str, Any]]:
+    """Add (``sign`` -1: subtract, never below 0) one set of per-level numbers to another: ``{level:
+    {name: number}}``, the names and levels as they come (a bad one is skipped)."""
+    for level, counts in other.items():
+        if not isinstance(level, str) or len(level) > 32 or not isinstance(counts, dict):
+            continue
+        mine = total.setdefault(level, {})
+        for name, n in counts.items():
+            if isinstance(name, str) and len(name) <= 32 and (good := _number(n)) is not None:
+                mine[name] = max(mine.get(name, 0) + sign * (n if isinstance(n, int) else good), 0)
+    return total
+
+
+
 class Totals:
     """Counts summed over records (a plain class: this module is imported on ``import jax``)."""
 
@@ -135,6 +151,7 @@ class Totals:
         self.causes: dict[str, int] = {}  # misses by cause (SPEC §13)
         self.uncached: dict[str, int] = {}  # compiles JAX did not write, by reason
         self.functions: dict[str, list[float]] = {}  # function name -> [compile seconds, writes]
+        self.levels: dict[str, dict[str, Any]] = {}  # local and shared level numbers (SPEC §14)
 
     def add(self, record: dict[str, Any]) -> None:
         """Count one record (as ``parse_record`` returns it)."""
@@ -164,6 +181,8 @@ class Totals:
             cause = record.get("cause")
             if cause:
                 self.causes[cause] = self.causes.get(cause, 0) + 1
+        elif kind == "levels":
+            add_levels(self.levels, {k: v for k, v in record.items() if k != "e"})
         elif kind == "sum":  # a remote directory's process, at exit
             self.hits += record.get("hits", 0)
             self.misses += record.get("misses", 0)
@@ -179,6 +198,7 @@ class Totals:
             cost = self.functions.setdefault(name, [0.0, 0])
             cost[0] += secs
             cost[1] += writes
+        add_levels(self.levels, other.levels)
 
     @property
     def empty(self) -> bool:
@@ -188,7 +208,7 @@ class Totals:
         return {"hits": self.hits, "own_hits": self.own_hits, "misses": self.misses,
                 "saved_secs": round(self.saved_secs, 6), "bytes_read": self.bytes_read,
                 "bytes_written": self.bytes_written, "writes": self.writes, "causes": self.causes,
-                "uncached": self.uncached, "functions": self.functions}
+                "uncached": self.uncached, "functions": self.functions, "levels": self.levels}
 
     @classmethod
     def from_json(cls, data: Any) -> Totals:
@@ -203,6 +223,8 @@ class Totals:
             if isinstance(table, dict):
                 setattr(totals, name, {k[:200]: n for k, v in table.items()
                                        if isinstance(k, str) and (n := _count(v)) is not None})
+        if isinstance(data.get("levels"), dict):
+            add_levels(totals.levels, data["levels"])
         functions = data.get("functions")
         if isinstance(functions, dict):
             for name, cost in functions.items():

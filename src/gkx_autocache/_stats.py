@@ -41,6 +41,7 @@ class Recorder:
         self.totals = _ledger.Totals()
         self.store_serving = False  # set once the store serves the directory: then time saved is known
         self.explainer: Any = None  # names each miss's cause (SPEC §13), when JAX's key parts can be read
+        self.levels: Any = None  # the shared level and both levels' numbers (SPEC §14), when one is set
         self._keeps_ledger = ledger
         self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
         self._lock = threading.Lock()
@@ -86,11 +87,13 @@ class Recorder:
         self._settle()
         self._pending.hit = (key, nbytes, compile_secs, written)
 
-    def miss(self, key: str) -> None:
+    def miss(self, key: str, shared_off: str | None = None) -> None:
         self._pending.hit = None
         record: dict[str, Any] = {"e": "miss", "key": key, "t": round(time.time(), 3)}
         if self.explainer is not None:
             record.update(self.explainer.cause(key))
+        if shared_off:  # the shared level, off since then, may have held it (SPEC §14)
+            record["off"] = shared_off
         self._settle(record)
 
     def rejected(self, key: str, reason: str) -> None:
@@ -121,6 +124,10 @@ class Recorder:
             record["detail"] = detail
         if waiting is not None and waiting.get("cause") not in (None, "new"):
             record["cause"], record["change"] = waiting["cause"], waiting.get("detail", "")
+        self._record(record)
+
+    def levels_record(self, record: dict[str, Any]) -> None:
+        """Both levels' numbers, once at exit (SPEC §14)."""
         self._record(record)
 
     def _settle(self, waiting: dict[str, Any] | None = None) -> None:
@@ -206,7 +213,8 @@ class Recorder:
         return {"dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits, "store": ours,
                 "own_hits": t.own_hits if ours else 0, "causes": dict(t.causes) if ours else {},
                 "uncached": dict(t.uncached) if ours else {}, "saved_secs": t.saved_secs if ours else 0.0,
-                "bytes_read": t.bytes_read if ours else 0, "bytes_written": t.bytes_written if ours else 0}
+                "bytes_read": t.bytes_read if ours else 0, "bytes_written": t.bytes_written if ours else 0,
+                "levels": self.levels.snapshot() if ours and self.levels is not None else {}}
 
     def report_line(self, used: str | None = None) -> str:
         return summary_line(self.snapshot(used))
@@ -215,8 +223,9 @@ class Recorder:
 def merge(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
     """The counts of several processes (pytest-xdist workers), summed."""
     total: dict[str, Any] = {"dirs": [], "hits": 0, "misses": 0, "store": False, "own_hits": 0, "causes": {},
-                             "uncached": {}, "saved_secs": 0.0, "bytes_read": 0, "bytes_written": 0}
+                             "uncached": {}, "saved_secs": 0.0, "bytes_read": 0, "bytes_written": 0, "levels": {}}
     for snap in snapshots:
+        _ledger.add_levels(total["levels"], snap.get("levels") or {})
         total["dirs"] += [d for d in snap["dirs"] if d not in total["dirs"]]
         total["store"] = total["store"] or snap["store"]
         for name in ("hits", "misses", "own_hits", "saved_secs", "bytes_read", "bytes_written"):
@@ -237,6 +246,7 @@ def since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     for table in ("causes", "uncached"):
         part[table] = {key: n - before[table].get(key, 0) for key, n in now[table].items()
                        if n - before[table].get(key, 0) > 0}
+    part["levels"] = _ledger.add_levels(_ledger.add_levels({}, now.get("levels") or {}), before.get("levels") or {}, -1)
     return part
 
 
@@ -244,8 +254,12 @@ def summary_line(snap: dict[str, Any]) -> str:
     """``gkx-autocache: 1480 hits (1045 from earlier runs, 435 of this run's own compiles), 12
     misses (8 new, 3 changed XLA_FLAGS, 1 evicted), 2.31 s compile CPU time avoided, ..., dir``."""
     hits = f"{snap['hits']} hits"
+    shared = int((snap.get("levels") or {}).get("shared", {}).get("hits", 0))
+    within = [f"{snap['hits'] - shared} local, {shared} shared"] if snap.get("levels") and snap["hits"] else []
     if snap["own_hits"]:
-        hits += f" ({snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles)"
+        within.append(f"{snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles")
+    if within:
+        hits += f" ({'; '.join(within)})"
     parts = [hits, f"{snap['misses']} misses{by_cause(snap['causes'])}"]
     if snap["uncached"]:
         parts.append(f"{sum(snap['uncached'].values())} not cached{by_cause(snap['uncached'])}")
@@ -362,7 +376,7 @@ def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
             "hit_rate": t.hits / lookups if lookups else None, "saved_secs": round(t.saved_secs, 3),
             "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes,
             "causes": dict(sorted(t.causes.items(), key=lambda kv: -kv[1])),
-            "uncached": dict(sorted(t.uncached.items(), key=lambda kv: -kv[1]))}
+            "uncached": dict(sorted(t.uncached.items(), key=lambda kv: -kv[1])), "levels": t.levels}
 
 
 def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float]]:
