@@ -101,6 +101,8 @@ def effective(ctx: Context) -> dict[str, str]:
         shown["dir"] = "none: running uncached"
     cap = settings["max_size"]
     shown["max_size"] = human_bytes(cap) if isinstance(cap, int) and cap else "0 (no cap)"
+    if settings["shared"] is None:
+        shown["shared"] = "none: one level"
     if settings["xla_caches"] is None and not settings.from_jax("xla_caches"):
         if location is not None and location.version_dir and is_url(location.version_dir):
             shown["xla_caches"] = "none (a bucket: XLA's caches cannot open it)"
@@ -111,10 +113,11 @@ def effective(ctx: Context) -> dict[str, str]:
     return shown
 
 
-def gather(ctx: Context) -> dict[str, Any]:
+def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
     """The whole ``status`` document (its ``--json``): versions, hook, settings with origins,
-    the directory and its verdicts, the versions present, the store, the totals, and what needs
-    attention, each a line for the user."""
+    the directory and its verdicts, the versions present, the store, the totals, both levels
+    (``probe``: whether the shared one answers, bounded by its timeout), and what needs attention,
+    each a line for the user."""
     settings = ctx.settings
     files = start_files()
     live = hook_live()
@@ -162,8 +165,16 @@ def gather(ctx: Context) -> dict[str, Any]:
         attention.append(f"the cache is disabled by {settings.origin('enabled')}")
     elif ctx.jax_version is None:
         attention.append("JAX is not installed here: pip install 'gkx-autocache[jax]'")
+    from gkx_autocache import _levels
+
+    levels = _levels.describe_levels(settings, location, ctx.jax_version, os.environ, probe)
+    if levels is not None and levels["shared"].get("unused"):
+        attention.append(f"{levels['shared']['origin']}: shared {levels['shared']['url']} not used, "
+                         f"{levels['shared']['unused']}")
     return {
         "package": distribution_version("gkx-autocache"), "python": sys.version.split()[0],
+        "levels": levels, "signing_key": ("set (env GKX_JAX_CACHE_SIGNING_KEY)" if _settings.signing_key()
+                                          else "not set"),
         "jax": ctx.jax_version, "jaxlib": distribution_version("jaxlib"),
         "start_files": files, "hook_live": live, "settings": values,
         "files": {path: v.status + (f": {v.problem}" if v.problem else "") for path, v in settings.files.items()},
@@ -240,7 +251,8 @@ def explain(ctx: Context) -> dict[str, Any]:
 
     for record in _ledger.recent(vdir) if location is not None and location.kind == _cache.LOCAL else []:
         if record["e"] == "miss":
-            add(record.get("cause") or "unexplained", record.get("key", ""), record.get("detail", ""))
+            off = f"; may have been served by the shared level, which was off after {record['off']}" if record.get("off") else ""
+            add(record.get("cause") or "unexplained", record.get("key", ""), record.get("detail", "") + off)
             continue
         add(f"not cached: {record.get('reason') or 'unknown'}", record.get("key", ""), record.get("detail", ""))
         if record.get("cause"):  # the miss's own cause, where it says more than "new"
@@ -336,8 +348,17 @@ def text(data: dict[str, Any]) -> str:
     for version in data["versions_present"]:
         mark = " (installed)" if version["installed"] else ""
         lines.append(f"  {version['version']:<18} {version['entries']:>7} entries  {human_bytes(version['bytes']):>10}{mark}")
+    levels = data.get("levels")
+    if levels:
+        from gkx_autocache._levels import level_lines
+
+        lines.extend(level_lines(levels))
     stats = data["stats"]
     lines.append(f"stats       {stats_line(stats) if stats else 'no ledger yet (no process has used this directory)'}")
+    if stats and stats.get("levels"):
+        from gkx_autocache._levels import line
+
+        lines.append(f"            {line(stats['levels'])}")
     if data["attention"]:
         lines.append("attention")
         lines.extend(f"  - {a}" for a in data["attention"])
