@@ -622,3 +622,40 @@ def test_the_pytest_line_splits_hits_by_level(venv: Venv, tmp_path: Path, s3: S3
     warm = report(session("b"))
     assert cold["misses"] > 0 and warm["misses"] == 0, (cold, warm)
     assert warm["shared"] > 0 and warm["local"] + warm["shared"] == warm["hits"] >= 3, warm
+
+
+def test_shared_write_says_which_runs_upload(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """`shared_write = never` never uploads; `ci` uploads only where `CI` is set to a true value
+    (CI as the one trusted writer); every run writes its local level all the same."""
+    cases = [("never", {}, False), ("ci", {}, False), ("ci", {"CI": "false"}, False), ("ci", {"CI": "true"}, True),
+             ("always", {}, True)]
+    for i, (setting, ci, uploads) in enumerate(cases):
+        env = levels_env(s3.env, s3.bucket, tmp_path / f"l{i}", prefix=f"p{i}", GKX_JAX_CACHE_SHARED_WRITE=setting, **ci)
+        out, err = run_program(venv, env=env)
+        assert len(local_entries(tmp_path / f"l{i}")) == out["requests"] and not autocache_warnings(err), err
+        assert len(entries(s3, f"p{i}")) == (out["requests"] if uploads else 0), (setting, ci)
+
+
+def test_a_full_or_read_only_local_level_is_served_without_the_backfill(venv: Venv, public: Path, s3: S3) -> None:
+    """A local level that cannot take the entry (a full file system; a directory the user cannot
+    write) is served from the shared level all the same, without the backfill and without a
+    warning."""
+    cold, _ = run_program(venv, env=levels_env(s3.env, s3.bucket, public / "w"))
+    full = public / "full"
+    full.mkdir()
+    env = {**venv.env, **levels_env(s3.env, s3.bucket, full)}
+    script = f"mount -t tmpfs -o size=8k,mode=700 gkx-full {full} && exec {venv.python} -c \"$0\""
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, PROGRAM], env=env, cwd=str(venv.home),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["hits"] == out["requests"] == cold["requests"] and not autocache_warnings(proc.stderr), proc.stderr
+    assert report(proc.stderr)["shared"] == cold["requests"]
+    readonly = public / "readonly"
+    run_program(venv, env={"GKX_JAX_CACHE_DIR": str(readonly)}, program=OTHER)  # root's, with one entry of its own
+    subprocess.run(["chmod", "-R", "a+rX", str(readonly)], check=True)
+    before = local_entries(readonly)
+    out, err = run_program(venv, env=levels_env(s3.env, s3.bucket, readonly), user=65534)
+    assert out["hits"] == out["requests"] == cold["requests"] and not autocache_warnings(err), err
+    assert report(err)["shared"] == cold["requests"] - len(before & set(entries(s3, "team")))
+    assert local_entries(readonly) == before
