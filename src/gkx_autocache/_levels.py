@@ -161,10 +161,12 @@ def read_seal(raw: bytes, key: str, limit: int) -> dict[str, Any]:
         raise Refused(f"the shared entry's seal gives an impossible size ({str(size)[:40]})")
     if not isinstance(digest, str) or len(digest) != 64:
         raise Refused("the shared entry's seal has no SHA-256")
-    for name in ("compile", "written"):
+    from gkx_autocache._store import MAX_COMPILE_SECS
+
+    for name, most in (("compile", MAX_COMPILE_SECS), ("written", 1e11)):  # a claim beyond them is no figure
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not 0 <= value <= 1e11):
+                                  or not 0 <= value <= most):
             body[name] = None
     return body
 
@@ -505,7 +507,8 @@ class Level:
     def _fetch(self, key: str, progress: Progress) -> Found | None:
         backend = self.backend
         raw_seal, data = backend.first(key, progress)
-        self.count("shared", requests=1)
+        if backend.kind == "bucket":  # (requests: to a bucket, where each is a round trip's worth)
+            self.count("shared", requests=2)
         if data is None:
             return None
         if raw_seal is None and self._secret is not None:
@@ -547,7 +550,7 @@ class Level:
         while have < size:
             started = time.monotonic()
             chunk = self.backend.block(key, have, min(have + block, size))
-            self.count("shared", requests=1)
+            self.count("shared", requests=1)  # (a bucket's: a directory's entry is read whole)
             if len(chunk) != min(block, size - have):  # an object shorter or longer than its seal says
                 raise Refused(f"the shared entry sent {len(chunk)} bytes for a range of {min(block, size - have)}")
             progress.tick()
@@ -621,7 +624,8 @@ class Level:
         except Exception as exc:
             self.turn_off(describe(exc))
             return
-        self.count("shared", uploads=1, bytes_written=len(data) + len(seal), requests=2)
+        self.count("shared", uploads=1, bytes_written=len(data) + len(seal),
+                   requests=2 if self.backend.kind == "bucket" else 0)
         listing = self._listing
         if listing is not None:
             listing[key + ENTRY_SUFFIX] = len(data)
@@ -710,10 +714,14 @@ def problem(settings: Any, location: Any) -> str | None:
         return "JAX's own setting chose the directory (JAX's stock cache serves it)"
     if same_place(shared, location.root):
         return "it is the same directory as dir"
-    if is_url(shared):
+    if is_url(shared):  # fsspec and its backend; not etils, which only JAX's own remote cache needs
+        import importlib.util
+
         from gkx_autocache import _remote
 
-        return _remote.unsupported(shared)
+        missing = [name for name in ("fsspec", _remote.BACKENDS[_remote.scheme(shared)])
+                   if importlib.util.find_spec(name) is None]
+        return f"{', '.join(missing)} not installed: pip install '{_remote.EXTRA}'" if missing else None
     return None
 
 
