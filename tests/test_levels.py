@@ -16,6 +16,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import PROGRAM, S3, Venv, free_port, run_program
@@ -659,3 +660,99 @@ def test_a_full_or_read_only_local_level_is_served_without_the_backfill(venv: Ve
     assert out["hits"] == out["requests"] == cold["requests"] and not autocache_warnings(err), err
     assert report(err)["shared"] == cold["requests"] - len(before & set(entries(s3, "team")))
     assert local_entries(readonly) == before
+
+
+def hostile_level(tmp_path: Path, secret: bytes | None = None) -> tuple[Any, Path]:
+    from gkx_autocache import _levels
+
+    root = tmp_path / "team"
+    (root / "jax-0.0.0").mkdir(parents=True, mode=0o700)
+    root.chmod(0o700)
+    level = _levels.Level(str(root), _levels.Directory(str(root), "0.0.0", team=False), local=str(tmp_path / "l"),
+                          timeout=5.0, writes=None, secret=secret)
+    return level, root / "jax-0.0.0"
+
+
+GOOD, OTHER_KEY = f"jit_f-{'a' * 64}", f"jit_g-{'b' * 64}"
+
+
+@pytest.mark.parametrize("spoil", ["deep json", "huge size", "boolean size", "not an object", "another key",
+                                   "a symlinked entry", "a fifo", "writable by others", "moved signed seal",
+                                   "a compile time of a century"])
+def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: Path, spoil: str) -> None:
+    """Entries and seals a group member or a bucket could plant are refused one by one, each a
+    `rejected` miss with its reason (or served, where only a figure in the seal is absurd); none
+    turns the level off, hangs, or raises."""
+    from gkx_autocache import _levels
+
+    secret = b"k" if spoil == "moved signed seal" else None
+    level, vdir = hostile_level(tmp_path, secret)
+    data = b"\x78\x9c" + b"entry" * 100
+    seal = json.loads(_levels.make_seal(GOOD, data, 0.5, time.time(), secret))
+    (vdir / f"{GOOD}-cache").write_bytes(data)
+    if spoil == "deep json":
+        (vdir / f"{GOOD}-gkx-shared").write_text("[" * 100000 + "]" * 100000)
+    elif spoil in ("huge size", "boolean size", "another key", "a compile time of a century"):
+        seal.update({"huge size": {"bytes": 1 << 62}, "boolean size": {"bytes": True}, "another key": {"key": OTHER_KEY},
+                     "a compile time of a century": {"compile": 3.2e9}}[spoil])
+        (vdir / f"{GOOD}-gkx-shared").write_text(json.dumps(seal))
+    elif spoil == "not an object":
+        (vdir / f"{GOOD}-gkx-shared").write_text("[1, 2]")
+    elif spoil == "a symlinked entry":
+        (vdir / f"{GOOD}-cache").unlink()
+        (tmp_path / "elsewhere").write_bytes(data)
+        (vdir / f"{GOOD}-cache").symlink_to(tmp_path / "elsewhere")
+    elif spoil == "a fifo":
+        (vdir / f"{GOOD}-cache").unlink()
+        os.mkfifo(vdir / f"{GOOD}-cache")
+    elif spoil == "writable by others":
+        (vdir / f"{GOOD}-cache").chmod(0o666)
+    elif spoil == "moved signed seal":  # a validly signed entry of another key, moved to this one
+        moved = json.loads(_levels.make_seal(OTHER_KEY, data, 0.5, time.time(), secret))
+        (vdir / f"{GOOD}-gkx-shared").write_text(json.dumps(moved))
+    started = time.monotonic()
+    got = level.get(GOOD)
+    assert time.monotonic() - started < 3 and level.off is None
+    if spoil == "a compile time of a century":
+        assert isinstance(got, _levels.Found) and got.data == data and got.compile_secs is None
+    else:
+        assert isinstance(got, str) and got, got
+        assert level.snapshot()["shared"]["rejected"] == 1
+
+
+def test_a_bucket_with_more_names_than_one_listing_is_asked_key_by_key(venv: Venv, tmp_path: Path, s3: S3,
+                                                                      s3_server: str) -> None:
+    """A version prefix with more than 1000 names is not listed again: each miss asks for its key,
+    and every compile is still uploaded and then served."""
+    client = s3.client()
+    for i in range(1001):
+        client.put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/jit_other-{i:064x}-cache", Body=b"x")
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]))
+    try:
+        out, err = run_program(venv, env=levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket,
+                                                    tmp_path / "a"))
+    finally:
+        proxy.close()
+    listings = [p for m, p in proxy.requests if m == "GET" and "list-type=2" in p]
+    reads = [p for m, p in proxy.requests if m == "GET" and p.split("?")[0].endswith("-cache")]
+    assert len(listings) >= 1 and len(reads) == out["requests"], proxy.requests[:5]
+    warm, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
+    assert warm["hits"] == warm["requests"] and report(err)["shared"] == warm["requests"], err
+
+
+def test_a_bucket_without_the_remote_extra_is_one_line_and_the_local_level_serves(wheel: Path, tmp_path: Path) -> None:
+    """Without `gkx-autocache[remote]`, a bucket as `shared` costs one warning naming the extra;
+    the local level works as before."""
+    from conftest import REMOTE_EXTRA, make_venv, public_tmp
+
+    base = public_tmp()
+    try:
+        venv = make_venv(base, wheel, without=REMOTE_EXTRA)
+        env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_SHARED": "s3://some-bucket/cache"}
+        out, err = run_program(venv, env=env)
+        (warning,) = autocache_warnings(err)
+        assert "gkx-autocache[remote]" in warning and "GKX_JAX_CACHE_SHARED" in warning and "s3fs" in warning
+        warm, err = run_program(venv, env=env)
+        assert warm["hits"] == warm["requests"] == out["requests"]
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
