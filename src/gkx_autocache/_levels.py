@@ -73,6 +73,11 @@ class Stalled(Exception):
     """No progress for ``shared_timeout`` seconds."""
 
 
+class ShuttingDown(Exception):
+    """No new thread can be started: the interpreter is exiting (Python 3.12 refuses them from the
+    start of its finalisation, ``threading``'s at-exit hooks included)."""
+
+
 class Progress:
     """Ticked by a call to the shared level each time a request completes."""
 
@@ -101,7 +106,10 @@ def bounded(func: Callable[[Progress], Any], timeout: float) -> Any:
         finally:
             done.set()
 
-    threading.Thread(target=run, name="gkx-autocache-shared", daemon=True).start()
+    try:
+        threading.Thread(target=run, name="gkx-autocache-shared", daemon=True).start()
+    except RuntimeError as exc:
+        raise ShuttingDown(str(exc)) from None
     while not done.is_set():
         left = progress.at + timeout - time.monotonic()
         if left <= 0:
@@ -467,6 +475,8 @@ class Level:
                         self.count("shared", requests=1)
                     else:
                         self._listed_at = float("inf")  # a directory is never listed
+            except ShuttingDown:  # at exit: the listing stays as it is; nothing is wrong with the level
+                return self.off is None and self._prepared is not None
             except Stalled as exc:
                 self.turn_off(str(exc), timed_out=True)
             except Exception as exc:
@@ -486,6 +496,9 @@ class Level:
         started = time.perf_counter()
         try:
             found: Found | None = bounded(lambda progress: self._fetch(key, progress), self.timeout)
+        except ShuttingDown:  # a compile while the interpreter exits: a miss, nothing wrong with the level
+            self.count("shared", misses=1)
+            return None
         except Refused as exc:
             self.count("shared", rejected=1, misses=1)
             logger.debug("shared entry %s not served: %s", key, exc)
@@ -617,7 +630,10 @@ class Level:
             progress.tick()
 
         try:
-            bounded(upload, self.timeout)
+            try:
+                bounded(upload, self.timeout)
+            except ShuttingDown:  # at exit this worker uploads itself: ``finish``'s deadline bounds it
+                upload(Progress())
         except Stalled as exc:
             self.turn_off(f"an upload made {exc}", timed_out=True)
             return
