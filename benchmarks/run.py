@@ -747,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
             results["prune_entries"] = 100 if quick else 10_000
             results["prune_at_exit"] = prune_at_exit(with_py, results["prune_entries"], work)
         if "levels" in sections:
-            results["levels"] = levels(work, 2 if quick else 24, 1 if quick else 5)
+            results["levels"] = levels(work, 2 if quick else 24, 1 if quick else 7)
     results["table"] = table(results)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(results["table"])

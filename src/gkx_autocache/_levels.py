@@ -873,7 +873,7 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
         "url": shared, "origin": settings.origin("shared"), "kind": "bucket" if is_url(shared) else "directory",
         "trust": ("the bucket's access policy" if is_url(shared) else
                   "a team directory (trust_shared)" if settings["trust_shared"] else "yours or root's, no one else's"),
-        "writes": uploads(settings["shared_write"], env) or f"always ({settings['shared_write']})",
+        "writes": uploads(settings["shared_write"], env) or f"on (shared_write = {settings['shared_write']})",
         "timeout": settings["shared_timeout"],
         "signing": ("set (env GKX_JAX_CACHE_SIGNING_KEY): uploads are signed, unsigned entries never loaded"
                     if secret is not None else "not set: entries are neither signed nor checked"),
