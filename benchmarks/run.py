@@ -15,11 +15,14 @@ the wheel installed and one without), then measures, as medians of interleaved r
   4. the CLI on a synthetic directory of 100 000 entries, and the at-exit prune on 10 000;
   5. the bookkeeping: the index explanations read at a first miss (bytes per entry, its load at
      100 000 entries), an exit beside it, and another process's first miss, exit and `status`
-     beside a live process that made 1 000 000 lookups, against one that made 100.
+     beside a live process that made 1 000 000 lookups, against one that made 100;
+  6. levels, against moto's S3 server on 127.0.0.1 (a real bucket is slower): a warm run from the
+     local level, from the bucket alone, and raw JAX with the bucket as its dir; a cold run against
+     an empty bucket against no shared level; the uploads' cost to a cold run.
 Prints a Markdown table and writes it, with every figure, as JSON. `--only startup` (or
-import_jax, workload, cli; repeatable) measures those sections only; when --out already holds a
-run, its other sections are kept and the JSON records which were measured when (sections:
-startup, import_jax, workload, explain, cli, bookkeeping). Needs `uv` and JAX
+import_jax, workload, explain, cli, bookkeeping, levels; repeatable) measures those sections only;
+when --out already holds a run, its other sections are kept and the JSON records which were
+measured when. Needs `uv` and JAX
 in the environment that runs it (`pip install -e '.[test]'`).
 """
 
@@ -588,6 +591,148 @@ def bookkeeping(with_py: Path, entries: int, lookups: int, work: Path) -> dict[s
             live.wait(timeout=60)
             live.stdout.close()
     return figures
+# -- levels (SPEC §14) ---------------------------------------------------------------------------
+
+
+def remote_venvs(work: Path) -> tuple[Path, Path]:
+    """(with, without) as in ``make_venvs``, but seeing the runner's whole site-packages, the
+    ``remote`` extra (fsspec, s3fs, etils) included: a bucket needs it."""
+    (wheel,) = (work / "wheel").glob("*.whl")
+    pythons = []
+    for name in ("with-remote", "without-remote"):
+        venv = work / name
+        sh(sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(venv))
+        python = venv / "bin" / "python"
+        site = sh(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+        Path(site, "zz_bench_deps.pth").write_text(f"{RUNNER_SITE}\n")
+        if name == "with-remote":
+            sh(sys.executable, "-m", "uv", "pip", "install", "-q", "--no-deps", "--python", str(python), str(wheel))
+        pythons.append(python)
+    return pythons[0], pythons[1]
+
+
+def moto(work: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """moto's S3 server on a free port of 127.0.0.1, and the environment that reaches it."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(endpoint, timeout=2).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/bench", method="PUT"), timeout=10).close()  # the bucket
+    return server, env
+
+
+def cpu_secs(pid: int) -> float:
+    """A process's CPU time (user and system), from /proc; 0 where there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def run_json(python: Path, code: list[str], env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+    """Wall time and the child's last JSON line, with its CPU time (user and system, all its threads)
+    under ``"cpu"``: far steadier than wall time on a machine other work shares."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run([str(python), *code], env=env, capture_output=True, text=True, check=True)
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    out["cpu"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return seconds, out
+
+
+def levels(work: Path, functions: int, runs: int) -> dict[str, Any]:
+    """The demo workload in fresh processes, each configuration's median of ``runs`` (interleaved
+    round by round, so that drift hits all alike). Every cold run gets an empty prefix of its own,
+    every "from the bucket" run a fresh local directory."""
+    with_py, without_py = remote_venvs(work)
+    code = demo_program(work, functions)
+    server, s3 = moto(work)
+    try:
+        base = base_env(HOME=str(work), **s3)
+        filled = "s3://bench/filled"
+        configs: dict[str, tuple[Path, Any]] = {
+            "warm, no shared level": (with_py, lambda i: {"GKX_JAX_CACHE_DIR": str(work / "lv-plain")}),
+            "warm, from the local level (shared set)": (with_py, lambda i: {
+                "GKX_JAX_CACHE_DIR": str(work / "lv-local"), "GKX_JAX_CACHE_SHARED": filled}),
+            "warm, from the bucket alone (fresh local level)": (with_py, lambda i: {
+                "GKX_JAX_CACHE_DIR": str(work / f"lv-fresh-{i}"), "GKX_JAX_CACHE_SHARED": filled}),
+            "warm, raw JAX with the bucket as its dir (threshold 0)": (without_py, lambda i: {
+                "JAX_COMPILATION_CACHE_DIR": "s3://bench/raw", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1", "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none"}),
+            "cold, no shared level": (with_py, lambda i: {"GKX_JAX_CACHE_DIR": str(work / f"lv-cold-plain-{i}")}),
+            "cold, an empty bucket, uploads on": (with_py, lambda i: {
+                "GKX_JAX_CACHE_DIR": str(work / f"lv-cold-up-{i}"), "GKX_JAX_CACHE_SHARED": f"s3://bench/cold-up-{i}"}),
+            "cold, an empty bucket, shared_write = never": (with_py, lambda i: {
+                "GKX_JAX_CACHE_DIR": str(work / f"lv-cold-never-{i}"),
+                "GKX_JAX_CACHE_SHARED": f"s3://bench/cold-never-{i}", "GKX_JAX_CACHE_SHARED_WRITE": "never"}),
+        }
+        # Fill: the bucket (through a local level that is then warm too), the plain local level, raw JAX's bucket.
+        for name in ("warm, from the local level (shared set)", "warm, no shared level",
+                     "warm, raw JAX with the bucket as its dir (threshold 0)"):
+            python, env = configs[name]
+            run_json(python, code, {**base, **env(-1)})
+        times: dict[str, list[float]] = {name: [] for name in configs}
+        hits: dict[str, list[float]] = {name: [] for name in configs}
+        server_cpu: dict[str, list[float]] = {name: [] for name in configs}  # moto's, on this same machine
+        cpu: dict[str, list[float]] = {name: [] for name in configs}
+        for i in range(runs):
+            for name, (python, env) in configs.items():
+                before = cpu_secs(server.pid)
+                seconds, out = run_json(python, code, {**base, **env(i)})
+                server_cpu[name].append(cpu_secs(server.pid) - before)
+                times[name].append(seconds)
+                cpu[name].append(out["cpu"])
+                hits[name].append(out["hits"])
+        requests = json.loads(sh(str(with_py), "-m", "gkx_autocache", "--json", "stats", env={
+            **base, **configs["cold, an empty bucket, uploads on"][1](runs - 1)}).stdout)["levels"]["shared"]
+        out = run_json(with_py, code, {**base, **configs["cold, no shared level"][1](-2)})[1]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    results: dict[str, Any] = {name: {"median": statistics.median(t), "min": min(t), "max": max(t),
+                                      "hits": statistics.median(hits[name]), "compiles": out["requests"],
+                                      "server_cpu": statistics.median(server_cpu[name]),
+                                      "cpu": statistics.median(cpu[name])}
+                               for name, t in times.items()}
+    results["cold requests"] = {"requests": requests["requests"], "uploads": requests["uploads"],
+                                "misses": requests["misses"]}
+    results["ratios"] = {}  # per round (the two runs side by side in time): median and spread
+    for label, a, b in LEVEL_RATIOS:
+        per_round = sorted(x / y for x, y in zip(times[a], times[b], strict=True))
+        results["ratios"][label] = {"median": statistics.median(per_round), "min": per_round[0], "max": per_round[-1],
+                                    "cpu": statistics.median(cpu[a]) / statistics.median(cpu[b])}
+    results["runs"] = runs
+    return results
+
+
+LEVEL_RATIOS = (
+    ("warm from the local level, shared set / no shared level", "warm, from the local level (shared set)",
+     "warm, no shared level"),
+    ("warm from the bucket alone / raw JAX with the bucket as its dir", "warm, from the bucket alone (fresh local level)",
+     "warm, raw JAX with the bucket as its dir (threshold 0)"),
+    ("cold against an empty bucket / no shared level", "cold, an empty bucket, uploads on", "cold, no shared level"),
+    ("the uploads' cost: uploads on / shared_write = never", "cold, an empty bucket, uploads on",
+     "cold, an empty bucket, shared_write = never"),
+)
 
 
 def ms(seconds: float) -> str:
@@ -657,6 +802,20 @@ def table(r: dict[str, Any]) -> str:
         c = r["saved_contention"]
         rows += ["", "| the same warm run's compile CPU time avoided | seconds |", "|---|---|"]
         rows += [f"| {name} | {secs:.2f} |" for name, secs in c.items()]
+    if "levels" in r:
+        lv = r["levels"]
+        rows += ["", f"| levels, demo program against moto on 127.0.0.1 (median of {lv['runs']}) | wall time | range | "
+                 "CPU time | compiles served | moto's CPU time, on this machine |", "|---|---|---|---|---|---|"]
+        for name, f in lv.items():
+            if isinstance(f, dict) and "median" in f and "compiles" in f:
+                rows.append(f"| {name} | {f['median']:.2f} s | {f['min']:.2f}-{f['max']:.2f} s | {f.get('cpu', 0.0):.2f} s | "
+                            f"{f['hits']:.0f} of {f['compiles']} | {f.get('server_cpu', 0.0):.2f} s |")
+        rows += ["", "| levels, ratios | wall time, per round: median | range | CPU time, medians |", "|---|---|---|---|"]
+        for label, f in lv["ratios"].items():
+            rows.append(f"| {label} | {f['median']:.3f} | {f['min']:.3f}-{f['max']:.3f} | {f.get('cpu', 0.0):.3f} |")
+        c = lv["cold requests"]
+        rows.append(f"| a cold run's requests to the bucket | {c['requests']} for {c['misses']} misses and "
+                    f"{c['uploads']} uploads | | |")
     if "cli" in r:
         rows += ["", f"| CLI on {r['cli_entries']:,} entries | seconds |", "|---|---|"]
         rows += [f"| `gkx-autocache {c}` | {s:.2f} |" for c, s in r["cli"].items()]
@@ -669,7 +828,7 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-SECTIONS = ("startup", "import_jax", "workload", "explain", "cli", "bookkeeping")
+SECTIONS = ("startup", "import_jax", "workload", "explain", "cli", "bookkeeping", "levels")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -720,6 +879,8 @@ def main(argv: list[str] | None = None) -> int:
             results["prune_at_exit"] = prune_at_exit(with_py, results["prune_entries"], work)
         if "bookkeeping" in sections:
             results["bookkeeping"] = bookkeeping(with_py, 300 if quick else 100_000, 1000 if quick else 1_000_000, work)
+        if "levels" in sections:
+            results["levels"] = levels(work, 2 if quick else 24, 1 if quick else 7)
     results["table"] = table(results)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(results["table"])

@@ -10,10 +10,14 @@ install of the package stays inert there.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
+import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,3 +239,63 @@ def run_program(venv: Venv, *flags: str, env: dict[str, str] | None = None, user
 
 def autocache_warnings(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "AutocacheWarning" in line or line.startswith("gkx-autocache:")]
+
+
+# -- a real S3-compatible server (moto's standalone server) on 127.0.0.1 -------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class S3:
+    endpoint: str
+    bucket: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def objects(self, prefix: str = "") -> dict[str, int]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    """moto's S3 server on a free port of 127.0.0.1, for the module's tests."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto's S3 server did not start") from None
+                time.sleep(0.2)
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture
+def s3(s3_server: str) -> S3:
+    store = S3(s3_server, f"gkx-{uuid.uuid4().hex[:12]}")
+    store.client().create_bucket(Bucket=store.bucket)
+    return store

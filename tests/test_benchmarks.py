@@ -51,6 +51,13 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
     assert data["key_time"]["plain"] > 0 and data["key_time"]["wrapped"] > 0
     assert all(secs > 0 for secs in data["saved_contention"].values()), data["saved_contention"]
     assert "| with the explanation seam (every key: what a hit pays) |" in table
+    levels = data["levels"]  # SPEC §14, against moto
+    compiles = levels["cold, no shared level"]["compiles"]
+    assert compiles > 0 and all(levels[name]["hits"] == compiles for name in levels if name.startswith("warm"))
+    assert all(levels[name]["hits"] == 0 for name in levels if name.startswith("cold,"))
+    cold = levels["cold requests"]
+    assert cold["uploads"] == cold["misses"] == compiles and cold["requests"] == 1 + 2 * compiles  # one listing
+    assert "| cold against an empty bucket / no shared level |" in table
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None,

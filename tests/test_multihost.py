@@ -8,9 +8,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import COUNTING, Venv
+from conftest import COUNTING, Venv, free_port
 from test_activation import VERSION_DIR
-from test_remote import free_port
 
 RANK = r"""
 import json, sys

@@ -132,12 +132,13 @@ class Location:
     """
 
     def __init__(self, kind: str | None = None, version_dir: str | None = None, root: str | None = None,
-                 writable: bool = False, rule: str = "") -> None:
+                 writable: bool = False, rule: str = "", team: bool = False) -> None:
         self.kind = kind
         self.version_dir = version_dir
         self.root = root
         self.writable = writable
         self.rule = rule  # how it was chosen, for `status`
+        self.team = team  # a team directory (§8): group-writable entries and bookkeeping
         self.tried: list[tuple[str, str]] = []  # (root, why not)
         self.problems: list[tuple[str, str]] = []  # (cause, one-line message)
 
@@ -159,8 +160,8 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
     if settings.from_jax("dir"):
         own = str(settings["dir"])
         return Location(OWN, own, writable=is_url(own) or os.access(own, os.W_OK), rule=settings.origin("dir"))
-    shared = bool(settings["trust_shared"])
     explicit = settings["dir"]
+    shared = team(settings, explicit)
     if explicit is not None:
         where = settings.origin("dir")
         location = Location(rule=f"dir from {where}")
@@ -179,7 +180,7 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
             else:
                 if not prepared.writable:
                     logger.debug("%s is read-only: entries are read, none are written", prepared.version_dir)
-                return Location(LOCAL, prepared.version_dir, prepared.root, prepared.writable, location.rule)
+                return Location(LOCAL, prepared.version_dir, prepared.root, prepared.writable, location.rule, shared)
         location.tried.append((explicit, why))
         location.problems.append((f"dir:{explicit}", f"{where}: dir {explicit} not used, {why}; running uncached"))
         return location
@@ -192,6 +193,7 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
         yield user_root(), "default: the user cache"
 
     for root, rule in roots():
+        shared = team(settings, root)
         try:
             prepared = prepare(root, jax_version, shared, create)
         except Refused as exc:
@@ -199,7 +201,7 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
             logger.debug("default directory %s refused: %s", root, exc)
             continue
         if prepared.writable:
-            found = Location(LOCAL, prepared.version_dir, prepared.root, True, rule)
+            found = Location(LOCAL, prepared.version_dir, prepared.root, True, rule, shared)
             found.tried = location.tried
             return found
         location.tried.append((root, "not writable"))
@@ -207,6 +209,21 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
     reasons = "; ".join(f"{root}: {why}" for root, why in location.tried)
     location.problems.append(("dir:default", f"no usable cache directory ({reasons}); set GKX_JAX_CACHE_DIR; running uncached"))
     return location
+
+
+def team(settings: Any, root: str | None) -> bool:
+    """Whether ``trust_shared`` makes the local directory a team directory. With a shared level
+    that is a directory, ``trust_shared`` is that level's (SPEC §14): the local level stays
+    private unless it already is a team directory (group-writable)."""
+    if not settings["trust_shared"]:
+        return False
+    other = settings.values["shared"].value if "shared" in settings.values else None
+    if other is None or is_url(other):
+        return True
+    try:
+        return root is not None and bool(os.stat(root).st_mode & 0o020)
+    except OSError:
+        return False
 
 
 def _nearest_existing(path: str) -> str:

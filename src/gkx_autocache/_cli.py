@@ -70,7 +70,7 @@ def causes_lines(t: dict[str, Any]) -> list[str]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    data = _status.gather(load_context())
+    data = _status.gather(load_context(), probe=not getattr(args, "no_probe", False))
     emit(args, _status.text(data), data)
     return OK
 
@@ -110,11 +110,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
         emit(args, f"none yet: no process has used {vdir}", data)
         return OK
     lines = [_status.stats_line(stats), f"directory {vdir}", *causes_lines(stats)]
+    if data["levels"]:  # the local and shared levels' numbers (SPEC §14)
+        from gkx_autocache import _levels
+
+        lines.insert(1, f"levels      {_levels.line(data['raw_levels'])}")
     if data["top_functions"]:
         lines.append("costliest compiles (seconds, summed over shapes; JAX's own helpers last):")
         lines.extend(f"  {f['compile_secs']:8.3f}  {f['name']}{'  (JAX)' if f['helper'] else ''}"
                      for f in data["top_functions"])
-    emit(args, "\n".join(lines), data)
+    emit(args, "\n".join(lines), {k: v for k, v in data.items() if k != "raw_levels"})
     return OK
 
 
@@ -221,8 +225,29 @@ def _require_tag(vdir: str) -> None:
     raise CliError(f"{vdir} has no gkx-autocache CACHEDIR.TAG, so it is not known to be a cache: nothing removed")
 
 
+def _shared(ctx: Context, command: str) -> str:
+    """The shared level's version directory (SPEC §14), for ``--shared``."""
+    from gkx_autocache import _levels
+
+    shared = ctx.settings["shared"]
+    if shared is None:
+        raise CliError(f"{command} --shared: no shared level is set (GKX_JAX_CACHE_SHARED, or shared in a settings file)")
+    if ctx.jax_version is None:
+        raise CliError(ctx.why_no_dir())
+    return str(_levels.backend_for(shared, ctx.jax_version, bool(ctx.settings["trust_shared"])).where)
+
+
 def cmd_clear(args: argparse.Namespace) -> int:
     ctx = load_context()
+    if args.shared:  # entries and their sidecars only; the shared level keeps no bookkeeping
+        vdir = _shared(ctx, "clear")
+        asked = not args.dry_run and not args.yes and sys.stdin.isatty()
+        if asked and input(f"remove every cache entry in {vdir}? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise CliError("nothing removed")
+        if os.path.isdir(vdir):
+            _require_tag(vdir)
+        _carry_out(args, _entries.plan_clear(vdir), {"shared": True})
+        return OK
     targets = [ctx.version_dir]
     if args.all_versions and ctx.root:
         targets = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d)] or targets
@@ -243,6 +268,8 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     ctx = load_context()
+    if args.shared:
+        return _prune_shared(args, ctx)
     vdir = ctx.version_dir
     try:
         cap = _settings.parse_size(args.max_size) if args.max_size is not None else ctx.settings["max_size"]
@@ -268,6 +295,25 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if stale and not args.json:
         would = "would remove" if args.dry_run else "removed"
         print(f"{would} directories of JAX versions not installed here and unused for 30 days: {', '.join(stale)}")
+    return OK
+
+
+def _prune_shared(args: argparse.Namespace, ctx: Context) -> int:
+    """``prune --shared``: the shared level has no cap of its own (``max_size`` is the local
+    level's, and a team's bucket is no one process's to cap), so the limit is said each time."""
+    vdir = _shared(ctx, "prune")
+    if args.max_size is None and args.older_than is None or args.stale_versions:
+        raise CliError("prune --shared: the shared level has no cap of its own (max_size is the local level's); give "
+                       "--max-size or --older-than (not --stale-versions), or let a bucket lifecycle rule expire old "
+                       "objects", USAGE)
+    try:
+        cap = _settings.parse_size(args.max_size) if args.max_size is not None else 0
+        older = _settings.parse_age(args.older_than) if args.older_than else None
+    except _settings.BadValue as exc:
+        raise CliError(f"prune --shared: {exc}", USAGE) from None
+    if os.path.isdir(vdir):
+        _require_tag(vdir)
+    _carry_out(args, _entries.plan_prune(vdir, cap, older), {"max_size": cap, "shared": True})
     return OK
 
 
@@ -383,6 +429,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def _key(name: str) -> _settings.Key:
+    if name.lower() in ("signing_key", _settings.SIGNING_KEY_ENV.lower()):  # its value is never echoed
+        raise CliError(f"the signing key is a secret: it is read from {_settings.SIGNING_KEY_ENV} in the environment "
+                       "only, never written to a settings file", USAGE)
     if name not in _settings.KEYS:
         raise CliError(f"unknown key {shown(name)}; known keys: {', '.join(_settings.KEYS)}", USAGE)
     return _settings.KEYS[name]
@@ -469,7 +518,8 @@ def build_parser() -> Parser:
         sub.set_defaults(func=func)
         return sub
 
-    add("status", cmd_status, "versions, hook, settings with origins, directory, store, stats (the default)")
+    add("status", cmd_status, "versions, hook, settings with origins, directory, store, stats (the default)").add_argument(
+        "--no-probe", action="store_true", help="do not ask the shared level whether it answers")
     add("dir", cmd_dir, "print the version directory, bare")
     stats = add("stats", cmd_stats, "hits, misses by cause, time saved across processes")
     stats.add_argument("--reset", action="store_true", help="start the totals again from zero")
@@ -483,12 +533,15 @@ def build_parser() -> Parser:
     clear.add_argument("--all-versions", action="store_true", help="every JAX version's directory, not only this one's")
     clear.add_argument("--dry-run", action="store_true", help="say what would be removed, and remove nothing")
     clear.add_argument("--yes", action="store_true", help="do not ask")
+    clear.add_argument("--shared", action="store_true", help="the shared level's entries, not the local level's")
     prune = add("prune", cmd_prune, "remove least recently used entries, and say what remains")
     prune.add_argument("--max-size", metavar="SIZE", help="keep the directory under SIZE (default: max_size)")
     prune.add_argument("--older-than", metavar="AGE", help="remove entries unused for AGE (30d, 12h)")
     prune.add_argument("--stale-versions", action="store_true",
                        help="remove directories of JAX versions not installed here and unused for 30 days")
     prune.add_argument("--dry-run", action="store_true", help="say what would be removed, and remove nothing")
+    prune.add_argument("--shared", action="store_true",
+                       help="the shared level (it has no cap of its own: give --max-size or --older-than)")
     add("verify", cmd_verify, "read back every entry; --repair removes the bad ones").add_argument(
         "--repair", action="store_true", help="remove the corrupt entries, orphan sidecars and stale temporaries found")
     config = add("config", cmd_config, "show or edit the settings files (actions: list, get, set, unset)")

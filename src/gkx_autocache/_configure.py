@@ -75,13 +75,27 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     # directory it may write: a baked read-only cache is read and nothing else.
     keeping = location.local and location.writable
     recorder = _stats.start(settings, directory, ledger=keeping, remote=location.kind == _cache.REMOTE)
+    recorder.shared = location.team  # trust_shared may be the shared level's alone (SPEC §14)
+    levels = None
+    if settings["shared"] is not None:  # a second level behind this one (SPEC §14): objects only, no I/O here
+        from gkx_autocache import _levels
+
+        levels, problems = _levels.setup(settings, location, jax.__version__, env)
+        for cause, message in problems:
+            warn(cause, message)
     if location.local:
-        shared = bool(settings["trust_shared"])
+        shared = location.team
         cap = settings["max_size"]
-        reason = _store.install(jax, directory, shared, recorder, writable=location.writable)
+        reason = _store.install(jax, directory, shared, recorder, writable=location.writable, levels=levels)
         recorder.store_serving = reason is None
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
+        elif levels is not None:
+            recorder.levels = levels
+            _levels.at_exit(levels, recorder)
+            unwritten = _levels.rank_local_writes(jax, directory) if location.writable else None
+            if unwritten:
+                logger.debug("ranks other than 0 do not write their local level: %s", unwritten)
         from gkx_autocache import _explain
 
         unexplained = reason or _explain.install(jax, recorder, directory, recorder.run, recorder.run_start)

@@ -693,7 +693,7 @@ def install(jax: Any, recorder: Any, version_dir: str, run: str, run_start: floa
             if reason is None and recorder.writes == before and recorder.store_serving:
                 minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
                 reason = ("below min_entry_size_bytes", f"{minimum} bytes") if minimum > 0 else None
-            if reason is not None:
+            if reason is not None and recorder.totals.writes == before:  # a rank's own local write (SPEC §14) is one
                 recorder.uncached(cache_key, *reason)
         except Exception:
             pass

@@ -6,6 +6,7 @@ A leaf: stdlib only, and nothing of the package. ::
         CACHEDIR.TAG                      the package's own tag text (TAG)
         <key>-cache                       JAX's entry, JAX's name and format
         <key>-gkx-compile                 the package's sidecars begin with the key
+        <key>-gkx-shared                  a shared level's seal: size, sha256, compile time, HMAC (§14)
         .<name>.<pid>.<thread>.tmp        temporary files begin with a dot
         .gkx-autocache/                   the package's bookkeeping
             store.json                    which store serves the directory (for `status`)
@@ -17,7 +18,8 @@ A leaf: stdlib only, and nothing of the package. ::
             no-flock                      this file system has no working flock (said once)
 
 A key is JAX's: the function's module name, a dash, a sha256 in hex (``jit_step-<64 hex>``).
-A bucket (``s3://``, ``gs://``) has the same names under its version prefix.
+A bucket (``s3://``, ``gs://``) has the same names under its version prefix, and so has a shared
+level (SPEC §14), a bucket or a directory.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ TAG = (
 )
 ENTRY_SUFFIX = "-cache"
 COMPILE_SIDECAR = "-gkx-compile"
+SEAL_SIDECAR = "-gkx-shared"  # beside an entry of a shared level (SPEC §14), written before it
 META_DIR = ".gkx-autocache"
 LEDGER_DIR = "ledger"
 LEDGER_SUFFIX = ".jsonl"

@@ -82,7 +82,7 @@ MAX_RUNS = 20  # runs kept for `explain`
 MAX_FUNCTIONS = 5000  # function names whose compile costs `stats` lists
 MAX_INT = 1 << 62
 MAX_FLOAT = 1e12
-KINDS = ("start", "hit", "miss", "put", "uncached", "tally", "added", "evicted", "index", "sum")
+KINDS = ("start", "hit", "miss", "put", "uncached", "tally", "added", "evicted", "index", "sum", "levels")
 UNSUPPORTED = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL)  # flock: no locks here
 
 
@@ -91,8 +91,9 @@ UNSUPPORTED = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errn
 _FIELDS = {**dict.fromkeys(("bytes", "hits", "misses", "own_hits", "uncached", "pid", "born", "disk", "bytes_read"),
                            "count"),
            **dict.fromkeys(("saved", "compile", "t"), "number"),
-           **dict.fromkeys(("key", "cause", "detail", "reason", "change", "run", "host", "label", "by"), "text"),
-           "own": "flag", "end": "flag", "helper": "flag", "rec": "long", "causes": "counts", "reasons": "counts"}
+           **dict.fromkeys(("key", "cause", "detail", "reason", "change", "run", "host", "label", "by", "off"), "text"),
+           "own": "flag", "end": "flag", "helper": "flag", "rec": "long", "causes": "counts", "reasons": "counts",
+           "local": "level", "shared": "level"}
 
 
 def _count(value: Any) -> int | None:
@@ -116,6 +117,8 @@ def _field(kind: str, value: Any) -> Any:
         return value if isinstance(value, str) and len(value) <= (4096 if kind == "text" else 1 << 20) else None
     if kind == "flag":
         return True if value is True else None
+    if kind == "level":  # a level's numbers (SPEC §14)
+        return add_levels({}, {"_": value})["_"] if isinstance(value, dict) else None
     if isinstance(value, dict):  # "counts": a name -> count table
         return {k[:200]: n for k, v in list(value.items())[:1000] if isinstance(k, str) and (n := _count(v)) is not None}
     return None
@@ -143,6 +146,19 @@ def encode(record: dict[str, Any]) -> bytes:
 
 
 # -- totals -------------------------------------------------------------------------------------
+
+
+def add_levels(total: dict[str, dict[str, Any]], other: dict[str, Any], sign: int = 1) -> dict[str, dict[str, Any]]:
+    """Add (``sign`` -1: subtract, never below 0) one set of per-level numbers to another: ``{level:
+    {name: number}}``, the names and levels as they come (a bad one is skipped)."""
+    for level, counts in other.items():
+        if not isinstance(level, str) or len(level) > 32 or not isinstance(counts, dict):
+            continue
+        mine = total.setdefault(level, {})
+        for name, n in counts.items():
+            if isinstance(name, str) and len(name) <= 32 and (good := _number(n)) is not None:
+                mine[name] = max(mine.get(name, 0) + sign * (n if isinstance(n, int) else good), 0)
+    return total
 
 
 def _add_counts(mine: dict[str, int], theirs: dict[str, int], sign: int = 1) -> None:
@@ -174,6 +190,7 @@ class Totals:
         self.reasons: dict[str, int] = {}  # compiles JAX did not write, by reason
         self.functions: dict[str, list[float]] = {}  # function name -> [compile seconds, writes]
         self.helpers: set[str] = set()  # of those, JAX's own helpers (listed after the user's functions)
+        self.levels: dict[str, dict[str, Any]] = {}  # local and shared level numbers (SPEC §14)
 
     def add(self, record: dict[str, Any]) -> None:
         """Count one record (as ``parse_record`` returns it)."""
@@ -202,6 +219,8 @@ class Totals:
             if len(self.functions) > MAX_FUNCTIONS:  # bounded: the oldest name goes
                 self.helpers.discard(oldest := next(iter(self.functions)))
                 del self.functions[oldest]
+        elif kind == "levels":
+            add_levels(self.levels, {k: v for k, v in record.items() if k != "e"})
         elif kind in ("sum", "tally"):  # a remote directory's process at exit; the repeats of a ledger
             self.hits += record.get("hits", 0)
             self.own_hits += record.get("own_hits", 0)
@@ -223,6 +242,7 @@ class Totals:
             setattr(self, name, getattr(self, name) + sign * getattr(other, name))
         _add_counts(self.causes, other.causes, sign)
         _add_counts(self.reasons, other.reasons, sign)
+        add_levels(self.levels, other.levels, sign)
         if sign > 0:
             for name, (secs, writes) in other.functions.items():
                 cost = self.functions.setdefault(name, [0.0, 0])
@@ -236,7 +256,7 @@ class Totals:
 
     def to_json(self, functions: bool = True) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.COUNTS}
-        data.update(saved_secs=round(self.saved_secs, 6), causes=self.causes, reasons=self.reasons)
+        data.update(saved_secs=round(self.saved_secs, 6), causes=self.causes, reasons=self.reasons, levels=self.levels)
         if functions:
             data["functions"] = self.functions
             data["helpers"] = sorted(self.helpers)
@@ -252,6 +272,8 @@ class Totals:
         totals.saved_secs = _number(data.get("saved_secs")) or 0.0
         totals.causes = _field("counts", data.get("causes")) or {}
         totals.reasons = _field("counts", data.get("reasons")) or {}
+        if isinstance(data.get("levels"), dict):
+            add_levels(totals.levels, data["levels"])
         functions = data.get("functions")
         if isinstance(functions, dict):
             for name, cost in list(functions.items())[-MAX_FUNCTIONS:]:

@@ -99,14 +99,14 @@ def format_value(value: Any) -> str:
 
 
 def as_typed(key: str, typed: str, value: Any, cwd: str | None) -> Any:
-    """What ``config set`` writes: the user's own words for ``dir`` and ``max_size`` (a shared
+    """What ``config set`` writes: the user's own words for ``dir``, ``shared`` and ``max_size`` (a shared
     policy file keeps ``$SCRATCH/jax`` for everyone, not the setter's expansion), a relative path
     made absolute against ``cwd`` (what the user meant; in the file it would be relative to the
     file's folder); the parsed value for the rest."""
     text = typed.strip()
     if key == "max_size":
         return text
-    if key == "dir":
+    if key in ("dir", "shared"):
         if "://" in text or text.startswith(("/", "~", "$")) or cwd is None:  # validated: then absolute
             return text
         return os.path.join(cwd, text)

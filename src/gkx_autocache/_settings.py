@@ -116,6 +116,45 @@ def parse_xla_caches(raw: Any) -> str:
     raise BadValue(f"expected one of {', '.join(XLA_CACHES)}, got {shown(raw)}")
 
 
+SHARED_WRITE = ("always", "ci", "never")
+MAX_TIMEOUT = 3600.0  # an hour without progress is a dead endpoint, not a setting
+
+
+def parse_shared_write(raw: Any) -> str:
+    if isinstance(raw, str) and raw.strip().lower() in SHARED_WRITE:
+        return raw.strip().lower()
+    raise BadValue(f"expected one of {', '.join(SHARED_WRITE)}, got {shown(raw)}")
+
+
+def parse_timeout(raw: Any) -> float:
+    """Seconds without progress before the shared level is turned off: more than 0 (0 would turn
+    it off at once), at most an hour; NaN and infinities are bad values."""
+    try:
+        value = float(raw.strip() if isinstance(raw, str) else raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError, OverflowError):
+        value = math.nan
+    if not 0 < value <= MAX_TIMEOUT:  # NaN fails this too
+        raise BadValue(f"expected a number of seconds above 0 and at most {MAX_TIMEOUT:g}, got {shown(raw)}")
+    return value
+
+
+SIGNING_KEY_ENV = "GKX_JAX_CACHE_SIGNING_KEY"
+
+
+def signing_key(env: Mapping[str, str] = os.environ) -> bytes | None:
+    """The shared level's signing key (SPEC §14): a secret, so from the environment only (as CI
+    systems pass secrets), never from a settings file, and never printed. Its UTF-8 bytes as they
+    are (not stripped: a key is not a word); an empty variable counts as unset."""
+    value = env.get(SIGNING_KEY_ENV, "")
+    return value.encode("utf-8", "surrogateescape") if value else None
+
+
+def is_ci(env: Mapping[str, str] = os.environ) -> bool:
+    """``CI`` set to anything but a false spelling (``CI=false`` is not CI)."""
+    value = env.get("CI", "").strip()
+    return bool(value) and value.lower() not in FALSE
+
+
 _VAR = r"\$(?:(\w+)|\{([^}]*)\})"  # $NAME or ${NAME}
 
 
@@ -194,6 +233,9 @@ KEYS = {
         Key("max_size", "GKX_JAX_CACHE_MAX_SIZE", None, 5 * 1024**3, parse_size),
         Key("report", "GKX_JAX_CACHE_REPORT", None, False, parse_bool),
         Key("trust_shared", "GKX_JAX_CACHE_TRUST_SHARED", None, False, parse_bool),
+        Key("shared", "GKX_JAX_CACHE_SHARED", None, None, lambda raw: raw),
+        Key("shared_write", "GKX_JAX_CACHE_SHARED_WRITE", None, "always", parse_shared_write),
+        Key("shared_timeout", "GKX_JAX_CACHE_SHARED_TIMEOUT", None, 10.0, parse_timeout),
     )
 }
 
@@ -231,9 +273,9 @@ def jax_explicit(env: Mapping[str, str] = os.environ, jax_config: Any = None) ->
 
 
 def validate(key: str, raw: Any, base: str | None, env: Mapping[str, str] = os.environ) -> Any:
-    """Parse ``raw`` for ``key``; a relative ``dir`` is taken against ``base`` (None: there is no
-    current directory, and a relative ``dir`` is a bad value). Raises BadValue."""
-    if key == "dir":
+    """Parse ``raw`` for ``key``; a relative ``dir`` or ``shared`` is taken against ``base`` (None:
+    there is no current directory, and a relative value is a bad one). Raises BadValue."""
+    if key in ("dir", "shared"):
         return parse_dir(raw, base, env)
     return KEYS[key].parse(raw)
 
@@ -294,9 +336,10 @@ def resolve(
         if verdict.problem:
             settings.problems.append((f"file:{path}", verdict.problem))
         for unknown in sorted(set(verdict.data) - set(KEYS)):
-            settings.problems.append(
-                (f"key:{path}:{unknown}", f"{path}: unknown key {shown(unknown)} skipped; known keys: {', '.join(KEYS)}")
-            )
+            message = f"{path}: unknown key {shown(unknown)} skipped; known keys: {', '.join(KEYS)}"
+            if unknown == "signing_key":  # a secret: never read from a file, and its value never shown
+                message = f"{path}: signing_key skipped: a secret is read from {SIGNING_KEY_ENV} only; remove it"
+            settings.problems.append((f"key:{path}:{unknown}", message))
         layers.append((path, verdict.data, os.path.dirname(path)))
 
     for key in KEYS.values():

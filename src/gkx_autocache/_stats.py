@@ -76,6 +76,7 @@ class Recorder:
         self.totals = _ledger.Totals()  # everything this process counted
         self.store_serving = False  # set once the store serves the directory: then its counts are true
         self.explainer: Any = None  # names each miss's cause (SPEC §13), when JAX's key parts can be read
+        self.levels: Any = None  # the shared level and both levels' numbers (SPEC §14), when one is set
         self.run, self.run_start = run or (f"{time.time():.3f}-{os.getpid()}", time.time())
         self._keeps_ledger = ledger
         self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
@@ -128,11 +129,13 @@ class Recorder:
         self._settle()
         self._pending.hit = (key, nbytes, compile_secs, written)
 
-    def miss(self, key: str) -> None:
+    def miss(self, key: str, shared_off: str | None = None) -> None:
         self._pending.hit = None
         record: dict[str, Any] = {"e": "miss", "key": key, "t": round(time.time(), 3)}
         if self.explainer is not None:
             record.update(self.explainer.cause(key))
+        if shared_off:  # the shared level, off since then, may have held it (SPEC §14)
+            record["off"] = shared_off
         self._settle(record)
 
     def rejected(self, key: str, reason: str) -> None:
@@ -167,6 +170,10 @@ class Recorder:
         if waiting is not None and waiting.get("cause") not in (None, "new"):
             record["cause"], record["change"] = waiting["cause"], waiting.get("detail", "")
         self._record(record, ("uncached", key, reason))
+
+    def levels_record(self, record: dict[str, Any]) -> None:
+        """Both levels' numbers, once at exit (SPEC §14)."""
+        self._record(record)
 
     def _settle(self, waiting: dict[str, Any] | None = None) -> None:
         """Record this thread's miss that was waiting, and (optionally) start waiting on another."""
@@ -323,7 +330,8 @@ class Recorder:
             return {**empty(), "dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits}
         return {"dirs": [used], "store": True, "hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
                 "causes": dict(t.causes), "not_cached": t.not_cached, "reasons": dict(t.reasons),
-                "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written}
+                "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
+                "levels": self.levels.snapshot() if self.levels is not None else {}}
 
     def report_line(self, used: str | None = None) -> str:
         return summary_line(self.snapshot(used))
@@ -341,13 +349,15 @@ TABLES = ("causes", "reasons")
 
 
 def empty() -> dict[str, Any]:
-    return {"dirs": [], "store": False, **dict.fromkeys(NUMBERS, 0), "saved_secs": 0.0, "causes": {}, "reasons": {}}
+    return {"dirs": [], "store": False, **dict.fromkeys(NUMBERS, 0), "saved_secs": 0.0, "causes": {}, "reasons": {},
+            "levels": {}}
 
 
 def merge(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
     """The counts of several processes (pytest-xdist workers), summed."""
     total = empty()
     for snap in snapshots:
+        _ledger.add_levels(total["levels"], snap.get("levels") or {})
         total["dirs"] += [d for d in snap["dirs"] if d not in total["dirs"]]
         total["store"] = total["store"] or snap["store"]
         for name in NUMBERS:
@@ -368,6 +378,7 @@ def since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     for table in TABLES:
         part[table] = {key: n - before.get(table, {}).get(key, 0) for key, n in now.get(table, {}).items()
                        if n - before.get(table, {}).get(key, 0) > 0}
+    part["levels"] = _ledger.add_levels(_ledger.add_levels({}, now.get("levels") or {}), before.get("levels") or {}, -1)
     return part
 
 
@@ -376,8 +387,12 @@ def summary_line(snap: dict[str, Any]) -> str:
     misses (8 new, 3 changed XLA_FLAGS, 1 evicted), 1 not cached (host callbacks), 2.31 s compile
     CPU time avoided, ..., dir``. Misses and compiles not cached add up to the lookups not served."""
     hits = plural(snap["hits"], "hit")
+    shared = int((snap.get("levels") or {}).get("shared", {}).get("hits", 0))
+    within = [f"{snap['hits'] - shared} local, {shared} shared"] if snap.get("levels") and snap["hits"] else []
     if snap["own_hits"]:
-        hits += f" ({snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles)"
+        within.append(f"{snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles")
+    if within:
+        hits += f" ({'; '.join(within)})"
     parts = [hits, f"{plural(snap['misses'], 'miss', 'misses')}{by_cause(snap['causes'])}"]
     if snap["not_cached"]:
         parts.append(f"{snap['not_cached']} not cached{by_cause(snap['reasons'])}")
@@ -486,7 +501,7 @@ def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
             "misses_by_cause": dict(sorted(t.causes.items(), key=lambda kv: -kv[1])),
             "not_cached": t.not_cached, "not_cached_by_reason": dict(sorted(t.reasons.items(), key=lambda kv: -kv[1])),
             "hit_rate": t.hits / lookups if lookups else None, "saved_secs": round(t.saved_secs, 3),
-            "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes}
+            "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes, "levels": t.levels}
 
 
 def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float, bool]]:

@@ -104,6 +104,8 @@ def effective(ctx: Context) -> dict[str, str]:
         shown["dir"] = "none: running uncached"
     cap = settings["max_size"]
     shown["max_size"] = human_bytes(cap) if isinstance(cap, int) and cap else "0 (no cap)"
+    if settings["shared"] is None:
+        shown["shared"] = "none: one level"
     if settings["xla_caches"] is None and not settings.from_jax("xla_caches"):
         if location is not None and location.version_dir and is_url(location.version_dir):
             shown["xla_caches"] = "none (a bucket: XLA's caches cannot open it)"
@@ -114,10 +116,11 @@ def effective(ctx: Context) -> dict[str, str]:
     return shown
 
 
-def gather(ctx: Context) -> dict[str, Any]:
+def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
     """The whole ``status`` document (its ``--json``): versions, hook, settings with origins,
-    the directory and its verdicts, the versions present, the store, the totals, and what needs
-    attention, each a line for the user."""
+    the directory and its verdicts, the versions present, the store, the totals, both levels
+    (``probe``: whether the shared one answers, bounded by its timeout), and what needs attention,
+    each a line for the user."""
     settings = ctx.settings
     files = start_files()
     live = hook_live()
@@ -175,8 +178,16 @@ def gather(ctx: Context) -> dict[str, Any]:
         attention.append(f"the cache is disabled by {settings.origin('enabled')}")
     elif ctx.jax_version is None:
         attention.append("JAX is not installed here: pip install 'gkx-autocache[jax]'")
+    from gkx_autocache import _levels
+
+    levels = _levels.describe_levels(settings, location, ctx.jax_version, os.environ, probe)
+    if levels is not None and levels["shared"].get("unused"):
+        attention.append(f"{levels['shared']['origin']}: shared {levels['shared']['url']} not used, "
+                         f"{levels['shared']['unused']}")
     return {
         "package": distribution_version("gkx-autocache"), "python": sys.version.split()[0],
+        "levels": levels, "signing_key": ("set (env GKX_JAX_CACHE_SIGNING_KEY)" if _settings.signing_key()
+                                          else "not set"),
         "jax": ctx.jax_version, "jaxlib": distribution_version("jaxlib"),
         "start_files": files, "hook_live": live, "settings": values,
         "files": {path: v.status + (f": {v.problem}" if v.problem else "") for path, v in settings.files.items()},
@@ -193,9 +204,16 @@ def stats_data(vdir: str) -> dict[str, Any]:
     totals = reading.totals()
     reset_at = reading.summary.reset_at if reading.summary else 0.0
     if totals is None or (totals.empty and reset_at):
-        return {"dir": vdir, "stats": None, "top_functions": [], "reset_at": reset_at or None}
+        return {"dir": vdir, "stats": None, "levels": None, "top_functions": [], "reset_at": reset_at or None,
+                "raw_levels": {}}
     top = [{"name": n, "compile_secs": round(s, 3), "helper": h} for n, s, h in _stats.top_functions(totals)]
-    return {"dir": vdir, "stats": _stats.totals_dict(totals), "top_functions": top, "reset_at": reset_at or None}
+    levels = None
+    if totals.levels:  # the local and shared levels' numbers (SPEC §14), at the top of the object
+        from gkx_autocache import _levels
+
+        levels = {name: _levels.shown(totals.levels.get(name, {})) for name in ("local", "shared")}
+    return {"dir": vdir, "stats": _stats.totals_dict(totals), "levels": levels, "top_functions": top,
+            "reset_at": reset_at or None, "raw_levels": totals.levels}
 
 
 def _store_verdict(location: _cache.Location) -> dict[str, Any]:
@@ -343,7 +361,9 @@ def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -
 
     for record in records:
         if record["e"] == "miss":
-            add(record.get("cause") or "unexplained", record, record.get("detail", ""))
+            off = f"; may have been served by the shared level, which was off after {record['off']}" \
+                if record.get("off") else ""
+            add(record.get("cause") or "unexplained", record, record.get("detail", "") + off)
         else:
             change = f"; its key differs from the entries here: {record['cause']}: {record.get('change', '')}" \
                 if record.get("cause") else ""
@@ -447,9 +467,18 @@ def text(data: dict[str, Any]) -> str:
         mark = " (installed)" if version["installed"] else ""
         lines.append(f"  {version['version']:<18} {plural(version['entries'], 'entry', 'entries'):>13}  "
                      f"{human_bytes(version['bytes']):>10} on disk{mark}")
+    levels = data.get("levels")
+    if levels:
+        from gkx_autocache._levels import level_lines
+
+        lines.extend(level_lines(levels))
     stats = data["stats"]
     if stats:
         lines.append(f"stats       {stats_line(stats)}")
+        if stats.get("levels"):
+            from gkx_autocache._levels import line
+
+            lines.append(f"            {line(stats['levels'])}")
     elif data.get("stats_reset_at"):
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(data["stats_reset_at"]))
         lines.append(f"stats       no lookups since the last reset (stats --reset, {when})")

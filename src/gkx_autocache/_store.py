@@ -98,8 +98,9 @@ class Store:
     """JAX's ``CacheInterface``: ``get(key) -> bytes | None`` and ``put(key, bytes)``."""
 
     def __init__(self, path: str, *, compression: str, decompress: Any, shared: bool, recorder: Any,
-                 writable: bool = True, check_payload: bool = True) -> None:
+                 writable: bool = True, check_payload: bool = True, levels: Any = None) -> None:
         self._path = path  # JAX's VerificationCache reads this attribute
+        self._levels = levels  # the shared level behind this one (SPEC §14), asked on a local miss
         self._compression = compression
         self._decompress = decompress
         self._check_payload = check_payload  # decompress before serving (see `install`)
@@ -116,6 +117,7 @@ class Store:
     def get(self, key: str) -> bytes | None:
         path = self._entry(key)
         refused: list[str] = []
+        started = time.perf_counter() if self._levels is not None else 0.0
 
         def trusted(st: os.stat_result) -> str | None:  # one fstat: an entry is code
             why = _trust.entry_problem(st, self._shared)
@@ -132,13 +134,78 @@ class Store:
                 pass
             self._recorder.hit(key, len(data), *self._compile_secs(key, data))
             self._served.key = key
+            if self._levels is not None:
+                self._levels.local_hit(len(data), time.perf_counter() - started)
             return data
+        if self._levels is not None:
+            self._levels.local_miss()
+            if not why or compression_of(data or b"") is None:  # another environment's entry is left alone
+                found = self._levels.get(key)
+                if found is not None and not isinstance(found, str):
+                    unusable = self._unusable_shared(found.data)
+                    if unusable is None:
+                        return self._serve_shared(key, found)
+                    found = unusable
+                if found is not None:
+                    why = found
         self._missed(key)
         if why:  # the entry was there but cannot be used: named, not "evicted" on every run
             self._recorder.rejected(key, why)
+        elif self._levels is not None and self._levels.off_note is not None:
+            self._recorder.miss(key, shared_off=self._levels.off_note)
         else:
             self._recorder.miss(key)
         return None
+
+    def _serve_shared(self, key: str, found: Any) -> bytes:
+        """A shared hit: written into this level first (the backfill, atomic) where this level takes
+        writes, so that the next run reads it here; served either way (a read-only or full local
+        level serves it without the backfill)."""
+        if self._writable and self._backfill(key, found):
+            self._levels.count("shared", backfills=1)
+        self._recorder.hit(key, len(found.data), found.compile_secs or 0.0, found.written)
+        self._served.key = key
+        return bytes(found.data)
+
+    def _unusable_shared(self, data: bytes) -> str | None:
+        """Why a shared entry's bytes cannot be given to JAX (the checks a local entry gets)."""
+        kind = compression_of(data)
+        if kind not in (self._compression, None):
+            return f"the shared entry is compressed with {kind}, this environment with {self._compression}"
+        if self._check_payload:
+            try:
+                self._decompress(data)
+            except Exception as exc:
+                return f"the shared entry does not decompress ({type(exc).__name__})"
+        return None
+
+    def _backfill(self, key: str, found: Any) -> bool:
+        """Write a shared hit into this level, with its compile time (dated when it was written, so
+        that it counts as an earlier run's entry); whether it was written. Counted as a write: the
+        cap's account and the explanations' index see the entry like any other."""
+        path = self._entry(key)
+        existing = _files.read(path, limit=4)
+        if existing is not None and compression_of(existing) not in (self._compression, None):
+            return False
+        try:
+            with _files.atomic(path, self._file_mode) as f:
+                f.write(found.data)
+        except OSError as exc:  # disk full: served without the backfill
+            logger.debug("cannot write %s: %s", path, exc)
+            return False
+        written = len(found.data)
+        if found.compile_secs is not None:
+            sidecar_path = os.path.join(self._path, key + COMPILE_SIDECAR)
+            sidecar = f"{found.compile_secs:.6f}".encode()
+            if _files.write_atomic(sidecar_path, sidecar, self._file_mode):
+                written += len(sidecar)
+                if found.written:
+                    try:
+                        os.utime(sidecar_path, (found.written, found.written))
+                    except OSError:
+                        pass
+        self._recorder.put(key, written, found.compile_secs or 0.0)
+        return True
 
     def _missed(self, key: str) -> None:
         """Start the clock of the compile that follows a miss on this thread (see ``compile_clock``)."""
@@ -225,6 +292,8 @@ class Store:
             if _files.write_atomic(os.path.join(self._path, key + COMPILE_SIDECAR), sidecar, self._file_mode):
                 written += len(sidecar)
         self._recorder.put(key, written, compile_secs)
+        if self._levels is not None:  # queued: the upload leaves the compile path
+            self._levels.put(key, value, compile_secs if started is not None else None)
 
 
 # -- installing the store into JAX ------------------------------------------------------------
@@ -287,7 +356,8 @@ def _loading_guard(cc: Any, jax: Any) -> bool:
     return True
 
 
-def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: bool = True) -> str | None:
+def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: bool = True,
+            levels: Any = None) -> str | None:
     """Serve ``version_dir`` through the store; return why not (JAX's stock cache then serves)."""
     try:
         from jax._src import compilation_cache as cc
@@ -314,7 +384,7 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
             jax.config, "jax_raise_persistent_cache_errors", False)
         store = _serving = Store(path, compression=compression or "zlib", decompress=cc.decompress_executable,
                                  shared=shared, recorder=recorder, writable=writable,
-                                 check_payload=not guarded or bool(strict))
+                                 check_payload=not guarded or bool(strict), levels=levels)
         if jax.config.jax_compilation_cache_check_contents:
             return cc.VerificationCache(store), path  # type: ignore[arg-type]  # duck-typed CacheInterface
         return store, path

@@ -1,0 +1,758 @@
+"""Levels (SPEC §14): a local cache in front of a shared one, a bucket on a real S3-compatible
+server (moto's, started by conftest) or a real directory, with real JAX compiling real programs in
+fresh processes. The misbehaving endpoints are in ``hostile``: a proxy in front of moto that
+delays or lies, a server that never answers, one that answers a byte a second."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PROGRAM, S3, Venv, free_port, run_program
+from hostile import Proxy, Silent
+from test_activation import VERSION_DIR
+
+from gkx_autocache import _settings
+
+KEY_A = "correct horse battery staple"
+KEY_B = "another team's key"
+OTHER = PROGRAM.replace("x @ x.T", "x @ x.T + 1.0")  # one function more than PROGRAM compiles
+
+
+def autocache_warnings(stderr: str) -> list[str]:
+    """The package's warnings (the `report` line, which also begins with `gkx-autocache:`, is not one)."""
+    return [line for line in stderr.splitlines() if "AutocacheWarning" in line]
+
+
+def levels_env(endpoint_env: dict[str, str], bucket: str, local: Path, prefix: str = "team", **extra: str) -> dict[str, str]:
+    return {**endpoint_env, "GKX_JAX_CACHE_DIR": str(local), "GKX_JAX_CACHE_SHARED": f"s3://{bucket}/{prefix}",
+            "GKX_JAX_CACHE_REPORT": "1", **extra}
+
+
+def report(stderr: str) -> dict[str, int]:
+    """The numbers of the `report` line (the last: a forked child that exits normally prints its own
+    first): hits, local and shared hits, misses."""
+    line = [ln for ln in stderr.splitlines() if ln.startswith("gkx-autocache: ")][-1]
+    match = re.match(r"gkx-autocache: (\d+) hits(?: \((\d+) local, (\d+) shared[;)])?.*?, (\d+) misses", line)
+    assert match, line
+    return {"hits": int(match[1]), "local": int(match[2] or 0), "shared": int(match[3] or 0), "misses": int(match[4])}
+
+
+def entries(s3: S3, prefix: str) -> dict[str, int]:
+    """The bucket's entries directly under ``prefix``'s version prefix, by name."""
+    under = f"{prefix}/{VERSION_DIR}/"
+    return {k[len(under):]: n for k, n in s3.objects(under).items() if "/" not in k[len(under):] and k.endswith("-cache")}
+
+
+def local_entries(local: Path) -> set[str]:
+    vdir = local / VERSION_DIR
+    return {p.name for p in vdir.glob("*-cache")} if vdir.is_dir() else set()
+
+
+def start_moto(port: int) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}", timeout=2).close()
+            return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("moto's S3 server did not start") from None
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def own_s3() -> Iterator[tuple[S3, subprocess.Popen[bytes]]]:
+    """A moto server of this test's own (the test stops it), and a bucket in it."""
+    port = free_port()
+    server = start_moto(port)
+    store = S3(f"http://127.0.0.1:{port}", f"gkx-{uuid.uuid4().hex[:12]}")
+    store.client().create_bucket(Bucket=store.bucket)
+    try:
+        yield store, server
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def test_a_bucket_fills_a_fresh_local_level_which_keeps_it_and_a_stopped_server_costs_nothing(
+        venv: Venv, tmp_path: Path, own_s3: tuple[S3, subprocess.Popen[bytes]]) -> None:
+    """A cold run fills the bucket; a fresh local directory gets every hit from the bucket and holds
+    them afterwards; with the server stopped, that directory serves every hit with no warning, and a
+    cold local directory finishes with one."""
+    s3, server = own_s3
+    cold, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    assert cold["hits"] == 0 and not autocache_warnings(err), err
+    uploaded = entries(s3, "team")
+    assert set(uploaded) == local_entries(tmp_path / "a") and len(uploaded) == cold["requests"]
+    seals = {k for k in s3.objects(f"team/{VERSION_DIR}/") if k.endswith("-gkx-shared")}
+    assert len(seals) == len(uploaded)
+
+    fresh, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
+    assert fresh["hits"] == fresh["requests"] == cold["requests"] and fresh["result"] == cold["result"]
+    assert report(err) == {"hits": cold["requests"], "local": 0, "shared": cold["requests"], "misses": 0}, err
+    assert local_entries(tmp_path / "b") == set(uploaded)  # backfilled
+    assert len(list((tmp_path / "b" / VERSION_DIR).glob("*-gkx-compile"))) == len(uploaded)  # time saved stays true
+
+    server.terminate()
+    server.wait(timeout=30)
+    started = time.monotonic()
+    warm, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
+    assert warm["hits"] == warm["requests"] == cold["requests"] and not autocache_warnings(err), err
+    assert report(err)["local"] == cold["requests"]
+    dead, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "c"))
+    assert dead["hits"] == 0 and dead["result"] == cold["result"]
+    (warning,) = autocache_warnings(err)
+    assert "shared level" in warning and f"s3://{s3.bucket}/team" in warning, warning
+    assert time.monotonic() - started < 60
+
+
+def side_by_side(venv: Venv, envs: list[dict[str, str]]) -> list[tuple[float, str]]:
+    """Run PROGRAM once per environment, all at once (so that another test running on the other core
+    slows them alike): each run's wall time and stderr."""
+    started = time.monotonic()
+    procs = [subprocess.Popen([venv.python, "-c", PROGRAM], env={**venv.env, **env}, cwd=str(venv.home),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for env in envs]
+    results = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        results.append((time.monotonic() - started, err))
+    return results
+
+
+@pytest.mark.parametrize("dribble", [False, True], ids=["never-answers", "a-byte-a-second"])
+def test_a_silent_or_dribbling_server_costs_a_cold_run_one_timeout(venv: Venv, tmp_path: Path, dribble: bool) -> None:
+    """A server that accepts and never answers, or answers a byte a second: a cold run finishes
+    within its uncached time plus one shared_timeout plus a second, with one warning."""
+    server = Silent(dribble=dribble)
+    try:
+        endpoint = {**S3(server.endpoint, "x").env}
+        gaps = []
+        for i in range(2):
+            uncached = {"GKX_JAX_CACHE_DIR": str(tmp_path / f"u{i}")}
+            cold = levels_env(endpoint, "bucket", tmp_path / f"cold{i}", GKX_JAX_CACHE_SHARED_TIMEOUT="2")
+            (plain, _), (seconds, err) = side_by_side(venv, [uncached, cold])
+            (warning,) = autocache_warnings(err)
+            assert "no progress for 2 s" in warning and "shared_timeout (env GKX_JAX_CACHE_SHARED_TIMEOUT)" in warning
+            assert report(err)["hits"] == 0 and server.connections >= 1
+            gaps.append(seconds - plain)
+        assert min(gaps) <= 2 + 1, gaps
+    finally:
+        server.close()
+
+
+def test_a_baked_root_owned_directory_serves_a_user_who_cannot_write_it(venv: Venv, public: Path) -> None:
+    """A root-owned read-only directory baked into an image, as `shared` for a non-root user: its
+    entries are hits, new compiles land in the user's local directory, nothing is written to it."""
+    baked = public / "baked"
+    cold, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)})  # built as the local level, at build time
+    subprocess.run(["chmod", "-R", "a+rX", str(baked)], check=True)
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in baked.rglob("*"))
+    home = public / "nobody"
+    home.mkdir()
+    os.chown(home, 65534, 65534)
+    env = {"GKX_JAX_CACHE_DIR": str(home / "cache"), "GKX_JAX_CACHE_SHARED": str(baked), "GKX_JAX_CACHE_REPORT": "1"}
+    warm, err = run_program(venv, env=env, user=65534)
+    assert warm["hits"] == warm["requests"] == cold["requests"] and warm["result"] == cold["result"]
+    assert report(err)["shared"] == cold["requests"] and not autocache_warnings(err), err
+    assert local_entries(home / "cache") == {p.name for p in (baked / VERSION_DIR).glob("*-cache")}
+    more, err = run_program(venv, env=env, user=65534, program=OTHER)
+    assert more["requests"] - more["hits"] == 1 and not autocache_warnings(err), err
+    assert len(local_entries(home / "cache")) == cold["requests"] + 1  # the new compile, in the user's own
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in baked.rglob("*")) == before
+    mode = (home / "cache" / VERSION_DIR).stat().st_mode & 0o7777
+    assert mode == 0o700, oct(mode)
+
+
+def test_signed_entries_reach_only_readers_with_the_key(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """A reader with the writer's key gets hits; a reader with another key, or with the key where
+    an entry was planted unsigned, gets misses named `rejected: not signed`, and the run finishes;
+    the key is never printed."""
+    key_a = {"GKX_JAX_CACHE_SIGNING_KEY": KEY_A}
+    cold, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "w", **key_a))
+    seal = json.loads(s3.client().get_object(Bucket=s3.bucket, Key=next(
+        k for k in s3.objects(f"team/{VERSION_DIR}/") if k.endswith("-gkx-shared")))["Body"].read())
+    assert len(seal["hmac"]) == 64 and KEY_A not in err
+    same, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "r1", **key_a))
+    assert same["hits"] == same["requests"] == cold["requests"] and report(err)["shared"] == cold["requests"]
+    other_env = levels_env(s3.env, s3.bucket, tmp_path / "r2", GKX_JAX_CACHE_SIGNING_KEY=KEY_B)
+    other, err = run_program(venv, env=other_env)
+    assert other["hits"] == 0 and other["result"] == cold["result"] and not autocache_warnings(err), err
+    explained = json.loads(venv.cli("--json", "explain", env=other_env).stdout)
+    rejected = [g for g in explained["groups"] if g["cause"] == "rejected"]
+    assert rejected and all(f["detail"].startswith("not signed") for f in rejected[0]["functions"]), explained
+
+    # Planted: the same entries copied under another prefix, without their seals.
+    for name in entries(s3, "team"):
+        body = s3.client().get_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}")["Body"].read()
+        s3.client().put_object(Bucket=s3.bucket, Key=f"planted/{VERSION_DIR}/{name}", Body=body)
+    planted_env = levels_env(s3.env, s3.bucket, tmp_path / "r3", prefix="planted", **key_a)
+    planted, err = run_program(venv, env=planted_env)
+    assert planted["hits"] == 0 and planted["result"] == cold["result"] and not autocache_warnings(err), err
+    explained = json.loads(venv.cli("--json", "explain", env=planted_env).stdout)
+    assert {f["detail"] for g in explained["groups"] if g["cause"] == "rejected" for f in g["functions"]} == {"not signed"}
+    unkeyed, _ = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "r4", prefix="planted2"))
+    assert unkeyed["hits"] == 0  # (another prefix: nothing there)
+    for proc in (venv.cli("status", env=planted_env), venv.cli("--json", "status", env=planted_env)):
+        assert KEY_A not in proc.stdout + proc.stderr and "set (env GKX_JAX_CACHE_SIGNING_KEY)" in proc.stdout
+
+
+def test_without_a_key_an_unsigned_entry_is_served_and_a_signed_one_too(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """Without a key nothing is checked but the entry's integrity: a bucket filled by stock JAX
+    (a `dir = s3://…` user) is served, and so is one signed by others."""
+    cold, _ = run_program(venv, env={**s3.env, "GKX_JAX_CACHE_DIR": f"s3://{s3.bucket}/stock"})
+    assert len(entries(s3, "stock")) == cold["requests"]
+    served, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "r", prefix="stock"))
+    assert served["hits"] == served["requests"] and report(err)["shared"] == cold["requests"], err
+
+
+RANK = r"""
+import json, sys
+import jax
+rank, port = int(sys.argv[1]), sys.argv[2]
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=rank,
+                           initialization_timeout=120)
+import jax.numpy as jnp
+@jax.jit
+def step(x):
+    return jnp.tanh(x @ x.T).sum(axis=0) * 3.0
+result = float(step(jnp.linspace(0.0, 1.0, 64).reshape(8, 8)).sum())
+print(json.dumps({"rank": jax.process_index(), "result": round(result, 4)}))
+jax.distributed.shutdown()
+"""
+
+
+def run_ranks(venv: Venv, envs: list[dict[str, str]]) -> list[dict[str, int]]:
+    """Both ranks at once, each with its own environment; each rank's `report` numbers."""
+    port = str(free_port())
+    procs = [subprocess.Popen([venv.python, "-c", RANK, str(rank), port], env={**venv.env, **envs[rank]},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(venv.home))
+             for rank in (0, 1)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1])["result"] > 0
+        results.append(report(err))
+    return results
+
+
+def test_rank_1_reads_its_own_local_level_on_its_second_run(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """Two `jax.distributed` ranks, each with its own local level and one bucket: process 0 alone
+    writes the bucket (JAX's rule), every rank writes its own local level, so rank 1 reads
+    locally on its second run (on CPU its keys differ from rank 0's: its devices are in them)."""
+    envs = [levels_env(s3.env, s3.bucket, tmp_path / f"rank{rank}") for rank in (0, 1)]
+    first = run_ranks(venv, envs)
+    assert first[0]["hits"] == first[1]["hits"] == 0 and first[1]["misses"] > 0
+    assert set(entries(s3, "team")) == local_entries(tmp_path / "rank0")  # rank 0's alone
+    assert local_entries(tmp_path / "rank1") and not local_entries(tmp_path / "rank1") & set(entries(s3, "team"))
+    second = run_ranks(venv, envs)
+    assert second[1] == {"hits": first[1]["misses"], "local": first[1]["misses"], "shared": 0, "misses": 0}, second
+    assert second[0]["hits"] == second[0]["local"] == first[0]["misses"]
+
+
+FORK_POOL = r"""
+import json, multiprocessing, os, sys, time
+import jax, jax.numpy as jnp
+fs = [jax.jit(lambda v, i=i: jnp.sin(v) * i + jnp.cos(v) ** i) for i in range(1, 9)]
+parent = [float(f(jnp.ones(16)).sum()) for f in fs]  # 8 uploads queued, a slow bucket: in flight at the fork
+def work(i):  # no JAX after a fork: XLA's threads do not survive it (JAX warns); the package's must not matter
+    return sum(k * i for k in range(100000))
+with multiprocessing.get_context("fork").Pool(2) as pool:  # its workers end by os._exit
+    children = pool.map(work, range(4))
+started = time.monotonic()
+pid = os.fork()
+if pid == 0:  # a child that exits normally runs the at-exit hooks: it has no uploads of its own to wait for
+    sys.exit(0)
+os.waitpid(pid, 0)
+print(json.dumps({"parent": parent, "children": children, "child_exit": time.monotonic() - started}))
+"""
+
+
+def test_a_fork_with_uploads_in_flight(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
+    """A multiprocessing pool and a plain child forked while uploads are in flight: no deadlock, no
+    upload made twice (a child does not inherit the queue), a child's exit does not wait for its
+    parent's uploads, and every upload lands whole (no object without its seal, none whose bytes
+    differ from its seal); a fresh local level is then served from the bucket."""
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]), delay=0.3)
+    try:
+        env = levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket, tmp_path / "a")
+        proc = venv.run("-c", FORK_POOL, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        first = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert not autocache_warnings(proc.stderr), proc.stderr
+    finally:
+        proxy.close()
+    assert first["child_exit"] < 5, first
+    client = s3.client()
+    uploaded = entries(s3, "team")
+    assert len(uploaded) >= 8
+    puts = [p for m, p in proxy.requests if m == "PUT"]
+    assert len(puts) == len(set(puts)) == 2 * len(uploaded), puts  # each seal and entry once
+    for name in uploaded:
+        key = name.removesuffix("-cache")
+        body = client.get_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}")["Body"].read()
+        seal = json.loads(client.get_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{key}-gkx-shared")["Body"].read())
+        assert seal["bytes"] == len(body) and seal["sha256"] == hashlib.sha256(body).hexdigest()
+    proc = venv.run("-c", FORK_POOL, env=levels_env(s3.env, s3.bucket, tmp_path / "b"), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert again["parent"] == first["parent"] and again["children"] == first["children"]
+    assert report(proc.stderr)["shared"] == len(uploaded), proc.stderr
+
+
+def test_a_cold_run_against_an_empty_bucket_lists_once(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
+    """A cold run against a live, empty bucket asks it one listing, not a read per miss; its only
+    other requests are the uploads (a seal and an entry each)."""
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]))
+    try:
+        out, err = run_program(venv, env=levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket,
+                                                    tmp_path / "a"))
+    finally:
+        proxy.close()
+    gets = [(m, p) for m, p in proxy.requests if m in ("GET", "HEAD")]
+    puts = [(m, p) for m, p in proxy.requests if m == "PUT"]
+    assert len(gets) == 1 and "list-type=2" in gets[0][1], proxy.requests
+    assert len(puts) == 2 * out["requests"] and out["hits"] == 0, proxy.requests
+
+
+@pytest.mark.parametrize("mode", ["truncate", "short", "long", "lie"])
+def test_a_bucket_that_lies_never_gets_an_entry_loaded(venv: Venv, tmp_path: Path, s3: S3, s3_server: str,
+                                                      mode: str) -> None:
+    """A bucket that cuts bodies short, says a smaller or larger size than it sends, or sends other
+    bytes: no entry it serves is loaded; the run finishes with the right result."""
+    cold, _ = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "w"))
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]), mode=mode)
+    try:
+        env = levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket, tmp_path / "r")
+        out, err = run_program(venv, env=env)
+    finally:
+        proxy.close()
+    assert out["hits"] == 0 and out["result"] == cold["result"], err
+    assert report(err)["shared"] == 0
+    assert len(autocache_warnings(err)) <= 1, err  # a connection cut mid-body is an error: the level turns off
+    honest, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "control"))
+    assert honest["hits"] == honest["requests"] == cold["requests"], err  # the entries were fine all along
+
+
+def test_planted_objects_that_do_not_match_their_seal_are_never_loaded(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """Objects swapped between keys, truncated in place, or grown: their seals say otherwise, so
+    they are misses named `rejected`; the run finishes with the right result."""
+    cold, _ = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "w"))
+    client = s3.client()
+    names = sorted(entries(s3, "team"))
+    bodies = {n: client.get_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{n}")["Body"].read() for n in names}
+    spoiled = [bodies[names[1]], bodies[names[0]][: len(bodies[names[0]]) // 2]] + [bodies[n] + b"\0" for n in names[2:]]
+    for name, body in zip(names, spoiled, strict=True):
+        client.put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}", Body=body)
+    env = levels_env(s3.env, s3.bucket, tmp_path / "r")
+    out, err = run_program(venv, env=env)
+    assert out["hits"] == 0 and out["result"] == cold["result"] and not autocache_warnings(err), err
+    explained = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    (rejected,) = [g for g in explained["groups"] if g["cause"] == "rejected"]
+    assert rejected["count"] == len(names), explained
+
+
+def test_pending_uploads_get_one_timeout_at_exit(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
+    """Uploads still pending at exit get one shared_timeout in all: the rest are dropped, counted,
+    with one warning, and the process does not wait for them."""
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]), delay=0.4)
+    program = FORK_POOL.split("def work")[0] + "print(json.dumps({'parent': parent}))\n"
+    try:
+        env = levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket, tmp_path / "a",
+                         GKX_JAX_CACHE_SHARED_TIMEOUT="1.5")
+        started = time.monotonic()
+        proc = venv.run("-c", program, env=env, timeout=300)
+        seconds = time.monotonic() - started
+    finally:
+        proxy.close()
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = autocache_warnings(proc.stderr)
+    assert "dropped at exit" in warning and "shared_timeout (1.5 s, env GKX_JAX_CACHE_SHARED_TIMEOUT)" in warning
+    stats = json.loads(venv.cli("--json", "stats", env=env).stdout)
+    shared = stats["levels"]["shared"]
+    assert shared["dropped"] > 0 and shared["uploads"] + shared["dropped"] >= 8, shared
+    assert shared["uploads"] <= len(entries(s3, "team")) <= shared["uploads"] + 1  # (+1: the one in flight at exit)
+    assert seconds < 60
+
+
+def test_status_shows_both_levels_and_its_probe_is_bounded(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """`status` shows both levels with their trust, whether uploads happen, the signing state, and
+    whether the shared level answers (a probe bounded by the timeout; `--no-probe` skips it)."""
+    run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    env = levels_env(s3.env, s3.bucket, tmp_path / "a", GKX_JAX_CACHE_SHARED_WRITE="ci")
+    data = json.loads(venv.cli("--json", "status", env=env).stdout)
+    shared = data["levels"]["shared"]
+    assert shared["url"] == f"s3://{s3.bucket}/team" and shared["origin"] == "env GKX_JAX_CACHE_SHARED"
+    assert shared["probe"]["answers"] is True and shared["probe"]["entries"] >= 2
+    assert "CI is not set" in shared["writes"] and shared["signing"].startswith("not set")
+    assert data["settings"]["shared_timeout"] == {"value": 10.0, "origin": "default", "effective": "10.0"}
+    assert data["settings"]["shared_write"]["origin"] == "env GKX_JAX_CACHE_SHARED_WRITE"
+    text = venv.cli("status", env=env).stdout
+    assert "levels" in text and "shared   s3://" in text and "answers" in text, text
+    assert "skipped (--no-probe)" in venv.cli("status", "--no-probe", env=env).stdout
+    server = Silent()
+    try:
+        silent = {**env, **S3(server.endpoint, "x").env, "GKX_JAX_CACHE_SHARED_TIMEOUT": "1"}
+        started = time.monotonic()
+        data = json.loads(venv.cli("--json", "status", env=silent).stdout)
+        assert time.monotonic() - started < 15
+        assert data["levels"]["shared"]["probe"]["answers"] is False
+    finally:
+        server.close()
+
+
+def test_stats_json_has_both_levels_at_its_top(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """`stats --json` has `levels.local` and `levels.shared` at its top, summed over processes:
+    hits, misses, backfills, uploads, errors, timeouts, bytes and the mean read time."""
+    env_a = levels_env(s3.env, s3.bucket, tmp_path / "a")
+    cold, _ = run_program(venv, env=env_a)
+    env_b = levels_env(s3.env, s3.bucket, tmp_path / "b")
+    run_program(venv, env=env_b)
+    run_program(venv, env=env_b)
+    levels = json.loads(venv.cli("--json", "stats", env=env_b).stdout)["levels"]
+    n = cold["requests"]
+    assert levels["shared"]["hits"] == levels["shared"]["backfills"] == n and levels["local"]["hits"] == n
+    assert levels["local"]["misses"] == n and levels["shared"]["mean_read_secs"] > 0
+    assert levels["local"]["mean_read_secs"] > 0 and levels["shared"]["bytes_read"] > 0
+    assert {"uploads", "errors", "timeouts", "bytes_written"} <= set(levels["shared"])
+    uploads = json.loads(venv.cli("--json", "stats", env=env_a).stdout)["levels"]["shared"]
+    assert uploads["uploads"] == n and uploads["misses"] == n and uploads["bytes_written"] > 0
+    text = venv.cli("stats", env=env_b).stdout
+    assert f"levels      local {n} hits" in text and f"shared {n} hits" in text, text
+
+
+def test_prune_and_clear_shared_act_on_the_bucket(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """`prune --shared` and `clear --shared` act on the shared level (entries and their sidecars
+    only), say that it has no cap of its own, and leave the local level alone."""
+    env = levels_env(s3.env, s3.bucket, tmp_path / "a")
+    cold, _ = run_program(venv, env=env)
+    s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/notes.txt", Body=b"mine")
+    proc = venv.cli("prune", "--shared", env=env)
+    assert proc.returncode == 2 and "no cap of its own" in proc.stderr and "lifecycle" in proc.stderr, proc.stderr
+    dry = json.loads(venv.cli("--json", "prune", "--shared", "--max-size", "1", "--dry-run", env=env).stdout)
+    assert dry["entries"] == cold["requests"] and dry["files"] == 2 * cold["requests"]
+    assert json.loads(venv.cli("--json", "prune", "--shared", "--max-size", "1", env=env).stdout)["dir"].startswith("s3://")
+    assert entries(s3, "team") == {} and f"team/{VERSION_DIR}/notes.txt" in s3.objects()
+    assert len(local_entries(tmp_path / "a")) == cold["requests"]
+    run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
+    cleared = json.loads(venv.cli("--json", "clear", "--shared", "--yes", env=env).stdout)
+    assert cleared["entries"] == cold["requests"] and set(s3.objects()) == {f"team/{VERSION_DIR}/notes.txt"}
+    assert len(local_entries(tmp_path / "a")) == cold["requests"]
+    assert venv.cli("clear", "--shared", "--yes", env={"GKX_JAX_CACHE_DIR": str(tmp_path / "a")}).returncode == 1
+
+
+def test_explain_says_the_shared_level_was_off(venv: Venv, tmp_path: Path) -> None:
+    """Misses after the shared level turned off are explained with what turned it off, and when."""
+    env = levels_env(S3(f"http://127.0.0.1:{free_port()}", "x").env, "nowhere", tmp_path / "a",
+                     GKX_JAX_CACHE_SHARED_TIMEOUT="3")
+    out, err = run_program(venv, env=env)
+    assert out["hits"] == 0 and len(autocache_warnings(err)) == 1, err
+    explained = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    details = [f["detail"] for g in explained["groups"] if not g["cause"].startswith("not cached") for f in g["functions"]]
+    assert details and all("may have been served by the shared level, which was off after" in d for d in details), details
+    assert all(re.search(r" at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", d) for d in details), details
+
+
+@pytest.mark.parametrize(("variable", "value", "says"), [
+    ("GKX_JAX_CACHE_SHARED", "ftp://host/cache", "gs://bucket or s3://bucket"),
+    ("GKX_JAX_CACHE_SHARED_TIMEOUT", "0", "above 0"),
+    ("GKX_JAX_CACHE_SHARED_TIMEOUT", "nan", "above 0"),
+    ("GKX_JAX_CACHE_SHARED_TIMEOUT", "1e12", "above 0"),
+    ("GKX_JAX_CACHE_SHARED_TIMEOUT", "-3", "above 0"),
+    ("GKX_JAX_CACHE_SHARED_WRITE", "sometimes", "always, ci, never"),
+])
+def test_a_bad_shared_value_is_one_line_and_the_next_source_applies(variable: str, value: str, says: str) -> None:
+    """A bad `shared`, `shared_timeout` or `shared_write` is skipped with one line naming the source
+    and the key; the default (or the next source down) applies."""
+    settings = _settings.resolve({variable: value}, prefix="/nonexistent", user_file="/nonexistent/c.toml")
+    ((cause, message),) = settings.problems
+    assert variable in message and says in message and "\n" not in message
+    key = {"GKX_JAX_CACHE_SHARED": "shared", "GKX_JAX_CACHE_SHARED_TIMEOUT": "shared_timeout",
+           "GKX_JAX_CACHE_SHARED_WRITE": "shared_write"}[variable]
+    assert settings.origin(key) == "default"
+
+
+def test_a_relative_shared_is_taken_as_dir_is(tmp_path: Path) -> None:
+    """A relative `shared` is relative to the settings file's folder, or to the current directory
+    for the environment variable, as `dir` is (§3)."""
+    settings = _settings.resolve({"GKX_JAX_CACHE_SHARED": "team/cache"}, prefix="/nonexistent",
+                                 user_file="/nonexistent/c.toml", cwd=str(tmp_path))
+    assert settings["shared"] == str(tmp_path / "team" / "cache")
+    (tmp_path / "gkx-autocache.toml").write_text('shared = "../baked"\n')
+    settings = _settings.resolve({}, prefix=str(tmp_path), user_file="/nonexistent/c.toml", cwd="/")
+    assert settings["shared"] == str(tmp_path.parent / "baked")
+
+
+def test_shared_with_a_bucket_dir_or_equal_to_dir_is_one_line_and_the_run_goes_on(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """`dir` itself a bucket together with `shared`, or `shared` the same directory as `dir`: one
+    line each, and the run goes on cached as before."""
+    env = {**s3.env, "GKX_JAX_CACHE_DIR": f"s3://{s3.bucket}/stock", "GKX_JAX_CACHE_SHARED": f"s3://{s3.bucket}/team"}
+    out, err = run_program(venv, env=env)
+    (warning,) = autocache_warnings(err)
+    assert "dir is itself a bucket" in warning and out["dir"].startswith("s3://")
+    same = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_SHARED": str(tmp_path / "c" / ".")}
+    out, err = run_program(venv, env=same)
+    (warning,) = autocache_warnings(err)
+    assert "same directory as dir" in warning and out["dir"] == str(tmp_path / "c" / VERSION_DIR)
+    again, err = run_program(venv, env=same)
+    assert again["hits"] == again["requests"]
+
+
+def test_the_signing_key_is_never_a_setting(venv: Venv) -> None:
+    """`config set` refuses the signing key (a secret lives in the environment, never in a file)
+    without echoing it, and a settings file that holds one is ignored for that key, with one line
+    that does not show it."""
+    for name in ("signing_key", "GKX_JAX_CACHE_SIGNING_KEY"):
+        proc = venv.cli("config", "set", name, KEY_A)
+        assert proc.returncode == 2 and "GKX_JAX_CACHE_SIGNING_KEY" in proc.stderr and KEY_A not in proc.stderr
+    (venv.path / "gkx-autocache.toml").write_text(f'signing_key = "{KEY_A}"\n')
+    proc = venv.cli("--json", "status")
+    attention = json.loads(proc.stdout)["attention"]
+    assert any("signing_key skipped" in a for a in attention) and KEY_A not in proc.stdout + proc.stderr
+    assert _settings.signing_key({"GKX_JAX_CACHE_SIGNING_KEY": " k\u00e9y "}) == " k\u00e9y ".encode()
+    assert _settings.signing_key({"GKX_JAX_CACHE_SIGNING_KEY": ""}) is None
+
+
+def test_the_upload_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
+    """An entry that would take the queue past its bound is skipped and counted, not waited for;
+    the rest are uploaded to a real directory, each with its seal, and none is partial."""
+    from gkx_autocache import _levels
+
+    shared = tmp_path / "team"
+    shared.mkdir(mode=0o700)
+    level = _levels.Level(str(shared), _levels.Directory(str(shared), "0.0.0", team=False), local=str(tmp_path),
+                          timeout=5.0, writes=None, secret=None, queue_bytes=3000)
+    for i in range(6):
+        level.put(f"jit_f-{i:064x}", bytes([i]) * 1000, 0.5)
+    level.finish()
+    counts = level.snapshot()["shared"]
+    assert counts["uploads"] + counts["skipped"] == 6 and counts["skipped"] >= 3, counts
+    found = sorted(p.name for p in (shared / "jax-0.0.0").iterdir() if p.name.endswith("-cache"))
+    assert len(found) == counts["uploads"]
+    for name in found:
+        key = name.removesuffix("-cache")
+        seal = json.loads((shared / "jax-0.0.0" / f"{key}-gkx-shared").read_text())
+        assert seal["sha256"] == hashlib.sha256((shared / "jax-0.0.0" / name).read_bytes()).hexdigest()
+
+
+def test_a_team_shared_directory_keeps_the_local_level_private(venv: Venv, public: Path) -> None:
+    """`trust_shared` with a team directory as `shared` governs that level: members share it, while
+    each member's own local level stays private (0700, entries 0600)."""
+    team = public / "team"
+    team.mkdir()
+    os.chown(team, 0, 4242)
+    team.chmod(0o2770)
+    homes = {}
+    for uid in (4243, 4244):
+        homes[uid] = public / f"home{uid}"
+        homes[uid].mkdir()
+        os.chown(homes[uid], uid, uid)
+    env = {"GKX_JAX_CACHE_SHARED": str(team), "GKX_JAX_CACHE_TRUST_SHARED": "1", "GKX_JAX_CACHE_REPORT": "1"}
+    first, err = run_program(venv, env={**env, "GKX_JAX_CACHE_DIR": str(homes[4243] / "c")}, user=4243, groups=(4242,))
+    assert first["hits"] == 0 and not autocache_warnings(err), err
+    second, err = run_program(venv, env={**env, "GKX_JAX_CACHE_DIR": str(homes[4244] / "c")}, user=4244, groups=(4242,))
+    assert second["hits"] == second["requests"] and report(err)["shared"] == second["requests"], err
+    vdir = homes[4244] / "c" / VERSION_DIR
+    assert vdir.stat().st_mode & 0o7777 == 0o700
+    assert {p.stat().st_mode & 0o777 for p in vdir.glob("*-cache")} == {0o600}
+    assert {p.stat().st_mode & 0o777 for p in (team / VERSION_DIR).glob("*-cache")} == {0o660}
+
+
+def test_two_local_paths_share_the_buckets_entries_where_jax_leaves_the_path_out(venv: Venv, tmp_path: Path,
+                                                                                s3: S3) -> None:
+    """With XLA's GPU autotune cache on (JAX's default where a GPU plugin is installed), its path,
+    the local level's, is in the key on JAX 0.10 and left out from JAX 0.11 on: two local paths
+    share the bucket's entries on 0.12, and only the same path does on 0.10 (the README says so)."""
+    import importlib.metadata
+
+    on = {"GKX_JAX_CACHE_XLA_CACHES": "xla_gpu_per_fusion_autotune_cache_dir"}
+    cold, _ = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "a", **on))
+    assert cold["xla_caches"] == "xla_gpu_per_fusion_autotune_cache_dir"
+    other, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b", **on))
+    major, minor = (int(part) for part in importlib.metadata.version("jax").split(".")[:2])
+    if (major, minor) >= (0, 11):
+        assert other["hits"] == other["requests"] == cold["requests"] and report(err)["shared"] == cold["requests"]
+    else:
+        assert report(err)["shared"] < cold["requests"] // 2, err  # the user's functions miss: the path is in their keys
+    subprocess.run(["rm", "-rf", str(tmp_path / "a")], check=True)  # the same path, emptied: served from the bucket
+    same, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "a", **on))
+    assert same["hits"] == same["requests"] == cold["requests"] and report(err)["shared"] == cold["requests"], err
+
+
+PYTEST_PROJECT = """
+import jax, jax.numpy as jnp, pytest
+
+@pytest.mark.parametrize("scale", [1.0, 2.0, 3.0])
+def test_tanh(scale):
+    assert float(jax.jit(lambda v: jnp.tanh(v * scale).sum())(jnp.ones(8))) > 0
+"""
+
+
+def test_the_pytest_line_splits_hits_by_level(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """The pytest plugin's one line sums every worker's per-level hits: a session with a fresh local
+    level says how many hits came from the bucket."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "test_model.py").write_text(PYTEST_PROJECT)
+    (proj / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\naddopts = -p xdist\n")
+
+    def session(local: str) -> str:
+        proc = venv.run("-m", "pytest", "-n", "2", "-p", "no:cacheprovider", str(proj), cwd=str(proj), timeout=600,
+                        env=levels_env(s3.env, s3.bucket, tmp_path / local))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (line,) = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("gkx-autocache:")]
+        return line
+
+    cold = report(session("a"))  # (its two workers may serve each other already, through the bucket)
+    warm = report(session("b"))
+    assert cold["misses"] > 0 and warm["misses"] == 0, (cold, warm)
+    assert warm["shared"] > 0 and warm["local"] + warm["shared"] == warm["hits"] >= 3, warm
+
+
+def test_shared_write_says_which_runs_upload(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """`shared_write = never` never uploads; `ci` uploads only where `CI` is set to a true value
+    (CI as the one trusted writer); every run writes its local level all the same."""
+    cases = [("never", {}, False), ("ci", {}, False), ("ci", {"CI": "false"}, False), ("ci", {"CI": "true"}, True),
+             ("always", {}, True)]
+    for i, (setting, ci, uploads) in enumerate(cases):
+        env = levels_env(s3.env, s3.bucket, tmp_path / f"l{i}", prefix=f"p{i}", GKX_JAX_CACHE_SHARED_WRITE=setting, **ci)
+        out, err = run_program(venv, env=env)
+        assert len(local_entries(tmp_path / f"l{i}")) == out["requests"] and not autocache_warnings(err), err
+        assert len(entries(s3, f"p{i}")) == (out["requests"] if uploads else 0), (setting, ci)
+
+
+def test_a_full_or_read_only_local_level_is_served_without_the_backfill(venv: Venv, public: Path, s3: S3) -> None:
+    """A local level that cannot take the entry (a full file system; a directory the user cannot
+    write) is served from the shared level all the same, without the backfill and without a
+    warning."""
+    cold, _ = run_program(venv, env=levels_env(s3.env, s3.bucket, public / "w"))
+    full = public / "full"
+    full.mkdir()
+    env = {**venv.env, **levels_env(s3.env, s3.bucket, full)}
+    script = f"mount -t tmpfs -o size=8k,mode=700 gkx-full {full} && exec {venv.python} -c \"$0\""
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, PROGRAM], env=env, cwd=str(venv.home),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["hits"] == out["requests"] == cold["requests"] and not autocache_warnings(proc.stderr), proc.stderr
+    assert report(proc.stderr)["shared"] == cold["requests"]
+    readonly = public / "readonly"
+    run_program(venv, env={"GKX_JAX_CACHE_DIR": str(readonly)}, program=OTHER)  # root's, with one entry of its own
+    subprocess.run(["chmod", "-R", "a+rX", str(readonly)], check=True)
+    before = local_entries(readonly)
+    out, err = run_program(venv, env=levels_env(s3.env, s3.bucket, readonly), user=65534)
+    assert out["hits"] == out["requests"] == cold["requests"] and not autocache_warnings(err), err
+    assert report(err)["shared"] == cold["requests"] - len(before & set(entries(s3, "team")))
+    assert local_entries(readonly) == before
+
+
+def hostile_level(tmp_path: Path, secret: bytes | None = None) -> tuple[Any, Path]:
+    from gkx_autocache import _levels
+
+    root = tmp_path / "team"
+    (root / "jax-0.0.0").mkdir(parents=True, mode=0o700)
+    root.chmod(0o700)
+    level = _levels.Level(str(root), _levels.Directory(str(root), "0.0.0", team=False), local=str(tmp_path / "l"),
+                          timeout=5.0, writes=None, secret=secret)
+    return level, root / "jax-0.0.0"
+
+
+GOOD, OTHER_KEY = f"jit_f-{'a' * 64}", f"jit_g-{'b' * 64}"
+
+
+@pytest.mark.parametrize("spoil", ["deep json", "huge size", "boolean size", "not an object", "another key",
+                                   "a symlinked entry", "a fifo", "writable by others", "moved signed seal",
+                                   "a compile time of a century"])
+def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: Path, spoil: str) -> None:
+    """Entries and seals a group member or a bucket could plant are refused one by one, each a
+    `rejected` miss with its reason (or served, where only a figure in the seal is absurd); none
+    turns the level off, hangs, or raises."""
+    from gkx_autocache import _levels
+
+    secret = b"k" if spoil == "moved signed seal" else None
+    level, vdir = hostile_level(tmp_path, secret)
+    data = b"\x78\x9c" + b"entry" * 100
+    seal = json.loads(_levels.make_seal(GOOD, data, 0.5, time.time(), secret))
+    (vdir / f"{GOOD}-cache").write_bytes(data)
+    if spoil == "deep json":
+        (vdir / f"{GOOD}-gkx-shared").write_text("[" * 100000 + "]" * 100000)
+    elif spoil in ("huge size", "boolean size", "another key", "a compile time of a century"):
+        seal.update({"huge size": {"bytes": 1 << 62}, "boolean size": {"bytes": True}, "another key": {"key": OTHER_KEY},
+                     "a compile time of a century": {"compile": 3.2e9}}[spoil])
+        (vdir / f"{GOOD}-gkx-shared").write_text(json.dumps(seal))
+    elif spoil == "not an object":
+        (vdir / f"{GOOD}-gkx-shared").write_text("[1, 2]")
+    elif spoil == "a symlinked entry":
+        (vdir / f"{GOOD}-cache").unlink()
+        (tmp_path / "elsewhere").write_bytes(data)
+        (vdir / f"{GOOD}-cache").symlink_to(tmp_path / "elsewhere")
+    elif spoil == "a fifo":
+        (vdir / f"{GOOD}-cache").unlink()
+        os.mkfifo(vdir / f"{GOOD}-cache")
+    elif spoil == "writable by others":
+        (vdir / f"{GOOD}-cache").chmod(0o666)
+    elif spoil == "moved signed seal":  # a validly signed entry of another key, moved to this one
+        moved = json.loads(_levels.make_seal(OTHER_KEY, data, 0.5, time.time(), secret))
+        (vdir / f"{GOOD}-gkx-shared").write_text(json.dumps(moved))
+    started = time.monotonic()
+    got = level.get(GOOD)
+    assert time.monotonic() - started < 3 and level.off is None
+    if spoil == "a compile time of a century":
+        assert isinstance(got, _levels.Found) and got.data == data and got.compile_secs is None
+    else:
+        assert isinstance(got, str) and got, got
+        assert level.snapshot()["shared"]["rejected"] == 1
+
+
+def test_a_bucket_with_more_names_than_one_listing_is_asked_key_by_key(venv: Venv, tmp_path: Path, s3: S3,
+                                                                      s3_server: str) -> None:
+    """A version prefix with more than 1000 names is not listed again: each miss asks for its key,
+    and every compile is still uploaded and then served."""
+    client = s3.client()
+    for i in range(1001):
+        client.put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/jit_other-{i:064x}-cache", Body=b"x")
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]))
+    try:
+        out, err = run_program(venv, env=levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket,
+                                                    tmp_path / "a"))
+    finally:
+        proxy.close()
+    listings = [p for m, p in proxy.requests if m == "GET" and "list-type=2" in p]
+    reads = [p for m, p in proxy.requests if m == "GET" and p.split("?")[0].endswith("-cache")]
+    assert len(listings) >= 1 and len(reads) == out["requests"], proxy.requests[:5]
+    warm, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
+    assert warm["hits"] == warm["requests"] and report(err)["shared"] == warm["requests"], err
+
+
+def test_a_bucket_without_the_remote_extra_is_one_line_and_the_local_level_serves(wheel: Path, tmp_path: Path) -> None:
+    """Without `gkx-autocache[remote]`, a bucket as `shared` costs one warning naming the extra;
+    the local level works as before."""
+    from conftest import REMOTE_EXTRA, make_venv, public_tmp
+
+    base = public_tmp()
+    try:
+        venv = make_venv(base, wheel, without=REMOTE_EXTRA)
+        env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_SHARED": "s3://some-bucket/cache"}
+        out, err = run_program(venv, env=env)
+        (warning,) = autocache_warnings(err)
+        assert "gkx-autocache[remote]" in warning and "GKX_JAX_CACHE_SHARED" in warning and "s3fs" in warning
+        warm, err = run_program(venv, env=env)
+        assert warm["hits"] == warm["requests"] == out["requests"]
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
