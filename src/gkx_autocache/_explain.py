@@ -521,12 +521,26 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
                                               f"({facts.signature}): other static arguments or closed-over values"}
         return {"cause": "new", "detail": f"new shape {facts.signature} (this run compiled {name} for "
                                           f"{'; '.join(shapes[:3])}{_more(shapes, 3)})"}
-    nearest = closest(earlier, facts)
-    differing = [k for k in sorted(set(nearest.config) | set(facts.config))
-                 if nearest.config.get(k) != facts.config.get(k)]
-    if differing:
+    # jax.config is named only where no earlier entry has this very jax.config: an entry with it
+    # rules it out (its computation differs all the same), whichever variant was written last.
+    alike = [r for r in earlier if r.config == facts.config]
+    if not alike:
+        diffs: dict[int, list[str]] = {}  # records of one config share its dict (``Evidence``)
+        for r in earlier:
+            if id(r.config) not in diffs:
+                diffs[id(r.config)] = [k for k in sorted(set(r.config) | set(facts.config))
+                                       if r.config.get(k) != facts.config.get(k)]
+        fewest = min(len(d) for d in diffs.values())
+        nearest = closest([r for r in earlier if len(diffs[id(r.config)]) == fewest], facts)
+        differing = diffs[id(nearest.config)]
         shown = "; ".join(f"{k}: {nearest.config.get(k, 'unset')} -> {facts.config.get(k, 'unset')}" for k in differing[:4])
-        return {"cause": "changed computation", "detail": f"jax.config differs: {shown}{_more(differing, 4)}"}
+        # Whether a value changes what is compiled (x64 does, jax_debug_nans does not) cannot be
+        # told from the key: where the inputs are the same, the code is as likely.
+        also = ("; or, if that does not change what is compiled, its code, a static argument or a closed-over "
+                "constant changed") if any(r.signature == facts.signature for r in earlier) else ""
+        return {"cause": "changed computation", "detail": f"jax.config differs: {shown}{_more(differing, 4)}{also}"}
+    earlier = alike
+    nearest = closest(earlier, facts)
     if facts.place == HELPER_PLACE:  # another use of JAX's own helper (other shapes, other static arguments)
         return {"cause": "new", "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
     if any(r.signature == facts.signature for r in earlier):

@@ -105,6 +105,7 @@ class Evidence:
         self.signatures: dict[str, str] = {}
         self.places: dict[str, str] = {}
         self.configs: dict[str, str] = {}
+        self._parsed_configs: dict[str, dict[str, str]] = {}
         self.present: dict[str, dict[str, str]] = {}  # name -> hex -> the entry's key, as the listing showed
         self.truncated = False
         self.version_dir = ""
@@ -152,13 +153,28 @@ class Evidence:
             return None
         try:
             when = float(written)
-            config = json.loads(self.configs.get(cfg, "{}"))
-        except (ValueError, RecursionError):
+        except ValueError:
             return None
-        if not isinstance(config, dict):
-            config = {}
+        config = self._config(cfg)
+        if config is None:
+            return None
         return Record(name, hex_, when, run, (computation, *others), self.signatures.get(sig, "?"),
-                      self.places.get(where, "?"), {str(k): str(v) for k, v in config.items()})
+                      self.places.get(where, "?"), config)
+
+    def _config(self, cfg: str) -> dict[str, str] | None:
+        """The ``jax.config`` values of a ``G`` id, parsed once: records of one config share the
+        dict (not to be changed), so comparing them costs one comparison per config."""
+        found = self._parsed_configs.get(cfg)
+        if found is None:
+            if cfg not in self.configs:  # not known (yet): not kept, a later line may bring it
+                return {}
+            try:
+                config = json.loads(self.configs[cfg])
+            except (ValueError, RecursionError):
+                return None
+            found = {str(k): str(v) for k, v in config.items()} if isinstance(config, dict) else {}
+            self._parsed_configs[cfg] = found
+        return found
 
     def readable(self, part: str, hash_: str) -> str | None:
         return self.values.get((part, hash_))
