@@ -59,3 +59,31 @@ def test_a_config_value_that_may_change_nothing_is_not_named_as_the_sure_cause(p
     cause, detail = only(project.last(), "jit_f")
     assert cause == "changed computation" and "jax_debug_nans: True -> False" in detail, detail
     assert "closed-over constant" in detail, detail
+
+
+STATIC_OR_WEAK = r"""
+import functools, json, os
+import jax, jax.numpy as jnp
+@functools.partial(jax.jit, static_argnums=1)
+def power(x, n):
+    return x ** n
+@jax.jit
+def scale(x, y):
+    return x * y + 1.0
+y = 2.0 if os.environ.get("PYTHON_SCALAR") else jnp.float32(2.0)  # a Python float is weakly typed
+print(json.dumps({"result": float(power(jnp.ones(5), int(os.environ.get("N", "2"))).sum() + scale(jnp.ones(5), y).sum())}))
+"""
+
+
+def test_same_shapes_name_a_static_argument_and_a_weak_type_among_the_causes(project: Project) -> None:
+    """Another static argument, and a Python scalar where an array was, change the computation
+    without changing the input shapes or any code: the detail names them among what may have
+    changed (never "its code or a closed-over constant" alone, which excludes the real cause)."""
+    project.write("main.py", STATIC_OR_WEAK)
+    project.run()
+    project.run(N="3", PYTHON_SCALAR="1")
+    found = project.last()
+    for function in ("jit_power", "jit_scale"):
+        cause, detail = only(found, function)
+        assert cause == "changed computation", found
+        assert "static argument" in detail and "weak type" in detail, detail

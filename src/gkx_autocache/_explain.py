@@ -21,7 +21,8 @@ entry, the one with the fewest differing parts (the most recent among equals), i
   function): ``new (another jit_step, in model/core.py)``; where the place is not known (a notebook
   cell, ``<stdin>``), ``cannot tell`` a changed function from another of that name;
 - entries of the same place: ``changed computation``, with the ``jax.config`` values that differ,
-  else the input signature before and after, else "same inputs: its code or a closed-over constant";
+  else the input signature before and after, else "same input shapes: its code, a static argument, a
+  closed-over constant or a weak type changed" (none of them is in the signature);
   a further shape of a function whose entries this very run wrote is ``new`` (``new shape``);
 - entries without a record: never ``new``; ``cannot tell`` what changed.
 
@@ -56,6 +57,9 @@ PRIORITY = ("jax_lib version", "backend version", "XLA flags", "compression", "c
             "compile_options")
 HEX = 16  # a part's hash, shortened: enough to tell parts apart, small to keep
 NO_HOOK = hashlib.sha256(b"").hexdigest()[:HEX]  # the hook part of a key made without one (stock JAX)
+# What changes a computation without changing its input shapes and dtypes: none is in the signature.
+SAME_SHAPES = ("its code, a static argument, a closed-over constant, or a weak type (a Python scalar passed for an "
+               "array) changed")
 UNKNOWN_PLACE = "?"
 HELPER_PLACE = "jax"  # JAX's own helpers: a name JAX jits, with no frame of that function in the module
 # jax.config values that cannot change what is compiled: the cache's own settings, logs and printing.
@@ -536,16 +540,15 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
         shown = "; ".join(f"{k}: {nearest.config.get(k, 'unset')} -> {facts.config.get(k, 'unset')}" for k in differing[:4])
         # Whether a value changes what is compiled (x64 does, jax_debug_nans does not) cannot be
         # told from the key: where the inputs are the same, the code is as likely.
-        also = ("; or, if that does not change what is compiled, its code, a static argument or a closed-over "
-                "constant changed") if any(r.signature == facts.signature for r in earlier) else ""
+        also = (f"; or, if that does not change what is compiled, {SAME_SHAPES}"
+                if any(r.signature == facts.signature for r in earlier) else "")
         return {"cause": "changed computation", "detail": f"jax.config differs: {shown}{_more(differing, 4)}{also}"}
     earlier = alike
     nearest = closest(earlier, facts)
     if facts.place == HELPER_PLACE:  # another use of JAX's own helper (other shapes, other static arguments)
         return {"cause": "new", "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
     if any(r.signature == facts.signature for r in earlier):
-        return {"cause": "changed computation", "detail": f"same inputs ({facts.signature}): its code or a "
-                                                          "closed-over constant changed"}
+        return {"cause": "changed computation", "detail": f"same input shapes ({facts.signature}): {SAME_SHAPES}"}
     return {"cause": "changed computation", "detail": f"inputs {nearest.signature} -> {facts.signature}"}
 
 

@@ -231,7 +231,7 @@ EVICTED = {"max_size": "the cap is smaller than the working set: raise max_size 
            "verify": "removed by gkx-autocache verify --repair because it did not load: nothing to fix",
            "outside": "someone or something outside gkx-autocache removed it (a person, a cleanup job, another tool)"}
 EVERY_RUN = ("misses on every run: a value that differs on every run (a time, a seed, an id()) is closed over by the "
-             "function: pass it as an argument")
+             "function or passed as a static argument: pass it as an ordinary (traced) argument")
 
 
 def fix_for(cause: str, ctx: Context, by: str | None = None) -> str:
