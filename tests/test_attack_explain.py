@@ -87,3 +87,58 @@ def test_same_shapes_name_a_static_argument_and_a_weak_type_among_the_causes(pro
         cause, detail = only(found, function)
         assert cause == "changed computation", found
         assert "static argument" in detail and "weak type" in detail, detail
+
+
+TWO_METHODS = r"""
+import functools, json, os
+import jax, jax.numpy as jnp
+class Adam:
+    @functools.partial(jax.jit, static_argnums=0)
+    def step(self, x):
+        return jnp.sin(x) * 2.0
+class Sgd:
+    @functools.partial(jax.jit, static_argnums=0)
+    def step(self, x):
+        return jnp.cos(x) - 5.0
+optimizer = Adam() if os.environ.get("OPT", "adam") == "adam" else Sgd()
+print(json.dumps({"result": float(optimizer.step(jnp.ones(8)).sum())}))
+"""
+
+
+def test_another_method_of_one_name_in_one_module_is_named_by_its_class(project: Project) -> None:
+    """`Adam.step` then `Sgd.step`, in one module: `new (another jit_step ...)` names the two
+    functions apart, never "in main.py (its entries here are in main.py)", two identical places."""
+    project.write("main.py", TWO_METHODS)
+    project.run()
+    project.run(OPT="sgd")
+    cause, detail = only(project.last(), "jit_step")
+    assert cause == "new" and "Sgd.step" in detail and "Adam.step" in detail, detail
+
+
+UNICODE_AND_PMAP = r"""
+import json, os
+import jax, jax.numpy as jnp
+K = float(os.environ.get("K", "2.0"))
+@jax.jit
+def σ(x):  # a Greek letter, as scientific code names things
+    return jnp.sin(x) * K
+def h(x):
+    return jnp.cos(x) * K
+x = jnp.ones((jax.device_count(), 3))
+print(json.dumps({"result": float(σ(x).sum() + jax.pmap(h)(x).sum())}))
+"""
+
+
+def test_a_users_function_is_never_called_jaxs_own_helper(project: Project) -> None:
+    """A function named `σ` (JAX keeps the letter: `jit_σ`) and one under `jax.pmap` (compiled as
+    `jit__fun`) are the user's code: a changed constant is their `changed computation`, not "a
+    further variant of JAX's own jit_σ", and they are not listed among JAX's own helpers."""
+    project.write("main.py", UNICODE_AND_PMAP)
+    project.run(JAX_NUM_CPU_DEVICES="2")  # two devices: the pmapped code is inside a shard_map's region
+    project.run(JAX_NUM_CPU_DEVICES="2", K="3.0")
+    data = project.explain()
+    for function in ("jit_σ", "jit__fun"):
+        cause, detail = only(project.last(), function)
+        assert cause == "changed computation", (function, detail)
+        helper = [fn["helper"] for g in data["groups"] for fn in g["functions"] if fn["name"] == function]
+        assert helper == [False], (function, data["groups"])

@@ -41,6 +41,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from gkx_autocache import _index, _isa, _key
@@ -430,25 +431,49 @@ def place_of(module: Any, name: str) -> str:
     ``?`` where it cannot be known (no locations; ``<stdin>``, a notebook cell)."""
     wanted = name.removeprefix("jit_").removeprefix("pmap_")
     files: set[str] = set()
-    seen = 0
-    for func in module.body.operations:
-        for region in func.regions:
-            for block in region.blocks:
-                for op in block.operations:
-                    seen += 1
-                    if seen > 2000:
-                        break
-                    frames = _FRAME.findall(str(op.location))
-                    match = [(fn, file) for fn, file, _line in frames if _sanitized(fn) == wanted]
-                    if match:
-                        return _where(match[-1][1], match[-1][0])  # the outermost: the jitted function itself
-                    files.update(file for _fn, file, _line in frames)
+    chains: list[list[tuple[str, str]]] = []
+    for op in _operations(module, 2000):
+        frames = _FRAME.findall(str(op.location))
+        match = [(fn, file) for fn, file, _line in frames if _sanitized(fn) == wanted]
+        if match:
+            return _where(match[-1][1], match[-1][0])  # the outermost: the jitted function itself
+        files.update(file for _fn, file, _line in frames)
+        if frames:
+            chains.append([(fn, file) for fn, file, _line in frames])
+    # A name JAX gave a wrapper of the user's function (``jax.pmap(h)`` compiles as ``jit__fun``):
+    # the body runs code of a function beyond the call site that every op shares (the caller's
+    # frames). JAX's own helpers run none: their ops carry only the call site.
+    if chains:
+        shared = set.intersection(*(set(chain) for chain in chains))
+        inner = [(fn, file) for chain in chains for fn, file in chain if (fn, file) not in shared]
+        if inner:
+            fn, file = inner[-1]  # the outermost frame of the body's own code
+            return _where(file, fn)
     return HELPER_PLACE if files else UNKNOWN_PLACE
 
 
+def _operations(module: Any, limit: int) -> Iterator[Any]:
+    """The module's operations, nested regions included (a ``shard_map`` body is inside its op),
+    at most ``limit``."""
+    stack = list(module.body.operations)[::-1]
+    seen = 0
+    while stack and seen < limit:
+        parent = stack.pop()
+        for region in parent.regions:
+            for block in region.blocks:
+                for op in block.operations:
+                    seen += 1
+                    if seen > limit:
+                        return
+                    yield op
+                    if len(op.regions):
+                        stack.append(op)
+
+
 def _sanitized(function: str) -> str:
-    """A Python function's name as JAX puts it in a module's name (``<lambda>`` -> ``_lambda``)."""
-    return re.sub(r"[^0-9A-Za-z_]", "_", function.rsplit(".", 1)[-1]).rstrip("_") or "_"
+    """A Python function's name as JAX puts it in a module's name (``<lambda>`` -> ``_lambda``):
+    JAX's ``mlir.sanitize_name`` keeps word characters of any script (``σ``), ``.`` and ``-``."""
+    return re.sub(r"[^\w.-]", "_", function.rsplit(".", 1)[-1]).rstrip("_") or "_"
 
 
 def _where(file: str, function: str) -> str:
@@ -507,8 +532,10 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
                           "JAX, an older gkx-autocache, a bundle without records, or a process still running)"}
     if not here:
         elsewhere = sorted({r.place for r in recorded})
-        return {"cause": "new", "detail": f"another {name}, {_in(facts.place)} (its entries here are "
-                                          f"{', '.join(_in(p) for p in elsewhere[:3])})"}
+        # Two functions of one name in one file (a `step` of two classes) are told apart by name.
+        qualified = facts.place.rsplit(":", 1)[0] in {p.rsplit(":", 1)[0] for p in elsewhere}
+        return {"cause": "new", "detail": f"another {name}, {_in(facts.place, qualified)} (its entries here are "
+                                          f"{', '.join(_in(p, qualified) for p in elsewhere[:3])})"}
     # What this run wrote cannot have been a hit for it: the question is what the directory held
     # before. Only where this run wrote every entry of the function is a further shape "new".
     earlier = [r for r in here if r.run != run]
@@ -552,10 +579,13 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     return {"cause": "changed computation", "detail": f"inputs {nearest.signature} -> {facts.signature}"}
 
 
-def _in(place: str) -> str:
+def _in(place: str, qualified: bool = False) -> str:
     if place == HELPER_PLACE:
         return "JAX's own helper"
-    return f"in {place.rsplit(':', 1)[0]}" if place != UNKNOWN_PLACE else "in an unknown place"
+    if place == UNKNOWN_PLACE:
+        return "in an unknown place"
+    file, _, function = place.rpartition(":")
+    return f"{function}, in {file}" if qualified else f"in {file}"
 
 
 def _more(items: list[Any], shown: int) -> str:
