@@ -142,3 +142,23 @@ def test_a_users_function_is_never_called_jaxs_own_helper(project: Project) -> N
         assert cause == "changed computation", (function, detail)
         helper = [fn["helper"] for g in data["groups"] for fn in g["functions"] if fn["name"] == function]
         assert helper == [False], (function, data["groups"])
+
+
+def test_a_key_written_again_after_a_prune_and_then_deleted_by_hand_is_not_the_prunes(project: Project) -> None:
+    """`prune` removes an entry, the next run writes it again, then a person deletes it: the
+    miss is "removed outside gkx-autocache", never "removed by gkx-autocache prune" (whose
+    record is older than the entry it would explain)."""
+    project.write("main.py", CONFIG_TOGGLE)
+    project.run()
+    assert project.venv.cli("prune", "--older-than", "0s", env=project.env).returncode == 0
+    index = project.vdir / ".gkx-autocache" / "index"
+    lines = index.read_text().splitlines()
+    backdated = ["\t".join([*ln.split("\t")[:3], str(int(ln.split("\t")[3]) - 60), ln.split("\t")[4]])
+                 if ln.startswith("X\t") else ln for ln in lines]  # the prune a minute ago
+    index.write_text("\n".join(backdated) + "\n")
+    project.run()  # evicted by prune: written again
+    for entry in project.vdir.glob("jit_f-*-cache"):
+        entry.unlink()  # by hand
+    project.run()
+    cause, detail = only(project.last(), "jit_f")
+    assert cause == "evicted" and detail.startswith("removed outside gkx-autocache"), detail

@@ -513,6 +513,8 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     records = evidence.records(name)
     present = evidence.present.get(name, {})
     mine = next((r for r in records if r.hex == hex_), None)
+    if removed is not None and mine is not None and mine.written > removed[0]:
+        removed = None  # written again after that removal: whoever removed it since left no record
     if removed is not None or (mine is not None and hex_ not in present):
         return evicted(removed)
     recorded = [r for r in records if r.hex in present]
