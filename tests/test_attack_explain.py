@@ -162,3 +162,26 @@ def test_a_key_written_again_after_a_prune_and_then_deleted_by_hand_is_not_the_p
     project.run()
     cause, detail = only(project.last(), "jit_f")
     assert cause == "evicted" and detail.startswith("removed outside gkx-autocache"), detail
+
+
+OTHER_F = r"""
+import json
+import jax, jax.numpy as jnp
+@jax.jit
+def f(x, y):  # another program's f: other code, other inputs, another module
+    return x @ y
+print(json.dumps({"result": float(f(jnp.ones((3, 3)), jnp.ones((3, 3))).sum())}))
+"""
+
+
+def test_another_programs_function_of_an_old_jax_versions_name_is_not_a_jax_upgrade(project: Project) -> None:
+    """A directory of another JAX version holds an `f` of another program (main.py): a new
+    program's first `f` (in other.py) is `new`, not "changed JAX ... the entries of 0.0.1 are in
+    jax-0.0.1/" (the same program after an upgrade still is: test_a_jax_upgrade_says_so)."""
+    project.write("main.py", CONFIG_TOGGLE)
+    project.write("other.py", OTHER_F)
+    project.run()
+    project.vdir.rename(project.vdir.parent / "jax-0.0.1")  # what the previous JAX wrote
+    project.run("other.py")
+    cause, detail = only(project.last(), "jit_f")
+    assert cause == "new", detail

@@ -520,7 +520,7 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     recorded = [r for r in records if r.hex in present]
     unrecorded = evidence.unrecorded(name, recorded)
     if not recorded and not unrecorded:
-        return new_here(name, evidence)
+        return new_here(name, evidence, facts.place)
     same = [r for r in recorded if r.parts[0] == facts.parts[PARTS[0]]]
     if same:
         return changed_part(closest(same, facts), facts, evidence)
@@ -611,16 +611,35 @@ def evicted(removed: tuple[float, str] | None) -> dict[str, Any]:
     return {"cause": "evicted", "detail": detail, "by": by}
 
 
-def new_here(name: str, evidence: Evidence) -> dict[str, Any]:
-    """No entry of ``name`` here. After a JAX upgrade, the previous version's directory may hold it."""
+def new_here(name: str, evidence: Evidence, place: str = UNKNOWN_PLACE) -> dict[str, Any]:
+    """No entry of ``name`` here. After a JAX upgrade, the previous version's directory may hold
+    it: said where its records put that entry's code at this function's place; where they put it
+    elsewhere, that was another function of the name; where there is no record, it cannot tell."""
     other = _other_version(evidence.version_dir, name)
-    if other is not None:
-        mine = os.path.basename(evidence.version_dir).removeprefix(VERSION_PREFIX)
-        theirs = os.path.basename(other).removeprefix(VERSION_PREFIX)
+    first = {"cause": "new", "detail": f"first compile of {name} here (none removed in the last "
+                                       f"{int(_index.REMOVED_SECS // 86400)} days)"}
+    if other is None:
+        return first
+    mine = os.path.basename(evidence.version_dir).removeprefix(VERSION_PREFIX)
+    theirs = os.path.basename(other).removeprefix(VERSION_PREFIX)
+    places = _places_of(other).get(name, set())
+    if place != UNKNOWN_PLACE and place in places:
         return {"cause": "changed JAX", "detail": f"JAX {theirs} -> {mine}: the entries of {theirs} are in "
                                                   f"{os.path.basename(other)}/; every entry is compiled once for {mine}"}
-    return {"cause": "new", "detail": f"first compile of {name} here (none removed in the last "
-                                      f"{int(_index.REMOVED_SECS // 86400)} days)"}
+    if place != UNKNOWN_PLACE and places - {UNKNOWN_PLACE}:
+        return first  # the older version's entries of this name are another function's
+    return {"cause": "cannot tell",
+            "detail": f"new, or JAX {theirs} -> {mine}: {os.path.basename(other)}/ holds entries named {name}, "
+                      "with no record of where their code is"}
+
+
+_places: dict[str, dict[str, set[str]]] = {}  # another version dir -> function name -> where its entries' code is
+
+
+def _places_of(version_dir: str) -> dict[str, set[str]]:
+    if version_dir not in _places:
+        _places[version_dir] = _index.places_of(version_dir)
+    return _places[version_dir]
 
 
 _others: dict[str, dict[str, str]] = {}  # version dir -> function name -> the newest other version dir holding it

@@ -327,6 +327,27 @@ def lines_of(version_dir: str, keys: list[str]) -> list[str]:
     return [line for key, line in tables.items() if key in used] + list(entries.values())
 
 
+def places_of(version_dir: str, limit: int = 32 << 20) -> dict[str, set[str]]:
+    """Where the code of each function name's recorded entries is (``model/core.py:step``), from
+    an index (another JAX version's, read once by a process that misses a name only it holds);
+    empty where it has no index, or one larger than ``limit``."""
+    data = _files.read(index_path(version_dir), limit) or b""
+    if len(data) >= limit:
+        return {}
+    places: dict[str, str] = {}
+    wheres: dict[str, set[str]] = {}
+    for line in data.decode("utf-8", "replace").split("\n"):
+        fields = line.split("\t")
+        if fields[0] == "P" and len(fields) == 3:
+            try:
+                places[fields[1]] = str(json.loads(fields[2]))
+            except (ValueError, RecursionError):
+                continue
+        elif fields[0] == "E" and len(fields) == 10:
+            wheres.setdefault(fields[1], set()).add(fields[8])
+    return {name: {places[w] for w in ids if w in places} for name, ids in wheres.items()}
+
+
 def isa_of_entries(lines: list[str]) -> dict[str, str | None]:
     """``name-hex -> the ISA its key holds`` (None: made without one), from index lines."""
     evidence = Evidence()
