@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from gkx_autocache import _index, _isa, _key
-from gkx_autocache._diagnostics import logger
+from gkx_autocache._diagnostics import logger, plural
 from gkx_autocache._index import PARTS, Evidence, Record
 from gkx_autocache._layout import ENTRY_SUFFIX, VERSION_PREFIX, function_name
 
@@ -524,14 +524,23 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     same = [r for r in recorded if r.parts[0] == facts.parts[PARTS[0]]]
     if same:
         return changed_part(closest(same, facts), facts, evidence)
+    # Every entry of the name written by this run (by this process, or another of the run whose
+    # ledger is not folded yet: an xdist worker, a pool): the directory held none before, so
+    # whatever this compile is, it is new here.
+    ours = all(r.run == run for r in recorded) and all(evidence.written_at(k) >= run_start for k in unrecorded)
+    if ours and (facts.place == UNKNOWN_PLACE or not any(r.place == facts.place for r in recorded)):
+        return {"cause": "new", "detail": f"a further variant of {name} (inputs {facts.signature}): every entry of "
+                                          f"{name} here was written by this run"}
     if facts.place == UNKNOWN_PLACE:
         where = "its code has no module to tell it by (a notebook cell, <stdin>, python -c)"
-        return {"cause": "cannot tell", "detail": f"new, or another function named {name} changed: {where}"}
+        return {"cause": "cannot tell", "detail": f"new, or another function named {name} changed: {where}",
+                "by": "place"}
     here = [r for r in recorded if r.place == facts.place]
     if not here and unrecorded:
-        return {"cause": "cannot tell",
-                "detail": f"new, or changed: {len(unrecorded)} entries of {name} here have no record (written by stock "
-                          "JAX, an older gkx-autocache, a bundle without records, or a process still running)"}
+        return {"cause": "cannot tell", "by": "record",
+                "detail": f"new, or changed: {plural(len(unrecorded), 'entry', 'entries')} of {name} here "
+                          f"{'has' if len(unrecorded) == 1 else 'have'} no record (written by stock JAX, an older "
+                          "gkx-autocache, a bundle without records, or a process still running or killed)"}
     if not here:
         elsewhere = sorted({r.place for r in recorded})
         # Two functions of one name in one file (a `step` of two classes) are told apart by name.
@@ -543,8 +552,9 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     earlier = [r for r in here if r.run != run]
     before = [k for k in unrecorded if evidence.written_at(k) < run_start]
     if not earlier and before:
-        return {"cause": "cannot tell",
-                "detail": f"new, or changed: {len(before)} older entries of {name} here have no record"}
+        return {"cause": "cannot tell", "by": "record",
+                "detail": f"new, or changed: {plural(len(before), 'older entry', 'older entries')} of {name} here "
+                          f"{'has' if len(before) == 1 else 'have'} no record"}
     if not earlier:
         shapes = sorted({r.signature for r in here})
         if facts.place == HELPER_PLACE:
@@ -628,7 +638,7 @@ def new_here(name: str, evidence: Evidence, place: str = UNKNOWN_PLACE) -> dict[
                                                   f"{os.path.basename(other)}/; every entry is compiled once for {mine}"}
     if place != UNKNOWN_PLACE and places - {UNKNOWN_PLACE}:
         return first  # the older version's entries of this name are another function's
-    return {"cause": "cannot tell",
+    return {"cause": "cannot tell", "by": "jax",
             "detail": f"new, or JAX {theirs} -> {mine}: {os.path.basename(other)}/ holds entries named {name}, "
                       "with no record of where their code is"}
 

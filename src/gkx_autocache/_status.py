@@ -219,6 +219,9 @@ FIXES = {
                          "the CPU's instruction set (or after stock JAX wrote the directory)",
     "cannot tell": "the evidence cannot decide: run your code from a module file (not a notebook cell or python -c) "
                    "to tell functions of one name apart",
+    "cannot tell:record": "the evidence cannot decide: entries without a record (stock JAX, an older gkx-autocache, a "
+                          "process not finished) are compared once a gkx-autocache process has recorded them",
+    "cannot tell:jax": "the evidence cannot decide: nothing to fix if you upgraded JAX; if not, a first compile",
     "rejected": "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
     "unexplained": "JAX's key parts were not seen for this compile",
     "not process 0": "expected: only process 0 of a multi-process run writes (JAX's rule)",
@@ -243,7 +246,7 @@ def fix_for(cause: str, ctx: Context, by: str | None = None) -> str:
         return f"lower min_compile_time_secs ({setting_fix(ctx, 'min_compile_time_secs', '0')})"
     if short == "below min_entry_size_bytes":
         return f"lower min_entry_size_bytes ({setting_fix(ctx, 'min_entry_size_bytes', '-1')})"
-    return FIXES.get(short, "")
+    return FIXES.get(f"{short}:{by}", FIXES.get(short, ""))
 
 
 def setting_fix(ctx: Context, key: str, example: str) -> str:
@@ -314,8 +317,8 @@ def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -
     groups: dict[str, dict[str, Any]] = {}
 
     def add(cause: str, record: dict[str, Any], detail: str) -> None:
-        group = groups.setdefault(cause, {"cause": cause, "count": 0, "functions": {},
-                                          "fix": fix_for(cause, ctx, record.get("by"))})
+        group = groups.setdefault(cause, {"cause": cause, "count": 0, "functions": {}, "fixes": {}})
+        group["fixes"][fix_for(cause, ctx, record.get("by"))] = True  # each fix that fits one of its records
         group["count"] += 1
         name = function_name(record.get("key") or "?-")
         fn = group["functions"].setdefault(name, {"name": name, "count": 0, "detail": "", "helper": False})
@@ -335,6 +338,7 @@ def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -
             add(f"not cached: {record.get('reason') or 'unknown'}", record, record.get("detail", "") + change)
     ordered = sorted(groups.values(), key=lambda g: (g["cause"].startswith("not cached"), -g["count"]))
     for group in ordered:
+        group["fix"] = "; ".join(fix for fix in group.pop("fixes") if fix)
         group["functions"] = sorted(group["functions"].values(), key=lambda f: (f["helper"], -f["count"], f["name"]))
     return ordered
 
