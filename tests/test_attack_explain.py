@@ -226,3 +226,48 @@ def test_a_shape_another_process_of_the_run_compiled_first_is_new_on_a_cold_run(
         live.stdout.close()
     found = causes(data["groups"])
     assert "jit_f" in found.get("new", {}) and "cannot tell" not in found, found
+
+
+LOOP_BELOW_THRESHOLD = r"""
+import json
+import jax, jax.numpy as jnp
+x = jnp.ones(3)
+for i in range(5):
+    jax.jit(lambda v: v * 3.0)(x)  # a new function object each time: the same key, looked up 5 times
+print(json.dumps({"result": 1.0}))
+"""
+
+
+def test_the_last_runs_groups_count_every_lookup_the_run_counted(project: Project) -> None:
+    """A lambda jitted in a loop under a high min_compile_time_secs is not cached 5 times: the
+    report line says so, and the last run's group counts them all (naming how many are listed by
+    function), never "(3)" under "7 not cached"."""
+    project.write("main.py", LOOP_BELOW_THRESHOLD)
+    line = project.run(GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS="100")
+    data = project.explain()
+    last = data["last_run"]
+    assert f"{last['not_cached']} not cached" in line, (line, last)
+    (group,) = data["groups"]
+    assert group["count"] == last["not_cached"] == last["not_cached_by_reason"]["below min_compile_time_secs"], group
+
+
+def test_more_misses_than_explain_keeps_are_said_to_be_more(project: Project) -> None:
+    """A run with 600 misses (a ledger as a process writes it): `explain` keeps the latest 500,
+    and says the group's whole count with how many are listed, never "new (500)" under "600
+    misses (600 new)"."""
+    import json
+    import time
+
+    folder = project.vdir / ".gkx-autocache" / "ledger"
+    folder.mkdir(parents=True)
+    now = time.time()
+    records = [{"e": "start", "run": f"{now:.3f}-1", "host": "h", "pid": 1, "t": now, "label": "big.py"}]
+    records += [{"e": "miss", "key": f"jit_f{i}-{i:064x}", "cause": "new", "detail": "first", "t": now + i / 1000}
+                for i in range(600)]
+    (folder / "1-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = project.explain()
+    (group,) = data["groups"]
+    assert data["last_run"]["misses"] == 600 and group["count"] == 600, (data["last_run"], group["count"])
+    assert group["listed"] == 500 and len(group["functions"]) == 500, group["listed"]
+    text = project.venv.cli("explain", env=project.env).stdout
+    assert "new (600; 500 listed" in text, text[:300]

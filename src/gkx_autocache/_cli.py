@@ -156,7 +156,9 @@ def _when(t: float | None) -> str:
 def _groups_text(groups: list[dict[str, Any]], indent: str, with_time: bool) -> list[str]:
     lines = []
     for group in groups:
-        lines.append(f"{indent}{group['cause']} ({group['count']})")
+        listed = (f"; {group['listed']} listed: the others repeat a compile listed, or are older than the latest "
+                  f"{_ledger.RECENT} kept") if "listed" in group else ""
+        lines.append(f"{indent}{group['cause']} ({group['count']}{listed})")
         helpers = False
         for fn in group["functions"]:
             if fn["helper"] and not helpers:

@@ -292,8 +292,27 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
     every_run = _every_run(records, recent_runs)
     in_last = [r for r in records if last is not None and r.get("run") == last[0]]
     earlier = [r for r in records if last is None or r.get("run") != last[0]]
-    return {"unavailable": unavailable, "last_run": last_run, "groups": _grouped(in_last, ctx, every_run),
+    groups = _grouped(in_last, ctx, every_run)
+    if last_run is not None and since is None and function is None:
+        groups = _whole_run(groups, last_run, ctx)
+    return {"unavailable": unavailable, "last_run": last_run, "groups": groups,
             "earlier": _grouped(earlier, ctx, every_run), "since": since, "function": function}
+
+
+def _whole_run(groups: list[dict[str, Any]], last_run: dict[str, Any], ctx: Context) -> list[dict[str, Any]]:
+    """Each group of the last run counts what the run counted: a compile repeated in a loop is a
+    record once (its repeats are tallied), and only the latest ``RECENT`` records are kept, so the
+    records listed by function may be fewer; ``listed`` says how many are."""
+    counted = {**last_run["misses_by_cause"],
+               **{f"not cached: {reason}": n for reason, n in last_run["not_cached_by_reason"].items()}}
+    by_cause = {group["cause"]: group for group in groups}
+    for cause, n in counted.items():
+        group = by_cause.get(cause)
+        if group is None:
+            group = by_cause[cause] = {"cause": cause, "count": 0, "functions": [], "fix": fix_for(cause, ctx)}
+        if n > group["count"]:
+            group["listed"], group["count"] = group["count"], n
+    return sorted(by_cause.values(), key=lambda g: (g["cause"].startswith("not cached"), -g["count"]))
 
 
 def _every_run(records: list[dict[str, Any]], runs: list[str]) -> set[str]:
