@@ -271,3 +271,78 @@ def test_more_misses_than_explain_keeps_are_said_to_be_more(project: Project) ->
     assert group["listed"] == 500 and len(group["functions"]) == 500, group["listed"]
     text = project.venv.cli("explain", env=project.env).stdout
     assert "new (600; 500 listed" in text, text[:300]
+
+
+LIVE = r"""
+import json, os, sys
+import jax, jax.numpy as jnp
+@jax.jit
+def f(x):
+    return jnp.tanh(x).sum()
+n = int(os.environ.get("N", "3"))
+f(jnp.ones(n))
+print("ready", flush=True)
+sys.stdin.readline()  # a notebook kernel, idle while its user runs a command
+f(jnp.ones(n + 1))
+print(json.dumps({"result": 1.0}))
+"""
+
+
+class Live:
+    """A process of the project that compiled, and waits until told to go on."""
+
+    def __init__(self, project: Project, **extra: str) -> None:
+        import subprocess
+
+        project.write("live.py", LIVE)
+        env = {**project.venv.env, **project.env, **extra}
+        self.proc = subprocess.Popen([project.venv.python, str(project.folder / "live.py")], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     cwd=str(project.folder))
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+
+    def finish(self) -> str:
+        """Go on, and end: its report line."""
+        _, err = self.proc.communicate("\n", timeout=120)
+        assert self.proc.returncode == 0, err
+        (line,) = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:")]
+        return line
+
+
+def stats(project: Project) -> dict[str, int]:
+    import json
+
+    proc = project.venv.cli("--json", "stats", env=project.env)
+    assert proc.returncode == 0, proc.stderr
+    found: dict[str, int] = json.loads(proc.stdout)["stats"] or {"hits": 0, "misses": 0}
+    return found
+
+
+def test_stats_reset_while_a_process_runs_counts_only_what_it_does_after(project: Project) -> None:
+    """`stats --reset` while a notebook kernel that has compiled is still running: `stats` right
+    after shows no lookup, and once it ends, only those it made after the reset (its ledger was
+    live, so the reset could not fold it)."""
+    from test_explain_real import misses
+
+    live = Live(project)
+    before = stats(project)["misses"]
+    assert before > 0
+    assert project.venv.cli("stats", "--reset", env=project.env).returncode == 0
+    now = stats(project)
+    assert (now["hits"], now["misses"]) == (0, 0), now
+    line = live.finish()
+    assert stats(project)["misses"] == misses(line) - before, (line, before, stats(project))
+
+
+def test_clear_while_a_process_runs_is_a_fresh_start(project: Project) -> None:
+    """`clear` while a process that wrote entries is still running: when it ends, its records of
+    the entries `clear` removed do not come back, so the next run's misses are not "evicted:
+    removed outside gkx-autocache (by hand, or another tool)", and `stats` counts nothing from
+    before the clear."""
+    live = Live(project)
+    assert project.venv.cli("clear", "--yes", env=project.env).returncode == 0
+    live.finish()
+    project.write("main.py", LIVE.replace("sys.stdin.readline()", "pass"))
+    project.run("main.py")
+    found = project.last()
+    assert "evicted" not in found, found

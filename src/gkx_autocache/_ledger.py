@@ -281,10 +281,40 @@ class Ledger:
         self.mtime = 0.0
         self.skipped = 0  # bytes beyond READ_LIMIT: said, not dropped silently
         self.size = 0
+        self.tally: dict[str, Any] | None = None  # its last tally (cumulative: what repeated)
+        self.counted = 0  # records before this one were made before the last reset (``since``)
 
     @property
     def run(self) -> str:
         return str((self.start or {}).get("run") or "")
+
+    def offset(self, forget: bool) -> dict[str, Any]:
+        """Where this ledger stands now, for a reset that cannot fold it (its process is running):
+        only what it records after this counts (and with ``forget``, a ``clear``, is indexed)."""
+        return {"n": len(self.records), "tally": self.tally or {"e": "tally"}, "forget": forget}
+
+    def since(self, offset: Any) -> None:
+        """Count only what this ledger recorded after ``offset`` (see ``offset``); a malformed one
+        (a hostile summary) counts everything."""
+        if not isinstance(offset, dict) or _count(offset.get("n")) is None:
+            return
+        before = parse_record(json.dumps(offset.get("tally"))) if isinstance(offset.get("tally"), dict) else None
+        self.counted = min(offset["n"], len(self.records))
+        self.totals = Totals()
+        for record in self.records[self.counted:]:
+            self.totals.add(record)
+        if self.tally is not None:
+            repeats = Totals()
+            repeats.add(self.tally)
+            if before is not None and before["e"] == "tally":
+                earlier = Totals()
+                earlier.add(before)
+                repeats.merge(earlier, -1)
+            self.totals.merge(repeats)
+        if offset.get("forget") is True:  # ``clear``: what it wrote before is gone, and forgotten
+            self.records = self.records[self.counted:]
+            self.counted = 0
+            self.disk = sum(r.get("disk", r.get("bytes", 0)) for r in self.records if r["e"] in ("put", "added"))
 
 
 def read_ledger(path: str) -> Ledger:
@@ -319,6 +349,7 @@ def read_ledger(path: str) -> Ledger:
                 ledger.disk += record.get("disk", record.get("bytes", 0))
     if tally is not None:
         ledger.totals.add(tally)
+        ledger.tally = tally
     return ledger
 
 
@@ -457,11 +488,12 @@ class Summary:
         self.recent: list[dict[str, Any]] = []  # the latest misses and uncached compiles, for `explain`
         self.runs: dict[str, dict[str, Any]] = {}  # run -> when, what, its totals (the last MAX_RUNS)
         self.reset_at = 0.0  # the last `stats --reset`
+        self.offsets: dict[str, Any] = {}  # ledger -> where it stood at the last reset (its process running)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "totals": self.totals.to_json(), "size": self.size,
                 "scanned_at": self.scanned_at, "folded": self.folded, "recent": self.recent, "runs": self.runs,
-                "reset_at": self.reset_at}
+                "reset_at": self.reset_at, "offsets": self.offsets}
 
     @classmethod
     def from_json(cls, data: Any) -> Summary:
@@ -477,6 +509,9 @@ class Summary:
         recent = data.get("recent")
         if isinstance(recent, list):
             summary.recent = [r for item in recent[-RECENT:] if (r := _recent(item))]
+        offsets = data.get("offsets")
+        if isinstance(offsets, dict):
+            summary.offsets = {k: v for k, v in list(offsets.items())[:10_000] if isinstance(k, str) and isinstance(v, dict)}
         runs = data.get("runs")
         if isinstance(runs, dict):
             for run, entry in list(runs.items())[-MAX_RUNS:]:
@@ -563,6 +598,9 @@ class Reading:
         self.summary = None if is_url(version_dir) else read_summary(version_dir)
         folded = set(self.summary.folded) if self.summary else set()
         self.ledgers = [read_ledger(p) for p in ledger_files(version_dir) if os.path.basename(p) not in folded]
+        for ledger in self.ledgers:
+            if self.summary is not None and os.path.basename(ledger.path) in self.summary.offsets:
+                ledger.since(self.summary.offsets[os.path.basename(ledger.path)])
 
     def totals(self) -> Totals | None:
         """Totals since the last reset; None when no process has used the directory."""
@@ -578,7 +616,8 @@ class Reading:
         """The latest misses and uncached compiles, oldest first, each with its run."""
         found = list(self.summary.recent) if self.summary else []
         for ledger in self.ledgers:
-            found.extend({**r, "run": ledger.run} for r in ledger.records if r["e"] in ("miss", "uncached"))
+            found.extend({**r, "run": ledger.run} for r in ledger.records[ledger.counted:]
+                         if r["e"] in ("miss", "uncached"))
         found.sort(key=lambda r: r.get("t", 0.0))
         return found[-RECENT:]
 
@@ -715,22 +754,30 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
     live_disk = 0
     lines: list[str] = []
     recent = {_recent_key(r): r for r in summary.recent}
+    offsets, summary.offsets = summary.offsets, {}
     for path in ledger_files(version_dir):
         if os.path.basename(path) in already:
             done.append(path)  # folded before; its removal failed
             continue
         ledger = read_ledger(path)
         if not finished(ledger):  # a live process: its writes count for the decision, not the record
+            if zero:  # a reset: only what it records from now on counts
+                summary.offsets[os.path.basename(path)] = ledger.offset(forget=False)
+            elif os.path.basename(path) in offsets:
+                summary.offsets[os.path.basename(path)] = offsets[os.path.basename(path)]
             live_disk += ledger.disk
             continue
+        if os.path.basename(path) in offsets:
+            ledger.since(offsets[os.path.basename(path)])
         done.append(path)
         summary.totals.merge(ledger.totals)
         summary.size += ledger.disk
         add_run(summary.runs, ledger)
-        for record in ledger.records:
+        for i, record in enumerate(ledger.records):
             kind = record["e"]
             if kind in ("miss", "uncached"):
-                _remember(recent, {**record, "run": ledger.run})
+                if i >= ledger.counted:
+                    _remember(recent, {**record, "run": ledger.run})
             elif kind in ("put", "index") and record.get("rec"):
                 lines.extend(record["rec"].split("\n"))
             elif kind == "evicted" and record.get("key"):
@@ -808,10 +855,20 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     try:
         if not forget:
             return _fold(version_dir, 0, shared, zero=True)
-        done = [path for path in files if finished(read_ledger(path))]
+        fresh = Summary()  # a fresh start: a running process's records so far are forgotten too
+        done = []
+        for path in files:
+            ledger = read_ledger(path)
+            if finished(ledger):
+                done.append(path)
+            else:
+                fresh.offsets[os.path.basename(path)] = ledger.offset(forget=True)
         removed = _entries.remove_files(version_dir, [*done, *extra])
         if removed.failed:
             raise OSError(f"stats not reset: {removed.why()}")
+        if fresh.offsets:
+            fresh.reset_at = time.time()
+            _write_summary(version_dir, fresh, shared)
         return removed.files
     finally:
         _unlock(lock)
