@@ -346,3 +346,108 @@ def test_clear_while_a_process_runs_is_a_fresh_start(project: Project) -> None:
     project.run("main.py")
     found = project.last()
     assert "evicted" not in found, found
+
+
+# -- the bookkeeping: ledgers, liveness without flock, the index ---------------------------------
+
+
+def script(source: str, *args: str) -> str:
+    """Run ``source`` in a fresh interpreter (the package's modules, no JAX); its stdout."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", source, *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+NO_FLOCK = "_ledger._flock = lambda fd, blocking=False: None  # Lustre, NFS without locks\n"
+
+
+def test_without_flock_a_ledger_being_begun_is_not_taken_for_a_finished_one(tmp_path: Path) -> None:
+    """Without flock, a process creates its ledger and then writes its first line: a fold that
+    reads it in between (empty: no start line, no host, no pid) must not take it for a command's
+    finished ledger and delete it, which loses every record the process writes after."""
+    from test_longlived import tagged
+
+    vdir = tagged(tmp_path / "c")
+    out = script("from gkx_autocache import _ledger\n" + NO_FLOCK + r"""
+import os, sys
+folder = os.path.join(sys.argv[1], ".gkx-autocache", "ledger")
+os.makedirs(folder)
+path = os.path.join(folder, f"{os.getpid()}-1.jsonl")
+open(path, "w").close()  # created: its start line is being written
+print(_ledger.finished(_ledger.read_ledger(path)))
+_ledger.fold(sys.argv[1], 0, False)
+print(os.path.exists(path))
+""", str(vdir))
+    assert out.split() == ["False", "True"], out
+
+
+def test_without_flock_a_live_ledger_folded_as_stale_loses_nothing(tmp_path: Path) -> None:
+    """Without flock, another host's ledger untouched for a day is taken as finished, folded and
+    deleted (a notebook kernel idle overnight on another node). When that process looks up keys
+    again, its records must not go to the deleted file: every miss is counted."""
+    from test_longlived import tagged
+
+    vdir = tagged(tmp_path / "c")
+    out = script("from gkx_autocache import _ledger, _stats\n" + NO_FLOCK + r"""
+import os, sys, time
+vdir = sys.argv[1]
+rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
+rec.miss("jit_f-" + "1" * 64); rec.put("jit_f-" + "1" * 64, 100, 0.01)
+folder = os.path.join(vdir, ".gkx-autocache", "ledger")
+(name,) = os.listdir(folder)
+old = time.time() - 2 * _ledger.STALE_SECS
+os.utime(os.path.join(folder, name), (old, old))  # idle for two days
+real = _ledger.host
+_ledger.host = lambda: "another-node"  # the fold runs on another node of the cluster
+_ledger.fold(vdir, 0, False)
+_ledger.host = real
+rec.miss("jit_f-" + "2" * 64); rec.put("jit_f-" + "2" * 64, 100, 0.01)  # the kernel goes on
+_stats.finish(rec, 0)
+print(_ledger.Reading(vdir).totals().misses)
+""", str(vdir))
+    assert out.strip() == "2", out
+
+
+def test_a_process_that_begins_a_second_ledger_is_still_one_process_of_its_run(tmp_path: Path) -> None:
+    """A long-lived process ends a ledger past its limit and begins another: `explain`'s last run
+    is still "(1 process)", not one process per ledger."""
+    from test_longlived import tagged
+
+    vdir = tagged(tmp_path / "c")
+    out = script(r"""
+import sys
+from gkx_autocache import _ledger, _stats
+_ledger.LIVE_LIMIT = 20_000
+rec = _stats.Recorder(sys.argv[1], ledger=True, run=_stats.begin_run())
+for i in range(500):
+    rec.miss(f"jit_g{i}-" + f"{i:064x}")
+    rec.put(f"jit_g{i}-" + f"{i:064x}", 100, 0.01)
+_stats.finish(rec, 0)
+(run,) = _ledger.Reading(sys.argv[1]).runs().values()
+print(run["processes"], run["totals"]["misses"])
+""", str(vdir))
+    assert out.split() == ["1", "500"], out
+
+
+def test_a_planted_removal_time_of_infinity_neither_breaks_compaction_nor_explains(tmp_path: Path) -> None:
+    """A group member of a team cache plants `X <name> <hex> inf prune` in the index: the full
+    scan's compaction (which keeps the index bounded and the size account true) must not fail on
+    it every time, and a miss of that key is not explained by a removal at time infinity."""
+    from test_longlived import tagged
+
+    vdir = tagged(tmp_path / "c")
+    meta = vdir / ".gkx-autocache"
+    meta.mkdir()
+    (meta / "index").write_text("X\tjit_f\t" + "1" * 20 + "\tinf\tprune\nX\tjit_g\t" + "2" * 20 + "\t1e308\tprune\n")
+    out = script(r"""
+import sys, time
+from gkx_autocache import _index, _explain
+vdir = sys.argv[1]
+_index.compact(vdir, set(), False)
+evidence = _index.load(vdir)
+print(sorted(evidence.removed))
+""", str(vdir))
+    assert out.strip() == "[]", out

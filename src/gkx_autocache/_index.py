@@ -123,7 +123,8 @@ class Evidence:
         parts = rest.split("\t")
         try:
             if kind == "X" and len(parts) == 4:
-                self.removed[(parts[0], parts[1])] = (float(parts[2]), parts[3][:40])
+                if _when(parts[2]) is not None:
+                    self.removed[(parts[0], parts[1])] = (float(parts[2]), parts[3][:40])
             elif kind == "C" and len(parts) == 2:
                 self.contexts[parts[0]] = tuple(parts[1].split(","))
             elif kind == "V" and len(parts) == 3:
@@ -151,12 +152,9 @@ class Evidence:
         others = self.contexts.get(context)
         if others is None or len(others) != len(PARTS) - 1:
             return None
-        try:
-            when = float(written)
-        except ValueError:
-            return None
+        when = _when(written)
         config = self._config(cfg)
-        if config is None:
+        if config is None or when is None:
             return None
         return Record(name, hex_, when, run, (computation, *others), self.signatures.get(sig, "?"),
                       self.places.get(where, "?"), config)
@@ -192,6 +190,16 @@ class Evidence:
             return os.stat(os.path.join(self.version_dir, key + COMPILE_SIDECAR), follow_symlinks=False).st_mtime
         except OSError:
             return 0.0
+
+
+def _when(text: str) -> float | None:
+    """A time in an index line, or None where it is not one (``inf``, ``nan``, ``1e308``: a
+    hostile or torn line)."""
+    try:
+        when = float(text)
+    except ValueError:
+        return None
+    return when if 0.0 <= when < 1e11 else None
 
 
 def index_path(version_dir: str) -> str:
@@ -269,10 +277,9 @@ def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: 
         if kind == "E" and len(fields) == 9:
             entries[(fields[0], fields[1])] = line
         elif kind == "X" and len(fields) == 4:
-            try:
-                removed[(fields[0], fields[1])] = (float(fields[2]), fields[3])
-            except ValueError:
-                continue
+            when = _when(fields[2])
+            if when is not None:
+                removed[(fields[0], fields[1])] = (when, fields[3])
         elif kind in ("C", "S", "P", "G") and len(fields) == 2:
             tables[(kind, fields[0])] = line
         elif kind == "V" and len(fields) == 3:

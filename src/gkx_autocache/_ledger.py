@@ -92,7 +92,7 @@ _FIELDS = {**dict.fromkeys(("bytes", "hits", "misses", "own_hits", "uncached", "
                            "count"),
            **dict.fromkeys(("saved", "compile", "t"), "number"),
            **dict.fromkeys(("key", "cause", "detail", "reason", "change", "run", "host", "label", "by"), "text"),
-           "own": "flag", "end": "flag", "helper": "flag", "rec": "long", "causes": "counts", "reasons": "counts"}
+           "own": "flag", "end": "flag", "helper": "flag", "more": "flag", "rec": "long", "causes": "counts", "reasons": "counts"}
 
 
 def _count(value: Any) -> int | None:
@@ -439,8 +439,8 @@ def finished(ledger: Ledger) -> bool:
     if free is not None:
         return free
     start = ledger.start
-    if start is None:
-        return True  # a command's ledger (prune, import): no process writes it after
+    if start is None:  # a command's ledger (prune, import: written whole), or a process's just created
+        return ledger.size > 0 or time.time() - ledger.mtime > LOCK_STALE_SECS  # (empty until its start line)
     if start.get("host") != host():
         return time.time() - ledger.mtime > STALE_SECS
     return not alive(start.get("pid", 0), start.get("born"))
@@ -537,7 +537,7 @@ def add_run(runs: dict[str, dict[str, Any]], ledger: Ledger) -> None:
     totals = Totals.from_json(entry["totals"])
     totals.merge(ledger.totals)
     entry["totals"] = totals.to_json(functions=False)
-    entry["processes"] += 1
+    entry["processes"] += 0 if start.get("more") else 1  # a process's next ledger is not another process
     entry["start"] = min(entry["start"] or start.get("t", 0.0), start.get("t", 0.0) or entry["start"])
     entry["end"] = max(entry["end"], ledger.mtime, *(r.get("t", 0.0) for r in ledger.records[-1:]))
     if start.get("label") and not entry["label"]:

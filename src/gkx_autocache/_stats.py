@@ -84,6 +84,8 @@ class Recorder:
         self._fd: int | None = None
         self._seen: set[tuple[str, ...]] = set()  # what this ledger has a record of
         self._repeats = _ledger.Totals()  # counted, not written as records: this ledger's tally
+        self._tallied = _ledger.Totals()  # of those, what its last tally written holds
+        self._ledger_run: str | None = None  # the run of the last ledger this process began
         self._dirty = False
         self._tally_at = 0.0
         self._written = 0
@@ -199,6 +201,7 @@ class Recorder:
     def _write(self, record: dict[str, Any]) -> None:
         """One record, one ``write``, ``O_APPEND``: whole lines or none. Past ``LIVE_LIMIT`` the
         ledger ends (its final tally) and the next record begins another."""
+        self._check_removed()
         if self._fd is None:
             self._fd = self._open()
             self._written = 0
@@ -209,13 +212,39 @@ class Recorder:
             self._end()
 
     def _write_tally(self, end: bool = False) -> None:
+        self._check_removed()
+        if self._fd is None:
+            self._fd = self._open()
+            self._written = 0
         tally = self._repeats.tally()
         if end:
             tally["end"] = True
         self._dirty = False
         self._tally_at = time.monotonic()
-        assert self._fd is not None
         os.write(self._fd, _ledger.encode(tally))
+        self._tallied = _ledger.Totals()
+        self._tallied.merge(self._repeats)
+
+    def _check_removed(self) -> None:
+        """Where flock does not work, a fold on another host takes a ledger untouched for
+        ``STALE_SECS`` (a kernel idle overnight) for a finished one: it counts it and deletes it.
+        What this process records next goes to a new ledger, with the repeats its last tally did
+        not hold, never to the deleted file."""
+        if self._fd is None:
+            return
+        try:
+            removed = os.fstat(self._fd).st_nlink == 0
+        except OSError:
+            return
+        if removed:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+            self._seen = set()
+            self._repeats.merge(self._tallied, -1)  # what the fold counted stays counted once
+            self._tallied = _ledger.Totals()
 
     def _end(self) -> None:
         """End this ledger: the final tally says it is finished (where flock does not work, that is
@@ -232,6 +261,7 @@ class Recorder:
             self._fd = None
             self._seen = set()
             self._repeats = _ledger.Totals()
+            self._tallied = _ledger.Totals()
 
     def _open(self) -> int:
         """A new ledger of this process, created and locked for as long as it is written (see
@@ -257,6 +287,9 @@ class Recorder:
                 started = _ledger.born(os.getpid())
                 if started is not None:
                     start["born"] = started
+                if self._ledger_run == self.run:
+                    start["more"] = True  # this process's next ledger: the run has no more processes
+                self._ledger_run = self.run
                 os.write(fd, _ledger.encode(start))
             except BaseException:  # no empty ledger, no open descriptor left behind
                 os.close(fd)
@@ -296,6 +329,8 @@ class Recorder:
         self.totals = _ledger.Totals()
         self._seen = set()
         self._repeats = _ledger.Totals()
+        self._tallied = _ledger.Totals()
+        self._ledger_run = None
         self.requests = self.jax_hits = 0
 
     def snapshot(self, used: str | None = None) -> dict[str, Any]:
