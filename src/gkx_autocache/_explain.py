@@ -607,8 +607,18 @@ def _more(items: list[Any], shown: int) -> str:
 def closest(records: list[Record], facts: Facts) -> Record:
     """The record with the fewest parts that differ from ``facts``, the most recent among equals."""
     ours = tuple(facts.parts[p] for p in PARTS)
-    ranked = [(sum(a != b for a, b in zip(r.parts, ours, strict=True)), -r.written, -i, r) for i, r in enumerate(records)]
-    return min(ranked, key=lambda t: t[:3])[3]  # the index: written later in the index, more recent
+    apart: dict[tuple[str, ...], int] = {}  # the other seven parts, shared by many records: compared once each
+    best: tuple[tuple[int, float, int], Record] | None = None
+    for i, r in enumerate(records):
+        others = r.parts[1:]
+        far = apart.get(others)
+        if far is None:
+            far = apart[others] = sum(a != b for a, b in zip(others, ours[1:], strict=True))
+        rank = (far + (r.parts[0] != ours[0]), -r.written, -i)  # the index: written later in the index, more recent
+        if best is None or rank < best[0]:
+            best = (rank, r)
+    assert best is not None
+    return best[1]
 
 
 def evicted(removed: tuple[float, str] | None) -> dict[str, Any]:

@@ -106,6 +106,7 @@ class Evidence:
         self.places: dict[str, str] = {}
         self.configs: dict[str, str] = {}
         self._parsed_configs: dict[str, dict[str, str]] = {}
+        self._parsed: dict[str, dict[str, Record]] = {}  # name -> hex -> its record (``records``)
         self.present: dict[str, dict[str, str]] = {}  # name -> hex -> the entry's key, as the listing showed
         self.truncated = False
         self.version_dir = ""
@@ -136,12 +137,18 @@ class Evidence:
             return
 
     def records(self, name: str) -> list[Record]:
-        """Every well-formed record of ``name``, the latest per key."""
-        found: dict[str, Record] = {}
-        for fields in self.entries.get(name, ()):
-            record = self._record(name, fields)
-            if record is not None:
-                found[record.hex] = record
+        """Every well-formed record of ``name``, the latest per key. Each line is parsed once (at
+        the first miss of the name), then let go: a later miss parses only the lines added since
+        (this process's own writes), so a name with 20 000 entries costs each miss a list, not
+        20 000 parses. A line that does not parse (hostile, torn) is dropped."""
+        found = self._parsed.setdefault(name, {})
+        lines = self.entries.get(name)
+        if lines:
+            for fields in lines:
+                record = self._record(name, fields)
+                if record is not None:
+                    found[record.hex] = record
+            lines.clear()
         return list(found.values())
 
     def _record(self, name: str, fields: str) -> Record | None:
