@@ -481,3 +481,78 @@ def test_each_miss_does_not_parse_the_whole_index_of_its_name_again(monkeypatch:
         found = _explain.classify(f"jit__lambda-{n:064x}f", facts, evidence, "r2", 2e9)
         assert found["cause"] == "changed computation", found
     assert len(parsed) < 2 * 2000, len(parsed)
+
+
+def test_an_entry_written_after_cpu_keying_and_then_removed_is_evicted_not_before_cpu_keying(project: Project) -> None:
+    """Stock JAX wrote the directory; the first run with gkx-autocache compiles each entry once
+    more under the key with the ISA ("before CPU keying"), and the stock entries stay. When a
+    person later deletes one of the new entries, its miss is `evicted` (removed outside), not
+    "before CPU keying" again: this very key was written, after CPU keying, and is gone."""
+    project.write("main.py", CONFIG_TOGGLE)
+    project.vdir.mkdir(parents=True)
+    stock = {"GKX_JAX_CACHE": "0", "JAX_COMPILATION_CACHE_DIR": str(project.vdir),
+             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+             "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none"}
+    proc = project.venv.run(str(project.folder / "main.py"), env=stock, cwd=str(project.folder))
+    assert proc.returncode == 0, proc.stderr
+    stock_entries = set(project.vdir.glob("jit_f-*-cache"))
+    project.run()
+    assert "before CPU keying" in project.last()
+    for entry in set(project.vdir.glob("jit_f-*-cache")) - stock_entries:
+        entry.unlink()  # by hand
+    project.run()
+    cause, detail = only(project.last(), "jit_f")
+    assert cause == "evicted" and "removed outside" in detail, (cause, detail)
+
+
+def test_a_module_imported_through_another_sys_path_entry_is_not_another_function(project: Project) -> None:
+    """`model/core.py` imported as `model.core` by one script and as `core` (its folder put on
+    sys.path) by another, with a changed constant: its place reads `core.py` then
+    `model/core.py`, which may be one file; `explain` says it cannot tell, never "new
+    (another jit_step, in core.py)"."""
+    project.write("model/__init__.py", "")
+    project.write("model/core.py", "import os, jax, jax.numpy as jnp\nK = float(os.environ.get('K', '2.0'))\n"
+                                   "@jax.jit\ndef step(x):\n    return jnp.sin(x) * K\n")
+    project.write("main.py", "import json, jax.numpy as jnp\nfrom model.core import step\n"
+                             "print(json.dumps({'result': float(step(jnp.ones(8)).sum())}))\n")
+    project.write("tool.py", "import json, os, sys\nimport jax.numpy as jnp\n"
+                             "sys.path.insert(0, os.path.join(os.path.dirname(__file__), 'model'))\n"
+                             "from core import step\nprint(json.dumps({'result': float(step(jnp.ones(8)).sum())}))\n")
+    project.run()
+    project.run("tool.py", K="3.0")
+    cause, detail = only(project.last(), "jit_step")
+    assert cause == "cannot tell" and "model/core.py" in detail, (cause, detail)
+
+
+def test_two_processes_never_both_take_over_a_stale_fold_lock(tmp_path: Path) -> None:
+    """Without flock, a `fold.lock` left by a process killed while folding is stale after
+    LOCK_STALE_SECS, and taken over by renaming it away. A process that saw it stale but renames
+    only after another has already taken it over (and written a fresh one) must not rename that
+    fresh lock away too: two folds at once double-count ledgers."""
+    from test_longlived import tagged
+
+    vdir = tagged(tmp_path / "c")
+    out = script("from gkx_autocache import _ledger\n" + NO_FLOCK + r"""
+import os, sys, time
+vdir = sys.argv[1]
+meta = os.path.join(vdir, ".gkx-autocache")
+os.makedirs(meta)
+lock = os.path.join(meta, "fold.lock")
+with open(lock, "w") as f:
+    f.write("elsewhere 1 0\n")  # left by a process killed while folding
+old = time.time() - 2 * _ledger.LOCK_STALE_SECS
+os.utime(lock, (old, old))
+real_stat = os.stat
+taken, began = [], []
+def stat(path, *args, **kwargs):
+    found = real_stat(path, *args, **kwargs)
+    if path == "fold.lock" and not began:  # the other process takes over between our stat and our rename
+        began.append(1)
+        taken.append(_ledger._lock(vdir, False))
+    return found
+os.stat = stat
+mine = _ledger._lock(vdir, False)
+os.stat = real_stat
+print(taken[0], mine)
+""", str(vdir))
+    assert out.split() == ["-1", "None"], out

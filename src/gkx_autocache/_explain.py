@@ -129,10 +129,10 @@ class Explainer:
             if facts is None:
                 return {"cause": "unexplained", "detail": "its key was not computed on this thread"}
             before = self._before_cpu_keying(key)
-            if before is not None:
-                return before
             with self._lock:
                 evidence = self._load()
+                if before is not None and not _known(key, evidence):
+                    return before  # not when this very key was written since, and removed
                 found = classify(key, facts, evidence, self.run, self.run_start)
             if facts.place == HELPER_PLACE:
                 found["helper"] = True  # grouped after the user's functions
@@ -198,6 +198,12 @@ class Explainer:
             self._evidence = self._read()
             logger.debug("index of %s read in %.1f ms", self.version_dir, (time.perf_counter() - started) * 1e3)
         return self._evidence
+
+
+def _known(key: str, evidence: Evidence) -> bool:
+    """Whether the directory has a record of this very key, or of its removal."""
+    name, hex_ = _index.split_key(key)
+    return (name, hex_) in evidence.removed or any(r.hex == hex_ for r in evidence.records(name))
 
 
 # -- measuring a key's parts (on a miss) ------------------------------------------------------------
@@ -543,6 +549,11 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
                           "gkx-autocache, a bundle without records, or a process still running or killed)"}
     if not here:
         elsewhere = sorted({r.place for r in recorded})
+        alias = next((p for p in elsewhere if _maybe_same(p, facts.place)), None)
+        if alias is not None:  # model/core.py imported as model.core, and as core (its folder on sys.path)
+            return {"cause": "cannot tell", "by": "alias",
+                    "detail": f"new, or changed: its entries here are {_in(alias)}, which may be this very file "
+                              f"imported another way ({_in(facts.place)})"}
         # Two functions of one name in one file (a `step` of two classes) are told apart by name.
         qualified = facts.place.rsplit(":", 1)[0] in {p.rsplit(":", 1)[0] for p in elsewhere}
         return {"cause": "new", "detail": f"another {name}, {_in(facts.place, qualified)} (its entries here are "
@@ -589,6 +600,15 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     if any(r.signature == facts.signature for r in earlier):
         return {"cause": "changed computation", "detail": f"same input shapes ({facts.signature}): {SAME_SHAPES}"}
     return {"cause": "changed computation", "detail": f"inputs {nearest.signature} -> {facts.signature}"}
+
+
+def _maybe_same(one: str, other: str) -> bool:
+    """Whether two places of one function name may be one file reached through two sys.path
+    entries: the same function, one path ending with the other (``core.py``, ``model/core.py``)."""
+    file_a, _, function_a = one.rpartition(":")
+    file_b, _, function_b = other.rpartition(":")
+    return function_a == function_b and file_a != file_b and (file_a.endswith("/" + file_b)
+                                                              or file_b.endswith("/" + file_a))
 
 
 def _in(place: str, qualified: bool = False) -> str:

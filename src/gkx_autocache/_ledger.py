@@ -681,8 +681,9 @@ def _lock(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
 
 def _excl_lock(meta_fd: int, version_dir: str, shared: bool, deadline: float) -> int | None:
     """``fold.lock``, created with ``O_EXCL``: -1 once taken. One older than ``LOCK_STALE_SECS`` was
-    left by a process that died folding: renamed away (only one process's rename succeeds), then
-    taken."""
+    left by a process that died folding: renamed away, then taken. Two processes can both see it
+    stale; the one whose rename comes second moves the other's fresh lock, sees that it is not the
+    file it looked at, and puts it back."""
     no_flock(version_dir, shared, "flock() fails here")
     while True:
         try:
@@ -694,6 +695,16 @@ def _excl_lock(meta_fd: int, version_dir: str, shared: bool, deadline: float) ->
                 if time.time() - st.st_mtime > LOCK_STALE_SECS:
                     away = f".{EXCL_LOCK_FILE}.{os.getpid()}.stale.tmp"
                     os.rename(EXCL_LOCK_FILE, away, src_dir_fd=meta_fd, dst_dir_fd=meta_fd)
+                    moved = os.stat(away, dir_fd=meta_fd, follow_symlinks=False)
+                    if (moved.st_ino, moved.st_mtime_ns) != (st.st_ino, st.st_mtime_ns):
+                        # Another process took the stale lock over between our look and our
+                        # rename: what we moved is its fresh lock. Put it back; it holds it.
+                        try:
+                            os.link(away, EXCL_LOCK_FILE, src_dir_fd=meta_fd, dst_dir_fd=meta_fd)
+                        except OSError:
+                            pass
+                        os.unlink(away, dir_fd=meta_fd)
+                        raise FileExistsError(EXCL_LOCK_FILE)
                     os.unlink(away, dir_fd=meta_fd)
                     continue
             except OSError:

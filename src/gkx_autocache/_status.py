@@ -221,6 +221,8 @@ FIXES = {
                    "to tell functions of one name apart",
     "cannot tell:record": "the evidence cannot decide: entries without a record (stock JAX, an older gkx-autocache, a "
                           "process not finished) are compared once a gkx-autocache process has recorded them",
+    "cannot tell:alias": "the evidence cannot decide: import a module one way (model.core), not also by putting its "
+                         "folder on sys.path (core), so that its functions have one place",
     "cannot tell:jax": "the evidence cannot decide: nothing to fix if you upgraded JAX; if not, a first compile",
     "rejected": "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
     "unexplained": "JAX's key parts were not seen for this compile",
