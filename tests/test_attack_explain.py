@@ -556,3 +556,24 @@ os.stat = real_stat
 print(taken[0], mine)
 """, str(vdir))
     assert out.split() == ["-1", "None"], out
+
+
+SUITE = r"""
+import jax, jax.numpy as jnp
+def test_one():
+    assert float(jax.jit(lambda v: (v * 2.0).sum())(jnp.ones(3))) == 6.0
+def test_two():
+    assert float(jax.jit(lambda v: (v * 3.0).sum())(jnp.ones(3))) == 9.0
+"""
+
+
+@pytest.mark.parametrize("flags", [(), ("-n", "2")])
+def test_a_pytest_session_is_named_as_one(project: Project, flags: tuple[str, ...]) -> None:
+    """`python -m pytest` (and with -n 2, whose workers run as `python -c`): `explain`'s last run
+    names a pytest session, not "__main__.py -q -p" or "-c"."""
+    project.write("test_suite.py", SUITE)
+    proc = project.venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", *flags, str(project.folder),
+                            env=project.env, cwd=str(project.folder), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    label = project.explain()["last_run"]["label"]
+    assert label.startswith("pytest"), label
