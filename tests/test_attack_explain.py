@@ -577,3 +577,29 @@ def test_a_pytest_session_is_named_as_one(project: Project, flags: tuple[str, ..
     assert proc.returncode == 0, proc.stdout + proc.stderr
     label = project.explain()["last_run"]["label"]
     assert label.startswith("pytest"), label
+
+
+def test_the_first_miss_reads_a_large_index_without_holding_it_thrice(tmp_path: Path) -> None:
+    """An index of 40 MB (200 000 entries; a hostile member can plant 256 MB): the first miss
+    read it whole, decoded it whole and split it whole before keeping its lines, a peak of ~5
+    times its size in the user's process (300 MB: +1.1 GB). Read in chunks of lines, the peak
+    is what is kept, under 3 times its size."""
+    from test_longlived import tagged
+
+    vdir = tagged(tmp_path / "c")
+    meta = vdir / ".gkx-autocache"
+    meta.mkdir()
+    line = "E\tjit_g\t" + "0" * 20 + "\t1796100000\trun\t" + "a" * 16 + "\t" + "b" * 12 + "\tsig\twhere\tcfg\n"
+    (meta / "index").write_text(line * (40_000_000 // len(line)))
+    out = script(r"""
+import sys
+from gkx_autocache import _index
+def peak():  # this process's own peak (ru_maxrss keeps the forking parent's across exec)
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) * 1024
+before = peak()
+evidence = _index.load(sys.argv[1])
+print(len(evidence.entries["jit_g"]), peak() - before)
+""", str(vdir))
+    lines, grown = map(int, out.split())
+    assert lines == 40_000_000 // len(line) and grown < 3 * 40_000_000, grown
