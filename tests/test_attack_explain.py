@@ -337,11 +337,15 @@ def test_stats_reset_while_a_process_runs_counts_only_what_it_does_after(project
 def test_clear_while_a_process_runs_is_a_fresh_start(project: Project) -> None:
     """`clear` while a process that wrote entries is still running: when it ends, its records of
     the entries `clear` removed do not come back, so the next run's misses are not "evicted:
-    removed outside gkx-autocache (by hand, or another tool)", and `stats` counts nothing from
-    before the clear."""
+    removed outside gkx-autocache (by hand, or another tool)"; what it wrote after the clear is
+    recorded (with the index tables it gave before the clear)."""
+    from gkx_autocache import _index
+
     live = Live(project)
     assert project.venv.cli("clear", "--yes", env=project.env).returncode == 0
     live.finish()
+    recorded = _index.load(str(project.vdir)).records("jit_f")  # what it wrote after the clear
+    assert [r.signature for r in recorded] == ["f32[4]"], recorded
     project.write("main.py", LIVE.replace("sys.stdin.readline()", "pass"))
     project.run("main.py")
     found = project.last()

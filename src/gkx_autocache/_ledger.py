@@ -283,6 +283,7 @@ class Ledger:
         self.size = 0
         self.tally: dict[str, Any] | None = None  # its last tally (cumulative: what repeated)
         self.counted = 0  # records before this one were made before the last reset (``since``)
+        self.tables: list[str] = []  # index table lines of records forgotten by ``clear`` (``since``)
 
     @property
     def run(self) -> str:
@@ -312,6 +313,9 @@ class Ledger:
                 repeats.merge(earlier, -1)
             self.totals.merge(repeats)
         if offset.get("forget") is True:  # ``clear``: what it wrote before is gone, and forgotten
+            # ...but for the tables its later entries' lines refer to (a process gives each once)
+            self.tables = [line for r in self.records[:self.counted] if r["e"] in ("put", "index")
+                           for line in str(r.get("rec", "")).split("\n") if line and not line.startswith("E\t")]
             self.records = self.records[self.counted:]
             self.counted = 0
             self.disk = sum(r.get("disk", r.get("bytes", 0)) for r in self.records if r["e"] in ("put", "added"))
@@ -784,6 +788,7 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
         summary.totals.merge(ledger.totals)
         summary.size += ledger.disk
         add_run(summary.runs, ledger)
+        lines.extend(ledger.tables)
         for i, record in enumerate(ledger.records):
             kind = record["e"]
             if kind in ("miss", "uncached"):
