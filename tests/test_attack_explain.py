@@ -607,3 +607,35 @@ print(len(evidence.entries["jit_g"]), peak() - before)
 """, str(vdir))
     lines, grown = map(int, out.split())
     assert lines == 40_000_000 // len(line) and grown < 3 * 40_000_000, grown
+
+
+def test_each_ledger_of_a_long_lived_process_carries_the_index_tables_its_entries_need(tmp_path: Path) -> None:
+    """A process gives each index table line (the context of its keys, its place, its config)
+    once. When it begins another ledger (past LIVE_LIMIT) the earlier one is folded on its own,
+    and a full scan then drops tables no entry uses any more (the cap pruned those entries):
+    the next ledger's entries must still carry their tables, else they are folded as lines that
+    refer to nothing, and every later miss of them reads "entries without a record"."""
+    from test_longlived import tagged
+
+    vdir = tagged(tmp_path / "c")
+    out = script(r"""
+import json, os, sys
+from gkx_autocache import _explain, _index, _ledger, _stats
+_ledger.LIVE_LIMIT = 20_000
+vdir = sys.argv[1]
+rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
+rec.explainer = ex = _explain.Explainer(vdir, rec.run, rec.run_start, load=_index.Evidence)
+parts = dict.fromkeys(_index.PARTS, "a" * 16)
+for i in range(300):
+    key = f"jit_g-{i:064x}"
+    ex._thread.final, ex._thread.facts = key[-64:], _explain.Facts({**parts, "computation": f"{i:016x}"}, {},
+                                                                    "f32[3]", "main.py:g", {})
+    rec.miss(key)
+    rec.put(key, 100, 0.01)
+rec.close()
+folder = os.path.join(vdir, ".gkx-autocache", "ledger")
+for name in sorted(os.listdir(folder), key=lambda n: int(n.split("-")[1].split(".")[0])):
+    puts = [r for r in _ledger.read_ledger(os.path.join(folder, name)).records if r["e"] == "put"]
+    print(any(line.startswith("C\t") for line in puts[0]["rec"].split("\n")))
+""", str(vdir))
+    assert len(out.split()) > 1 and set(out.split()) == {"True"}, out

@@ -178,6 +178,11 @@ class Explainer:
             logger.debug("ingredients of %s not kept: %s", key, exc)
             return {}
 
+    def forget_given(self) -> None:
+        """This process begins another ledger (or, forked, its own): give the tables again."""
+        with self._lock:
+            self._written = set()
+
     def _facts(self, key: str) -> Facts | None:
         pending = self._thread
         final = getattr(pending, "final", None)

@@ -245,6 +245,7 @@ class Recorder:
             self._seen = set()
             self._repeats.merge(self._tallied, -1)  # what the fold counted stays counted once
             self._tallied = _ledger.Totals()
+            self._new_ledger()
 
     def _end(self) -> None:
         """End this ledger: the final tally says it is finished (where flock does not work, that is
@@ -262,6 +263,13 @@ class Recorder:
             self._seen = set()
             self._repeats = _ledger.Totals()
             self._tallied = _ledger.Totals()
+            self._new_ledger()
+
+    def _new_ledger(self) -> None:
+        """The next ledger is folded on its own: its entries' index lines must not refer to table
+        lines only an earlier ledger holds (a full scan may have dropped them since)."""
+        if self.explainer is not None:
+            self.explainer.forget_given()
 
     def _open(self) -> int:
         """A new ledger of this process, created and locked for as long as it is written (see
@@ -331,6 +339,9 @@ class Recorder:
         self._repeats = _ledger.Totals()
         self._tallied = _ledger.Totals()
         self._ledger_run = None
+        if self.explainer is not None:  # a lock another thread of the parent held at the fork stays held
+            self.explainer._lock = threading.Lock()
+        self._new_ledger()
         self.requests = self.jax_hits = 0
 
     def snapshot(self, used: str | None = None) -> dict[str, Any]:
