@@ -639,3 +639,26 @@ for name in sorted(os.listdir(folder), key=lambda n: int(n.split("-")[1].split("
     print(any(line.startswith("C\t") for line in puts[0]["rec"].split("\n")))
 """, str(vdir))
     assert len(out.split()) > 1 and set(out.split()) == {"True"}, out
+
+
+def test_without_flock_a_fold_lock_of_a_dead_process_of_this_host_is_taken_at_once(tmp_path: Path) -> None:
+    """Without flock, a process killed while folding leaves `fold.lock`: stale only after
+    LOCK_STALE_SECS (10 min), during which no exit folds, the cap is not kept, and `stats
+    --reset` and `clear` fail with "the cache is busy". Its first line names this host and a
+    process that is gone: it is stale at once."""
+    import subprocess
+    import sys
+
+    from test_longlived import tagged
+
+    vdir = tagged(tmp_path / "c")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    out = script("from gkx_autocache import _ledger\n" + NO_FLOCK + r"""
+import os, sys, time
+meta = os.path.join(sys.argv[1], ".gkx-autocache")
+os.makedirs(meta)
+with open(os.path.join(meta, "fold.lock"), "w") as f:
+    f.write(f"{_ledger.host()} {sys.argv[2]} {time.time():.0f}\n")  # killed a moment ago, folding
+print(_ledger._lock(sys.argv[1], False))
+""", str(vdir), gone.stdout.strip())
+    assert out.strip() == "-1", out

@@ -685,7 +685,8 @@ def _lock(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
 
 def _excl_lock(meta_fd: int, version_dir: str, shared: bool, deadline: float) -> int | None:
     """``fold.lock``, created with ``O_EXCL``: -1 once taken. One older than ``LOCK_STALE_SECS`` was
-    left by a process that died folding: renamed away, then taken. Two processes can both see it
+    left by a process that died folding (or one naming a process of this host that is gone):
+    renamed away, then taken. Two processes can both see it
     stale; the one whose rename comes second moves the other's fresh lock, sees that it is not the
     file it looked at, and puts it back."""
     no_flock(version_dir, shared, "flock() fails here")
@@ -696,7 +697,7 @@ def _excl_lock(meta_fd: int, version_dir: str, shared: bool, deadline: float) ->
         except FileExistsError:
             try:
                 st = os.stat(EXCL_LOCK_FILE, dir_fd=meta_fd, follow_symlinks=False)
-                if time.time() - st.st_mtime > LOCK_STALE_SECS:
+                if time.time() - st.st_mtime > LOCK_STALE_SECS or _holder_gone(meta_fd):
                     away = f".{EXCL_LOCK_FILE}.{os.getpid()}.stale.tmp"
                     os.rename(EXCL_LOCK_FILE, away, src_dir_fd=meta_fd, dst_dir_fd=meta_fd)
                     moved = os.stat(away, dir_fd=meta_fd, follow_symlinks=False)
@@ -729,6 +730,20 @@ def _excl_lock(meta_fd: int, version_dir: str, shared: bool, deadline: float) ->
             os.close(fd)
         _excl_held.append(os.path.join(version_dir, META_DIR, EXCL_LOCK_FILE))
         return -1
+
+
+def _holder_gone(meta_fd: int) -> bool:
+    """Whether ``fold.lock`` names a process of this host that is no longer running (killed while
+    folding): then it is stale at once, not after ``LOCK_STALE_SECS``."""
+    try:
+        fd = _files.open_regular(EXCL_LOCK_FILE, dir_fd=meta_fd)
+        try:
+            fields = os.read(fd, 256).decode("utf-8", "replace").split()
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return len(fields) == 3 and fields[0] == host() and fields[1].isdigit() and not alive(int(fields[1]), None)
 
 
 _excl_held: list[str] = []
