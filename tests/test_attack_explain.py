@@ -662,3 +662,30 @@ with open(os.path.join(meta, "fold.lock"), "w") as f:
 print(_ledger._lock(sys.argv[1], False))
 """, str(vdir), gone.stdout.strip())
     assert out.strip() == "-1", out
+
+
+def test_explain_in_a_cache_read_only_for_its_user_says_their_runs_keep_no_records(venv: Venv) -> None:
+    """A baked cache (root populates it, `chmod -R a+rX`): another user's runs are served from it
+    and keep no records there, so `explain` cannot show their last run; it must say so, not
+    present the run that populated the image as "last run" (or say no run used the cache)."""
+    import json
+    import subprocess
+
+    from conftest import public_tmp, run_program
+
+    base = public_tmp()
+    try:
+        baked = base / "baked"
+        run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)})
+        subprocess.run(["chmod", "-R", "a+rX", str(baked)], check=True)
+        env = {"GKX_JAX_CACHE_DIR": str(baked)}
+        warm, _ = run_program(venv, env=env, user=65534)
+        assert warm["hits"] == warm["requests"] >= 2
+        proc = venv.cli("--json", "explain", env=env, user=65534)
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(proc.stdout)
+        assert data["read_only"] is True, data
+        text = venv.cli("explain", env=env, user=65534).stdout
+        assert text.startswith("this cache is read-only for you"), text
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)

@@ -123,11 +123,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise CliError(f"--since: {exc}", USAGE) from None
     data = _status.explain(ctx, since=since, function=args.function)
     lines = []
+    if data["read_only"]:
+        lines.append("this cache is read-only for you: your runs are served from it but keep no records here"
+                     + (": what follows is what the runs of those who write it recorded" if data["last_run"] else ""))
     if data["unavailable"]:
         lines.append(f"explanations unavailable here: {data['unavailable']}")
     last = data["last_run"]
     if last is None:
-        lines.append(f"no run has used {vdir} since the last reset")
+        lines.append(f"no run has recorded its use of {vdir} since the last reset")
     else:
         counts = [plural(last["hits"], "hit"), plural(last["misses"], "miss", "misses") + _stats.by_cause(last["misses_by_cause"])]
         if last["not_cached"]:

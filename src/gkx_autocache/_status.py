@@ -297,7 +297,10 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
     groups = _grouped(in_last, ctx, every_run)
     if last_run is not None and since is None and function is None:
         groups = _whole_run(groups, last_run, ctx)
-    return {"unavailable": unavailable, "last_run": last_run, "groups": groups,
+    # A cache this user cannot write (a baked image) serves their runs but keeps no record of them:
+    # what is here is its writers' runs, never this user's last one.
+    read_only = local and location is not None and not location.writable
+    return {"unavailable": unavailable, "read_only": read_only, "last_run": last_run, "groups": groups,
             "earlier": _grouped(earlier, ctx, every_run), "since": since, "function": function}
 
 
