@@ -689,3 +689,20 @@ def test_explain_in_a_cache_read_only_for_its_user_says_their_runs_keep_no_recor
         assert text.startswith("this cache is read-only for you"), text
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_first_compile_text_does_not_claim_a_30_day_horizon_the_index_no_longer_has(tmp_path: Path) -> None:
+    """The index keeps removed keys for 30 days, but at most 10 000 (or as many as there are
+    entries): a small cap that evicts more than that within the month forgets the older ones.
+    A miss of a name with no entry must not then say "none removed in the last 30 days"; it
+    says since when removals are known."""
+    import time
+
+    from gkx_autocache import _explain, _index
+
+    evidence = _index.Evidence()
+    evidence.version_dir = str(tmp_path / "jax-0.0.0")
+    now = time.time()
+    evidence.add(_index.removed_lines([f"jit_h{i}-{i:064x}" for i in range(_index.MAX_REMOVED)], "max_size", now - 3600))
+    found = _explain.new_here("jit_f", evidence)
+    assert found["cause"] == "new" and "30 days" not in found["detail"], found

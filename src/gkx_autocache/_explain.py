@@ -661,8 +661,13 @@ def new_here(name: str, evidence: Evidence, place: str = UNKNOWN_PLACE) -> dict[
     it: said where its records put that entry's code at this function's place; where they put it
     elsewhere, that was another function of the name; where there is no record, it cannot tell."""
     other = _other_version(evidence.version_dir, name)
-    first = {"cause": "new", "detail": f"first compile of {name} here (none removed in the last "
-                                       f"{int(_index.REMOVED_SECS // 86400)} days)"}
+    if len(evidence.removed) >= _index.MAX_REMOVED:  # the index may have forgotten older removals by number
+        since = min(when for when, _by in evidence.removed.values())
+        horizon = (f"none removed since {time.strftime('%Y-%m-%d %H:%M', time.localtime(since))}; older removals "
+                   "are not kept")
+    else:
+        horizon = f"none removed in the last {int(_index.REMOVED_SECS // 86400)} days"
+    first = {"cause": "new", "detail": f"first compile of {name} here ({horizon})"}
     if other is None:
         return first
     mine = os.path.basename(evidence.version_dir).removeprefix(VERSION_PREFIX)
