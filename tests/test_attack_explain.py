@@ -706,3 +706,17 @@ def test_first_compile_text_does_not_claim_a_30_day_horizon_the_index_no_longer_
     evidence.add(_index.removed_lines([f"jit_h{i}-{i:064x}" for i in range(_index.MAX_REMOVED)], "max_size", now - 3600))
     found = _explain.new_here("jit_f", evidence)
     assert found["cause"] == "new" and "30 days" not in found["detail"], found
+
+
+def test_a_function_compiled_before_but_never_written_is_not_its_first_compile(project: Project) -> None:
+    """A run under a high min_compile_time_secs compiles f without writing it (explain lists it
+    as not cached); the next run, at 0, writes it: `new`, but not "first compile of jit_f here",
+    which the same `explain` output contradicts one section below."""
+    project.write("main.py", CONFIG_TOGGLE)
+    project.run(GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS="100")
+    project.run()
+    data = project.explain()
+    cause, detail = only(causes(data["groups"]), "jit_f")
+    assert cause == "new" and "first compile" not in detail, detail
+    assert "not cached: below min_compile_time_secs" in causes(data["earlier"]), data["earlier"]
+    assert all("first compile" not in g["fix"] for g in data["groups"]), data["groups"]

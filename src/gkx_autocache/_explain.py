@@ -667,7 +667,7 @@ def new_here(name: str, evidence: Evidence, place: str = UNKNOWN_PLACE) -> dict[
                    "are not kept")
     else:
         horizon = f"none removed in the last {int(_index.REMOVED_SECS // 86400)} days"
-    first = {"cause": "new", "detail": f"first compile of {name} here ({horizon})"}
+    first = {"cause": "new", "detail": f"no entry of {name} here before ({horizon})"}
     if other is None:
         return first
     mine = os.path.basename(evidence.version_dir).removeprefix(VERSION_PREFIX)

@@ -197,7 +197,7 @@ def _store_verdict(location: _cache.Location) -> dict[str, Any]:
 # -- explain ------------------------------------------------------------------------------------------
 
 FIXES = {
-    "new": "nothing to fix: a first compile; the next run is served",
+    "new": "nothing to fix: its first entry here; the next run is served",
     "changed computation": "nothing to fix when you changed the code, the shapes or jax.config; a value that differs "
                            "on every run (a time, a seed, an id()) closed over by the function makes it miss every "
                            "time: pass it as an argument",
@@ -223,7 +223,7 @@ FIXES = {
                           "process not finished) are compared once a gkx-autocache process has recorded them",
     "cannot tell:alias": "the evidence cannot decide: import a module one way (model.core), not also by putting its "
                          "folder on sys.path (core), so that its functions have one place",
-    "cannot tell:jax": "the evidence cannot decide: nothing to fix if you upgraded JAX; if not, a first compile",
+    "cannot tell:jax": "the evidence cannot decide: nothing to fix if you upgraded JAX; if not, its first entry here",
     "rejected": "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
     "unexplained": "JAX's key parts were not seen for this compile",
     "not process 0": "expected: only process 0 of a multi-process run writes (JAX's rule)",
