@@ -720,3 +720,25 @@ def test_a_function_compiled_before_but_never_written_is_not_its_first_compile(p
     assert cause == "new" and "first compile" not in detail, detail
     assert "not cached: below min_compile_time_secs" in causes(data["earlier"]), data["earlier"]
     assert all("first compile" not in g["fix"] for g in data["groups"]), data["groups"]
+
+
+TWO_LAMBDAS_ONE_FILE = r"""
+import json, os
+import jax, jax.numpy as jnp
+x = jnp.ones(3)
+total = float(jax.jit(lambda v: (v * 3.0).sum())(x))
+if os.environ.get("BOTH"):
+    total += float(jax.jit(lambda v: (v + 1.0).sum())(x))  # a second lambda, added in this file
+print(json.dumps({"result": total}))
+"""
+
+
+def test_a_second_lambda_in_one_file_is_not_the_first_one_changed(project: Project) -> None:
+    """Every lambda of a file has one place (`main.py:<lambda>`): a second lambda added beside an
+    unchanged first one is not "changed computation: same input shapes: its code ... changed";
+    the evidence cannot tell another lambda from a changed one, and says so."""
+    project.write("main.py", TWO_LAMBDAS_ONE_FILE)
+    project.run()
+    project.run(BOTH="1")
+    cause, detail = only(project.last(), "jit__lambda")
+    assert cause == "cannot tell" and "another lambda" in detail, (cause, detail)

@@ -602,6 +602,11 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     nearest = closest(earlier, facts)
     if facts.place == HELPER_PLACE:  # another use of JAX's own helper (other shapes, other static arguments)
         return {"cause": "new", "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
+    if facts.place.endswith("<lambda>"):  # every lambda of a file (or of one function in it) has one place
+        file, _, where = facts.place.rpartition(":")
+        inside = f" ({where.removesuffix('.<lambda>')})" if where != "<lambda>" else ""
+        return {"cause": "cannot tell", "by": "lambda",
+                "detail": f"changed, or another lambda in {file}{inside}: lambdas have no name to tell them apart"}
     if any(r.signature == facts.signature for r in earlier):
         return {"cause": "changed computation", "detail": f"same input shapes ({facts.signature}): {SAME_SHAPES}"}
     return {"cause": "changed computation", "detail": f"inputs {nearest.signature} -> {facts.signature}"}

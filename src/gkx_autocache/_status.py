@@ -223,6 +223,8 @@ FIXES = {
                           "process not finished) are compared once a gkx-autocache process has recorded them",
     "cannot tell:alias": "the evidence cannot decide: import a module one way (model.core), not also by putting its "
                          "folder on sys.path (core), so that its functions have one place",
+    "cannot tell:lambda": "the evidence cannot decide: give the function a name (def) to tell it from the file's "
+                          "other lambdas",
     "cannot tell:jax": "the evidence cannot decide: nothing to fix if you upgraded JAX; if not, its first entry here",
     "rejected": "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
     "unexplained": "JAX's key parts were not seen for this compile",
