@@ -742,3 +742,18 @@ def test_a_second_lambda_in_one_file_is_not_the_first_one_changed(project: Proje
     project.run(BOTH="1")
     cause, detail = only(project.last(), "jit__lambda")
     assert cause == "cannot tell" and "another lambda" in detail, (cause, detail)
+
+
+def test_a_project_under_a_non_ascii_path_is_the_same_project_when_moved(project: Project) -> None:
+    """MLIR escapes the bytes of a non-ASCII path in its locations (`jos\\C3\\A9`): the module path
+    was then never found under sys.path, the place was the absolute escaped path, and the same
+    project checked out elsewhere (a CI path, another user's home) was another function's.
+    Unescaped, it is the same `main.py:f`: a changed constant is its `changed computation`."""
+    import shutil
+
+    project.write("josé/main.py", CONFIG_TOGGLE)
+    project.run("josé/main.py")
+    shutil.copytree(project.folder / "josé", project.folder / "zoë")
+    project.run("zoë/main.py", K="3.0")
+    cause, detail = only(project.last(), "jit_f")
+    assert cause == "changed computation", (cause, detail)

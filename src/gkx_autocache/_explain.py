@@ -444,7 +444,7 @@ def place_of(module: Any, name: str) -> str:
     files: set[str] = set()
     chains: list[list[tuple[str, str]]] = []
     for op in _operations(module, 2000):
-        frames = _FRAME.findall(str(op.location))
+        frames = [(_unescaped(fn), _unescaped(file), line) for fn, file, line in _FRAME.findall(str(op.location))]
         match = [(fn, file) for fn, file, _line in frames if _sanitized(fn) == wanted]
         if match:
             return _where(match[-1][1], match[-1][0])  # the outermost: the jitted function itself
@@ -461,6 +461,24 @@ def place_of(module: Any, name: str) -> str:
             fn, file = inner[-1]  # the outermost frame of the body's own code
             return _where(file, fn)
     return HELPER_PLACE if files else UNKNOWN_PLACE
+
+
+_ESCAPE = re.compile(r"\\([0-9A-Fa-f]{2}|\\)")
+
+
+def _unescaped(text: str) -> str:
+    r"""A string as MLIR prints it in a location, unescaped: it writes each byte of a non-ASCII or
+    unprintable character as ``\XX`` (``jos\C3\A9`` for ``josé``), a backslash as ``\\``."""
+    if "\\" not in text:
+        return text
+    data = bytearray()
+    at = 0
+    for match in _ESCAPE.finditer(text):
+        data += text[at:match.start()].encode("utf-8", "surrogatepass")
+        data += b"\\" if match[1] == "\\" else bytes([int(match[1], 16)])
+        at = match.end()
+    data += text[at:].encode("utf-8", "surrogatepass")
+    return data.decode("utf-8", "replace")
 
 
 def _operations(module: Any, limit: int) -> Iterator[Any]:
