@@ -757,3 +757,17 @@ def test_a_project_under_a_non_ascii_path_is_the_same_project_when_moved(project
     project.run("zoë/main.py", K="3.0")
     cause, detail = only(project.last(), "jit_f")
     assert cause == "changed computation", (cause, detail)
+
+
+def test_stats_reset_after_clear_while_a_process_runs_keeps_the_clear(project: Project) -> None:
+    """`clear`, then `stats --reset`, while a process that wrote entries is still running: the
+    reset must not undo what the clear forgot, so when the process ends the next run's misses
+    are still not "evicted: removed outside gkx-autocache"."""
+    live = Live(project)
+    assert project.venv.cli("clear", "--yes", env=project.env).returncode == 0
+    assert project.venv.cli("stats", "--reset", env=project.env).returncode == 0
+    live.finish()
+    project.write("main.py", LIVE.replace("sys.stdin.readline()", "pass"))
+    project.run("main.py")
+    found = project.last()
+    assert "evicted" not in found, found

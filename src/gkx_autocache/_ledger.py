@@ -289,10 +289,14 @@ class Ledger:
     def run(self) -> str:
         return str((self.start or {}).get("run") or "")
 
-    def offset(self, forget: bool) -> dict[str, Any]:
+    def offset(self, forget: bool, earlier: Any = None) -> dict[str, Any]:
         """Where this ledger stands now, for a reset that cannot fold it (its process is running):
-        only what it records after this counts (and with ``forget``, a ``clear``, is indexed)."""
-        return {"n": len(self.records), "tally": self.tally or {"e": "tally"}, "forget": forget}
+        only what it records after this counts; with ``forget`` (a ``clear``) only that is indexed,
+        and a ``stats --reset`` after a ``clear`` keeps what the clear forgot (``earlier``)."""
+        forgotten = len(self.records) if forget else 0
+        if isinstance(earlier, dict) and (known := _count(earlier.get("forget_n"))) is not None:
+            forgotten = max(forgotten, known)
+        return {"n": len(self.records), "tally": self.tally or {"e": "tally"}, "forget_n": forgotten}
 
     def since(self, offset: Any) -> None:
         """Count only what this ledger recorded after ``offset`` (see ``offset``); a malformed one
@@ -312,12 +316,13 @@ class Ledger:
                 earlier.add(before)
                 repeats.merge(earlier, -1)
             self.totals.merge(repeats)
-        if offset.get("forget") is True:  # ``clear``: what it wrote before is gone, and forgotten
+        forgotten = min(_count(offset.get("forget_n")) or 0, len(self.records))
+        if forgotten:  # ``clear``: what it wrote before is gone, and forgotten...
             # ...but for the tables its later entries' lines refer to (a process gives each once)
-            self.tables = [line for r in self.records[:self.counted] if r["e"] in ("put", "index")
+            self.tables = [line for r in self.records[:forgotten] if r["e"] in ("put", "index")
                            for line in str(r.get("rec", "")).split("\n") if line and not line.startswith("E\t")]
-            self.records = self.records[self.counted:]
-            self.counted = 0
+            self.records = self.records[forgotten:]
+            self.counted = max(self.counted - forgotten, 0)
             self.disk = sum(r.get("disk", r.get("bytes", 0)) for r in self.records if r["e"] in ("put", "added"))
 
 
@@ -792,7 +797,7 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
         ledger = read_ledger(path)
         if not finished(ledger):  # a live process: its writes count for the decision, not the record
             if zero:  # a reset: only what it records from now on counts
-                summary.offsets[os.path.basename(path)] = ledger.offset(forget=False)
+                summary.offsets[os.path.basename(path)] = ledger.offset(False, offsets.get(os.path.basename(path)))
             elif os.path.basename(path) in offsets:
                 summary.offsets[os.path.basename(path)] = offsets[os.path.basename(path)]
             live_disk += ledger.disk
