@@ -28,6 +28,9 @@ Why this shape:
   skips), the ledgers of finished processes are folded: into ``summary.json`` (totals, per-function
   compile costs, the recent misses, the last runs, the size account) and into the index of entries
   (``_index``). The bookkeeping grows with distinct functions and entries, never with runs.
+- A reset (``stats --reset``, ``clear``) cannot fold a running process's ledger: the summary keeps
+  where each stood (``offsets``: its records and last tally then), so only what it records after
+  counts, and after ``clear`` only that is indexed.
 - The size account: ``size`` is the directory's bytes on disk (allocated blocks, as ``du`` counts
   them: entries, sidecars, temporaries and this bookkeeping) as of the last full scan, plus the
   writes folded since. A fold adds, for its decision only, those of live processes' ledgers. A
