@@ -122,7 +122,9 @@ def test_the_closest_entry_decides_not_the_latest(project: Project) -> None:
     project.run(SCALE="4.0")
     found = project.last()
     assert found == {"changed computation": {"jit_f": found["changed computation"]["jit_f"]}}, found
-    assert found["changed computation"]["jit_f"] == "same inputs (f32[8,8]): its code or a closed-over constant changed"
+    assert found["changed computation"]["jit_f"] == ("same input shapes (f32[8,8]): its code, a static argument, a "
+                                                     "closed-over constant, or a weak type (a Python scalar passed "
+                                                     "for an array) changed")
 
 
 def test_exec_time_optimization_effort_is_named_with_its_values(project: Project, venv: Venv) -> None:
@@ -316,7 +318,7 @@ def test_a_closed_over_time_is_flagged_as_missing_on_every_run(project: Project)
     data = project.explain()
     (group,) = [g for g in data["groups"] if g["cause"] == "changed computation"]
     (f,) = [fn for fn in group["functions"] if fn["name"] == "jit_f"]
-    assert f["detail"].startswith("same inputs (f32[3])") and "misses on every run" in f.get("every_run", ""), f
+    assert f["detail"].startswith("same input shapes (f32[3])") and "misses on every run" in f.get("every_run", ""), f
 
 
 def test_explain_since_and_function_filter(project: Project) -> None:

@@ -131,11 +131,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise CliError(f"--since: {exc}", USAGE) from None
     data = {"dir": vdir, **_status.explain(ctx, since=since, function=args.function)}
     lines = []
+    if data["read_only"]:
+        lines.append("this cache is read-only for you: your runs are served from it but keep no records here"
+                     + (": what follows is what the runs of those who write it recorded" if data["last_run"] else ""))
     if data["unavailable"]:
         lines.append(f"explanations unavailable here: {data['unavailable']}")
     last = data["last_run"]
     if last is None:
-        lines.append(f"no run has used {vdir} since the last reset")
+        lines.append(f"no run has recorded its use of {vdir} since the last reset")
     else:
         counts = [plural(last["hits"], "hit"), plural(last["misses"], "miss", "misses") + _stats.by_cause(last["misses_by_cause"])]
         if last["not_cached"]:
@@ -164,7 +167,9 @@ def _when(t: float | None) -> str:
 def _groups_text(groups: list[dict[str, Any]], indent: str, with_time: bool) -> list[str]:
     lines = []
     for group in groups:
-        lines.append(f"{indent}{group['cause']} ({group['count']})")
+        listed = (f"; {group['listed']} listed: the others repeat a compile listed, or are older than the latest "
+                  f"{_ledger.RECENT} kept") if "listed" in group else ""
+        lines.append(f"{indent}{group['cause']} ({group['count']}{listed})")
         helpers = False
         for fn in group["functions"]:
             if fn["helper"] and not helpers:

@@ -21,7 +21,8 @@ entry, the one with the fewest differing parts (the most recent among equals), i
   function): ``new (another jit_step, in model/core.py)``; where the place is not known (a notebook
   cell, ``<stdin>``), ``cannot tell`` a changed function from another of that name;
 - entries of the same place: ``changed computation``, with the ``jax.config`` values that differ,
-  else the input signature before and after, else "same inputs: its code or a closed-over constant";
+  else the input signature before and after, else "same input shapes: its code, a static argument, a
+  closed-over constant or a weak type changed" (none of them is in the signature);
   a further shape of a function whose entries this very run wrote is ``new`` (``new shape``);
 - entries without a record: never ``new``; ``cannot tell`` what changed.
 
@@ -40,10 +41,11 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from gkx_autocache import _index, _isa, _key
-from gkx_autocache._diagnostics import logger
+from gkx_autocache._diagnostics import logger, plural
 from gkx_autocache._index import PARTS, Evidence, Record
 from gkx_autocache._layout import ENTRY_SUFFIX, VERSION_PREFIX, function_name
 
@@ -56,6 +58,9 @@ PRIORITY = ("jax_lib version", "backend version", "XLA flags", "compression", "c
             "compile_options")
 HEX = 16  # a part's hash, shortened: enough to tell parts apart, small to keep
 NO_HOOK = hashlib.sha256(b"").hexdigest()[:HEX]  # the hook part of a key made without one (stock JAX)
+# What changes a computation without changing its input shapes and dtypes: none is in the signature.
+SAME_SHAPES = ("its code, a static argument, a closed-over constant, or a weak type (a Python scalar passed for an "
+               "array) changed")
 UNKNOWN_PLACE = "?"
 HELPER_PLACE = "jax"  # JAX's own helpers: a name JAX jits, with no frame of that function in the module
 # jax.config values that cannot change what is compiled: the cache's own settings, logs and printing.
@@ -124,10 +129,10 @@ class Explainer:
             if facts is None:
                 return {"cause": "unexplained", "detail": "its key was not computed on this thread"}
             before = self._before_cpu_keying(key)
-            if before is not None:
-                return before
             with self._lock:
                 evidence = self._load()
+                if before is not None and not _known(key, evidence):
+                    return before  # not when this very key was written since, and removed
                 found = classify(key, facts, evidence, self.run, self.run_start)
             if facts.place == HELPER_PLACE:
                 found["helper"] = True  # grouped after the user's functions
@@ -173,6 +178,11 @@ class Explainer:
             logger.debug("ingredients of %s not kept: %s", key, exc)
             return {}
 
+    def forget_given(self) -> None:
+        """This process begins another ledger (or, forked, its own): give the tables again."""
+        with self._lock:
+            self._written = set()
+
     def _facts(self, key: str) -> Facts | None:
         pending = self._thread
         final = getattr(pending, "final", None)
@@ -193,6 +203,12 @@ class Explainer:
             self._evidence = self._read()
             logger.debug("index of %s read in %.1f ms", self.version_dir, (time.perf_counter() - started) * 1e3)
         return self._evidence
+
+
+def _known(key: str, evidence: Evidence) -> bool:
+    """Whether the directory has a record of this very key, or of its removal."""
+    name, hex_ = _index.split_key(key)
+    return (name, hex_) in evidence.removed or any(r.hex == hex_ for r in evidence.records(name))
 
 
 # -- measuring a key's parts (on a miss) ------------------------------------------------------------
@@ -426,25 +442,67 @@ def place_of(module: Any, name: str) -> str:
     ``?`` where it cannot be known (no locations; ``<stdin>``, a notebook cell)."""
     wanted = name.removeprefix("jit_").removeprefix("pmap_")
     files: set[str] = set()
-    seen = 0
-    for func in module.body.operations:
-        for region in func.regions:
-            for block in region.blocks:
-                for op in block.operations:
-                    seen += 1
-                    if seen > 2000:
-                        break
-                    frames = _FRAME.findall(str(op.location))
-                    match = [(fn, file) for fn, file, _line in frames if _sanitized(fn) == wanted]
-                    if match:
-                        return _where(match[-1][1], match[-1][0])  # the outermost: the jitted function itself
-                    files.update(file for _fn, file, _line in frames)
+    chains: list[list[tuple[str, str]]] = []
+    for op in _operations(module, 2000):
+        frames = [(_unescaped(fn), _unescaped(file), line) for fn, file, line in _FRAME.findall(str(op.location))]
+        match = [(fn, file) for fn, file, _line in frames if _sanitized(fn) == wanted]
+        if match:
+            return _where(match[-1][1], match[-1][0])  # the outermost: the jitted function itself
+        files.update(file for _fn, file, _line in frames)
+        if frames:
+            chains.append([(fn, file) for fn, file, _line in frames])
+    # A name JAX gave a wrapper of the user's function (``jax.pmap(h)`` compiles as ``jit__fun``):
+    # the body runs code of a function beyond the call site that every op shares (the caller's
+    # frames). JAX's own helpers run none: their ops carry only the call site.
+    if chains:
+        shared = set.intersection(*(set(chain) for chain in chains))
+        inner = [(fn, file) for chain in chains for fn, file in chain if (fn, file) not in shared]
+        if inner:
+            fn, file = inner[-1]  # the outermost frame of the body's own code
+            return _where(file, fn)
     return HELPER_PLACE if files else UNKNOWN_PLACE
 
 
+_ESCAPE = re.compile(r"\\([0-9A-Fa-f]{2}|\\)")
+
+
+def _unescaped(text: str) -> str:
+    r"""A string as MLIR prints it in a location, unescaped: it writes each byte of a non-ASCII or
+    unprintable character as ``\XX`` (``jos\C3\A9`` for ``josé``), a backslash as ``\\``."""
+    if "\\" not in text:
+        return text
+    data = bytearray()
+    at = 0
+    for match in _ESCAPE.finditer(text):
+        data += text[at:match.start()].encode("utf-8", "surrogatepass")
+        data += b"\\" if match[1] == "\\" else bytes([int(match[1], 16)])
+        at = match.end()
+    data += text[at:].encode("utf-8", "surrogatepass")
+    return data.decode("utf-8", "replace")
+
+
+def _operations(module: Any, limit: int) -> Iterator[Any]:
+    """The module's operations, nested regions included (a ``shard_map`` body is inside its op),
+    at most ``limit``."""
+    stack = list(module.body.operations)[::-1]
+    seen = 0
+    while stack and seen < limit:
+        parent = stack.pop()
+        for region in parent.regions:
+            for block in region.blocks:
+                for op in block.operations:
+                    seen += 1
+                    if seen > limit:
+                        return
+                    yield op
+                    if len(op.regions):
+                        stack.append(op)
+
+
 def _sanitized(function: str) -> str:
-    """A Python function's name as JAX puts it in a module's name (``<lambda>`` -> ``_lambda``)."""
-    return re.sub(r"[^0-9A-Za-z_]", "_", function.rsplit(".", 1)[-1]).rstrip("_") or "_"
+    """A Python function's name as JAX puts it in a module's name (``<lambda>`` -> ``_lambda``):
+    JAX's ``mlir.sanitize_name`` keeps word characters of any script (``σ``), ``.`` and ``-``."""
+    return re.sub(r"[^\w.-]", "_", function.rsplit(".", 1)[-1]).rstrip("_") or "_"
 
 
 def _where(file: str, function: str) -> str:
@@ -483,34 +541,54 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     removed = evidence.removed.get((name, hex_))
     records = evidence.records(name)
     mine = next((r for r in records if r.hex == hex_), None)
+    if removed is not None and mine is not None and mine.written > removed[0]:
+        removed = None  # written again after that removal: whoever removed it since left no record
     if removed is not None or (mine is not None and not evidence.present(name, hex_)):
         return evicted(removed)
     recorded = [r for r in records if evidence.present(name, r.hex)]
-    if not recorded and not evidence.unrecorded(name, recorded):
-        return new_here(name, evidence)
+    unrecorded = evidence.unrecorded(name, recorded)
+    if not recorded and not unrecorded:
+        return new_here(name, evidence, facts.place)
     same = [r for r in recorded if r.parts[0] == facts.parts[PARTS[0]]]
     if same:
         return changed_part(closest(same, facts), facts, evidence)
+    # Every entry of the name written by this run (by this process, or another of the run whose
+    # ledger is not folded yet: an xdist worker, a pool): the directory held none before, so
+    # whatever this compile is, it is new here.
+    ours = all(r.run == run for r in recorded) and all(evidence.written_at(k) >= run_start for k in unrecorded)
+    if ours and (facts.place == UNKNOWN_PLACE or not any(r.place == facts.place for r in recorded)):
+        return {"cause": "new", "detail": f"a further variant of {name} (inputs {facts.signature}): every entry of "
+                                          f"{name} here was written by this run"}
     if facts.place == UNKNOWN_PLACE:
         where = "its code has no module to tell it by (a notebook cell, <stdin>, python -c)"
-        return {"cause": "cannot tell", "detail": f"new, or another function named {name} changed: {where}"}
+        return {"cause": "cannot tell", "detail": f"new, or another function named {name} changed: {where}",
+                "by": "place"}
     here = [r for r in recorded if r.place == facts.place]
     unrecorded = evidence.unrecorded(name, recorded) if not here or not any(r.run != run for r in here) else []
     if not here and unrecorded:
-        return {"cause": "cannot tell",
-                "detail": f"new, or changed: {len(unrecorded)} entries of {name} here have no record (written by stock "
-                          "JAX, an older gkx-autocache, a bundle without records, or a process still running)"}
+        return {"cause": "cannot tell", "by": "record",
+                "detail": f"new, or changed: {plural(len(unrecorded), 'entry', 'entries')} of {name} here "
+                          f"{'has' if len(unrecorded) == 1 else 'have'} no record (written by stock JAX, an older "
+                          "gkx-autocache, a bundle without records, or a process still running or killed)"}
     if not here:
         elsewhere = sorted({r.place for r in recorded})
-        return {"cause": "new", "detail": f"another {name}, {_in(facts.place)} (its entries here are "
-                                          f"{', '.join(_in(p) for p in elsewhere[:3])})"}
+        alias = next((p for p in elsewhere if _maybe_same(p, facts.place)), None)
+        if alias is not None:  # model/core.py imported as model.core, and as core (its folder on sys.path)
+            return {"cause": "cannot tell", "by": "alias",
+                    "detail": f"new, or changed: its entries here are {_in(alias)}, which may be this very file "
+                              f"imported another way ({_in(facts.place)})"}
+        # Two functions of one name in one file (a `step` of two classes) are told apart by name.
+        qualified = facts.place.rsplit(":", 1)[0] in {p.rsplit(":", 1)[0] for p in elsewhere}
+        return {"cause": "new", "detail": f"another {name}, {_in(facts.place, qualified)} (its entries here are "
+                                          f"{', '.join(_in(p, qualified) for p in elsewhere[:3])})"}
     # What this run wrote cannot have been a hit for it: the question is what the directory held
     # before. Only where this run wrote every entry of the function is a further shape "new".
     earlier = [r for r in here if r.run != run]
     before = [k for k in unrecorded if evidence.written_at(k) < run_start]
     if not earlier and before:
-        return {"cause": "cannot tell",
-                "detail": f"new, or changed: {len(before)} older entries of {name} here have no record"}
+        return {"cause": "cannot tell", "by": "record",
+                "detail": f"new, or changed: {plural(len(before), 'older entry', 'older entries')} of {name} here "
+                          f"{'has' if len(before) == 1 else 'have'} no record"}
     if not earlier:
         shapes = sorted({r.signature for r in here})
         if facts.place == HELPER_PLACE:
@@ -520,24 +598,54 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
                                               f"({facts.signature}): other static arguments or closed-over values"}
         return {"cause": "new", "detail": f"new shape {facts.signature} (this run compiled {name} for "
                                           f"{'; '.join(shapes[:3])}{_more(shapes, 3)})"}
-    nearest = closest(earlier, facts)
-    differing = [k for k in sorted(set(nearest.config) | set(facts.config))
-                 if nearest.config.get(k) != facts.config.get(k)]
-    if differing:
+    # jax.config is named only where no earlier entry has this very jax.config: an entry with it
+    # rules it out (its computation differs all the same), whichever variant was written last.
+    alike = [r for r in earlier if r.config == facts.config]
+    if not alike:
+        diffs: dict[int, list[str]] = {}  # records of one config share its dict (``Evidence``)
+        for r in earlier:
+            if id(r.config) not in diffs:
+                diffs[id(r.config)] = [k for k in sorted(set(r.config) | set(facts.config))
+                                       if r.config.get(k) != facts.config.get(k)]
+        fewest = min(len(d) for d in diffs.values())
+        nearest = closest([r for r in earlier if len(diffs[id(r.config)]) == fewest], facts)
+        differing = diffs[id(nearest.config)]
         shown = "; ".join(f"{k}: {nearest.config.get(k, 'unset')} -> {facts.config.get(k, 'unset')}" for k in differing[:4])
-        return {"cause": "changed computation", "detail": f"jax.config differs: {shown}{_more(differing, 4)}"}
+        # Whether a value changes what is compiled (x64 does, jax_debug_nans does not) cannot be
+        # told from the key: where the inputs are the same, the code is as likely.
+        also = (f"; or, if that does not change what is compiled, {SAME_SHAPES}"
+                if any(r.signature == facts.signature for r in earlier) else "")
+        return {"cause": "changed computation", "detail": f"jax.config differs: {shown}{_more(differing, 4)}{also}"}
+    earlier = alike
+    nearest = closest(earlier, facts)
     if facts.place == HELPER_PLACE:  # another use of JAX's own helper (other shapes, other static arguments)
         return {"cause": "new", "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
+    if facts.place.endswith("<lambda>"):  # every lambda of a file (or of one function in it) has one place
+        file, _, where = facts.place.rpartition(":")
+        inside = f" ({where.removesuffix('.<lambda>')})" if where != "<lambda>" else ""
+        return {"cause": "cannot tell", "by": "lambda",
+                "detail": f"changed, or another lambda in {file}{inside}: lambdas have no name to tell them apart"}
     if any(r.signature == facts.signature for r in earlier):
-        return {"cause": "changed computation", "detail": f"same inputs ({facts.signature}): its code or a "
-                                                          "closed-over constant changed"}
+        return {"cause": "changed computation", "detail": f"same input shapes ({facts.signature}): {SAME_SHAPES}"}
     return {"cause": "changed computation", "detail": f"inputs {nearest.signature} -> {facts.signature}"}
 
 
-def _in(place: str) -> str:
+def _maybe_same(one: str, other: str) -> bool:
+    """Whether two places of one function name may be one file reached through two sys.path
+    entries: the same function, one path ending with the other (``core.py``, ``model/core.py``)."""
+    file_a, _, function_a = one.rpartition(":")
+    file_b, _, function_b = other.rpartition(":")
+    return function_a == function_b and file_a != file_b and (file_a.endswith("/" + file_b)
+                                                              or file_b.endswith("/" + file_a))
+
+
+def _in(place: str, qualified: bool = False) -> str:
     if place == HELPER_PLACE:
         return "JAX's own helper"
-    return f"in {place.rsplit(':', 1)[0]}" if place != UNKNOWN_PLACE else "in an unknown place"
+    if place == UNKNOWN_PLACE:
+        return "in an unknown place"
+    file, _, function = place.rpartition(":")
+    return f"{function}, in {file}" if qualified else f"in {file}"
 
 
 def _more(items: list[Any], shown: int) -> str:
@@ -547,8 +655,18 @@ def _more(items: list[Any], shown: int) -> str:
 def closest(records: list[Record], facts: Facts) -> Record:
     """The record with the fewest parts that differ from ``facts``, the most recent among equals."""
     ours = tuple(facts.parts[p] for p in PARTS)
-    ranked = [(sum(a != b for a, b in zip(r.parts, ours, strict=True)), -r.written, -i, r) for i, r in enumerate(records)]
-    return min(ranked, key=lambda t: t[:3])[3]  # the index: written later in the index, more recent
+    apart: dict[tuple[str, ...], int] = {}  # the other seven parts, shared by many records: compared once each
+    best: tuple[tuple[int, float, int], Record] | None = None
+    for i, r in enumerate(records):
+        others = r.parts[1:]
+        far = apart.get(others)
+        if far is None:
+            far = apart[others] = sum(a != b for a, b in zip(others, ours[1:], strict=True))
+        rank = (far + (r.parts[0] != ours[0]), -r.written, -i)  # the index: written later in the index, more recent
+        if best is None or rank < best[0]:
+            best = (rank, r)
+    assert best is not None
+    return best[1]
 
 
 def evicted(removed: tuple[float, str] | None) -> dict[str, Any]:
@@ -561,16 +679,40 @@ def evicted(removed: tuple[float, str] | None) -> dict[str, Any]:
     return {"cause": "evicted", "detail": detail, "by": by}
 
 
-def new_here(name: str, evidence: Evidence) -> dict[str, Any]:
-    """No entry of ``name`` here. After a JAX upgrade, the previous version's directory may hold it."""
+def new_here(name: str, evidence: Evidence, place: str = UNKNOWN_PLACE) -> dict[str, Any]:
+    """No entry of ``name`` here. After a JAX upgrade, the previous version's directory may hold
+    it: said where its records put that entry's code at this function's place; where they put it
+    elsewhere, that was another function of the name; where there is no record, it cannot tell."""
     other = _other_version(evidence.version_dir, name)
-    if other is not None:
-        mine = os.path.basename(evidence.version_dir).removeprefix(VERSION_PREFIX)
-        theirs = os.path.basename(other).removeprefix(VERSION_PREFIX)
+    if len(evidence.removed) >= _index.MAX_REMOVED:  # the index may have forgotten older removals by number
+        since = min(when for when, _by in evidence.removed.values())
+        horizon = (f"none removed since {time.strftime('%Y-%m-%d %H:%M', time.localtime(since))}; older removals "
+                   "are not kept")
+    else:
+        horizon = f"none removed in the last {int(_index.REMOVED_SECS // 86400)} days"
+    first = {"cause": "new", "detail": f"no entry of {name} here before ({horizon})"}
+    if other is None:
+        return first
+    mine = os.path.basename(evidence.version_dir).removeprefix(VERSION_PREFIX)
+    theirs = os.path.basename(other).removeprefix(VERSION_PREFIX)
+    places = _places_of(other).get(name, set())
+    if place != UNKNOWN_PLACE and place in places:
         return {"cause": "changed JAX", "detail": f"JAX {theirs} -> {mine}: the entries of {theirs} are in "
                                                   f"{os.path.basename(other)}/; every entry is compiled once for {mine}"}
-    return {"cause": "new", "detail": f"first compile of {name} here (none removed in the last "
-                                      f"{int(_index.REMOVED_SECS // 86400)} days)"}
+    if place != UNKNOWN_PLACE and places - {UNKNOWN_PLACE}:
+        return first  # the older version's entries of this name are another function's
+    return {"cause": "cannot tell", "by": "jax",
+            "detail": f"new, or JAX {theirs} -> {mine}: {os.path.basename(other)}/ holds entries named {name}, "
+                      "with no record of where their code is"}
+
+
+_places: dict[str, dict[str, set[str]]] = {}  # another version dir -> function name -> where its entries' code is
+
+
+def _places_of(version_dir: str) -> dict[str, set[str]]:
+    if version_dir not in _places:
+        _places[version_dir] = _index.places_of(version_dir)
+    return _places[version_dir]
 
 
 _others: dict[str, dict[str, str]] = {}  # version dir -> function name -> the newest other version dir holding it

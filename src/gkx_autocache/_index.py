@@ -107,8 +107,9 @@ class Evidence:
         self.signatures: dict[str, str] = {}
         self.places: dict[str, str] = {}
         self.configs: dict[str, str] = {}
+        self._parsed_configs: dict[str, dict[str, str]] = {}
         self.truncated = False
-        self._parsed: dict[str, list[Record]] = {}
+        self._parsed: dict[str, dict[str, Record]] = {}  # name -> hex -> its record (``records``)
         self._present: dict[str, bool] = {}  # key -> whether its entry is there (an lstat, or this process wrote it)
         self._listing: dict[str, dict[str, str]] | None = None  # name -> hex -> key, where listed
 
@@ -121,12 +122,12 @@ class Evidence:
         if kind == "E":
             name, _, fields = rest.partition("\t")
             self.entries.setdefault(name, []).append(fields)
-            self._parsed.pop(name, None)
             return
         parts = rest.split("\t")
         try:
             if kind == "X" and len(parts) == 4:
-                self.removed[(parts[0], parts[1])] = (float(parts[2]), parts[3][:40])
+                if _when(parts[2]) is not None:
+                    self.removed[(parts[0], parts[1])] = (float(parts[2]), parts[3][:40])
             elif kind == "C" and len(parts) == 2:
                 self.contexts[parts[0]] = tuple(parts[1].split(","))
             elif kind == "V" and len(parts) == 3:
@@ -138,16 +139,20 @@ class Evidence:
             return
 
     def records(self, name: str) -> list[Record]:
-        """Every well-formed record of ``name``, the latest per key (in the order written)."""
-        if name not in self._parsed:
-            found: dict[str, Record] = {}
-            for fields in self.entries.get(name, ()):
+        """Every well-formed record of ``name``, the latest per key. Each line is parsed once (at
+        the first miss of the name), then let go: a later miss parses only the lines added since
+        (this process's own writes), so a name with 20 000 entries costs each miss a list, not
+        20 000 parses. A line that does not parse (hostile, torn) is dropped."""
+        found = self._parsed.setdefault(name, {})
+        lines = self.entries.get(name)
+        if lines:
+            for fields in lines:
                 record = self._record(name, fields)
                 if record is not None:
-                    found.pop(record.hex, None)
+                    found.pop(record.hex, None)  # in the order written: the latest last
                     found[record.hex] = record
-            self._parsed[name] = list(found.values())
-        return self._parsed[name]
+            lines.clear()
+        return list(found.values())
 
     def _record(self, name: str, fields: str) -> Record | None:
         parts = fields.split("\t")
@@ -157,15 +162,27 @@ class Evidence:
         others = self.contexts.get(context)
         if others is None or len(others) != len(PARTS) - 1:
             return None
-        try:
-            when = float(written)
-            config = json.loads(self.configs.get(cfg, "{}"))
-        except (ValueError, RecursionError):
+        when = _when(written)
+        config = self._config(cfg)
+        if config is None or when is None:
             return None
-        if not isinstance(config, dict):
-            config = {}
         return Record(name, hex_, when, run, (computation, *others), self.signatures.get(sig, "?"),
-                      self.places.get(where, "?"), {str(k): str(v) for k, v in config.items()})
+                      self.places.get(where, "?"), config)
+
+    def _config(self, cfg: str) -> dict[str, str] | None:
+        """The ``jax.config`` values of a ``G`` id, parsed once: records of one config share the
+        dict (not to be changed), so comparing them costs one comparison per config."""
+        found = self._parsed_configs.get(cfg)
+        if found is None:
+            if cfg not in self.configs:  # not known (yet): not kept, a later line may bring it
+                return {}
+            try:
+                config = json.loads(self.configs[cfg])
+            except (ValueError, RecursionError):
+                return None
+            found = {str(k): str(v) for k, v in config.items()} if isinstance(config, dict) else {}
+            self._parsed_configs[cfg] = found
+        return found
 
     def readable(self, part: str, hash_: str) -> str | None:
         return self.values.get((part, hash_))
@@ -211,29 +228,58 @@ class Evidence:
             return 0.0
 
 
+def _when(text: str) -> float | None:
+    """A time in an index line, or None where it is not one (``inf``, ``nan``, ``1e308``: a
+    hostile or torn line)."""
+    try:
+        when = float(text)
+    except ValueError:
+        return None
+    return when if 0.0 <= when < 1e11 else None
+
+
 def index_path(version_dir: str) -> str:
     return os.path.join(version_dir, META_DIR, INDEX_FILE)
 
 
+CHUNK = 4 << 20
+
+
+def _read_lines(path: str, evidence: Evidence) -> None:
+    """The index's lines into ``evidence``, read in chunks of whole lines: what a process holds at
+    its first miss is what it keeps, not also the file's bytes, their text and its split (a
+    300 MB index cost the user's process 1.1 GB at once)."""
+    try:
+        fd = _files.open_regular(path)
+    except OSError:
+        return
+    try:
+        left, tail = READ_LIMIT, b""
+        while left > 0:
+            chunk = os.read(fd, min(CHUNK, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+            data = tail + chunk
+            end = data.rfind(b"\n") + 1
+            data, tail = data[:end], data[end:]
+            for line in data.decode("utf-8", "replace").split("\n"):
+                evidence._line(line)
+        if left <= 0:
+            evidence.truncated = True
+            logger.debug("%s is larger than %d bytes: read in part", path, READ_LIMIT)
+        elif tail:
+            evidence._line(tail.decode("utf-8", "replace"))  # a last line without its newline (torn)
+    except OSError as exc:
+        logger.debug("cannot read %s: %s", path, exc)
+    finally:
+        os.close(fd)
+
+
 def load(version_dir: str) -> Evidence:
-    """The index: what a first miss compares with (a tight loop: 100 000 entries, benchmarked)."""
+    """The index: what a first miss compares with (100 000 entries, benchmarked)."""
     evidence = Evidence(version_dir)
-    data = _files.read(index_path(version_dir), READ_LIMIT) or b""
-    if len(data) >= READ_LIMIT:
-        evidence.truncated = True
-        data = data[:data.rfind(b"\n") + 1]
-        logger.debug("%s is larger than %d bytes: read in part", index_path(version_dir), READ_LIMIT)
-    entries = evidence.entries
-    for line in data.decode("utf-8", "replace").split("\n"):
-        if line.startswith("E\t"):
-            name, _, fields = line[2:].partition("\t")
-            found = entries.get(name)
-            if found is None:
-                entries[name] = [fields]
-            else:
-                found.append(fields)
-        elif line:
-            evidence._line(line)
+    _read_lines(index_path(version_dir), evidence)
     return evidence
 
 
@@ -284,10 +330,9 @@ def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: 
         if kind == "E" and len(fields) == 9:
             entries[(fields[0], fields[1])] = line
         elif kind == "X" and len(fields) == 4:
-            try:
-                removed[(fields[0], fields[1])] = (float(fields[2]), fields[3])
-            except ValueError:
-                continue
+            when = _when(fields[2])
+            if when is not None:
+                removed[(fields[0], fields[1])] = (when, fields[3])
         elif kind in ("C", "S", "P", "G") and len(fields) == 2:
             tables[(kind, fields[0])] = line
         elif kind == "V" and len(fields) == 3:
@@ -340,6 +385,27 @@ def lines_of(version_dir: str, keys: list[str]) -> list[str]:
         others = tables.get(("C", context), "").split("\t")[-1].split(",")
         used.update(("V", f"{part}\t{hash_}") for part, hash_ in zip(PARTS[1:], others, strict=False))
     return [line for key, line in tables.items() if key in used] + list(entries.values())
+
+
+def places_of(version_dir: str, limit: int = 32 << 20) -> dict[str, set[str]]:
+    """Where the code of each function name's recorded entries is (``model/core.py:step``), from
+    an index (another JAX version's, read once by a process that misses a name only it holds);
+    empty where it has no index, or one larger than ``limit``."""
+    data = _files.read(index_path(version_dir), limit) or b""
+    if len(data) >= limit:
+        return {}
+    places: dict[str, str] = {}
+    wheres: dict[str, set[str]] = {}
+    for line in data.decode("utf-8", "replace").split("\n"):
+        fields = line.split("\t")
+        if fields[0] == "P" and len(fields) == 3:
+            try:
+                places[fields[1]] = str(json.loads(fields[2]))
+            except (ValueError, RecursionError):
+                continue
+        elif fields[0] == "E" and len(fields) == 10:
+            wheres.setdefault(fields[1], set()).add(fields[8])
+    return {name: {places[w] for w in ids if w in places} for name, ids in wheres.items()}
 
 
 def isa_of_entries(lines: list[str]) -> dict[str, str | None]:

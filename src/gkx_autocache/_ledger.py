@@ -28,6 +28,9 @@ Why this shape:
   skips), the ledgers of finished processes are folded: into ``summary.json`` (totals, per-function
   compile costs, the recent misses, the last runs, the size account) and into the index of entries
   (``_index``). The bookkeeping grows with distinct functions and entries, never with runs.
+- A reset (``stats --reset``, ``clear``) cannot fold a running process's ledger: the summary keeps
+  where each stood (``offsets``: its records and last tally then), so only what it records after
+  counts, and after ``clear`` only that is indexed.
 - The size account: ``size`` is the directory's bytes on disk (allocated blocks, as ``du`` counts
   them: entries, sidecars, temporaries and this bookkeeping) as of the last full scan, plus the
   writes folded since. A fold adds, for its decision only, those of live processes' ledgers. A
@@ -92,8 +95,8 @@ _FIELDS = {**dict.fromkeys(("bytes", "hits", "misses", "own_hits", "uncached", "
                            "count"),
            **dict.fromkeys(("saved", "compile", "t"), "number"),
            **dict.fromkeys(("key", "cause", "detail", "reason", "change", "run", "host", "label", "by", "off"), "text"),
-           "own": "flag", "end": "flag", "helper": "flag", "rec": "long", "causes": "counts", "reasons": "counts",
-           "local": "level", "shared": "level"}
+           "own": "flag", "end": "flag", "helper": "flag", "more": "flag", "rec": "long", "causes": "counts",
+           "reasons": "counts", "local": "level", "shared": "level"}
 
 
 def _count(value: Any) -> int | None:
@@ -303,10 +306,49 @@ class Ledger:
         self.mtime = 0.0
         self.skipped = 0  # bytes beyond READ_LIMIT: said, not dropped silently
         self.size = 0
+        self.tally: dict[str, Any] | None = None  # its last tally (cumulative: what repeated)
+        self.counted = 0  # records before this one were made before the last reset (``since``)
+        self.tables: list[str] = []  # index table lines of records forgotten by ``clear`` (``since``)
 
     @property
     def run(self) -> str:
         return str((self.start or {}).get("run") or "")
+
+    def offset(self, forget: bool, earlier: Any = None) -> dict[str, Any]:
+        """Where this ledger stands now, for a reset that cannot fold it (its process is running):
+        only what it records after this counts; with ``forget`` (a ``clear``) only that is indexed,
+        and a ``stats --reset`` after a ``clear`` keeps what the clear forgot (``earlier``)."""
+        forgotten = len(self.records) if forget else 0
+        if isinstance(earlier, dict) and (known := _count(earlier.get("forget_n"))) is not None:
+            forgotten = max(forgotten, known)
+        return {"n": len(self.records), "tally": self.tally or {"e": "tally"}, "forget_n": forgotten}
+
+    def since(self, offset: Any) -> None:
+        """Count only what this ledger recorded after ``offset`` (see ``offset``); a malformed one
+        (a hostile summary) counts everything."""
+        if not isinstance(offset, dict) or _count(offset.get("n")) is None:
+            return
+        before = parse_record(json.dumps(offset.get("tally"))) if isinstance(offset.get("tally"), dict) else None
+        self.counted = min(offset["n"], len(self.records))
+        self.totals = Totals()
+        for record in self.records[self.counted:]:
+            self.totals.add(record)
+        if self.tally is not None:
+            repeats = Totals()
+            repeats.add(self.tally)
+            if before is not None and before["e"] == "tally":
+                earlier = Totals()
+                earlier.add(before)
+                repeats.merge(earlier, -1)
+            self.totals.merge(repeats)
+        forgotten = min(_count(offset.get("forget_n")) or 0, len(self.records))
+        if forgotten:  # ``clear``: what it wrote before is gone, and forgotten...
+            # ...but for the tables its later entries' lines refer to (a process gives each once)
+            self.tables = [line for r in self.records[:forgotten] if r["e"] in ("put", "index")
+                           for line in str(r.get("rec", "")).split("\n") if line and not line.startswith("E\t")]
+            self.records = self.records[forgotten:]
+            self.counted = max(self.counted - forgotten, 0)
+            self.disk = sum(r.get("disk", r.get("bytes", 0)) for r in self.records if r["e"] in ("put", "added"))
 
 
 def read_ledger(path: str) -> Ledger:
@@ -341,6 +383,7 @@ def read_ledger(path: str) -> Ledger:
                 ledger.disk += record.get("disk", record.get("bytes", 0))
     if tally is not None:
         ledger.totals.add(tally)
+        ledger.tally = tally
     return ledger
 
 
@@ -430,8 +473,8 @@ def finished(ledger: Ledger) -> bool:
     if free is not None:
         return free
     start = ledger.start
-    if start is None:
-        return True  # a command's ledger (prune, import): no process writes it after
+    if start is None:  # a command's ledger (prune, import: written whole), or a process's just created
+        return ledger.size > 0 or time.time() - ledger.mtime > LOCK_STALE_SECS  # (empty until its start line)
     if start.get("host") != host():
         return time.time() - ledger.mtime > STALE_SECS
     return not alive(start.get("pid", 0), start.get("born"))
@@ -479,11 +522,12 @@ class Summary:
         self.recent: list[dict[str, Any]] = []  # the latest misses and uncached compiles, for `explain`
         self.runs: dict[str, dict[str, Any]] = {}  # run -> when, what, its totals (the last MAX_RUNS)
         self.reset_at = 0.0  # the last `stats --reset`
+        self.offsets: dict[str, Any] = {}  # ledger -> where it stood at the last reset (its process running)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "totals": self.totals.to_json(), "size": self.size,
                 "scanned_at": self.scanned_at, "folded": self.folded, "recent": self.recent, "runs": self.runs,
-                "reset_at": self.reset_at}
+                "reset_at": self.reset_at, "offsets": self.offsets}
 
     @classmethod
     def from_json(cls, data: Any) -> Summary:
@@ -499,6 +543,9 @@ class Summary:
         recent = data.get("recent")
         if isinstance(recent, list):
             summary.recent = [r for item in recent[-RECENT:] if (r := _recent(item))]
+        offsets = data.get("offsets")
+        if isinstance(offsets, dict):
+            summary.offsets = {k: v for k, v in list(offsets.items())[:10_000] if isinstance(k, str) and isinstance(v, dict)}
         runs = data.get("runs")
         if isinstance(runs, dict):
             for run, entry in list(runs.items())[-MAX_RUNS:]:
@@ -524,7 +571,7 @@ def add_run(runs: dict[str, dict[str, Any]], ledger: Ledger) -> None:
     totals = Totals.from_json(entry["totals"])
     totals.merge(ledger.totals)
     entry["totals"] = totals.to_json(functions=False)
-    entry["processes"] += 1
+    entry["processes"] += 0 if start.get("more") else 1  # a process's next ledger is not another process
     entry["start"] = min(entry["start"] or start.get("t", 0.0), start.get("t", 0.0) or entry["start"])
     entry["end"] = max(entry["end"], ledger.mtime, *(r.get("t", 0.0) for r in ledger.records[-1:]))
     if start.get("label") and not entry["label"]:
@@ -585,6 +632,9 @@ class Reading:
         self.summary = None if is_url(version_dir) else read_summary(version_dir)
         folded = set(self.summary.folded) if self.summary else set()
         self.ledgers = [read_ledger(p) for p in ledger_files(version_dir) if os.path.basename(p) not in folded]
+        for ledger in self.ledgers:
+            if self.summary is not None and os.path.basename(ledger.path) in self.summary.offsets:
+                ledger.since(self.summary.offsets[os.path.basename(ledger.path)])
 
     def totals(self) -> Totals | None:
         """Totals since the last reset; None when no process has used the directory."""
@@ -600,7 +650,8 @@ class Reading:
         """The latest misses and uncached compiles, oldest first, each with its run."""
         found = list(self.summary.recent) if self.summary else []
         for ledger in self.ledgers:
-            found.extend({**r, "run": ledger.run} for r in ledger.records if r["e"] in ("miss", "uncached"))
+            found.extend({**r, "run": ledger.run} for r in ledger.records[ledger.counted:]
+                         if r["e"] in ("miss", "uncached"))
         found.sort(key=lambda r: r.get("t", 0.0))
         return found[-RECENT:]
 
@@ -664,8 +715,10 @@ def _lock(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
 
 def _excl_lock(meta_fd: int, version_dir: str, shared: bool, deadline: float) -> int | None:
     """``fold.lock``, created with ``O_EXCL``: -1 once taken. One older than ``LOCK_STALE_SECS`` was
-    left by a process that died folding: renamed away (only one process's rename succeeds), then
-    taken."""
+    left by a process that died folding (or one naming a process of this host that is gone):
+    renamed away, then taken. Two processes can both see it
+    stale; the one whose rename comes second moves the other's fresh lock, sees that it is not the
+    file it looked at, and puts it back."""
     no_flock(version_dir, shared, "flock() fails here")
     while True:
         try:
@@ -674,9 +727,19 @@ def _excl_lock(meta_fd: int, version_dir: str, shared: bool, deadline: float) ->
         except FileExistsError:
             try:
                 st = os.stat(EXCL_LOCK_FILE, dir_fd=meta_fd, follow_symlinks=False)
-                if time.time() - st.st_mtime > LOCK_STALE_SECS:
+                if time.time() - st.st_mtime > LOCK_STALE_SECS or _holder_gone(meta_fd):
                     away = f".{EXCL_LOCK_FILE}.{os.getpid()}.stale.tmp"
                     os.rename(EXCL_LOCK_FILE, away, src_dir_fd=meta_fd, dst_dir_fd=meta_fd)
+                    moved = os.stat(away, dir_fd=meta_fd, follow_symlinks=False)
+                    if (moved.st_ino, moved.st_mtime_ns) != (st.st_ino, st.st_mtime_ns):
+                        # Another process took the stale lock over between our look and our
+                        # rename: what we moved is its fresh lock. Put it back; it holds it.
+                        try:
+                            os.link(away, EXCL_LOCK_FILE, src_dir_fd=meta_fd, dst_dir_fd=meta_fd)
+                        except OSError:
+                            pass
+                        os.unlink(away, dir_fd=meta_fd)
+                        raise FileExistsError(EXCL_LOCK_FILE)
                     os.unlink(away, dir_fd=meta_fd)
                     continue
             except OSError:
@@ -697,6 +760,20 @@ def _excl_lock(meta_fd: int, version_dir: str, shared: bool, deadline: float) ->
             os.close(fd)
         _excl_held.append(os.path.join(version_dir, META_DIR, EXCL_LOCK_FILE))
         return -1
+
+
+def _holder_gone(meta_fd: int) -> bool:
+    """Whether ``fold.lock`` names a process of this host that is no longer running (killed while
+    folding): then it is stale at once, not after ``LOCK_STALE_SECS``."""
+    try:
+        fd = _files.open_regular(EXCL_LOCK_FILE, dir_fd=meta_fd)
+        try:
+            fields = os.read(fd, 256).decode("utf-8", "replace").split()
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return len(fields) == 3 and fields[0] == host() and fields[1].isdigit() and not alive(int(fields[1]), None)
 
 
 _excl_held: list[str] = []
@@ -737,22 +814,31 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
     live_disk = 0
     lines: list[str] = []
     recent = {_recent_key(r): r for r in summary.recent}
+    offsets, summary.offsets = summary.offsets, {}
     for path in ledger_files(version_dir):
         if os.path.basename(path) in already:
             done.append(path)  # folded before; its removal failed
             continue
         ledger = read_ledger(path)
         if not finished(ledger):  # a live process: its writes count for the decision, not the record
+            if zero:  # a reset: only what it records from now on counts
+                summary.offsets[os.path.basename(path)] = ledger.offset(False, offsets.get(os.path.basename(path)))
+            elif os.path.basename(path) in offsets:
+                summary.offsets[os.path.basename(path)] = offsets[os.path.basename(path)]
             live_disk += ledger.disk
             continue
+        if os.path.basename(path) in offsets:
+            ledger.since(offsets[os.path.basename(path)])
         done.append(path)
         summary.totals.merge(ledger.totals)
         summary.size += ledger.disk
         add_run(summary.runs, ledger)
-        for record in ledger.records:
+        lines.extend(ledger.tables)
+        for i, record in enumerate(ledger.records):
             kind = record["e"]
             if kind in ("miss", "uncached"):
-                _remember(recent, {**record, "run": ledger.run})
+                if i >= ledger.counted:
+                    _remember(recent, {**record, "run": ledger.run})
             elif kind in ("put", "index") and record.get("rec"):
                 lines.extend(record["rec"].split("\n"))
             elif kind == "evicted" and record.get("key"):
@@ -830,10 +916,20 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     try:
         if not forget:
             return _fold(version_dir, 0, shared, zero=True)
-        done = [path for path in files if finished(read_ledger(path))]
+        fresh = Summary()  # a fresh start: a running process's records so far are forgotten too
+        done = []
+        for path in files:
+            ledger = read_ledger(path)
+            if finished(ledger):
+                done.append(path)
+            else:
+                fresh.offsets[os.path.basename(path)] = ledger.offset(forget=True)
         removed = _entries.remove_files(version_dir, [*done, *extra])
         if removed.failed:
             raise OSError(f"stats not reset: {removed.why()}")
+        if fresh.offsets:
+            fresh.reset_at = time.time()
+            _write_summary(version_dir, fresh, shared)
         return removed.files
     finally:
         _unlock(lock)

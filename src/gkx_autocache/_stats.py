@@ -85,6 +85,8 @@ class Recorder:
         self._fd: int | None = None
         self._seen: set[tuple[str, ...]] = set()  # what this ledger has a record of
         self._repeats = _ledger.Totals()  # counted, not written as records: this ledger's tally
+        self._tallied = _ledger.Totals()  # of those, what its last tally written holds
+        self._ledger_run: str | None = None  # the run of the last ledger this process began
         self._dirty = False
         self._tally_at = 0.0
         self._written = 0
@@ -206,6 +208,7 @@ class Recorder:
     def _write(self, record: dict[str, Any]) -> None:
         """One record, one ``write``, ``O_APPEND``: whole lines or none. Past ``LIVE_LIMIT`` the
         ledger ends (its final tally) and the next record begins another."""
+        self._check_removed()
         if self._fd is None:
             self._fd = self._open()
             self._written = 0
@@ -216,13 +219,40 @@ class Recorder:
             self._end()
 
     def _write_tally(self, end: bool = False) -> None:
+        self._check_removed()
+        if self._fd is None:
+            self._fd = self._open()
+            self._written = 0
         tally = self._repeats.tally()
         if end:
             tally["end"] = True
         self._dirty = False
         self._tally_at = time.monotonic()
-        assert self._fd is not None
         os.write(self._fd, _ledger.encode(tally))
+        self._tallied = _ledger.Totals()
+        self._tallied.merge(self._repeats)
+
+    def _check_removed(self) -> None:
+        """Where flock does not work, a fold on another host takes a ledger untouched for
+        ``STALE_SECS`` (a kernel idle overnight) for a finished one: it counts it and deletes it.
+        What this process records next goes to a new ledger, with the repeats its last tally did
+        not hold, never to the deleted file."""
+        if self._fd is None:
+            return
+        try:
+            removed = os.fstat(self._fd).st_nlink == 0
+        except OSError:
+            return
+        if removed:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+            self._seen = set()
+            self._repeats.merge(self._tallied, -1)  # what the fold counted stays counted once
+            self._tallied = _ledger.Totals()
+            self._new_ledger()
 
     def _end(self) -> None:
         """End this ledger: the final tally says it is finished (where flock does not work, that is
@@ -239,6 +269,14 @@ class Recorder:
             self._fd = None
             self._seen = set()
             self._repeats = _ledger.Totals()
+            self._tallied = _ledger.Totals()
+            self._new_ledger()
+
+    def _new_ledger(self) -> None:
+        """The next ledger is folded on its own: its entries' index lines must not refer to table
+        lines only an earlier ledger holds (a full scan may have dropped them since)."""
+        if self.explainer is not None:
+            self.explainer.forget_given()
 
     def _open(self) -> int:
         """A new ledger of this process, created and locked for as long as it is written (see
@@ -264,6 +302,9 @@ class Recorder:
                 started = _ledger.born(os.getpid())
                 if started is not None:
                     start["born"] = started
+                if self._ledger_run == self.run:
+                    start["more"] = True  # this process's next ledger: the run has no more processes
+                self._ledger_run = self.run
                 os.write(fd, _ledger.encode(start))
             except BaseException:  # no empty ledger, no open descriptor left behind
                 os.close(fd)
@@ -317,6 +358,11 @@ class Recorder:
         self.totals = _ledger.Totals()
         self._seen = set()
         self._repeats = _ledger.Totals()
+        self._tallied = _ledger.Totals()
+        self._ledger_run = None
+        if self.explainer is not None:  # a lock another thread of the parent held at the fork stays held
+            self.explainer._lock = threading.Lock()
+        self._new_ledger()
         self.requests = self.jax_hits = 0
 
     def snapshot(self, used: str | None = None) -> dict[str, Any]:
@@ -338,9 +384,16 @@ class Recorder:
 
 
 def label() -> str:
-    """What this process is, for `explain`'s runs: the script (or ``-c``, ``-m module``)."""
+    """What this process is, for `explain`'s runs: the script (or ``-c``, the module run with
+    ``-m``: ``pytest -q``, not its ``__main__.py``); a pytest-xdist worker (``python -c``) is its
+    session's."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return "pytest session (pytest-xdist workers)"
     argv = sys.argv or [""]
     script = os.path.basename(argv[0]) if argv[0] not in ("", "-c") else argv[0] or "python"
+    orig = list(getattr(sys, "orig_argv", []))
+    if script == "__main__.py" and "-m" in orig[1:]:
+        script = orig[orig.index("-m", 1) + 1] if orig.index("-m", 1) + 1 < len(orig) else script
     return " ".join([script, *argv[1:3]])[:120]
 
 

@@ -229,7 +229,7 @@ def _store_verdict(location: _cache.Location) -> dict[str, Any]:
 # -- explain ------------------------------------------------------------------------------------------
 
 FIXES = {
-    "new": "nothing to fix: a first compile; the next run is served",
+    "new": "nothing to fix: its first entry here; the next run is served",
     "changed computation": "nothing to fix when you changed the code, the shapes or jax.config; a value that differs "
                            "on every run (a time, a seed, an id()) closed over by the function makes it miss every "
                            "time: pass it as an argument",
@@ -251,6 +251,13 @@ FIXES = {
                          "the CPU's instruction set (or after stock JAX wrote the directory)",
     "cannot tell": "the evidence cannot decide: run your code from a module file (not a notebook cell or python -c) "
                    "to tell functions of one name apart",
+    "cannot tell:record": "the evidence cannot decide: entries without a record (stock JAX, an older gkx-autocache, a "
+                          "process not finished) are compared once a gkx-autocache process has recorded them",
+    "cannot tell:alias": "the evidence cannot decide: import a module one way (model.core), not also by putting its "
+                         "folder on sys.path (core), so that its functions have one place",
+    "cannot tell:lambda": "the evidence cannot decide: give the function a name (def) to tell it from the file's "
+                          "other lambdas",
+    "cannot tell:jax": "the evidence cannot decide: nothing to fix if you upgraded JAX; if not, its first entry here",
     "rejected": "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
     "unexplained": "JAX's key parts were not seen for this compile",
     "not process 0": "expected: only process 0 of a multi-process run writes (JAX's rule)",
@@ -263,7 +270,7 @@ EVICTED = {"max_size": "the cap is smaller than the working set: raise max_size 
            "verify": "removed by gkx-autocache verify --repair because it did not load: nothing to fix",
            "outside": "someone or something outside gkx-autocache removed it (a person, a cleanup job, another tool)"}
 EVERY_RUN = ("misses on every run: a value that differs on every run (a time, a seed, an id()) is closed over by the "
-             "function: pass it as an argument")
+             "function or passed as a static argument: pass it as an ordinary (traced) argument")
 
 
 def fix_for(cause: str, ctx: Context, by: str | None = None) -> str:
@@ -275,7 +282,7 @@ def fix_for(cause: str, ctx: Context, by: str | None = None) -> str:
         return f"lower min_compile_time_secs ({setting_fix(ctx, 'min_compile_time_secs', '0')})"
     if short == "below min_entry_size_bytes":
         return f"lower min_entry_size_bytes ({setting_fix(ctx, 'min_entry_size_bytes', '-1')})"
-    return FIXES.get(short, "")
+    return FIXES.get(f"{short}:{by}", FIXES.get(short, ""))
 
 
 def setting_fix(ctx: Context, key: str, example: str) -> str:
@@ -322,8 +329,30 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
     every_run = _every_run(records, recent_runs)
     in_last = [r for r in records if last is not None and r.get("run") == last[0]]
     earlier = [r for r in records if last is None or r.get("run") != last[0]]
-    return {"unavailable": unavailable, "last_run": last_run, "groups": _grouped(in_last, ctx, every_run),
+    groups = _grouped(in_last, ctx, every_run)
+    if last_run is not None and since is None and function is None:
+        groups = _whole_run(groups, last_run, ctx)
+    # A cache this user cannot write (a baked image) serves their runs but keeps no record of them:
+    # what is here is its writers' runs, never this user's last one.
+    read_only = local and location is not None and not location.writable
+    return {"unavailable": unavailable, "read_only": read_only, "last_run": last_run, "groups": groups,
             "earlier": _grouped(earlier, ctx, every_run), "since": since, "function": function}
+
+
+def _whole_run(groups: list[dict[str, Any]], last_run: dict[str, Any], ctx: Context) -> list[dict[str, Any]]:
+    """Each group of the last run counts what the run counted: a compile repeated in a loop is a
+    record once (its repeats are tallied), and only the latest ``RECENT`` records are kept, so the
+    records listed by function may be fewer; ``listed`` says how many are."""
+    counted = {**last_run["misses_by_cause"],
+               **{f"not cached: {reason}": n for reason, n in last_run["not_cached_by_reason"].items()}}
+    by_cause = {group["cause"]: group for group in groups}
+    for cause, n in counted.items():
+        group = by_cause.get(cause)
+        if group is None:
+            group = by_cause[cause] = {"cause": cause, "count": 0, "functions": [], "fix": fix_for(cause, ctx)}
+        if n > group["count"]:
+            group["listed"], group["count"] = group["count"], n
+    return sorted(by_cause.values(), key=lambda g: (g["cause"].startswith("not cached"), -g["count"]))
 
 
 def _every_run(records: list[dict[str, Any]], runs: list[str]) -> set[str]:
@@ -347,8 +376,8 @@ def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -
     groups: dict[str, dict[str, Any]] = {}
 
     def add(cause: str, record: dict[str, Any], detail: str) -> None:
-        group = groups.setdefault(cause, {"cause": cause, "count": 0, "functions": {},
-                                          "fix": fix_for(cause, ctx, record.get("by"))})
+        group = groups.setdefault(cause, {"cause": cause, "count": 0, "functions": {}, "fixes": {}})
+        group["fixes"][fix_for(cause, ctx, record.get("by"))] = True  # each fix that fits one of its records
         group["count"] += 1
         name = function_name(record.get("key") or "?-")
         fn = group["functions"].setdefault(name, {"name": name, "count": 0, "detail": "", "helper": False})
@@ -370,6 +399,7 @@ def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -
             add(f"not cached: {record.get('reason') or 'unknown'}", record, record.get("detail", "") + change)
     ordered = sorted(groups.values(), key=lambda g: (g["cause"].startswith("not cached"), -g["count"]))
     for group in ordered:
+        group["fix"] = "; ".join(fix for fix in group.pop("fixes") if fix)
         group["functions"] = sorted(group["functions"].values(), key=lambda f: (f["helper"], -f["count"], f["name"]))
     return ordered
 
