@@ -44,7 +44,7 @@ def report(stderr: str) -> dict[str, int]:
     """The numbers of the `report` line (the last: a forked child that exits normally prints its own
     first): hits, local and shared hits, misses."""
     line = [ln for ln in stderr.splitlines() if ln.startswith("gkx-autocache: ")][-1]
-    match = re.match(r"gkx-autocache: (\d+) hits(?: \((\d+) local, (\d+) shared[;)])?.*?, (\d+) misses", line)
+    match = re.match(r"gkx-autocache: (\d+) hits?(?: \((\d+) local, (\d+) shared[;)])?.*?, (\d+) miss(?:es)?", line)
     assert match, line
     return {"hits": int(match[1]), "local": int(match[2] or 0), "shared": int(match[3] or 0), "misses": int(match[4])}
 

@@ -113,12 +113,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if data["levels"]:  # the local and shared levels' numbers (SPEC §14)
         from gkx_autocache import _levels
 
-        lines.insert(1, f"levels      {_levels.line(data['raw_levels'])}")
+        lines.insert(1, f"levels      {_levels.line(data['levels'])}")
     if data["top_functions"]:
         lines.append("costliest compiles (seconds, summed over shapes; JAX's own helpers last):")
         lines.extend(f"  {f['compile_secs']:8.3f}  {f['name']}{'  (JAX)' if f['helper'] else ''}"
                      for f in data["top_functions"])
-    emit(args, "\n".join(lines), {k: v for k, v in data.items() if k != "raw_levels"})
+    emit(args, "\n".join(lines), data)
     return OK
 
 

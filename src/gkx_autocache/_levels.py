@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gkx_autocache import _files, _trust
-from gkx_autocache._diagnostics import human_bytes, logger, warn
+from gkx_autocache._diagnostics import human_bytes, logger, plural, warn
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, is_url, key_match, version_name
 
 FIRST_BLOCK = 256 << 10  # most CPU entries fit in one block: one round trip
@@ -900,12 +900,13 @@ def shown(counts: dict[str, Any]) -> dict[str, Any]:
 
 
 def line(levels: dict[str, Any]) -> str:
-    """``local 9 hits, 2 misses, 0.3 ms a read; shared 3 hits (3 backfilled), 4 uploads, ...``."""
+    """``local 9 hits, 2 misses, 0.3 ms a read; shared 3 hits (3 backfilled), 4 uploads, ...``, from
+    the levels as ``shown`` gives them."""
     parts = []
     for level in ("local", "shared"):
         c = levels.get(level) or {}
-        mean = c.get("read_secs", 0.0) / c["reads"] if c.get("reads") else None
-        text = f"{level} {int(c.get('hits', 0))} hits, {int(c.get('misses', 0))} misses"
+        mean = c.get("mean_read_secs")
+        text = f"{level} {plural(int(c.get('hits', 0)), 'hit')}, {plural(int(c.get('misses', 0)), 'miss', 'misses')}"
         if level == "shared":
             text += (f" ({int(c.get('backfills', 0))} backfilled, {int(c.get('rejected', 0))} rejected), "
                      f"{int(c.get('uploads', 0))} uploads")

@@ -554,7 +554,17 @@ def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
             "misses_by_cause": dict(sorted(t.causes.items(), key=lambda kv: -kv[1])),
             "not_cached": t.not_cached, "not_cached_by_reason": dict(sorted(t.reasons.items(), key=lambda kv: -kv[1])),
             "hit_rate": t.hits / lookups if lookups else None, "saved_secs": round(t.saved_secs, 3),
-            "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes, "levels": t.levels}
+            "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes,
+            "levels": levels_dict(t.levels)}
+
+
+def levels_dict(levels: dict[str, Any]) -> dict[str, Any] | None:
+    """Both levels' numbers as the JSON shows them (SPEC §14); None where no level was used."""
+    if not levels:
+        return None
+    from gkx_autocache._levels import shown
+
+    return {name: shown(levels.get(name, {})) for name in ("local", "shared")}
 
 
 def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float, bool]]:

@@ -204,16 +204,11 @@ def stats_data(vdir: str) -> dict[str, Any]:
     totals = reading.totals()
     reset_at = reading.summary.reset_at if reading.summary else 0.0
     if totals is None or (totals.empty and reset_at):
-        return {"dir": vdir, "stats": None, "levels": None, "top_functions": [], "reset_at": reset_at or None,
-                "raw_levels": {}}
+        return {"dir": vdir, "stats": None, "levels": None, "top_functions": [], "reset_at": reset_at or None}
     top = [{"name": n, "compile_secs": round(s, 3), "helper": h} for n, s, h in _stats.top_functions(totals)]
-    levels = None
-    if totals.levels:  # the local and shared levels' numbers (SPEC §14), at the top of the object
-        from gkx_autocache import _levels
-
-        levels = {name: _levels.shown(totals.levels.get(name, {})) for name in ("local", "shared")}
-    return {"dir": vdir, "stats": _stats.totals_dict(totals), "levels": levels, "top_functions": top,
-            "reset_at": reset_at or None, "raw_levels": totals.levels}
+    stats = _stats.totals_dict(totals)  # (its levels also at the top of the object: SPEC §14)
+    return {"dir": vdir, "stats": stats, "levels": stats["levels"], "top_functions": top,
+            "reset_at": reset_at or None}
 
 
 def _store_verdict(location: _cache.Location) -> dict[str, Any]:
