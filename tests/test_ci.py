@@ -57,6 +57,21 @@ def test_ci_key_changes_with_jaxlib(monkeypatch: pytest.MonkeyPatch) -> None:
     assert other != key and other_parts["jaxlib"] == "9.9.9" and parts["jaxlib"] != "9.9.9"
 
 
+def test_ci_key_changes_with_the_flags_jax_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """XLA_FLAGS and LIBTPU_INIT_ARGS are in JAX's key: a CI cache made under others is not restored.
+    A dump flag, which JAX leaves out of its key, changes nothing."""
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    plain, _ = _status.ci_key()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/dump")
+    assert _status.ci_key()[0] == plain
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
+    assert _status.ci_key()[0] != plain
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_latency_hiding_scheduler=true")
+    assert _status.ci_key()[0] != plain
+
+
 def test_a_closed_pipe_is_not_a_traceback(venv: Venv) -> None:
     """`gkx-autocache --json status | head -c 10`: the reader leaves early; no traceback."""
     proc = subprocess.run(f"{venv.python} -m gkx_autocache --json status | head -c 10", shell=True, env=venv.env,

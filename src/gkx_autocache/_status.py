@@ -419,7 +419,7 @@ def ci_key() -> tuple[str, dict[str, str]]:
     """A short key that changes whenever the entries could stop being valid, and no more often: the
     host's ISA (the instruction-set flags of the CPU, not every flag: microcode and hypervisor flags
     do not change what an entry runs on), the Python minor version, JAX, jaxlib and accelerator
-    plugins, platform and machine, the compression library, XLA_FLAGS. And its parts."""
+    plugins, platform and machine, the compression library, XLA_FLAGS and LIBTPU_INIT_ARGS. And its parts."""
     import hashlib
 
     from gkx_autocache import _isa
@@ -433,6 +433,8 @@ def ci_key() -> tuple[str, dict[str, str]]:
         # JAX leaves the dump flags out of its key; so does this.
         "xla_flags": " ".join(sorted(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_dump"))),
     }
+    if os.environ.get("LIBTPU_INIT_ARGS"):  # in JAX's key on TPU, as XLA_FLAGS are (a part only where set:
+        parts["libtpu_init_args"] = os.environ["LIBTPU_INIT_ARGS"]  # the keys of every other CI stay as they were)
     digest = hashlib.sha256(json_dumps(parts).encode()).hexdigest()[:16]
     return f"{parts['jax']}-{digest}", parts
 
