@@ -293,6 +293,7 @@ def _import_measured(venv: Venv, archive: Path, target: Path) -> tuple[str, int,
     return line, int(proc.stdout.split()[-1]), seconds
 
 
+@pytest.mark.once  # slow, and the same on every JAX line
 @pytest.mark.parametrize("layout, why", [
     ("manifest-last", "more than 100000 members before its manifest"),
     ("manifest-first", f"'jit_f000000-{'a' * 32}... (84 characters) is not listed in the manifest"),

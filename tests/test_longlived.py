@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import Venv, autocache_warnings, run_program
 from test_activation import VERSION_DIR
 from test_cap import compiling
@@ -52,6 +53,7 @@ def ledger_bytes(vdir: Path) -> int:
     return sum(p.stat().st_size for p in (vdir / ".gkx-autocache" / "ledger").iterdir())
 
 
+@pytest.mark.once  # slow, and the same on every JAX line
 def test_a_million_lookups_of_100_keys_keep_the_ledger_small_and_counted(venv: Venv, tmp_path: Path) -> None:
     """1 000 000 lookups of 100 keys leave a live ledger under 1 MiB (a few KB: a record per key,
     the repeats as a tally), and `stats` counts every one of them while the process still runs."""
