@@ -438,11 +438,12 @@ class Removal:
     """The units and temporary files a command removes (or would, with ``--dry-run``)."""
 
     def __init__(self, version_dir: str, units: list[Unit], temporary: list[tuple[str, int, float]],
-                 compile_secs: float) -> None:
+                 compile_secs: float, before: tuple[int, int] | None = None) -> None:
         self.version_dir = version_dir
         self.units = units
         self.temporary = temporary
         self.compile_secs = compile_secs  # what it cost to compile them, where the sidecars say
+        self.before = before  # (entries, bytes as the cap counts them) the scan found, where it is known
 
     @property
     def files(self) -> list[str]:
@@ -491,7 +492,9 @@ def plan_prune(version_dir: str, cap: int, older_than: float | None = None) -> R
     if cap:
         chosen += select_over(rest, cap)
     stale_tmp = [t for t in found.temporary if now - t[2] > STALE_TMP_SECS]
-    return _removal(version_dir, chosen, stale_tmp)
+    removal = _removal(version_dir, chosen, stale_tmp)
+    removal.before = (found.entries, found.bytes + bookkeeping_bytes(version_dir))  # what remains, without a recount
+    return removal
 
 
 def execute(removal: Removal) -> Removed:

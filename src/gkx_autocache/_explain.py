@@ -231,17 +231,27 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
             if module is not None:
                 signature, place = _guarded(signature_of, module, "?"), _guarded(place_of, (module, name), UNKNOWN_PLACE)
             continue
-        value = hook if part == "custom_hook" else _guarded(_readable, (part, cells), None)
+        value = hook if part == "custom_hook" else _guarded(_readable, (part, cells), None) if part == "XLA flags" else None
         fresh = hashlib.sha256()
-        if part in ("XLA flags", "custom_hook") and value is not None:
-            fresh.update(value.encode())  # JAX's flags part logs each flag at DEBUG: not called twice
+        raw = _serialized_options(cells) if part == "compile_options" else None
+        if raw is not None and raw in _OPTIONS_HASH:
+            hashes[part] = _OPTIONS_HASH[raw]
         else:
-            hashfn(fresh)
-            if part == "custom_hook":  # a user's hook replaced the package's: the seam adds the ISA
-                fresh.update(_key.isa_suffix().encode())
+            if part in ("XLA flags", "custom_hook") and value is not None:
+                fresh.update(value.encode())  # JAX's flags part logs each flag at DEBUG: not called twice
+            else:
+                hashfn(fresh)
+                if part == "custom_hook":  # a user's hook replaced the package's: the seam adds the ISA
+                    fresh.update(_key.isa_suffix().encode())
+            hashes[part] = fresh.hexdigest()[:HEX]
+            if raw is not None:
+                if len(_OPTIONS_HASH) >= 256:
+                    _OPTIONS_HASH.clear()
+                _OPTIONS_HASH[raw] = hashes[part]
+        if part not in ("XLA flags", "custom_hook"):
+            value = _readable_once(part, hashes[part], cells)
         if value is not None:
             readable[part] = value
-        hashes[part] = fresh.hexdigest()[:HEX]
     for part in PARTS:
         hashes.setdefault(part, "-")
     return Facts(hashes, readable, signature, place, _guarded(config_map, (), {}))
@@ -253,6 +263,30 @@ def _guarded(func: Any, args: Any, default: Any) -> Any:
     except Exception as exc:
         logger.debug("%s: %s", getattr(func, "__name__", func), exc)
         return default
+
+
+_READABLE: dict[tuple[str, str], str | None] = {}
+_OPTIONS_HASH: dict[tuple[str, bytes], str] = {}  # the compile options as serialised -> their part's hash
+
+
+def _serialized_options(cells: dict[str, Any]) -> tuple[str, bytes] | None:
+    """The compile options of a key, serialised as they are (a fifth of the cost of JAX's own hashing
+    of them, which copies them and clears fields first): the same bytes give the same part hash."""
+    try:
+        return getattr(cells.get("backend"), "platform", ""), cells["compile_options"].SerializeAsString()
+    except Exception:
+        return None
+
+
+def _readable_once(part: str, hash_: str, cells: dict[str, Any]) -> str | None:
+    """A part's readable value, made once per process for each of its hashes: the compile options'
+    (some 300 fields, 0.4 ms) are the same for nearly every compile of a process, and the devices,
+    versions and compression are the process's own."""
+    if (part, hash_) not in _READABLE:
+        if len(_READABLE) >= 256:
+            _READABLE.clear()
+        _READABLE[(part, hash_)] = _guarded(_readable, (part, cells), None)
+    return _READABLE[(part, hash_)]
 
 
 def _readable(part: str, cells: dict[str, Any]) -> str | None:
@@ -521,15 +555,19 @@ def config_map() -> dict[str, str]:
     cannot change what is compiled."""
     import jax
 
+    holders = getattr(jax.config, "_value_holders", {})
+    if not _CONFIG_KEPT or _CONFIG_KEPT[0] is not holders or _CONFIG_KEPT[1] != len(holders):
+        _CONFIG_KEPT[:] = [holders, len(holders), [(o, h) for o, h in holders.items() if not o.startswith(CONFIG_IGNORED)]]
     found = {}
-    for option, holder in getattr(jax.config, "_value_holders", {}).items():
-        if option.startswith(CONFIG_IGNORED):
-            continue
+    for option, holder in _CONFIG_KEPT[2]:
         try:
             found[option] = repr(holder.value)[:120]
         except Exception:
             continue
     return found
+
+
+_CONFIG_KEPT: list[Any] = []  # jax.config's holders, their count, and those config_map reads (once a process)
 
 
 # -- deciding the cause ------------------------------------------------------------------------------
