@@ -244,12 +244,7 @@ class Recorder:
         except OSError:
             return
         if removed:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
-            self._seen = set()
+            self._close()
             self._repeats.merge(self._tallied, -1)  # what the fold counted stays counted once
             self._tallied = _ledger.Totals()
             self._new_ledger()
@@ -262,15 +257,20 @@ class Recorder:
         try:
             self._write_tally(end=True)
         finally:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
-            self._seen = set()
+            self._close()
             self._repeats = _ledger.Totals()
             self._tallied = _ledger.Totals()
             self._new_ledger()
+
+    def _close(self) -> None:
+        """Let the ledger's descriptor go (and its lock with it), and what this process wrote to it."""
+        fd, self._fd = self._fd, None
+        try:
+            if fd is not None:
+                os.close(fd)
+        except OSError:
+            pass
+        self._seen = set()
 
     def _new_ledger(self) -> None:
         """The next ledger is folded on its own: its entries' index lines must not refer to table
