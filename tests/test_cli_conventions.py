@@ -59,6 +59,10 @@ def test_config_shows_values_as_written(venv: Venv) -> None:
     assert "800MB" in listing and "800000000" not in listing and "None" not in listing, listing
     got = json.loads(venv.cli("--json", "config", "get", "max_size").stdout)
     assert got["written"] == "800MB" and got["value"] == 800_000_000
+    # list and get read every file: a --user or --venv there was taken and ignored; now a usage error
+    for action in (["list"], ["get", "max_size"]):
+        proc = venv.cli("config", *action, "--user")
+        assert proc.returncode == 2 and "--user" in proc.stderr, proc.stderr
 
 
 def test_counts_agree_in_number_and_prune_says_what_remains(venv: Venv, tmp_path: Path) -> None:

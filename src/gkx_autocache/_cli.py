@@ -560,12 +560,14 @@ def build_parser() -> Parser:
     group.add_argument("--user", action="store_true", help="your user config file")
     keys = ", ".join(_settings.KEYS)
 
-    def action(name: str, text: str) -> argparse.ArgumentParser:
-        return actions.add_parser(name, parents=[where, json_flag], help=text, description=text)
+    def action(name: str, text: str, writes: bool = True) -> argparse.ArgumentParser:
+        """An action; one that writes a file takes --venv or --user (list and get read them all)."""
+        return actions.add_parser(name, parents=[where, json_flag] if writes else [json_flag], help=text,
+                                  description=text)
 
-    action("list", "every setting: its value as written, and where it comes from")
-    action("get", "one setting: its value as written").add_argument("key", help=f"one of: {keys}")
-    setter = action("set", "write a setting into a settings file (validated first; written as you typed it)")
+    action("list", "every setting: its value as written, and where it comes from", writes=False)
+    action("get", "one setting: its value as written", writes=False).add_argument("key", help=f"one of: {keys}")
+    setter = action("set", "write a setting into a settings file (validated first; a $VAR kept as typed)")
     setter.add_argument("key", help=f"one of: {keys}")
     setter.add_argument("value", help="the value, as you would write it (5GiB, $SCRATCH/jax, true)")
     action("unset", "remove a setting from a settings file").add_argument("key", help=f"one of: {keys}")
