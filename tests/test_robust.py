@@ -239,9 +239,20 @@ def in_deleted_cwd(venv: Venv, where: Path, *command: str, env: dict[str, str] |
                           capture_output=True, text=True, timeout=600)
 
 
+def jax_without_a_cwd(venv: Venv, where: Path) -> None:
+    """Skip where JAX itself cannot be imported from a deleted directory, with the package off
+    (numpy 2.5 on CPython 3.13.0: "SystemError: error return without exception set" in numpy's
+    own import): nothing of this package is then left to test."""
+    proc = in_deleted_cwd(venv, where, venv.python, "-c", "import jax.numpy", env={"GKX_JAX_CACHE": "0"})
+    if proc.returncode != 0:
+        pytest.skip("JAX cannot be imported from a deleted directory here, with the package off: "
+                    f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
 def test_a_deleted_current_directory_leaves_an_absolute_dir_working(venv: Venv, tmp_path: Path) -> None:
     """With an absolute dir, a process whose current directory was deleted is cached as usual,
     cold then warm, with no warning, under -W error too."""
+    jax_without_a_cwd(venv, tmp_path / "plain")
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
     runs = []
     for i in range(2):
@@ -255,6 +266,7 @@ def test_a_deleted_current_directory_leaves_an_absolute_dir_working(venv: Venv, 
 def test_a_relative_dir_from_a_variable_needs_the_current_directory(venv: Venv, tmp_path: Path) -> None:
     """A relative GKX_JAX_CACHE_DIR in a deleted current directory is a bad value: one warning
     naming the variable and why, and the next source down (here the default) applies."""
+    jax_without_a_cwd(venv, tmp_path / "plain")
     proc = in_deleted_cwd(venv, tmp_path / "gone", venv.python, "-c", PROGRAM, env={"GKX_JAX_CACHE_DIR": "rel/cache"})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["dir"] == str(venv.default_cache / VERSION_DIR)
