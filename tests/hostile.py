@@ -81,7 +81,24 @@ def _body(sock: socket.socket, buffer: bytearray, fields: dict[str, str], bodyle
     return _read_exactly(sock, buffer, int(fields.get("content-length", "0") or 0))
 
 
-class Proxy:
+class _Listening:
+    """A server of its own on 127.0.0.1, answering in threads until ``close``."""
+
+    def _listen(self, handler: type[socketserver.BaseRequestHandler]) -> None:
+        self.server = _Server(("127.0.0.1", 0), handler)
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Proxy(_Listening):
     """In front of ``upstream`` (a port of 127.0.0.1). ``mode`` says what it does to the bodies of
     object reads (a GET of an entry, ``...-cache``): ``forward`` nothing; ``truncate`` sends half
     and closes the connection; ``short`` says and sends 10 bytes fewer; ``long`` sends 10 bytes
@@ -103,17 +120,7 @@ class Proxy:
                 except (OSError, ConnectionError, ValueError):
                     pass
 
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._listen(Handler)
 
     def _serve(self, client: socket.socket) -> None:
         upstream = socket.create_connection(("127.0.0.1", self.upstream))
@@ -162,7 +169,7 @@ class Proxy:
             client.close()
 
 
-class Silent:
+class Silent(_Listening):
     """Accepts every connection, reads what it is sent, and never answers (``dribble``: answers a
     byte a second, forever)."""
 
@@ -186,14 +193,4 @@ class Silent:
                 except OSError:
                     pass
 
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._listen(Handler)

@@ -22,6 +22,7 @@ import pytest
 from conftest import PROGRAM, S3, Venv, free_port, run_program
 from hostile import Proxy, Silent
 from test_activation import VERSION_DIR
+from test_multihost import RANK  # two jax.distributed ranks compiling one step
 
 from gkx_autocache import _settings
 
@@ -221,20 +222,6 @@ def test_without_a_key_an_unsigned_entry_is_served_and_a_signed_one_too(venv: Ve
     assert served["hits"] == served["requests"] and report(err)["shared"] == cold["requests"], err
 
 
-RANK = r"""
-import json, sys
-import jax
-rank, port = int(sys.argv[1]), sys.argv[2]
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=rank,
-                           initialization_timeout=120)
-import jax.numpy as jnp
-@jax.jit
-def step(x):
-    return jnp.tanh(x @ x.T).sum(axis=0) * 3.0
-result = float(step(jnp.linspace(0.0, 1.0, 64).reshape(8, 8)).sum())
-print(json.dumps({"rank": jax.process_index(), "result": round(result, 4)}))
-jax.distributed.shutdown()
-"""
 
 
 def run_ranks(venv: Venv, envs: list[dict[str, str]]) -> list[dict[str, int]]:
@@ -316,19 +303,25 @@ def test_a_fork_with_uploads_in_flight(venv: Venv, tmp_path: Path, s3: S3, s3_se
     assert report(proc.stderr)["shared"] == len(uploaded), proc.stderr
 
 
+def through_a_proxy(venv: Venv, s3: S3, s3_server: str, local: Path) -> tuple[dict[str, Any], str, list[tuple[str, str]]]:
+    """A run of the program with the bucket behind a recording proxy: its output, its stderr, and
+    every request the bucket was asked (method, path)."""
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]))
+    try:
+        out, err = run_program(venv, env=levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket, local))
+    finally:
+        proxy.close()
+    return out, err, proxy.requests
+
+
 def test_a_cold_run_against_an_empty_bucket_lists_once(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
     """A cold run against a live, empty bucket asks it one listing, not a read per miss; its only
     other requests are the uploads (a seal and an entry each)."""
-    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]))
-    try:
-        out, err = run_program(venv, env=levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket,
-                                                    tmp_path / "a"))
-    finally:
-        proxy.close()
-    gets = [(m, p) for m, p in proxy.requests if m in ("GET", "HEAD")]
-    puts = [(m, p) for m, p in proxy.requests if m == "PUT"]
-    assert len(gets) == 1 and "list-type=2" in gets[0][1], proxy.requests
-    assert len(puts) == 2 * out["requests"] and out["hits"] == 0, proxy.requests
+    out, err, requests = through_a_proxy(venv, s3, s3_server, tmp_path / "a")
+    gets = [(m, p) for m, p in requests if m in ("GET", "HEAD")]
+    puts = [(m, p) for m, p in requests if m == "PUT"]
+    assert len(gets) == 1 and "list-type=2" in gets[0][1], requests
+    assert len(puts) == 2 * out["requests"] and out["hits"] == 0, requests
 
 
 @pytest.mark.parametrize("mode", ["truncate", "short", "long", "lie"])
@@ -727,15 +720,10 @@ def test_a_bucket_with_more_names_than_one_listing_is_asked_key_by_key(venv: Ven
     client = s3.client()
     for i in range(1001):
         client.put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/jit_other-{i:064x}-cache", Body=b"x")
-    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]))
-    try:
-        out, err = run_program(venv, env=levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket,
-                                                    tmp_path / "a"))
-    finally:
-        proxy.close()
-    listings = [p for m, p in proxy.requests if m == "GET" and "list-type=2" in p]
-    reads = [p for m, p in proxy.requests if m == "GET" and p.split("?")[0].endswith("-cache")]
-    assert len(listings) >= 1 and len(reads) == out["requests"], proxy.requests[:5]
+    out, err, requests = through_a_proxy(venv, s3, s3_server, tmp_path / "a")
+    listings = [p for m, p in requests if m == "GET" and "list-type=2" in p]
+    reads = [p for m, p in requests if m == "GET" and p.split("?")[0].endswith("-cache")]
+    assert len(listings) >= 1 and len(reads) == out["requests"], requests[:5]
     warm, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
     assert warm["hits"] == warm["requests"] and report(err)["shared"] == warm["requests"], err
 

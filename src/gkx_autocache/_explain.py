@@ -248,8 +248,10 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
                 if len(_OPTIONS_HASH) >= 256:
                     _OPTIONS_HASH.clear()
                 _OPTIONS_HASH[raw] = hashes[part]
-        if part not in ("XLA flags", "custom_hook"):
+        if part == "compile_options":  # some 300 fields, the same for nearly every compile of a process
             value = _readable_once(part, hashes[part], cells)
+        elif part not in ("XLA flags", "custom_hook"):  # (the devices' text names device ids, which
+            value = _guarded(_readable, (part, cells), None)  # the accelerator part's hash may not)
         if value is not None:
             readable[part] = value
     for part in PARTS:
@@ -279,9 +281,8 @@ def _serialized_options(cells: dict[str, Any]) -> tuple[str, bytes] | None:
 
 
 def _readable_once(part: str, hash_: str, cells: dict[str, Any]) -> str | None:
-    """A part's readable value, made once per process for each of its hashes: the compile options'
-    (some 300 fields, 0.4 ms) are the same for nearly every compile of a process, and the devices,
-    versions and compression are the process's own."""
+    """A part's readable value, made once per process for each of its hashes: for the compile options
+    (some 300 fields, 0.4 ms), whose readable fields are all in what their hash covers."""
     if (part, hash_) not in _READABLE:
         if len(_READABLE) >= 256:
             _READABLE.clear()
