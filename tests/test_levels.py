@@ -524,18 +524,30 @@ def test_the_signing_key_is_never_a_setting(venv: Venv) -> None:
 
 def test_the_upload_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
     """An entry that would take the queue past its bound is skipped and counted, not waited for;
-    the rest are uploaded to a real directory, each with its seal, and none is partial."""
+    the rest are uploaded to a real directory, each with its seal, and none is partial. The
+    directory's writes wait on a gate until every entry is offered, so the worker cannot drain the
+    queue in between (on a fast machine it did, and nothing was skipped)."""
+    import threading
+
     from gkx_autocache import _levels
+
+    gate = threading.Event()
+
+    class Gated(_levels.Directory):
+        def write(self, name: str, data: bytes) -> None:
+            gate.wait(10)
+            super().write(name, data)
 
     shared = tmp_path / "team"
     shared.mkdir(mode=0o700)
-    level = _levels.Level(str(shared), _levels.Directory(str(shared), "0.0.0", team=False), local=str(tmp_path),
-                          timeout=5.0, writes=None, secret=None, queue_bytes=3000)
+    level = _levels.Level(str(shared), Gated(str(shared), "0.0.0", team=False), local=str(tmp_path),
+                          timeout=20.0, writes=None, secret=None, queue_bytes=3000)
     for i in range(6):
         level.put(f"jit_f-{i:064x}", bytes([i]) * 1000, 0.5)
+    gate.set()
     level.finish()
     counts = level.snapshot()["shared"]
-    assert counts["uploads"] + counts["skipped"] == 6 and counts["skipped"] >= 3, counts
+    assert counts["uploads"] == 3 and counts["skipped"] == 3, counts
     found = sorted(p.name for p in (shared / "jax-0.0.0").iterdir() if p.name.endswith("-cache"))
     assert len(found) == counts["uploads"]
     for name in found:
