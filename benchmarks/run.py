@@ -298,7 +298,7 @@ atexit.register(lambda: print("gkx-own " + json.dumps(spent), file=sys.stderr)) 
 for name in sys.argv[3].split(","):  # the standard library that `import jax` imports anyway
     __import__(name)
 started = time.perf_counter()
-from gkx_autocache import _configure, _explain, _key, _stats, _store
+from gkx_autocache import _configure, _explain_seam, _key, _stats, _store
 spent["imports"] = time.perf_counter() - started
 
 def timed(owner, name, label):
@@ -365,11 +365,11 @@ def per_key():
             compilation_cache.get_cache_key(m, devices, options, backend)
     return (time.perf_counter() - start) / (rounds * n)
 plain = per_key()
-from gkx_autocache import _explain, _key
+from gkx_autocache import _explain_seam, _key
 from gkx_autocache._stats import Recorder
 recorder = Recorder("/nonexistent", ledger=False)
 _key.install(jax)
-reason = _explain.install(jax, recorder, "/nonexistent", 0, lambda: {})
+reason = _explain_seam.install(jax, recorder, "/nonexistent", 0, lambda: {})
 assert reason is None, reason
 wrapped = per_key()
 keys = [compilation_cache.get_cache_key(m, devices, options, backend) for m in modules]

@@ -154,7 +154,7 @@ def test_a_raised_threshold_is_named(venv: Venv, tmp_path: Path) -> None:
     assert "not cached (" in line and "below min_compile_time_secs)" in line, line
 
 
-SEAM_CHANGED = "import gkx_autocache._explain as e; e.install = lambda *a: 'simulated: cache_key changed'\n" + PROGRAM
+SEAM_CHANGED = "import gkx_autocache._explain_seam as e; e.install = lambda *a: 'simulated: cache_key changed'\n" + PROGRAM
 
 
 def test_a_changed_seam_leaves_everything_else_and_status_says_why(venv: Venv, tmp_path: Path) -> None:
@@ -220,3 +220,34 @@ def test_the_users_debug_log_of_the_key_is_unchanged(venv: Venv, tmp_path: Path)
     stock = lines({"GKX_JAX_CACHE": "0", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "stock"),
                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none"})
     assert len(ours) > 10 and ours == stock
+
+
+# An at-exit handler registered before `import jax` runs after the package's own (last in, first
+# out): it sees every module the run imported, the exit's fold included.
+MODULES_AT_EXIT = r"""
+import atexit, sys
+atexit.register(lambda: print("MODULES", *sorted(m for m in sys.modules if m.startswith("gkx_autocache")), file=sys.stderr))
+""" + PROGRAM
+
+
+def modules_at_exit(stderr: str) -> set[str]:
+    (line,) = [ln for ln in stderr.splitlines() if ln.startswith("MODULES")]
+    return set(line.split()[1:])
+
+
+def test_a_run_where_every_lookup_hits_never_imports_the_explainer(venv: Venv, tmp_path: Path) -> None:
+    """The explainer and the index it reads are for misses and writes: a warm run where every
+    lookup hits, exit included, does not import them (a third of the package's own time on such a
+    run, three quarters without bytecode); a run with a miss does, and its miss has a cause."""
+    env = cache(tmp_path, GKX_JAX_CACHE_REPORT="1")
+    cold, err = run_program(venv, env=env, program=MODULES_AT_EXIT)
+    assert {"gkx_autocache._explain", "gkx_autocache._index"} <= modules_at_exit(err)
+    warm, err = run_program(venv, env=env, program=MODULES_AT_EXIT)
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:")]
+    assert warm == cold and " 0 misses" in line and " 0 hits" not in line, line
+    loaded = modules_at_exit(err)
+    assert not loaded & {"gkx_autocache._explain", "gkx_autocache._index"}, loaded
+    assert "gkx_autocache._explain_seam" in loaded and "gkx_autocache._isa" in loaded, loaded
+    _, err = run_program(venv, env={**env, "XLA_FLAGS": "--xla_cpu_enable_fast_math=true"}, program=MODULES_AT_EXIT)
+    assert "gkx_autocache._explain" in modules_at_exit(err)
+    assert "changed XLA_FLAGS" in explain(venv, env)

@@ -96,9 +96,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             unwritten = _levels.rank_local_writes(jax, directory) if location.writable else None
             if unwritten:
                 logger.debug("ranks other than 0 do not write their local level: %s", unwritten)
-        from gkx_autocache import _explain
+        from gkx_autocache import _explain_seam
 
-        unexplained = reason or _explain.install(jax, recorder, directory, recorder.run, recorder.run_start)
+        unexplained = reason or _explain_seam.install(jax, recorder, directory, recorder.run, recorder.run_start)
         if unexplained:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:

@@ -2,10 +2,11 @@
 cannot tell apart; every compile JAX does not write gets its reason.
 
 JAX's key is one sha256 over eight parts (``_key``). On every key the seam hands each part to
-``Explainer.on_part``, which keeps the part functions and takes two digests (the computation's own
-hash after the first part, hashed once, and the final one that pairs the parts with the key the
-store is then asked for), and a copy of the hash before the hook part (the key stock JAX makes).
-A hit costs that and nothing else. On a miss, and only then, ``measure`` hashes the seven cheap
+``_explain_seam.Watch.on_part``, which keeps the part functions and takes two digests (the
+computation's own hash after the first part, hashed once, and the final one that pairs the parts
+with the key the store is then asked for), and a copy of the hash before the hook part (the key
+stock JAX makes). A hit costs that and nothing else: this module is imported at the first miss or
+write. On a miss, and only then, ``measure`` hashes the seven cheap
 parts alone and reads what a person can read of each (the XLA flags, the compile options field by
 field, the process's devices, the versions, the ISA), the module's input signature, where its code
 is (the MLIR locations), and the ``jax.config`` values.
@@ -26,10 +27,11 @@ entry, the one with the fewest differing parts (the most recent among equals), i
   a further shape of a function whose entries this very run wrote is ``new`` (``new shape``);
 - entries without a record: never ``new``; ``cannot tell`` what changed.
 
-The second seam, ``jax._src.compiler._cache_write``, is where JAX decides not to write an entry
-(not process 0, host callbacks in 0.10, below ``min_compile_time_secs``); a write that reaches it
-but not the store was below ``min_entry_size_bytes``. Both seams are guarded: where they changed,
-explanations are "unavailable" (``status`` says why) and nothing else changes.
+The second seam, ``jax._src.compiler._cache_write`` (wrapped in ``_explain_seam``), is where JAX
+decides not to write an entry (not process 0, host callbacks in 0.10, below
+``min_compile_time_secs``); a write that reaches it but not the store was below
+``min_entry_size_bytes``. Both seams are guarded: where they changed, explanations are
+"unavailable" (``status`` says why) and nothing else changes.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from typing import Any, NamedTuple
 
 from gkx_autocache import _index, _isa, _key
 from gkx_autocache._diagnostics import logger, plural
-from gkx_autocache._index import PARTS, Evidence, Record
+from gkx_autocache._index import Evidence, Record
+from gkx_autocache._key import PARTS
 from gkx_autocache._layout import ENTRY_SUFFIX, VERSION_PREFIX, function_name
 
 LABELS = {"computation": "computation", "jax_lib version": "jaxlib", "backend version": "backend",
@@ -85,40 +88,16 @@ class Explainer:
     """Names the cause of each miss in this process (the recorder asks), and gives each written
     entry its index lines (for the ledger, so that later processes can compare)."""
 
-    def __init__(self, version_dir: str, run: str, run_start: float, load: Any = None) -> None:
+    def __init__(self, version_dir: str, run: str, run_start: float, load: Any = None, thread: Any = None) -> None:
         self.version_dir = version_dir
         self.run = run
         self.run_start = run_start
         self._read = load or (lambda: _index.load(version_dir))
-        self._thread = threading.local()  # the key being computed on this thread: its parts
+        # The key being computed on each thread, its parts as the seam saw them (_explain_seam.Watch).
+        self._thread = thread if thread is not None else threading.local()
         self._evidence: Evidence | None = None  # the directory as seen at this process's first miss
         self._lock = threading.Lock()
         self._written: set[str] = set()  # table lines this process gave the ledger already
-
-    # -- the seam: called for each part of each key -----------------------------------------------
-
-    def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
-        pending = self._thread
-        if name == PARTS[0]:
-            pending.parts = [(name, hashfn)]
-            pending.computation = hash_obj.digest().hex()[:HEX]  # the first part: its own hash
-            pending.final = pending.facts = None
-            return
-        parts = getattr(pending, "parts", None)
-        if parts is None:
-            return
-        parts.append((name, hashfn))
-        if name == "compression":  # the key as far as the hook: what stock JAX's key goes on from
-            pending.before_hook = hash_obj.copy()
-        elif name == PARTS[-1]:
-            pending.final = hash_obj.digest().hex()
-            pending.hook = _key.seam.last() if _key.seam is not None else None
-
-    def forget(self) -> None:
-        """The key was served: let go of its part functions now, while JAX still holds what they
-        refer to (the module, the compile options). Held until the next key instead, they made
-        the previous module's teardown land inside JAX's key computation: ~0.3 ms a key."""
-        self._thread.parts = None
 
     # -- the recorder's questions -------------------------------------------------------------------
 
@@ -191,7 +170,7 @@ class Explainer:
         if pending.facts is None:
             if not pending.parts:
                 return None
-            pending.facts = measure(pending.parts, pending.computation, getattr(pending, "hook", None),
+            pending.facts = measure(pending.parts, pending.computation.hex()[:HEX], getattr(pending, "hook", None),
                                     function_name(key))
             pending.parts = None  # what the put needs is measured: the functions can go
         facts: Facts = pending.facts
@@ -844,59 +823,3 @@ def _short(value: Any) -> str:
 
 
 # -- installing the seams ----------------------------------------------------------------------------
-
-
-def install(jax: Any, recorder: Any, version_dir: str, run: str, run_start: float, load: Any = None) -> str | None:
-    """Listen to the key's parts and wrap the write seam; return why explanations are unavailable
-    (nothing else changes). ``load()`` reads the directory's evidence, at the first miss."""
-    try:
-        from jax._src import compiler
-    except Exception as exc:
-        return f"jax._src.compiler cannot be imported ({exc})"
-    from gkx_autocache._store import _parameters
-
-    seam = _key.seam
-    if seam is None or not seam.parts:
-        return "jax._src.cache_key._log_cache_key_hash(hash_obj, last_serialized, hashfn) is missing or has changed"
-    write = getattr(compiler, "_cache_write", None)
-    if write is None or _parameters(write)[:5] != ["cache_key", "compile_time_secs", "module_name", "backend", "executable"]:
-        return "jax._src.compiler._cache_write has changed"
-    explainer = Explainer(version_dir, run, run_start, load)
-
-    def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
-                     *rest: Any, **kwargs: Any) -> None:
-        reason = _not_written(jax, compile_time_secs, rest[0] if rest else kwargs.get("host_callbacks"))
-        before = recorder.writes
-        write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
-        try:
-            if jax.config.jax_compilation_cache_dir != version_dir:
-                return  # the user's code chose another directory: its compiles are not ours to count
-            if reason is None and recorder.writes == before and recorder.store_serving:
-                minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
-                reason = ("below min_entry_size_bytes", f"{minimum} bytes") if minimum > 0 else None
-            if reason is not None and recorder.totals.writes == before:  # a rank's own local write (SPEC §14) is one
-                recorder.uncached(cache_key, *reason)
-        except Exception:
-            pass
-
-    _cache_write.__wrapped__ = write  # type: ignore[attr-defined]
-    compiler._cache_write = _cache_write
-    recorder.explainer = explainer
-    seam.listener = explainer
-    return None
-
-
-def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any) -> tuple[str, str] | None:
-    """Why JAX will not write this compile, by JAX's own rules, before it decides: a reason and
-    its detail."""
-    try:
-        if jax.process_index() != 0:
-            return "not process 0", f"process {jax.process_index()}: only process 0 of a multi-process run writes"
-        if host_callbacks:
-            return "host callbacks", "jax.debug.print, pure_callback or io_callback in the function"
-        minimum = jax.config.jax_persistent_cache_min_compile_time_secs
-        if compile_time_secs < minimum:
-            return "below min_compile_time_secs", f"{minimum:g} s; it took {compile_time_secs:.2f} s"
-    except Exception:
-        pass
-    return None

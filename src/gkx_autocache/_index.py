@@ -42,14 +42,13 @@ from typing import NamedTuple
 
 from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._key import PARTS
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, INDEX_FILE, META_DIR, function_name, key_match
 
 HEX = 64  # digits of a key kept: all of them
 REMOVED_SECS = 30 * 86400.0  # how long a removed key is remembered (for `evicted`)
 MAX_REMOVED = 10_000  # ...and how many at least (more where the directory holds more entries)
 READ_LIMIT = 256 << 20  # the most read of an index (about 1.7 million entries)
-PARTS = ("computation", "jax_lib version", "backend version", "XLA flags", "compile_options", "accelerator_config",
-         "compression", "custom_hook")
 
 
 def digest(text: str, n: int = 10) -> str:

@@ -9,7 +9,7 @@ seam wraps it, and on every key:
 
 - at ``custom_hook``, it checks that the hook is still the package's (a user's code may replace it
   after ``import jax``: then the seam adds the ISA itself, which makes the same key, and says so);
-- it hands every part to a listener, the explainer (``_explain``), where misses are explained.
+- it hands every part to a listener (``_explain_seam``), kept for the explainer (``_explain``).
 
 The custom hook is JAX's part meant for additions to the key, called on every key. The package's
 hook returns the user's own hook's string (chained) and this host's ISA (``_isa``): XLA:CPU code is
@@ -32,6 +32,9 @@ from typing import Any
 from gkx_autocache._diagnostics import logger
 
 ISA_MARK = "gkx-autocache-isa="  # what the package's part of the hook's string begins with
+# The parts, in the order JAX hashes them (``last_serialized`` names them so at the seam).
+PARTS = ("computation", "jax_lib version", "backend version", "XLA flags", "compile_options", "accelerator_config",
+         "compression", "custom_hook")
 
 
 class Seam:
@@ -41,7 +44,7 @@ class Seam:
         self.cache_key = cache_key
         self.hook = hook
         self.thread = threading.local()  # the hook text of the key being computed on this thread
-        self.listener: Any = None  # the explainer: on_part(hash_obj, name, hashfn), where installed
+        self.listener: Any = None  # _explain_seam.Watch: on_part(hash_obj, name, hashfn), where installed
         self.replaced: str | None = None  # the user's hook that replaced the package's, once noticed
         self.on_replaced: Any = None  # () -> None: tell status (the verdict file), once
         self.parts = False  # whether _log_cache_key_hash is wrapped: the parts are seen

@@ -55,7 +55,7 @@ import stat
 import time
 from typing import Any
 
-from gkx_autocache import _files, _index
+from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import (
     EXCL_LOCK_FILE,
@@ -842,8 +842,13 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
             elif kind in ("put", "index") and record.get("rec"):
                 lines.extend(record["rec"].split("\n"))
             elif kind == "evicted" and record.get("key"):
+                from gkx_autocache import _index
+
                 lines.extend(_index.removed_lines([record["key"]], record.get("reason") or "prune", record.get("t")))
-    _index.append(version_dir, lines, shared)
+    if lines:  # a run where every lookup hit has none: the index module is not even imported
+        from gkx_autocache import _index
+
+        _index.append(version_dir, lines, shared)
     summary.recent = list(recent.values())
     if zero:
         summary.totals, summary.recent, summary.runs, summary.reset_at = Totals(), [], {}, time.time()
@@ -871,7 +876,7 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool) -> N
     """A full scan; the index rewritten for what is there; above the cap, prune to 90 % of it, least
     recently used first. The bookkeeping is charged at most ``BOOKKEEPING_SHARE`` of the cap, so a
     small cap still holds entries."""
-    from gkx_autocache import _entries
+    from gkx_autocache import _entries, _index
 
     found = _entries.scan(version_dir)
     stale = [t for t in found.temporary if time.time() - t[2] > _entries.STALE_TMP_SECS]  # writers killed mid-write
@@ -901,7 +906,7 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     (``clear``, a fresh start), the summary, the index and the finished ledgers go. A running
     process keeps its ledger (deleting it would lose what it records next). The count of files
     folded or removed. Raises OSError when a fold in progress holds the lock past a few seconds."""
-    from gkx_autocache import _entries
+    from gkx_autocache import _entries, _index
 
     files = ledger_files(version_dir)
     if is_url(version_dir):
@@ -949,6 +954,8 @@ def _to_index(version_dir: str, lines: list[str], shared: bool) -> bool:
     lock = _lock(version_dir, shared, wait=5.0)
     if lock is None:
         return False
+    from gkx_autocache import _index
+
     try:
         return _index.append(version_dir, lines, shared)
     finally:
@@ -960,6 +967,8 @@ def record_evicted(version_dir: str, keys: list[str], reason: str, shared: bool)
     named ``evicted`` with who removed them."""
     if not keys:
         return
+    from gkx_autocache import _index
+
     now = round(time.time(), 3)
     if not _to_index(version_dir, _index.removed_lines(keys, reason, now), shared):
         _command_ledger(version_dir, [{"e": "evicted", "key": key, "reason": reason, "t": now} for key in keys], shared)

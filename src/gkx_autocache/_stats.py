@@ -361,7 +361,7 @@ class Recorder:
         self._tallied = _ledger.Totals()
         self._ledger_run = None
         if self.explainer is not None:  # a lock another thread of the parent held at the fork stays held
-            self.explainer._lock = threading.Lock()
+            self.explainer.after_fork()
         self._new_ledger()
         self.requests = self.jax_hits = 0
 

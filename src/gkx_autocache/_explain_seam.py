@@ -1,0 +1,150 @@
+"""What explaining misses (SPEC §13) needs on every run, set up at ``import jax``: each key's parts,
+kept per thread as JAX hashes them, and JAX's write seam, where it decides not to write.
+
+The explainer itself (``_explain``, and the index it reads) is imported at the first miss or
+write, never on a run where every lookup hits: those modules were a third of the package's own
+time on such a run, and three quarters of it without bytecode.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from gkx_autocache import _key
+from gkx_autocache._key import PARTS
+
+
+class Watch:
+    """The listener on the key's parts, and what the recorder asks: the cause of a miss, the index
+    lines of a written entry. Those questions go to the explainer, made at the first of them."""
+
+    def __init__(self, version_dir: str, run: str, run_start: float, load: Any = None) -> None:
+        self.version_dir = version_dir
+        self.run = run  # the pytest plugin sets these when a session begins another run
+        self.run_start = run_start
+        self.load = load
+        self.thread = threading.local()  # the key being computed on this thread: its parts
+        self._explainer: Any = None
+        self._lock = threading.Lock()
+
+    # -- the seam: called for each part of each key -----------------------------------------------
+
+    def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
+        pending = self.thread
+        if name == PARTS[0]:
+            pending.parts = [(name, hashfn)]
+            pending.computation = hash_obj.digest()  # the first part: its own hash
+            pending.final = pending.facts = None
+            return
+        parts = getattr(pending, "parts", None)
+        if parts is None:
+            return
+        parts.append((name, hashfn))
+        if name == "compression":  # the key as far as the hook: what stock JAX's key goes on from
+            pending.before_hook = hash_obj.copy()
+        elif name == PARTS[-1]:
+            pending.final = hash_obj.digest().hex()
+            pending.hook = _key.seam.last() if _key.seam is not None else None
+
+    def forget(self) -> None:
+        """The key was served: let go of its part functions now, while JAX still holds what they
+        refer to (the module, the compile options). Held until the next key instead, they made
+        the previous module's teardown land inside JAX's key computation: ~0.3 ms a key."""
+        self.thread.parts = None
+
+    # -- the recorder's questions, for the explainer --------------------------------------------------
+
+    def cause(self, key: str) -> dict[str, Any]:
+        """``{"cause": ..., "detail": ...}`` for a miss of ``key``; never raises."""
+        try:
+            explainer = self.explainer()
+        except Exception as exc:  # an explanation must never cost a compile
+            return {"cause": "unexplained", "detail": f"{type(exc).__name__}: {exc}"[:200]}
+        return explainer.cause(key)  # type: ignore[no-any-return]
+
+    def ingredients(self, key: str) -> dict[str, Any]:
+        """A written entry's index lines, for its ledger record; never raises."""
+        try:
+            return self.explainer().ingredients(key)  # type: ignore[no-any-return]
+        except Exception:
+            return {}
+
+    def forget_given(self) -> None:
+        """This process begins another ledger: the explainer gives its tables again."""
+        if self._explainer is not None:
+            self._explainer.forget_given()
+
+    def after_fork(self) -> None:
+        """A lock another thread of the parent held at the fork stays held in the child."""
+        self._lock = threading.Lock()
+        if self._explainer is not None:
+            self._explainer._lock = threading.Lock()
+
+    def explainer(self) -> Any:
+        """The explainer, made at the first question, with this run."""
+        with self._lock:
+            if self._explainer is None:
+                from gkx_autocache import _explain
+
+                self._explainer = _explain.Explainer(self.version_dir, self.run, self.run_start, self.load,
+                                                     thread=self.thread)
+            explainer = self._explainer
+            explainer.run, explainer.run_start = self.run, self.run_start
+            return explainer
+
+
+def install(jax: Any, recorder: Any, version_dir: str, run: str, run_start: float, load: Any = None) -> str | None:
+    """Listen to the key's parts and wrap the write seam; return why explanations are unavailable
+    (nothing else changes). ``load()`` reads the directory's evidence, at the first miss."""
+    try:
+        from jax._src import compiler
+    except Exception as exc:
+        return f"jax._src.compiler cannot be imported ({exc})"
+    from gkx_autocache._store import _parameters
+
+    seam = _key.seam
+    if seam is None or not seam.parts:
+        return "jax._src.cache_key._log_cache_key_hash(hash_obj, last_serialized, hashfn) is missing or has changed"
+    write = getattr(compiler, "_cache_write", None)
+    if write is None or _parameters(write)[:5] != ["cache_key", "compile_time_secs", "module_name", "backend", "executable"]:
+        return "jax._src.compiler._cache_write has changed"
+    watch = Watch(version_dir, run, run_start, load)
+
+    def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
+                     *rest: Any, **kwargs: Any) -> None:
+        reason = _not_written(jax, compile_time_secs, rest[0] if rest else kwargs.get("host_callbacks"))
+        before = recorder.writes
+        write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
+        try:
+            if jax.config.jax_compilation_cache_dir != version_dir:
+                return  # the user's code chose another directory: its compiles are not ours to count
+            if reason is None and recorder.writes == before and recorder.store_serving:
+                minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
+                reason = ("below min_entry_size_bytes", f"{minimum} bytes") if minimum > 0 else None
+            if reason is not None and recorder.totals.writes == before:  # a rank's own local write (SPEC §14) is one
+                recorder.uncached(cache_key, *reason)
+        except Exception:
+            pass
+
+    _cache_write.__wrapped__ = write  # type: ignore[attr-defined]
+    compiler._cache_write = _cache_write
+    recorder.explainer = watch
+    seam.listener = watch
+    return None
+
+
+def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any) -> tuple[str, str] | None:
+    """Why JAX will not write this compile, by JAX's own rules, before it decides: a reason and
+    its detail."""
+    try:
+        if jax.process_index() != 0:
+            return "not process 0", f"process {jax.process_index()}: only process 0 of a multi-process run writes"
+        if host_callbacks:
+            return "host callbacks", "jax.debug.print, pure_callback or io_callback in the function"
+        minimum = jax.config.jax_persistent_cache_min_compile_time_secs
+        if compile_time_secs < minimum:
+            return "below min_compile_time_secs", f"{minimum:g} s; it took {compile_time_secs:.2f} s"
+    except Exception:
+        pass
+    return None
