@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from gkx_autocache import _files, _trust
 from gkx_autocache._diagnostics import logger
@@ -77,10 +77,14 @@ class Refused(Exception):
     """The directory cannot hold the cache; the message says why, in words for the user."""
 
 
-class Prepared(NamedTuple):
-    root: str
-    version_dir: str
-    writable: bool
+class Prepared:
+    """A checked directory: its root, its version directory, and whether this process can write it.
+    A plain class: a NamedTuple costs ~0.3 ms to create, on the way of every `import jax`."""
+
+    __slots__ = ("root", "version_dir", "writable")
+
+    def __init__(self, root: str, version_dir: str, writable: bool) -> None:
+        self.root, self.version_dir, self.writable = root, version_dir, writable
 
 
 def prepare(root: str, jax_version: str, shared: bool = False, create: bool = True) -> Prepared:
