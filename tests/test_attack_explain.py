@@ -462,9 +462,9 @@ def test_each_miss_does_not_parse_the_whole_index_of_its_name_again(monkeypatch:
     every miss of it compared with all of them by parsing each record again, ~6 µs a record,
     120 ms a miss at 20 000 entries, growing with each entry this process adds (a lambda in a
     loop). The records of a name are parsed once; later misses parse only what was added."""
-    from gkx_autocache import _explain, _index
+    from gkx_autocache import _explain, _index, _key
 
-    parts = dict.fromkeys(_index.PARTS, "a" * 16)
+    parts = dict.fromkeys(_key.PARTS, "a" * 16)
     evidence = _index.Evidence()
     for i in range(2000):
         lines = _index.lines_for("jit_step", f"{i:020x}", 1e9, "r1", {**parts, "computation": f"{i:016x}"}, {},
@@ -620,12 +620,12 @@ def test_each_ledger_of_a_long_lived_process_carries_the_index_tables_its_entrie
     vdir = tagged(tmp_path / "c")
     out = script(r"""
 import json, os, sys
-from gkx_autocache import _explain, _index, _ledger, _stats
+from gkx_autocache import _explain, _index, _key, _ledger, _stats
 _ledger.LIVE_LIMIT = 20_000
 vdir = sys.argv[1]
 rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
 rec.explainer = ex = _explain.Explainer(vdir, rec.run, rec.run_start, load=_index.Evidence)
-parts = dict.fromkeys(_index.PARTS, "a" * 16)
+parts = dict.fromkeys(_key.PARTS, "a" * 16)
 for i in range(300):
     key = f"jit_g-{i:064x}"
     ex._thread.final, ex._thread.facts = key[-64:], _explain.Facts({**parts, "computation": f"{i:016x}"}, {},
