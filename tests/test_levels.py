@@ -222,8 +222,6 @@ def test_without_a_key_an_unsigned_entry_is_served_and_a_signed_one_too(venv: Ve
     assert served["hits"] == served["requests"] and report(err)["shared"] == cold["requests"], err
 
 
-
-
 def run_ranks(venv: Venv, envs: list[dict[str, str]]) -> list[dict[str, int]]:
     """Both ranks at once, each with its own environment; each rank's `report` numbers."""
     port = str(free_port())

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from gkx_autocache import _key
+from gkx_autocache._diagnostics import logger
 from gkx_autocache._key import PARTS
 
 
@@ -60,6 +61,7 @@ class Watch:
         try:
             explainer = self.explainer()
         except Exception as exc:  # an explanation must never cost a compile
+            logger.debug("miss of %s not explained: %s", key, exc)
             return {"cause": "unexplained", "detail": f"{type(exc).__name__}: {exc}"[:200]}
         return explainer.cause(key)  # type: ignore[no-any-return]
 

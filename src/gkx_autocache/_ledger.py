@@ -951,11 +951,11 @@ def _command_ledger(version_dir: str, records: list[dict[str, Any]], shared: boo
 def _to_index(version_dir: str, lines: list[str], shared: bool) -> bool:
     """Append a command's index lines at once, under the lock (waiting a little), so that the next
     miss knows them; False when the lock cannot be had (then a ledger carries them)."""
+    from gkx_autocache import _index
+
     lock = _lock(version_dir, shared, wait=5.0)
     if lock is None:
         return False
-    from gkx_autocache import _index
-
     try:
         return _index.append(version_dir, lines, shared)
     finally:

@@ -295,10 +295,6 @@ class Resolved:
         self.origin = origin  # "default", "env GKX_JAX_CACHE_DIR", a file's path, "JAX (JAX_COMPILATION_CACHE_DIR)"
         self.written = written  # as the user wrote it ("5GiB", "$SCRATCH/jax"); None for a default
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Resolved) and (self.value, self.origin, self.written) == (
-            other.value, other.origin, other.written)
-
     def __repr__(self) -> str:
         return f"Resolved({self.value!r}, {self.origin!r}, {self.written!r})"
 
