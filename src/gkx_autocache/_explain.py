@@ -6,10 +6,10 @@ JAX's key is one sha256 over eight parts (``_key``). On every key the seam hands
 computation's own hash after the first part, hashed once, and the final one that pairs the parts
 with the key the store is then asked for), and a copy of the hash before the hook part (the key
 stock JAX makes). A hit costs that and nothing else: this module is imported at the first miss or
-write. On a miss, and only then, ``measure`` hashes the seven cheap
-parts alone and reads what a person can read of each (the XLA flags, the compile options field by
-field, the process's devices, the versions, the ISA), the module's input signature, where its code
-is (the MLIR locations), and the ``jax.config`` values.
+write. On a miss, and only then, ``measure`` hashes the seven cheap parts alone and reads what a
+person can read of each (the XLA flags, the compile options field by field, the process's devices,
+the versions, the ISA), the module's input signature, where its code is (the MLIR locations), and
+the ``jax.config`` values.
 
 The evidence is the whole directory (``_index``): at the first miss the index and one listing are
 read; every entry of the function's name counts, recorded or not. The cause comes from the closest
@@ -820,6 +820,3 @@ def _short(value: Any) -> str:
     text = "unset" if value is None else str(value)
     text = text.removeprefix("DeviceAssignment")
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-# -- installing the seams ----------------------------------------------------------------------------
