@@ -6,8 +6,10 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import PROGRAM, Venv, autocache_warnings, run_program
@@ -281,3 +283,84 @@ def test_a_relative_xdg_config_home_cannot_make_a_checkout_the_config(venv: Venv
     proc = venv.run("-c", PROGRAM, env={"XDG_CONFIG_HOME": "cfg"}, cwd=str(repo))
     assert proc.returncode == 0 and "gkx-autocache:" not in proc.stderr, proc.stderr  # no report line either
     assert json.loads(proc.stdout.strip().splitlines()[-1])["dir"] == str(venv.default_cache / VERSION_DIR)
+
+
+def _swap_after_mkdir(monkeypatch: pytest.MonkeyPatch, target: Path, victim: Path) -> list[str]:
+    """A hostile group member at the worst moment: right after the package's ``mkdir`` of
+    ``target``, before anything else, the new directory is renamed away and a symlink to
+    ``victim`` (a directory the victim owns) put in its place. Returns the paths swapped."""
+    real_mkdir = os.mkdir
+    swapped: list[str] = []
+
+    def mkdir(path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(path, mode, dir_fd=dir_fd)
+        made = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path) if dir_fd is not None else os.fspath(path)
+        if made == str(target):
+            os.rename(made, made + ".moved")
+            os.symlink(victim, made)
+            swapped.append(made)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    return swapped
+
+
+@pytest.mark.parametrize("component", ["root", "version", "bookkeeping", "ledger"])
+def test_a_directory_swapped_for_a_symlink_after_mkdir_is_never_chmod_ed_or_tagged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, component: str) -> None:
+    """In a team directory (2770, no sticky bit) a member may rename what the victim just made.
+    Swapped for a symlink between the ``mkdir`` and what follows, the victim's own private
+    directory must not become group-writable, nor tagged, nor get anything written in it: every
+    mode change and write goes through a descriptor opened without following a link. The audit
+    hook sees every ``chmod`` and ``open``: none by path under the victim."""
+    from gkx_autocache import _cache, _files
+
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    victim.chmod(0o700)
+    root = team / "cache"
+    vdir = root / "jax-0.0.0"
+    target = {"root": root, "version": vdir, "bookkeeping": vdir / ".gkx-autocache",
+              "ledger": vdir / ".gkx-autocache" / "ledger"}[component]
+    swapped = _swap_after_mkdir(monkeypatch, target, victim)
+    touched: list[str] = []
+    active = [True]  # an audit hook stays for the life of the process: inert after this test
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if active and event in ("os.chmod", "open") and isinstance(args[0], str) and args[0].startswith(str(team)):
+            touched.append(f"{event} {args[0]}")
+
+    sys.addaudithook(audit)
+    try:
+        _cache.prepare(str(root), "0.0.0", shared=True)
+        if component in ("bookkeeping", "ledger"):
+            _files.bookkeeping_dir(str(vdir), True, *(["ledger"] if component == "ledger" else []))
+    except _cache.Refused:
+        pass  # refusing the swapped directory is right too
+    finally:
+        active.clear()
+        monkeypatch.undo()
+    assert swapped == [str(target)]
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o700
+    assert list(victim.iterdir()) == []
+    assert [t for t in touched if "os.chmod" in t or t.endswith("CACHEDIR.TAG")] == []
+
+
+def test_trust_shared_for_a_shared_directory_never_trusts_a_group_writable_local_level(
+        venv: Venv, tmp_path: Path) -> None:
+    """`trust_shared` given for a shared directory is that level's: a local `dir` that has become
+    group-writable (by a swap, or a mistake) is refused with one line, never taken for a team
+    directory whose members may plant code in it."""
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    local = tmp_path / "local"
+    (local / VERSION_DIR).mkdir(parents=True)
+    for folder in (local, local / VERSION_DIR):
+        folder.chmod(0o2770)
+    env = {"GKX_JAX_CACHE_DIR": str(local), "GKX_JAX_CACHE_SHARED": str(team), "GKX_JAX_CACHE_TRUST_SHARED": "1"}
+    out, err = run_program(venv, env=env)
+    assert out["dir"] is None, out
+    assert len(autocache_warnings(err)) == 1 and "group can write" in err, err

@@ -106,7 +106,6 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
     for path in (root, version_dir):
         if create and _make_dir(path, shared):
             created = True
-            _write_tag(path)
         if path == root and created and (problem := _trust.ancestors_problem(root, shared)):
             raise Refused(problem)  # again, now that they exist: one may have been swapped in meanwhile
         if not create and not os.path.lexists(path):
@@ -217,17 +216,13 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
 
 def team(settings: Any, root: str | None) -> bool:
     """Whether ``trust_shared`` makes the local directory a team directory. With a shared level
-    that is a directory, ``trust_shared`` is that level's (SPEC §14): the local level stays
-    private unless it already is a team directory (group-writable)."""
+    that is a directory, ``trust_shared`` is that level's (SPEC §14, amended 2026-12-02): the local
+    level is then always private, a group-writable one refused, whoever made it so (a member who
+    swapped a directory, a mistake). Otherwise ``trust_shared`` is the local directory's."""
     if not settings["trust_shared"]:
         return False
     other = settings.values["shared"].value if "shared" in settings.values else None
-    if other is None or is_url(other):
-        return True
-    try:
-        return root is not None and bool(os.stat(root).st_mode & 0o020)
-    except OSError:
-        return False
+    return other is None or is_url(other)
 
 
 def _nearest_existing(path: str) -> str:
@@ -241,7 +236,7 @@ def _nearest_existing(path: str) -> str:
 
 def _make_dir(path: str, shared: bool) -> bool:
     try:
-        return _files.make_dir(path, shared)
+        return _files.make_dir(path, shared, TAG)
     except FileExistsError:
         raise Refused(f"it cannot be created: {path} exists and is not a directory") from None
     except OSError as exc:
@@ -249,8 +244,13 @@ def _make_dir(path: str, shared: bool) -> bool:
 
 
 def _write_tag(path: str) -> None:
+    """Through a descriptor opened without following a link at any level: never into a
+    directory swapped in meanwhile."""
     try:
-        with open(os.path.join(path, TAG_NAME), "x", encoding="ascii") as f:
-            f.write(TAG)
+        fd = _files.open_dir(path, search=True)
     except OSError:
-        pass
+        return
+    try:
+        _files.write_new_at(TAG_NAME, TAG.encode("ascii"), fd)
+    finally:
+        os.close(fd)

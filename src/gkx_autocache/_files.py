@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import BinaryIO
 
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._layout import META_DIR, tmp_name
+from gkx_autocache._layout import META_DIR, TAG_NAME, tmp_name
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -134,18 +134,21 @@ def remove_at(name: str, dir_fd: int) -> None:
         pass
 
 
-def open_dir(path: str, dir_fd: int | None = None) -> int:
+def open_dir(path: str, dir_fd: int | None = None, search: bool = False) -> int:
     """A descriptor of the directory ``path`` (absolute, or relative to ``dir_fd``), opened one
     component at a time without following a symlink at any level: what is deleted through it is
-    inside that directory, whatever is renamed meanwhile. Raises OSError (ELOOP, ENOTDIR...)."""
-    fd = os.open("/" if dir_fd is None else ".", os.O_RDONLY | DIRECTORY, dir_fd=dir_fd)
+    inside that directory, whatever is renamed meanwhile. With ``search``, a descriptor good only
+    as a ``dir_fd`` (Linux's ``O_PATH``), which needs no read permission on the way (a 0711
+    ``/home``). Raises OSError (ELOOP, ENOTDIR...)."""
+    flags = (PATH if search else os.O_RDONLY) | DIRECTORY
+    fd = os.open("/" if dir_fd is None else ".", flags, dir_fd=dir_fd)
     try:
         for part in path.split("/"):
             if part in ("", "."):
                 continue
             if part == "..":
                 raise OSError(errno.EINVAL, f"'..' in {path}")
-            inner = os.open(part, os.O_RDONLY | DIRECTORY | NOFOLLOW, dir_fd=fd)
+            inner = os.open(part, flags | NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = inner
     except BaseException:
@@ -154,24 +157,67 @@ def open_dir(path: str, dir_fd: int | None = None) -> int:
     return fd
 
 
-def make_dir(path: str, shared: bool) -> bool:
+PATH = getattr(os, "O_PATH", os.O_RDONLY)
+
+
+def make_dir(path: str, shared: bool, tag: str | None = None) -> bool:
     """Create ``path`` and missing parents with the package's mode whatever the umask; True when
-    ``path`` itself was created here. Raises OSError; FileExistsError when a non-directory is in
-    the way."""
-    if os.path.isdir(path):
+    ``path`` itself was created here, and then ``tag`` written in it as its ``CACHEDIR.TAG``.
+    Raises OSError; FileExistsError when a non-directory is in the way.
+
+    Nothing is done by a path that may have been swapped (SPEC §8, amended 2026-12-02): in a team
+    directory any member may rename what the victim just made and put a symlink there, so each
+    directory is made under its parent's descriptor, opened without following a link, checked to
+    be the one ``mkdir`` made (ours, no bits beyond 0700 and a team parent's setgid), and given
+    its mode and tag through its own descriptor."""
+    try:
+        os.close(open_dir(path, search=True))
         return False
-    parent = os.path.dirname(path)
+    except FileNotFoundError:
+        pass
+    parent, name = os.path.split(path.rstrip("/"))
     if parent != path:
         make_dir(parent, shared)
+    parent_fd = open_dir(parent, search=True)
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        if os.path.isdir(path):  # another process won the race
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            try:  # another process won the race: a directory (not through a link) is fine
+                os.close(os.open(name, PATH | DIRECTORY | NOFOLLOW, dir_fd=parent_fd))
+            except OSError:
+                raise FileExistsError(errno.EEXIST, "exists and is not a directory", path) from None
             return False
-        raise
-    os.chmod(path, dir_mode(shared))  # mkdir's mode is masked by the umask; chmod's is not
+        fd = os.open(name, os.O_RDONLY | DIRECTORY | NOFOLLOW, dir_fd=parent_fd)
+    finally:
+        os.close(parent_fd)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & ~0o2700:  # setgid: a team parent's
+            raise OSError(errno.EPERM, "replaced by someone else right after it was made", path)
+        os.fchmod(fd, dir_mode(shared))  # mkdir's mode is masked by the umask; fchmod's is not
+        if tag is not None:
+            write_new_at(TAG_NAME, tag.encode("ascii"), fd)
+    finally:
+        os.close(fd)
     logger.debug("created %s", path)
     return True
+
+
+def write_new_at(name: str, data: bytes, dir_fd: int, mode: int = 0o644) -> bool:
+    """A new file ``name`` in the directory ``dir_fd`` holding ``data``; False when one is there
+    (whatever it is: never opened) or it cannot be written. Never through a symlink."""
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | NONBLOCK, mode, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        os.write(fd, data)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def bookkeeping_dir(version_dir: str, shared: bool, *parts: str) -> str | None:
