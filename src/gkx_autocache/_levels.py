@@ -167,8 +167,10 @@ def read_seal(raw: bytes, key: str, limit: int) -> dict[str, Any]:
         raise Refused("the shared entry's seal names another key")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= limit:
         raise Refused(f"the shared entry's seal gives an impossible size ({str(size)[:40]})")
-    if not isinstance(digest, str) or len(digest) != 64:
+    if not _hex64(digest):
         raise Refused("the shared entry's seal has no SHA-256")
+    if "hmac" in body and not _hex64(body["hmac"]):  # compare_digest raises on a non-ASCII string
+        raise Refused("the shared entry's seal has a malformed signature")
     from gkx_autocache._store import MAX_COMPILE_SECS
 
     for name, most in (("compile", MAX_COMPILE_SECS), ("written", 1e11)):  # a claim beyond them is no figure
@@ -177,6 +179,37 @@ def read_seal(raw: bytes, key: str, limit: int) -> dict[str, Any]:
                                   or not 0 <= value <= most):
             body[name] = None
     return body
+
+
+def _hex64(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def head_problem(head: bytes) -> str | None:
+    """Why an entry's first bytes cannot begin an executable JAX wrote (it compresses each with
+    zstd or zlib), or None: a planted file of zeros is refused before the rest is read."""
+    from gkx_autocache._store import compression_of
+
+    return None if compression_of(head[:4]) else "the shared entry is not a compressed executable"
+
+
+def _read_exactly(fd: int, size: int, progress: Progress) -> bytes:
+    """``size`` bytes of the file, by blocks (each one progress), and not one more: a file that
+    grew or shrank while it was read is refused."""
+    chunks: list[bytes] = []
+    left = size
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20 if chunks else FIRST_BLOCK))
+        if not chunk:
+            break
+        if not chunks and (why := head_problem(chunk)):
+            raise Refused(why)
+        chunks.append(chunk)
+        left -= len(chunk)
+        progress.tick()
+    if left or os.read(fd, 1):
+        raise Refused("the shared entry changed size while it was read")
+    return b"".join(chunks)
 
 
 # -- where the shared level is ------------------------------------------------------------------
@@ -246,6 +279,11 @@ class Bucket:
                 found.append(bytes(item))
         return found[0], found[1]
 
+    def small(self, name: str) -> bytes:
+        """The first ``SEAL_LIMIT`` bytes of an object (``status``'s look at a seal)."""
+        fs, path = self.filesystem()
+        return bytes(fs.cat_file(f"{path}/{name}", start=0, end=SEAL_LIMIT))
+
     def block(self, key: str, start: int, end: int) -> bytes:
         fs, path = self.filesystem()
         return bytes(fs.cat_file(f"{path}/{key}{ENTRY_SUFFIX}", start=start, end=end))
@@ -298,9 +336,9 @@ class Directory:
     def listing(self, progress: Progress) -> dict[str, int] | None:
         return None  # a lookup of a missing file is as cheap as a listing would be
 
-    def _read(self, name: str, limit: int, progress: Progress) -> bytes | None:
-        """A file's bytes (at most ``limit``), never through a symlink, only if its owner and mode
-        may be trusted; None when it is not there. Read by blocks, each one progress."""
+    def _open(self, name: str) -> tuple[int, os.stat_result] | None:
+        """A descriptor of the file and its ``fstat``, never through a symlink, only if its owner and
+        mode may be trusted; None when it is not there. Raises Refused."""
         try:
             fd = _files.open_regular(os.path.join(self.where, name))
         except OSError as exc:
@@ -311,25 +349,48 @@ class Directory:
             if exc.errno in (errno.EACCES, errno.EPERM, errno.EINVAL):
                 raise Refused(f"the shared entry cannot be read ({exc.strerror})") from None
             raise
+        st = os.fstat(fd)
+        why = _trust.entry_problem(st, self.team)
+        if why:
+            os.close(fd)
+            raise Refused(f"the shared entry: {why}")
+        return fd, st
+
+    def small(self, name: str) -> bytes:
+        """The first ``SEAL_LIMIT`` bytes of a file (``status``'s look at a seal); empty when it is
+        not there or not to be read."""
+        opened = self._open(name)
+        if opened is None:
+            return b""
         try:
-            why = _trust.entry_problem(os.fstat(fd), self.team)
-            if why:
-                raise Refused(f"the shared entry: {why}")
-            chunks = []
-            left = limit
-            while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-                chunks.append(chunk)
-                left -= len(chunk)
-                progress.tick()
-            return b"".join(chunks)
+            return os.read(opened[0], SEAL_LIMIT)
+        finally:
+            os.close(opened[0])
+
+    def read(self, key: str, progress: Progress, admit: Callable[[bytes | None], tuple[int, bool]]) -> bytes | None:
+        """The entry, or None when it is not there. Its seal is read and ``admit``-ted (checked, and
+        with a signing key its HMAC) before a byte of the entry is: ``admit`` gives the size the
+        entry must have (``exact``), or the most it may have. A planted sparse file of gigabytes
+        costs a reader an ``fstat``, never its memory. Read by blocks, each one progress."""
+        opened = self._open(key + ENTRY_SUFFIX)
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
+            seal = self._open(key + SEAL_SIDECAR)
+            raw_seal = None
+            if seal is not None:
+                try:
+                    raw_seal = os.read(seal[0], SEAL_LIMIT)
+                finally:
+                    os.close(seal[0])
+            size, exact = admit(raw_seal)
+            if st.st_size != size if exact else st.st_size > size:
+                said = f"its seal says {size} bytes" if exact else f"the most read of one entry is {human_bytes(size)}"
+                raise Refused(f"the shared entry has {st.st_size} bytes where {said}")
+            return _read_exactly(fd, st.st_size, progress)
         finally:
             os.close(fd)
-
-    def first(self, key: str, progress: Progress) -> tuple[bytes | None, bytes | None]:
-        data = self._read(key + ENTRY_SUFFIX, MAX_ENTRY + 1, progress)
-        if data is None:
-            return None, None
-        return self._read(key + SEAL_SIDECAR, SEAL_LIMIT, progress), data
 
     def block(self, key: str, start: int, end: int) -> bytes:
         raise AssertionError("a directory's entry is read whole")  # first() returns it all
@@ -517,34 +578,52 @@ class Level:
         self.count("shared", hits=1, bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
         return found
 
+    def _admit(self, key: str, raw_seal: bytes | None) -> dict[str, Any] | None:
+        """The entry's seal, checked for shape and, with a signing key, its HMAC: all before the
+        entry is read beyond its first block. None for an unsealed entry a keyless reader takes.
+        Raises Refused."""
+        if raw_seal is None:
+            if self._secret is not None:
+                raise Refused("not signed")
+            return None
+        seal = read_seal(raw_seal, key, self.max_entry)
+        if self._secret is not None and not hmac.compare_digest(seal.get("hmac") or "", mac(self._secret, seal)):
+            raise Refused("not signed: its signature does not match (another key, or altered)")
+        return seal
+
     def _fetch(self, key: str, progress: Progress) -> Found | None:
         backend = self.backend
-        raw_seal, data = backend.first(key, progress)
-        if backend.kind == "bucket":  # (requests: to a bucket, where each is a round trip's worth)
-            self.count("shared", requests=2)
-        if data is None:
-            return None
-        if raw_seal is None and self._secret is not None:
-            raise Refused("not signed")
-        seal = read_seal(raw_seal, key, self.max_entry) if raw_seal is not None else None
-        if self._secret is not None:
-            assert seal is not None
-            if not isinstance(seal.get("hmac"), str) or not hmac.compare_digest(seal["hmac"], mac(self._secret, seal)):
-                raise Refused("not signed: its signature does not match (another key, or altered)")
-        if seal is not None:
-            size = seal["bytes"]
-        elif backend.kind == "bucket" and len(data) == FIRST_BLOCK:
-            size = backend.size(key)  # unsealed (stock JAX wrote it) and longer than one block
-            self.count("shared", requests=1)
-            progress.tick()
+        seal: dict[str, Any] | None = None
+
+        def admit(raw_seal: bytes | None) -> tuple[int, bool]:
+            nonlocal seal
+            seal = self._admit(key, raw_seal)
+            return (seal["bytes"], True) if seal is not None else (self.max_entry, False)
+
+        if backend.kind == "directory":
+            data = backend.read(key, progress, admit)
+            if data is None:
+                return None
         else:
-            size = len(data)
-        if size > self.max_entry:
-            raise Refused(f"the shared entry has {human_bytes(size)}, more than the most read of one entry "
-                          f"({human_bytes(self.max_entry)})")
-        data = self._rest(key, data, size, progress)
-        if len(data) != size:
-            raise Refused(f"the shared entry sent {len(data)} bytes where {size} were expected (a partial body or a wrong size)")
+            raw_seal, data = backend.first(key, progress)
+            self.count("shared", requests=2)  # (to a bucket, where each is a round trip's worth)
+            if data is None:
+                return None
+            size, exact = admit(raw_seal)
+            if not exact and len(data) == FIRST_BLOCK:
+                size = backend.size(key)  # unsealed (stock JAX wrote it) and longer than one block
+                self.count("shared", requests=1)
+                progress.tick()
+            elif not exact:
+                size = len(data)
+            if size > self.max_entry:
+                raise Refused(f"the shared entry has {human_bytes(size)}, more than the most read of one entry "
+                              f"({human_bytes(self.max_entry)})")
+            if why := head_problem(data):
+                raise Refused(why)
+            data = self._rest(key, data, size, progress)
+            if len(data) != size:
+                raise Refused(f"the shared entry sent {len(data)} bytes where {size} were expected (a partial body or a wrong size)")
         if seal is not None and not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(seal["sha256"])):
             raise Refused("the shared entry's bytes do not match its seal (SHA-256)")
         compile_secs = seal.get("compile") if seal is not None else None
@@ -841,22 +920,29 @@ def probe(backend: Any, timeout: float) -> dict[str, Any]:
     started = time.monotonic()
 
     def look(progress: Progress) -> dict[str, Any]:
+        found: dict[str, Any] = {}
         if backend.kind == "bucket":
             names = backend.listing(progress)
             if names is None:
                 return {"entries": f"more than {LIST_LIMIT}"}
         else:
-            writable = backend.prepare(progress, create=False)  # status creates nothing
+            found["writable"] = backend.prepare(progress, create=False)  # status creates nothing
             names = {n: 0 for n in os.listdir(backend.where)}
-            return {"entries": sum(1 for n in names if (m := key_match(n)) and m[1] == ENTRY_SUFFIX),
-                    "writable": writable}
-        return {"entries": sum(1 for n in names if (m := key_match(n)) and m[1] == ENTRY_SUFFIX)}
+        found["entries"] = sum(1 for n in names if (m := key_match(n)) and m[1] == ENTRY_SUFFIX)
+        seal = next((n for n in names if n.endswith(SEAL_SIDECAR) and key_match(n)), None)
+        if seal is not None:  # whether its writers sign: a reader without the key checks nothing
+            found["signed"] = b'"hmac"' in backend.small(seal)
+        return found
 
     try:
         found = bounded(look, timeout)
     except Exception as exc:
         return {"answers": False, "error": describe(exc), "secs": round(time.monotonic() - started, 3)}
     return {"answers": True, **found, "secs": round(time.monotonic() - started, 3)}
+
+
+UNCHECKED = ("not set, and this level's entries carry signatures: this process does not check them (an entry "
+             "planted there is loaded); set GKX_JAX_CACHE_SIGNING_KEY to check them")
 
 
 def describe_levels(settings: Any, location: Any, jax_version: str | None, env: Mapping[str, str],
@@ -887,6 +973,8 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
     backend = backend_for(shared, jax_version, bool(settings["trust_shared"]))
     info["version_dir"] = backend.where
     info["probe"] = probe(backend, settings["shared_timeout"]) if probing else "skipped (--no-probe)"
+    if secret is None and isinstance(info["probe"], dict) and info["probe"].get("signed"):
+        info["signing"] = UNCHECKED
     return {"local": local, "shared": info}
 
 
