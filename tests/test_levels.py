@@ -211,6 +211,10 @@ def test_signed_entries_reach_only_readers_with_the_key(venv: Venv, tmp_path: Pa
     assert unkeyed["hits"] == 0  # (another prefix: nothing there)
     for proc in (venv.cli("status", env=planted_env), venv.cli("--json", "status", env=planted_env)):
         assert KEY_A not in proc.stdout + proc.stderr and "set (env GKX_JAX_CACHE_SIGNING_KEY)" in proc.stdout
+    # A reader without a key is served signed entries unchecked (the bucket's policy is its trust): status says so.
+    keyless = json.loads(venv.cli("--json", "status", env=levels_env(s3.env, s3.bucket, tmp_path / "r5")).stdout)
+    assert keyless["levels"]["shared"]["signing"].startswith("not set, and this level's entries carry signatures")
+    assert any("does not check them" in line for line in keyless["attention"]), keyless["attention"]
 
 
 def test_without_a_key_an_unsigned_entry_is_served_and_a_signed_one_too(venv: Venv, tmp_path: Path, s3: S3) -> None:
@@ -220,6 +224,8 @@ def test_without_a_key_an_unsigned_entry_is_served_and_a_signed_one_too(venv: Ve
     assert len(entries(s3, "stock")) == cold["requests"]
     served, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "r", prefix="stock"))
     assert served["hits"] == served["requests"] and report(err)["shared"] == cold["requests"], err
+    status = json.loads(venv.cli("--json", "status", env=levels_env(s3.env, s3.bucket, tmp_path / "r", prefix="stock")).stdout)
+    assert status["levels"]["shared"]["signing"] == "not set: entries are neither signed nor checked", status["levels"]
 
 
 def run_ranks(venv: Venv, envs: list[dict[str, str]]) -> list[dict[str, int]]:
@@ -683,14 +689,14 @@ GOOD, OTHER_KEY = f"jit_f-{'a' * 64}", f"jit_g-{'b' * 64}"
 
 @pytest.mark.parametrize("spoil", ["deep json", "huge size", "boolean size", "not an object", "another key",
                                    "a symlinked entry", "a fifo", "writable by others", "moved signed seal",
-                                   "a compile time of a century"])
+                                   "a compile time of a century", "a non-ASCII signature", "a non-ASCII digest"])
 def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: Path, spoil: str) -> None:
     """Entries and seals a group member or a bucket could plant are refused one by one, each a
     `rejected` miss with its reason (or served, where only a figure in the seal is absurd); none
     turns the level off, hangs, or raises."""
     from gkx_autocache import _levels
 
-    secret = b"k" if spoil == "moved signed seal" else None
+    secret = b"k" if spoil in ("moved signed seal", "a non-ASCII signature") else None
     level, vdir = hostile_level(tmp_path, secret)
     data = b"\x78\x9c" + b"entry" * 100
     seal = json.loads(_levels.make_seal(GOOD, data, 0.5, time.time(), secret))
@@ -703,6 +709,9 @@ def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: P
         (vdir / f"{GOOD}-gkx-shared").write_text(json.dumps(seal))
     elif spoil == "not an object":
         (vdir / f"{GOOD}-gkx-shared").write_text("[1, 2]")
+    elif spoil in ("a non-ASCII signature", "a non-ASCII digest"):  # compare_digest raises on such strings
+        seal["hmac" if spoil == "a non-ASCII signature" else "sha256"] = "\u00e9" * 64
+        (vdir / f"{GOOD}-gkx-shared").write_text(json.dumps(seal))
     elif spoil == "a symlinked entry":
         (vdir / f"{GOOD}-cache").unlink()
         (tmp_path / "elsewhere").write_bytes(data)
@@ -756,3 +765,54 @@ def test_a_bucket_without_the_remote_extra_is_one_line_and_the_local_level_serve
         assert warm["hits"] == warm["requests"] == out["requests"]
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+PLANTED = r"""
+import json, resource, sys, time
+from gkx_autocache import _levels
+root, key, signed = sys.argv[1], sys.argv[2], sys.argv[3] == "signed"
+level = _levels.Level(root, _levels.Directory(root, "0.0.0", team=False), local=root + "-l", timeout=60.0,
+                      writes=None, secret=b"k" if signed else None)
+started = time.monotonic()
+got = level.get(key)
+print(json.dumps({"got": got if isinstance(got, str) else type(got).__name__, "secs": time.monotonic() - started,
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+@pytest.mark.parametrize("case", ["signed reader, no seal", "signed reader, a stolen seal", "keyless, a lying seal",
+                                  "keyless, no seal, zeros"])
+def test_a_planted_sparse_entry_costs_a_reader_neither_memory_nor_time(tmp_path: Path, case: str) -> None:
+    """A member plants a sparse 2 GiB file (no disk of theirs) as an entry of a shared directory: a
+    reader that misses that key refuses it from its seal and ``fstat`` (or its first bytes) before
+    reading it, within 100 MB of a clean lookup's memory and in seconds. The seal is read, and with
+    a key its HMAC checked, before the entry; a seal's size must be the file's."""
+    from gkx_autocache import _levels
+
+    root = tmp_path / "team"
+    vdir = root / "jax-0.0.0"
+    vdir.mkdir(parents=True, mode=0o700)
+    root.chmod(0o700)
+    data = b"\x78\x9c" + b"entry" * 100
+    (vdir / f"{OTHER_KEY}-cache").write_bytes(data)  # a clean entry, for the baseline
+    (vdir / f"{OTHER_KEY}-gkx-shared").write_bytes(_levels.make_seal(OTHER_KEY, data, 0.5, time.time(), b"k"))
+    with open(vdir / f"{GOOD}-cache", "wb") as f:
+        if case != "keyless, no seal, zeros":
+            f.write(data[:2])  # a compressed frame's first bytes: only the seal or the size can tell
+        f.truncate(2 << 30)
+    if case == "signed reader, a stolen seal":  # another key's valid seal, renamed: its key and size differ
+        (vdir / f"{GOOD}-gkx-shared").write_bytes(_levels.make_seal(GOOD, data, 0.5, time.time(), b"k"))
+    elif case == "keyless, a lying seal":
+        (vdir / f"{GOOD}-gkx-shared").write_bytes(_levels.make_seal(GOOD, data, 0.5, time.time(), None))
+    signed = "signed" if case.startswith("signed") else "keyless"
+
+    def lookup(key: str) -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, "-c", PLANTED, str(root), key, signed], capture_output=True,
+                              text=True, timeout=600, check=True)
+        return dict(json.loads(proc.stdout))
+
+    clean, planted = lookup(OTHER_KEY), lookup(GOOD)
+    assert clean["got"] == "Found", clean
+    assert planted["got"].startswith(("not signed", "the shared entry")), planted
+    assert planted["peak_mb"] < clean["peak_mb"] + 100, (clean, planted)
+    assert planted["secs"] < 10, planted

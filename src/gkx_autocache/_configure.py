@@ -52,6 +52,8 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     location = _cache.locate(settings, jax.__version__)
     for cause, message in location.problems:
         warn(cause, message)
+    if location.kind == _cache.REMOTE and _settings.signing_key(env) is not None:
+        warn("signing:remote", _settings.remote_signing_note(str(settings["dir"])))
     if location.version_dir is None:
         return
     directory = location.version_dir
@@ -160,3 +162,4 @@ def gpu_plugin_installed() -> bool:
         if any("cuda" in name or "rocm" in name for name in names):
             return True
     return False
+

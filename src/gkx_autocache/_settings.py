@@ -149,6 +149,12 @@ def signing_key(env: Mapping[str, str] = os.environ) -> bytes | None:
     return value.encode("utf-8", "surrogateescape") if value else None
 
 
+def remote_signing_note(url: str) -> str:
+    """With ``dir`` a bucket, JAX's stock cache reads it: nothing checks a signature (SPEC §14)."""
+    return (f"GKX_JAX_CACHE_SIGNING_KEY protects nothing with dir = {url}: JAX's stock cache reads the bucket and "
+            "checks no signature; keep dir local and set shared = the bucket to have entries signed and checked")
+
+
 def is_ci(env: Mapping[str, str] = os.environ) -> bool:
     """``CI`` set to anything but a false spelling (``CI=false`` is not CI)."""
     value = env.get("CI", "").strip()

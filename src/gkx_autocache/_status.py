@@ -180,14 +180,20 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         attention.append("JAX is not installed here: pip install 'gkx-autocache[jax]'")
     from gkx_autocache import _levels
 
+    signing = "set (env GKX_JAX_CACHE_SIGNING_KEY)" if _settings.signing_key() else "not set"
+    if signing != "not set" and location is not None and location.kind == _cache.REMOTE:
+        signing = ("set, but it protects nothing here: dir is a bucket, which JAX's stock cache reads without "
+                   "checking signatures")
+        attention.append(_settings.remote_signing_note(str(location.root)))
     levels = _levels.describe_levels(settings, location, ctx.jax_version, os.environ, probe)
+    if levels is not None and levels["shared"]["signing"] == _levels.UNCHECKED:
+        attention.append(f"shared {levels['shared']['url']}: signing key {_levels.UNCHECKED}")
     if levels is not None and levels["shared"].get("unused"):
         attention.append(f"{levels['shared']['origin']}: shared {levels['shared']['url']} not used, "
                          f"{levels['shared']['unused']}")
     return {
         "package": distribution_version("gkx-autocache"), "python": sys.version.split()[0],
-        "levels": levels, "signing_key": ("set (env GKX_JAX_CACHE_SIGNING_KEY)" if _settings.signing_key()
-                                          else "not set"),
+        "levels": levels, "signing_key": signing,
         "jax": ctx.jax_version, "jaxlib": distribution_version("jaxlib"),
         "start_files": files, "hook_live": live, "settings": values,
         "files": {path: v.status + (f": {v.problem}" if v.problem else "") for path, v in settings.files.items()},
