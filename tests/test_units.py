@@ -615,3 +615,19 @@ def test_ci_is_any_value_but_a_false_spelling(monkeypatch: pytest.MonkeyPatch, v
 
     monkeypatch.setenv("CI", value)
     assert _pytest_plugin._ci() is ci
+
+
+def test_an_option_this_jax_lacks_is_nobody_s_setting() -> None:
+    """JAX 0.4.30-0.4.35 have no ``jax_persistent_cache_enable_xla_caches``: reading what the user
+    set through jax.config skips it (it raised AttributeError, and the cache was left off with
+    'please report this' on every import)."""
+
+    class Config:  # jax.config of JAX 0.4.30, as far as these options go
+        jax_compilation_cache_dir = None
+        jax_persistent_cache_min_compile_time_secs = 1.0
+        jax_persistent_cache_min_entry_size_bytes = 0
+
+    assert _settings.jax_explicit({}, Config()) == {}
+    Config.jax_persistent_cache_min_compile_time_secs = 2.0
+    assert _settings.jax_explicit({}, Config()) == {
+        "min_compile_time_secs": (2.0, "JAX (jax.config jax_persistent_cache_min_compile_time_secs)")}

@@ -63,7 +63,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     for key in ("min_compile_time_secs", "min_entry_size_bytes"):
         if not settings.from_jax(key):
             updates[_settings.KEYS[key].jax_option] = settings[key]  # type: ignore[index]
-    if not settings.from_jax("xla_caches"):
+    if not settings.from_jax("xla_caches") and hasattr(config, "jax_persistent_cache_enable_xla_caches"):
         xla_caches = xla_caches_for(settings, directory)
         if xla_caches is not None:
             updates["jax_persistent_cache_enable_xla_caches"] = xla_caches

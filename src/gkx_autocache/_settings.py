@@ -275,6 +275,8 @@ def jax_explicit(env: Mapping[str, str] = os.environ, jax_config: Any = None) ->
         if option is None:
             continue
         variable = option.upper()
+        if jax_config is not None and not hasattr(jax_config, option):
+            continue  # an option this JAX does not have (xla_caches before 0.4.36): nobody set it
         value = getattr(jax_config, option) if jax_config is not None else env.get(variable, "").strip()
         if env.get(variable, "").strip():
             explicit[key.name] = (value, f"JAX ({variable})")
