@@ -135,6 +135,13 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         attention.append("gkx_autocache.pth is not installed in this environment: reinstall gkx-autocache")
     if not live and settings["enabled"] and os.environ.get("GKX_JAX_CACHE", "").strip():
         attention.append("the hook is off in this interpreter (GKX_JAX_CACHE)")
+    from gkx_autocache import _isa
+
+    unread = _isa.unread()
+    if unread is not None:
+        attention.append(f"the CPU's instruction set cannot be read here ({unread}): CPU entries are keyed by this host "
+                         f"alone ({_isa.isa()}), so no other host loads them, and they are compiled again where the "
+                         "host name or machine id changes")
 
     directory: dict[str, Any] = {"root": None, "version_dir": None, "usable": False}
     present: list[dict[str, Any]] = []
