@@ -399,3 +399,31 @@ def test_a_skipped_dir_is_said_and_clear_and_prune_refuse(venv: Venv, tmp_path: 
                           text=True, timeout=120)
     assert proc.returncode == 1 and "current directory no longer exists" in proc.stderr, proc
     assert sorted(p.name for p in vdir.iterdir()) == before
+
+
+def test_config_get_shows_a_files_dir_as_written_where_its_variable_is_unset(
+        tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """A settings file's ``dir = "$SCRATCH/jax"``, read by a user without ``$SCRATCH``: ``config get
+    dir`` shows ``$SCRATCH/jax`` and the file, with a note that ``$SCRATCH`` is unset here (and what
+    applies instead), not ``unset``."""
+    import sys
+
+    config = tmp_path / "xdg" / "gkx-autocache" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('dir = "$SCRATCH/jax"\n')
+    for name in [n for n in os.environ if n.startswith("GKX_JAX_CACHE") or n.startswith("JAX_")] + ["SCRATCH"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))  # no environment policy file
+    assert _cli.main(["config", "get", "dir"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "$SCRATCH/jax\n", out
+    assert "$SCRATCH is not set here" in err and str(config) in err and len(err.splitlines()) == 1, err
+    assert _cli.main(["--json", "config", "get", "dir"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["written"] == "$SCRATCH/jax" and data["origin"] == str(config), data
+    assert "$SCRATCH is not set here" in data["note"] and data["effective"]["origin"] == "default", data
+    monkeypatch.setenv("SCRATCH", str(tmp_path / "scratch"))
+    assert _cli.main(["config", "get", "dir"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "$SCRATCH/jax\n" and err == "", (out, err)

@@ -470,12 +470,31 @@ def _key(name: str) -> _settings.Key:
     return _settings.KEYS[name]
 
 
+def _config_get_skipped(args: argparse.Namespace, name: str, resolved: _settings.Resolved, origin: str, written: str,
+                        why: str) -> int:
+    """``config get`` of a value skipped here: as written, where written, and a note (on stderr) of
+    why it does not apply for this user, and what does."""
+    unset = _settings.unset_variables(written) if name == "dir" else []
+    if unset:
+        names = ", ".join(f"${n}" for n in unset)
+        why = f"{names} {'is' if len(unset) == 1 else 'are'} not set here"
+    instead = f"{resolved.shown()} ({resolved.origin})" if resolved.origin != "default" else "the default"
+    note = f"note: {why}, so {name} from {origin} is skipped for you; {instead} applies"
+    print(f"gkx-autocache config: {one_line(note)}", file=sys.stderr)
+    emit(args, written, {"key": name, "value": resolved.value, "written": written, "origin": origin, "note": note,
+                         "effective": {"value": resolved.value, "written": resolved.shown(), "origin": resolved.origin}})
+    return OK
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     if args.action in ("list", "get"):
         settings = load_context().settings
         if args.action == "get":
             name = _key(args.key).name
             resolved = settings.values[name]
+            skipped = settings.skipped.get(name)
+            if skipped is not None:  # a file shared by users who set its $VARS: shown as written, and why not here
+                return _config_get_skipped(args, name, resolved, *skipped)
             emit(args, resolved.shown(), {"key": name, "value": resolved.value, "written": resolved.shown(),
                                           "origin": resolved.origin})
             return OK
