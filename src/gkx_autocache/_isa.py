@@ -186,7 +186,8 @@ def read() -> tuple[str, list[str], str | None]:
         else:
             import platform
 
-            features, why = [platform.processor()] if platform.processor() else None, "platform.processor() is empty"
+            processor = platform.processor()
+            features, why = [processor] if processor else None, "platform.processor() is empty"
     except OSError as exc:
         features, why = None, f"{CPUINFO} cannot be read ({exc.strerror or exc})"
     except ValueError as exc:
