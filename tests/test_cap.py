@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import Venv, run_program
 from test_activation import VERSION_DIR
 
@@ -105,6 +106,8 @@ def test_a_killed_process_is_counted(venv: Venv, tmp_path: Path) -> None:
 RUN = r"""
 import sys
 import time
+
+import pytest
 from gkx_autocache import _stats
 vdir, n = sys.argv[1], int(sys.argv[2])
 rec = _stats.Recorder(vdir, ledger=True)
@@ -245,3 +248,66 @@ def test_reset_waits_for_a_fold_and_then_says_busy(venv: Venv, tmp_path: Path) -
             proc = venv.cli(*command, env=env)
             assert proc.returncode == 1 and "busy" in proc.stderr, (command, proc.stderr)
     assert json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]["misses"] > 0
+
+
+SIZED = r"""
+import json, sys
+import numpy as np
+import jax, jax.numpy as jnp
+n = int(sys.argv[1])
+x = np.ones(n, np.float32)  # a NumPy input: no helper compiles, only the three functions below
+fs = [jax.jit(lambda v: jnp.tanh(v).sum()), jax.jit(lambda v: (v * v).cumsum()), jax.jit(lambda v: jnp.sort(v)[::-1])]
+print(json.dumps({"result": [float(np.asarray(f(x)).sum()) for f in fs]}))
+"""
+
+
+@pytest.mark.slow
+def test_without_a_cap_the_index_grows_about_200_bytes_an_entry(venv: Venv, tmp_path: Path) -> None:
+    """With ``max_size = 0`` (no cap), 8 writing runs, each compiling three new entries: each run
+    after the first adds about 200 B an entry to the index (SPEC §13.1), not its tables again (a
+    ``jax.config`` line of some 5 KB, a compile-options line of 3 KB). The first run's tables are a
+    fixed cost of the directory, once a config."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": "0"}
+    vdir = tmp_path / "c" / VERSION_DIR
+    sizes = []
+    for run in range(8):
+        proc = venv.run("-c", SIZED, str(8 + run), env=env)
+        assert proc.returncode == 0, proc.stderr
+        sizes.append((len(list(vdir.glob("*-cache"))), (vdir / ".gkx-autocache" / "index").stat().st_size))
+    (first_entries, first), (entries, index) = sizes[0], sizes[-1]
+    added = (index - first) / (entries - first_entries)
+    print(f"max_size=0, 8 writing runs: {entries} entries, index {index} B ({index / entries:.0f} B an entry); "
+          f"runs 2-8 added {added:.0f} B an entry; the first run's {first} B hold the tables")
+    assert entries == 24, sizes
+    assert added <= 200, sizes
+
+
+def test_without_a_cap_the_hourly_scan_compacts_the_index_and_keeps_live_tables(tmp_path: Path) -> None:
+    """``max_size = 0``: the fold's hourly full scan still rewrites the index (a table line once,
+    the entries still there), and keeps the tables a live process's ledger refers to (that process
+    appended none of them: the index held them when it read it)."""
+    import fcntl
+
+    from gkx_autocache import _index, _ledger
+    from gkx_autocache._key import PARTS
+    from gkx_autocache._layout import TAG
+
+    vdir = tmp_path / VERSION_DIR
+    (vdir / ".gkx-autocache" / "ledger").mkdir(parents=True, mode=0o700)
+    (vdir / "CACHEDIR.TAG").write_text(TAG)
+    parts = dict.fromkeys(PARTS, "0123456789abcdef")
+    here = _index.lines_for("jit_f", "a" * 64, 1.8e9, "r1", parts, {"XLA flags": ""}, "f32[8]", "m.py:f", {"x": "1"})
+    live = _index.lines_for("jit_g", "b" * 64, 1.8e9, "r2", parts, {}, "f32[9]", "m.py:g", {"x": "1"})
+    (vdir / f"jit_f-{'a' * 64}-cache").write_bytes(b"x")
+    (vdir / f"jit_g-{'b' * 64}-cache").write_bytes(b"x")
+    index = vdir / ".gkx-autocache" / "index"
+    tables = [line for line in here + live if not line.startswith("E\t")]
+    index.write_text("\n".join(tables * 5 + [here[-1]]) + "\n")  # five runs' tables; jit_g's E line not folded yet
+    ledger = vdir / ".gkx-autocache" / "ledger" / "999-1.jsonl"
+    ledger.write_bytes(_ledger.encode({"e": "put", "key": f"jit_g-{'b' * 64}", "bytes": 1, "rec": live[-1]}))
+    with open(ledger, "r+b") as held:  # the live process's lock on its ledger
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _ledger.fold(str(vdir), 0, False)
+    lines = index.read_text().splitlines()
+    assert len(lines) == len(set(lines)), "compacted: each line once"
+    assert here[-1] in lines and f"S\t{_index.digest('f32[9]')}\t\"f32[9]\"" in lines, lines

@@ -369,3 +369,61 @@ def test_verify_names_what_is_not_a_regular_file_and_repair_removes_it(venv: Ven
         server.close()
     warm, _ = run_program(venv)
     assert warm["hits"] == warm["requests"] - 2
+
+
+def test_a_skipped_dir_is_said_and_clear_and_prune_refuse(venv: Venv, tmp_path: Path) -> None:
+    """An explicit ``dir`` that is skipped (an unset ``$VAR`` in it; relative, with the current
+    directory deleted) is said in one line on stderr; ``clear`` and ``prune`` then remove nothing
+    from the directory the user did not name, and exit 1; ``dir`` says it and prints the directory
+    a process uses now."""
+    import shlex
+    import subprocess
+
+    run_program(venv)  # the default directory holds entries
+    vdir = venv.default_cache / VERSION_DIR
+    before = sorted(p.name for p in vdir.iterdir())
+    unset = {"GKX_JAX_CACHE_DIR": "$NOPE/jax"}
+    for command in (["clear", "--yes"], ["prune", "--max-size", "0"], ["prune", "--older-than", "0s"]):
+        proc = venv.cli(*command, env=unset)
+        assert proc.returncode == 1, (command, proc.returncode, proc.stdout, proc.stderr)
+        assert len(proc.stderr.splitlines()) == 1 and "'$NOPE' is not set" in proc.stderr, proc.stderr
+        assert "nothing removed" in proc.stderr, proc.stderr
+        assert sorted(p.name for p in vdir.iterdir()) == before, command
+    proc = venv.cli("dir", env=unset)
+    assert proc.returncode == 0 and proc.stdout == f"{vdir}\n", proc
+    assert len(proc.stderr.splitlines()) == 1 and "'$NOPE' is not set" in proc.stderr, proc.stderr
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f"cd {shlex.quote(str(gone))} && rmdir {shlex.quote(str(gone))} && exec {venv.python} -m gkx_autocache clear --yes"
+    proc = subprocess.run(["sh", "-c", script], env={**venv.env, "GKX_JAX_CACHE_DIR": "rel/jax"}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and "current directory no longer exists" in proc.stderr, proc
+    assert sorted(p.name for p in vdir.iterdir()) == before
+
+
+def test_config_get_shows_a_files_dir_as_written_where_its_variable_is_unset(
+        tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """A settings file's ``dir = "$SCRATCH/jax"``, read by a user without ``$SCRATCH``: ``config get
+    dir`` shows ``$SCRATCH/jax`` and the file, with a note that ``$SCRATCH`` is unset here (and what
+    applies instead), not ``unset``."""
+    import sys
+
+    config = tmp_path / "xdg" / "gkx-autocache" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('dir = "$SCRATCH/jax"\n')
+    for name in [n for n in os.environ if n.startswith("GKX_JAX_CACHE") or n.startswith("JAX_")] + ["SCRATCH"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))  # no environment policy file
+    assert _cli.main(["config", "get", "dir"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "$SCRATCH/jax\n", out
+    assert "$SCRATCH is not set here" in err and str(config) in err and len(err.splitlines()) == 1, err
+    assert _cli.main(["--json", "config", "get", "dir"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["written"] == "$SCRATCH/jax" and data["origin"] == str(config), data
+    assert "$SCRATCH is not set here" in data["note"] and data["effective"]["origin"] == "default", data
+    monkeypatch.setenv("SCRATCH", str(tmp_path / "scratch"))
+    assert _cli.main(["config", "get", "dir"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "$SCRATCH/jax\n" and err == "", (out, err)

@@ -5,6 +5,7 @@ private mount namespace (``unshare -m``, as root)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import types
@@ -222,3 +223,100 @@ def test_a_hook_replaced_after_import_is_noticed_and_cpu_keys_keep_the_isa(venv:
     proc = on_cpu(venv, cpuinfo_without(tmp_path, avx), "-c", program, env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["hits"] == 0
+
+
+# -- a host whose ISA cannot be read (SPEC §15, amended 2026-12-02) ----------------------------------
+
+UNREADABLE = ("empty", "no flags line", "unreadable")
+
+
+def unreadable_cpuinfo(tmp_path: Path, how: str) -> Path:
+    """A ``/proc/cpuinfo`` stand-in that gives no ISA: empty, a block without its flags line, or one
+    that cannot be read (mode 0; reading it is refused to a non-root user, and ``_isa`` reads a
+    folder in its place in-process, as root reads past any mode)."""
+    path = tmp_path / f"cpuinfo-{how.replace(' ', '-')}"
+    if how == "empty":
+        path.write_text("")
+    elif how == "no flags line":
+        path.write_text("\n".join(line for line in REAL.split("\n\n")[0].splitlines()
+                                  if not line.startswith(("flags", "Features"))) + "\n")
+    else:
+        path.write_text(REAL)
+        path.chmod(0)
+    return path
+
+
+@pytest.mark.parametrize("how", UNREADABLE)
+def test_an_unreadable_isa_keys_cpu_entries_by_this_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         how: str) -> None:
+    """Where /proc/cpuinfo gives no ISA, the key holds this host's own identity, never
+    ``<machine>:unknown`` (which every such host would share); another host gets another."""
+    path = unreadable_cpuinfo(tmp_path, how)
+    if how == "unreadable":
+        path = tmp_path / "a-folder"
+        path.mkdir()
+    monkeypatch.setattr(_isa, "CPUINFO", str(path))
+    machine, features, why = _isa.read()
+    assert why, "the reason the ISA was not read"
+    text = f"{machine}:{','.join(features)}"
+    assert text != f"{machine}:unknown" and "unknown" not in features, text
+    assert any(f.startswith("host=") for f in features), text
+    monkeypatch.setattr(_isa, "MACHINE_ID_FILES", (str(tmp_path / "none"),))
+    other_name = types.SimpleNamespace(machine=machine, nodename="another-host")
+    alone = _isa.read()[1]
+    monkeypatch.setattr(os, "uname", lambda: other_name)
+    assert _isa.read()[1] != alone  # another host name, another key
+    (tmp_path / "id").write_text("0123456789abcdef0123456789abcdef\n")
+    monkeypatch.setattr(_isa, "MACHINE_ID_FILES", (str(tmp_path / "id"),))
+    with_id = _isa.read()[1]
+    (tmp_path / "id").write_text("fedcba9876543210fedcba9876543210\n")
+    assert _isa.read()[1] != with_id  # another machine id (one host name), another key
+    assert "0123456789abcdef" not in ",".join(with_id)  # the machine id is never shown as it is
+    assert "could not be read" in _isa.difference(f"{machine}:{','.join(alone)}", f"{machine}:avx,sse2")
+
+
+def on_cpuinfo_as(venv: Venv, cpuinfo: Path, user: int | None, args: list[str],
+                  env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python args`` in the venv where /proc/cpuinfo reads as ``cpuinfo``, as ``user`` (root: None)."""
+    import shlex
+
+    from conftest import as_user
+
+    command = [venv.python, *args]
+    if user is not None:
+        command = as_user(user, command)
+    script = f"mount --bind {shlex.quote(str(cpuinfo))} /proc/cpuinfo && exec {shlex.join(command)}"
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], env={**venv.env, **env}, capture_output=True,
+                          text=True, cwd=str(venv.home), timeout=600)
+
+
+@needs_unshare
+@pytest.mark.parametrize("how", UNREADABLE)
+def test_a_real_run_where_the_isa_cannot_be_read_keys_its_entries_by_host(venv: Venv, public: Path, how: str) -> None:
+    """A real JAX run where /proc/cpuinfo is empty, has no flags line, or cannot be read: it
+    completes, its entries are keyed by this host (not ``x86_64:unknown``), a second such run hits
+    them, and ``status`` says why."""
+    cpuinfo = unreadable_cpuinfo(public, how)
+    user = 65534 if how == "unreadable" else None
+    cache = public / "c"
+    cache.mkdir()
+    if user is not None:
+        os.chown(cache, user, user)
+    env = {"GKX_JAX_CACHE_DIR": str(cache)}
+    proc = on_cpuinfo_as(venv, cpuinfo, user, ["-c", __import__("conftest").PROGRAM], env)
+    assert proc.returncode == 0, proc.stderr
+    first = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert first["requests"] > 0
+    index = cache / VERSION_DIR / ".gkx-autocache" / "index"
+    from gkx_autocache import _index
+
+    keyed = _index.isa_of_entries(index.read_text().splitlines())
+    assert keyed, index.read_text()
+    machine = os.uname().machine
+    assert all(isa and isa.startswith(f"{machine}:host=") for isa in keyed.values()), keyed
+    assert f"{machine}:unknown" not in set(keyed.values())
+    again = on_cpuinfo_as(venv, cpuinfo, user, ["-c", __import__("conftest").PROGRAM], env)
+    assert json.loads(again.stdout.strip().splitlines()[-1])["hits"] == first["requests"], again.stderr
+    status = on_cpuinfo_as(venv, cpuinfo, user, ["-m", "gkx_autocache", "--json", "status"], env)
+    attention = json.loads(status.stdout)["attention"]
+    assert any("instruction set cannot be read" in a and "this host alone" in a for a in attention), attention

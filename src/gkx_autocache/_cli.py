@@ -84,9 +84,29 @@ def cmd_version(args: argparse.Namespace) -> int:
     return OK
 
 
+def skipped_dir(ctx: Context) -> str | None:
+    """The warning about an explicit ``dir`` that was skipped (an unset ``$VAR`` in it; relative,
+    with the current directory gone), or None. The directory in use is then not the one named."""
+    return next((message for cause, message in ctx.settings.problems
+                 if cause.startswith("value:") and cause.endswith(":dir")), None)
+
+
+def refuse_skipped_dir(ctx: Context, command: str) -> None:
+    """``clear``, ``prune``, ``verify --repair`` never remove from a directory the user did not name."""
+    message = skipped_dir(ctx)
+    if message is not None:
+        raise CliError(f"{message}; nothing removed ({command} acts only on the directory you named)")
+
+
 def cmd_dir(args: argparse.Namespace) -> int:
-    vdir = load_context().version_dir
-    emit(args, vdir, {"dir": vdir})
+    """The directory a process of this environment uses now; where the ``dir`` it was given is
+    skipped, that said first (on stderr: stdout stays one bare path, as scripts read it)."""
+    ctx = load_context()
+    vdir = ctx.version_dir
+    message = skipped_dir(ctx)
+    if message is not None:
+        print(f"gkx-autocache dir: {one_line(message)}; processes use {vdir}", file=sys.stderr)
+    emit(args, vdir, {"dir": vdir, **({"warning": one_line(message)} if message is not None else {})})
     return OK
 
 
@@ -256,6 +276,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
             _require_tag(vdir)
         _carry_out(args, _entries.plan_clear(vdir), {"shared": True})
         return OK
+    refuse_skipped_dir(ctx, "clear")
     targets = [ctx.version_dir]
     if args.all_versions and ctx.root:
         targets = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d)] or targets
@@ -278,6 +299,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     ctx = load_context()
     if args.shared:
         return _prune_shared(args, ctx)
+    refuse_skipped_dir(ctx, "prune")
     vdir = ctx.version_dir
     try:
         cap = _settings.parse_size(args.max_size) if args.max_size is not None else ctx.settings["max_size"]
@@ -326,7 +348,10 @@ def _prune_shared(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    vdir = load_context().version_dir
+    ctx = load_context()
+    if args.repair:
+        refuse_skipped_dir(ctx, "verify --repair")
+    vdir = ctx.version_dir
     result = _entries.verify(vdir, progress)
     doomed = result.doomed
     left: list[str] = []  # directories named like entries that hold something: the user's to remove
@@ -445,12 +470,31 @@ def _key(name: str) -> _settings.Key:
     return _settings.KEYS[name]
 
 
+def _config_get_skipped(args: argparse.Namespace, name: str, resolved: _settings.Resolved, origin: str, written: str,
+                        why: str) -> int:
+    """``config get`` of a value skipped here: as written, where written, and a note (on stderr) of
+    why it does not apply for this user, and what does."""
+    unset = _settings.unset_variables(written) if name == "dir" else []
+    if unset:
+        names = ", ".join(f"${n}" for n in unset)
+        why = f"{names} {'is' if len(unset) == 1 else 'are'} not set here"
+    instead = f"{resolved.shown()} ({resolved.origin})" if resolved.origin != "default" else "the default"
+    note = f"note: {why}, so {name} from {origin} is skipped for you; {instead} applies"
+    print(f"gkx-autocache config: {one_line(note)}", file=sys.stderr)
+    emit(args, written, {"key": name, "value": resolved.value, "written": written, "origin": origin, "note": note,
+                         "effective": {"value": resolved.value, "written": resolved.shown(), "origin": resolved.origin}})
+    return OK
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     if args.action in ("list", "get"):
         settings = load_context().settings
         if args.action == "get":
             name = _key(args.key).name
             resolved = settings.values[name]
+            skipped = settings.skipped.get(name)
+            if skipped is not None:  # a file shared by users who set its $VARS: shown as written, and why not here
+                return _config_get_skipped(args, name, resolved, *skipped)
             emit(args, resolved.shown(), {"key": name, "value": resolved.value, "written": resolved.shown(),
                                           "origin": resolved.origin})
             return OK

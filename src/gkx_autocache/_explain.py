@@ -98,6 +98,11 @@ class Explainer:
         self._evidence: Evidence | None = None  # the directory as seen at this process's first miss
         self._lock = threading.Lock()
         self._written: set[str] = set()  # table lines this process gave the ledger already
+        # A table line is given only where the index lacked it: the index read at the first miss or
+        # write holds it, and is still the file there (a compaction or `clear` may have dropped it).
+        self._own: set[str] = set()  # table lines this process added to its evidence, the index lacking them
+        self._read_as: tuple[int, int, int] | None = None  # the index's identity when read (_index.identity)
+        self._trusted = True  # the index read is still the file there
 
     # -- the recorder's questions -------------------------------------------------------------------
 
@@ -137,8 +142,8 @@ class Explainer:
                           "CPU's instruction set: compiled once more under the new key"}
 
     def ingredients(self, key: str) -> dict[str, Any]:
-        """What a written entry's ledger record carries: its index lines (the tables only the first
-        time this process gives them); and the entry joins this process's evidence at once."""
+        """What a written entry's ledger record carries: its index lines (a table line only where the
+        index lacks it, and once a ledger); and the entry joins this process's evidence at once."""
         try:
             facts = self._facts(key)
             if facts is None:
@@ -147,11 +152,15 @@ class Explainer:
             lines = _index.lines_for(name, hex_, time.time(), self.run, facts.parts, facts.readable,
                                      facts.signature, facts.place, facts.config)
             with self._lock:
-                if self._evidence is not None:
-                    self._evidence.add(lines)
-                    self._evidence.wrote(name, hex_)
-                fresh = [ln for ln in lines if ln.startswith("E\t") or ln not in self._written]
-                self._written.update(ln for ln in lines if not ln.startswith("E\t"))
+                evidence = self._load()
+                indexed = self._still_read()
+                tables = [ln for ln in lines if not ln.startswith("E\t")]
+                self._own.update(ln for ln in tables if not evidence.holds(ln))
+                fresh = [ln for ln in lines if ln.startswith("E\t")
+                         or (ln not in self._written and (ln in self._own or not indexed))]
+                self._written.update(ln for ln in fresh if not ln.startswith("E\t"))
+                evidence.add(lines)
+                evidence.wrote(name, hex_)
             return {"rec": "\n".join(fresh), **({"helper": True} if facts.place == HELPER_PLACE else {})}
         except Exception as exc:
             logger.debug("ingredients of %s not kept: %s", key, exc)
@@ -176,9 +185,20 @@ class Explainer:
         facts: Facts = pending.facts
         return facts
 
+    def _still_read(self) -> bool:
+        """Whether the index this process read is still the file there, only appended to since (one
+        ``stat``, at a write); once not, this process gives every table line again, once a ledger."""
+        if self._trusted and self._read_as is not None:
+            now = _index.identity(self.version_dir)
+            self._trusted = now is not None and now[:2] == self._read_as[:2] and now[2] >= self._read_as[2]
+            if self._trusted and now is not None:
+                self._read_as = now
+        return self._trusted
+
     def _load(self) -> Evidence:
         if self._evidence is None:
             started = time.perf_counter()
+            self._read_as = _index.identity(self.version_dir)  # before reading: a file replaced meanwhile is not trusted
             self._evidence = self._read()
             logger.debug("index of %s read in %.1f ms", self.version_dir, (time.perf_counter() - started) * 1e3)
         return self._evidence

@@ -18,10 +18,13 @@ that have the same values).
 Who writes it: the fold at a process's exit, under the bookkeeping lock (one writer at a time, also
 on NFS), appends the entries the folded ledgers wrote (their ``put`` records carry the lines), the
 keys a command removed, and the keys the cap removed. So an exit costs what it appends, not what
-the index holds. A full scan (hourly, or when the directory is over its cap) rewrites it: the
+the index holds. A process's records carry a table line only where the index it read at its first
+miss lacked it (and that index is still the file there: ``identity``), so a writing run appends its
+new entries and their new tables, not the tables every run shares again (a ``jax.config`` line is
+some 5 KB). A full scan (hourly, with or without a cap, or when the directory is over it) rewrites it: the
 entries still present; the keys removed in the last ``REMOVED_SECS`` (at most ``MAX_REMOVED`` or
 as many as there are entries), an entry gone without a record of who removed it becoming
-``X ... outside``; the tables still referred to.
+``X ... outside``; the tables still referred to, also by live processes' ledgers.
 
 Who reads it: a process at its first miss, once (never on a hit). Whether a recorded entry is
 still there is an ``lstat`` of it, for the entries of the function that missed. Only where a
@@ -136,6 +139,17 @@ class Evidence:
                 table[parts[0]] = str(json.loads(parts[1]))
         except (ValueError, RecursionError):  # a hostile or torn line: skipped
             return
+
+    def holds(self, line: str) -> bool:
+        """Whether a table line's id is known here (its value is the id's: ids are content hashes)."""
+        kind, _, rest = line.partition("\t")
+        id_, _, rest = rest.partition("\t")
+        if kind == "V":
+            return (id_, rest.partition("\t")[0]) in self.values
+        if kind == "C":
+            return id_ in self.contexts
+        tables = {"S": self.signatures, "P": self.places, "G": self.configs}
+        return kind in tables and id_ in tables[kind]
 
     def records(self, name: str) -> list[Record]:
         """Every well-formed record of ``name``, the latest per key. Each line is parsed once (at
@@ -275,6 +289,16 @@ def _read_lines(path: str, evidence: Evidence) -> None:
         os.close(fd)
 
 
+def identity(version_dir: str) -> tuple[int, int, int] | None:
+    """The index file's device, inode and size (None: there is none). Appends keep the inode and
+    only grow the size; a compaction or ``clear`` replaces or removes the file."""
+    try:
+        st = os.stat(index_path(version_dir), follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size
+
+
 def load(version_dir: str) -> Evidence:
     """The index: what a first miss compares with (100 000 entries, benchmarked)."""
     evidence = Evidence(version_dir)
@@ -313,9 +337,11 @@ def removed_lines(keys: list[str], by: str, when: float | None = None) -> list[s
     return [f"X\t{name}\t{hex_}\t{int(when)}\t{by}" for name, hex_ in map(split_key, keys)]
 
 
-def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: float | None = None) -> int:
+def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: float | None = None,
+            pending: list[str] | None = None) -> int:
     """Rewrite the index for what the directory holds (at a full scan, under the lock): the bytes
-    it holds after."""
+    it holds after. ``pending``: the ``E`` lines of live processes' ledgers, not folded yet, whose
+    tables are kept (a process appends a table line only where the index lacked it)."""
     now = time.time() if now is None else now
     data = _files.read(index_path(version_dir), READ_LIMIT)
     if data is None:
@@ -347,9 +373,9 @@ def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: 
     recent = sorted(((t, by, key) for key, (t, by) in removed.items() if now - t < REMOVED_SECS), reverse=True)
     kept += [f"X\t{name}\t{hex_}\t{int(t)}\t{by}" for t, by, (name, hex_) in recent[:keep_removed]]
     used: set[tuple[str, str]] = set()
-    for line in kept:
+    for line in [*kept, *(pending or ())]:
         fields = line.split("\t")
-        if fields[0] == "E":
+        if fields[0] == "E" and len(fields) == 10:
             _, _, _, _, _, computation, context, sig, where, cfg = fields
             used.update({("C", context), ("S", sig), ("P", where), ("G", cfg), ("V", f"computation\t{computation}")})
     contexts = {key[1]: line.split("\t")[2].split(",") for key, line in tables.items() if key in used and key[0] == "C"}

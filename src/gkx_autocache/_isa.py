@@ -14,6 +14,9 @@ the test host and checks that every ``+feature`` it lists is covered).
   so two hosts of one CPU model with other microcode or hypervisor flags share entries.
 - macOS: ``sysctl`` (the same names on Intel; ``hw.optional.arm.FEAT_*`` on Apple silicon).
 - Elsewhere: the machine and ``platform.processor()``, as they are.
+- Where none of these gives the ISA (``/proc/cpuinfo`` unreadable, empty or without its flags line;
+  ``sysctl`` failing), the host itself stands in (``host_id``): never ``<machine>:unknown``, which
+  every such host would share, and one of them would load another's entries.
 
 A leaf: stdlib only, imported on ``import jax`` (where the package is enabled).
 """
@@ -24,6 +27,9 @@ import os
 import sys
 
 CPUINFO = "/proc/cpuinfo"
+# systemd's and D-Bus's file of this host's id (machine-id(5)); read only where the ISA cannot be.
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+HOST_MARK = "host="  # what the stand-in for an ISA that cannot be read begins with
 
 # x86: the kernel's flag -> LLVM's target feature, for every flag that is an instruction set (or a
 # register state XLA's code may use). Where the names are equal the entry maps to itself.
@@ -133,23 +139,62 @@ def _from_sysctl() -> list[str] | None:  # pragma: no cover - macOS only
     return sorted(found) or None
 
 
-def read() -> tuple[str, list[str]]:
-    """``(machine, features)`` of this host, read now; features are LLVM's names on Linux, the
-    system's elsewhere, and ``platform.processor()`` where nothing better is known."""
+def _machine_id() -> str | None:
+    """This host's machine id (32 hex digits), where a file holds one."""
+    for path in MACHINE_ID_FILES:
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                text = f.read(64).strip().lower()
+        except (OSError, ValueError):
+            continue
+        if len(text) == 32 and text.strip("0123456789abcdef") == "" and text.strip("0"):
+            return text
+    return None
+
+
+def host_id() -> list[str]:
+    """What stands in for an ISA that cannot be read: this host's name, and a digest of its machine
+    id where one is readable. Each alone is shared somewhere: a machine id by every container of an
+    image that ships one and every clone of a VM image (and a chroot without ``/proc`` sees its
+    image's), a host name by hosts left at ``localhost``. Two hosts share a key only when both are the
+    same. The machine id is hashed with this package's own prefix, as machine-id(5) asks: it is never
+    shown as it is (a key's hook text is kept in the index, in bundles and in ``ci-key``)."""
+    import hashlib
+
+    node = os.uname().nodename if hasattr(os, "uname") else ""
+    node = "".join(c if c.isascii() and (c.isalnum() or c in ".-_") else "_" for c in node)[:64] or "unnamed"
+    found = [HOST_MARK + node]
+    machine_id = _machine_id()
+    if machine_id is not None:
+        found.append("machine-id=" + hashlib.sha256(b"gkx-autocache isa\0" + machine_id.encode()).hexdigest()[:16])
+    return found
+
+
+def read() -> tuple[str, list[str], str | None]:
+    """``(machine, features, why not read)`` of this host, read now; features are LLVM's names on
+    Linux, the system's elsewhere; where the ISA cannot be read, ``host_id()`` and the reason."""
     machine = os.uname().machine if hasattr(os, "uname") else sys.platform
     features: list[str] | None = None
+    why: str | None = None
     try:
         if sys.platform.startswith("linux"):
-            features = from_cpuinfo(_first_block(CPUINFO), machine)
+            block = _first_block(CPUINFO)
+            features = from_cpuinfo(block, machine)
+            why = f"{CPUINFO} is empty" if not block else f"{CPUINFO} has no flags line with an instruction set"
         elif sys.platform == "darwin":
-            features = _from_sysctl()
-    except (OSError, ValueError):
-        features = None
-    if features is None:
-        import platform
+            features, why = _from_sysctl(), "sysctl gives no CPU features"
+        else:
+            import platform
 
-        features = [platform.processor() or "unknown"]
-    return machine, features
+            processor = platform.processor()
+            features, why = [processor] if processor else None, "platform.processor() is empty"
+    except OSError as exc:
+        features, why = None, f"{CPUINFO} cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:
+        features, why = None, f"{CPUINFO} cannot be read ({exc})"
+    if not features:  # none, or a flags line without one instruction set: nothing that tells CPUs apart
+        return machine, host_id(), why
+    return machine, features, None
 
 
 _cached: list[str] = []
@@ -158,9 +203,14 @@ _cached: list[str] = []
 def isa() -> str:
     """This host's ISA as one string, read once per process: ``x86_64:64bit,adx,aes,avx,...``."""
     if not _cached:
-        machine, features = read()
+        machine, features, _why = read()
         _cached.append(f"{machine}:{','.join(features)}")
     return _cached[0]
+
+
+def unread() -> str | None:
+    """Why this host's ISA cannot be read, read now (for ``status``), or None where it can."""
+    return read()[2]
 
 
 def parse(text: str) -> tuple[str, frozenset[str]] | None:
@@ -177,6 +227,11 @@ def difference(before: str, after: str) -> str:
         return f"{before or 'unknown'} -> {after or 'unknown'}"
     if old[0] != new[0]:
         return f"{old[0]} -> {new[0]}"
+    hosts = [next((f for f in sorted(isa) if f.startswith(HOST_MARK)), None) for isa in (old[1], new[1])]
+    if hosts != [None, None]:  # one side's ISA could not be read: its entries are its host's alone
+        named = [f"host {host.removeprefix(HOST_MARK)} (its ISA could not be read)" if host else "a CPU whose ISA was read"
+                 for host in hosts]
+        return f"{named[0]} -> {named[1]}" if named[0] != named[1] else f"{named[0]}, with another machine id"
     lacks, adds = sorted(old[1] - new[1]), sorted(new[1] - old[1])
     parts = ([f"this CPU lacks {', '.join(lacks)}"] if lacks else []) + ([f"has {', '.join(adds)} more"] if adds else [])
     return "; ".join(parts) or "the same features in another order"

@@ -36,7 +36,8 @@ Why this shape:
   writes folded since. A fold adds, for its decision only, those of live processes' ledgers. A
   process that skipped the fold, was killed or ended by ``os._exit`` still has its writes in its
   ledger, counted by the next fold. Writers it cannot see (stock JAX on the same directory, files
-  copied in) are caught by a full scan at least hourly. Over the cap, a full scan decides and the
+  copied in) are caught by a full scan at least hourly, with or without a cap (the scan compacts the
+  index too, so ``max_size = 0`` does not let it grow). Over the cap, a full scan decides and the
   directory is pruned to 90 % of it. The bookkeeping is charged at most ``BOOKKEEPING_SHARE`` of it
   (or ``BOOKKEEPING_FLOOR``, for a cap of a few hundred KB), so a small cap still holds entries.
 
@@ -813,6 +814,7 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
     done: list[str] = []
     live_disk = 0
     lines: list[str] = []
+    pending: list[str] = []  # live processes' index lines: a compaction keeps the tables they refer to
     recent = {_recent_key(r): r for r in summary.recent}
     offsets, summary.offsets = summary.offsets, {}
     for path in ledger_files(version_dir):
@@ -826,6 +828,8 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
             elif os.path.basename(path) in offsets:
                 summary.offsets[os.path.basename(path)] = offsets[os.path.basename(path)]
             live_disk += ledger.disk
+            pending.extend(line for r in ledger.records if r["e"] in ("put", "index")
+                           for line in str(r.get("rec", "")).split("\n") if line.startswith("E\t"))
             continue
         if os.path.basename(path) in offsets:
             ledger.since(offsets[os.path.basename(path)])
@@ -852,9 +856,11 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
     summary.recent = list(recent.values())
     if zero:
         summary.totals, summary.recent, summary.runs, summary.reset_at = Totals(), [], {}, time.time()
-    if cap and (summary.size + live_disk > cap or time.time() - summary.scanned_at > RESCAN_SECS):
+    # A full scan hourly, with or without a cap (it compacts the index), and whenever over the cap.
+    # Not at a reset: ``stats --reset`` keeps the index and the size account as they are.
+    if not zero and ((cap and summary.size + live_disk > cap) or time.time() - summary.scanned_at > RESCAN_SECS):
         try:
-            _keep_under(version_dir, cap, summary, shared)
+            _keep_under(version_dir, cap, summary, shared, pending)
         except Exception as exc:  # an untagged directory: nothing is pruned, the fold goes on
             logger.debug("not pruned: %s", exc)
             summary.scanned_at = time.time()
@@ -872,10 +878,11 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
     return removed.files
 
 
-def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool) -> None:
-    """A full scan; the index rewritten for what is there; above the cap, prune to 90 % of it, least
-    recently used first. The bookkeeping is charged at most ``BOOKKEEPING_SHARE`` of the cap, so a
-    small cap still holds entries."""
+def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool, pending: list[str] | None = None) -> None:
+    """A full scan; the index rewritten for what is there (and the tables ``pending``, live
+    processes' index lines, refer to); above the cap (0: none), prune to 90 % of it, least recently
+    used first. The bookkeeping is charged at most ``BOOKKEEPING_SHARE`` of the cap, so a small cap
+    still holds entries."""
     from gkx_autocache import _entries, _index
 
     found = _entries.scan(version_dir)
@@ -886,7 +893,7 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool) -> N
     entries = found.bytes
     bookkeeping = _entries.bookkeeping_bytes(version_dir)
     charged = min(bookkeeping, max(int(cap * BOOKKEEPING_SHARE), BOOKKEEPING_FLOOR))
-    if entries + charged > cap:
+    if cap and entries + charged > cap:
         removed = _entries.select_over(list(found.units.values()), max(int(cap * PRUNE_TO) - charged, 0))
         freed = _entries.remove_files(version_dir, [p for u in removed for p in u.files]).bytes
         entries -= sum(u.bytes for u in removed) if freed else 0
@@ -895,7 +902,7 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool) -> N
         _index.append(version_dir, _index.removed_lines([u.key for u in removed if u.has_entry], "max_size"), shared)
         logger.debug("pruned %d entries (%d bytes) from %s", len(removed), freed, version_dir)
     present = {_index.split_key(key) for key, unit in found.units.items() if unit.has_entry}
-    _index.compact(version_dir, present, shared)
+    _index.compact(version_dir, present, shared, pending=pending)
     summary.size = entries + _entries.bookkeeping_bytes(version_dir)
     summary.scanned_at = time.time()
 

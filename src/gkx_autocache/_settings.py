@@ -325,6 +325,7 @@ class Settings:
     def __init__(self, values: dict[str, Resolved]) -> None:
         self.values = values
         self.problems: list[tuple[str, str]] = []  # (cause, one-line message)
+        self.skipped: dict[str, tuple[str, str, str]] = {}  # key -> (origin, as written, why): the highest skipped
         self.files: dict[str, _policy.FileVerdict] = {}
 
     def __getitem__(self, key: str) -> Any:
@@ -382,4 +383,5 @@ def resolve(
                 settings.problems.append(
                     (f"value:{where}:{key.name}", f"{where}: {key.name} skipped, {exc}; fix or remove it")
                 )
+                settings.skipped.setdefault(key.name, (where, str(data[key.name]).strip(), str(exc)))
     return settings

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from gkx_autocache import _cache, _entries, _ledger, _settings, _stats, _store
@@ -135,6 +136,13 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         attention.append("gkx_autocache.pth is not installed in this environment: reinstall gkx-autocache")
     if not live and settings["enabled"] and os.environ.get("GKX_JAX_CACHE", "").strip():
         attention.append("the hook is off in this interpreter (GKX_JAX_CACHE)")
+    from gkx_autocache import _isa
+
+    unread = _isa.unread()
+    if unread is not None:
+        attention.append(f"the CPU's instruction set cannot be read here ({unread}): CPU entries are keyed by this host "
+                         f"alone ({_isa.isa()}), so no other host loads them, and they are compiled again where the "
+                         "host name or machine id changes")
 
     directory: dict[str, Any] = {"root": None, "version_dir": None, "usable": False}
     present: list[dict[str, Any]] = []
@@ -274,9 +282,12 @@ EVERY_RUN = ("misses on every run: a value that differs on every run (a time, a 
              "function or passed as a static argument: pass it as an ordinary (traced) argument")
 
 
-def fix_for(cause: str, ctx: Context, by: str | None = None) -> str:
+def fix_for(cause: str, ctx: Context, by: str | None = None, detail: str = "",
+            env: Mapping[str, str] = os.environ) -> str:
     """The fix for a cause, naming the source of every setting it names (SPEC §13.1)."""
     short = cause.removeprefix("not cached: ")
+    if short == "rejected" and detail.startswith("not signed"):
+        return not_signed_fix(ctx, env)
     if short == "evicted":
         return EVICTED.get(by or "max_size", EVICTED["outside"]).format(how=setting_fix(ctx, "max_size", "20GiB"))
     if short == "below min_compile_time_secs":
@@ -284,6 +295,23 @@ def fix_for(cause: str, ctx: Context, by: str | None = None) -> str:
     if short == "below min_entry_size_bytes":
         return f"lower min_entry_size_bytes ({setting_fix(ctx, 'min_entry_size_bytes', '-1')})"
     return FIXES.get(f"{short}:{by}", FIXES.get(short, ""))
+
+
+def not_signed_fix(ctx: Context, env: Mapping[str, str]) -> str:
+    """A shared entry without a valid signature for this key: compiled here, and replaced on the
+    shared level only where ``shared_write`` uploads (``ci``: where CI is set, as here or not)."""
+    from gkx_autocache._levels import uploads
+
+    write, origin = ctx.settings["shared_write"], ctx.settings.origin("shared_write")
+    same_key = "every writer and reader of the shared level must use the same GKX_JAX_CACHE_SIGNING_KEY"
+    off = uploads(str(write), env)
+    if off is None:
+        return (f"compiled here; this process uploads its signed replacement (shared_write = {write}, {origin}); "
+                f"{same_key}")
+    ci = " (a run with CI set uploads it)" if write == "ci" else ""
+    return (f"compiled here and kept in the local level; the shared entry (unsigned, or signed with another key) "
+            f"stays, and is rejected again on every machine with this key: {off} ({origin}), so this process uploads "
+            f"nothing{ci}; a run with shared_write = always and the key replaces it; {same_key}")
 
 
 def setting_fix(ctx: Context, key: str, example: str) -> str:
@@ -378,7 +406,7 @@ def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -
 
     def add(cause: str, record: dict[str, Any], detail: str) -> None:
         group = groups.setdefault(cause, {"cause": cause, "count": 0, "functions": {}, "fixes": {}})
-        group["fixes"][fix_for(cause, ctx, record.get("by"))] = True  # each fix that fits one of its records
+        group["fixes"][fix_for(cause, ctx, record.get("by"), detail)] = True  # each fix that fits one of its records
         group["count"] += 1
         name = function_name(record.get("key") or "?-")
         fn = group["functions"].setdefault(name, {"name": name, "count": 0, "detail": "", "helper": False})
