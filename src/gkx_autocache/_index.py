@@ -46,7 +46,7 @@ from typing import NamedTuple
 from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._key import PARTS
-from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, INDEX_FILE, META_DIR, function_name, key_match
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, INDEX_FILE, META_DIR, function_name
 
 HEX = 64  # digits of a key kept: all of them
 REMOVED_SECS = 30 * 86400.0  # how long a removed key is remembered (for `evicted`)
@@ -110,7 +110,6 @@ class Evidence:
         self.places: dict[str, str] = {}
         self.configs: dict[str, str] = {}
         self._parsed_configs: dict[str, dict[str, str]] = {}
-        self.truncated = False
         self._parsed: dict[str, dict[str, Record]] = {}  # name -> hex -> its record (``records``)
         self._present: dict[str, bool] = {}  # key -> whether its entry is there (an lstat, or this process wrote it)
         self._listing: dict[str, dict[str, str]] | None = None  # name -> hex -> key, where listed
@@ -279,7 +278,6 @@ def _read_lines(path: str, evidence: Evidence) -> None:
             for line in data.decode("utf-8", "replace").split("\n"):
                 evidence._line(line)
         if left <= 0:
-            evidence.truncated = True
             logger.debug("%s is larger than %d bytes: read in part", path, READ_LIMIT)
         elif tail:
             evidence._line(tail.decode("utf-8", "replace"))  # a last line without its newline (torn)
@@ -443,14 +441,4 @@ def isa_of_entries(lines: list[str]) -> dict[str, str | None]:
             hook = evidence.readable("custom_hook", record.parts[PARTS.index("custom_hook")])
             mark = "gkx-autocache-isa="
             found[f"{name}-{record.hex}"] = hook[hook.rfind(mark) + len(mark):] if hook and mark in hook else None
-    return found
-
-
-def present_keys(names: list[str]) -> set[tuple[str, str]]:
-    """``(name, hex)`` of the entries among a directory's file names."""
-    found = set()
-    for entry in names:
-        match = key_match(entry)
-        if match is not None and match[1] == ENTRY_SUFFIX:
-            found.add(split_key(match[0]))
     return found

@@ -379,9 +379,6 @@ class Recorder:
                 "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
                 "levels": self.levels.snapshot() if self.levels is not None else {}}
 
-    def report_line(self, used: str | None = None) -> str:
-        return summary_line(self.snapshot(used))
-
 
 def label() -> str:
     """What this process is, for `explain`'s runs: the script (or ``-c``, the module run with
