@@ -292,7 +292,7 @@ class Bucket:
         if self._fs is None:
             from gkx_autocache import _remote
 
-            self._fs, self._path = _remote.filesystem(self.where)
+            self._fs, self._path = _remote.filesystem(self.where, own=True)  # its client gets _hooked
         return self._fs, self._path
 
     def _run(self, make: Callable[[Any, str], Any]) -> Any:
