@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-MODES = ("forward", "truncate", "short", "lie", "long")
+MODES = ("forward", "truncate", "short", "lie", "long", "norange")
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -102,7 +102,9 @@ class Proxy(_Listening):
     """In front of ``upstream`` (a port of 127.0.0.1). ``mode`` says what it does to the bodies of
     object reads (a GET of an entry, ``...-cache``): ``forward`` nothing; ``truncate`` sends half
     and closes the connection; ``short`` says and sends 10 bytes fewer; ``long`` sends 10 bytes
-    more than the object has; ``lie`` sends other bytes of the same length. ``delay`` seconds
+    more than the object has; ``lie`` sends other bytes of the same length; ``norange`` strips the
+    ``Range`` header from every request, so a ranged read gets the whole object (200), as from an
+    endpoint that ignores ``Range``. ``delay`` seconds
     before each request is forwarded. ``requests`` lists ``(method, path)`` as they come."""
 
     def __init__(self, upstream: int, mode: str = "forward", delay: float = 0.0) -> None:
@@ -137,6 +139,8 @@ class Proxy(_Listening):
                     client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                     head = _replace_header(head[:-4], "Expect", None) + b"\r\n\r\n"
                 body = _body(client, inbound, fields, bodyless=False)
+                if self.mode == "norange":
+                    head = _replace_header(head[:-4], "Range", None) + b"\r\n\r\n"
                 if self.delay:
                     time.sleep(self.delay)
                 upstream.sendall(head + body)
@@ -151,7 +155,7 @@ class Proxy(_Listening):
                     client.sendall(rhead)
                 rbody = _body(upstream, outbound, rfields, bodyless=method == "HEAD" or code in (204, 304))
                 entry = method == "GET" and path.split("?")[0].endswith("-cache") and code in (200, 206)
-                if not entry or self.mode == "forward" or "chunked" in rfields.get("transfer-encoding", ""):
+                if not entry or self.mode in ("forward", "norange") or "chunked" in rfields.get("transfer-encoding", ""):
                     client.sendall(rhead + rbody)
                 elif self.mode == "truncate":
                     client.sendall(rhead + rbody[: len(rbody) // 2])

@@ -767,7 +767,7 @@ def test_a_bucket_without_the_remote_extra_is_one_line_and_the_local_level_serve
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
-PLANTED = r"""
+SPARSE_LOOKUP = r"""
 import json, resource, sys, time
 from gkx_autocache import _levels
 root, key, signed = sys.argv[1], sys.argv[2], sys.argv[3] == "signed"
@@ -807,7 +807,7 @@ def test_a_planted_sparse_entry_costs_a_reader_neither_memory_nor_time(tmp_path:
     signed = "signed" if case.startswith("signed") else "keyless"
 
     def lookup(key: str) -> dict[str, Any]:
-        proc = subprocess.run([sys.executable, "-c", PLANTED, str(root), key, signed], capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", SPARSE_LOOKUP, str(root), key, signed], capture_output=True,
                               text=True, timeout=600, check=True)
         return dict(json.loads(proc.stdout))
 
@@ -836,3 +836,197 @@ def test_the_fix_for_a_shared_entry_not_signed_is_true_for_shared_write(write: s
         if not uploads:
             assert f"shared_write = {write}" in fix and "stays" in fix, fix
     assert "verify" in _status.fix_for("rejected", ctx, detail="corrupt", env=env)
+
+
+# -- Hardening 4: the bucket path ---------------------------------------------------------------
+
+PLANTED = 300 << 20  # an entry this large, sent whole for a ranged read, shows in the reader's peak memory
+PEAK = PROGRAM.rsplit("print(", 1)[0] + r"""import resource
+print(json.dumps({**counts, "result": round(result, 4), "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def test_an_endpoint_that_ignores_range_never_has_a_whole_object_read(venv: Venv, tmp_path: Path, s3: S3,
+                                                                     s3_server: str) -> None:
+    """An endpoint that ignores Range sends a planted 300 MiB entry whole for a read of its first
+    block: the reader stops at the length it asked for (its peak memory stays within 64 MiB of a
+    run that reads nothing from the bucket), the level turns off with one line naming the ignored
+    Range, and the run finishes with the right result."""
+    cold, _ = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "w"))
+    name = sorted(entries(s3, "team"))[0]
+    s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}", Body=bytes(PLANTED))
+    baseline, _ = run_program(venv, env={**s3.env, "GKX_JAX_CACHE_DIR": str(tmp_path / "plain")}, program=PEAK)
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]), mode="norange")
+    try:
+        env = levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket, tmp_path / "r",
+                         GKX_JAX_CACHE_SHARED_TIMEOUT="60")  # time enough to read it all, where it is read
+        out, err = run_program(venv, env=env, program=PEAK)
+    finally:
+        proxy.close()
+    print(f"peak: {out['peak'] >> 20} MiB, without the bucket {baseline['peak'] >> 20} MiB")
+    assert out["result"] == cold["result"] and out["hits"] < out["requests"], err
+    assert out["peak"] < baseline["peak"] + (64 << 20), (out["peak"] >> 20, baseline["peak"] >> 20)
+    (warning,) = autocache_warnings(err)
+    assert "ignores Range" in warning and "raise shared_timeout" not in warning, warning
+
+
+class _FakeGcs:
+    """The shape of gcsfs's listing (``_list_objects(path, prefix="", versions=False, **kwargs)``,
+    whose ``_do_list_objects`` takes ``max_results``), over a dict of names; an empty prefix raises
+    FileNotFoundError, as gcsfs's does (it then looks for an object of the prefix's own name)."""
+
+    def __init__(self, names: dict[str, int], pages: bool = True) -> None:
+        import fsspec.asyn
+
+        self.loop = fsspec.asyn.get_loop()
+        self.names = names
+        self.asked: list[dict[str, Any]] = []
+        if not pages:
+            self._do_list_objects = self._no_pages  # type: ignore[method-assign,assignment]
+
+    async def _list_objects(self, path: str, prefix: str = "", versions: bool = False, **kwargs: Any) -> list[dict[str, Any]]:
+        self.asked.append(kwargs)
+        most = kwargs.get("max_results") or len(self.names)
+        if not self.names:
+            raise FileNotFoundError(path)
+        return [{"name": f"{path}/{n}", "size": s, "type": "file"} for n, s in sorted(self.names.items())[:most]]
+
+    async def _do_list_objects(self, path: str, max_results: int | None = None, delimiter: str = "/",
+                               prefix: str = "", versions: bool = False, **kwargs: Any) -> None:
+        raise AssertionError("not called: _list_objects is")
+
+    async def _no_pages(self, path: str, **kwargs: Any) -> None:
+        raise AssertionError("not called")
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        pass
+
+
+def _gcs_bucket(fs: Any) -> Any:
+    from gkx_autocache import _levels
+
+    bucket = _levels.Bucket(f"gs://b/team/{VERSION_DIR}")
+    bucket._fs, bucket._path = fs, f"b/team/{VERSION_DIR}"
+    return bucket
+
+
+def test_a_gcs_listing_is_one_bounded_page() -> None:
+    """gcsfs's ``_list_objects`` takes ``**kwargs``: the listing is still used, one page of at most
+    LIST_LIMIT + 1 names (``max_results``); an empty prefix is an empty listing, not an error."""
+    from gkx_autocache import _levels
+
+    key = "jit_f-" + "0" * 64
+    fs = _FakeGcs({key + "-cache": 10, key + "-gkx-shared": 2})
+    assert _gcs_bucket(fs).listing(_levels.Progress()) == {key + "-cache": 10, key + "-gkx-shared": 2}
+    assert fs.asked == [{"max_results": _levels.LIST_LIMIT + 1}]
+    assert _gcs_bucket(_FakeGcs({})).listing(_levels.Progress()) == {}
+
+
+def test_status_never_says_more_than_1000_entries_where_it_could_not_list() -> None:
+    """A bucket whose filesystem cannot list a bounded page: `status` says it could not count the
+    entries, never "more than 1000"; an empty one says 0; one of 1001 names says more than 1000."""
+    from gkx_autocache import _levels
+
+    def line(fs: Any) -> str:
+        found = _levels.probe(_gcs_bucket(fs), 10.0)
+        assert found["answers"] is True, found
+        shared = {"url": "gs://b/team", "version_dir": "gs://b/team/x", "kind": "bucket", "trust": "t", "probe": found,
+                  "writes": "on", "timeout": 10.0, "signing": "not set", "cap": "none"}
+        return _levels.level_lines({"local": {"dir": "/l", "trust": "private"}, "shared": shared})[3]
+
+    unlistable = line(_FakeGcs({"a-cache": 1}, pages=False))
+    assert "1000" not in unlistable and "not counted" in unlistable, unlistable
+    assert "answers: 0 entries" in line(_FakeGcs({})), line(_FakeGcs({}))
+    many = {f"jit_f-{i:064x}-cache": 1 for i in range(1001)}
+    assert "more than 1000 entries" in line(_FakeGcs(many))
+
+
+REFUSED = r"""
+import json, os, signal, socket, sys, time, warnings
+import jax, jax.numpy as jnp
+seen = []
+shown = warnings.showwarning
+def show(message, category, filename, lineno, file=None, line=None):
+    seen.append(time.monotonic())
+    shown(message, category, filename, lineno, file, line)
+warnings.showwarning = show
+first = float(jax.jit(lambda v: jnp.sin(v) * 2.0)(jnp.ones(8)).sum())  # a miss: the listing, then an upload
+time.sleep(1.0)  # the upload lands
+os.kill(int(os.environ["SERVER_PID"]), signal.SIGTERM)
+port = int(os.environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+while True:  # until nothing listens there
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        time.sleep(0.1)
+    except OSError:
+        break
+stopped = time.monotonic()
+rest = [float(jax.jit(lambda v, i=i: jnp.cos(v) * i)(jnp.ones(8)).sum()) for i in range(1, 4)]  # uploads to a dead server
+while not seen and time.monotonic() - stopped < 60:
+    time.sleep(0.05)
+print(json.dumps({"first": first, "rest": rest, "secs": seen[0] - stopped if seen else None}))
+"""
+
+
+def test_a_server_stopped_mid_run_is_named_refused_at_once(venv: Venv, tmp_path: Path,
+                                                          own_s3: tuple[S3, subprocess.Popen[bytes]]) -> None:
+    """A bucket's server stopped mid-run refuses connections: the warning names the refused
+    connection and the endpoint, arrives in far less than shared_timeout (20 s here: a refused
+    connection is not retried), does not advise raising shared_timeout, and points at no line of
+    threading.py (it comes from the upload worker)."""
+    s3, server = own_s3
+    env = levels_env(s3.env, s3.bucket, tmp_path / "a", GKX_JAX_CACHE_SHARED_TIMEOUT="20", SERVER_PID=str(server.pid))
+    out, err = run_program(venv, "-W", "always", env=env, program=REFUSED)
+    server.wait(timeout=30)
+    print(f"warning {out['secs']} s after the server stopped")
+    (warning,) = autocache_warnings(err)
+    assert out["secs"] is not None and out["secs"] < 5, (out, err)
+    assert "refused" in warning and s3.endpoint in warning and "raise shared_timeout" not in warning, (out, warning)
+    assert ": AutocacheWarning: " in warning and "threading.py" not in warning.split(": AutocacheWarning: ")[0], warning
+
+
+def test_a_warning_from_the_compile_path_or_at_exit_points_at_no_package_or_jax_line(
+        venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
+    """Under `python -W always`, a warning the shared level gives during a compile (nothing listens
+    at the endpoint) points at the user's line, not at JAX's compilation_cache.py; one given at exit
+    (uploads dropped) at no line of threading.py."""
+    dead = levels_env({**s3.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}, s3.bucket, tmp_path / "a")
+    out, err = run_program(venv, "-W", "always", env=dead)
+    (warning,) = autocache_warnings(err)
+    where = warning.split(": AutocacheWarning: ")[0]
+    assert ": AutocacheWarning: " in warning and "compilation_cache.py" not in where and "/jax/" not in where and "threading.py" not in where, warning
+
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]), delay=1.0)  # against 8 s: 16 PUTs cannot all land
+    program = FORK_POOL.split("def work")[0] + "print(json.dumps({'parent': parent}))\n"
+    try:
+        env = levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket, tmp_path / "b",
+                         GKX_JAX_CACHE_SHARED_TIMEOUT="8")
+        proc = venv.run("-W", "always", "-c", program, env=env, timeout=300)
+    finally:
+        proxy.close()
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = autocache_warnings(proc.stderr)
+    assert "dropped at exit" in warning and ": AutocacheWarning: " in warning, warning
+    assert "threading.py" not in warning.split(": AutocacheWarning: ")[0], warning
+
+
+def test_a_writer_whose_local_level_is_warm_heals_an_emptied_bucket(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """A run fills the local level and the bucket; the bucket is emptied; a run with shared_write =
+    never, all local hits, leaves it empty; the next writer's run, all local hits, uploads what the
+    bucket's listing lacks (counted as uploads), and a fresh local level is then served from it."""
+    env = levels_env(s3.env, s3.bucket, tmp_path / "a")
+    cold, _ = run_program(venv, env=env)
+    uploaded = entries(s3, "team")
+    assert len(uploaded) == cold["requests"]
+    client = s3.client()
+    for name in s3.objects("team/"):
+        client.delete_object(Bucket=s3.bucket, Key=name)
+    out, err = run_program(venv, env={**env, "GKX_JAX_CACHE_SHARED_WRITE": "never"})
+    assert out["hits"] == out["requests"] and not autocache_warnings(err) and entries(s3, "team") == {}, err
+    out, err = run_program(venv, env=env)
+    assert out["hits"] == out["requests"] and report(err)["local"] == out["requests"] and not autocache_warnings(err), err
+    assert entries(s3, "team") == uploaded
+    shared = json.loads(venv.cli("--json", "stats", env=env).stdout)["levels"]["shared"]
+    assert shared["uploads"] == 2 * len(uploaded), shared
+    fresh, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
+    assert report(err)["shared"] == fresh["requests"], err

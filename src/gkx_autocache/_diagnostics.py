@@ -26,7 +26,9 @@ swallowed: list[str] = []  # warnings the user's filters turned into errors: the
 
 
 def warn(cause: str, message: str) -> None:
-    """Warn once per ``cause`` per process, pointing at the user's ``import jax`` line.
+    """Warn once per ``cause`` per process, pointing at the user's line that led to it (the
+    ``import jax``, the call that compiled), or at no line where there is none (the upload worker,
+    an at-exit hook): never at threading.py or at JAX's own code.
 
     ``message`` is one line; it gets the ``gkx-autocache:`` prefix and the way to silence it.
     A warning that the user's filters turn into an exception is logged instead.
@@ -35,28 +37,44 @@ def warn(cause: str, message: str) -> None:
         return
     _said.add(cause)
     text = f"gkx-autocache: {one_line(message)} ({SILENCE})"
+    frame = _user_frame()
     try:
-        warnings.warn(text, AutocacheWarning, stacklevel=_user_stacklevel())
+        if frame is None:  # a thread of the package's, or the interpreter's exit: no line of the user's
+            warnings.warn_explicit(text, AutocacheWarning, "gkx_autocache", 0, module="gkx_autocache",
+                                   registry=_registry)
+        else:
+            found = frame.f_globals  # (no module_globals: a loader's get_source raises for `python -c`)
+            warnings.warn_explicit(text, AutocacheWarning, frame.f_code.co_filename, frame.f_lineno,
+                                   module=found.get("__name__"), registry=found.setdefault("__warningregistry__", {}))
     except Exception:  # -W error: a cache must not cost the user their run
         swallowed.append(text)
         logger.warning("%s", text)
 
 
-def _user_stacklevel() -> int:
-    """The stacklevel of the first frame outside this package, as ``warnings`` counts it
-    (it skips importlib's own frames)."""
-    level = 2  # 1 is warn() itself
+_registry: dict[str | tuple[str, type[Warning], int], int] = {}  # (the annotation is never evaluated)
+_STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+# The stdlib's frames between a thread's start, an import or an at-exit hook and the package
+_PLUMBING = tuple(_STDLIB + name for name in ("threading.py", "concurrent" + os.sep, "importlib" + os.sep,
+                                              "contextlib.py", "functools.py", "asyncio" + os.sep))
+
+
+def _user_frame() -> types.FrameType | None:
+    """The first frame outside this package, JAX (jax, jaxlib: the compile path runs through
+    them) and the stdlib's plumbing (threading, importlib, ...): the user's; None when there is
+    none."""
+    skipped = [_PACKAGE_DIR + os.sep, *_PLUMBING]
+    for name in ("jax", "jaxlib"):  # already imported wherever a warning can come from a compile
+        where = getattr(sys.modules.get(name), "__file__", None)
+        if where:
+            skipped.append(os.path.dirname(os.path.abspath(where)) + os.sep)
+    prefixes = tuple(skipped)
     frame: types.FrameType | None = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if "importlib" in filename and "_bootstrap" in filename:
-            frame = frame.f_back
-            continue
-        if not filename.startswith(_PACKAGE_DIR):
-            return level
-        level += 1
+        if not filename.startswith(prefixes) and not filename.startswith("<frozen"):
+            return frame
         frame = frame.f_back
-    return 1
+    return None
 
 
 def human_bytes(n: float) -> str:

@@ -18,6 +18,14 @@ Why this shape:
   round trip, so a cold run against an empty bucket pays one request, not one per compile. The
   listing is renewed after ``LIST_TTL`` (entries others upload meanwhile); longer listings are
   not used, and each miss asks for its key.
+- A writer's local hit heals the bucket: where the listing lacks the entry, it is queued for upload
+  like a compile (a warm local level never reads the bucket, so an entry lost there would never
+  come back). The listing for that is taken by the upload worker, never on the compile path; a
+  failure of it stops the healing quietly (a run of local hits needs nothing of the bucket).
+- Reads of a bucket stream the body and stop at the length asked for (an endpoint that ignores
+  ``Range`` sends whole objects: one 4 KiB read must not hold 1 GB); a whole object sent for a
+  ranged read turns the level off, naming it. A refused connection is not retried (botocore's
+  backoff would outlast ``shared_timeout`` and be told as a stall).
 - Each entry is written with a seal, ``<key>-gkx-shared`` (a small JSON object: the key, the
   entry's size and SHA-256, its compile time and when it was written, and with a signing key an
   HMAC-SHA256 over all of them), uploaded before the entry. A read fetches the seal and the
@@ -57,6 +65,7 @@ FIRST_BLOCK = 256 << 10  # most CPU entries fit in one block: one round trip
 MAX_BLOCK = 64 << 20
 LIST_LIMIT = 1000  # one S3 listing page
 LIST_TTL = 60.0
+NOT_LISTED = "not counted: this filesystem cannot list a bounded page"
 QUEUE_BYTES = 256 << 20  # entries waiting to be uploaded, held in memory
 SEAL_LIMIT = 4096
 MAX_ENTRY = 8 << 30  # without a cap, the most read of one shared entry (a lying seal cannot ask for more)
@@ -121,7 +130,11 @@ def bounded(func: Callable[[Progress], Any], timeout: float) -> Any:
 
 
 def describe(exc: BaseException) -> str:
-    """An error of the shared level in one short line."""
+    """An error of the shared level in one short line; a refused connection names its endpoint."""
+    if _refused(exc):
+        url = str((getattr(exc, "kwargs", None) or {}).get("endpoint_url") or "")
+        where = "/".join(url.split("/", 3)[:3]) if "://" in url else "the endpoint"
+        return f"the connection was refused by {where} (nothing listens there: a server stopped, or a wrong endpoint)"
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}"[:240] if text else type(exc).__name__
 
@@ -215,9 +228,91 @@ def _read_exactly(fd: int, size: int, progress: Progress) -> bytes:
 # -- where the shared level is ------------------------------------------------------------------
 
 
+class RangeIgnored(OSError):
+    """The endpoint answered a ranged read with the whole object: every read would do the same, so
+    the level turns off (one line naming it), rather than each entry being rejected in turn."""
+
+
+def _refused(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a connection refused (botocore's EndpointConnectionError keeps the
+    client's error, aiohttp's keeps the OSError)."""
+    seen = 0
+    while exc is not None and seen < 6:
+        if isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == errno.ECONNREFUSED:
+            return True
+        exc = (getattr(exc, "os_error", None) or (getattr(exc, "kwargs", None) or {}).get("error")
+               or exc.__cause__ or exc.__context__)
+        seen += 1
+    return False
+
+
+def _no_retry_when_refused(caught_exception: BaseException | None = None, **kwargs: Any) -> bool | None:
+    """botocore's ``needs-retry`` handler, registered first: a refused connection is not retried
+    (botocore's default retries it with backoff for up to ~15 s, longer than ``shared_timeout``'s
+    default, and the level was then told to be stalled). False is "no retry" to aiobotocore's
+    emitter; None leaves the decision to botocore's own handler."""
+    return False if _refused(caught_exception) else None
+
+
+async def _hooked(fs: Any, path: str) -> None:
+    """Register ``_no_retry_when_refused`` on s3fs's client for ``path``'s bucket, once."""
+    get_s3 = getattr(fs, "get_s3", None)
+    if get_s3 is None or not hasattr(fs, "_call_s3"):
+        return
+    await fs.set_session()
+    client = await get_s3(path.split("/", 1)[0])
+    if not getattr(client, "_gkx_refusal", False):
+        client.meta.events.register_first("needs-retry.s3", _no_retry_when_refused)
+        client._gkx_refusal = True
+
+
+async def _read_range(fs: Any, path: str, start: int, end: int) -> bytes | None:
+    """Bytes ``start`` to ``end`` of an S3 object, None when it is not there. The body is read as a
+    stream and stopped at the length asked for: s3fs's ``_cat_file`` reads whatever it is sent, so
+    an endpoint that ignores ``Range`` would have a whole object (1 GB) held for a 4 KiB read.
+    Raises RangeIgnored (the whole object, 200), Refused (a 206 longer than its range)."""
+    bucket, key = path.split("/", 1)
+    try:
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+    except FileNotFoundError:
+        return None
+    body = resp["Body"]
+    asked = end - start
+    try:
+        ranged = bool(resp.get("ContentRange"))
+        length = resp.get("ContentLength")
+        if not ranged and (start > 0 or (isinstance(length, int) and length > asked)):
+            raise RangeIgnored(f"the bucket's endpoint ignores Range: it answered a read of {human_bytes(asked)} of "
+                               f"{key.rsplit('/', 1)[-1]} with the whole object"
+                               f"{f' ({human_bytes(length)})' if isinstance(length, int) else ''}")
+        chunks, have = [], 0
+        while have <= asked and (chunk := await body.read(min(1 << 20, asked + 1 - have))):
+            chunks.append(chunk)
+            have += len(chunk)
+        if have > asked and not ranged:
+            raise RangeIgnored(f"the bucket's endpoint ignores Range: it sent more than the {human_bytes(asked)} "
+                               f"asked of {key.rsplit('/', 1)[-1]}")
+        if have > asked:
+            raise Refused(f"the shared entry sent more than the {asked} bytes of its range")
+        return b"".join(chunks)
+    finally:
+        body.close()  # a body left unread is dropped with its connection, never read on
+
+
+def _within(data: bytes, asked: int, name: str) -> bytes:
+    """A ranged read through fsspec's generic path (gcsfs): the whole body is read by the library
+    before it can be looked at, so this bounds what is kept, not what was held."""
+    if len(data) > asked:
+        raise RangeIgnored(f"the bucket's endpoint ignores Range: it sent {human_bytes(len(data))} for a read of "
+                           f"{human_bytes(asked)} of {name}")
+    return data
+
+
 class Bucket:
     """``s3://`` and ``gs://`` through fsspec (the ``remote`` extra): endpoint and credentials are
-    the filesystem library's, as for a remote ``dir`` (SPEC §9)."""
+    the filesystem library's, as for a remote ``dir`` (SPEC §9). On S3 the reads are s3fs's
+    ``get_object`` with the body streamed (``_read_range``); gcsfs (no server to test against here)
+    goes through fsspec's ``cat_ranges``, its lengths checked after."""
 
     kind = "bucket"
 
@@ -230,8 +325,23 @@ class Bucket:
         if self._fs is None:
             from gkx_autocache import _remote
 
-            self._fs, self._path = _remote.filesystem(self.where)
+            self._fs, self._path = _remote.filesystem(self.where, own=True)  # its client gets _hooked
         return self._fs, self._path
+
+    def _run(self, make: Callable[[Any, str], Any]) -> Any:
+        """``make(fs, path)``'s coroutine on fsspec's event loop, the refusal handler registered."""
+        import fsspec.asyn
+
+        fs, path = self.filesystem()
+
+        async def go() -> Any:
+            await _hooked(fs, path)
+            return await make(fs, path)
+
+        return fsspec.asyn.sync(fs.loop, go)
+
+    def _streams(self) -> bool:
+        return hasattr(self.filesystem()[0], "_call_s3")  # s3fs
 
     def forget(self) -> None:
         """After ``fork``: the parent's filesystem object runs on the parent's event loop thread."""
@@ -240,53 +350,71 @@ class Bucket:
     def prepare(self, progress: Progress, create: bool = True) -> bool:
         return True  # whether a bucket takes writes is known at the first upload
 
-    def listing(self, progress: Progress) -> dict[str, int] | None:
-        """``{name: bytes}`` directly under the version prefix, or None when there are more than
-        ``LIST_LIMIT`` (or the filesystem cannot list a bounded page). Raises on errors, a bucket
-        that does not exist included."""
-        import fsspec.asyn
-
+    def listing(self, progress: Progress) -> dict[str, int] | str:
+        """``{name: bytes}`` directly under the version prefix, or why there is no listing to use:
+        more than ``LIST_LIMIT`` names, or a filesystem that cannot list a bounded page. Raises on
+        errors, a bucket that does not exist included (on S3)."""
         fs, path = self.filesystem()
         lsdir, list_objects = getattr(fs, "_lsdir", None), getattr(fs, "_list_objects", None)
         if lsdir is not None and "max_items" in _parameters(lsdir):  # s3fs
-            infos = fsspec.asyn.sync(fs.loop, lsdir, path, refresh=True, max_items=LIST_LIMIT + 1)
+            infos = self._run(lambda fs, path: lsdir(path, refresh=True, max_items=LIST_LIMIT + 1))
             fs.invalidate_cache(path)  # a page is no complete listing: keep it out of fsspec's cache
-        elif list_objects is not None and "max_results" in _signature_text(list_objects):  # gcsfs (not tested here)
-            infos = fsspec.asyn.sync(fs.loop, list_objects, path, max_results=LIST_LIMIT + 1)
+        elif list_objects is not None and "max_results" in (_parameters(list_objects)
+                                                            + _parameters(getattr(fs, "_do_list_objects", None))):
+            # gcsfs: ``_list_objects(path, prefix, versions, **kwargs)`` hands max_results to
+            # ``_do_list_objects``, which pages up to it (not tested here: no GCS server)
+            fs.invalidate_cache(path)  # a cached listing would be returned whole, unbounded
+            try:
+                infos = self._run(lambda fs, path: list_objects(path, max_results=LIST_LIMIT + 1))
+            except FileNotFoundError:  # gcsfs, for an empty prefix: it looks for an object of its name
+                infos = []
         else:
-            return None
+            return NOT_LISTED
         progress.tick()
         names = {}
         for info in infos:
             if info.get("type") != "directory":
                 names[str(info["name"]).rstrip("/").rsplit("/", 1)[-1]] = int(info.get("size") or 0)
-        return names if len(infos) <= LIST_LIMIT else None
+        return names if len(infos) <= LIST_LIMIT else f"more than {LIST_LIMIT}"
 
     def first(self, key: str, progress: Progress) -> tuple[bytes | None, bytes | None]:
         """The seal and the entry's first block, at once (one round trip); None for each that is
         not there."""
         fs, path = self.filesystem()
-        got = fs.cat_ranges([f"{path}/{key}{SEAL_SIDECAR}", f"{path}/{key}{ENTRY_SUFFIX}"], [0, 0],
-                            [SEAL_LIMIT, FIRST_BLOCK], on_error="return")
+        names = [f"{path}/{key}{SEAL_SIDECAR}", f"{path}/{key}{ENTRY_SUFFIX}"]
+        if self._streams():
+            import asyncio
+
+            got = self._run(lambda fs, path: asyncio.gather(_read_range(fs, names[0], 0, SEAL_LIMIT),
+                                                            _read_range(fs, names[1], 0, FIRST_BLOCK),
+                                                            return_exceptions=True))
+        else:
+            got = fs.cat_ranges(names, [0, 0], [SEAL_LIMIT, FIRST_BLOCK], on_error="return")
         progress.tick()
         found: list[bytes | None] = []
-        for item in got:
-            if isinstance(item, FileNotFoundError):
+        for item, asked, name in zip(got, (SEAL_LIMIT, FIRST_BLOCK), names, strict=True):
+            if item is None or isinstance(item, FileNotFoundError):
                 found.append(None)
             elif isinstance(item, BaseException):
                 raise item
             else:
-                found.append(bytes(item))
+                found.append(_within(bytes(item), asked, name.rsplit("/", 1)[-1]))
         return found[0], found[1]
 
     def small(self, name: str) -> bytes:
         """The first ``SEAL_LIMIT`` bytes of an object (``status``'s look at a seal)."""
         fs, path = self.filesystem()
-        return bytes(fs.cat_file(f"{path}/{name}", start=0, end=SEAL_LIMIT))
+        where = f"{path}/{name}"
+        if self._streams():  # never more than asked for, whatever the endpoint sends
+            return self._run(lambda fs, path: _read_range(fs, where, 0, SEAL_LIMIT)) or b""
+        return _within(bytes(fs.cat_file(where, start=0, end=SEAL_LIMIT)), SEAL_LIMIT, name)
 
     def block(self, key: str, start: int, end: int) -> bytes:
         fs, path = self.filesystem()
-        return bytes(fs.cat_file(f"{path}/{key}{ENTRY_SUFFIX}", start=start, end=end))
+        name = f"{path}/{key}{ENTRY_SUFFIX}"
+        if self._streams():
+            return self._run(lambda fs, path: _read_range(fs, name, start, end)) or b""
+        return _within(bytes(fs.cat_file(name, start=start, end=end)), end - start, key + ENTRY_SUFFIX)
 
     def size(self, key: str) -> int:
         fs, path = self.filesystem()
@@ -297,8 +425,7 @@ class Bucket:
 
     def write(self, name: str, data: bytes) -> None:
         """One PUT of the whole bytes: the object appears whole or not at all."""
-        fs, path = self.filesystem()
-        fs.pipe_file(f"{path}/{name}", data)
+        self._run(lambda fs, path: fs._pipe_file(f"{path}/{name}", data))
 
 
 class Directory:
@@ -333,8 +460,8 @@ class Directory:
         progress.tick()
         return prepared.writable
 
-    def listing(self, progress: Progress) -> dict[str, int] | None:
-        return None  # a lookup of a missing file is as cheap as a listing would be
+    def listing(self, progress: Progress) -> dict[str, int] | str:
+        return "a directory is not listed"  # a lookup of a missing file is as cheap as a listing would be
 
     def _open(self, name: str) -> tuple[int, os.stat_result] | None:
         """A descriptor of the file and its ``fstat``, never through a symlink, only if its owner and
@@ -448,6 +575,8 @@ class Level:
         self._listing: dict[str, int] | None = None
         self._listed_at = -LIST_TTL
         self._closed = False
+        self._healing = True  # off after a failure of the worker's own listing (quietly: see _ensure)
+        self._healed: set[str] = set()  # keys queued to heal the bucket, once each
         self._reset_threads()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forked)
@@ -456,7 +585,7 @@ class Level:
         self._lock = threading.Lock()
         self._ready = threading.Lock()  # one thread prepares and lists; the others wait for it
         self._changed = threading.Condition(self._lock)
-        self._queue: deque[tuple[str, bytes, float | None, float]] = deque()
+        self._queue: deque[tuple[str, bytes, float | None, float, bool]] = deque()  # (..., check the listing)
         self._queued = 0  # bytes in the queue and in flight
         self._busy = False
         self._worker: threading.Thread | None = None
@@ -474,8 +603,27 @@ class Level:
             for name, n in add.items():
                 counts[name] += n
 
-    def local_hit(self, nbytes: int, secs: float) -> None:
+    def local_hit(self, nbytes: int, secs: float, key: str | None = None, data: bytes | None = None,
+                  compile_secs: float | None = None, written: float = 0.0) -> None:
         self.count("local", hits=1, bytes_read=nbytes, read_secs=secs, reads=1)
+        if key is not None and data is not None:
+            self._heal(key, data, compile_secs, written)
+
+    def _heal(self, key: str, data: bytes, compile_secs: float | None, written: float) -> None:
+        """A writer's local hit: queued for upload where the bucket's listing lacks it (a warm
+        local level never reads the bucket, so nothing else would ever put an entry back that was
+        lost there). Never a round trip here: the listing, if not yet taken, is taken by the
+        upload worker, which checks each entry against it; without a usable listing (more than
+        LIST_LIMIT names), nothing is healed."""
+        if (self.writes is not None or self.off is not None or self._closed or not self._healing
+                or self.backend.kind != "bucket" or key in self._healed or not _process_0()):
+            return
+        listing = self._listing
+        listed = self._listed_at != -LIST_TTL  # (the worker may be taking it now: not yet)
+        if (listing is None and listed) or (listing is not None and key + ENTRY_SUFFIX in listing):
+            return
+        self._healed.add(key)
+        self._enqueue(key, data, compile_secs, written or time.time(), check=True)
 
     def local_miss(self) -> None:
         self.count("local", misses=1)
@@ -518,9 +666,11 @@ class Level:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def _ensure(self) -> bool:
+    def _ensure(self, quiet: bool = False) -> bool:
         """Prepare the level (trust, the version directory) and list a bucket's version prefix, once
-        (and the listing again after LIST_TTL); whether it is usable."""
+        (and the listing again after LIST_TTL); whether it is usable. ``quiet``: for healing alone
+        (a run of local hits), a failure stops the healing with a debug line and leaves the level
+        on: such a run needs nothing of the bucket, and a later miss says what is wrong."""
         if self._prepared is not None and (self._listing is None or time.monotonic() - self._listed_at < LIST_TTL):
             return self.off is None
         with self._ready:
@@ -530,7 +680,8 @@ class Level:
                 if self._prepared is None:
                     self._prepared = bool(bounded(self.backend.prepare, self.timeout))
                 if time.monotonic() - self._listed_at >= LIST_TTL:
-                    self._listing = bounded(self.backend.listing, self.timeout)
+                    names = bounded(self.backend.listing, self.timeout)
+                    self._listing = names if isinstance(names, dict) else None
                     self._listed_at = time.monotonic()
                     if self.backend.kind == "bucket":
                         self.count("shared", requests=1)
@@ -538,10 +689,15 @@ class Level:
                         self._listed_at = float("inf")  # a directory is never listed
             except ShuttingDown:  # at exit: the listing stays as it is; nothing is wrong with the level
                 return self.off is None and self._prepared is not None
-            except Stalled as exc:
-                self.turn_off(str(exc), timed_out=True)
             except Exception as exc:
-                self.turn_off(describe(exc))
+                if quiet:
+                    self._healing = False
+                    logger.debug("the shared level %s is not healed: %s", self.url, describe(exc))
+                    return False
+                if isinstance(exc, Stalled):
+                    self.turn_off(str(exc), timed_out=True)
+                else:
+                    self.turn_off(describe(exc))
         return self.off is None
 
     def get(self, key: str) -> Found | str | None:
@@ -658,13 +814,17 @@ class Level:
         """Queue the entry (just written to the local level) for upload; never blocks."""
         if self.writes is not None or self.off is not None or self._closed or not _process_0():
             return
+        self._enqueue(key, data, compile_secs, time.time(), check=False)
+
+    def _enqueue(self, key: str, data: bytes, compile_secs: float | None, written: float, check: bool) -> None:
         with self._lock:
             if self.off is not None:
                 return
             if self._queued + len(data) > self.queue_bytes:
-                self.counts["shared"]["skipped"] += 1  # beyond the queue's bound: the compile path never waits
+                if not check:  # (an entry to heal may be in the bucket already: not counted)
+                    self.counts["shared"]["skipped"] += 1  # beyond the queue's bound: the compile path never waits
                 return
-            self._queue.append((key, data, compile_secs, time.time()))
+            self._queue.append((key, data, compile_secs, written, check))
             self._queued += len(data)
             if self._worker is None:
                 self._worker = threading.Thread(target=self._drain, name="gkx-autocache-upload", daemon=True)
@@ -689,10 +849,14 @@ class Level:
                     self._queued = max(self._queued - len(item[1]), 0) if self.off is None else 0
                     self._changed.notify_all()
 
-    def _upload(self, item: tuple[str, bytes, float | None, float]) -> None:
-        key, data, compile_secs, written = item
-        if not self._ensure():
+    def _upload(self, item: tuple[str, bytes, float | None, float, bool]) -> None:
+        key, data, compile_secs, written, check = item
+        if check and not self._healing:
             return
+        if not self._ensure(quiet=check):
+            return
+        if check and (self._listing is None or key + ENTRY_SUFFIX in self._listing):
+            return  # the bucket has it, or there is no listing to tell
         if not self._prepared:  # a read-only shared directory is never written
             with self._lock:
                 self.writes = "the shared directory is read-only here"
@@ -736,7 +900,10 @@ class Level:
                 if left <= 0:
                     break
                 self._changed.wait(left)
-            left_over = len(self._queue) + self._busy if self.off is None else 0
+            listing = self._listing  # an entry to heal is an upload only where the listing lacks it
+            pending = [item for item in self._queue
+                       if not item[4] or (listing is not None and item[0] + ENTRY_SUFFIX not in listing)]
+            left_over = len(pending) + self._busy if self.off is None else 0
             self.counts["shared"]["dropped"] += left_over
             self._queue.clear()
         if left_over:
@@ -923,8 +1090,10 @@ def probe(backend: Any, timeout: float) -> dict[str, Any]:
         found: dict[str, Any] = {}
         if backend.kind == "bucket":
             names = backend.listing(progress)
-            if names is None:
-                return {"entries": f"more than {LIST_LIMIT}"}
+            if names == NOT_LISTED:  # it answered, and cannot say how many: never "more than 1000"
+                return {"entries": None, "listing": names}
+            if isinstance(names, str):
+                return {"entries": names}
         else:
             found["writable"] = backend.prepare(progress, create=False)  # status creates nothing
             names = {n: 0 for n in os.listdir(backend.where)}
@@ -1016,7 +1185,9 @@ def level_lines(levels: dict[str, Any]) -> list[str]:
         lines.append(f"           not used: {shared['unused']}")
         return lines
     found = shared.get("probe")
-    if isinstance(found, dict) and found.get("answers"):
+    if isinstance(found, dict) and found.get("answers") and found.get("entries") is None:
+        lines.append(f"           answers in {found['secs']:.2f} s; entries {found.get('listing') or 'not counted'}")
+    elif isinstance(found, dict) and found.get("answers"):
         lines.append(f"           answers: {found['entries']} entries, in {found['secs']:.2f} s")
     elif isinstance(found, dict):
         lines.append(f"           does not answer (in {found['secs']:.1f} s): {found['error']}")

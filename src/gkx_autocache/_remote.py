@@ -55,13 +55,14 @@ def _errors(url: str) -> Iterator[None]:
         raise RemoteError(f"{url}: {text}") from None
 
 
-def filesystem(url: str) -> tuple[Any, str]:
+def filesystem(url: str, own: bool = False) -> tuple[Any, str]:
     """fsspec's filesystem for ``url`` and the path in it (``bucket/prefix``): the call every
-    remote operation goes through."""
+    remote operation goes through. ``own``: an instance of its own, not fsspec's cached one that
+    the process's other code shares (the shared level registers a retry handler on its client)."""
     import fsspec.core
 
     with _errors(url):
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url, **({"skip_instance_cache": True} if own else {}))
     return fs, path
 
 

@@ -132,10 +132,11 @@ class Store:
                 os.utime(path)  # recency for pruning, on noatime mounts too
             except OSError:
                 pass
-            self._recorder.hit(key, len(data), *self._compile_secs(key, data))
+            compile_secs, written = self._compile_secs(key, data)
+            self._recorder.hit(key, len(data), compile_secs, written)
             self._served.key = key
-            if self._levels is not None:
-                self._levels.local_hit(len(data), time.perf_counter() - started)
+            if self._levels is not None:  # a writer's hit may heal the bucket (queued, off the compile path)
+                self._levels.local_hit(len(data), time.perf_counter() - started, key, data, compile_secs or None, written)
             return data
         if self._levels is not None:
             self._levels.local_miss()
