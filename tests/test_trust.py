@@ -364,3 +364,71 @@ def test_trust_shared_for_a_shared_directory_never_trusts_a_group_writable_local
     out, err = run_program(venv, env=env)
     assert out["dir"] is None, out
     assert len(autocache_warnings(err)) == 1 and "group can write" in err, err
+
+
+@pytest.mark.parametrize("write", ["index append", "index compaction", "verdict", "ledger"])
+def test_bookkeeping_swapped_for_a_symlink_after_its_check_is_never_written_through(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write: str) -> None:
+    """`bookkeeping_dir` refuses a symlinked `.gkx-autocache`, then the file is written by its path:
+    a team member who swaps the folder for a symlink between the check and the write (a real
+    two-user race won 11 of 500) points the victim's write at a folder of the victim's own, and
+    its `index` (a `.git` has one), `store.json` or ledger is replaced or appended to there. Every
+    write into bookkeeping must go through the descriptor of the folder that was checked."""
+    from gkx_autocache import _cache, _files, _index, _ledger, _store
+
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    victim = tmp_path / "victim"  # say the victim's ~/project/.git
+    victim.mkdir(mode=0o700)
+    for name in ("index", "store.json"):
+        (victim / name).write_bytes(b"the victim's own")
+    vdir = Path(_cache.prepare(str(team / "cache"), "0.0.0", shared=True).version_dir)
+    real = _files.bookkeeping_dir
+
+    def checked_then_swapped(version_dir: str, shared: bool, *parts: str) -> str | None:
+        folder = real(version_dir, shared, *parts)
+        meta = vdir / ".gkx-autocache"
+        if folder is not None and not meta.is_symlink():
+            os.rename(meta, tmp_path / "moved")
+            meta.symlink_to(victim)
+        return folder
+
+    monkeypatch.setattr(_files, "bookkeeping_dir", checked_then_swapped)
+    if write == "index append":
+        _index.append(str(vdir), ["a line"], True)
+    elif write == "index compaction":
+        _files.bookkeeping_dir(str(vdir), True)
+        _files.write_atomic(_index.index_path(str(vdir)), b"compacted", _files.file_mode(True))
+    elif write == "verdict":
+        _store.write_verdict(str(vdir), "gkx", None, shared=True)
+    else:
+        (victim / "ledger").mkdir(mode=0o700)
+        _ledger._command_ledger(str(vdir), [{"event": "x"}], True)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in victim.iterdir() if p.is_file()} == {
+        "index": b"the victim's own", "store.json": b"the victim's own"}
+    assert list((victim / "ledger").iterdir()) == [] if write == "ledger" else True
+
+
+def test_a_shared_directory_swapped_after_its_check_is_never_written_through(tmp_path: Path) -> None:
+    """A shared directory level is checked once (`prepare`), then each upload is written by its
+    path: a team member who later replaces the version directory with a symlink to a folder of the
+    victim's own has the victim's process write entries there (no race: the swap may come at any
+    time in a long run)."""
+    from gkx_autocache import _levels
+
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    backend = _levels.Directory(str(team), "0.0.0", team=True)
+    backend.prepare(_levels.Progress())
+    os.rename(backend.where, tmp_path / "moved")
+    os.symlink(victim, backend.where)
+    try:
+        backend.write(f"jit_f-{'a' * 64}-cache", b"\x78\x9centry")
+    except OSError:
+        pass  # refused: right
+    assert list(victim.iterdir()) == []
