@@ -432,3 +432,43 @@ def test_a_shared_directory_swapped_after_its_check_is_never_written_through(tmp
     except OSError:
         pass  # refused: right
     assert list(victim.iterdir()) == []
+
+
+def test_a_team_caches_tag_is_readable_by_every_member_whatever_the_umask(tmp_path: Path) -> None:
+    """The tag is how `clear` and `prune` recognise a cache before deleting (SPEC §8), and every
+    member of a team cache may prune: written under a umask of 077, a 0600 tag leaves the other
+    members unable to read it, so their prune and clear refuse the team's cache."""
+    from gkx_autocache import _cache
+
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    old = os.umask(0o077)
+    try:
+        prepared = _cache.prepare(str(team / "cache"), "0.0.0", shared=True)
+    finally:
+        os.umask(old)
+    for folder in (team / "cache", Path(prepared.version_dir)):
+        assert stat.S_IMODE((folder / "CACHEDIR.TAG").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("o_path", [True, False])
+def test_without_o_path_a_user_below_a_0711_ancestor_still_gets_a_cache(public: Path, o_path: bool) -> None:
+    """Where the OS has no ``O_PATH`` (macOS), directories are opened ``O_RDONLY`` one component at
+    a time, which needs read permission on each: a user whose cache lies below a directory they
+    may cross but not list (0711, like many a /home) has the cache refused, where a plain mkdir
+    worked. Such an ancestor is root's and writable by no one else, so nobody can swap it."""
+    from conftest import as_user
+
+    base = public / "locked"
+    (base / "u").mkdir(parents=True)
+    base.chmod(0o711)
+    os.chown(base / "u", 1002, 1002)
+    (base / "u").chmod(0o700)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    script = (f"import os, sys; sys.path.insert(0, {src!r}); from gkx_autocache import _cache, _files; "
+              f"_files.PATH = {'_files.PATH' if o_path else 'os.O_RDONLY'}; print(_cache.prepare({str(base / 'u' / 'cache')!r}, '0.0.0').version_dir)")
+    proc = subprocess.run(as_user(1002, [sys.executable, "-c", script]), capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"]})
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert (base / "u" / "cache" / "jax-0.0.0").is_dir()
