@@ -242,6 +242,7 @@ def write_new_at(name: str, data: bytes, dir_fd: int, mode: int = 0o644) -> bool
     except OSError:
         return False
     try:
+        os.fchmod(fd, mode)  # the open mode is masked by the umask: a 0600 tag is no team's
         os.write(fd, data)
         return True
     except OSError:
