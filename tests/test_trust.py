@@ -472,3 +472,39 @@ def test_without_o_path_a_user_below_a_0711_ancestor_still_gets_a_cache(public: 
                           env={"PATH": os.environ["PATH"]})
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert (base / "u" / "cache" / "jax-0.0.0").is_dir()
+
+
+def test_a_private_directory_of_the_victim_swapped_in_after_mkdir_is_never_made_a_team_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make_dir` checks that what it opens after `mkdir` is the victim's and no wider than 0700:
+    a directory of the victim's own passes both. A member who removes the new directory and
+    renames into its place a private folder the victim keeps in a directory the member can write
+    (the team directory) has the victim make it 2770 and tag it: the group reads its files, and
+    backups skip it. A directory `mkdir` just made holds nothing of anyone's."""
+    from gkx_autocache import _cache
+
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    scratch = team / "scratch"
+    scratch.mkdir(mode=0o700)
+    scratch.chmod(0o700)
+    (scratch / "secret").write_text("the victim's")
+    root = team / "cache"
+    real_mkdir = os.mkdir
+
+    def mkdir(path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(path, mode, dir_fd=dir_fd)
+        made = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path) if dir_fd is not None else os.fspath(path)
+        if made == str(root):
+            os.rmdir(made)
+            os.rename(scratch, made)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    try:
+        _cache.prepare(str(root), "0.0.0", shared=True)
+    except _cache.Refused:
+        pass  # refusing is right
+    monkeypatch.undo()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert sorted(p.name for p in root.iterdir()) == ["secret"]
