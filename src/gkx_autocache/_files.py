@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import BinaryIO
 
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._layout import META_DIR, TAG_NAME, tmp_name
+from gkx_autocache._layout import LEDGER_DIR, META_DIR, TAG_NAME, VERSION_PREFIX, tmp_name
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -225,6 +225,8 @@ def make_dir(path: str, shared: bool, tag: str | None = None) -> bool:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & ~0o2700:  # setgid: a team parent's
             raise OSError(errno.EPERM, "replaced by someone else right after it was made", path)
+        if any(not _ours(name) for name in os.listdir(fd)):  # a folder of the victim's own, swapped in
+            raise OSError(errno.EPERM, "replaced by a directory holding files right after it was made", path)
         os.fchmod(fd, dir_mode(shared))  # mkdir's mode is masked by the umask; fchmod's is not
         if tag is not None:
             write_new_at(TAG_NAME, tag.encode("ascii"), fd)
@@ -232,6 +234,11 @@ def make_dir(path: str, shared: bool, tag: str | None = None) -> bool:
         os.close(fd)
     logger.debug("created %s", path)
     return True
+
+
+def _ours(name: str) -> bool:
+    """What a concurrent process of the package may already have put in a directory just made."""
+    return name in (TAG_NAME, META_DIR, LEDGER_DIR) or name.startswith(VERSION_PREFIX)
 
 
 def write_new_at(name: str, data: bytes, dir_fd: int, mode: int = 0o644) -> bool:
