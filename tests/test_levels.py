@@ -689,7 +689,8 @@ GOOD, OTHER_KEY = f"jit_f-{'a' * 64}", f"jit_g-{'b' * 64}"
 
 @pytest.mark.parametrize("spoil", ["deep json", "huge size", "boolean size", "not an object", "another key",
                                    "a symlinked entry", "a fifo", "writable by others", "moved signed seal",
-                                   "a compile time of a century", "a non-ASCII signature", "a non-ASCII digest"])
+                                   "a compile time of a century", "a non-ASCII signature", "a non-ASCII digest",
+                                   "an empty unsealed entry"])
 def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: Path, spoil: str) -> None:
     """Entries and seals a group member or a bucket could plant are refused one by one, each a
     `rejected` miss with its reason (or served, where only a figure in the seal is absurd); none
@@ -721,6 +722,8 @@ def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: P
         os.mkfifo(vdir / f"{GOOD}-cache")
     elif spoil == "writable by others":
         (vdir / f"{GOOD}-cache").chmod(0o666)
+    elif spoil == "an empty unsealed entry":  # no first block, so no head check: served and backfilled
+        (vdir / f"{GOOD}-cache").write_bytes(b"")
     elif spoil == "moved signed seal":  # a validly signed entry of another key, moved to this one
         moved = json.loads(_levels.make_seal(OTHER_KEY, data, 0.5, time.time(), secret))
         (vdir / f"{GOOD}-gkx-shared").write_text(json.dumps(moved))

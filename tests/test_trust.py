@@ -364,3 +364,147 @@ def test_trust_shared_for_a_shared_directory_never_trusts_a_group_writable_local
     out, err = run_program(venv, env=env)
     assert out["dir"] is None, out
     assert len(autocache_warnings(err)) == 1 and "group can write" in err, err
+
+
+@pytest.mark.parametrize("write", ["index append", "index compaction", "verdict", "ledger"])
+def test_bookkeeping_swapped_for_a_symlink_after_its_check_is_never_written_through(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write: str) -> None:
+    """`bookkeeping_dir` refuses a symlinked `.gkx-autocache`, then the file is written by its path:
+    a team member who swaps the folder for a symlink between the check and the write (a real
+    two-user race won 11 of 500) points the victim's write at a folder of the victim's own, and
+    its `index` (a `.git` has one), `store.json` or ledger is replaced or appended to there. Every
+    write into bookkeeping must go through the descriptor of the folder that was checked."""
+    from gkx_autocache import _cache, _files, _index, _ledger, _store
+
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    victim = tmp_path / "victim"  # say the victim's ~/project/.git
+    victim.mkdir(mode=0o700)
+    for name in ("index", "store.json"):
+        (victim / name).write_bytes(b"the victim's own")
+    vdir = Path(_cache.prepare(str(team / "cache"), "0.0.0", shared=True).version_dir)
+    real = _files.bookkeeping_dir
+
+    def checked_then_swapped(version_dir: str, shared: bool, *parts: str) -> str | None:
+        folder = real(version_dir, shared, *parts)
+        meta = vdir / ".gkx-autocache"
+        if folder is not None and not meta.is_symlink():
+            os.rename(meta, tmp_path / "moved")
+            meta.symlink_to(victim)
+        return folder
+
+    monkeypatch.setattr(_files, "bookkeeping_dir", checked_then_swapped)
+    if write == "index append":
+        _index.append(str(vdir), ["a line"], True)
+    elif write == "index compaction":
+        _files.bookkeeping_dir(str(vdir), True)
+        _files.write_atomic(_index.index_path(str(vdir)), b"compacted", _files.file_mode(True))
+    elif write == "verdict":
+        _store.write_verdict(str(vdir), "gkx", None, shared=True)
+    else:
+        (victim / "ledger").mkdir(mode=0o700)
+        _ledger._command_ledger(str(vdir), [{"event": "x"}], True)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in victim.iterdir() if p.is_file()} == {
+        "index": b"the victim's own", "store.json": b"the victim's own"}
+    assert list((victim / "ledger").iterdir()) == [] if write == "ledger" else True
+
+
+def test_a_shared_directory_swapped_after_its_check_is_never_written_through(tmp_path: Path) -> None:
+    """A shared directory level is checked once (`prepare`), then each upload is written by its
+    path: a team member who later replaces the version directory with a symlink to a folder of the
+    victim's own has the victim's process write entries there (no race: the swap may come at any
+    time in a long run)."""
+    from gkx_autocache import _levels
+
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    backend = _levels.Directory(str(team), "0.0.0", team=True)
+    backend.prepare(_levels.Progress())
+    os.rename(backend.where, tmp_path / "moved")
+    os.symlink(victim, backend.where)
+    try:
+        backend.write(f"jit_f-{'a' * 64}-cache", b"\x78\x9centry")
+    except OSError:
+        pass  # refused: right
+    assert list(victim.iterdir()) == []
+
+
+def test_a_team_caches_tag_is_readable_by_every_member_whatever_the_umask(tmp_path: Path) -> None:
+    """The tag is how `clear` and `prune` recognise a cache before deleting (SPEC §8), and every
+    member of a team cache may prune: written under a umask of 077, a 0600 tag leaves the other
+    members unable to read it, so their prune and clear refuse the team's cache."""
+    from gkx_autocache import _cache
+
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    old = os.umask(0o077)
+    try:
+        prepared = _cache.prepare(str(team / "cache"), "0.0.0", shared=True)
+    finally:
+        os.umask(old)
+    for folder in (team / "cache", Path(prepared.version_dir)):
+        assert stat.S_IMODE((folder / "CACHEDIR.TAG").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("o_path", [True, False])
+def test_without_o_path_a_user_below_a_0711_ancestor_still_gets_a_cache(public: Path, o_path: bool) -> None:
+    """Where the OS has no ``O_PATH`` (macOS), directories are opened ``O_RDONLY`` one component at
+    a time, which needs read permission on each: a user whose cache lies below a directory they
+    may cross but not list (0711, like many a /home) has the cache refused, where a plain mkdir
+    worked. Such an ancestor is root's and writable by no one else, so nobody can swap it."""
+    from conftest import as_user
+
+    base = public / "locked"
+    (base / "u").mkdir(parents=True)
+    base.chmod(0o711)
+    os.chown(base / "u", 1002, 1002)
+    (base / "u").chmod(0o700)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    script = (f"import os, sys; sys.path.insert(0, {src!r}); from gkx_autocache import _cache, _files; "
+              f"_files.PATH = {'_files.PATH' if o_path else 'os.O_RDONLY'}; print(_cache.prepare({str(base / 'u' / 'cache')!r}, '0.0.0').version_dir)")
+    proc = subprocess.run(as_user(1002, [sys.executable, "-c", script]), capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"]})
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert (base / "u" / "cache" / "jax-0.0.0").is_dir()
+
+
+def test_a_private_directory_of_the_victim_swapped_in_after_mkdir_is_never_made_a_team_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make_dir` checks that what it opens after `mkdir` is the victim's and no wider than 0700:
+    a directory of the victim's own passes both. A member who removes the new directory and
+    renames into its place a private folder the victim keeps in a directory the member can write
+    (the team directory) has the victim make it 2770 and tag it: the group reads its files, and
+    backups skip it. A directory `mkdir` just made holds nothing of anyone's."""
+    from gkx_autocache import _cache
+
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    scratch = team / "scratch"
+    scratch.mkdir(mode=0o700)
+    scratch.chmod(0o700)
+    (scratch / "secret").write_text("the victim's")
+    root = team / "cache"
+    real_mkdir = os.mkdir
+
+    def mkdir(path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(path, mode, dir_fd=dir_fd)
+        made = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path) if dir_fd is not None else os.fspath(path)
+        if made == str(root):
+            os.rmdir(made)
+            os.rename(scratch, made)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    try:
+        _cache.prepare(str(root), "0.0.0", shared=True)
+    except _cache.Refused:
+        pass  # refusing is right
+    monkeypatch.undo()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert sorted(p.name for p in root.iterdir()) == ["secret"]

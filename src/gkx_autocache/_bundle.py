@@ -118,7 +118,7 @@ def _export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
     records = _index.lines_of(version_dir, [u.key for u in units])
     manifest = {"format": FORMAT, "created_by": "gkx-autocache", **env, "version_dir": version_dir, "files": listed,
                 "records": records}
-    with _files.atomic(archive, 0o644) as out, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with _files.atomic(archive, 0o644, follow=True) as out, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
         for path, item in zip(paths, listed, strict=True):
             data = _files.read(path)

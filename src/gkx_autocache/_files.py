@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import BinaryIO
 
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._layout import META_DIR, TAG_NAME, tmp_name
+from gkx_autocache._layout import LEDGER_DIR, META_DIR, TAG_NAME, VERSION_PREFIX, tmp_name
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -90,22 +90,52 @@ def read(path: str, limit: int = -1, check: Callable[[os.stat_result], str | Non
 
 
 @contextmanager
-def atomic(path: str, mode: int) -> Iterator[BinaryIO]:
+def atomic(path: str, mode: int, follow: bool = False) -> Iterator[BinaryIO]:
     """A file written beside ``path`` and renamed over it when the block ends: no reader ever
     sees a partial file, and a write that fails half-way (disk full, ``ulimit -f``, an exception)
-    leaves nothing. The one way the package replaces a file. Raises OSError."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, tmp_name(name, os.getpid(), threading.get_ident()))
-    remove(tmp)  # a leftover of a dead process with this pid, or something planted: never opened
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode)
+    leaves nothing. The one way the package replaces a file. Raises OSError.
+
+    The folder is opened once, without following a link at any level, and the file created and
+    renamed under that descriptor (SPEC §8, amended 2026-12-02): in a team directory a member may
+    swap the version directory or ``.gkx-autocache`` for a symlink after it was checked, and a
+    write by path would land in (or replace a file of) a directory of the victim's own. Only
+    ``follow`` (a path the user named, a bundle's archive) goes by the path as it is."""
+    folder, name = os.path.split(path if follow else os.path.abspath(path))
+    tmp = tmp_name(name, os.getpid(), threading.get_ident())
+    dir_fd = None if follow else open_dir(folder, search=True)
+    if follow:
+        tmp, name = os.path.join(folder, tmp), path
     try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)  # the open mode is masked by the umask
-            yield f
-        os.replace(tmp, path)
-    except BaseException:
-        remove(tmp)
-        raise
+        _remove(tmp, dir_fd)  # a leftover of a dead process with this pid, or something planted: never opened
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), mode)  # the open mode is masked by the umask
+                yield f
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            _remove(tmp, dir_fd)
+            raise
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
+
+
+def _remove(name: str, dir_fd: int | None) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def open_in(folder: str, name: str, flags: int, mode: int) -> int:
+    """``os.open(folder/name)`` through ``folder``'s descriptor, opened without following a link at
+    any level (see ``atomic``). Raises OSError."""
+    dir_fd = open_dir(os.path.abspath(folder), search=True)
+    try:
+        return os.open(name, flags, mode, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def write_atomic(path: str, data: bytes, mode: int) -> bool:
@@ -195,6 +225,8 @@ def make_dir(path: str, shared: bool, tag: str | None = None) -> bool:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & ~0o2700:  # setgid: a team parent's
             raise OSError(errno.EPERM, "replaced by someone else right after it was made", path)
+        if any(not _ours(name) for name in os.listdir(fd)):  # a folder of the victim's own, swapped in
+            raise OSError(errno.EPERM, "replaced by a directory holding files right after it was made", path)
         os.fchmod(fd, dir_mode(shared))  # mkdir's mode is masked by the umask; fchmod's is not
         if tag is not None:
             write_new_at(TAG_NAME, tag.encode("ascii"), fd)
@@ -202,6 +234,11 @@ def make_dir(path: str, shared: bool, tag: str | None = None) -> bool:
         os.close(fd)
     logger.debug("created %s", path)
     return True
+
+
+def _ours(name: str) -> bool:
+    """What a concurrent process of the package may already have put in a directory just made."""
+    return name in (TAG_NAME, META_DIR, LEDGER_DIR) or name.startswith(VERSION_PREFIX)
 
 
 def write_new_at(name: str, data: bytes, dir_fd: int, mode: int = 0o644) -> bool:
@@ -212,6 +249,7 @@ def write_new_at(name: str, data: bytes, dir_fd: int, mode: int = 0o644) -> bool
     except OSError:
         return False
     try:
+        os.fchmod(fd, mode)  # the open mode is masked by the umask: a 0600 tag is no team's
         os.write(fd, data)
         return True
     except OSError:

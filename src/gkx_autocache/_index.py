@@ -313,8 +313,8 @@ def append(version_dir: str, lines: list[str], shared: bool) -> bool:
         return False
     data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
     try:
-        fd = os.open(os.path.join(folder, INDEX_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | _files.NOFOLLOW
-                     | _files.NONBLOCK, _files.file_mode(shared))
+        fd = _files.open_in(folder, INDEX_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _files.NOFOLLOW
+                            | _files.NONBLOCK, _files.file_mode(shared))
     except OSError as exc:
         logger.debug("index not appended: %s", exc)
         return False

@@ -488,8 +488,8 @@ def no_flock(version_dir: str, shared: bool, why: str) -> bool:
     if folder is None:
         return False
     try:
-        fd = os.open(os.path.join(folder, NO_FLOCK_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _files.NOFOLLOW,
-                     _files.file_mode(shared))
+        fd = _files.open_in(folder, NO_FLOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _files.NOFOLLOW,
+                            _files.file_mode(shared))
     except OSError:
         return False
     try:

@@ -209,6 +209,8 @@ def head_problem(head: bytes) -> str | None:
 def _read_exactly(fd: int, size: int, progress: Progress) -> bytes:
     """``size`` bytes of the file, by blocks (each one progress), and not one more: a file that
     grew or shrank while it was read is refused."""
+    if size <= 0:  # no first block to check: an empty file is no executable
+        raise Refused("the shared entry is empty")
     chunks: list[bytes] = []
     left = size
     while left > 0:

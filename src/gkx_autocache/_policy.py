@@ -147,5 +147,5 @@ def set_key(path: str, key: str, literal: str | None) -> None:
         else:
             kept.insert(at - sum(1 for line in lines[:at] if pattern.match(line)), new)
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    with atomic(path, 0o644) as f:  # writable by its owner alone, or it would be ignored (SPEC §8)
+    with atomic(path, 0o644, follow=True) as f:  # the user's path; writable by its owner alone (SPEC §8)
         f.write(("\n".join(kept) + ("\n" if kept else "")).encode("utf-8"))
