@@ -171,16 +171,25 @@ def open_dir(path: str, dir_fd: int | None = None, search: bool = False) -> int:
     as a ``dir_fd`` (Linux's ``O_PATH``), which needs no read permission on the way (a 0711
     ``/home``). Raises OSError (ELOOP, ENOTDIR...)."""
     flags = (PATH if search else os.O_RDONLY) | DIRECTORY
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise OSError(errno.EINVAL, f"'..' in {path}")
     fd = os.open("/" if dir_fd is None else ".", flags, dir_fd=dir_fd)
+    pending = ""
     try:
-        for part in path.split("/"):
-            if part in ("", "."):
+        for i, part in enumerate(parts):
+            pending = f"{pending}/{part}" if pending else part
+            try:
+                inner = os.open(pending, flags | NOFOLLOW, dir_fd=fd)
+            except PermissionError:
+                if not search or i == len(parts) - 1:
+                    raise
+                # Without O_PATH (macOS), a directory one may cross but not list (a 0711 /home) has
+                # no descriptor: it is crossed by the next open's path (ancestors are checked to be
+                # writable by no one else, so it cannot be swapped).
                 continue
-            if part == "..":
-                raise OSError(errno.EINVAL, f"'..' in {path}")
-            inner = os.open(part, flags | NOFOLLOW, dir_fd=fd)
             os.close(fd)
-            fd = inner
+            fd, pending = inner, ""
     except BaseException:
         os.close(fd)
         raise
