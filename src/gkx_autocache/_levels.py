@@ -65,6 +65,7 @@ FIRST_BLOCK = 256 << 10  # most CPU entries fit in one block: one round trip
 MAX_BLOCK = 64 << 20
 LIST_LIMIT = 1000  # one S3 listing page
 LIST_TTL = 60.0
+HEAL_GRACE = 2.0  # at exit, the most a run of local hits waits for the listing its healing needs
 NOT_LISTED = "not counted: this filesystem cannot list a bounded page"
 QUEUE_BYTES = 256 << 20  # entries waiting to be uploaded, held in memory
 SEAL_LIMIT = 4096
@@ -590,6 +591,7 @@ class Level:
         self._queue: deque[tuple[str, bytes, float | None, float, bool]] = deque()  # (..., check the listing)
         self._queued = 0  # bytes in the queue and in flight
         self._busy = False
+        self._healing_now = False  # the item in flight is an entry to heal (no upload of this run's)
         self._worker: threading.Thread | None = None
 
     def _forked(self) -> None:
@@ -833,6 +835,10 @@ class Level:
                 self._worker.start()
             self._changed.notify_all()
 
+    def _uploads_pending(self) -> bool:
+        """Under the lock: whether an upload of this run's (not an entry to heal) is queued or in flight."""
+        return (self._busy and not self._healing_now) or any(not item[4] for item in self._queue)
+
     def _drain(self) -> None:
         """The upload worker: one entry at a time, each bounded like a read."""
         while True:
@@ -841,6 +847,7 @@ class Level:
                     self._changed.wait()
                 item = self._queue.popleft()
                 self._busy = True
+                self._healing_now = item[4]
             try:
                 self._upload(item)
             except BaseException:  # pragma: no cover - _upload never raises; nothing reaches excepthook
@@ -894,18 +901,23 @@ class Level:
     def finish(self, recorder: Any = None) -> None:
         """At exit: what is pending gets one ``shared_timeout`` in all; the rest is dropped,
         counted, with one warning. Then both levels' numbers go to the ledger."""
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline = started + self.timeout
         with self._lock:
             self._closed = True
             while (self._queue or self._busy) and self.off is None:
                 left = deadline - time.monotonic()
+                if self._listed_at == -LIST_TTL and not self._uploads_pending():
+                    # healing alone, its listing not taken yet: a run of local hits needs nothing of
+                    # the bucket, and an endpoint that does not answer must not cost its exit a timeout
+                    left = min(left, started + HEAL_GRACE - time.monotonic())
                 if left <= 0:
                     break
                 self._changed.wait(left)
             listing = self._listing  # an entry to heal is an upload only where the listing lacks it
             pending = [item for item in self._queue
                        if not item[4] or (listing is not None and item[0] + ENTRY_SUFFIX not in listing)]
-            left_over = len(pending) + self._busy if self.off is None else 0
+            left_over = len(pending) + (self._busy and not self._healing_now) if self.off is None else 0
             self.counts["shared"]["dropped"] += left_over
             self._queue.clear()
         if left_over:
