@@ -320,3 +320,25 @@ def test_a_real_run_where_the_isa_cannot_be_read_keys_its_entries_by_host(venv: 
     status = on_cpuinfo_as(venv, cpuinfo, user, ["-m", "gkx_autocache", "--json", "status"], env)
     attention = json.loads(status.stdout)["attention"]
     assert any("instruction set cannot be read" in a and "this host alone" in a for a in attention), attention
+
+
+@pytest.mark.parametrize("names", [("gpu node 1", "gpu_node_1"), ("wörker-1", "würker-1"), ("a:b,c", "a_b_c")],
+                         ids=["space", "non-ascii", "separators"])
+def test_two_containers_of_one_image_whose_host_names_differ_only_in_unusual_characters_get_two_keys(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: tuple[str, str]) -> None:
+    """Containers of one image share its machine id; where the ISA cannot be read, their host names
+    are all that tells them apart. Names that differ only in characters the key text cannot hold
+    (a space, non-ASCII, `:` or `,`) must still give two keys, and the key text stays parseable."""
+    path = unreadable_cpuinfo(tmp_path, "empty")
+    monkeypatch.setattr(_isa, "CPUINFO", str(path))
+    (tmp_path / "id").write_text("0123456789abcdef0123456789abcdef\n")
+    monkeypatch.setattr(_isa, "MACHINE_ID_FILES", (str(tmp_path / "id"),))
+    found = []
+    for name in names:
+        monkeypatch.setattr(os, "uname", lambda name=name: types.SimpleNamespace(machine="x86_64", nodename=name))
+        machine, features, _ = _isa.read()
+        text = f"{machine}:{','.join(features)}"
+        assert _isa.parse(text) == (machine, frozenset(features)), text
+        assert all(c.isascii() and c.isprintable() and c not in " :,\t" for f in features for c in f), text
+        found.append(features)
+    assert found[0] != found[1], found
