@@ -162,7 +162,10 @@ def host_id() -> list[str]:
     import hashlib
 
     node = os.uname().nodename if hasattr(os, "uname") else ""
-    node = "".join(c if c.isascii() and (c.isalnum() or c in ".-_") else "_" for c in node)[:64] or "unnamed"
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in ".-_") else "_" for c in node)[:64] or "unnamed"
+    if safe != node:  # a character the key text cannot hold: the name's digest tells such names apart
+        safe = f"{safe[:55]}-{hashlib.sha256(node.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+    node = safe
     found = [HOST_MARK + node]
     machine_id = _machine_id()
     if machine_id is not None:
