@@ -1051,3 +1051,40 @@ def test_a_warm_all_local_run_against_a_silent_endpoint_costs_nothing_at_exit(ve
         assert seconds - plain < 3, (seconds, plain, err)
     finally:
         server.close()
+
+
+class _Body:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    async def read(self, n: int) -> bytes:
+        chunk = self.data[self.pos:self.pos + n]
+        self.pos += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("content_range", ["bytes 0-4095/16384", "bytes 8192-12287/16384", "bytes 4096-6143/16384"],
+                         ids=["from-the-start", "further-on", "shorter"])
+def test_a_206_whose_content_range_is_not_the_range_asked_is_refused(content_range: str) -> None:
+    """An endpoint answers a ranged read of bytes 4096-8191 with a 206 of other bytes of the object
+    (its Content-Range says so): they are not the bytes asked for, and an unsealed entry (stock JAX
+    wrote it: no SHA-256 to catch them) would be served spliced from the wrong places."""
+    import asyncio
+    import random
+
+    from gkx_autocache import _levels
+
+    obj = random.Random(1).randbytes(16384)
+    first, last = (int(n) for n in content_range.split(" ")[1].split("/")[0].split("-"))
+
+    class FS:
+        async def _call_s3(self, op: str, **kwargs: Any) -> dict[str, Any]:
+            return {"Body": _Body(obj[first:last + 1]), "ContentRange": content_range, "ContentLength": last + 1 - first}
+
+    with pytest.raises((_levels.Refused, OSError)):
+        got = asyncio.run(_levels._read_range(FS(), "bucket/team/k-cache", 4096, 8192))
+        assert got == obj[4096:8192]  # (never reached where it is refused)
+        print(len(got), "bytes of", content_range, "taken for bytes 4096-8191")
