@@ -297,9 +297,28 @@ async def _read_range(fs: Any, path: str, start: int, end: int) -> bytes | None:
                                f"asked of {key.rsplit('/', 1)[-1]}")
         if have > asked:
             raise Refused(f"the shared entry sent more than the {asked} bytes of its range")
+        if ranged and (why := _wrong_range(str(resp.get("ContentRange")), start, end, have)):
+            raise Refused(f"the shared entry sent {why}")
         return b"".join(chunks)
     finally:
         body.close()  # a body left unread is dropped with its connection, never read on
+
+
+def _wrong_range(content_range: str, start: int, end: int, have: int) -> str | None:
+    """Why a 206's ``Content-Range`` (``bytes first-last/total``) is not bytes ``start`` to ``end``
+    (fewer only where the object ends there) with ``have`` bytes of body, or None."""
+    import re
+
+    match = re.fullmatch(r"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*", content_range)
+    if match is None:
+        return f"a range it does not say ({content_range[:60]!r})"
+    first, last = int(match[1]), int(match[2])
+    total = int(match[3]) if match[3] != "*" else None
+    if first != start or last < first or last > end - 1 or (last < end - 1 and last + 1 != total):
+        return f"bytes {first}-{last} of {match[3]} for a range of {start}-{end - 1}"
+    if have != last + 1 - first:
+        return f"{have} bytes for a range of {last + 1 - first} (a partial body)"
+    return None
 
 
 def _within(data: bytes, asked: int, name: str) -> bytes:
