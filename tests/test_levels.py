@@ -1035,15 +1035,18 @@ def test_a_writer_whose_local_level_is_warm_heals_an_emptied_bucket(venv: Venv, 
     assert report(err)["shared"] == fresh["requests"], err
 
 
-def test_a_warm_all_local_run_against_a_silent_endpoint_costs_nothing_at_exit(venv: Venv, tmp_path: Path) -> None:
+@pytest.mark.parametrize("endpoint", ["silent", "refused"])
+def test_a_warm_all_local_run_against_a_silent_endpoint_costs_nothing_at_exit(venv: Venv, tmp_path: Path,
+                                                                              endpoint: str) -> None:
     """A writer's local level is warm (every lookup a local hit); the bucket's endpoint accepts and
-    never answers. The run needs nothing of the bucket (SPEC §14: a warm all-local run costs
-    nothing): its exit must not wait a whole shared_timeout for the healing listing, nor warn that
-    an upload was dropped."""
+    never answers (or nothing listens there). The run needs nothing of the bucket (SPEC §14: a warm
+    all-local run costs nothing): its exit must not wait a whole shared_timeout for the healing
+    listing, nor warn that an upload was dropped."""
     server = Silent()
     try:
         cold, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(tmp_path / "a")})
-        env = levels_env(S3(server.endpoint, "x").env, "bucket", tmp_path / "a", GKX_JAX_CACHE_SHARED_TIMEOUT="6")
+        where = server.endpoint if endpoint == "silent" else f"http://127.0.0.1:{free_port()}"
+        env = levels_env(S3(where, "x").env, "bucket", tmp_path / "a", GKX_JAX_CACHE_SHARED_TIMEOUT="6")
         (plain, _), (seconds, err) = side_by_side(venv, [{"GKX_JAX_CACHE_DIR": str(tmp_path / "a")}, env])
         print(f"warm all-local run: {seconds - plain:.2f} s more than without the shared level")
         assert report(err)["local"] == cold["requests"], err
