@@ -808,3 +808,40 @@ def test_the_hourly_compaction_of_a_100_mb_index_at_a_user_process_exit_holds_no
     found = json.loads(proc.stdout)
     print(f"compaction of a 100 MB index: {found['secs']:.1f} s, peak RSS +{found['grew'] >> 20} MiB")
     assert found["grew"] <= 100 << 20, found
+
+
+def test_an_index_cleared_and_made_again_on_the_inode_it_had_is_not_taken_for_the_file_a_process_read(
+        tmp_path: Path) -> None:
+    """A long-lived process (a notebook kernel) read the index at its first miss; `clear` removed it
+    and a later run made a new one, as large, which ext4 gives the freed inode. The process's next
+    write must still give the table lines the new index lacks: its (dev, inode, size >=) identity
+    check took the new file for the one it read, so the entry's record went without its context,
+    signature, place and config, and a later `explain` had no record of it."""
+    import os
+    import types
+
+    from gkx_autocache import _explain, _index
+    from gkx_autocache._key import PARTS
+
+    vdir = tmp_path / "v"
+    (vdir / ".gkx-autocache").mkdir(parents=True)
+    parts = {p: f"{i:010x}" for i, p in enumerate(PARTS)}
+    facts = _explain.Facts(parts, {}, "f32[8]", "nb.py:f", {"jax_enable_x64": "False"})
+    old = _index.lines_for("jit_f", "a" * 64, 1.7e9, "old-run", parts, {}, facts.signature, facts.place, facts.config)
+    index = Path(_index.index_path(str(vdir)))
+    index.write_text("\n".join(old) + "\n")
+    explainer = _explain.Explainer(str(vdir), "kernel", 0.0)
+    explainer._load()
+    read_as = os.stat(index).st_ino
+    index.unlink()  # gkx-autocache clear
+    other = _index.lines_for("jit_g", "b" * 64, 1.7e9, "later-run", {**parts, "computation": "f" * 10}, {}, "i32[]",
+                             "other.py:g", {"x": "y" * 400})
+    assert _index.append(str(vdir), other, False)  # a later run's fold makes the index again
+    if os.stat(index).st_ino != read_as or index.stat().st_size < len("\n".join(old)):
+        pytest.skip("this file system gave the new index another inode")
+    explainer._thread = types.SimpleNamespace(final="c" * 64, facts=facts)
+    rec = explainer.ingredients("jit_f-" + "c" * 64)["rec"].split("\n")
+    evidence = _index.load(str(vdir))
+    evidence.add(rec)  # the fold appends the record's lines
+    (record,) = evidence.records("jit_f")
+    assert record.place == "nb.py:f" and record.signature == "f32[8]", (rec, record)
