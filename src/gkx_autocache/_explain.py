@@ -101,7 +101,7 @@ class Explainer:
         # A table line is given only where the index lacked it: the index read at the first miss or
         # write holds it, and is still the file there (a compaction or `clear` may have dropped it).
         self._own: set[str] = set()  # table lines this process added to its evidence, the index lacking them
-        self._read_as: tuple[int, int, int] | None = None  # the index's identity when read (_index.identity)
+        self._read_as: tuple[int, int, int, str] | None = None  # the index's identity when read (_index.identity)
         self._trusted = True  # the index read is still the file there
 
     # -- the recorder's questions -------------------------------------------------------------------
@@ -190,7 +190,8 @@ class Explainer:
         ``stat``, at a write); once not, this process gives every table line again, once a ledger."""
         if self._trusted and self._read_as is not None:
             now = _index.identity(self.version_dir)
-            self._trusted = now is not None and now[:2] == self._read_as[:2] and now[2] >= self._read_as[2]
+            self._trusted = (now is not None and now[:2] == self._read_as[:2] and now[2] >= self._read_as[2]
+                             and now[3] == self._read_as[3])
             if self._trusted and now is not None:
                 self._read_as = now
         return self._trusted

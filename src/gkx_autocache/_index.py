@@ -10,6 +10,7 @@ One line each, tab-separated; ids are short content hashes, so processes never c
     P <id> <place, JSON>                                    "model/core.py:step"; "jax" (JAX's helper); "?"
     G <id> <jax.config values, JSON>
     X <name> <key hex> <removed> <by>                       by: max_size, prune, verify, outside
+    N <random hex>                                          the first line: which file this is
 
 ``<key hex>`` is JAX's sha256, whole: whether an entry is still there is one ``lstat`` of its file.
 An ``E`` line is about 170 bytes, and so is the index an entry (the tables are shared by the entries
@@ -287,14 +288,28 @@ def _read_lines(path: str, evidence: Evidence) -> None:
         os.close(fd)
 
 
-def identity(version_dir: str) -> tuple[int, int, int] | None:
-    """The index file's device, inode and size (None: there is none). Appends keep the inode and
-    only grow the size; a compaction or ``clear`` replaces or removes the file."""
+def nonce_line() -> str:
+    """An index file's first line, made afresh with each file: a file made again on the inode of
+    one removed (ext4 gives a freed inode at once) is told from it by this line."""
+    return f"N\t{os.urandom(8).hex()}"
+
+
+def identity(version_dir: str) -> tuple[int, int, int, str] | None:
+    """The index file's device, inode, size and first line where it is a ``nonce_line`` (None:
+    there is none). Appends keep the inode and the first line and only grow the size; a compaction
+    or ``clear`` replaces or removes the file, and the file made after has another first line."""
     try:
-        st = os.stat(index_path(version_dir), follow_symlinks=False)
+        fd = _files.open_regular(index_path(version_dir))
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_size
+    try:
+        st = os.fstat(fd)
+        head = os.pread(fd, 40, 0).split(b"\n", 1)[0].decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return st.st_dev, st.st_ino, st.st_size, head if head.startswith("N\t") else ""
 
 
 def load(version_dir: str) -> Evidence:
@@ -319,8 +334,11 @@ def append(version_dir: str, lines: list[str], shared: bool) -> bool:
         logger.debug("index not appended: %s", exc)
         return False
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted there
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device planted there
             return False
+        if st.st_size == 0:  # a file made now (under the lock: one writer)
+            data = (nonce_line() + "\n").encode() + data
         os.write(fd, data)
         return True
     except OSError as exc:
@@ -379,7 +397,7 @@ def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: 
     contexts = {key[1]: line.split("\t")[2].split(",") for key, line in tables.items() if key in used and key[0] == "C"}
     for others in contexts.values():
         used.update(("V", f"{part}\t{hash_}") for part, hash_ in zip(PARTS[1:], others, strict=False))
-    lines = [line for key, line in tables.items() if key in used] + kept
+    lines = [nonce_line(), *(line for key, line in tables.items() if key in used), *kept]
     text = ("\n".join(lines) + "\n" if lines else "").encode("utf-8", "surrogatepass")
     if _files.write_atomic(index_path(version_dir), text, _files.file_mode(shared)):
         return len(text)
