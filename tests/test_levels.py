@@ -1026,7 +1026,16 @@ def test_a_writer_whose_local_level_is_warm_heals_an_emptied_bucket(venv: Venv, 
         client.delete_object(Bucket=s3.bucket, Key=name)
     out, err = run_program(venv, env={**env, "GKX_JAX_CACHE_SHARED_WRITE": "never"})
     assert out["hits"] == out["requests"] and not autocache_warnings(err) and entries(s3, "team") == {}, err
-    out, err = run_program(venv, env=env)
+    # The writer stays alive until the bucket holds the entries again (at most 120 s): a short run
+    # gives its healing listing only HEAL_GRACE at exit, which a loaded machine can outlast.
+    waiting = PROGRAM + (
+        "import os, time, boto3\n"
+        "c = boto3.client('s3', endpoint_url=os.environ['AWS_ENDPOINT_URL'], region_name='us-east-1')\n"
+        "deadline = time.monotonic() + 120\n"
+        "while time.monotonic() < deadline and sum(o['Key'].endswith('-cache') for o in c.list_objects_v2("
+        "Bucket=os.environ['BUCKET'], Prefix='team/').get('Contents', [])) < int(os.environ['WANT']):\n"
+        "    time.sleep(0.2)\n")
+    out, err = run_program(venv, env={**env, "BUCKET": s3.bucket, "WANT": str(len(uploaded))}, program=waiting)
     assert out["hits"] == out["requests"] and report(err)["local"] == out["requests"] and not autocache_warnings(err), err
     assert entries(s3, "team") == uploaded
     shared = json.loads(venv.cli("--json", "stats", env=env).stdout)["levels"]["shared"]
