@@ -221,7 +221,7 @@ def demo_program(work: Path, functions: int) -> list[str]:
     """The demo's child as a script outside the package: run as `-c` with `src` on the path, it
     would import the package from the checkout, whatever bytecode the installed copy has."""
     script = work / "demo_program.py"
-    shutil.copyfile(SRC / "gkx_autocache" / "_demo.py", script)
+    shutil.copyfile(SRC / "gkx_autocache" / "_cli" / "demo.py", script)
     return [str(script), "--child", str(functions)]
 
 
@@ -298,7 +298,9 @@ atexit.register(lambda: print("gkx-own " + json.dumps(spent), file=sys.stderr)) 
 for name in sys.argv[3].split(","):  # the standard library that `import jax` imports anyway
     __import__(name)
 started = time.perf_counter()
-from gkx_autocache import _configure, _explain_seam, _key, _stats, _store
+from gkx_autocache import _configure, _key, _store
+from gkx_autocache._explain import seam as _explain_seam
+from gkx_autocache._record import recorder as _stats
 spent["imports"] = time.perf_counter() - started
 
 def timed(owner, name, label):
@@ -365,8 +367,9 @@ def per_key():
             compilation_cache.get_cache_key(m, devices, options, backend)
     return (time.perf_counter() - start) / (rounds * n)
 plain = per_key()
-from gkx_autocache import _explain_seam, _key
-from gkx_autocache._stats import Recorder
+from gkx_autocache import _key
+from gkx_autocache._explain import seam as _explain_seam
+from gkx_autocache._record.recorder import Recorder
 recorder = Recorder("/nonexistent", ledger=False)
 _key.install(jax)
 reason = _explain_seam.install(jax, recorder, "/nonexistent", 0, lambda: {})
@@ -481,7 +484,7 @@ def prune_at_exit(with_py: Path, entries: int, work: Path) -> float:
     """The fold at exit on ``entries`` entries over the cap: it scans and prunes to 90 %."""
     vdir = work / "prune" / "jax-x"
     synthetic(vdir, entries, *real_entry(with_py, work))
-    code = ("import time, sys; from gkx_autocache import _ledger; t = time.perf_counter(); "
+    code = ("import time, sys; from gkx_autocache._record import ledger as _ledger; t = time.perf_counter(); "
             f"_ledger.fold({str(vdir)!r}, int(sys.argv[1]), False); print(time.perf_counter() - t)")
     size = sum(p.stat().st_blocks * 512 for p in vdir.iterdir() if p.is_file())  # as the cap counts (du)
     return float(sh(str(with_py), "-c", code, str(int(size * 0.99)), env=base_env()).stdout)
@@ -491,7 +494,8 @@ def prune_at_exit(with_py: Path, entries: int, work: Path) -> float:
 
 INDEX_LOAD = r"""
 import json, sys, time
-from gkx_autocache import _explain, _index
+from gkx_autocache._explain import classify as _explain
+from gkx_autocache._explain import index as _index
 vdir, key, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 evidence = _index.load(vdir)  # warm the file cache once: the figure is the work, not the disk
 times = []
@@ -528,7 +532,7 @@ def synthetic_index(vdir: Path, n: int, seed: Path) -> int:
 
 LIVE = r"""
 import sys, time
-from gkx_autocache import _stats
+from gkx_autocache._record import recorder as _stats
 vdir, n = sys.argv[1], int(sys.argv[2])
 rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
 keys = [f"jit_live{i}-" + f"{i:064x}" for i in range(100)]
@@ -544,7 +548,8 @@ sys.stdin.readline()
 
 OTHER = r"""
 import json, sys, time
-from gkx_autocache import _index, _stats
+from gkx_autocache._explain import index as _index
+from gkx_autocache._record import recorder as _stats
 vdir = sys.argv[1]
 started = time.perf_counter()
 _index.load(vdir)  # its first miss reads the index and lists the directory, never a live ledger

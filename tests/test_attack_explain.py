@@ -339,7 +339,7 @@ def test_clear_while_a_process_runs_is_a_fresh_start(project: Project) -> None:
     the entries `clear` removed do not come back, so the next run's misses are not "evicted:
     removed outside gkx-autocache (by hand, or another tool)"; what it wrote after the clear is
     recorded (with the index tables it gave before the clear)."""
-    from gkx_autocache import _index
+    from gkx_autocache._explain import index as _index
 
     live = Live(project)
     assert project.venv.cli("clear", "--yes", env=project.env).returncode == 0
@@ -375,7 +375,7 @@ def test_without_flock_a_ledger_being_begun_is_not_taken_for_a_finished_one(tmp_
     from test_longlived import tagged
 
     vdir = tagged(tmp_path / "c")
-    out = script("from gkx_autocache import _ledger\n" + NO_FLOCK + r"""
+    out = script("from gkx_autocache._record import ledger as _ledger\n" + NO_FLOCK + r"""
 import os, sys
 folder = os.path.join(sys.argv[1], ".gkx-autocache", "ledger")
 os.makedirs(folder)
@@ -395,7 +395,7 @@ def test_without_flock_a_live_ledger_folded_as_stale_loses_nothing(tmp_path: Pat
     from test_longlived import tagged
 
     vdir = tagged(tmp_path / "c")
-    out = script("from gkx_autocache import _ledger, _stats\n" + NO_FLOCK + r"""
+    out = script("from gkx_autocache._record import ledger as _ledger\nfrom gkx_autocache._record import recorder as _stats\n" + NO_FLOCK + r"""
 import os, sys, time
 vdir = sys.argv[1]
 rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
@@ -423,7 +423,8 @@ def test_a_process_that_begins_a_second_ledger_is_still_one_process_of_its_run(t
     vdir = tagged(tmp_path / "c")
     out = script(r"""
 import sys
-from gkx_autocache import _ledger, _stats
+from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record import recorder as _stats
 _ledger.LIVE_LIMIT = 20_000
 rec = _stats.Recorder(sys.argv[1], ledger=True, run=_stats.begin_run())
 for i in range(500):
@@ -448,7 +449,8 @@ def test_a_planted_removal_time_of_infinity_neither_breaks_compaction_nor_explai
     (meta / "index").write_text("X\tjit_f\t" + "1" * 20 + "\tinf\tprune\nX\tjit_g\t" + "2" * 20 + "\t1e308\tprune\n")
     out = script(r"""
 import sys, time
-from gkx_autocache import _index, _explain
+from gkx_autocache._explain import index as _index
+from gkx_autocache._explain import classify as _explain
 vdir = sys.argv[1]
 _index.compact(vdir, set(), False)
 evidence = _index.load(vdir)
@@ -462,7 +464,9 @@ def test_each_miss_does_not_parse_the_whole_index_of_its_name_again(monkeypatch:
     every miss of it compared with all of them by parsing each record again, ~6 µs a record,
     120 ms a miss at 20 000 entries, growing with each entry this process adds (a lambda in a
     loop). The records of a name are parsed once; later misses parse only what was added."""
-    from gkx_autocache import _explain, _index, _key
+    from gkx_autocache import _key
+    from gkx_autocache._explain import classify as _explain
+    from gkx_autocache._explain import index as _index
 
     parts = dict.fromkeys(_key.PARTS, "a" * 16)
     evidence = _index.Evidence()
@@ -536,7 +540,7 @@ def test_two_processes_never_both_take_over_a_stale_fold_lock(tmp_path: Path) ->
     from test_longlived import tagged
 
     vdir = tagged(tmp_path / "c")
-    out = script("from gkx_autocache import _ledger\n" + NO_FLOCK + r"""
+    out = script("from gkx_autocache._record import ledger as _ledger\n" + NO_FLOCK + r"""
 import os, sys, time
 vdir = sys.argv[1]
 meta = os.path.join(vdir, ".gkx-autocache")
@@ -597,7 +601,7 @@ def test_the_first_miss_reads_a_large_index_without_holding_it_thrice(tmp_path: 
     (meta / "index").write_text(line * (40_000_000 // len(line)))
     out = script(r"""
 import sys
-from gkx_autocache import _index
+from gkx_autocache._explain import index as _index
 def peak():  # this process's own peak (ru_maxrss keeps the forking parent's across exec)
     with open("/proc/self/status") as f:
         return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) * 1024
@@ -620,7 +624,11 @@ def test_each_ledger_of_a_long_lived_process_carries_the_index_tables_its_entrie
     vdir = tagged(tmp_path / "c")
     out = script(r"""
 import json, os, sys
-from gkx_autocache import _explain, _index, _key, _ledger, _stats
+from gkx_autocache import _key
+from gkx_autocache._explain import classify as _explain
+from gkx_autocache._explain import index as _index
+from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record import recorder as _stats
 _ledger.LIVE_LIMIT = 20_000
 vdir = sys.argv[1]
 rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
@@ -653,7 +661,7 @@ def test_without_flock_a_fold_lock_of_a_dead_process_of_this_host_is_taken_at_on
 
     vdir = tagged(tmp_path / "c")
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    out = script("from gkx_autocache import _ledger\n" + NO_FLOCK + r"""
+    out = script("from gkx_autocache._record import ledger as _ledger\n" + NO_FLOCK + r"""
 import os, sys, time
 meta = os.path.join(sys.argv[1], ".gkx-autocache")
 os.makedirs(meta)
@@ -698,7 +706,8 @@ def test_first_compile_text_does_not_claim_a_30_day_horizon_the_index_no_longer_
     says since when removals are known."""
     import time
 
-    from gkx_autocache import _explain, _index
+    from gkx_autocache._explain import classify as _explain
+    from gkx_autocache._explain import index as _index
 
     evidence = _index.Evidence()
     evidence.version_dir = str(tmp_path / "jax-0.0.0")
@@ -775,7 +784,7 @@ def test_stats_reset_after_clear_while_a_process_runs_keeps_the_clear(project: P
 
 COMPACT_100MB = r"""
 import hashlib, json, os, resource, sys, time
-from gkx_autocache import _index
+from gkx_autocache._explain import index as _index
 vdir = sys.argv[1]
 path = _index.index_path(vdir)
 os.makedirs(os.path.dirname(path))
@@ -822,7 +831,8 @@ def test_an_index_cleared_and_made_again_on_the_inode_it_had_is_not_taken_for_th
     import os
     import types
 
-    from gkx_autocache import _explain, _index
+    from gkx_autocache._explain import classify as _explain
+    from gkx_autocache._explain import index as _index
     from gkx_autocache._key import PARTS
 
     vdir = tmp_path / "v"

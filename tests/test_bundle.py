@@ -275,7 +275,7 @@ def _manifest(files: list[tuple[str, bytes]]) -> bytes:
 
 
 MEASURED = """import resource, sys
-from gkx_autocache._cli import main
+from gkx_autocache._cli.main import main
 code = main(sys.argv[1:])
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)  # peak RSS, MiB
 sys.exit(code)

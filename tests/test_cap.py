@@ -108,7 +108,7 @@ import sys
 import time
 
 import pytest
-from gkx_autocache import _stats
+from gkx_autocache._record import recorder as _stats
 vdir, n = sys.argv[1], int(sys.argv[2])
 rec = _stats.Recorder(vdir, ledger=True)
 for i in range(20):
@@ -158,7 +158,7 @@ def test_folding_keeps_the_totals(venv: Venv, tmp_path: Path) -> None:
         (ledger / f"{n + 10}-{n}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     before = json.loads(venv.cli("--json", "stats", env=env).stdout)
     assert before["stats"]["hits"] >= 100 and before["stats"]["writes"] >= 100
-    fold = "import sys; from gkx_autocache import _ledger; _ledger.fold(sys.argv[1], 0, False)"
+    fold = "import sys; from gkx_autocache._record import ledger as _ledger; _ledger.fold(sys.argv[1], 0, False)"
     subprocess.run([sys.executable, "-c", fold, str(vdir)], check=True)
     assert list(ledger.iterdir()) == []
     after = json.loads(venv.cli("--json", "stats", env=env).stdout)
@@ -288,9 +288,10 @@ def test_without_a_cap_the_hourly_scan_compacts_the_index_and_keeps_live_tables(
     appended none of them: the index held them when it read it)."""
     import fcntl
 
-    from gkx_autocache import _index, _ledger
+    from gkx_autocache._explain import index as _index
     from gkx_autocache._key import PARTS
     from gkx_autocache._layout import TAG
+    from gkx_autocache._record import ledger as _ledger
 
     vdir = tmp_path / VERSION_DIR
     (vdir / ".gkx-autocache" / "ledger").mkdir(parents=True, mode=0o700)

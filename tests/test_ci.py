@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, Venv, make_venv, public_tmp, run_program
 from test_activation import VERSION_DIR
 
-from gkx_autocache import _status
+from gkx_autocache._cli import status as _status
 
 
 def test_a_restored_directory_gives_hits_in_a_fresh_venv_at_another_path(venv: Venv, wheel: Path) -> None:

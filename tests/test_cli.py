@@ -12,7 +12,7 @@ from typing import Any
 from conftest import Venv, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
-from gkx_autocache import _cli
+from gkx_autocache._cli import main as _cli
 from gkx_autocache._layout import TAG
 
 DAY = 86400.0
@@ -47,7 +47,7 @@ def test_status_does_not_import_jax_and_reads_the_ledger(venv: Venv) -> None:
     """status works without importing jax, and shows the entries and stats of real runs."""
     run_program(venv)
     run_program(venv)
-    code = ("import sys; from gkx_autocache._cli import main; main(['status']); "
+    code = ("import sys; from gkx_autocache._cli.main import main; main(['status']); "
             "print('JAX IMPORTED' if 'jax' in sys.modules else 'no jax')")
     proc = venv.run("-c", code, check=True)
     assert proc.stdout.strip().endswith("no jax")

@@ -13,11 +13,11 @@ from pathlib import Path
 from conftest import Venv, autocache_warnings, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
-from gkx_autocache import _cli
+from gkx_autocache._cli import main as _cli
 
 
 def test_version_names_the_package_jax_jaxlib_and_python_without_importing_jax(venv: Venv) -> None:
-    proc = venv.run("-c", "import sys; from gkx_autocache._cli import main; main(['--version']); "
+    proc = venv.run("-c", "import sys; from gkx_autocache._cli.main import main; main(['--version']); "
                           "print('jax' in sys.modules)")
     words = proc.stdout.split()
     assert proc.returncode == 0 and words[-1] == "False", proc.stdout + proc.stderr

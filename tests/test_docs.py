@@ -8,7 +8,8 @@ import re
 
 from conftest import ROOT
 
-from gkx_autocache import _cli, _settings
+from gkx_autocache import _settings
+from gkx_autocache._cli import main as _cli
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 

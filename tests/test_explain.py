@@ -154,7 +154,7 @@ def test_a_raised_threshold_is_named(venv: Venv, tmp_path: Path) -> None:
     assert "not cached (" in line and "below min_compile_time_secs)" in line, line
 
 
-SEAM_CHANGED = "import gkx_autocache._explain_seam as e; e.install = lambda *a: 'simulated: cache_key changed'\n" + PROGRAM
+SEAM_CHANGED = "import gkx_autocache._explain.seam as e; e.install = lambda *a: 'simulated: cache_key changed'\n" + PROGRAM
 
 
 def test_a_changed_seam_leaves_everything_else_and_status_says_why(venv: Venv, tmp_path: Path) -> None:
@@ -241,13 +241,13 @@ def test_a_run_where_every_lookup_hits_never_imports_the_explainer(venv: Venv, t
     run, three quarters without bytecode); a run with a miss does, and its miss has a cause."""
     env = cache(tmp_path, GKX_JAX_CACHE_REPORT="1")
     cold, err = run_program(venv, env=env, program=MODULES_AT_EXIT)
-    assert {"gkx_autocache._explain", "gkx_autocache._index"} <= modules_at_exit(err)
+    assert {"gkx_autocache._explain.classify", "gkx_autocache._explain.index"} <= modules_at_exit(err)
     warm, err = run_program(venv, env=env, program=MODULES_AT_EXIT)
     (line,) = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:")]
     assert warm == cold and " 0 misses" in line and " 0 hits" not in line, line
     loaded = modules_at_exit(err)
-    assert not loaded & {"gkx_autocache._explain", "gkx_autocache._index"}, loaded
-    assert "gkx_autocache._explain_seam" in loaded and "gkx_autocache._isa" in loaded, loaded
+    assert not loaded & {"gkx_autocache._explain.classify", "gkx_autocache._explain.index"}, loaded
+    assert "gkx_autocache._explain.seam" in loaded and "gkx_autocache._isa" in loaded, loaded
     _, err = run_program(venv, env={**env, "XLA_FLAGS": "--xla_cpu_enable_fast_math=true"}, program=MODULES_AT_EXIT)
-    assert "gkx_autocache._explain" in modules_at_exit(err)
+    assert "gkx_autocache._explain.classify" in modules_at_exit(err)
     assert "changed XLA_FLAGS" in explain(venv, env)

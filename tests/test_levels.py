@@ -535,7 +535,7 @@ def test_the_upload_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
     queue in between (on a fast machine it did, and nothing was skipped)."""
     import threading
 
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     gate = threading.Event()
 
@@ -674,7 +674,7 @@ def test_a_full_or_read_only_local_level_is_served_without_the_backfill(venv: Ve
 
 
 def hostile_level(tmp_path: Path, secret: bytes | None = None) -> tuple[Any, Path]:
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     root = tmp_path / "team"
     (root / "jax-0.0.0").mkdir(parents=True, mode=0o700)
@@ -695,7 +695,7 @@ def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: P
     """Entries and seals a group member or a bucket could plant are refused one by one, each a
     `rejected` miss with its reason (or served, where only a figure in the seal is absurd); none
     turns the level off, hangs, or raises."""
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     secret = b"k" if spoil in ("moved signed seal", "a non-ASCII signature") else None
     level, vdir = hostile_level(tmp_path, secret)
@@ -772,7 +772,7 @@ def test_a_bucket_without_the_remote_extra_is_one_line_and_the_local_level_serve
 
 SPARSE_LOOKUP = r"""
 import json, resource, sys, time
-from gkx_autocache import _levels
+from gkx_autocache._shared import level as _levels
 root, key, signed = sys.argv[1], sys.argv[2], sys.argv[3] == "signed"
 level = _levels.Level(root, _levels.Directory(root, "0.0.0", team=False), local=root + "-l", timeout=60.0,
                       writes=None, secret=b"k" if signed else None)
@@ -790,7 +790,7 @@ def test_a_planted_sparse_entry_costs_a_reader_neither_memory_nor_time(tmp_path:
     reader that misses that key refuses it from its seal and ``fstat`` (or its first bytes) before
     reading it, within 100 MB of a clean lookup's memory and in seconds. The seal is read, and with
     a key its HMAC checked, before the entry; a seal's size must be the file's."""
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     root = tmp_path / "team"
     vdir = root / "jax-0.0.0"
@@ -826,7 +826,7 @@ def test_a_planted_sparse_entry_costs_a_reader_neither_memory_nor_time(tmp_path:
 def test_the_fix_for_a_shared_entry_not_signed_is_true_for_shared_write(write: str, ci: str, uploads: bool) -> None:
     """`rejected: not signed` promises a signed replacement upload only where this setting makes
     one (``always``; ``ci`` with CI set); elsewhere it says the shared entry stays, and who replaces it."""
-    from gkx_autocache import _status
+    from gkx_autocache._cli import status as _status
 
     env = {"GKX_JAX_CACHE_SHARED": "s3://b/team", "GKX_JAX_CACHE_SHARED_WRITE": write, **({"CI": ci} if ci else {})}
     settings = _settings.resolve(env=env, user_file="/nonexistent")
@@ -906,7 +906,7 @@ class _FakeGcs:
 
 
 def _gcs_bucket(fs: Any) -> Any:
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     bucket = _levels.Bucket(f"gs://b/team/{VERSION_DIR}")
     bucket._fs, bucket._path = fs, f"b/team/{VERSION_DIR}"
@@ -916,7 +916,7 @@ def _gcs_bucket(fs: Any) -> Any:
 def test_a_gcs_listing_is_one_bounded_page() -> None:
     """gcsfs's ``_list_objects`` takes ``**kwargs``: the listing is still used, one page of at most
     LIST_LIMIT + 1 names (``max_results``); an empty prefix is an empty listing, not an error."""
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     key = "jit_f-" + "0" * 64
     fs = _FakeGcs({key + "-cache": 10, key + "-gkx-shared": 2})
@@ -928,7 +928,7 @@ def test_a_gcs_listing_is_one_bounded_page() -> None:
 def test_status_never_says_more_than_1000_entries_where_it_could_not_list() -> None:
     """A bucket whose filesystem cannot list a bounded page: `status` says it could not count the
     entries, never "more than 1000"; an empty one says 0; one of 1001 names says more than 1000."""
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     def line(fs: Any) -> str:
         found = _levels.probe(_gcs_bucket(fs), 10.0)
@@ -1087,7 +1087,7 @@ def test_a_206_whose_content_range_is_not_the_range_asked_is_refused(content_ran
     import asyncio
     import random
 
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     obj = random.Random(1).randbytes(16384)
     first, last = (int(n) for n in content_range.split(" ")[1].split("/")[0].split("-"))

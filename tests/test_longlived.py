@@ -22,7 +22,7 @@ from gkx_autocache._layout import TAG
 # waiting (alive) while the test reads the directory from outside.
 LOOKUPS = r"""
 import sys, time
-from gkx_autocache import _stats
+from gkx_autocache._record import recorder as _stats
 vdir, n = sys.argv[1], int(sys.argv[2])
 rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
 keys = [f"jit_f{i}-" + f"{i:064x}" for i in range(100)]
@@ -84,7 +84,8 @@ def test_a_ledger_past_its_limit_ends_and_another_begins(tmp_path: Path) -> None
     vdir = tagged(tmp_path / "c")
     script = r"""
 import sys
-from gkx_autocache import _ledger, _stats
+from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record import recorder as _stats
 _ledger.LIVE_LIMIT = 20_000
 rec = _stats.Recorder(sys.argv[1], ledger=True, run=_stats.begin_run())
 for i in range(2000):

@@ -14,7 +14,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gkx_autocache import _bundle, _ledger, _policy, _settings
+from gkx_autocache import _bundle, _policy, _settings
+from gkx_autocache._record import ledger as _ledger
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -8,22 +8,33 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "gkx_autocache"
 
 
+def module_of(path: Path) -> str:
+    """`_cache` for `_cache.py`, `_shared.level` for `_shared/level.py`, `__init__` for the package's."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1]) if parts[-1] == "__init__" and len(parts) > 1 else ".".join(parts)
+
+
+def is_module(name: str) -> bool:
+    path = PACKAGE.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
 def imports() -> dict[str, set[str]]:
     """Each module's imports of the package's own modules, inside functions too."""
     graph: dict[str, set[str]] = {}
-    for path in sorted(PACKAGE.glob("*.py")):
-        module = path.stem
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_of(path)
         found: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gkx_autocache"):
-                if node.module == "gkx_autocache":
-                    found.update(alias.name for alias in node.names if (PACKAGE / f"{alias.name}.py").exists())
-                    if not any((PACKAGE / f"{alias.name}.py").exists() for alias in node.names):
-                        found.add("__init__")
-                else:
-                    found.add(node.module.split(".")[1])
+                base = node.module.removeprefix("gkx_autocache").lstrip(".")
+                names = [f"{base}.{a.name}" if base else a.name for a in node.names]
+                submodules = {name for name in names if is_module(name)}
+                found.update(submodules)
+                if len(submodules) < len(names):
+                    found.add(base or "__init__")
             elif isinstance(node, ast.Import):
-                found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("gkx_autocache."))
+                found.update(a.name.removeprefix("gkx_autocache.") for a in node.names if a.name.startswith("gkx_autocache."))
         graph[module] = found - {module}
     return graph
 

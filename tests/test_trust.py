@@ -374,7 +374,9 @@ def test_bookkeeping_swapped_for_a_symlink_after_its_check_is_never_written_thro
     two-user race won 11 of 500) points the victim's write at a folder of the victim's own, and
     its `index` (a `.git` has one), `store.json` or ledger is replaced or appended to there. Every
     write into bookkeeping must go through the descriptor of the folder that was checked."""
-    from gkx_autocache import _cache, _files, _index, _ledger, _store
+    from gkx_autocache import _cache, _files, _store
+    from gkx_autocache._explain import index as _index
+    from gkx_autocache._record import ledger as _ledger
 
     team = tmp_path / "team"
     team.mkdir()
@@ -416,7 +418,7 @@ def test_a_shared_directory_swapped_after_its_check_is_never_written_through(tmp
     path: a team member who later replaces the version directory with a symlink to a folder of the
     victim's own has the victim's process write entries there (no race: the swap may come at any
     time in a long run)."""
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     team = tmp_path / "team"
     team.mkdir()

@@ -350,7 +350,7 @@ def test_hook_is_not_live_when_opted_out(monkeypatch: pytest.MonkeyPatch) -> Non
     """status's "hook live" says whether `import jax` would be configured: a finder in place is not
     enough when GKX_JAX_CACHE says off, or when the target is imported already (a finder put in
     place after it never fires)."""
-    from gkx_autocache._status import hook_live
+    from gkx_autocache._cli.status import hook_live
 
     name = f"standin_{os.getpid()}_never_imported"
     monkeypatch.setattr(gkx_autocache, "TARGET", name)
@@ -601,7 +601,7 @@ def test_reads_are_whole_or_exactly_the_limit(tmp_path: Path, size: int) -> None
 def test_a_run_is_a_time_and_a_pid_or_nothing(monkeypatch: pytest.MonkeyPatch, value: str, expected: float | None) -> None:
     """A run (the pytest plugin's session, or a process and those it starts) reaches every process
     through the environment: anything but a plausible time and a pid is ignored (a new run begins)."""
-    from gkx_autocache import _stats
+    from gkx_autocache._record import recorder as _stats
 
     monkeypatch.setenv(_stats.RUN, value)
     found = _stats.run_of()

@@ -1,3 +1,3 @@
-from gkx_autocache._cli import main
+from gkx_autocache._cli.main import main
 
 raise SystemExit(main())

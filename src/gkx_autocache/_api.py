@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gkx_autocache import _stats, _status
+from gkx_autocache._cli import status as _status
+from gkx_autocache._record import recorder as _stats
 
 
 class AutocacheError(Exception):

@@ -38,8 +38,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from gkx_autocache import _entries, _files, _index, _isa
+from gkx_autocache import _entries, _files, _isa
 from gkx_autocache._diagnostics import human_bytes, one_line, shown
+from gkx_autocache._explain import index as _index
 from gkx_autocache._layout import ENTRY_SUFFIX, key_match, tmp_name
 
 MANIFEST = "gkx-autocache-manifest.json"

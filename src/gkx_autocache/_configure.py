@@ -71,7 +71,8 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         config.update(option, value)
         logger.debug("jax.config.update(%r, %r)", option, value)
 
-    from gkx_autocache import _stats, _store
+    from gkx_autocache import _store
+    from gkx_autocache._record import recorder as _stats
 
     # Bookkeeping (the ledger, the verdict, the cap) only where the package resolved a local
     # directory it may write: a baked read-only cache is read and nothing else.
@@ -80,7 +81,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     recorder.shared = location.team  # trust_shared may be the shared level's alone (SPEC §14)
     levels = None
     if settings["shared"] is not None:  # a second level behind this one (SPEC §14): objects only, no I/O here
-        from gkx_autocache import _levels
+        from gkx_autocache._shared import level as _levels
 
         levels, problems = _levels.setup(settings, location, jax.__version__, env)
         for cause, message in problems:
@@ -98,7 +99,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             unwritten = _levels.rank_local_writes(jax, directory) if location.writable else None
             if unwritten:
                 logger.debug("ranks other than 0 do not write their local level: %s", unwritten)
-        from gkx_autocache import _explain_seam
+        from gkx_autocache._explain import seam as _explain_seam
 
         unexplained = reason or _explain_seam.install(jax, recorder, directory, recorder.run, recorder.run_start)
         if unexplained:

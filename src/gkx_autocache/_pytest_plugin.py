@@ -4,7 +4,7 @@ pytest-xdist workers included, instead of one ``report`` line per process.
 
 Loading it costs a session that never imports JAX nothing measurable: it imports neither ``jax``
 nor the package's configuration path; it only looks, at the end, for the counts of a process
-where JAX was configured (``gkx_autocache._stats`` is then in ``sys.modules``).
+where JAX was configured (``gkx_autocache._record.recorder`` is then in ``sys.modules``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest  # already imported: pytest is what loads this module
 _sessions: list[Any] = []  # the configs of this process's sessions, outermost first (pytester nests them)
 _counted: list[dict[str, Any]] = []  # this process's parts that a session's line counted (or a worker sent)
 KEY = "gkx_autocache"
-RUN = "GKX_JAX_CACHE_RUN"  # "<start>-<pid>", as gkx_autocache._stats reads it: a session is one run
+RUN = "GKX_JAX_CACHE_RUN"  # "<start>-<pid>", as gkx_autocache._record.recorder reads it: a session is one run
 
 
 class _Session:
@@ -36,7 +36,7 @@ class _Session:
 def _snapshot() -> dict[str, Any] | None:
     # pytester's in-process runs take the modules they imported out of sys.modules afterwards; the
     # package keeps its own reference to the submodule.
-    stats = sys.modules.get("gkx_autocache._stats") or getattr(sys.modules.get("gkx_autocache"), "_stats", None)
+    stats = sys.modules.get("gkx_autocache._record.recorder") or getattr(sys.modules.get("gkx_autocache"), "_stats", None)
     try:
         return stats.snapshot() if stats is not None else None
     except Exception:
@@ -54,7 +54,7 @@ def uncounted(now: dict[str, Any]) -> dict[str, Any] | None:
     exit (None: nothing, once a session spoke for this process)."""
     if not _counted:
         return now
-    from gkx_autocache._stats import merge, since
+    from gkx_autocache._record.recorder import merge, since
 
     rest = since(now, merge(_counted))
     return rest if rest["hits"] or rest["misses"] or rest["not_cached"] else None
@@ -75,7 +75,7 @@ def pytest_configure(config: Any) -> None:
 
         now = time.time()
         os.environ[RUN] = f"{now:.3f}-{os.getpid()}"
-        recorder = getattr(sys.modules.get("gkx_autocache._stats"), "recorder", None)
+        recorder = getattr(sys.modules.get("gkx_autocache._record.recorder"), "recorder", None)
         if recorder is not None:  # JAX configured in an earlier session of this process
             recorder.close()  # the earlier session's ledger ends: its run is not this one
             recorder.run, recorder.run_start = os.environ[RUN], now
@@ -134,7 +134,7 @@ def _own(config: Any) -> dict[str, Any] | None:
     now = _snapshot()
     if now is None or from_session is None or from_session.before is None:
         return now
-    from gkx_autocache._stats import since
+    from gkx_autocache._record.recorder import since
 
     return since(now, from_session.before)
 
@@ -163,7 +163,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     snapshots = [*session.workers, *([own] if own is not None else [])]
     if not snapshots:
         return  # JAX was not imported in this session, or not configured
-    from gkx_autocache._stats import merge, summary_line
+    from gkx_autocache._record.recorder import merge, summary_line
 
     total = merge(snapshots)
     if not (total["hits"] or total["misses"] or total["not_cached"]):

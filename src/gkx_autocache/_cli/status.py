@@ -10,9 +10,11 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from gkx_autocache import _cache, _entries, _ledger, _settings, _stats, _store
+from gkx_autocache import _cache, _entries, _settings, _store
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural
 from gkx_autocache._layout import is_url, version_name
+from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record import recorder as _stats
 
 JSON_VERSION = 2  # 2: misses and compiles not cached are two counts (misses_by_cause, not_cached_by_reason)
 
@@ -186,7 +188,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         attention.append(f"the cache is disabled by {settings.origin('enabled')}")
     elif ctx.jax_version is None:
         attention.append("JAX is not installed here: pip install 'gkx-autocache[jax]'")
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     signing = "set (env GKX_JAX_CACHE_SIGNING_KEY)" if _settings.signing_key() else "not set"
     if signing != "not set" and location is not None and location.kind == _cache.REMOTE:
@@ -300,7 +302,7 @@ def fix_for(cause: str, ctx: Context, by: str | None = None, detail: str = "",
 def not_signed_fix(ctx: Context, env: Mapping[str, str]) -> str:
     """A shared entry without a valid signature for this key: compiled here, and replaced on the
     shared level only where ``shared_write`` uploads (``ci``: where CI is set, as here or not)."""
-    from gkx_autocache._levels import uploads
+    from gkx_autocache._shared.level import uploads
 
     write, origin = ctx.settings["shared_write"], ctx.settings.origin("shared_write")
     same_key = "every writer and reader of the shared level must use the same GKX_JAX_CACHE_SIGNING_KEY"
@@ -530,14 +532,14 @@ def text(data: dict[str, Any]) -> str:
                      f"{human_bytes(version['bytes']):>10} on disk{mark}")
     levels = data.get("levels")
     if levels:
-        from gkx_autocache._levels import level_lines
+        from gkx_autocache._shared.level import level_lines
 
         lines.extend(level_lines(levels))
     stats = data["stats"]
     if stats:
         lines.append(f"stats       {stats_line(stats)}")
         if stats.get("levels"):
-            from gkx_autocache._levels import line
+            from gkx_autocache._shared.level import line
 
             lines.append(f"            {line(stats['levels'])}")
     elif data.get("stats_reset_at"):

@@ -846,11 +846,11 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
             elif kind in ("put", "index") and record.get("rec"):
                 lines.extend(record["rec"].split("\n"))
             elif kind == "evicted" and record.get("key"):
-                from gkx_autocache import _index
+                from gkx_autocache._explain import index as _index
 
                 lines.extend(_index.removed_lines([record["key"]], record.get("reason") or "prune", record.get("t")))
     if lines:  # a run where every lookup hit has none: the index module is not even imported
-        from gkx_autocache import _index
+        from gkx_autocache._explain import index as _index
 
         _index.append(version_dir, lines, shared)
     summary.recent = list(recent.values())
@@ -883,7 +883,8 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool, pend
     processes' index lines, refer to); above the cap (0: none), prune to 90 % of it, least recently
     used first. The bookkeeping is charged at most ``BOOKKEEPING_SHARE`` of the cap, so a small cap
     still holds entries."""
-    from gkx_autocache import _entries, _index
+    from gkx_autocache import _entries
+    from gkx_autocache._explain import index as _index
 
     found = _entries.scan(version_dir)
     stale = [t for t in found.temporary if time.time() - t[2] > _entries.STALE_TMP_SECS]  # writers killed mid-write
@@ -913,7 +914,8 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     (``clear``, a fresh start), the summary, the index and the finished ledgers go. A running
     process keeps its ledger (deleting it would lose what it records next). The count of files
     folded or removed. Raises OSError when a fold in progress holds the lock past a few seconds."""
-    from gkx_autocache import _entries, _index
+    from gkx_autocache import _entries
+    from gkx_autocache._explain import index as _index
 
     files = ledger_files(version_dir)
     if is_url(version_dir):
@@ -958,7 +960,7 @@ def _command_ledger(version_dir: str, records: list[dict[str, Any]], shared: boo
 def _to_index(version_dir: str, lines: list[str], shared: bool) -> bool:
     """Append a command's index lines at once, under the lock (waiting a little), so that the next
     miss knows them; False when the lock cannot be had (then a ledger carries them)."""
-    from gkx_autocache import _index
+    from gkx_autocache._explain import index as _index
 
     lock = _lock(version_dir, shared, wait=5.0)
     if lock is None:
@@ -974,7 +976,7 @@ def record_evicted(version_dir: str, keys: list[str], reason: str, shared: bool)
     named ``evicted`` with who removed them."""
     if not keys:
         return
-    from gkx_autocache import _index
+    from gkx_autocache._explain import index as _index
 
     now = round(time.time(), 3)
     if not _to_index(version_dir, _index.removed_lines(keys, reason, now), shared):

@@ -11,9 +11,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from gkx_autocache import _bundle, _cache, _entries, _ledger, _policy, _settings, _stats, _status
+from gkx_autocache import _bundle, _cache, _entries, _policy, _settings
+from gkx_autocache._cli import status as _status
+from gkx_autocache._cli.status import Context, load_context
 from gkx_autocache._diagnostics import human_bytes, human_secs, one_line, plural, shown
-from gkx_autocache._status import Context, load_context
+from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record import recorder as _stats
 
 OK, FAILED, USAGE = 0, 1, 2
 JSON_VERSION = _status.JSON_VERSION
@@ -131,7 +134,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return OK
     lines = [_status.stats_line(stats), f"directory {vdir}", *causes_lines(stats)]
     if data["levels"]:  # the local and shared levels' numbers (SPEC §14)
-        from gkx_autocache import _levels
+        from gkx_autocache._shared import level as _levels
 
         lines.insert(1, f"levels      {_levels.line(data['levels'])}")
     if data["top_functions"]:
@@ -255,7 +258,7 @@ def _require_tag(vdir: str) -> None:
 
 def _shared(ctx: Context, command: str) -> str:
     """The shared level's version directory (SPEC §14), for ``--shared``."""
-    from gkx_autocache import _levels
+    from gkx_autocache._shared import level as _levels
 
     shared = ctx.settings["shared"]
     if shared is None:
@@ -544,7 +547,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from gkx_autocache import _demo
+    from gkx_autocache._cli import demo as _demo
 
     code = _demo.demo(as_json=args.json)
     if code == OK and not args.json:

@@ -26,9 +26,10 @@ import threading
 import time
 from typing import Any
 
-from gkx_autocache import _files, _ledger
+from gkx_autocache import _files
 from gkx_autocache._diagnostics import human_bytes, logger, plural, warn
 from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX
+from gkx_autocache._record import ledger as _ledger
 
 REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
 HITS = "/jax/compilation_cache/cache_hits"
@@ -559,7 +560,7 @@ def levels_dict(levels: dict[str, Any]) -> dict[str, Any] | None:
     """Both levels' numbers as the JSON shows them (SPEC §14); None where no level was used."""
     if not levels:
         return None
-    from gkx_autocache._levels import shown
+    from gkx_autocache._shared.level import shown
 
     return {name: shown(levels.get(name, {})) for name in ("local", "shared")}
 

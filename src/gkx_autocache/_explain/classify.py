@@ -46,9 +46,10 @@ import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from gkx_autocache import _index, _isa, _key
+from gkx_autocache import _isa, _key
 from gkx_autocache._diagnostics import logger, plural
-from gkx_autocache._index import Evidence, Record
+from gkx_autocache._explain import index as _index
+from gkx_autocache._explain.index import Evidence, Record
 from gkx_autocache._key import PARTS
 from gkx_autocache._layout import ENTRY_SUFFIX, VERSION_PREFIX, function_name
 

@@ -85,7 +85,7 @@ def child(functions: int) -> None:
 def run_once(env: dict[str, str], functions: int) -> dict[str, Any]:
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "gkx_autocache._demo", "--child", str(functions)],
+        [sys.executable, "-m", "gkx_autocache._cli.demo", "--child", str(functions)],
         env=env, capture_output=True, text=True, check=False,
     )
     seconds = time.perf_counter() - started
