@@ -203,7 +203,7 @@ def test_stock_jax_and_the_store_share_a_directory_but_not_cpu_entries(venv: Ven
     assert ours["hits"] == ours["requests"] and stock["hits"] == stock["requests"] > 0
 
 
-GUARD_TRIPPED = "import gkx_autocache._store as s; s._guard = lambda cc: 'simulated: internals changed'\n" + PROGRAM
+GUARD_TRIPPED = "import gkx_autocache._jax as j; j._store_problem = lambda cc: 'simulated: internals changed'\n" + PROGRAM
 
 
 def test_guard_falls_back_to_jax_stock_cache(venv: Venv, tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         config.update(option, value)
         logger.debug("jax.config.update(%r, %r)", option, value)
 
-    from gkx_autocache import _store
+    from gkx_autocache import _jax, _store
     from gkx_autocache._record import recorder as _stats
 
     # Bookkeeping (the ledger, the verdict, the cap) only where the package resolved a local
@@ -96,7 +96,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         elif levels is not None:
             recorder.levels = levels
             _levels.at_exit(levels, recorder)
-            unwritten = _levels.rank_local_writes(jax, directory) if location.writable else None
+            unwritten = _jax.rank_local_writes(jax, directory) if location.writable else None
             if unwritten:
                 logger.debug("ranks other than 0 do not write their local level: %s", unwritten)
         from gkx_autocache._explain import seam as _explain_seam
@@ -119,12 +119,12 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
 
 def replaced_hook() -> str | None:
     """What ``status`` says when the user's code replaced the package's key hook after ``import jax``."""
-    from gkx_autocache import _key
+    from gkx_autocache import _jax, _key
 
     replaced = _key.seam.replaced if _key.seam is not None else None
     if replaced is None:
         return None
-    return (f"jax._src.cache_key.custom_hook was replaced after import jax (by {replaced}): CPU keys still get the "
+    return (f"{_jax.HOOK} was replaced after import jax (by {replaced}): CPU keys still get the "
             "ISA, added by gkx-autocache's key seam; chain the hook you replace to keep yours and ours in one place")
 
 

@@ -507,7 +507,7 @@ def execute(removal: Removal) -> Removed:
 
 def check_entry(path: str) -> str | None:
     """Why the entry cannot be loaded, or None. Decompresses without importing JAX."""
-    from gkx_autocache._store import compression_of
+    from gkx_autocache._formats import compression_of
 
     if is_url(path):
         from gkx_autocache import _remote

@@ -1,15 +1,15 @@
 """JAX's cache key (SPEC §13, §15): the seam on its parts, and the host's ISA in its hook part.
 
 JAX's key is one sha256 over eight parts, hashed in turn into one object by
-``jax._src.cache_key.get``: the computation, the jaxlib version, the backend version, the XLA
+JAX's ``cache_key.get``: the computation, the jaxlib version, the backend version, the XLA
 flags, the compile options, the accelerator config, the compression and a custom hook. After each
 part, ``get`` calls the module function ``_log_cache_key_hash(hash_obj, name, hashfn)`` (the same
 in JAX 0.10 to 0.12), which hashes the part again for DEBUG logs only when that logger is on. The
-seam wraps it, and on every key:
+seam wraps it (through ``_jax``), and on every key:
 
 - at ``custom_hook``, it checks that the hook is still the package's (a user's code may replace it
   after ``import jax``: then the seam adds the ISA itself, which makes the same key, and says so);
-- it hands every part to a listener (``_explain_seam``), kept for the explainer (``_explain``).
+- it hands every part to a listener (``_explain.seam``), kept for the explainer.
 
 The custom hook is JAX's part meant for additions to the key, called on every key. The package's
 hook returns the user's own hook's string (chained) and this host's ISA (``_isa``): XLA:CPU code is
@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from gkx_autocache import _jax
 from gkx_autocache._diagnostics import logger
 
 ISA_MARK = "gkx-autocache-isa="  # what the package's part of the hook's string begins with
@@ -40,9 +41,8 @@ PARTS = ("computation", "jax_lib version", "backend version", "XLA flags", "comp
 class Seam:
     """What the seam knows of the key being computed on each thread, and what it has noticed."""
 
-    def __init__(self, cache_key: Any, hook: Any) -> None:
-        self.cache_key = cache_key
-        self.hook = hook
+    def __init__(self) -> None:
+        self.hook: Any = None  # the package's hook, once in place
         self.thread = threading.local()  # the hook text of the key being computed on this thread
         self.listener: Any = None  # _explain_seam.Watch: on_part(hash_obj, name, hashfn), where installed
         self.replaced: str | None = None  # the user's hook that replaced the package's, once noticed
@@ -52,8 +52,9 @@ class Seam:
     def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
         if name == "custom_hook":
             thread = self.thread
-            if getattr(self.cache_key, "custom_hook", None) is not self.hook:
-                self._noticed(getattr(self.cache_key, "custom_hook", None))
+            hook = _jax.current_hook()
+            if hook is not self.hook:
+                self._noticed(hook)
                 thread.text = None  # the user's string is not known here
                 hash_obj.update(isa_suffix().encode())  # the same key as the hook's own, chained
             thread.last, thread.text = getattr(thread, "text", None), None
@@ -64,7 +65,7 @@ class Seam:
         if self.replaced is not None:
             return
         self.replaced = f"{getattr(current, '__module__', '?')}.{getattr(current, '__qualname__', repr(current))}"[:200]
-        logger.debug("jax._src.cache_key.custom_hook was replaced by %s: the ISA is added by the seam", self.replaced)
+        logger.debug("%s was replaced by %s: the ISA is added by the seam", _jax.HOOK, self.replaced)
         if self.on_replaced is not None:
             self.on_replaced()
 
@@ -109,40 +110,23 @@ def install(jax: Any) -> str | None:
     global seam
     if seam is not None:
         return None
-    try:
-        from jax._src import cache_key
-    except Exception as exc:
-        return f"jax._src.cache_key cannot be imported ({exc})"
-    previous = getattr(cache_key, "custom_hook", None)
-    if not callable(previous):
-        return "jax._src.cache_key.custom_hook is missing"
-    from gkx_autocache._store import _parameters
+    current = Seam()
 
-    def custom_hook() -> str:
-        base = previous()
-        if not isinstance(base, str):  # the user's hook: JAX says what is wrong with it, as before
-            return base  # type: ignore[no-any-return]
-        text = base + isa_suffix()
-        current.thread.text = text
-        return text
+    def wrap(previous: Any) -> Any:
+        def custom_hook() -> str:
+            base = previous()
+            if not isinstance(base, str):  # the user's hook: JAX says what is wrong with it, as before
+                return base  # type: ignore[no-any-return]
+            text = base + isa_suffix()
+            current.thread.text = text
+            return text
 
-    current = Seam(cache_key, custom_hook)
-    custom_hook.__wrapped__ = previous  # type: ignore[attr-defined]
-    cache_key.custom_hook = custom_hook
+        current.hook = custom_hook
+        return custom_hook
+
+    why = _jax.install_hook(wrap)
+    if why is not None:
+        return why
     seam = current
-    log_part = getattr(cache_key, "_log_cache_key_hash", None)
-    if log_part is None or _parameters(log_part) != ["hash_obj", "last_serialized", "hashfn"]:
-        logger.debug("jax._src.cache_key._log_cache_key_hash has changed: a replaced hook is not noticed")
-        return None
-
-    def _log_cache_key_hash(hash_obj: Any, last_serialized: str, hashfn: Any) -> None:
-        log_part(hash_obj, last_serialized, hashfn)
-        try:
-            current.on_part(hash_obj, last_serialized, hashfn)
-        except Exception:
-            pass
-
-    _log_cache_key_hash.__wrapped__ = log_part  # type: ignore[attr-defined]
-    cache_key._log_cache_key_hash = _log_cache_key_hash
-    current.parts = True
+    current.parts = _jax.watch_key_parts(current.on_part)
     return None

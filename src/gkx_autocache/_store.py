@@ -8,11 +8,10 @@ the real compile time of each write is kept beside the entry (``<key>-gkx-compil
 is real for sub-second compiles; and every I/O failure is a miss and a DEBUG line, never a warning
 (users run their tests under ``-W error``).
 
-The seams, the same in JAX 0.10.2 and 0.12.0.1, each guarded (if it changes, JAX's stock
-behaviour stays):
-- ``jax._src.compilation_cache.get_file_cache(path)`` builds the cache object: for the directory
+JAX's seams, patched by ``_jax.serve_store`` (if one changes, JAX's stock behaviour stays):
+- its cache module's ``get_file_cache(path)`` builds the cache object: for the directory
   the package resolved, it returns the store;
-- ``jax._src.compilation_cache.get_executable_and_time(cache_key, ...)`` decompresses and
+- ``get_executable_and_time(cache_key, ...)`` decompresses and
   deserialises what ``get`` returned. An entry the store served that does not deserialise (bit
   rot in a frame without a checksum, a jaxlib rebuilt under the same version, a forced bundle)
   becomes a miss there: one recompile, and ``put`` replaces the entry. JAX's own path warns
@@ -22,20 +21,20 @@ behaviour stays):
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from typing import Any
 
-from gkx_autocache import _files, _trust
+from gkx_autocache import _files, _formats, _jax, _trust
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._formats import (
+    MAX_COMPILE_SECS as MAX_COMPILE_SECS,  # TEMP until the merge: callers move to _formats
+)
+from gkx_autocache._formats import compile_secs_of
+from gkx_autocache._formats import compression_of as compression_of  # TEMP until the merge
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, VERDICT_FILE
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-
-MAX_COMPILE_SECS = 86400.0 * 7  # a sidecar claiming more was not written by a compile
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -78,20 +77,7 @@ def read_sidecar(sidecar: str) -> tuple[float | None, float]:
         written.append(st.st_mtime)
 
     data = _files.read(sidecar, 64, check=lambda st: when(st))
-    try:
-        value = float(data or b"")
-    except ValueError:
-        value = -1.0
-    return (value if 0.0 <= value <= MAX_COMPILE_SECS else None), (written[0] if written else 0.0)
-
-
-def compression_of(data: bytes) -> str | None:
-    """``"zstd"`` or ``"zlib"`` by the frame's magic bytes, None for neither."""
-    if data[:4] == ZSTD_MAGIC:
-        return "zstd"
-    if len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0:
-        return "zlib"
-    return None
+    return compile_secs_of(data), (written[0] if written else 0.0)
 
 
 class Store:
@@ -197,7 +183,7 @@ class Store:
         written = len(found.data)
         if found.compile_secs is not None:
             sidecar_path = os.path.join(self._path, key + COMPILE_SIDECAR)
-            sidecar = f"{found.compile_secs:.6f}".encode()
+            sidecar = _formats.sidecar(found.compile_secs)
             if _files.write_atomic(sidecar_path, sidecar, self._file_mode):
                 written += len(sidecar)
                 if found.written:
@@ -289,7 +275,7 @@ class Store:
         written = len(value)
         compile_secs = max(compile_clock() - started, 0.0) if started is not None else 0.0
         if started is not None:
-            sidecar = f"{compile_secs:.6f}".encode()
+            sidecar = _formats.sidecar(compile_secs)
             if _files.write_atomic(os.path.join(self._path, key + COMPILE_SIDECAR), sidecar, self._file_mode):
                 written += len(sidecar)
         self._recorder.put(key, written, compile_secs)
@@ -300,119 +286,45 @@ class Store:
 # -- installing the store into JAX ------------------------------------------------------------
 
 
-def _guard(cc: Any) -> str | None:
-    """Why this JAX's internals are not the ones the store was written for, or None."""
-    get_file_cache = getattr(cc, "get_file_cache", None)
-    if get_file_cache is None or _parameters(get_file_cache) != ["path"]:
-        return "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
-    for name in ("decompress_executable", "compress_executable", "VerificationCache", "CacheInterface"):
-        if not hasattr(cc, name):
-            return f"jax._src.compilation_cache.{name} is missing"
-    return None
-
-
-def _parameters(func: Any) -> list[str]:
-    import inspect
-
-    try:
-        return list(inspect.signature(func).parameters)
-    except (TypeError, ValueError):
-        return []
-
-
 _serving: Store | None = None  # the store JAX got for the package's directory, once it asked
-
-
-def _loading_guard(cc: Any, jax: Any) -> bool:
-    """Wrap ``get_executable_and_time`` so that an entry the store served but JAX cannot load (it
-    does not decompress, or does not deserialise) is a miss; whether it was wrapped. Left alone
-    (JAX's stock behaviour) if its first parameter is no longer ``cache_key``, or if the compiler
-    no longer reaches it through the module (a wrapper it would never call)."""
-    original = getattr(cc, "get_executable_and_time", None)
-    try:
-        from jax._src import compiler
-
-        through_module = getattr(compiler, "compilation_cache", None) is cc and "get_executable_and_time" not in vars(compiler)
-    except Exception:
-        through_module = False
-    if original is None or _parameters(original)[:1] != ["cache_key"] or not through_module:
-        logger.debug("jax._src.compilation_cache.get_executable_and_time has changed: JAX's own handling of "
-                     "entries it cannot load stays")
-        return False
-    verification_error = getattr(cc, "CacheVerificationError", ())
-
-    def get_executable_and_time(cache_key: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(cache_key, *args, **kwargs)
-        except Exception as exc:
-            store = _serving
-            deliberate = isinstance(exc, verification_error) or getattr(jax.config, "jax_raise_persistent_cache_errors", False)
-            if store is None or deliberate or not store.served(cache_key):
-                raise
-            store.reject(cache_key, exc)
-            return None, None
-
-    get_executable_and_time.__wrapped__ = original  # type: ignore[attr-defined]
-    cc.get_executable_and_time = get_executable_and_time
-    return True
 
 
 def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: bool = True,
             levels: Any = None) -> str | None:
     """Serve ``version_dir`` through the store; return why not (JAX's stock cache then serves)."""
-    try:
-        from jax._src import compilation_cache as cc
-    except Exception as exc:  # pragma: no cover - a JAX without the module
-        return f"jax._src.compilation_cache cannot be imported ({exc})"
-    reason = _guard(cc)
-    if reason is None and jax.config.jax_compilation_cache_max_size != -1:
-        reason = "jax_compilation_cache_max_size is set by the user: JAX's own LRU cache serves"
-    if reason is not None:
-        return reason
-    compression = compression_of(cc.compress_executable(b"gkx-autocache"))
-    original = cc.get_file_cache
     ours = os.path.realpath(version_dir)
-    guarded = _loading_guard(cc, jax)
 
-    def get_file_cache(path: str) -> Any:
+    def make(path: str, sample: bytes, decompress: Any, check_payload: bool) -> Store:
         global _serving
-        if not isinstance(path, str) or "://" in path or os.path.realpath(path) != ours:
-            return original(path)
-        # The store checks that an entry decompresses before serving it wherever JAX would meet a
-        # bad one outside the guard: JAX's VerificationCache decompresses what `get` returned, and
-        # `jax_raise_persistent_cache_errors` asks the guard to leave JAX's errors to JAX.
-        strict = jax.config.jax_compilation_cache_check_contents or getattr(
-            jax.config, "jax_raise_persistent_cache_errors", False)
-        store = _serving = Store(path, compression=compression or "zlib", decompress=cc.decompress_executable,
-                                 shared=shared, recorder=recorder, writable=writable,
-                                 check_payload=not guarded or bool(strict), levels=levels)
-        if jax.config.jax_compilation_cache_check_contents:
-            return cc.VerificationCache(store), path  # type: ignore[arg-type]  # duck-typed CacheInterface
-        return store, path
+        _serving = Store(path, compression=compression_of(sample) or "zlib",
+                         decompress=decompress, shared=shared, recorder=recorder, writable=writable,
+                         check_payload=check_payload, levels=levels)
+        return _serving
 
-    get_file_cache.__wrapped__ = original  # type: ignore[attr-defined]
-    cc.get_file_cache = get_file_cache
-    return None
+    return _jax.serve_store(jax, lambda path: os.path.realpath(path) == ours, make, _unloadable)
+
+
+def _unloadable(cache_key: str, exc: BaseException) -> bool:
+    """Whether an entry JAX could not load is the store's to turn into a miss (it served it): then
+    it is removed, and JAX compiles again."""
+    store = _serving
+    if store is None or not store.served(cache_key):
+        return False
+    store.reject(cache_key, exc)
+    return True
 
 
 def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False,
                   explain: str | None = None, isa: str | None = None) -> None:
-    """Record which store serves the directory, whether misses are explained (None: they are; else
-    why not) and what to know of the ISA in CPU keys (None: nothing), so ``status`` can say it
-    without importing jax."""
-    text = json.dumps({"store": store, "reason": reason, "explain": explain, "isa": isa}) + "\n"
+    """Record which store serves the directory, whether misses are explained and what to know of
+    the ISA in CPU keys (``_formats.verdict``), so ``status`` can say it without importing jax."""
+    text = _formats.verdict(store, reason, explain, isa)
     path = os.path.join(version_dir, META_DIR, VERDICT_FILE)
-    if _files.read(path) == text.encode():
+    if _files.read(path) == text:
         return
     if _files.bookkeeping_dir(version_dir, shared) is not None:
-        _files.write_atomic(path, text.encode(), 0o644)
+        _files.write_atomic(path, text, 0o644)
 
 
 def read_verdict(version_dir: str) -> dict[str, Any] | None:
-    try:
-        verdict = json.loads(_files.read(os.path.join(version_dir, META_DIR, VERDICT_FILE), 4096) or b"")
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(verdict, dict):
-        return None
-    return {k: v if isinstance(v, str) else None for k, v in verdict.items() if k in ("store", "reason", "explain", "isa")}
+    return _formats.parse_verdict(_files.read(os.path.join(version_dir, META_DIR, VERDICT_FILE), 4096))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from gkx_autocache import _key
+from gkx_autocache import _jax, _key
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._key import PARTS
 
@@ -99,38 +99,33 @@ class Watch:
 def install(jax: Any, recorder: Any, version_dir: str, run: str, run_start: float, load: Any = None) -> str | None:
     """Listen to the key's parts and wrap the write seam; return why explanations are unavailable
     (nothing else changes). ``load()`` reads the directory's evidence, at the first miss."""
-    try:
-        from jax._src import compiler
-    except Exception as exc:
-        return f"jax._src.compiler cannot be imported ({exc})"
-    from gkx_autocache._store import _parameters
-
     seam = _key.seam
     if seam is None or not seam.parts:
-        return "jax._src.cache_key._log_cache_key_hash(hash_obj, last_serialized, hashfn) is missing or has changed"
-    write = getattr(compiler, "_cache_write", None)
-    if write is None or _parameters(write)[:5] != ["cache_key", "compile_time_secs", "module_name", "backend", "executable"]:
-        return "jax._src.compiler._cache_write has changed"
+        return _jax.PARTS_CHANGED
     watch = Watch(version_dir, run, run_start, load)
 
-    def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
-                     *rest: Any, **kwargs: Any) -> None:
-        reason = _not_written(jax, compile_time_secs, rest[0] if rest else kwargs.get("host_callbacks"))
-        before = recorder.writes
-        write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
-        try:
-            if jax.config.jax_compilation_cache_dir != version_dir:
-                return  # the user's code chose another directory: its compiles are not ours to count
-            if reason is None and recorder.writes == before and recorder.store_serving:
-                minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
-                reason = ("below min_entry_size_bytes", f"{minimum} bytes") if minimum > 0 else None
-            if reason is not None and recorder.totals.writes == before:  # a rank's own local write (SPEC §14) is one
-                recorder.uncached(cache_key, *reason)
-        except Exception:
-            pass
+    def wrap(write: Any) -> Any:
+        def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
+                         *rest: Any, **kwargs: Any) -> None:
+            reason = _not_written(jax, compile_time_secs, _jax.host_callbacks(rest, kwargs))
+            before = recorder.writes
+            write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
+            try:
+                if jax.config.jax_compilation_cache_dir != version_dir:
+                    return  # the user's code chose another directory: its compiles are not ours to count
+                if reason is None and recorder.writes == before and recorder.store_serving:
+                    minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
+                    reason = ("below min_entry_size_bytes", f"{minimum} bytes") if minimum > 0 else None
+                if reason is not None and recorder.totals.writes == before:  # a rank's own local write (SPEC §14) is one
+                    recorder.uncached(cache_key, *reason)
+            except Exception:
+                pass
 
-    _cache_write.__wrapped__ = write  # type: ignore[attr-defined]
-    compiler._cache_write = _cache_write
+        return _cache_write
+
+    why = _jax.wrap_cache_write(wrap)
+    if why is not None:
+        return why
     recorder.explainer = watch
     seam.listener = watch
     return None

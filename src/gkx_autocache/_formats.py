@@ -1,0 +1,53 @@
+"""The package's small on-disk formats, read and written as bytes (a leaf: no I/O here): the
+compile-time sidecar beside an entry (``<key>-gkx-compile``), the store's verdict
+(``.gkx-autocache/store.json``) and the entry's compression, told by its magic bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+MAX_COMPILE_SECS = 86400.0 * 7  # a sidecar claiming more was not written by a compile
+VERDICT_KEYS = ("store", "reason", "explain", "isa")
+
+
+def compression_of(data: bytes) -> str | None:
+    """``"zstd"`` or ``"zlib"`` by the frame's magic bytes, None for neither."""
+    if data[:4] == ZSTD_MAGIC:
+        return "zstd"
+    if len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0:
+        return "zlib"
+    return None
+
+
+def sidecar(compile_secs: float) -> bytes:
+    """A compile-time sidecar's bytes."""
+    return f"{compile_secs:.6f}".encode()
+
+
+def compile_secs_of(data: bytes | None) -> float | None:
+    """The compile time a sidecar's bytes record, or None when there are none (or they are not a
+    plausible number: a group member of a team cache can write anything there)."""
+    try:
+        value = float(data or b"")
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= MAX_COMPILE_SECS else None
+
+
+def verdict(store: str, reason: str | None, explain: str | None, isa: str | None) -> bytes:
+    """``store.json``: which store serves the directory, why not the package's, whether misses are
+    explained (None: they are; else why not), what to know of the ISA in CPU keys (None: nothing)."""
+    return (json.dumps({"store": store, "reason": reason, "explain": explain, "isa": isa}) + "\n").encode()
+
+
+def parse_verdict(data: bytes | None) -> dict[str, Any] | None:
+    try:
+        found = json.loads(data or b"")
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(found, dict):
+        return None
+    return {k: v if isinstance(v, str) else None for k, v in found.items() if k in VERDICT_KEYS}

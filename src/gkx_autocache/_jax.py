@@ -1,0 +1,280 @@
+"""JAX's private internals (``jax._src``): the one module that names them.
+
+Each seam the package uses is found here, checked against the shape the package was written for,
+and patched here. A seam that differs is reported as why not (one line), and JAX keeps its own
+behaviour there; nothing here raises into JAX. What each JAX line has: docs/jax-lines.md.
+Imported on ``import jax`` (stdlib only at import: ``jax._src`` is reached inside the functions).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gkx_autocache._diagnostics import logger
+
+HOOK = "jax._src.cache_key.custom_hook"  # the key's part meant for additions, as messages name it
+WRITE = ["cache_key", "compile_time_secs", "module_name", "backend", "executable"]  # _cache_write's first five
+
+
+def parameters(func: Any) -> list[str]:
+    import inspect
+
+    try:
+        return list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def signature_text(func: Any) -> str:
+    import inspect
+
+    try:
+        return str(inspect.signature(func))
+    except (TypeError, ValueError):
+        return ""
+
+
+def _loaded(name: str) -> Any:
+    """``jax._src.<name>`` where JAX has imported it, else None: never imports."""
+    return sys.modules.get(f"jax._src.{name}")
+
+
+def _patch(owner: Any, name: str, new: Any) -> None:
+    new.__wrapped__ = getattr(owner, name)
+    setattr(owner, name, new)
+
+
+# -- the key: its custom hook and its parts (jax._src.cache_key) ----------------------------------
+
+
+def install_hook(wrap: Callable[[Callable[[], Any]], Callable[[], Any]]) -> str | None:
+    """Make ``wrap(previous)`` the key's custom hook (the package's, chaining the one set before);
+    why not, or None."""
+    try:
+        from jax._src import cache_key
+    except Exception as exc:
+        return f"jax._src.cache_key cannot be imported ({exc})"
+    previous = getattr(cache_key, "custom_hook", None)
+    if not callable(previous):
+        return f"{HOOK} is missing"
+    _patch(cache_key, "custom_hook", wrap(previous))
+    _hooked[:] = [cache_key]
+    return None
+
+
+_hooked: list[Any] = []  # the key's module whose hook is the package's
+
+
+def current_hook() -> Any:
+    """The key's custom hook now (the user's code may replace the package's after ``import jax``)."""
+    return getattr(_hooked[0] if _hooked else None, "custom_hook", None)
+
+
+def watch_key_parts(on_part: Callable[[Any, str, Any], None]) -> bool:
+    """Call ``on_part(hash_obj, name, hashfn)`` after each part of each key, where JAX's
+    ``_log_cache_key_hash(hash_obj, last_serialized, hashfn)`` (called by ``get`` after each
+    part) has the shape it had from JAX 0.10 to 0.12; whether it is watched. After ``install_hook``."""
+    cache_key = _hooked[0] if _hooked else None
+    log_part = getattr(cache_key, "_log_cache_key_hash", None)
+    if log_part is None or parameters(log_part) != ["hash_obj", "last_serialized", "hashfn"]:
+        logger.debug("jax._src.cache_key._log_cache_key_hash has changed: a replaced hook is not noticed")
+        return False
+
+    def _log_cache_key_hash(hash_obj: Any, last_serialized: str, hashfn: Any) -> None:
+        log_part(hash_obj, last_serialized, hashfn)
+        try:
+            on_part(hash_obj, last_serialized, hashfn)
+        except Exception:
+            pass
+
+    _patch(cache_key, "_log_cache_key_hash", _log_cache_key_hash)
+    return True
+
+
+PARTS_CHANGED = "jax._src.cache_key._log_cache_key_hash(hash_obj, last_serialized, hashfn) is missing or has changed"
+
+
+# -- the store: JAX's cache object and its loading (jax._src.compilation_cache) -----------------------
+
+
+def _store_problem(cc: Any) -> str | None:
+    """Why this JAX's cache module is not the one the store was written for, or None."""
+    get_file_cache = getattr(cc, "get_file_cache", None)
+    if get_file_cache is None or parameters(get_file_cache) != ["path"]:
+        return "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
+    for name in ("decompress_executable", "compress_executable", "VerificationCache", "CacheInterface"):
+        if not hasattr(cc, name):
+            return f"jax._src.compilation_cache.{name} is missing"
+    return None
+
+
+def serve_store(jax: Any, is_ours: Callable[[str], bool], make: Callable[[str, bytes, Any, bool], Any],
+                unloadable: Callable[[str, BaseException], bool]) -> str | None:
+    """Have JAX's ``get_file_cache(path)`` return ``make(path, sample, decompress, check_payload)`` for the
+    package's directory (``is_ours(path)``), and JAX's own object for any other; why not, or None.
+    ``sample`` is a payload as this JAX compresses it. Where ``get_executable_and_time`` can be
+    guarded, an entry that does not load is a miss when ``unloadable(key, error)`` says so."""
+    try:
+        from jax._src import compilation_cache as cc
+    except Exception as exc:  # pragma: no cover - a JAX without the module
+        return f"jax._src.compilation_cache cannot be imported ({exc})"
+    reason = _store_problem(cc)
+    if reason is None and jax.config.jax_compilation_cache_max_size != -1:
+        reason = "jax_compilation_cache_max_size is set by the user: JAX's own LRU cache serves"
+    if reason is not None:
+        return reason
+    sample = cc.compress_executable(b"gkx-autocache")
+    original = cc.get_file_cache
+    guarded = _guard_loading(cc, jax, unloadable)
+
+    def get_file_cache(path: str) -> Any:
+        if not isinstance(path, str) or "://" in path or not is_ours(path):
+            return original(path)
+        # The store checks that an entry decompresses before serving it wherever JAX would meet a
+        # bad one outside the guard: JAX's VerificationCache decompresses what `get` returned, and
+        # `jax_raise_persistent_cache_errors` asks the guard to leave JAX's errors to JAX.
+        strict = jax.config.jax_compilation_cache_check_contents or getattr(
+            jax.config, "jax_raise_persistent_cache_errors", False)
+        store = make(path, sample, cc.decompress_executable, not guarded or bool(strict))
+        if jax.config.jax_compilation_cache_check_contents:
+            return cc.VerificationCache(store), path
+        return store, path
+
+    _patch(cc, "get_file_cache", get_file_cache)
+    return None
+
+
+def _guard_loading(cc: Any, jax: Any, unloadable: Callable[[str, BaseException], bool]) -> bool:
+    """Wrap ``get_executable_and_time`` so that an entry the store served but JAX cannot load (it
+    does not decompress, or does not deserialise) is a miss; whether it was wrapped. Left alone
+    (JAX's stock behaviour) if its first parameter is no longer ``cache_key``, or if the compiler
+    no longer reaches it through the module (a wrapper it would never call)."""
+    original = getattr(cc, "get_executable_and_time", None)
+    try:
+        from jax._src import compiler
+
+        through_module = getattr(compiler, "compilation_cache", None) is cc and "get_executable_and_time" not in vars(compiler)
+    except Exception:
+        through_module = False
+    if original is None or parameters(original)[:1] != ["cache_key"] or not through_module:
+        logger.debug("jax._src.compilation_cache.get_executable_and_time has changed: JAX's own handling of "
+                     "entries it cannot load stays")
+        return False
+    verification_error = getattr(cc, "CacheVerificationError", ())
+
+    def get_executable_and_time(cache_key: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(cache_key, *args, **kwargs)
+        except Exception as exc:
+            deliberate = isinstance(exc, verification_error) or getattr(jax.config, "jax_raise_persistent_cache_errors", False)
+            if deliberate or not unloadable(cache_key, exc):
+                raise
+            return None, None
+
+    _patch(cc, "get_executable_and_time", get_executable_and_time)
+    return True
+
+
+# -- the write: where JAX decides to write a compile (jax._src.compiler._cache_write) ---------------
+
+
+def wrap_cache_write(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> str | None:
+    """Make ``wrap(write)`` JAX's ``_cache_write(cache_key, compile_time_secs, module_name, backend,
+    executable, ...)``; why not, or None."""
+    try:
+        from jax._src import compiler
+    except Exception as exc:
+        return f"jax._src.compiler cannot be imported ({exc})"
+    write = getattr(compiler, "_cache_write", None)
+    if write is None or parameters(write)[:5] != WRITE:
+        return "jax._src.compiler._cache_write has changed"
+    _patch(compiler, "_cache_write", wrap(write))
+    return None
+
+
+def host_callbacks(rest: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``_cache_write``'s host callbacks, from its arguments after the first five (JAX 0.10 passes
+    them sixth; later lines have none)."""
+    return rest[0] if rest else kwargs.get("host_callbacks")
+
+
+def process_id() -> int:
+    """This process's rank in a multi-process run (0 alone, or before ``jax.distributed`` starts)."""
+    return getattr(getattr(_loaded("distributed"), "global_state", None), "process_id", 0)
+
+
+def rank_local_writes(jax: Any, version_dir: str) -> str | None:
+    """With a shared level, the local level is this host's own: let every rank write its own
+    compiles there (process 0 alone still writes the shared level, JAX's rule, which is there to
+    spare a shared file system or bucket many writers). On CPU each rank's keys include its
+    devices, so without this a rank other than 0 would compile again on every run. Why not, or
+    None. Guarded like the store: JAX's own rule stays if the seam has changed."""
+    try:
+        from jax._src import compilation_cache as cc
+        from jax._src import compiler, distributed
+    except Exception as exc:  # pragma: no cover - a JAX without the modules
+        return f"jax._src.compiler cannot be imported ({exc})"
+    write = getattr(compiler, "_cache_write", None)
+    put = getattr(cc, "put_executable_and_time", None)
+    if (write is None or parameters(write)[:5] != WRITE
+            or put is None or parameters(put) != ["cache_key", "module_name", "executable", "backend", "compile_time"]
+            or not hasattr(getattr(distributed, "global_state", None), "process_id")):
+        return "jax._src.compiler._cache_write or compilation_cache.put_executable_and_time has changed"
+
+    def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
+                     *rest: Any, **kwargs: Any) -> None:
+        try:
+            other_rank = distributed.global_state.process_id != 0 and jax.config.jax_compilation_cache_dir == version_dir
+            callbacks = host_callbacks(rest, kwargs)
+            minimum = jax.config.jax_persistent_cache_min_compile_time_secs
+        except Exception:
+            other_rank = False
+        if not other_rank or callbacks or compile_time_secs < minimum:  # JAX's other reasons stay JAX's
+            return write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)  # type: ignore[no-any-return]
+        try:
+            put(cache_key, module_name, executable, backend, int(compile_time_secs))
+        except Exception as exc:
+            logger.debug("rank-local write of %s failed: %s", cache_key, exc)
+        return None
+
+    _patch(compiler, "_cache_write", _cache_write)
+    return None
+
+
+# -- what explaining a miss reads of the key (jax._src.cache_key, loaded by then) --------------------
+
+
+def jaxlib_version() -> str:
+    return str(getattr(_loaded("cache_key"), "jaxlib_version_str", "?"))
+
+
+def excluded_xla_flags() -> set[str]:
+    """The XLA flags JAX leaves out of its key."""
+    return set(getattr(_loaded("cache_key"), "xla_flags_to_exclude_from_cache_key", ()))
+
+
+def excluded_env_overrides() -> set[str]:
+    """The compile options' environment overrides JAX leaves out of its key."""
+    return set(getattr(_loaded("cache_key"), "env_override_flags_to_exclude_from_cache_key", ()))
+
+
+def cleared_debug_options() -> frozenset[str]:
+    """The debug options JAX clears before hashing the compile options, read from its source."""
+    import inspect
+    import re
+
+    source = inspect.getsource(_loaded("cache_key")._hash_serialized_compile_options)
+    return frozenset(re.findall(r"debug_options\.(\w+)\s*=", source))
+
+
+def hash_compile_options(hash_obj: Any, options: Any, strip_device_assignment: bool) -> None:
+    """JAX's own hashing of the compile options (it serialises them, cleared, into ``hash_obj``)."""
+    _loaded("cache_key")._hash_serialized_compile_options(hash_obj, options,
+                                                          strip_device_assignment=strip_device_assignment)
+
+
+def config_holders(jax: Any) -> dict[str, Any]:
+    """``jax.config``'s value holders by option name (each ``.value`` the thread's own)."""
+    return getattr(jax.config, "_value_holders", {})
