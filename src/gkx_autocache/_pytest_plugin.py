@@ -139,15 +139,6 @@ def _own(config: Any) -> dict[str, Any] | None:
     return since(now, from_session.before)
 
 
-def _ci() -> bool:
-    """``CI`` set to anything but a false spelling (``CI=false`` is not CI), the spellings that
-    turn the package off (``GKX_JAX_CACHE=0``)."""
-    from gkx_autocache import _off
-
-    value = os.environ.get("CI", "").strip()
-    return bool(value) and not _off(value)
-
-
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     config = terminalreporter.config
     session = getattr(config, "_gkx_autocache", None)
@@ -169,7 +160,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not (total["hits"] or total["misses"] or total["not_cached"]):
         return  # nothing compiled (pytest --collect-only): no line
     terminalreporter.write_line(summary_line(total))
-    if _ci() and total["store"] and total["hits"] == total["own_hits"] and total["misses"]:
+    from gkx_autocache._settings import is_ci
+
+    if is_ci() and total["store"] and total["hits"] == total["own_hits"] and total["misses"]:
         terminalreporter.write_line(
             "gkx-autocache: the cache was cold (no entry from an earlier run): keep "
             f"{total['dirs'][0]} between CI runs (actions/cache keyed on `gkx-autocache ci-key`: see the README, In CI)")
