@@ -16,11 +16,8 @@ puts it on ``sys.meta_path``. Its cost rule, and why:
   annotations below are for mypy only), and short. Everything else lives in ``_configure`` and is
   imported on the first ``import jax`` only.
 
-The package's finder is a class, put on ``sys.meta_path`` itself (as importlib's ``BuiltinImporter``
-is). The ``.pth`` line's is a function that is its own ``find_spec`` (a class costs every start 0.06 M
-instructions more): it returns ``None`` for every name but ``jax``, and for ``jax`` calls this module's
-``find_spec``. Both are named ``GkxAutocacheFinder``, so that ``sys.meta_path`` says what they are:
-recognise the finder by that name (``is_finder``), never by identity.
+Both finders, this module's class and the ``.pth`` line's function, are named ``GkxAutocacheFinder``:
+recognise the finder by that name (``is_finder``), never by identity (docs/how-it-works.md).
 
 PYTEST_DONT_REWRITE: the package ships a pytest plugin, so pytest marks it for assertion rewriting,
 and warns (an error under ``filterwarnings = error``) when a session starts in a process that
