@@ -611,10 +611,10 @@ def test_a_run_is_a_time_and_a_pid_or_nothing(monkeypatch: pytest.MonkeyPatch, v
 @pytest.mark.parametrize(("value", "ci"), [("true", True), ("1", True), ("yes", True), ("", False), ("  ", False),
                                            ("false", False), (" FALSE ", False), ("0", False), ("off", False)])
 def test_ci_is_any_value_but_a_false_spelling(monkeypatch: pytest.MonkeyPatch, value: str, ci: bool) -> None:
-    from gkx_autocache import _pytest_plugin
+    from gkx_autocache import _settings
 
     monkeypatch.setenv("CI", value)
-    assert _pytest_plugin._ci() is ci
+    assert _settings.is_ci() is ci
 
 
 def test_an_option_this_jax_lacks_is_nobody_s_setting() -> None:
