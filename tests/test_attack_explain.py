@@ -466,6 +466,7 @@ def test_each_miss_does_not_parse_the_whole_index_of_its_name_again(monkeypatch:
     loop). The records of a name are parsed once; later misses parse only what was added."""
     from gkx_autocache import _key
     from gkx_autocache._explain import classify as _explain
+    from gkx_autocache._explain import facts as _facts
     from gkx_autocache._explain import index as _index
 
     parts = dict.fromkeys(_key.PARTS, "a" * 16)
@@ -483,7 +484,7 @@ def test_each_miss_does_not_parse_the_whole_index_of_its_name_again(monkeypatch:
         return real(self, name, fields)
 
     monkeypatch.setattr(_index.Evidence, "_record", counting)
-    facts = _explain.Facts({**parts, "computation": "f" * 16}, {}, "f32[3]", "main.py:step",
+    facts = _facts.Facts({**parts, "computation": "f" * 16}, {}, "f32[3]", "main.py:step",
                            {"jax_enable_x64": "False"})
     for n in range(10):
         found = _explain.classify(f"jit_step-{n:064x}f", facts, evidence, "r2", 2e9)
@@ -625,7 +626,8 @@ def test_each_ledger_of_a_long_lived_process_carries_the_index_tables_its_entrie
     out = script(r"""
 import json, os, sys
 from gkx_autocache import _key
-from gkx_autocache._explain import classify as _explain
+from gkx_autocache._explain import explainer as _explain
+from gkx_autocache._explain import facts as _facts
 from gkx_autocache._explain import index as _index
 from gkx_autocache._record import ledger as _ledger
 from gkx_autocache._record import recorder as _stats
@@ -636,7 +638,7 @@ rec.explainer = ex = _explain.Explainer(vdir, rec.run, rec.run_start, load=_inde
 parts = dict.fromkeys(_key.PARTS, "a" * 16)
 for i in range(300):
     key = f"jit_g-{i:064x}"
-    ex._thread.final, ex._thread.facts = key[-64:], _explain.Facts({**parts, "computation": f"{i:016x}"}, {},
+    ex._thread.final, ex._thread.facts = key[-64:], _facts.Facts({**parts, "computation": f"{i:016x}"}, {},
                                                                     "f32[3]", "main.py:g", {})
     rec.miss(key)
     rec.put(key, 100, 0.01)
@@ -831,14 +833,15 @@ def test_an_index_cleared_and_made_again_on_the_inode_it_had_is_not_taken_for_th
     import os
     import types
 
-    from gkx_autocache._explain import classify as _explain
+    from gkx_autocache._explain import explainer as _explain
+    from gkx_autocache._explain import facts as _facts
     from gkx_autocache._explain import index as _index
     from gkx_autocache._key import PARTS
 
     vdir = tmp_path / "v"
     (vdir / ".gkx-autocache").mkdir(parents=True)
     parts = {p: f"{i:010x}" for i, p in enumerate(PARTS)}
-    facts = _explain.Facts(parts, {}, "f32[8]", "nb.py:f", {"jax_enable_x64": "False"})
+    facts = _facts.Facts(parts, {}, "f32[8]", "nb.py:f", {"jax_enable_x64": "False"})
     old = _index.lines_for("jit_f", "a" * 64, 1.7e9, "old-run", parts, {}, facts.signature, facts.place, facts.config)
     index = Path(_index.index_path(str(vdir)))
     index.write_text("\n".join(old) + "\n")

@@ -16,23 +16,8 @@ One line each, tab-separated; ids are short content hashes, so processes never c
 An ``E`` line is about 170 bytes, and so is the index an entry (the tables are shared by the entries
 that have the same values).
 
-Who writes it: the fold at a process's exit, under the bookkeeping lock (one writer at a time, also
-on NFS), appends the entries the folded ledgers wrote (their ``put`` records carry the lines), the
-keys a command removed, and the keys the cap removed. So an exit costs what it appends, not what
-the index holds. A process's records carry a table line only where the index it read at its first
-miss lacked it (and that index is still the file there: ``identity``), so a writing run appends its
-new entries and their new tables, not the tables every run shares again (a ``jax.config`` line is
-some 5 KB). A full scan (hourly, with or without a cap, or when the directory is over it) rewrites it: the
-entries still present; the keys removed in the last ``REMOVED_SECS`` (at most ``MAX_REMOVED`` or
-as many as there are entries), an entry gone without a record of who removed it becoming
-``X ... outside``; the tables still referred to, also by live processes' ledgers.
-
-Who reads it: a process at its first miss, once (never on a hit). Whether a recorded entry is
-still there is an ``lstat`` of it, for the entries of the function that missed. Only where a
-function has no entry recorded here is the directory listed (once per process): an entry listed
-but not indexed has no record (stock JAX wrote it, an older gkx-autocache, a bundle without
-records, or a live process whose ledger is not folded yet), and is evidence all the same. A live
-process's ledger is never read here.
+Who writes it (the fold, under the bookkeeping lock) and who reads it (a process at its first
+miss, once): docs/how-it-works.md, "The index".
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class Watch:
         """The explainer, made at the first question, with this run."""
         with self._lock:
             if self._explainer is None:
-                from gkx_autocache._explain import classify as _explain
+                from gkx_autocache._explain import explainer as _explain
 
                 self._explainer = _explain.Explainer(self.version_dir, self.run, self.run_start, self.load,
                                                      thread=self.thread)

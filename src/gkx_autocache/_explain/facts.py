@@ -1,0 +1,393 @@
+"""What a missed key was made of (SPEC §13.1), as far as a person can act on it: each part's own
+hash and readable value, the module's input signature, where its code is, and the ``jax.config``
+values. Measured on a miss (or a write) only; how: docs/how-it-works.md, "Why it missed"."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from gkx_autocache import _jax, _key
+from gkx_autocache._diagnostics import logger
+from gkx_autocache._key import PARTS
+
+HEX = 16  # a part's hash, shortened: enough to tell parts apart, small to keep
+NO_HOOK = hashlib.sha256(b"").hexdigest()[:HEX]  # the hook part of a key made without one (stock JAX)
+UNKNOWN_PLACE = "?"
+HELPER_PLACE = "jax"  # JAX's own helpers: a name JAX jits, with no frame of that function in the module
+# jax.config values that cannot change what is compiled: the cache's own settings, logs and printing.
+CONFIG_IGNORED = ("jax_compilation_cache", "jax_persistent_cache", "jax_enable_compilation_cache",
+                  "jax_raise_persistent_cache_errors", "jax_explain_cache_misses", "jax_log_compiles",
+                  "jax_logging_level", "jax_debug_log_modules", "jax_pprint_use_color", "jax_traceback",
+                  "jax_include_full_tracebacks_in_locations", "jax_tracer_error_num_traceback_frames",
+                  "jax_compiler_detailed_logging_min_ops", "jax_check_proxy_envs")
+
+
+
+class Facts(NamedTuple):
+    """What a key was made of, as far as a person can act on it (measured on a miss only)."""
+
+    parts: dict[str, str]  # part -> its own hash (HEX digits)
+    readable: dict[str, str]  # part -> what its hash stands for
+    signature: str  # the module's inputs: "f32[8,8], i32[]"
+    place: str  # "model/core.py:step"; HELPER_PLACE; UNKNOWN_PLACE
+    config: dict[str, str]  # jax.config values (less CONFIG_IGNORED)
+
+
+
+def _cells(hashfn: Any) -> dict[str, Any]:
+    return dict(zip(hashfn.__code__.co_freevars, (c.cell_contents for c in hashfn.__closure__ or ()), strict=False))
+
+
+def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, name: str) -> Facts:
+    """Each part's own hash (the computation's was taken on the way: it is not hashed twice), the
+    readable values, the input signature, the place and the config."""
+    hashes = {PARTS[0]: computation}
+    readable: dict[str, str] = {}
+    signature, place = "?", UNKNOWN_PLACE
+    for part, hashfn in parts:
+        cells = _cells(hashfn)
+        if part == PARTS[0]:
+            module = cells.get("module")
+            if module is not None:
+                signature, place = _guarded(signature_of, module, "?"), _guarded(place_of, (module, name), UNKNOWN_PLACE)
+            continue
+        value = hook if part == "custom_hook" else _guarded(_readable, (part, cells), None) if part == "XLA flags" else None
+        fresh = hashlib.sha256()
+        raw = _serialized_options(cells) if part == "compile_options" else None
+        if raw is not None and raw in _OPTIONS_HASH:
+            hashes[part] = _OPTIONS_HASH[raw]
+        else:
+            if part in ("XLA flags", "custom_hook") and value is not None:
+                fresh.update(value.encode())  # JAX's flags part logs each flag at DEBUG: not called twice
+            else:
+                hashfn(fresh)
+                if part == "custom_hook":  # a user's hook replaced the package's: the seam adds the ISA
+                    fresh.update(_key.isa_suffix().encode())
+            hashes[part] = fresh.hexdigest()[:HEX]
+            if raw is not None:
+                if len(_OPTIONS_HASH) >= 256:
+                    _OPTIONS_HASH.clear()
+                _OPTIONS_HASH[raw] = hashes[part]
+        if part == "compile_options":  # some 300 fields, the same for nearly every compile of a process
+            value = _readable_once(part, hashes[part], cells)
+        elif part not in ("XLA flags", "custom_hook"):  # (the devices' text names device ids, which
+            value = _guarded(_readable, (part, cells), None)  # the accelerator part's hash may not)
+        if value is not None:
+            readable[part] = value
+    for part in PARTS:
+        hashes.setdefault(part, "-")
+    return Facts(hashes, readable, signature, place, _guarded(config_map, (), {}))
+
+
+def _guarded(func: Any, args: Any, default: Any) -> Any:
+    try:
+        return func(*args) if isinstance(args, tuple) else func(args)
+    except Exception as exc:
+        logger.debug("%s: %s", getattr(func, "__name__", func), exc)
+        return default
+
+
+_READABLE: dict[tuple[str, str], str | None] = {}
+_OPTIONS_HASH: dict[tuple[str, bytes], str] = {}  # the compile options as serialised -> their part's hash
+
+
+def _serialized_options(cells: dict[str, Any]) -> tuple[str, bytes] | None:
+    """The compile options of a key, serialised as they are (a fifth of the cost of JAX's own hashing
+    of them, which copies them and clears fields first): the same bytes give the same part hash."""
+    try:
+        return getattr(cells.get("backend"), "platform", ""), cells["compile_options"].SerializeAsString()
+    except Exception:
+        return None
+
+
+def _readable_once(part: str, hash_: str, cells: dict[str, Any]) -> str | None:
+    """A part's readable value, made once per process for each of its hashes: for the compile options
+    (some 300 fields, 0.4 ms), whose readable fields are all in what their hash covers."""
+    if (part, hash_) not in _READABLE:
+        if len(_READABLE) >= 256:
+            _READABLE.clear()
+        _READABLE[(part, hash_)] = _guarded(_readable, (part, cells), None)
+    return _READABLE[(part, hash_)]
+
+
+def _readable(part: str, cells: dict[str, Any]) -> str | None:
+    if part == "jax_lib version":
+        return _jax.jaxlib_version()
+    if part == "backend version" and "backend" in cells:
+        return f"{cells['backend'].platform} {cells['backend'].platform_version}"
+    if part == "XLA flags":
+        return xla_flags()
+    if part == "compile_options" and "compile_options" in cells:
+        backend = cells.get("backend")
+        return json.dumps(compile_options(cells["compile_options"], getattr(backend, "platform", "") == "gpu"),
+                          sort_keys=True, separators=(",", ":"))
+    if part == "accelerator_config" and "devices" in cells:
+        return devices_text(cells["devices"])
+    if part == "compression" and "compression_algorithm" in cells:
+        return str(cells["compression_algorithm"])
+    return None
+
+
+def xla_flags() -> str:
+    """The XLA flags JAX puts in its key, as JAX gathers them (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``,
+    ``--xla…`` arguments), less the ones it leaves out."""
+    excluded = _jax.excluded_xla_flags()
+    flags = [*os.environ.get("XLA_FLAGS", "").split(), *os.environ.get("LIBTPU_INIT_ARGS", "").split(),
+             *(a for a in sys.argv if a.startswith("--xla"))]
+    return " ".join(f for f in sorted(flags) if f.split("=")[0] not in excluded)
+
+
+def devices_text(devices: Any) -> str:
+    """The process's devices, kind and count (``2 x cpu``), and which of them the computation runs
+    on (``on device 1``) where that is not all of them from the first."""
+    import jax
+
+    kinds: dict[str, int] = {}
+    for device in jax.devices():
+        kinds[device.device_kind] = kinds.get(device.device_kind, 0) + 1
+    text = ", ".join(f"{n} x {kind}" for kind, n in kinds.items())
+    if jax.process_count() > 1:
+        text += f" in {jax.process_count()} processes"
+    ids = [getattr(d, "id", "?") for d in devices.flat]
+    if ids != list(range(len(ids))):
+        text += f"; the computation on device {', '.join(map(str, ids[:16]))}"
+    return text
+
+
+_cleared: list[frozenset[str]] = []
+
+
+def _cleared_by_jax() -> frozenset[str]:
+    """The debug options JAX clears before hashing the compile options (read from its source, once):
+    their values never change a key, so they are never named as a change."""
+    if not _cleared:
+        try:
+            _cleared.append(_jax.cleared_debug_options())
+        except Exception:
+            _cleared.append(frozenset())
+    return _cleared[0]
+
+
+def compile_options(options: Any, strip_device_assignment: bool) -> dict[str, str]:
+    """Every field the compile-options binding exposes (its build options and debug options
+    included), ``env_option_overrides``, after JAX's own clearing; and ``#<n>`` digests of the
+    serialised fields, for changes no exposed field shows (``field <n> changed``)."""
+    cleared = _cleared_by_jax()
+    excluded = _jax.excluded_env_overrides()
+    fields: dict[str, str] = {}
+
+    def walk(obj: Any, prefix: str) -> None:
+        for attr in dir(obj):
+            if attr.startswith("_") or attr in ("ParseFromString", "SerializeAsString") or attr in cleared:
+                continue
+            try:
+                value = getattr(obj, attr)
+            except Exception:
+                continue
+            if attr in ("executable_build_options", "debug_options"):
+                walk(value, f"{prefix}{attr}.")
+            elif not callable(value):
+                if attr == "env_option_overrides":
+                    value = [v for v in value if v[0] not in excluded]
+                if attr == "device_assignment" and strip_device_assignment:
+                    continue
+                fields[prefix + attr] = repr(value)[:300]
+
+    walk(options, "")
+    fields.update(_wire_digests(options, strip_device_assignment))
+    return fields
+
+
+def _wire_digests(options: Any, strip: bool) -> dict[str, str]:
+    """The serialised compile options (as JAX hashes them), field by field: ``#3`` for a top-level
+    field, ``#3.14`` for a field of a message in it."""
+    capture = _Capture()
+    _jax.hash_compile_options(capture, options, strip)
+    found: dict[str, str] = {}
+    for number, value in _wire_fields(capture.data) or []:
+        inner = _wire_fields(value) if isinstance(value, bytes) else None
+        if inner:
+            for sub, sub_value in inner:
+                found[f"#{number}.{sub}"] = hashlib.sha256(repr(sub_value).encode()).hexdigest()[:8]
+        else:
+            found[f"#{number}"] = hashlib.sha256(repr(value).encode()).hexdigest()[:8]
+    return found
+
+
+class _Capture:
+    data = b""
+
+    def update(self, data: bytes) -> None:
+        self.data = data
+
+
+def _wire_fields(data: bytes) -> list[tuple[int, bytes | int]] | None:
+    """Protocol buffer fields ``(number, value)``, or None where ``data`` is not one message."""
+    found: list[tuple[int, bytes | int]] = []
+    at = 0
+
+    def varint() -> int:
+        nonlocal at
+        shift = result = 0
+        while True:
+            if at >= len(data) or shift > 63:
+                raise ValueError("truncated")
+            byte = data[at]
+            at += 1
+            result |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return result
+
+    try:
+        while at < len(data):
+            tag = varint()
+            number, kind = tag >> 3, tag & 7
+            if number == 0:
+                return None
+            if kind == 0:
+                found.append((number, varint()))
+            elif kind in (1, 5):
+                size = 8 if kind == 1 else 4
+                found.append((number, data[at:at + size]))
+                at += size
+            elif kind == 2:
+                size = varint()
+                if at + size > len(data):
+                    return None
+                found.append((number, data[at:at + size]))
+                at += size
+            else:
+                return None
+    except ValueError:
+        return None
+    return found
+
+
+_TENSOR = re.compile(r"tensor<([^<>]*)>")
+
+
+def signature_of(module: Any) -> str:
+    """The module's inputs, as JAX prints avals: ``f32[8,8], i32[]``."""
+    main = next((op for op in module.body.operations if str(op.attributes["sym_name"]).strip('"') == "main"), None)
+    if main is None:
+        return "?"
+    text = str(main.attributes["function_type"])
+    inputs = text[1:text.index(") -> ")] if text.startswith("(") and ") -> " in text else text
+
+    def aval(match: re.Match[str]) -> str:
+        *dims, dtype = match[1].split(",")[0].split("x")
+        return f"{dtype}[{','.join(dims)}]"
+
+    shown = _TENSOR.sub(aval, inputs)
+    return shown if len(shown) <= 300 else f"{shown[:280]}... ({shown.count(',') + 1} inputs)"
+
+
+_FRAME = re.compile(r'"([^"]+)"\("([^"]+)":(\d+)')
+
+
+def place_of(module: Any, name: str) -> str:
+    """Where the function's code is: the module path (relative to the ``sys.path`` entry that holds
+    it) and the function's name, from the MLIR locations of the code in its body (``model/core.py:
+    step``); ``jax`` for JAX's own helpers (locations, but no frame of a function of that name);
+    ``?`` where it cannot be known (no locations; ``<stdin>``, a notebook cell)."""
+    wanted = name.removeprefix("jit_").removeprefix("pmap_")
+    files: set[str] = set()
+    chains: list[list[tuple[str, str]]] = []
+    for op in _operations(module, 2000):
+        frames = [(_unescaped(fn), _unescaped(file), line) for fn, file, line in _FRAME.findall(str(op.location))]
+        match = [(fn, file) for fn, file, _line in frames if _sanitized(fn) == wanted]
+        if match:
+            return _where(match[-1][1], match[-1][0])  # the outermost: the jitted function itself
+        files.update(file for _fn, file, _line in frames)
+        if frames:
+            chains.append([(fn, file) for fn, file, _line in frames])
+    # A name JAX gave a wrapper of the user's function (``jax.pmap(h)`` compiles as ``jit__fun``):
+    # the body runs code of a function beyond the call site that every op shares (the caller's
+    # frames). JAX's own helpers run none: their ops carry only the call site.
+    if chains:
+        shared = set.intersection(*(set(chain) for chain in chains))
+        inner = [(fn, file) for chain in chains for fn, file in chain if (fn, file) not in shared]
+        if inner:
+            fn, file = inner[-1]  # the outermost frame of the body's own code
+            return _where(file, fn)
+    return HELPER_PLACE if files else UNKNOWN_PLACE
+
+
+_ESCAPE = re.compile(r"\\([0-9A-Fa-f]{2}|\\)")
+
+
+def _unescaped(text: str) -> str:
+    r"""A string as MLIR prints it in a location, unescaped: it writes each byte of a non-ASCII or
+    unprintable character as ``\XX`` (``jos\C3\A9`` for ``josé``), a backslash as ``\\``."""
+    if "\\" not in text:
+        return text
+    data = bytearray()
+    at = 0
+    for match in _ESCAPE.finditer(text):
+        data += text[at:match.start()].encode("utf-8", "surrogatepass")
+        data += b"\\" if match[1] == "\\" else bytes([int(match[1], 16)])
+        at = match.end()
+    data += text[at:].encode("utf-8", "surrogatepass")
+    return data.decode("utf-8", "replace")
+
+
+def _operations(module: Any, limit: int) -> Iterator[Any]:
+    """The module's operations, nested regions included (a ``shard_map`` body is inside its op),
+    at most ``limit``."""
+    stack = list(module.body.operations)[::-1]
+    seen = 0
+    while stack and seen < limit:
+        parent = stack.pop()
+        for region in parent.regions:
+            for block in region.blocks:
+                for op in block.operations:
+                    seen += 1
+                    if seen > limit:
+                        return
+                    yield op
+                    if len(op.regions):
+                        stack.append(op)
+
+
+def _sanitized(function: str) -> str:
+    """A Python function's name as JAX puts it in a module's name (``<lambda>`` -> ``_lambda``):
+    JAX's ``mlir.sanitize_name`` keeps word characters of any script (``σ``), ``.`` and ``-``."""
+    return re.sub(r"[^\w.-]", "_", function.rsplit(".", 1)[-1]).rstrip("_") or "_"
+
+
+def _where(file: str, function: str) -> str:
+    if not file.endswith(".py") or "ipykernel_" in file or file.startswith("<"):
+        return UNKNOWN_PLACE  # a notebook cell, <stdin>, <string>: no module to tell functions apart by
+    best = ""
+    for entry in sys.path:
+        root = os.path.abspath(entry or ".").rstrip("/") + "/"
+        if file.startswith(root) and len(root) > len(best):
+            best = root
+    return f"{file[len(best):] if best else file}:{function}"
+
+
+def config_map() -> dict[str, str]:
+    """Every ``jax.config`` value (the thread's own where a context manager set one), but those that
+    cannot change what is compiled."""
+    import jax
+
+    holders = _jax.config_holders(jax)
+    if not _CONFIG_KEPT or _CONFIG_KEPT[0] is not holders or _CONFIG_KEPT[1] != len(holders):
+        _CONFIG_KEPT[:] = [holders, len(holders), [(o, h) for o, h in holders.items() if not o.startswith(CONFIG_IGNORED)]]
+    found = {}
+    for option, holder in _CONFIG_KEPT[2]:
+        try:
+            found[option] = repr(holder.value)[:120]
+        except Exception:
+            continue
+    return found
+
+
+_CONFIG_KEPT: list[Any] = []  # jax.config's holders, their count, and those config_map reads (once a process)
