@@ -14,7 +14,8 @@ import pytest
 from conftest import ROOT, Venv, make_venv, public_tmp, run_program
 from test_activation import VERSION_DIR
 
-from gkx_autocache._cli import status as _status
+from gkx_autocache._cli import ci as _ci
+from gkx_autocache._cli import context as _context
 
 
 def test_a_restored_directory_gives_hits_in_a_fresh_venv_at_another_path(venv: Venv, wheel: Path) -> None:
@@ -50,10 +51,10 @@ def test_ci_key_is_stable_and_changes_with_the_cpu(venv: Venv, tmp_path: Path) -
 
 
 def test_ci_key_changes_with_jaxlib(monkeypatch: pytest.MonkeyPatch) -> None:
-    key, parts = _status.ci_key()
-    real = _status.distribution_version
-    monkeypatch.setattr(_status, "distribution_version", lambda name: "9.9.9" if name == "jaxlib" else real(name))
-    other, other_parts = _status.ci_key()
+    key, parts = _ci.ci_key()
+    real = _context.distribution_version
+    monkeypatch.setattr(_context, "distribution_version", lambda name: "9.9.9" if name == "jaxlib" else real(name))
+    other, other_parts = _ci.ci_key()
     assert other != key and other_parts["jaxlib"] == "9.9.9" and parts["jaxlib"] != "9.9.9"
 
 
@@ -62,14 +63,14 @@ def test_ci_key_changes_with_the_flags_jax_keys(monkeypatch: pytest.MonkeyPatch)
     A dump flag, which JAX leaves out of its key, changes nothing."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
-    plain, _ = _status.ci_key()
+    plain, _ = _ci.ci_key()
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/dump")
-    assert _status.ci_key()[0] == plain
+    assert _ci.ci_key()[0] == plain
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
-    assert _status.ci_key()[0] != plain
+    assert _ci.ci_key()[0] != plain
     monkeypatch.delenv("XLA_FLAGS")
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_latency_hiding_scheduler=true")
-    assert _status.ci_key()[0] != plain
+    assert _ci.ci_key()[0] != plain
 
 
 def test_a_closed_pipe_is_not_a_traceback(venv: Venv) -> None:

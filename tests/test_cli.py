@@ -13,6 +13,7 @@ from conftest import Venv, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
 from gkx_autocache._cli import main as _cli
+from gkx_autocache._cli.output import JSON_VERSION
 from gkx_autocache._layout import TAG
 
 DAY = 86400.0
@@ -316,7 +317,7 @@ def test_json_usage_errors_are_json_too(venv: Venv) -> None:
         proc = venv.cli(*argv)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         data = json.loads(proc.stdout)
-        assert data["version"] == _cli.JSON_VERSION and data["command"] == command and data["exit"] == 2, (argv, data)
+        assert data["version"] == JSON_VERSION and data["command"] == command and data["exit"] == 2, (argv, data)
         assert data["error"] and "\n" not in data["error"]
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith("gkx-autocache") and data["error"] in line, (argv, proc.stderr)

@@ -14,6 +14,7 @@ from conftest import Venv, autocache_warnings, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
 from gkx_autocache._cli import main as _cli
+from gkx_autocache._cli.output import JSON_VERSION
 
 
 def test_version_names_the_package_jax_jaxlib_and_python_without_importing_jax(venv: Venv) -> None:
@@ -125,7 +126,7 @@ def test_the_python_api_returns_what_the_json_commands_print(venv: Venv, tmp_pat
     proc = venv.run("-c", API, env=env)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["stats"]["version"] == _cli.JSON_VERSION and got["stats"]["command"] == "stats"
+    assert got["stats"]["version"] == JSON_VERSION and got["stats"]["command"] == "stats"
     assert got["stats"]["stats"]["misses"] >= 2 and got["stats"]["stats"]["misses_by_cause"]["new"] >= 2, got["stats"]
     assert got["explain"]["last_run"]["misses"] >= 2 and got["explain"]["groups"], got["explain"]
     assert got["status"]["directory"]["version_dir"] == str(tmp_path / "c" / VERSION_DIR)

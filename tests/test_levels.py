@@ -826,19 +826,20 @@ def test_a_planted_sparse_entry_costs_a_reader_neither_memory_nor_time(tmp_path:
 def test_the_fix_for_a_shared_entry_not_signed_is_true_for_shared_write(write: str, ci: str, uploads: bool) -> None:
     """`rejected: not signed` promises a signed replacement upload only where this setting makes
     one (``always``; ``ci`` with CI set); elsewhere it says the shared entry stays, and who replaces it."""
-    from gkx_autocache._cli import status as _status
+    from gkx_autocache._cli import context as _context
+    from gkx_autocache._explain import report as _report
 
     env = {"GKX_JAX_CACHE_SHARED": "s3://b/team", "GKX_JAX_CACHE_SHARED_WRITE": write, **({"CI": ci} if ci else {})}
     settings = _settings.resolve(env=env, user_file="/nonexistent")
-    ctx = _status.Context(settings, "0.10.2", None)
+    ctx = _context.Context(settings, "0.10.2", None)
     for detail in ("not signed", "not signed: its signature does not match (another key, or altered)"):
-        fix = _status.fix_for("rejected", ctx, detail=detail, env=env)
+        fix = _report.fix_for("rejected", ctx, detail=detail, env=env)
         assert ("this process uploads its signed replacement" in fix) == uploads, fix
         assert "replaced" not in fix or uploads, fix
         assert "verify" not in fix, fix  # verify checks the local level, not the shared one
         if not uploads:
             assert f"shared_write = {write}" in fix and "stays" in fix, fix
-    assert "verify" in _status.fix_for("rejected", ctx, detail="corrupt", env=env)
+    assert "verify" in _report.fix_for("rejected", ctx, detail="corrupt", env=env)
 
 
 # -- Hardening 4: the bucket path ---------------------------------------------------------------

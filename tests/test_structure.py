@@ -63,11 +63,42 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_circle() -> None:
     """No circle among the package's modules, counting imports inside functions; the start-up
-    module reaching `_configure` lazily (on `import jax`), and its lazy re-exports of the public
-    names (`AutocacheWarning`, the Python API of `_api`), are the allowed back-edges."""
+    module reaching `_configure` lazily (on `import jax`), and its lazy re-export of
+    `AutocacheWarning`, are the allowed back-edges."""
     graph = imports()
-    graph["__init__"] -= {"_configure", "_diagnostics", "_api"}
+    graph["__init__"] -= {"_configure", "_diagnostics"}
     assert cycle(graph) is None, " -> ".join(cycle(graph) or [])
+
+
+def test_no_module_but_the_start_up_module_imports_it() -> None:
+    """`__init__` reaches `_api` lazily for the public names; a module of the package importing
+    `__init__` back would close a circle (the constants it shares are `_layout`'s)."""
+    assert [module for module, found in imports().items() if "__init__" in found] == []
+
+
+def test_the_start_up_names_agree_with_the_layout() -> None:
+    """`__init__` and the .pth line keep literal copies of the finder's name, the target and the
+    opt-out words (importing `_layout` or `_settings` at start-up would cost every process):
+    they are the same as `_layout`'s and `_settings`'s."""
+    import gkx_autocache
+    from gkx_autocache import _layout, _settings
+
+    assert (gkx_autocache.TARGET, gkx_autocache.FINDER) == (_layout.TARGET, _layout.FINDER)
+    assert frozenset(gkx_autocache._FALSE) == _settings.FALSE
+    line = (PACKAGE.parent.parent / "gkx_autocache.pth").read_text()
+    assert f'"{_layout.FINDER}" in' in line and f"def {_layout.FINDER}(" in line
+    assert f'if name == "{_layout.TARGET}"' in line
+
+
+def test_the_command_line_loads_a_command_s_module_only_when_it_runs() -> None:
+    """`_cli.main` imports none of the commands' modules at its top level: `--version` and `dir`
+    load none of them, and each command loads only its own."""
+    tree = ast.parse((PACKAGE / "_cli" / "main.py").read_text())
+    top = {node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
+    top |= {f"{node.module}.{a.name}" for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
+            for a in node.names}
+    commands = {"status", "stats", "explain", "ci", "manage", "config", "demo"}
+    assert not {f"gkx_autocache._cli.{name}" for name in commands} & top
 
 
 def test_the_leaves_import_nothing_of_the_package_but_the_layout() -> None:

@@ -350,10 +350,11 @@ def test_hook_is_not_live_when_opted_out(monkeypatch: pytest.MonkeyPatch) -> Non
     """status's "hook live" says whether `import jax` would be configured: a finder in place is not
     enough when GKX_JAX_CACHE says off, or when the target is imported already (a finder put in
     place after it never fires)."""
-    from gkx_autocache._cli.status import hook_live
+    from gkx_autocache import _layout
+    from gkx_autocache._cli.context import hook_live
 
     name = f"standin_{os.getpid()}_never_imported"
-    monkeypatch.setattr(gkx_autocache, "TARGET", name)
+    monkeypatch.setattr(_layout, "TARGET", name)
     monkeypatch.setattr(sys, "meta_path", [gkx_autocache.GkxAutocacheFinder, *sys.meta_path])
     monkeypatch.delenv("GKX_JAX_CACHE", raising=False)
     assert hook_live()

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gkx_autocache._cli import context as _context
+from gkx_autocache._cli import stats as _stats_cli
 from gkx_autocache._cli import status as _status
+from gkx_autocache._cli.output import JSON_VERSION
+from gkx_autocache._explain import report as _report
 from gkx_autocache._record import recorder as _stats
 
 
@@ -30,12 +34,12 @@ AutocacheError.__module__ = "gkx_autocache"
 def _call(command: str, build: Any) -> dict[str, Any]:
     try:
         data = build()
-    except (_status.NoDirectory, OSError, ValueError) as exc:
+    except (_context.NoDirectory, OSError, ValueError) as exc:
         from gkx_autocache._diagnostics import one_line
 
-        raise AutocacheError({"version": _status.JSON_VERSION, "command": command, "error": one_line(str(exc)),
+        raise AutocacheError({"version": JSON_VERSION, "command": command, "error": one_line(str(exc)),
                               "exit": 1}) from None
-    return {"version": _status.JSON_VERSION, "command": command, **data}
+    return {"version": JSON_VERSION, "command": command, **data}
 
 
 def _directory() -> str:
@@ -45,12 +49,12 @@ def _directory() -> str:
     if recorder is not None and recorder.store_serving:
         recorder.flush()
         return recorder.directory
-    return _status.load_context().version_dir
+    return _context.load_context().version_dir
 
 
 def stats() -> dict[str, Any]:
     """``gkx-autocache --json stats``: the totals since the last reset, this process's included."""
-    return _call("stats", lambda: _status.stats_data(_directory()))
+    return _call("stats", lambda: _stats_cli.stats_data(_directory()))
 
 
 def explain(since: float | str | None = None, function: str | None = None) -> dict[str, Any]:
@@ -62,8 +66,8 @@ def explain(since: float | str | None = None, function: str | None = None) -> di
 
         seconds = _settings.parse_age(since) if isinstance(since, str) else since
         vdir = _directory()
-        ctx = _status.load_context()
-        return {"dir": vdir, **_status.explain(ctx, since=seconds, function=function, version_dir=vdir)}
+        ctx = _context.load_context()
+        return {"dir": vdir, **_report.explain(ctx, since=seconds, function=function, version_dir=vdir)}
 
     return _call("explain", build)
 
@@ -73,4 +77,4 @@ def status() -> dict[str, Any]:
     store, the totals and what needs attention."""
     if _stats.recorder is not None:
         _stats.recorder.flush()
-    return _call("status", lambda: _status.gather(_status.load_context()))
+    return _call("status", lambda: _status.gather(_context.load_context()))

@@ -1,5 +1,6 @@
-"""Names on disk (SPEC §7), shared by the store, the ledger, trust, pruning, the CLI and bundles.
-A leaf: stdlib only, and nothing of the package. ::
+"""Names on disk (SPEC §7), shared by the store, the ledger, trust, pruning, the CLI and bundles,
+and the start-up hook's two names (its finder's, its target's). A leaf: stdlib only, and nothing
+of the package. ::
 
     <root>/CACHEDIR.TAG                   only when the package created <root>
     <root>/jax-<jax version>/             one version directory per JAX version
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import re
 
+TARGET = "jax"  # the module whose import configures the cache (``__init__`` and the .pth line keep copies)
+FINDER = "GkxAutocacheFinder"  # the finder's name, the package's class and the .pth line's function alike
 VERSION_PREFIX = "jax-"
 TAG_NAME = "CACHEDIR.TAG"
 TAG = (

@@ -1,0 +1,64 @@
+"""``gkx-autocache ci-key``: a key for a CI cache that changes whenever the entries could stop
+being valid, and no more often, read from metadata and the environment (nothing is imported)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from gkx_autocache._cli import context as _context
+from gkx_autocache._cli.output import OK, emit
+
+
+def cmd_ci_key(args: argparse.Namespace) -> int:
+    key, parts = ci_key()
+    emit(args, key, {"key": key, "parts": parts})
+    return OK
+
+
+def accelerator_plugins() -> str:
+    """JAX's accelerator plugins installed here, from metadata (nothing is imported): each changes
+    what an entry is built for. ``jax-cuda12-plugin 0.10.2, libtpu 0.0.30``."""
+    import importlib.metadata
+    import re
+
+    found = set()
+    for dist in importlib.metadata.distributions():
+        name = str(dist.metadata["Name"] or "")
+        if re.fullmatch(r"(?i)(jax[-_](cuda|rocm)\d*[-_](plugin|pjrt)|libtpu([-_]nightly)?)", name):
+            found.add(f"{name.lower().replace('_', '-')} {dist.version}")
+    return ", ".join(sorted(found)) or "none"
+
+
+def ci_key() -> tuple[str, dict[str, str]]:
+    """A short key that changes whenever the entries could stop being valid, and no more often: the
+    host's ISA (the instruction-set flags of the CPU, not every flag: microcode and hypervisor flags
+    do not change what an entry runs on), the Python minor version, JAX, jaxlib and accelerator
+    plugins, platform and machine, the compression library, XLA_FLAGS and LIBTPU_INIT_ARGS. And its parts."""
+    import hashlib
+
+    from gkx_autocache import _isa
+
+    parts = {
+        "jax": _context.distribution_version("jax") or "nojax",
+        "jaxlib": _context.distribution_version("jaxlib") or "nojaxlib",
+        "plugins": accelerator_plugins(),
+        "python": f"{sys.implementation.name} {sys.version_info[0]}.{sys.version_info[1]}", "platform": sys.platform,
+        "machine": os.uname().machine if hasattr(os, "uname") else sys.platform, "isa": _isa.isa(),
+        "compression": "zstandard" if _context.distribution_version("zstandard") else "zlib",
+        # JAX leaves the dump flags out of its key; so does this.
+        "xla_flags": " ".join(sorted(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_dump"))),
+    }
+    if os.environ.get("LIBTPU_INIT_ARGS"):  # in JAX's key on TPU, as XLA_FLAGS are (a part only where set:
+        parts["libtpu_init_args"] = os.environ["LIBTPU_INIT_ARGS"]  # the keys of every other CI stay as they were)
+    digest = hashlib.sha256(json_dumps(parts).encode()).hexdigest()[:16]
+    return f"{parts['jax']}-{digest}", parts
+
+
+def json_dumps(data: Any) -> str:
+    import json
+
+    return json.dumps(data, sort_keys=True)
+

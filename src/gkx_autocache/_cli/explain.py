@@ -1,0 +1,72 @@
+"""``gkx-autocache explain``: why the last run's compiles missed or were not cached, then older
+ones, with each cause's fix; the human text of ``_explain.report``'s document."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gkx_autocache import _settings
+from gkx_autocache._cli.context import load_context
+from gkx_autocache._cli.output import OK, USAGE, CliError, emit, local_time
+from gkx_autocache._diagnostics import plural
+from gkx_autocache._explain import report as _report
+from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record import recorder as _stats
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    ctx = load_context()
+    vdir = ctx.version_dir
+    try:
+        since = _settings.parse_age(args.since) if args.since else None
+    except _settings.BadValue as exc:
+        raise CliError(f"--since: {exc}", USAGE) from None
+    data = {"dir": vdir, **_report.explain(ctx, since=since, function=args.function)}
+    lines = []
+    if data["read_only"]:
+        lines.append("this cache is read-only for you: your runs are served from it but keep no records here"
+                     + (": what follows is what the runs of those who write it recorded" if data["last_run"] else ""))
+    if data["unavailable"]:
+        lines.append(f"explanations unavailable here: {data['unavailable']}")
+    last = data["last_run"]
+    if last is None:
+        lines.append(f"no run has recorded its use of {vdir} since the last reset")
+    else:
+        counts = [plural(last["hits"], "hit"), plural(last["misses"], "miss", "misses") + _stats.by_cause(last["misses_by_cause"])]
+        if last["not_cached"]:
+            counts.append(f"{last['not_cached']} not cached{_stats.by_cause(last['not_cached_by_reason'])}")
+        lines.append(f"last run: {local_time(last['started'])}, {last['label'] or 'a process'} "
+                     f"({plural(last['processes'], 'process', 'processes')}): {', '.join(counts)}")
+        lines.extend(_groups_text(data["groups"], "  ", with_time=False))
+        if not data["groups"] and (last["misses"] or last["not_cached"]):
+            lines.append("  (its misses are older than --since, or of other functions)")
+    if data["earlier"]:
+        lines.append("earlier" + (f" (since {args.since} ago)" if args.since else "") + ":")
+        lines.extend(_groups_text(data["earlier"], "  ", with_time=True))
+    filtered = " of " + args.function if args.function else ""
+    if last is not None and not data["groups"] and not data["earlier"] and not (last["misses"] or last["not_cached"]):
+        lines.append(f"nothing missed{filtered}: every lookup was served")
+    emit(args, "\n".join(lines), data)
+    return OK
+
+
+def _groups_text(groups: list[dict[str, Any]], indent: str, with_time: bool) -> list[str]:
+    lines = []
+    for group in groups:
+        listed = (f"; {group['listed']} listed: the others repeat a compile listed, or are older than the latest "
+                  f"{_ledger.RECENT} kept") if "listed" in group else ""
+        lines.append(f"{indent}{group['cause']} ({group['count']}{listed})")
+        helpers = False
+        for fn in group["functions"]:
+            if fn["helper"] and not helpers:
+                lines.append(f"{indent}  JAX's own helpers:")
+                helpers = True
+            times = f" x{fn['count']}" if fn["count"] > 1 else ""
+            when = f" (last {local_time(fn.get('last'))})" if with_time else ""
+            lines.append(f"{indent}  {fn['name']}{times}{when}: {fn['detail']}")
+            if fn.get("every_run"):
+                lines.append(f"{indent}    {fn['every_run']}")
+        if group.get("fix"):
+            lines.append(f"{indent}  fix: {group['fix']}")
+    return lines

@@ -1,0 +1,39 @@
+"""What every command prints through: the exit codes, the one failure a command raises, its
+output (human text, or one versioned JSON object with ``--json``), progress on a terminal, times."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+OK, FAILED, USAGE = 0, 1, 2
+JSON_VERSION = 2  # 2: misses and compiles not cached are two counts (misses_by_cause, not_cached_by_reason)
+
+
+class CliError(Exception):
+    """A failure to report as one line; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def emit(args: argparse.Namespace, human: str, data: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps({"version": JSON_VERSION, "command": args.command, **data}, default=str))
+    else:
+        print(human)
+
+
+def progress(message: str) -> None:
+    """A progress line on a terminal's stderr; never mixed into stdout (or --json)."""
+    if sys.stderr.isatty():
+        print(f"\r{message}", end="", file=sys.stderr, flush=True)
+
+
+def local_time(t: float | None) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"

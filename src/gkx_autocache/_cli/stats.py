@@ -1,0 +1,81 @@
+"""``gkx-autocache stats``: the totals since the last reset, live processes included, by cause,
+and the costliest compiles; ``--reset`` starts them again, ``--written`` is CI's one number."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gkx_autocache._cli.context import load_context
+from gkx_autocache._cli.output import OK, emit, local_time
+from gkx_autocache._diagnostics import human_bytes, human_secs, plural
+from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record import recorder as _stats
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    ctx = load_context()
+    vdir = ctx.version_dir
+    if args.reset:
+        removed = _ledger.reset(vdir, bool(ctx.settings["trust_shared"]))
+        emit(args, f"stats reset ({plural(removed, 'ledger')} folded and removed)", {"reset": True, "removed": removed})
+        return OK
+    data = stats_data(vdir)
+    if args.written:  # bare, for a CI step's output: save the cache only when this run wrote entries
+        written = data["stats"]["writes"] if data["stats"] else 0
+        emit(args, str(written), {"dir": vdir, "written": written})
+        return OK
+    stats = data["stats"]
+    if stats is None and data["reset_at"]:
+        emit(args, f"no lookups in {vdir} since the last reset (stats --reset, {local_time(data['reset_at'])})", data)
+        return OK
+    if stats is None:
+        emit(args, f"none yet: no process has used {vdir}", data)
+        return OK
+    lines = [stats_line(stats), f"directory {vdir}", *causes_lines(stats)]
+    if data["levels"]:  # the local and shared levels' numbers (SPEC §14)
+        from gkx_autocache._shared import level as _levels
+
+        lines.insert(1, f"levels      {_levels.line(data['levels'])}")
+    if data["top_functions"]:
+        lines.append("costliest compiles (seconds, summed over shapes; JAX's own helpers last):")
+        lines.extend(f"  {f['compile_secs']:8.3f}  {f['name']}{'  (JAX)' if f['helper'] else ''}"
+                     for f in data["top_functions"])
+    emit(args, "\n".join(lines), data)
+    return OK
+
+
+def stats_data(vdir: str) -> dict[str, Any]:
+    """What ``stats --json`` prints (less its version and command): the totals since the last reset,
+    live processes included (None when there are none), and the costliest functions."""
+    reading = _ledger.Reading(vdir)
+    totals = reading.totals()
+    reset_at = reading.summary.reset_at if reading.summary else 0.0
+    if totals is None or (totals.empty and reset_at):
+        return {"dir": vdir, "stats": None, "levels": None, "top_functions": [], "reset_at": reset_at or None}
+    top = [{"name": n, "compile_secs": round(s, 3), "helper": h} for n, s, h in _stats.top_functions(totals)]
+    stats = _stats.totals_dict(totals)  # (its levels also at the top of the object: SPEC §14)
+    return {"dir": vdir, "stats": stats, "levels": stats["levels"], "top_functions": top,
+            "reset_at": reset_at or None}
+
+
+def stats_line(t: dict[str, Any]) -> str:
+    """One line of totals, as ``stats --json`` names them; misses and compiles not cached are the
+    lookups not served, each with its breakdown."""
+    rate = f" ({t['hit_rate']:.0%} hit rate)" if t["hit_rate"] is not None else ""
+    own = f", {t['own_hits']} of them of a run's own compiles" if t["own_hits"] else ""
+    not_cached = f", {t['not_cached']} not cached" if t["not_cached"] else ""
+    return (f"{plural(t['hits'], 'hit')}{own}, {plural(t['misses'], 'miss', 'misses')}{rate}{not_cached}, "
+            f"{human_secs(t['saved_secs'])} compile CPU time avoided, {human_bytes(t['bytes_read'])} read, "
+            f"{human_bytes(t['bytes_written'])} written")
+
+
+def causes_lines(t: dict[str, Any]) -> list[str]:
+    lines = []
+    if t["misses_by_cause"]:
+        lines.append("misses by cause:")
+        lines.extend(f"  {n:8d}  {cause}" for cause, n in t["misses_by_cause"].items())
+    if t["not_cached_by_reason"]:
+        lines.append("compiles not cached, by reason:")
+        lines.extend(f"  {n:8d}  {reason}" for reason, n in t["not_cached_by_reason"].items())
+    return lines

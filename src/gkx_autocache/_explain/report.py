@@ -1,0 +1,218 @@
+"""What ``gkx-autocache explain`` (and ``gkx_autocache.explain()``) reports: the last run and its
+counts, its misses and uncached compiles grouped by cause then function, older ones after; and each
+cause's fix (``FIXES``), naming where the setting it names is set. Never imports ``jax``."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from gkx_autocache import _cache, _jax, _settings, _store
+from gkx_autocache._layout import function_name
+from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record import recorder as _stats
+
+
+class Context(Protocol):
+    """What the report reads of a command's context (``_cli.context.Context``)."""
+
+    @property
+    def settings(self) -> _settings.Settings: ...
+
+    @property
+    def location(self) -> _cache.Location | None: ...
+
+    @property
+    def version_dir(self) -> str: ...
+
+
+FIXES = {
+    "new": "nothing to fix: its first entry here; the next run is served",
+    "changed computation": "nothing to fix when you changed the code, the shapes or jax.config; a value that differs "
+                           "on every run (a time, a seed, an id()) closed over by the function makes it miss every "
+                           "time: pass it as an argument",
+    "changed XLA_FLAGS": "keep XLA_FLAGS (and --xla arguments) the same between runs: every entry depends on them",
+    "changed jaxlib": "entries of another jaxlib are never hit: expected after an upgrade",
+    "changed JAX": "expected after an upgrade; gkx-autocache prune --stale-versions removes the old directory once "
+                   "unused for 30 days",
+    "changed backend": "entries of another backend version are never hit: expected after a driver or plugin upgrade",
+    "changed devices": "the device kinds or count differ (CUDA_VISIBLE_DEVICES, "
+                       "--xla_force_host_platform_device_count, jax_num_cpu_devices): each set has its own entries",
+    "changed device assignment": "expected for ranks other than 0 of a multi-process run on CPU (JAX keys the device "
+                                 "assignment there; on GPU it does not)",
+    "changed compile options": "compile options set in code or jax.config differ between runs",
+    "changed compression": "installing or removing zstandard changes every key: keep it the same",
+    "changed custom hook": f"{_jax.HOOK}() returns something else",
+    "changed CPU": "expected on another CPU: its entries are built for the CPU that compiled them, and are never "
+                   "loaded where they could not run; each CPU keeps its own",
+    "before CPU keying": "nothing to fix: once per entry after upgrading to a gkx-autocache that keys CPU entries by "
+                         "the CPU's instruction set (or after stock JAX wrote the directory)",
+    "cannot tell": "the evidence cannot decide: run your code from a module file (not a notebook cell or python -c) "
+                   "to tell functions of one name apart",
+    "cannot tell:record": "the evidence cannot decide: entries without a record (stock JAX, an older gkx-autocache, a "
+                          "process not finished) are compared once a gkx-autocache process has recorded them",
+    "cannot tell:alias": "the evidence cannot decide: import a module one way (model.core), not also by putting its "
+                         "folder on sys.path (core), so that its functions have one place",
+    "cannot tell:lambda": "the evidence cannot decide: give the function a name (def) to tell it from the file's "
+                          "other lambdas",
+    "cannot tell:jax": "the evidence cannot decide: nothing to fix if you upgraded JAX; if not, its first entry here",
+    "rejected": "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
+    "unexplained": "JAX's key parts were not seen for this compile",
+    "not process 0": "expected: only process 0 of a multi-process run writes (JAX's rule)",
+    "host callbacks": "JAX 0.10 does not write functions with host callbacks (jax.debug.print, pure_callback): keep "
+                      "them out of hot functions, or upgrade JAX",
+    "read-only directory": "expected: the cache is read-only for you (a baked image)",
+}
+EVICTED = {"max_size": "the cap is smaller than the working set: raise max_size ({how})",
+           "prune": "removed by gkx-autocache prune: nothing to fix (prune less, or raise --max-size)",
+           "verify": "removed by gkx-autocache verify --repair because it did not load: nothing to fix",
+           "outside": "someone or something outside gkx-autocache removed it (a person, a cleanup job, another tool)"}
+EVERY_RUN = ("misses on every run: a value that differs on every run (a time, a seed, an id()) is closed over by the "
+             "function or passed as a static argument: pass it as an ordinary (traced) argument")
+
+
+def fix_for(cause: str, ctx: Context, by: str | None = None, detail: str = "",
+            env: Mapping[str, str] = os.environ) -> str:
+    """The fix for a cause, naming the source of every setting it names (SPEC §13.1)."""
+    short = cause.removeprefix("not cached: ")
+    if short == "rejected" and detail.startswith("not signed"):
+        return not_signed_fix(ctx, env)
+    if short == "evicted":
+        return EVICTED.get(by or "max_size", EVICTED["outside"]).format(how=setting_fix(ctx, "max_size", "20GiB"))
+    if short == "below min_compile_time_secs":
+        return f"lower min_compile_time_secs ({setting_fix(ctx, 'min_compile_time_secs', '0')})"
+    if short == "below min_entry_size_bytes":
+        return f"lower min_entry_size_bytes ({setting_fix(ctx, 'min_entry_size_bytes', '-1')})"
+    return FIXES.get(f"{short}:{by}", FIXES.get(short, ""))
+
+
+def not_signed_fix(ctx: Context, env: Mapping[str, str]) -> str:
+    """A shared entry without a valid signature for this key: compiled here, and replaced on the
+    shared level only where ``shared_write`` uploads (``ci``: where CI is set, as here or not)."""
+    from gkx_autocache._shared.level import uploads
+
+    write, origin = ctx.settings["shared_write"], ctx.settings.origin("shared_write")
+    same_key = "every writer and reader of the shared level must use the same GKX_JAX_CACHE_SIGNING_KEY"
+    off = uploads(str(write), env)
+    if off is None:
+        return (f"compiled here; this process uploads its signed replacement (shared_write = {write}, {origin}); "
+                f"{same_key}")
+    ci = " (a run with CI set uploads it)" if write == "ci" else ""
+    return (f"compiled here and kept in the local level; the shared entry (unsigned, or signed with another key) "
+            f"stays, and is rejected again on every machine with this key: {off} ({origin}), so this process uploads "
+            f"nothing{ci}; a run with shared_write = always and the key replaces it; {same_key}")
+
+
+def setting_fix(ctx: Context, key: str, example: str) -> str:
+    """How to change a setting where it is set: an environment variable outranks the files, JAX's
+    own setting outranks both."""
+    origin = ctx.settings.origin(key)
+    if origin.startswith("env "):
+        return f"it is set by {origin.removeprefix('env ')}, which outranks config set: change it there"
+    if origin.startswith("JAX"):
+        return f"it is set by {origin}: change it there"
+    where = "" if origin == "default" else f"; now set in {origin}"
+    return f"gkx-autocache config set {key} {example}{where}"
+
+
+def explain(ctx: Context, since: float | None = None, function: str | None = None,
+            version_dir: str | None = None) -> dict[str, Any]:
+    """The last run (when, what, its counts by cause), its misses and uncached compiles grouped by
+    cause then function, then older ones with their time. ``since``: seconds back; ``function``: a
+    name (``step`` or ``jit_step``)."""
+    vdir = version_dir or ctx.version_dir
+    location = ctx.location
+    unavailable = None
+    if location is not None and location.kind != _cache.LOCAL:
+        unavailable = "misses are explained for a local directory gkx-autocache resolved (not a bucket or JAX's own)"
+    elif (verdict := _store.read_verdict(vdir)) is not None and verdict.get("explain"):
+        unavailable = str(verdict["explain"])
+    local = location is not None and location.kind == _cache.LOCAL
+    reading = _ledger.Reading(vdir) if local else None
+    runs = reading.runs() if reading else {}
+    last = next(reversed(runs.items()), None)
+    last_run = None
+    if last is not None:
+        run, entry = last
+        totals = _ledger.Totals.from_json(entry["totals"])
+        last_run = {"run": run, "started": entry["start"], "ended": entry["end"], "label": entry["label"],
+                    "processes": entry["processes"], **_stats.totals_dict(totals)}
+    wanted = None if function is None else {function, f"jit_{function}"}
+    cutoff = time.time() - since if since is not None else 0.0
+    records = [r for r in (reading.recent() if reading else [])
+               if r.get("t", 0.0) >= cutoff and (wanted is None or function_name(r.get("key") or "?-") in wanted)]
+    recent_runs = list(runs)[-3:]
+    every_run = _every_run(records, recent_runs)
+    in_last = [r for r in records if last is not None and r.get("run") == last[0]]
+    earlier = [r for r in records if last is None or r.get("run") != last[0]]
+    groups = _grouped(in_last, ctx, every_run)
+    if last_run is not None and since is None and function is None:
+        groups = _whole_run(groups, last_run, ctx)
+    # A cache this user cannot write (a baked image) serves their runs but keeps no record of them:
+    # what is here is its writers' runs, never this user's last one.
+    read_only = local and location is not None and not location.writable
+    return {"unavailable": unavailable, "read_only": read_only, "last_run": last_run, "groups": groups,
+            "earlier": _grouped(earlier, ctx, every_run), "since": since, "function": function}
+
+
+def _whole_run(groups: list[dict[str, Any]], last_run: dict[str, Any], ctx: Context) -> list[dict[str, Any]]:
+    """Each group of the last run counts what the run counted: a compile repeated in a loop is a
+    record once (its repeats are tallied), and only the latest ``RECENT`` records are kept, so the
+    records listed by function may be fewer; ``listed`` says how many are."""
+    counted = {**last_run["misses_by_cause"],
+               **{f"not cached: {reason}": n for reason, n in last_run["not_cached_by_reason"].items()}}
+    by_cause = {group["cause"]: group for group in groups}
+    for cause, n in counted.items():
+        group = by_cause.get(cause)
+        if group is None:
+            group = by_cause[cause] = {"cause": cause, "count": 0, "functions": [], "fix": fix_for(cause, ctx)}
+        if n > group["count"]:
+            group["listed"], group["count"] = group["count"], n
+    return sorted(by_cause.values(), key=lambda g: (g["cause"].startswith("not cached"), -g["count"]))
+
+
+def _every_run(records: list[dict[str, Any]], runs: list[str]) -> set[str]:
+    """Functions that missed with a changed computation in each of the last three runs."""
+    if len(runs) < 3:
+        return set()
+    seen: dict[str, set[str]] = {}
+    for record in records:
+        if record["e"] == "miss" and record.get("cause") == "changed computation" and record.get("run") in runs:
+            seen.setdefault(function_name(record.get("key") or "?-"), set()).add(record["run"])
+    return {name for name, found in seen.items() if len(found) == len(runs)}
+
+
+def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -> list[dict[str, Any]]:
+    """Records grouped by cause, then function (the user's functions first, JAX's own helpers
+    after): the latest detail of each, how often, when last, and the fix."""
+    groups: dict[str, dict[str, Any]] = {}
+
+    def add(cause: str, record: dict[str, Any], detail: str) -> None:
+        group = groups.setdefault(cause, {"cause": cause, "count": 0, "functions": {}, "fixes": {}})
+        group["fixes"][fix_for(cause, ctx, record.get("by"), detail)] = True  # each fix that fits one of its records
+        group["count"] += 1
+        name = function_name(record.get("key") or "?-")
+        fn = group["functions"].setdefault(name, {"name": name, "count": 0, "detail": "", "helper": False})
+        fn["count"] += 1
+        fn["detail"] = detail
+        fn["last"] = record.get("t")
+        fn["helper"] = fn["helper"] or bool(record.get("helper"))
+        if cause == "changed computation" and name in every_run:
+            fn["every_run"] = EVERY_RUN
+
+    for record in records:
+        if record["e"] == "miss":
+            off = f"; may have been served by the shared level, which was off after {record['off']}" \
+                if record.get("off") else ""
+            add(record.get("cause") or "unexplained", record, record.get("detail", "") + off)
+        else:
+            change = f"; its key differs from the entries here: {record['cause']}: {record.get('change', '')}" \
+                if record.get("cause") else ""
+            add(f"not cached: {record.get('reason') or 'unknown'}", record, record.get("detail", "") + change)
+    ordered = sorted(groups.values(), key=lambda g: (g["cause"].startswith("not cached"), -g["count"]))
+    for group in ordered:
+        group["fix"] = "; ".join(fix for fix in group.pop("fixes") if fix)
+        group["functions"] = sorted(group["functions"].values(), key=lambda f: (f["helper"], -f["count"], f["name"]))
+    return ordered
