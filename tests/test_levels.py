@@ -535,11 +535,12 @@ def test_the_upload_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
     queue in between (on a fast machine it did, and nothing was skipped)."""
     import threading
 
+    from gkx_autocache._shared import directory as _directory
     from gkx_autocache._shared import level as _levels
 
     gate = threading.Event()
 
-    class Gated(_levels.Directory):
+    class Gated(_directory.Directory):
         def write(self, name: str, data: bytes) -> None:
             gate.wait(10)
             super().write(name, data)
@@ -674,12 +675,13 @@ def test_a_full_or_read_only_local_level_is_served_without_the_backfill(venv: Ve
 
 
 def hostile_level(tmp_path: Path, secret: bytes | None = None) -> tuple[Any, Path]:
+    from gkx_autocache._shared import directory as _directory
     from gkx_autocache._shared import level as _levels
 
     root = tmp_path / "team"
     (root / "jax-0.0.0").mkdir(parents=True, mode=0o700)
     root.chmod(0o700)
-    level = _levels.Level(str(root), _levels.Directory(str(root), "0.0.0", team=False), local=str(tmp_path / "l"),
+    level = _levels.Level(str(root), _directory.Directory(str(root), "0.0.0", team=False), local=str(tmp_path / "l"),
                           timeout=5.0, writes=None, secret=secret)
     return level, root / "jax-0.0.0"
 
@@ -696,11 +698,12 @@ def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: P
     `rejected` miss with its reason (or served, where only a figure in the seal is absurd); none
     turns the level off, hangs, or raises."""
     from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared import seal as _seal
 
     secret = b"k" if spoil in ("moved signed seal", "a non-ASCII signature") else None
     level, vdir = hostile_level(tmp_path, secret)
     data = b"\x78\x9c" + b"entry" * 100
-    seal = json.loads(_levels.make_seal(GOOD, data, 0.5, time.time(), secret))
+    seal = json.loads(_seal.make_seal(GOOD, data, 0.5, time.time(), secret))
     (vdir / f"{GOOD}-cache").write_bytes(data)
     if spoil == "deep json":
         (vdir / f"{GOOD}-gkx-shared").write_text("[" * 100000 + "]" * 100000)
@@ -725,7 +728,7 @@ def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: P
     elif spoil == "an empty unsealed entry":  # no first block, so no head check: served and backfilled
         (vdir / f"{GOOD}-cache").write_bytes(b"")
     elif spoil == "moved signed seal":  # a validly signed entry of another key, moved to this one
-        moved = json.loads(_levels.make_seal(OTHER_KEY, data, 0.5, time.time(), secret))
+        moved = json.loads(_seal.make_seal(OTHER_KEY, data, 0.5, time.time(), secret))
         (vdir / f"{GOOD}-gkx-shared").write_text(json.dumps(moved))
     started = time.monotonic()
     got = level.get(GOOD)
@@ -772,9 +775,10 @@ def test_a_bucket_without_the_remote_extra_is_one_line_and_the_local_level_serve
 
 SPARSE_LOOKUP = r"""
 import json, resource, sys, time
+from gkx_autocache._shared import directory as _directory
 from gkx_autocache._shared import level as _levels
 root, key, signed = sys.argv[1], sys.argv[2], sys.argv[3] == "signed"
-level = _levels.Level(root, _levels.Directory(root, "0.0.0", team=False), local=root + "-l", timeout=60.0,
+level = _levels.Level(root, _directory.Directory(root, "0.0.0", team=False), local=root + "-l", timeout=60.0,
                       writes=None, secret=b"k" if signed else None)
 started = time.monotonic()
 got = level.get(key)
@@ -790,7 +794,7 @@ def test_a_planted_sparse_entry_costs_a_reader_neither_memory_nor_time(tmp_path:
     reader that misses that key refuses it from its seal and ``fstat`` (or its first bytes) before
     reading it, within 100 MB of a clean lookup's memory and in seconds. The seal is read, and with
     a key its HMAC checked, before the entry; a seal's size must be the file's."""
-    from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared import seal as _seal
 
     root = tmp_path / "team"
     vdir = root / "jax-0.0.0"
@@ -798,15 +802,15 @@ def test_a_planted_sparse_entry_costs_a_reader_neither_memory_nor_time(tmp_path:
     root.chmod(0o700)
     data = b"\x78\x9c" + b"entry" * 100
     (vdir / f"{OTHER_KEY}-cache").write_bytes(data)  # a clean entry, for the baseline
-    (vdir / f"{OTHER_KEY}-gkx-shared").write_bytes(_levels.make_seal(OTHER_KEY, data, 0.5, time.time(), b"k"))
+    (vdir / f"{OTHER_KEY}-gkx-shared").write_bytes(_seal.make_seal(OTHER_KEY, data, 0.5, time.time(), b"k"))
     with open(vdir / f"{GOOD}-cache", "wb") as f:
         if case != "keyless, no seal, zeros":
             f.write(data[:2])  # a compressed frame's first bytes: only the seal or the size can tell
         f.truncate(2 << 30)
     if case == "signed reader, a stolen seal":  # another key's valid seal, renamed: its key and size differ
-        (vdir / f"{GOOD}-gkx-shared").write_bytes(_levels.make_seal(GOOD, data, 0.5, time.time(), b"k"))
+        (vdir / f"{GOOD}-gkx-shared").write_bytes(_seal.make_seal(GOOD, data, 0.5, time.time(), b"k"))
     elif case == "keyless, a lying seal":
-        (vdir / f"{GOOD}-gkx-shared").write_bytes(_levels.make_seal(GOOD, data, 0.5, time.time(), None))
+        (vdir / f"{GOOD}-gkx-shared").write_bytes(_seal.make_seal(GOOD, data, 0.5, time.time(), None))
     signed = "signed" if case.startswith("signed") else "keyless"
 
     def lookup(key: str) -> dict[str, Any]:
@@ -907,9 +911,9 @@ class _FakeGcs:
 
 
 def _gcs_bucket(fs: Any) -> Any:
-    from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared import bucket as _bucket
 
-    bucket = _levels.Bucket(f"gs://b/team/{VERSION_DIR}")
+    bucket = _bucket.Bucket(f"gs://b/team/{VERSION_DIR}")
     bucket._fs, bucket._path = fs, f"b/team/{VERSION_DIR}"
     return bucket
 
@@ -917,26 +921,27 @@ def _gcs_bucket(fs: Any) -> Any:
 def test_a_gcs_listing_is_one_bounded_page() -> None:
     """gcsfs's ``_list_objects`` takes ``**kwargs``: the listing is still used, one page of at most
     LIST_LIMIT + 1 names (``max_results``); an empty prefix is an empty listing, not an error."""
-    from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared import bucket as _bucket
+    from gkx_autocache._shared import calls as _calls
 
     key = "jit_f-" + "0" * 64
     fs = _FakeGcs({key + "-cache": 10, key + "-gkx-shared": 2})
-    assert _gcs_bucket(fs).listing(_levels.Progress()) == {key + "-cache": 10, key + "-gkx-shared": 2}
-    assert fs.asked == [{"max_results": _levels.LIST_LIMIT + 1}]
-    assert _gcs_bucket(_FakeGcs({})).listing(_levels.Progress()) == {}
+    assert _gcs_bucket(fs).listing(_calls.Progress()) == {key + "-cache": 10, key + "-gkx-shared": 2}
+    assert fs.asked == [{"max_results": _bucket.LIST_LIMIT + 1}]
+    assert _gcs_bucket(_FakeGcs({})).listing(_calls.Progress()) == {}
 
 
 def test_status_never_says_more_than_1000_entries_where_it_could_not_list() -> None:
     """A bucket whose filesystem cannot list a bounded page: `status` says it could not count the
     entries, never "more than 1000"; an empty one says 0; one of 1001 names says more than 1000."""
-    from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared import probe as _probe
 
     def line(fs: Any) -> str:
-        found = _levels.probe(_gcs_bucket(fs), 10.0)
+        found = _probe.probe(_gcs_bucket(fs), 10.0)
         assert found["answers"] is True, found
         shared = {"url": "gs://b/team", "version_dir": "gs://b/team/x", "kind": "bucket", "trust": "t", "probe": found,
                   "writes": "on", "timeout": 10.0, "signing": "not set", "cap": "none"}
-        return _levels.level_lines({"local": {"dir": "/l", "trust": "private"}, "shared": shared})[3]
+        return _probe.level_lines({"local": {"dir": "/l", "trust": "private"}, "shared": shared})[3]
 
     unlistable = line(_FakeGcs({"a-cache": 1}, pages=False))
     assert "1000" not in unlistable and "not counted" in unlistable, unlistable
@@ -1088,7 +1093,8 @@ def test_a_206_whose_content_range_is_not_the_range_asked_is_refused(content_ran
     import asyncio
     import random
 
-    from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared import bucket as _bucket
+    from gkx_autocache._shared import seal as _seal
 
     obj = random.Random(1).randbytes(16384)
     first, last = (int(n) for n in content_range.split(" ")[1].split("/")[0].split("-"))
@@ -1097,7 +1103,7 @@ def test_a_206_whose_content_range_is_not_the_range_asked_is_refused(content_ran
         async def _call_s3(self, op: str, **kwargs: Any) -> dict[str, Any]:
             return {"Body": _Body(obj[first:last + 1]), "ContentRange": content_range, "ContentLength": last + 1 - first}
 
-    with pytest.raises((_levels.Refused, OSError)):
-        got = asyncio.run(_levels._read_range(FS(), "bucket/team/k-cache", 4096, 8192))
+    with pytest.raises((_seal.Refused, OSError)):
+        got = asyncio.run(_bucket._read_range(FS(), "bucket/team/k-cache", 4096, 8192))
         assert got == obj[4096:8192]  # (never reached where it is refused)
         print(len(got), "bytes of", content_range, "taken for bytes 4096-8191")

@@ -418,15 +418,16 @@ def test_a_shared_directory_swapped_after_its_check_is_never_written_through(tmp
     path: a team member who later replaces the version directory with a symlink to a folder of the
     victim's own has the victim's process write entries there (no race: the swap may come at any
     time in a long run)."""
-    from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared import calls as _calls
+    from gkx_autocache._shared import directory as _directory
 
     team = tmp_path / "team"
     team.mkdir()
     team.chmod(0o2770)
     victim = tmp_path / "victim"
     victim.mkdir(mode=0o700)
-    backend = _levels.Directory(str(team), "0.0.0", team=True)
-    backend.prepare(_levels.Progress())
+    backend = _directory.Directory(str(team), "0.0.0", team=True)
+    backend.prepare(_calls.Progress())
     os.rename(backend.where, tmp_path / "moved")
     os.symlink(victim, backend.where)
     try:

@@ -28,11 +28,7 @@ from typing import Any
 
 from gkx_autocache import _files, _formats, _jax, _trust
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._formats import (
-    MAX_COMPILE_SECS as MAX_COMPILE_SECS,  # TEMP until the merge: callers move to _formats
-)
-from gkx_autocache._formats import compile_secs_of
-from gkx_autocache._formats import compression_of as compression_of  # TEMP until the merge
+from gkx_autocache._formats import compile_secs_of, compression_of
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, VERDICT_FILE
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -121,16 +121,16 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         attention.append(f"the cache is disabled by {settings.origin('enabled')}")
     elif ctx.jax_version is None:
         attention.append("JAX is not installed here: pip install 'gkx-autocache[jax]'")
-    from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared import probe as _probe
 
     signing = "set (env GKX_JAX_CACHE_SIGNING_KEY)" if _settings.signing_key() else "not set"
     if signing != "not set" and location is not None and location.kind == _cache.REMOTE:
         signing = ("set, but it protects nothing here: dir is a bucket, which JAX's stock cache reads without "
                    "checking signatures")
         attention.append(_settings.remote_signing_note(str(location.root)))
-    levels = _levels.describe_levels(settings, location, ctx.jax_version, os.environ, probe)
-    if levels is not None and levels["shared"]["signing"] == _levels.UNCHECKED:
-        attention.append(f"shared {levels['shared']['url']}: signing key {_levels.UNCHECKED}")
+    levels = _probe.describe_levels(settings, location, ctx.jax_version, os.environ, probe)
+    if levels is not None and levels["shared"]["signing"] == _probe.UNCHECKED:
+        attention.append(f"shared {levels['shared']['url']}: signing key {_probe.UNCHECKED}")
     if levels is not None and levels["shared"].get("unused"):
         attention.append(f"{levels['shared']['origin']}: shared {levels['shared']['url']} not used, "
                          f"{levels['shared']['unused']}")
@@ -196,14 +196,14 @@ def text(data: dict[str, Any]) -> str:
                      f"{human_bytes(version['bytes']):>10} on disk{mark}")
     levels = data.get("levels")
     if levels:
-        from gkx_autocache._shared.level import level_lines
+        from gkx_autocache._shared.probe import level_lines
 
         lines.extend(level_lines(levels))
     stats = data["stats"]
     if stats:
         lines.append(f"stats       {stats_line(stats)}")
         if stats.get("levels"):
-            from gkx_autocache._shared.level import line
+            from gkx_autocache._shared.probe import line
 
             lines.append(f"            {line(stats['levels'])}")
     elif data.get("stats_reset_at"):

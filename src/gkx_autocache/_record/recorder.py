@@ -560,7 +560,7 @@ def levels_dict(levels: dict[str, Any]) -> dict[str, Any] | None:
     """Both levels' numbers as the JSON shows them (SPEC §14); None where no level was used."""
     if not levels:
         return None
-    from gkx_autocache._shared.level import shown
+    from gkx_autocache._shared.probe import shown
 
     return {name: shown(levels.get(name, {})) for name in ("local", "shared")}
 

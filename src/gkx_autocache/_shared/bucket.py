@@ -1,0 +1,225 @@
+"""The shared level in a bucket (``s3://``, ``gs://``, through fsspec): bounded listings of its
+version prefix, ranged reads that never hold more than was asked for, and whole-object writes.
+Design: docs/how-it-works.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gkx_autocache import _jax
+from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
+from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, refused
+from gkx_autocache._shared.seal import SEAL_LIMIT, Refused
+
+LIST_LIMIT = 1000  # one S3 listing page
+NOT_LISTED = "not counted: this filesystem cannot list a bounded page"
+
+
+class RangeIgnored(OSError):
+    """The endpoint answered a ranged read with the whole object: every read would do the same, so
+    the level turns off (one line naming it), rather than each entry being rejected in turn."""
+
+
+
+def _no_retry_when_refused(caught_exception: BaseException | None = None, **kwargs: Any) -> bool | None:
+    """botocore's ``needs-retry`` handler, registered first: a refused connection is not retried
+    (botocore's default retries it with backoff for up to ~15 s, longer than ``shared_timeout``'s
+    default, and the level was then told to be stalled). False is "no retry" to aiobotocore's
+    emitter; None leaves the decision to botocore's own handler."""
+    return False if refused(caught_exception) else None
+
+
+async def _hooked(fs: Any, path: str) -> None:
+    """Register ``_no_retry_when_refused`` on s3fs's client for ``path``'s bucket, once."""
+    get_s3 = getattr(fs, "get_s3", None)
+    if get_s3 is None or not hasattr(fs, "_call_s3"):
+        return
+    await fs.set_session()
+    client = await get_s3(path.split("/", 1)[0])
+    if not getattr(client, "_gkx_refusal", False):
+        client.meta.events.register_first("needs-retry.s3", _no_retry_when_refused)
+        client._gkx_refusal = True
+
+
+async def _read_range(fs: Any, path: str, start: int, end: int) -> bytes | None:
+    """Bytes ``start`` to ``end`` of an S3 object, None when it is not there. The body is read as a
+    stream and stopped at the length asked for: s3fs's ``_cat_file`` reads whatever it is sent, so
+    an endpoint that ignores ``Range`` would have a whole object (1 GB) held for a 4 KiB read.
+    Raises RangeIgnored (the whole object, 200), Refused (a 206 longer than its range)."""
+    bucket, key = path.split("/", 1)
+    try:
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+    except FileNotFoundError:
+        return None
+    body = resp["Body"]
+    asked = end - start
+    try:
+        ranged = bool(resp.get("ContentRange"))
+        length = resp.get("ContentLength")
+        if not ranged and (start > 0 or (isinstance(length, int) and length > asked)):
+            raise RangeIgnored(f"the bucket's endpoint ignores Range: it answered a read of {human_bytes(asked)} of "
+                               f"{key.rsplit('/', 1)[-1]} with the whole object"
+                               f"{f' ({human_bytes(length)})' if isinstance(length, int) else ''}")
+        chunks, have = [], 0
+        while have <= asked and (chunk := await body.read(min(1 << 20, asked + 1 - have))):
+            chunks.append(chunk)
+            have += len(chunk)
+        if have > asked and not ranged:
+            raise RangeIgnored(f"the bucket's endpoint ignores Range: it sent more than the {human_bytes(asked)} "
+                               f"asked of {key.rsplit('/', 1)[-1]}")
+        if have > asked:
+            raise Refused(f"the shared entry sent more than the {asked} bytes of its range")
+        if ranged and (why := _wrong_range(str(resp.get("ContentRange")), start, end, have)):
+            raise Refused(f"the shared entry sent {why}")
+        return b"".join(chunks)
+    finally:
+        body.close()  # a body left unread is dropped with its connection, never read on
+
+
+def _wrong_range(content_range: str, start: int, end: int, have: int) -> str | None:
+    """Why a 206's ``Content-Range`` (``bytes first-last/total``) is not bytes ``start`` to ``end``
+    (fewer only where the object ends there) with ``have`` bytes of body, or None."""
+    import re
+
+    match = re.fullmatch(r"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*", content_range)
+    if match is None:
+        return f"a range it does not say ({content_range[:60]!r})"
+    first, last = int(match[1]), int(match[2])
+    total = int(match[3]) if match[3] != "*" else None
+    if first != start or last < first or last > end - 1 or (last < end - 1 and last + 1 != total):
+        return f"bytes {first}-{last} of {match[3]} for a range of {start}-{end - 1}"
+    if have != last + 1 - first:
+        return f"{have} bytes for a range of {last + 1 - first} (a partial body)"
+    return None
+
+
+def _within(data: bytes, asked: int, name: str) -> bytes:
+    """A ranged read through fsspec's generic path (gcsfs): the whole body is read by the library
+    before it can be looked at, so this bounds what is kept, not what was held."""
+    if len(data) > asked:
+        raise RangeIgnored(f"the bucket's endpoint ignores Range: it sent {human_bytes(len(data))} for a read of "
+                           f"{human_bytes(asked)} of {name}")
+    return data
+
+
+class Bucket:
+    """``s3://`` and ``gs://`` through fsspec (the ``remote`` extra): endpoint and credentials are
+    the filesystem library's, as for a remote ``dir`` (SPEC §9). On S3 the reads are s3fs's
+    ``get_object`` with the body streamed (``_read_range``); gcsfs (no server to test against here)
+    goes through fsspec's ``cat_ranges``, its lengths checked after."""
+
+    kind = "bucket"
+
+    def __init__(self, version_url: str) -> None:
+        self.where = version_url
+        self._fs: Any = None
+        self._path = ""
+
+    def filesystem(self) -> tuple[Any, str]:
+        if self._fs is None:
+            from gkx_autocache import _remote
+
+            self._fs, self._path = _remote.filesystem(self.where, own=True)  # its client gets _hooked
+        return self._fs, self._path
+
+    def _run(self, make: Callable[[Any, str], Any]) -> Any:
+        """``make(fs, path)``'s coroutine on fsspec's event loop, the refusal handler registered."""
+        import fsspec.asyn
+
+        fs, path = self.filesystem()
+
+        async def go() -> Any:
+            await _hooked(fs, path)
+            return await make(fs, path)
+
+        return fsspec.asyn.sync(fs.loop, go)
+
+    def _streams(self) -> bool:
+        return hasattr(self.filesystem()[0], "_call_s3")  # s3fs
+
+    def forget(self) -> None:
+        """After ``fork``: the parent's filesystem object runs on the parent's event loop thread."""
+        self._fs = None
+
+    def prepare(self, progress: Progress, create: bool = True) -> bool:
+        return True  # whether a bucket takes writes is known at the first upload
+
+    def listing(self, progress: Progress) -> dict[str, int] | str:
+        """``{name: bytes}`` directly under the version prefix, or why there is no listing to use:
+        more than ``LIST_LIMIT`` names, or a filesystem that cannot list a bounded page. Raises on
+        errors, a bucket that does not exist included (on S3)."""
+        fs, path = self.filesystem()
+        lsdir, list_objects = getattr(fs, "_lsdir", None), getattr(fs, "_list_objects", None)
+        if lsdir is not None and "max_items" in _jax.parameters(lsdir):  # s3fs
+            infos = self._run(lambda fs, path: lsdir(path, refresh=True, max_items=LIST_LIMIT + 1))
+            fs.invalidate_cache(path)  # a page is no complete listing: keep it out of fsspec's cache
+        elif list_objects is not None and "max_results" in (_jax.parameters(list_objects)
+                                                            + _jax.parameters(getattr(fs, "_do_list_objects", None))):
+            # gcsfs: ``_list_objects(path, prefix, versions, **kwargs)`` hands max_results to
+            # ``_do_list_objects``, which pages up to it (not tested here: no GCS server)
+            fs.invalidate_cache(path)  # a cached listing would be returned whole, unbounded
+            try:
+                infos = self._run(lambda fs, path: list_objects(path, max_results=LIST_LIMIT + 1))
+            except FileNotFoundError:  # gcsfs, for an empty prefix: it looks for an object of its name
+                infos = []
+        else:
+            return NOT_LISTED
+        progress.tick()
+        names = {}
+        for info in infos:
+            if info.get("type") != "directory":
+                names[str(info["name"]).rstrip("/").rsplit("/", 1)[-1]] = int(info.get("size") or 0)
+        return names if len(infos) <= LIST_LIMIT else f"more than {LIST_LIMIT}"
+
+    def first(self, key: str, progress: Progress) -> tuple[bytes | None, bytes | None]:
+        """The seal and the entry's first block, at once (one round trip); None for each that is
+        not there."""
+        fs, path = self.filesystem()
+        names = [f"{path}/{key}{SEAL_SIDECAR}", f"{path}/{key}{ENTRY_SUFFIX}"]
+        if self._streams():
+            import asyncio
+
+            got = self._run(lambda fs, path: asyncio.gather(_read_range(fs, names[0], 0, SEAL_LIMIT),
+                                                            _read_range(fs, names[1], 0, FIRST_BLOCK),
+                                                            return_exceptions=True))
+        else:
+            got = fs.cat_ranges(names, [0, 0], [SEAL_LIMIT, FIRST_BLOCK], on_error="return")
+        progress.tick()
+        found: list[bytes | None] = []
+        for item, asked, name in zip(got, (SEAL_LIMIT, FIRST_BLOCK), names, strict=True):
+            if item is None or isinstance(item, FileNotFoundError):
+                found.append(None)
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                found.append(_within(bytes(item), asked, name.rsplit("/", 1)[-1]))
+        return found[0], found[1]
+
+    def small(self, name: str) -> bytes:
+        """The first ``SEAL_LIMIT`` bytes of an object (``status``'s look at a seal)."""
+        fs, path = self.filesystem()
+        where = f"{path}/{name}"
+        if self._streams():  # never more than asked for, whatever the endpoint sends
+            return self._run(lambda fs, path: _read_range(fs, where, 0, SEAL_LIMIT)) or b""
+        return _within(bytes(fs.cat_file(where, start=0, end=SEAL_LIMIT)), SEAL_LIMIT, name)
+
+    def block(self, key: str, start: int, end: int) -> bytes:
+        fs, path = self.filesystem()
+        name = f"{path}/{key}{ENTRY_SUFFIX}"
+        if self._streams():
+            return self._run(lambda fs, path: _read_range(fs, name, start, end)) or b""
+        return _within(bytes(fs.cat_file(name, start=start, end=end)), end - start, key + ENTRY_SUFFIX)
+
+    def size(self, key: str) -> int:
+        fs, path = self.filesystem()
+        return int(fs.info(f"{path}/{key}{ENTRY_SUFFIX}")["size"])
+
+    def compile_secs(self, key: str) -> float | None:
+        return None  # a bucket's entries carry theirs in the seal
+
+    def write(self, name: str, data: bytes) -> None:
+        """One PUT of the whole bytes: the object appears whole or not at all."""
+        self._run(lambda fs, path: fs._pipe_file(f"{path}/{name}", data))

@@ -1,0 +1,146 @@
+"""The shared level in a directory: a team directory (``trust_shared``) or a read-only one baked
+into an image, trusted by the rules of §8 before it is read; each entry read after its seal is
+admitted, and written by a temporary file and a rename. Design: docs/how-it-works.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+
+from gkx_autocache import _files, _trust
+from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, version_name
+from gkx_autocache._shared.calls import FIRST_BLOCK, Progress
+from gkx_autocache._shared.seal import SEAL_LIMIT, Refused, head_problem
+
+
+def _read_exactly(fd: int, size: int, progress: Progress) -> bytes:
+    """``size`` bytes of the file, by blocks (each one progress), and not one more: a file that
+    grew or shrank while it was read is refused."""
+    if size <= 0:  # no first block to check: an empty file is no executable
+        raise Refused("the shared entry is empty")
+    chunks: list[bytes] = []
+    left = size
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20 if chunks else FIRST_BLOCK))
+        if not chunk:
+            break
+        if not chunks and (why := head_problem(chunk)):
+            raise Refused(why)
+        chunks.append(chunk)
+        left -= len(chunk)
+        progress.tick()
+    if left or os.read(fd, 1):
+        raise Refused("the shared entry changed size while it was read")
+    return b"".join(chunks)
+
+
+class Directory:
+    """A team directory (``trust_shared``) or a read-only one baked into an image, trusted by the
+    rules of §8 before it is read."""
+
+    kind = "directory"
+
+    def __init__(self, root: str, jax_version: str, team: bool) -> None:
+        self.root = root
+        self.where = os.path.join(root, version_name(jax_version))
+        self.jax_version = jax_version
+        self.team = team
+
+    def forget(self) -> None:
+        pass
+
+    def prepare(self, progress: Progress, create: bool = True) -> bool:
+        """Check (and, with ``create``, where it may be written and is missing, create) the version
+        directory; whether this user may write it. Raises the refusal (an OSError: one line)."""
+        from gkx_autocache import _cache
+
+        try:
+            prepared = _cache.prepare(self.root, self.jax_version, self.team,
+                                      create=create and os.access(self.root, os.W_OK))
+        except _cache.Refused as exc:
+            raise PermissionError(errno.EACCES, str(exc)) from None
+        if not os.path.isdir(prepared.version_dir):
+            raise FileNotFoundError(errno.ENOENT, f"{prepared.version_dir} does not exist"
+                                                  f"{' and cannot be created here' if create else ''}")
+        self.where = prepared.version_dir
+        progress.tick()
+        return prepared.writable
+
+    def listing(self, progress: Progress) -> dict[str, int] | str:
+        return "a directory is not listed"  # a lookup of a missing file is as cheap as a listing would be
+
+    def _open(self, name: str) -> tuple[int, os.stat_result] | None:
+        """A descriptor of the file and its ``fstat``, never through a symlink, only if its owner and
+        mode may be trusted; None when it is not there. Raises Refused."""
+        try:
+            fd = _files.open_regular(os.path.join(self.where, name))
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None
+            if exc.errno == errno.ELOOP:
+                raise Refused("the shared entry is a symlink: never read") from None
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EINVAL):
+                raise Refused(f"the shared entry cannot be read ({exc.strerror})") from None
+            raise
+        st = os.fstat(fd)
+        why = _trust.entry_problem(st, self.team)
+        if why:
+            os.close(fd)
+            raise Refused(f"the shared entry: {why}")
+        return fd, st
+
+    def small(self, name: str) -> bytes:
+        """The first ``SEAL_LIMIT`` bytes of a file (``status``'s look at a seal); empty when it is
+        not there or not to be read."""
+        opened = self._open(name)
+        if opened is None:
+            return b""
+        try:
+            return os.read(opened[0], SEAL_LIMIT)
+        finally:
+            os.close(opened[0])
+
+    def read(self, key: str, progress: Progress, admit: Callable[[bytes | None], tuple[int, bool]]) -> bytes | None:
+        """The entry, or None when it is not there. Its seal is read and ``admit``-ted (checked, and
+        with a signing key its HMAC) before a byte of the entry is: ``admit`` gives the size the
+        entry must have (``exact``), or the most it may have. A planted sparse file of gigabytes
+        costs a reader an ``fstat``, never its memory. Read by blocks, each one progress."""
+        opened = self._open(key + ENTRY_SUFFIX)
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
+            seal = self._open(key + SEAL_SIDECAR)
+            raw_seal = None
+            if seal is not None:
+                try:
+                    raw_seal = os.read(seal[0], SEAL_LIMIT)
+                finally:
+                    os.close(seal[0])
+            size, exact = admit(raw_seal)
+            if st.st_size != size if exact else st.st_size > size:
+                said = f"its seal says {size} bytes" if exact else f"the most read of one entry is {human_bytes(size)}"
+                raise Refused(f"the shared entry has {st.st_size} bytes where {said}")
+            return _read_exactly(fd, st.st_size, progress)
+        finally:
+            os.close(fd)
+
+    def block(self, key: str, start: int, end: int) -> bytes:
+        raise AssertionError("a directory's entry is read whole")  # first() returns it all
+
+    def size(self, key: str) -> int:
+        raise AssertionError("a directory's entry is read whole")
+
+    def compile_secs(self, key: str) -> float | None:
+        """From the store's own sidecar: a directory baked from a local level has no seals."""
+        from gkx_autocache._store import read_compile_secs
+
+        return read_compile_secs(os.path.join(self.where, key + COMPILE_SIDECAR))
+
+    def write(self, name: str, data: bytes) -> None:
+        """A temporary file and a rename: never a partial file under the entry's name."""
+        with _files.atomic(os.path.join(self.where, name), _files.file_mode(self.team)) as f:
+            f.write(data)

@@ -1,0 +1,133 @@
+"""What ``status`` and ``stats`` say of the levels: a bounded probe of the shared one, both levels
+described (where, trust, writes, signing), and their numbers as JSON and human text.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gkx_autocache._diagnostics import plural
+from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, is_url, key_match
+from gkx_autocache._shared.bucket import NOT_LISTED
+from gkx_autocache._shared.calls import Progress, bounded, describe
+from gkx_autocache._shared.level import COUNTS, backend_for, problem, signing_key, uploads
+
+
+def probe(backend: Any, timeout: float) -> dict[str, Any]:
+    """Whether the shared level answers, bounded by the timeout (``status`` only): for a bucket, a
+    listing of its version prefix; for a directory, its trust and its entries."""
+    started = time.monotonic()
+
+    def look(progress: Progress) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        if backend.kind == "bucket":
+            names = backend.listing(progress)
+            if names == NOT_LISTED:  # it answered, and cannot say how many: never "more than 1000"
+                return {"entries": None, "listing": names}
+            if isinstance(names, str):
+                return {"entries": names}
+        else:
+            found["writable"] = backend.prepare(progress, create=False)  # status creates nothing
+            names = {n: 0 for n in os.listdir(backend.where)}
+        found["entries"] = sum(1 for n in names if (m := key_match(n)) and m[1] == ENTRY_SUFFIX)
+        seal = next((n for n in names if n.endswith(SEAL_SIDECAR) and key_match(n)), None)
+        if seal is not None:  # whether its writers sign: a reader without the key checks nothing
+            found["signed"] = b'"hmac"' in backend.small(seal)
+        return found
+
+    try:
+        found = bounded(look, timeout)
+    except Exception as exc:
+        return {"answers": False, "error": describe(exc), "secs": round(time.monotonic() - started, 3)}
+    return {"answers": True, **found, "secs": round(time.monotonic() - started, 3)}
+
+
+UNCHECKED = ("not set, and this level's entries carry signatures: this process does not check them (an entry "
+             "planted there is loaded); set GKX_JAX_CACHE_SIGNING_KEY to check them")
+
+
+def describe_levels(settings: Any, location: Any, jax_version: str | None, env: Mapping[str, str],
+                    probing: bool) -> dict[str, Any] | None:
+    """Both levels for ``status``: where each is, its trust, whether the shared one is written and
+    signed, and (with ``probing``) whether it answers. None without a shared level."""
+    shared = settings["shared"]
+    if shared is None:
+        return None
+    secret = signing_key(env)
+    local = {"dir": location.version_dir if location is not None else None,
+             "trust": ("a team directory (trust_shared)" if getattr(location, "team", False) else "private to you")}
+    info: dict[str, Any] = {
+        "url": shared, "origin": settings.origin("shared"), "kind": "bucket" if is_url(shared) else "directory",
+        "trust": ("the bucket's access policy" if is_url(shared) else
+                  "a team directory (trust_shared)" if settings["trust_shared"] else "yours or root's, no one else's"),
+        "writes": uploads(settings["shared_write"], env) or f"on (shared_write = {settings['shared_write']})",
+        "timeout": settings["shared_timeout"],
+        "signing": ("set (env GKX_JAX_CACHE_SIGNING_KEY): uploads are signed, unsigned entries never loaded"
+                    if secret is not None else "not set: entries are neither signed nor checked"),
+        "cap": "none: the shared level is never pruned by itself; `gkx-autocache prune --shared` or a bucket "
+               "lifecycle rule keeps it",
+    }
+    why = problem(settings, location) if location is not None else "no local level"
+    if why is not None or jax_version is None:
+        info["unused"] = why or "JAX is not installed"
+        return {"local": local, "shared": info}
+    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]))
+    info["version_dir"] = backend.where
+    info["probe"] = probe(backend, settings["shared_timeout"]) if probing else "skipped (--no-probe)"
+    if secret is None and isinstance(info["probe"], dict) and info["probe"].get("signed"):
+        info["signing"] = UNCHECKED
+    return {"local": local, "shared": info}
+
+
+def shown(counts: dict[str, Any]) -> dict[str, Any]:
+    """One level's numbers as ``stats --json`` and ``status`` show them: the sums, and the mean
+    read time in place of its two parts."""
+    out = {name: counts.get(name, 0) for name in COUNTS if name not in ("read_secs", "reads")}
+    reads = counts.get("reads", 0)
+    out["mean_read_secs"] = round(counts.get("read_secs", 0.0) / reads, 6) if reads else None
+    return out
+
+
+def line(levels: dict[str, Any]) -> str:
+    """``local 9 hits, 2 misses, 0.3 ms a read; shared 3 hits (3 backfilled), 4 uploads, ...``, from
+    the levels as ``shown`` gives them."""
+    parts = []
+    for level in ("local", "shared"):
+        c = levels.get(level) or {}
+        mean = c.get("mean_read_secs")
+        text = f"{level} {plural(int(c.get('hits', 0)), 'hit')}, {plural(int(c.get('misses', 0)), 'miss', 'misses')}"
+        if level == "shared":
+            text += (f" ({int(c.get('backfills', 0))} backfilled, {int(c.get('rejected', 0))} rejected), "
+                     f"{int(c.get('uploads', 0))} uploads")
+            for name in ("skipped", "dropped", "errors", "timeouts"):
+                if c.get(name):
+                    text += f", {int(c[name])} {'uploads ' + name if name in ('skipped', 'dropped') else name}"
+        if mean is not None:
+            text += f", {mean * 1000:.1f} ms a read"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def level_lines(levels: dict[str, Any]) -> list[str]:
+    """``status``'s human text for both levels."""
+    local, shared = levels["local"], levels["shared"]
+    lines = ["levels", f"  local    {local['dir'] or 'none'}  ({local['trust']})",
+             f"  shared   {shared.get('version_dir') or shared['url']}  ({shared['kind']}; trust: {shared['trust']})"]
+    if shared.get("unused"):
+        lines.append(f"           not used: {shared['unused']}")
+        return lines
+    found = shared.get("probe")
+    if isinstance(found, dict) and found.get("answers") and found.get("entries") is None:
+        lines.append(f"           answers in {found['secs']:.2f} s; entries {found.get('listing') or 'not counted'}")
+    elif isinstance(found, dict) and found.get("answers"):
+        lines.append(f"           answers: {found['entries']} entries, in {found['secs']:.2f} s")
+    elif isinstance(found, dict):
+        lines.append(f"           does not answer (in {found['secs']:.1f} s): {found['error']}")
+    else:
+        lines.append(f"           probe {found}")
+    lines += [f"           uploads: {shared['writes']}; timeout {shared['timeout']:g} s",
+              f"           signing key: {shared['signing']}", f"           cap: {shared['cap']}"]
+    return lines
