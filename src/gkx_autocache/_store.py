@@ -253,8 +253,10 @@ class Store:
 
     def put(self, key: str, value: bytes) -> None:
         started = getattr(self._misses, "keys", {}).pop(key, None)
+        from gkx_autocache._explain import causes  # at the first write: a run where every lookup hits has none
+
         if not self._writable:
-            self._recorder.uncached(key, "read-only directory", "this user cannot write the cache (a baked image)")
+            self._recorder.uncached(key, causes.READ_ONLY, "this user cannot write the cache (a baked image)")
             return
         path = self._entry(key)
         existing = _files.read(path, limit=4)
@@ -266,7 +268,7 @@ class Store:
                 f.write(value)
         except OSError as exc:  # disk full, a name too long for the file system: said, not "new" every run
             logger.debug("cannot write %s: %s", path, exc)
-            self._recorder.uncached(key, "write failed", exc.strerror or str(exc))
+            self._recorder.uncached(key, causes.WRITE_FAILED, exc.strerror or str(exc))
             return
         written = len(value)
         compile_secs = max(compile_clock() - started, 0.0) if started is not None else 0.0

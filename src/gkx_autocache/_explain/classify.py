@@ -11,6 +11,7 @@ from typing import Any
 
 from gkx_autocache import _isa, _key
 from gkx_autocache._diagnostics import plural
+from gkx_autocache._explain import causes
 from gkx_autocache._explain import index as _index
 from gkx_autocache._explain.facts import HELPER_PLACE, NO_HOOK, UNKNOWN_PLACE, Facts
 from gkx_autocache._explain.index import Evidence, Record
@@ -51,16 +52,16 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     # whatever this compile is, it is new here.
     ours = all(r.run == run for r in recorded) and all(evidence.written_at(k) >= run_start for k in unrecorded)
     if ours and (facts.place == UNKNOWN_PLACE or not any(r.place == facts.place for r in recorded)):
-        return {"cause": "new", "detail": f"a further variant of {name} (inputs {facts.signature}): every entry of "
+        return {"cause": causes.NEW, "detail": f"a further variant of {name} (inputs {facts.signature}): every entry of "
                                           f"{name} here was written by this run"}
     if facts.place == UNKNOWN_PLACE:
         where = "its code has no module to tell it by (a notebook cell, <stdin>, python -c)"
-        return {"cause": "cannot tell", "detail": f"new, or another function named {name} changed: {where}",
+        return {"cause": causes.CANNOT_TELL, "detail": f"new, or another function named {name} changed: {where}",
                 "by": "place"}
     here = [r for r in recorded if r.place == facts.place]
     unrecorded = evidence.unrecorded(name, recorded) if not here or not any(r.run != run for r in here) else []
     if not here and unrecorded:
-        return {"cause": "cannot tell", "by": "record",
+        return {"cause": causes.CANNOT_TELL, "by": "record",
                 "detail": f"new, or changed: {plural(len(unrecorded), 'entry', 'entries')} of {name} here "
                           f"{'has' if len(unrecorded) == 1 else 'have'} no record (written by stock JAX, an older "
                           "gkx-autocache, a bundle without records, or a process still running or killed)"}
@@ -68,29 +69,29 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
         elsewhere = sorted({r.place for r in recorded})
         alias = next((p for p in elsewhere if _maybe_same(p, facts.place)), None)
         if alias is not None:  # model/core.py imported as model.core, and as core (its folder on sys.path)
-            return {"cause": "cannot tell", "by": "alias",
+            return {"cause": causes.CANNOT_TELL, "by": "alias",
                     "detail": f"new, or changed: its entries here are {_in(alias)}, which may be this very file "
                               f"imported another way ({_in(facts.place)})"}
         # Two functions of one name in one file (a `step` of two classes) are told apart by name.
         qualified = facts.place.rsplit(":", 1)[0] in {p.rsplit(":", 1)[0] for p in elsewhere}
-        return {"cause": "new", "detail": f"another {name}, {_in(facts.place, qualified)} (its entries here are "
+        return {"cause": causes.NEW, "detail": f"another {name}, {_in(facts.place, qualified)} (its entries here are "
                                           f"{', '.join(_in(p, qualified) for p in elsewhere[:3])})"}
     # What this run wrote cannot have been a hit for it: the question is what the directory held
     # before. Only where this run wrote every entry of the function is a further shape "new".
     earlier = [r for r in here if r.run != run]
     before = [k for k in unrecorded if evidence.written_at(k) < run_start]
     if not earlier and before:
-        return {"cause": "cannot tell", "by": "record",
+        return {"cause": causes.CANNOT_TELL, "by": "record",
                 "detail": f"new, or changed: {plural(len(before), 'older entry', 'older entries')} of {name} here "
                           f"{'has' if len(before) == 1 else 'have'} no record"}
     if not earlier:
         shapes = sorted({r.signature for r in here})
         if facts.place == HELPER_PLACE:
-            return {"cause": "new", "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
+            return {"cause": causes.NEW, "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
         if facts.signature in shapes:
-            return {"cause": "new", "detail": f"a further variant of {name} with inputs this run compiled it for "
+            return {"cause": causes.NEW, "detail": f"a further variant of {name} with inputs this run compiled it for "
                                               f"({facts.signature}): other static arguments or closed-over values"}
-        return {"cause": "new", "detail": f"new shape {facts.signature} (this run compiled {name} for "
+        return {"cause": causes.NEW, "detail": f"new shape {facts.signature} (this run compiled {name} for "
                                           f"{'; '.join(shapes[:3])}{_more(shapes, 3)})"}
     # jax.config is named only where no earlier entry has this very jax.config: an entry with it
     # rules it out (its computation differs all the same), whichever variant was written last.
@@ -109,19 +110,19 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
         # told from the key: where the inputs are the same, the code is as likely.
         also = (f"; or, if that does not change what is compiled, {SAME_SHAPES}"
                 if any(r.signature == facts.signature for r in earlier) else "")
-        return {"cause": "changed computation", "detail": f"jax.config differs: {shown}{_more(differing, 4)}{also}"}
+        return {"cause": causes.CHANGED_COMPUTATION, "detail": f"jax.config differs: {shown}{_more(differing, 4)}{also}"}
     earlier = alike
     nearest = closest(earlier, facts)
     if facts.place == HELPER_PLACE:  # another use of JAX's own helper (other shapes, other static arguments)
-        return {"cause": "new", "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
+        return {"cause": causes.NEW, "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
     if facts.place.endswith("<lambda>"):  # every lambda of a file (or of one function in it) has one place
         file, _, where = facts.place.rpartition(":")
         inside = f" ({where.removesuffix('.<lambda>')})" if where != "<lambda>" else ""
-        return {"cause": "cannot tell", "by": "lambda",
+        return {"cause": causes.CANNOT_TELL, "by": "lambda",
                 "detail": f"changed, or another lambda in {file}{inside}: lambdas have no name to tell them apart"}
     if any(r.signature == facts.signature for r in earlier):
-        return {"cause": "changed computation", "detail": f"same input shapes ({facts.signature}): {SAME_SHAPES}"}
-    return {"cause": "changed computation", "detail": f"inputs {nearest.signature} -> {facts.signature}"}
+        return {"cause": causes.CHANGED_COMPUTATION, "detail": f"same input shapes ({facts.signature}): {SAME_SHAPES}"}
+    return {"cause": causes.CHANGED_COMPUTATION, "detail": f"inputs {nearest.signature} -> {facts.signature}"}
 
 
 def _maybe_same(one: str, other: str) -> bool:
@@ -170,7 +171,7 @@ def evicted(removed: tuple[float, str] | None) -> dict[str, Any]:
               "prune": f"removed by gkx-autocache prune{when}",
               "verify": f"removed by gkx-autocache verify --repair{when} (it did not load)",
               }.get(by, f"removed outside gkx-autocache{when} (by hand, or another tool): this exact entry was here")
-    return {"cause": "evicted", "detail": detail, "by": by}
+    return {"cause": causes.EVICTED, "detail": detail, "by": by}
 
 
 def new_here(name: str, evidence: Evidence, place: str = UNKNOWN_PLACE) -> dict[str, Any]:
@@ -184,18 +185,18 @@ def new_here(name: str, evidence: Evidence, place: str = UNKNOWN_PLACE) -> dict[
                    "are not kept")
     else:
         horizon = f"none removed in the last {int(_index.REMOVED_SECS // 86400)} days"
-    first = {"cause": "new", "detail": f"no entry of {name} here before ({horizon})"}
+    first = {"cause": causes.NEW, "detail": f"no entry of {name} here before ({horizon})"}
     if other is None:
         return first
     mine = os.path.basename(evidence.version_dir).removeprefix(VERSION_PREFIX)
     theirs = os.path.basename(other).removeprefix(VERSION_PREFIX)
     places = _places_of(other).get(name, set())
     if place != UNKNOWN_PLACE and place in places:
-        return {"cause": "changed JAX", "detail": f"JAX {theirs} -> {mine}: the entries of {theirs} are in "
+        return {"cause": causes.CHANGED_JAX, "detail": f"JAX {theirs} -> {mine}: the entries of {theirs} are in "
                                                   f"{os.path.basename(other)}/; every entry is compiled once for {mine}"}
     if place != UNKNOWN_PLACE and places - {UNKNOWN_PLACE}:
         return first  # the older version's entries of this name are another function's
-    return {"cause": "cannot tell", "by": "jax",
+    return {"cause": causes.CANNOT_TELL, "by": "jax",
             "detail": f"new, or JAX {theirs} -> {mine}: {os.path.basename(other)}/ holds entries named {name}, "
                       "with no record of where their code is"}
 
@@ -237,12 +238,12 @@ def changed_part(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str,
     after (and the parts that changed with it)."""
     changed = [p for p in PRIORITY if nearest.parts[PARTS.index(p)] != facts.parts[p]]
     if not changed:
-        return {"cause": "evicted", "detail": "this exact key was stored before and is gone", "by": "outside"}
+        return {"cause": causes.EVICTED, "detail": "this exact key was stored before and is gone", "by": "outside"}
     if "compile_options" in changed and set(changed) <= {"accelerator_config", "compile_options"}:
         options = compile_options_change(
             evidence.readable("compile_options", nearest.parts[PARTS.index("compile_options")]),
             facts.readable.get("compile_options"), "")
-        if options["cause"] == "changed device assignment":  # another rank's devices, on CPU
+        if options["cause"] == causes.CHANGED_DEVICE_ASSIGNMENT:  # another rank's devices, on CPU
             return options
     first = changed[0]
     before = evidence.readable(first, nearest.parts[PARTS.index(first)])
@@ -252,21 +253,21 @@ def changed_part(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str,
     if first == "custom_hook":
         old, new = _key.isa_of(before or ""), _key.isa_of(after or "")
         if new is not None and old is None and (before is not None or nearest.parts[PARTS.index(first)] == NO_HOOK):
-            return {"cause": "before CPU keying",
+            return {"cause": causes.BEFORE_CPU_KEYING,
                     "detail": "its entry was written before gkx-autocache keyed CPU entries by the CPU's instruction "
                               "set (or by stock JAX): compiled once more under the new key"}
         if old is not None and new is not None and old != new:
-            return {"cause": "changed CPU", "detail": f"built for another CPU: {_isa.difference(old, new)}{with_it}"}
+            return {"cause": causes.CHANGED_CPU, "detail": f"built for another CPU: {_isa.difference(old, new)}{with_it}"}
     if first == "compile_options":
         return compile_options_change(before, after, with_it)
     if first == "XLA flags":
-        return {"cause": "changed XLA_FLAGS", "detail": f"XLA_FLAGS: {before!r} -> {after!r}{with_it}"}
+        return {"cause": causes.CHANGED_XLA_FLAGS, "detail": f"XLA_FLAGS: {before!r} -> {after!r}{with_it}"}
     if before is None or after is None:
-        return {"cause": f"changed {label}", "detail": f"{label} differs (its value was not recorded){with_it}"}
+        return {"cause": causes.changed(label), "detail": f"{label} differs (its value was not recorded){with_it}"}
     if before == after:
-        return {"cause": f"changed {label}", "detail": f"{label} hashes differently, though it reads {after!r} both "
+        return {"cause": causes.changed(label), "detail": f"{label} hashes differently, though it reads {after!r} both "
                                                        f"times{with_it}"}
-    return {"cause": f"changed {label}", "detail": f"{label}: {before} -> {after}{with_it}"}
+    return {"cause": causes.changed(label), "detail": f"{label}: {before} -> {after}{with_it}"}
 
 
 def compile_options_change(before: str | None, after: str | None, with_it: str) -> dict[str, Any]:
@@ -278,18 +279,18 @@ def compile_options_change(before: str | None, after: str | None, with_it: str) 
         old, new = {}, {}
     named = [k for k in sorted(set(old) | set(new)) if not k.startswith("#") and old.get(k) != new.get(k)]
     if named == ["device_assignment"] or named == ["device_assignment", "executable_build_options.device_assignment"]:
-        return {"cause": "changed device assignment",
+        return {"cause": causes.CHANGED_DEVICE_ASSIGNMENT,
                 "detail": f"device assignment, in the compile options on CPU: {_short(old.get('device_assignment'))} -> "
                           f"{_short(new.get('device_assignment'))}{with_it}"}
     if named:
         shown = "; ".join(f"{k.removeprefix('executable_build_options.')}: {_short(old.get(k))} -> {_short(new.get(k))}"
                           for k in named[:4])
-        return {"cause": "changed compile options", "detail": f"{shown}{_more(named, 4)}{with_it}"}
+        return {"cause": causes.CHANGED_COMPILE_OPTIONS, "detail": f"{shown}{_more(named, 4)}{with_it}"}
     fields = [k[1:] for k in sorted(set(old) | set(new)) if k.startswith("#") and old.get(k) != new.get(k)]
     if fields:
-        return {"cause": "changed compile options",
+        return {"cause": causes.CHANGED_COMPILE_OPTIONS,
                 "detail": f"field {', '.join(fields[:4])} changed (not one the binding names){with_it}"}
-    return {"cause": "changed compile options", "detail": f"they serialise differently{with_it}"}
+    return {"cause": causes.CHANGED_COMPILE_OPTIONS, "detail": f"they serialise differently{with_it}"}
 
 
 def _short(value: Any) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gkx_autocache import _key
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._explain import causes
 from gkx_autocache._explain import index as _index
 from gkx_autocache._explain.classify import classify
 from gkx_autocache._explain.facts import HELPER_PLACE, HEX, Facts, measure
@@ -45,7 +46,7 @@ class Explainer:
         try:
             facts = self._facts(key)
             if facts is None:
-                return {"cause": "unexplained", "detail": "its key was not computed on this thread"}
+                return {"cause": causes.UNEXPLAINED, "detail": "its key was not computed on this thread"}
             before = self._before_cpu_keying(key)
             with self._lock:
                 evidence = self._load()
@@ -57,7 +58,7 @@ class Explainer:
             return found
         except Exception as exc:  # an explanation must never cost a compile
             logger.debug("miss of %s not explained: %s", key, exc)
-            return {"cause": "unexplained", "detail": f"{type(exc).__name__}: {exc}"[:200]}
+            return {"cause": causes.UNEXPLAINED, "detail": f"{type(exc).__name__}: {exc}"[:200]}
 
     def _before_cpu_keying(self, key: str) -> dict[str, Any] | None:
         """The migration (SPEC §15): the entry stock JAX, or the package before it keyed CPU entries
@@ -71,7 +72,7 @@ class Explainer:
         name = f"{function_name(key)}-{legacy.hexdigest()}"
         if not os.path.lexists(os.path.join(self.version_dir, name + ENTRY_SUFFIX)):
             return None
-        return {"cause": "before CPU keying",
+        return {"cause": causes.BEFORE_CPU_KEYING,
                 "detail": "its entry was written by stock JAX or before gkx-autocache keyed CPU entries by the "
                           "CPU's instruction set: compiled once more under the new key"}
 

@@ -1,6 +1,6 @@
 """What ``gkx-autocache explain`` (and ``gkx_autocache.explain()``) reports: the last run and its
 counts, its misses and uncached compiles grouped by cause then function, older ones after; and each
-cause's fix (``FIXES``), naming where the setting it names is set. Never imports ``jax``."""
+cause's fix (``causes.FIXES``), naming where the setting it names is set. Never imports ``jax``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from gkx_autocache import _cache, _jax, _settings, _store
+from gkx_autocache import _cache, _settings, _store
+from gkx_autocache._explain import causes
 from gkx_autocache._layout import function_name
 from gkx_autocache._record import ledger as _ledger
 from gkx_autocache._record import recorder as _stats
@@ -28,64 +29,20 @@ class Context(Protocol):
     def version_dir(self) -> str: ...
 
 
-FIXES = {
-    "new": "nothing to fix: its first entry here; the next run is served",
-    "changed computation": "nothing to fix when you changed the code, the shapes or jax.config; a value that differs "
-                           "on every run (a time, a seed, an id()) closed over by the function makes it miss every "
-                           "time: pass it as an argument",
-    "changed XLA_FLAGS": "keep XLA_FLAGS (and --xla arguments) the same between runs: every entry depends on them",
-    "changed jaxlib": "entries of another jaxlib are never hit: expected after an upgrade",
-    "changed JAX": "expected after an upgrade; gkx-autocache prune --stale-versions removes the old directory once "
-                   "unused for 30 days",
-    "changed backend": "entries of another backend version are never hit: expected after a driver or plugin upgrade",
-    "changed devices": "the device kinds or count differ (CUDA_VISIBLE_DEVICES, "
-                       "--xla_force_host_platform_device_count, jax_num_cpu_devices): each set has its own entries",
-    "changed device assignment": "expected for ranks other than 0 of a multi-process run on CPU (JAX keys the device "
-                                 "assignment there; on GPU it does not)",
-    "changed compile options": "compile options set in code or jax.config differ between runs",
-    "changed compression": "installing or removing zstandard changes every key: keep it the same",
-    "changed custom hook": f"{_jax.HOOK}() returns something else",
-    "changed CPU": "expected on another CPU: its entries are built for the CPU that compiled them, and are never "
-                   "loaded where they could not run; each CPU keeps its own",
-    "before CPU keying": "nothing to fix: once per entry after upgrading to a gkx-autocache that keys CPU entries by "
-                         "the CPU's instruction set (or after stock JAX wrote the directory)",
-    "cannot tell": "the evidence cannot decide: run your code from a module file (not a notebook cell or python -c) "
-                   "to tell functions of one name apart",
-    "cannot tell:record": "the evidence cannot decide: entries without a record (stock JAX, an older gkx-autocache, a "
-                          "process not finished) are compared once a gkx-autocache process has recorded them",
-    "cannot tell:alias": "the evidence cannot decide: import a module one way (model.core), not also by putting its "
-                         "folder on sys.path (core), so that its functions have one place",
-    "cannot tell:lambda": "the evidence cannot decide: give the function a name (def) to tell it from the file's "
-                          "other lambdas",
-    "cannot tell:jax": "the evidence cannot decide: nothing to fix if you upgraded JAX; if not, its first entry here",
-    "rejected": "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
-    "unexplained": "JAX's key parts were not seen for this compile",
-    "not process 0": "expected: only process 0 of a multi-process run writes (JAX's rule)",
-    "host callbacks": "JAX 0.10 does not write functions with host callbacks (jax.debug.print, pure_callback): keep "
-                      "them out of hot functions, or upgrade JAX",
-    "read-only directory": "expected: the cache is read-only for you (a baked image)",
-}
-EVICTED = {"max_size": "the cap is smaller than the working set: raise max_size ({how})",
-           "prune": "removed by gkx-autocache prune: nothing to fix (prune less, or raise --max-size)",
-           "verify": "removed by gkx-autocache verify --repair because it did not load: nothing to fix",
-           "outside": "someone or something outside gkx-autocache removed it (a person, a cleanup job, another tool)"}
-EVERY_RUN = ("misses on every run: a value that differs on every run (a time, a seed, an id()) is closed over by the "
-             "function or passed as a static argument: pass it as an ordinary (traced) argument")
-
-
 def fix_for(cause: str, ctx: Context, by: str | None = None, detail: str = "",
             env: Mapping[str, str] = os.environ) -> str:
     """The fix for a cause, naming the source of every setting it names (SPEC §13.1)."""
-    short = cause.removeprefix("not cached: ")
-    if short == "rejected" and detail.startswith("not signed"):
+    short = cause.removeprefix(causes.NOT_CACHED)
+    if short == causes.REJECTED and detail.startswith("not signed"):
         return not_signed_fix(ctx, env)
-    if short == "evicted":
-        return EVICTED.get(by or "max_size", EVICTED["outside"]).format(how=setting_fix(ctx, "max_size", "20GiB"))
-    if short == "below min_compile_time_secs":
+    if short == causes.EVICTED:
+        return causes.EVICTED_BY.get(by or "max_size", causes.EVICTED_BY["outside"]).format(
+            how=setting_fix(ctx, "max_size", "20GiB"))
+    if short == causes.BELOW_MIN_COMPILE_TIME:
         return f"lower min_compile_time_secs ({setting_fix(ctx, 'min_compile_time_secs', '0')})"
-    if short == "below min_entry_size_bytes":
+    if short == causes.BELOW_MIN_ENTRY_SIZE:
         return f"lower min_entry_size_bytes ({setting_fix(ctx, 'min_entry_size_bytes', '-1')})"
-    return FIXES.get(f"{short}:{by}", FIXES.get(short, ""))
+    return causes.FIXES.get(f"{short}:{by}", causes.FIXES.get(short, ""))
 
 
 def not_signed_fix(ctx: Context, env: Mapping[str, str]) -> str:
@@ -162,7 +119,7 @@ def _whole_run(groups: list[dict[str, Any]], last_run: dict[str, Any], ctx: Cont
     record once (its repeats are tallied), and only the latest ``RECENT`` records are kept, so the
     records listed by function may be fewer; ``listed`` says how many are."""
     counted = {**last_run["misses_by_cause"],
-               **{f"not cached: {reason}": n for reason, n in last_run["not_cached_by_reason"].items()}}
+               **{causes.not_cached(reason): n for reason, n in last_run["not_cached_by_reason"].items()}}
     by_cause = {group["cause"]: group for group in groups}
     for cause, n in counted.items():
         group = by_cause.get(cause)
@@ -170,7 +127,7 @@ def _whole_run(groups: list[dict[str, Any]], last_run: dict[str, Any], ctx: Cont
             group = by_cause[cause] = {"cause": cause, "count": 0, "functions": [], "fix": fix_for(cause, ctx)}
         if n > group["count"]:
             group["listed"], group["count"] = group["count"], n
-    return sorted(by_cause.values(), key=lambda g: (g["cause"].startswith("not cached"), -g["count"]))
+    return sorted(by_cause.values(), key=lambda g: (g["cause"].startswith(causes.NOT_CACHED), -g["count"]))
 
 
 def _every_run(records: list[dict[str, Any]], runs: list[str]) -> set[str]:
@@ -179,7 +136,7 @@ def _every_run(records: list[dict[str, Any]], runs: list[str]) -> set[str]:
         return set()
     seen: dict[str, set[str]] = {}
     for record in records:
-        if record["e"] == "miss" and record.get("cause") == "changed computation" and record.get("run") in runs:
+        if record["e"] == "miss" and record.get("cause") == causes.CHANGED_COMPUTATION and record.get("run") in runs:
             seen.setdefault(function_name(record.get("key") or "?-"), set()).add(record["run"])
     return {name for name, found in seen.items() if len(found) == len(runs)}
 
@@ -199,19 +156,19 @@ def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -
         fn["detail"] = detail
         fn["last"] = record.get("t")
         fn["helper"] = fn["helper"] or bool(record.get("helper"))
-        if cause == "changed computation" and name in every_run:
-            fn["every_run"] = EVERY_RUN
+        if cause == causes.CHANGED_COMPUTATION and name in every_run:
+            fn["every_run"] = causes.EVERY_RUN
 
     for record in records:
         if record["e"] == "miss":
             off = f"; may have been served by the shared level, which was off after {record['off']}" \
                 if record.get("off") else ""
-            add(record.get("cause") or "unexplained", record, record.get("detail", "") + off)
+            add(record.get("cause") or causes.UNEXPLAINED, record, record.get("detail", "") + off)
         else:
             change = f"; its key differs from the entries here: {record['cause']}: {record.get('change', '')}" \
                 if record.get("cause") else ""
-            add(f"not cached: {record.get('reason') or 'unknown'}", record, record.get("detail", "") + change)
-    ordered = sorted(groups.values(), key=lambda g: (g["cause"].startswith("not cached"), -g["count"]))
+            add(causes.not_cached(record.get('reason') or 'unknown'), record, record.get("detail", "") + change)
+    ordered = sorted(groups.values(), key=lambda g: (g["cause"].startswith(causes.NOT_CACHED), -g["count"]))
     for group in ordered:
         group["fix"] = "; ".join(fix for fix in group.pop("fixes") if fix)
         group["functions"] = sorted(group["functions"].values(), key=lambda f: (f["helper"], -f["count"], f["name"]))

@@ -62,7 +62,9 @@ class Watch:
             explainer = self.explainer()
         except Exception as exc:  # an explanation must never cost a compile
             logger.debug("miss of %s not explained: %s", key, exc)
-            return {"cause": "unexplained", "detail": f"{type(exc).__name__}: {exc}"[:200]}
+            from gkx_autocache._explain import causes
+
+            return {"cause": causes.UNEXPLAINED, "detail": f"{type(exc).__name__}: {exc}"[:200]}
         return explainer.cause(key)  # type: ignore[no-any-return]
 
     def ingredients(self, key: str) -> dict[str, Any]:
@@ -107,6 +109,8 @@ def install(jax: Any, recorder: Any, version_dir: str, run: str, run_start: floa
     def wrap(write: Any) -> Any:
         def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
                          *rest: Any, **kwargs: Any) -> None:
+            from gkx_autocache._explain import causes
+
             reason = _not_written(jax, compile_time_secs, _jax.host_callbacks(rest, kwargs))
             before = recorder.writes
             write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
@@ -115,7 +119,7 @@ def install(jax: Any, recorder: Any, version_dir: str, run: str, run_start: floa
                     return  # the user's code chose another directory: its compiles are not ours to count
                 if reason is None and recorder.writes == before and recorder.store_serving:
                     minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
-                    reason = ("below min_entry_size_bytes", f"{minimum} bytes") if minimum > 0 else None
+                    reason = (causes.BELOW_MIN_ENTRY_SIZE, f"{minimum} bytes") if minimum > 0 else None
                 if reason is not None and recorder.totals.writes == before:  # a rank's own local write (SPEC §14) is one
                     recorder.uncached(cache_key, *reason)
             except Exception:
@@ -134,14 +138,16 @@ def install(jax: Any, recorder: Any, version_dir: str, run: str, run_start: floa
 def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any) -> tuple[str, str] | None:
     """Why JAX will not write this compile, by JAX's own rules, before it decides: a reason and
     its detail."""
+    from gkx_autocache._explain import causes  # at the first compile: a run where every lookup hits has none
+
     try:
         if jax.process_index() != 0:
-            return "not process 0", f"process {jax.process_index()}: only process 0 of a multi-process run writes"
+            return causes.NOT_PROCESS_0, f"process {jax.process_index()}: only process 0 of a multi-process run writes"
         if host_callbacks:
-            return "host callbacks", "jax.debug.print, pure_callback or io_callback in the function"
+            return causes.HOST_CALLBACKS, "jax.debug.print, pure_callback or io_callback in the function"
         minimum = jax.config.jax_persistent_cache_min_compile_time_secs
         if compile_time_secs < minimum:
-            return "below min_compile_time_secs", f"{minimum:g} s; it took {compile_time_secs:.2f} s"
+            return causes.BELOW_MIN_COMPILE_TIME, f"{minimum:g} s; it took {compile_time_secs:.2f} s"
     except Exception:
         pass
     return None

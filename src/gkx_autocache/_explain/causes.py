@@ -1,0 +1,85 @@
+"""Every cause of a miss and every reason a compile is not cached, with its fix: the one vocabulary
+that the explainer, the seams, the recorder, ``explain``, ``stats``, the report line and the API
+share (SPEC §13.1)."""
+
+from gkx_autocache._jax import HOOK
+
+# The causes of a miss (the explainer names one for each).
+NEW = "new"
+EVICTED = "evicted"
+CANNOT_TELL = "cannot tell"  # with "by": what the evidence cannot tell apart (place, record, alias, lambda, jax)
+REJECTED = "rejected"  # the entry was there and could not be used
+UNEXPLAINED = "unexplained"
+BEFORE_CPU_KEYING = "before CPU keying"
+CHANGED_COMPUTATION = "changed computation"
+CHANGED_XLA_FLAGS = "changed XLA_FLAGS"
+CHANGED_JAX = "changed JAX"
+CHANGED_CPU = "changed CPU"
+CHANGED_DEVICE_ASSIGNMENT = "changed device assignment"
+CHANGED_COMPILE_OPTIONS = "changed compile options"
+
+
+def changed(label: str) -> str:
+    """The cause for a key part that differs, by its label (``jaxlib``, ``backend``, ``devices``...)."""
+    return f"changed {label}"
+
+
+# Why a compile is not cached (JAX does not write it, or the store cannot): shown as "not cached: <reason>".
+NOT_PROCESS_0 = "not process 0"
+HOST_CALLBACKS = "host callbacks"
+BELOW_MIN_COMPILE_TIME = "below min_compile_time_secs"
+BELOW_MIN_ENTRY_SIZE = "below min_entry_size_bytes"
+READ_ONLY = "read-only directory"
+WRITE_FAILED = "write failed"
+NOT_CACHED = "not cached: "
+
+
+def not_cached(reason: str) -> str:
+    return NOT_CACHED + reason
+
+
+FIXES = {
+    NEW: "nothing to fix: its first entry here; the next run is served",
+    CHANGED_COMPUTATION: "nothing to fix when you changed the code, the shapes or jax.config; a value that differs "
+                         "on every run (a time, a seed, an id()) closed over by the function makes it miss every "
+                         "time: pass it as an argument",
+    CHANGED_XLA_FLAGS: "keep XLA_FLAGS (and --xla arguments) the same between runs: every entry depends on them",
+    changed("jaxlib"): "entries of another jaxlib are never hit: expected after an upgrade",
+    CHANGED_JAX: "expected after an upgrade; gkx-autocache prune --stale-versions removes the old directory once "
+                 "unused for 30 days",
+    changed("backend"): "entries of another backend version are never hit: expected after a driver or plugin upgrade",
+    changed("devices"): "the device kinds or count differ (CUDA_VISIBLE_DEVICES, "
+                        "--xla_force_host_platform_device_count, jax_num_cpu_devices): each set has its own entries",
+    CHANGED_DEVICE_ASSIGNMENT: "expected for ranks other than 0 of a multi-process run on CPU (JAX keys the device "
+                               "assignment there; on GPU it does not)",
+    CHANGED_COMPILE_OPTIONS: "compile options set in code or jax.config differ between runs",
+    changed("compression"): "installing or removing zstandard changes every key: keep it the same",
+    changed("custom hook"): f"{HOOK}() returns something else",
+    CHANGED_CPU: "expected on another CPU: its entries are built for the CPU that compiled them, and are never "
+                 "loaded where they could not run; each CPU keeps its own",
+    BEFORE_CPU_KEYING: "nothing to fix: once per entry after upgrading to a gkx-autocache that keys CPU entries by "
+                       "the CPU's instruction set (or after stock JAX wrote the directory)",
+    CANNOT_TELL: "the evidence cannot decide: run your code from a module file (not a notebook cell or python -c) "
+                 "to tell functions of one name apart",
+    f"{CANNOT_TELL}:record": "the evidence cannot decide: entries without a record (stock JAX, an older gkx-autocache, a "
+                             "process not finished) are compared once a gkx-autocache process has recorded them",
+    f"{CANNOT_TELL}:alias": "the evidence cannot decide: import a module one way (model.core), not also by putting its "
+                            "folder on sys.path (core), so that its functions have one place",
+    f"{CANNOT_TELL}:lambda": "the evidence cannot decide: give the function a name (def) to tell it from the file's "
+                             "other lambdas",
+    f"{CANNOT_TELL}:jax": "the evidence cannot decide: nothing to fix if you upgraded JAX; if not, its first entry here",
+    REJECTED: "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
+    UNEXPLAINED: "JAX's key parts were not seen for this compile",
+    NOT_PROCESS_0: "expected: only process 0 of a multi-process run writes (JAX's rule)",
+    HOST_CALLBACKS: "JAX 0.10 does not write functions with host callbacks (jax.debug.print, pure_callback): keep "
+                    "them out of hot functions, or upgrade JAX",
+    READ_ONLY: "expected: the cache is read-only for you (a baked image)",
+}
+# The fix for an eviction, by who removed the entry.
+EVICTED_BY = {"max_size": "the cap is smaller than the working set: raise max_size ({how})",
+              "prune": "removed by gkx-autocache prune: nothing to fix (prune less, or raise --max-size)",
+              "verify": "removed by gkx-autocache verify --repair because it did not load: nothing to fix",
+              "outside": "someone or something outside gkx-autocache removed it (a person, a cleanup job, another "
+                         "tool)"}
+EVERY_RUN = ("misses on every run: a value that differs on every run (a time, a seed, an id()) is closed over by the "
+             "function or passed as a static argument: pass it as an ordinary (traced) argument")
