@@ -16,7 +16,8 @@ from gkx_autocache._cli import status as _status
 from gkx_autocache._cli.status import Context, load_context
 from gkx_autocache._diagnostics import human_bytes, human_secs, one_line, plural, shown
 from gkx_autocache._record import ledger as _ledger
-from gkx_autocache._record import recorder as _stats
+from gkx_autocache._record import reset as _reset
+from gkx_autocache._record import show as _show
 
 OK, FAILED, USAGE = 0, 1, 2
 JSON_VERSION = _status.JSON_VERSION
@@ -117,7 +118,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     ctx = load_context()
     vdir = ctx.version_dir
     if args.reset:
-        removed = _ledger.reset(vdir, bool(ctx.settings["trust_shared"]))
+        removed = _reset.reset(vdir, bool(ctx.settings["trust_shared"]))
         emit(args, f"stats reset ({plural(removed, 'ledger')} folded and removed)", {"reset": True, "removed": removed})
         return OK
     data = _status.stats_data(vdir)
@@ -163,9 +164,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if last is None:
         lines.append(f"no run has recorded its use of {vdir} since the last reset")
     else:
-        counts = [plural(last["hits"], "hit"), plural(last["misses"], "miss", "misses") + _stats.by_cause(last["misses_by_cause"])]
+        counts = [plural(last["hits"], "hit"), plural(last["misses"], "miss", "misses") + _show.by_cause(last["misses_by_cause"])]
         if last["not_cached"]:
-            counts.append(f"{last['not_cached']} not cached{_stats.by_cause(last['not_cached_by_reason'])}")
+            counts.append(f"{last['not_cached']} not cached{_show.by_cause(last['not_cached_by_reason'])}")
         lines.append(f"last run: {_when(last['started'])}, {last['label'] or 'a process'} "
                      f"({plural(last['processes'], 'process', 'processes')}): {', '.join(counts)}")
         lines.extend(_groups_text(data["groups"], "  ", with_time=False))
@@ -292,7 +293,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
             _require_tag(vdir)
         _carry_out(args, _entries.plan_clear(vdir), {"totals_reset": not args.dry_run})
         if not args.dry_run:  # a fresh start: the totals of what was cleared go too
-            _ledger.reset(vdir, bool(ctx.settings["trust_shared"]), forget=True)
+            _reset.reset(vdir, bool(ctx.settings["trust_shared"]), forget=True)
             if not args.json:
                 print(f"stats of {vdir} reset")
     return OK
@@ -321,7 +322,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     plan = _entries.plan_prune(vdir, cap, older)
     _carry_out(args, plan, {"max_size": cap, "stale_versions": stale}, remains=True)
     if not args.dry_run and os.path.isdir(vdir):  # their next miss is then named "evicted"
-        _ledger.record_evicted(vdir, [u.key for u in plan.units if u.has_entry], "prune", bool(ctx.settings["trust_shared"]))
+        _reset.record_evicted(vdir, [u.key for u in plan.units if u.has_entry], "prune", bool(ctx.settings["trust_shared"]))
     if not args.dry_run:
         for other in stale:
             _entries.remove_version_dir(other)
@@ -368,7 +369,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if done.failed:
             raise CliError(f"verify --repair: {done.why()}")
         # their next miss is then named "evicted", by verify --repair
-        _ledger.record_evicted(vdir, [u.key for u, _ in result.corrupt if u.has_entry], "verify",
+        _reset.record_evicted(vdir, [u.key for u, _ in result.corrupt if u.has_entry], "verify",
                                bool(load_context().settings["trust_shared"]))
     lines = [f"verified {result.checked} entries in {vdir}: {len(result.corrupt)} corrupt, "
              f"{len(result.orphans)} orphan sidecars, {len(result.stale)} stale temporary files, {len(result.links)} links"
@@ -448,7 +449,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
     except OSError as exc:
         raise CliError(f"{args.file}: {exc.strerror or exc}; nothing imported") from None
-    _ledger.record_added(vdir, done.bytes, bool(ctx.settings["trust_shared"]), lines=done.records)
+    _reset.record_added(vdir, done.bytes, bool(ctx.settings["trust_shared"]), lines=done.records)
     other = (f"; {plural(done.other_cpu, 'entry was', 'entries were')} built for another CPU: kept with their old "
              "access time, never loaded here") if done.other_cpu else ""
     unknown = (f"; {plural(done.unknown_cpu, 'entry does', 'entries do')} not say for which CPU (no record): "

@@ -14,7 +14,8 @@ from gkx_autocache import _cache, _entries, _settings, _store
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural
 from gkx_autocache._layout import is_url, version_name
 from gkx_autocache._record import ledger as _ledger
-from gkx_autocache._record import recorder as _stats
+from gkx_autocache._record import locks as _locks
+from gkx_autocache._record import show as _show
 
 JSON_VERSION = 2  # 2: misses and compiles not cached are two counts (misses_by_cause, not_cached_by_reason)
 
@@ -165,11 +166,11 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
                 attention.append(f"misses are not explained here: {store['explain']}")
             if location.kind == _cache.LOCAL and store.get("isa"):
                 attention.append(str(store["isa"]))
-            if location.kind == _cache.LOCAL and (note := _ledger.flock_note(vdir)):
+            if location.kind == _cache.LOCAL and (note := _locks.flock_note(vdir)):
                 attention.append(note)
             try:  # a bucket may be unreachable from here: status still reports the rest
                 if location.kind != _cache.OWN:
-                    reading = _ledger.Reading(vdir)
+                    reading = _show.Reading(vdir)
                     totals = reading.totals()
                     reset_at = reading.summary.reset_at if reading.summary else 0.0
                     if totals is not None and totals.empty and reset_at:
@@ -208,7 +209,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         "start_files": files, "hook_live": live, "settings": values,
         "files": {path: v.status + (f": {v.problem}" if v.problem else "") for path, v in settings.files.items()},
         "directory": directory, "versions_present": present, "store": store,
-        "stats": _stats.totals_dict(totals) if totals else None, "stats_reset_at": reset_at or None,
+        "stats": _show.totals_dict(totals) if totals else None, "stats_reset_at": reset_at or None,
         "sizes": "on disk: allocated blocks, as du counts them (what max_size caps)", "attention": attention,
     }
 
@@ -216,13 +217,13 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
 def stats_data(vdir: str) -> dict[str, Any]:
     """What ``stats --json`` prints (less its version and command): the totals since the last reset,
     live processes included (None when there are none), and the costliest functions."""
-    reading = _ledger.Reading(vdir)
+    reading = _show.Reading(vdir)
     totals = reading.totals()
     reset_at = reading.summary.reset_at if reading.summary else 0.0
     if totals is None or (totals.empty and reset_at):
         return {"dir": vdir, "stats": None, "levels": None, "top_functions": [], "reset_at": reset_at or None}
-    top = [{"name": n, "compile_secs": round(s, 3), "helper": h} for n, s, h in _stats.top_functions(totals)]
-    stats = _stats.totals_dict(totals)  # (its levels also at the top of the object: SPEC §14)
+    top = [{"name": n, "compile_secs": round(s, 3), "helper": h} for n, s, h in _show.top_functions(totals)]
+    stats = _show.totals_dict(totals)  # (its levels also at the top of the object: SPEC §14)
     return {"dir": vdir, "stats": stats, "levels": stats["levels"], "top_functions": top,
             "reset_at": reset_at or None}
 
@@ -343,7 +344,7 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
     elif (verdict := _store.read_verdict(vdir)) is not None and verdict.get("explain"):
         unavailable = str(verdict["explain"])
     local = location is not None and location.kind == _cache.LOCAL
-    reading = _ledger.Reading(vdir) if local else None
+    reading = _show.Reading(vdir) if local else None
     runs = reading.runs() if reading else {}
     last = next(reversed(runs.items()), None)
     last_run = None
@@ -351,7 +352,7 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
         run, entry = last
         totals = _ledger.Totals.from_json(entry["totals"])
         last_run = {"run": run, "started": entry["start"], "ended": entry["end"], "label": entry["label"],
-                    "processes": entry["processes"], **_stats.totals_dict(totals)}
+                    "processes": entry["processes"], **_show.totals_dict(totals)}
     wanted = None if function is None else {function, f"jit_{function}"}
     cutoff = time.time() - since if since is not None else 0.0
     records = [r for r in (reading.recent() if reading else [])
