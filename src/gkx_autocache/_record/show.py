@@ -13,7 +13,6 @@ from gkx_autocache._record import fold as _fold
 from gkx_autocache._record import ledger as _ledger
 from gkx_autocache._record.ledger import RECENT, Totals
 
-
 # -- a directory's record, for the commands ----------------------------------------------------
 
 
