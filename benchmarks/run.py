@@ -484,8 +484,8 @@ def prune_at_exit(with_py: Path, entries: int, work: Path) -> float:
     """The fold at exit on ``entries`` entries over the cap: it scans and prunes to 90 %."""
     vdir = work / "prune" / "jax-x"
     synthetic(vdir, entries, *real_entry(with_py, work))
-    code = ("import time, sys; from gkx_autocache._record import ledger as _ledger; t = time.perf_counter(); "
-            f"_ledger.fold({str(vdir)!r}, int(sys.argv[1]), False); print(time.perf_counter() - t)")
+    code = ("import time, sys; from gkx_autocache._record import fold as _fold; t = time.perf_counter(); "
+            f"_fold.fold({str(vdir)!r}, int(sys.argv[1]), False); print(time.perf_counter() - t)")
     size = sum(p.stat().st_blocks * 512 for p in vdir.iterdir() if p.is_file())  # as the cap counts (du)
     return float(sh(str(with_py), "-c", code, str(int(size * 0.99)), env=base_env()).stdout)
 

@@ -375,14 +375,14 @@ def test_without_flock_a_ledger_being_begun_is_not_taken_for_a_finished_one(tmp_
     from test_longlived import tagged
 
     vdir = tagged(tmp_path / "c")
-    out = script("from gkx_autocache._record import ledger as _ledger\n" + NO_FLOCK + r"""
+    out = script("from gkx_autocache._record import ledger as _ledger\nfrom gkx_autocache._record import fold as _fold\n" + NO_FLOCK + r"""
 import os, sys
 folder = os.path.join(sys.argv[1], ".gkx-autocache", "ledger")
 os.makedirs(folder)
 path = os.path.join(folder, f"{os.getpid()}-1.jsonl")
 open(path, "w").close()  # created: its start line is being written
 print(_ledger.finished(_ledger.read_ledger(path)))
-_ledger.fold(sys.argv[1], 0, False)
+_fold.fold(sys.argv[1], 0, False)
 print(os.path.exists(path))
 """, str(vdir))
     assert out.split() == ["False", "True"], out
@@ -395,7 +395,8 @@ def test_without_flock_a_live_ledger_folded_as_stale_loses_nothing(tmp_path: Pat
     from test_longlived import tagged
 
     vdir = tagged(tmp_path / "c")
-    out = script("from gkx_autocache._record import ledger as _ledger\nfrom gkx_autocache._record import recorder as _stats\n" + NO_FLOCK + r"""
+    out = script("from gkx_autocache._record import ledger as _ledger\nfrom gkx_autocache._record import fold as _fold\n"
+                 "from gkx_autocache._record import recorder as _stats\nfrom gkx_autocache._record import show as _show\n" + NO_FLOCK + r"""
 import os, sys, time
 vdir = sys.argv[1]
 rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
@@ -406,11 +407,11 @@ old = time.time() - 2 * _ledger.STALE_SECS
 os.utime(os.path.join(folder, name), (old, old))  # idle for two days
 real = _ledger.host
 _ledger.host = lambda: "another-node"  # the fold runs on another node of the cluster
-_ledger.fold(vdir, 0, False)
+_fold.fold(vdir, 0, False)
 _ledger.host = real
 rec.miss("jit_f-" + "2" * 64); rec.put("jit_f-" + "2" * 64, 100, 0.01)  # the kernel goes on
 _stats.finish(rec, 0)
-print(_ledger.Reading(vdir).totals().misses)
+print(_show.Reading(vdir).totals().misses)
 """, str(vdir))
     assert out.strip() == "2", out
 
@@ -425,13 +426,14 @@ def test_a_process_that_begins_a_second_ledger_is_still_one_process_of_its_run(t
 import sys
 from gkx_autocache._record import ledger as _ledger
 from gkx_autocache._record import recorder as _stats
+from gkx_autocache._record import show as _show
 _ledger.LIVE_LIMIT = 20_000
 rec = _stats.Recorder(sys.argv[1], ledger=True, run=_stats.begin_run())
 for i in range(500):
     rec.miss(f"jit_g{i}-" + f"{i:064x}")
     rec.put(f"jit_g{i}-" + f"{i:064x}", 100, 0.01)
 _stats.finish(rec, 0)
-(run,) = _ledger.Reading(sys.argv[1]).runs().values()
+(run,) = _show.Reading(sys.argv[1]).runs().values()
 print(run["processes"], run["totals"]["misses"])
 """, str(vdir))
     assert out.split() == ["1", "500"], out
@@ -541,7 +543,7 @@ def test_two_processes_never_both_take_over_a_stale_fold_lock(tmp_path: Path) ->
     from test_longlived import tagged
 
     vdir = tagged(tmp_path / "c")
-    out = script("from gkx_autocache._record import ledger as _ledger\n" + NO_FLOCK + r"""
+    out = script("from gkx_autocache._record import ledger as _ledger\nfrom gkx_autocache._record import locks as _locks\n" + NO_FLOCK + r"""
 import os, sys, time
 vdir = sys.argv[1]
 meta = os.path.join(vdir, ".gkx-autocache")
@@ -557,10 +559,10 @@ def stat(path, *args, **kwargs):
     found = real_stat(path, *args, **kwargs)
     if path == "fold.lock" and not began:  # the other process takes over between our stat and our rename
         began.append(1)
-        taken.append(_ledger._lock(vdir, False))
+        taken.append(_locks._lock(vdir, False))
     return found
 os.stat = stat
-mine = _ledger._lock(vdir, False)
+mine = _locks._lock(vdir, False)
 os.stat = real_stat
 print(taken[0], mine)
 """, str(vdir))
@@ -663,13 +665,13 @@ def test_without_flock_a_fold_lock_of_a_dead_process_of_this_host_is_taken_at_on
 
     vdir = tagged(tmp_path / "c")
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    out = script("from gkx_autocache._record import ledger as _ledger\n" + NO_FLOCK + r"""
+    out = script("from gkx_autocache._record import ledger as _ledger\nfrom gkx_autocache._record import locks as _locks\n" + NO_FLOCK + r"""
 import os, sys, time
 meta = os.path.join(sys.argv[1], ".gkx-autocache")
 os.makedirs(meta)
 with open(os.path.join(meta, "fold.lock"), "w") as f:
     f.write(f"{_ledger.host()} {sys.argv[2]} {time.time():.0f}\n")  # killed a moment ago, folding
-print(_ledger._lock(sys.argv[1], False))
+print(_locks._lock(sys.argv[1], False))
 """, str(vdir), gone.stdout.strip())
     assert out.strip() == "-1", out
 

@@ -158,7 +158,7 @@ def test_folding_keeps_the_totals(venv: Venv, tmp_path: Path) -> None:
         (ledger / f"{n + 10}-{n}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     before = json.loads(venv.cli("--json", "stats", env=env).stdout)
     assert before["stats"]["hits"] >= 100 and before["stats"]["writes"] >= 100
-    fold = "import sys; from gkx_autocache._record import ledger as _ledger; _ledger.fold(sys.argv[1], 0, False)"
+    fold = "import sys; from gkx_autocache._record import fold as _fold; _fold.fold(sys.argv[1], 0, False)"
     subprocess.run([sys.executable, "-c", fold, str(vdir)], check=True)
     assert list(ledger.iterdir()) == []
     after = json.loads(venv.cli("--json", "stats", env=env).stdout)
@@ -291,6 +291,7 @@ def test_without_a_cap_the_hourly_scan_compacts_the_index_and_keeps_live_tables(
     from gkx_autocache._explain import index as _index
     from gkx_autocache._key import PARTS
     from gkx_autocache._layout import TAG
+    from gkx_autocache._record import fold as _fold
     from gkx_autocache._record import ledger as _ledger
 
     vdir = tmp_path / VERSION_DIR
@@ -308,7 +309,7 @@ def test_without_a_cap_the_hourly_scan_compacts_the_index_and_keeps_live_tables(
     ledger.write_bytes(_ledger.encode({"e": "put", "key": f"jit_g-{'b' * 64}", "bytes": 1, "rec": live[-1]}))
     with open(ledger, "r+b") as held:  # the live process's lock on its ledger
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        _ledger.fold(str(vdir), 0, False)
+        _fold.fold(str(vdir), 0, False)
     lines = index.read_text().splitlines()
     assert len(lines) == len(set(lines)), "compacted: each line once"
     assert here[-1] in lines and f"S\t{_index.digest('f32[9]')}\t\"f32[9]\"" in lines, lines

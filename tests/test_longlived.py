@@ -84,6 +84,7 @@ def test_a_ledger_past_its_limit_ends_and_another_begins(tmp_path: Path) -> None
     vdir = tagged(tmp_path / "c")
     script = r"""
 import sys
+from gkx_autocache._record import fold as _fold
 from gkx_autocache._record import ledger as _ledger
 from gkx_autocache._record import recorder as _stats
 _ledger.LIVE_LIMIT = 20_000
@@ -91,7 +92,7 @@ rec = _stats.Recorder(sys.argv[1], ledger=True, run=_stats.begin_run())
 for i in range(2000):
     rec.miss(f"jit_g{i}-" + f"{i:064x}")
     rec.put(f"jit_g{i}-" + f"{i:064x}", 100, 0.01)
-_ledger.fold(sys.argv[1], 0, False)  # while this process lives: the ended ledgers are folded
+_fold.fold(sys.argv[1], 0, False)  # while this process lives: the ended ledgers are folded
 import os
 left = os.listdir(os.path.join(sys.argv[1], ".gkx-autocache", "ledger"))
 print(len(left))

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gkx_autocache import _bundle, _policy, _settings
+from gkx_autocache._record import fold as _fold
 from gkx_autocache._record import ledger as _ledger
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -89,7 +90,7 @@ def test_ledger_lines(line: bytes) -> None:
                                                            "recent", "explain"]), json_values, max_size=7).map(
     lambda d: {**d, "format": 1}))
 def test_summaries(data: Any) -> None:
-    summary = _ledger.Summary.from_json(data)
+    summary = _fold.Summary.from_json(data)
     json.dumps(summary.to_json())
     assert summary.size >= 0
 

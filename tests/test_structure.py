@@ -112,3 +112,55 @@ def test_the_leaves_import_nothing_of_the_package_but_the_layout() -> None:
 def test_cycle_finder_finds_a_circle() -> None:
     """The check above can fail."""
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def sources() -> dict[str, str]:
+    return {module_of(path): path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_cause_is_named_once_with_its_fix() -> None:
+    """Cause names and reasons are `_explain.causes`' constants: no `{"cause": "<text>"}` elsewhere,
+    and every cause and reason has its fix there (or one `fix_for` builds from a setting)."""
+    from gkx_autocache._explain import causes
+    from gkx_autocache._explain.classify import LABELS
+
+    literal = []
+    for module, text in sources().items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Dict):  # {"cause": ...}
+                for key, value in zip(node.keys, node.values, strict=True):
+                    if (isinstance(key, ast.Constant) and key.value == "cause"
+                            and isinstance(value, (ast.Constant, ast.JoinedStr))):
+                        literal.append(f"{module}:{node.lineno}")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "uncached"
+                    and len(node.args) > 1 and isinstance(node.args[1], (ast.Constant, ast.JoinedStr))):
+                literal.append(f"{module}:{node.lineno}")  # recorder.uncached(key, <reason>, ...)
+    assert not literal, literal
+    named = {v for k, v in vars(causes).items()
+             if k.isupper() and isinstance(v, str) and k not in ("NOT_CACHED", "EVERY_RUN", "HOOK")}
+    built = {causes.EVICTED, causes.BELOW_MIN_COMPILE_TIME, causes.BELOW_MIN_ENTRY_SIZE, causes.WRITE_FAILED}
+    changed = {causes.changed(label) for part, label in LABELS.items() if part not in ("computation", "XLA flags")}
+    assert named - built - set(causes.FIXES) == set()
+    assert changed - set(causes.FIXES) == set(), changed - set(causes.FIXES)
+
+
+def test_jax_internals_are_named_in_the_jax_adapter_alone() -> None:
+    """`jax._src` is reached through `_jax` only: one place knows each JAX line's seams."""
+    named = sorted(module for module, text in sources().items() if "jax._src" in text)
+    assert named == ["_jax"], named
+
+
+def test_no_module_is_a_drawer() -> None:
+    """No module over 600 lines (the command line's over 450), no module docstring over 25 lines:
+    the design reasoning lives in docs/how-it-works.md, once."""
+    too_long = {m: t.count("\n") for m, t in sources().items() if t.count("\n") > (450 if m.startswith("_cli.") else 600)}
+    assert not too_long, too_long
+    essays = {m: len(d.splitlines()) for m, t in sources().items()
+              if (d := ast.get_docstring(ast.parse(t))) and len(d.splitlines()) > 25}
+    assert not essays, essays
+
+
+def test_subpackages_init_are_empty() -> None:
+    """A subpackage's `__init__.py` is empty: importing one of its modules costs that module alone."""
+    filled = [str(p.relative_to(PACKAGE)) for p in PACKAGE.glob("*/__init__.py") if p.read_text().strip()]
+    assert not filled, filled

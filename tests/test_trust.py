@@ -376,7 +376,7 @@ def test_bookkeeping_swapped_for_a_symlink_after_its_check_is_never_written_thro
     write into bookkeeping must go through the descriptor of the folder that was checked."""
     from gkx_autocache import _cache, _files, _store
     from gkx_autocache._explain import index as _index
-    from gkx_autocache._record import ledger as _ledger
+    from gkx_autocache._record import reset as _reset
 
     team = tmp_path / "team"
     team.mkdir()
@@ -406,7 +406,7 @@ def test_bookkeeping_swapped_for_a_symlink_after_its_check_is_never_written_thro
         _store.write_verdict(str(vdir), "gkx", None, shared=True)
     else:
         (victim / "ledger").mkdir(mode=0o700)
-        _ledger._command_ledger(str(vdir), [{"event": "x"}], True)
+        _reset._command_ledger(str(vdir), [{"event": "x"}], True)
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in victim.iterdir() if p.is_file()} == {
         "index": b"the victim's own", "store.json": b"the victim's own"}

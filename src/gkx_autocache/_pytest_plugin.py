@@ -36,7 +36,8 @@ class _Session:
 def _snapshot() -> dict[str, Any] | None:
     # pytester's in-process runs take the modules they imported out of sys.modules afterwards; the
     # package keeps its own reference to the submodule.
-    stats = sys.modules.get("gkx_autocache._record.recorder") or getattr(sys.modules.get("gkx_autocache"), "_stats", None)
+    stats = (sys.modules.get("gkx_autocache._record.recorder")
+             or getattr(getattr(sys.modules.get("gkx_autocache"), "_record", None), "recorder", None))
     try:
         return stats.snapshot() if stats is not None else None
     except Exception:
@@ -54,7 +55,7 @@ def uncounted(now: dict[str, Any]) -> dict[str, Any] | None:
     exit (None: nothing, once a session spoke for this process)."""
     if not _counted:
         return now
-    from gkx_autocache._record.recorder import merge, since
+    from gkx_autocache._record.show import merge, since
 
     rest = since(now, merge(_counted))
     return rest if rest["hits"] or rest["misses"] or rest["not_cached"] else None
@@ -134,7 +135,7 @@ def _own(config: Any) -> dict[str, Any] | None:
     now = _snapshot()
     if now is None or from_session is None or from_session.before is None:
         return now
-    from gkx_autocache._record.recorder import since
+    from gkx_autocache._record.show import since
 
     return since(now, from_session.before)
 
@@ -154,7 +155,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     snapshots = [*session.workers, *([own] if own is not None else [])]
     if not snapshots:
         return  # JAX was not imported in this session, or not configured
-    from gkx_autocache._record.recorder import merge, summary_line
+    from gkx_autocache._record.show import merge, summary_line
 
     total = merge(snapshots)
     if not (total["hits"] or total["misses"] or total["not_cached"]):

@@ -12,7 +12,7 @@ from gkx_autocache._cli.output import OK, USAGE, CliError, emit, local_time
 from gkx_autocache._diagnostics import plural
 from gkx_autocache._explain import report as _report
 from gkx_autocache._record import ledger as _ledger
-from gkx_autocache._record import recorder as _stats
+from gkx_autocache._record import show as _show
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -33,9 +33,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if last is None:
         lines.append(f"no run has recorded its use of {vdir} since the last reset")
     else:
-        counts = [plural(last["hits"], "hit"), plural(last["misses"], "miss", "misses") + _stats.by_cause(last["misses_by_cause"])]
+        counts = [plural(last["hits"], "hit"), plural(last["misses"], "miss", "misses") + _show.by_cause(last["misses_by_cause"])]
         if last["not_cached"]:
-            counts.append(f"{last['not_cached']} not cached{_stats.by_cause(last['not_cached_by_reason'])}")
+            counts.append(f"{last['not_cached']} not cached{_show.by_cause(last['not_cached_by_reason'])}")
         lines.append(f"last run: {local_time(last['started'])}, {last['label'] or 'a process'} "
                      f"({plural(last['processes'], 'process', 'processes')}): {', '.join(counts)}")
         lines.extend(_groups_text(data["groups"], "  ", with_time=False))

@@ -14,7 +14,7 @@ from gkx_autocache._cli import context as _context
 from gkx_autocache._cli.context import Context, load_context, refuse_skipped_dir
 from gkx_autocache._cli.output import FAILED, OK, USAGE, CliError, emit, progress
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural, shown
-from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record import reset as _reset
 
 
 def _carry_out(args: argparse.Namespace, removal: _entries.Removal, extra: dict[str, Any] | None = None,
@@ -92,7 +92,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
             _require_tag(vdir)
         _carry_out(args, _entries.plan_clear(vdir), {"totals_reset": not args.dry_run})
         if not args.dry_run:  # a fresh start: the totals of what was cleared go too
-            _ledger.reset(vdir, bool(ctx.settings["trust_shared"]), forget=True)
+            _reset.reset(vdir, bool(ctx.settings["trust_shared"]), forget=True)
             if not args.json:
                 print(f"stats of {vdir} reset")
     return OK
@@ -121,7 +121,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     plan = _entries.plan_prune(vdir, cap, older)
     _carry_out(args, plan, {"max_size": cap, "stale_versions": stale}, remains=True)
     if not args.dry_run and os.path.isdir(vdir):  # their next miss is then named "evicted"
-        _ledger.record_evicted(vdir, [u.key for u in plan.units if u.has_entry], "prune", bool(ctx.settings["trust_shared"]))
+        _reset.record_evicted(vdir, [u.key for u in plan.units if u.has_entry], "prune", bool(ctx.settings["trust_shared"]))
     if not args.dry_run:
         for other in stale:
             _entries.remove_version_dir(other)
@@ -168,7 +168,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if done.failed:
             raise CliError(f"verify --repair: {done.why()}")
         # their next miss is then named "evicted", by verify --repair
-        _ledger.record_evicted(vdir, [u.key for u, _ in result.corrupt if u.has_entry], "verify",
+        _reset.record_evicted(vdir, [u.key for u, _ in result.corrupt if u.has_entry], "verify",
                                bool(load_context().settings["trust_shared"]))
     lines = [f"verified {result.checked} entries in {vdir}: {len(result.corrupt)} corrupt, "
              f"{len(result.orphans)} orphan sidecars, {len(result.stale)} stale temporary files, {len(result.links)} links"
@@ -248,7 +248,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
     except OSError as exc:
         raise CliError(f"{args.file}: {exc.strerror or exc}; nothing imported") from None
-    _ledger.record_added(vdir, done.bytes, bool(ctx.settings["trust_shared"]), lines=done.records)
+    _reset.record_added(vdir, done.bytes, bool(ctx.settings["trust_shared"]), lines=done.records)
     other = (f"; {plural(done.other_cpu, 'entry was', 'entries were')} built for another CPU: kept with their old "
              "access time, never loaded here") if done.other_cpu else ""
     unknown = (f"; {plural(done.unknown_cpu, 'entry does', 'entries do')} not say for which CPU (no record): "

@@ -9,15 +9,15 @@ from typing import Any
 from gkx_autocache._cli.context import load_context
 from gkx_autocache._cli.output import OK, emit, local_time
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural
-from gkx_autocache._record import ledger as _ledger
-from gkx_autocache._record import recorder as _stats
+from gkx_autocache._record import reset as _reset
+from gkx_autocache._record import show as _show
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     ctx = load_context()
     vdir = ctx.version_dir
     if args.reset:
-        removed = _ledger.reset(vdir, bool(ctx.settings["trust_shared"]))
+        removed = _reset.reset(vdir, bool(ctx.settings["trust_shared"]))
         emit(args, f"stats reset ({plural(removed, 'ledger')} folded and removed)", {"reset": True, "removed": removed})
         return OK
     data = stats_data(vdir)
@@ -48,13 +48,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def stats_data(vdir: str) -> dict[str, Any]:
     """What ``stats --json`` prints (less its version and command): the totals since the last reset,
     live processes included (None when there are none), and the costliest functions."""
-    reading = _ledger.Reading(vdir)
+    reading = _show.Reading(vdir)
     totals = reading.totals()
     reset_at = reading.summary.reset_at if reading.summary else 0.0
     if totals is None or (totals.empty and reset_at):
         return {"dir": vdir, "stats": None, "levels": None, "top_functions": [], "reset_at": reset_at or None}
-    top = [{"name": n, "compile_secs": round(s, 3), "helper": h} for n, s, h in _stats.top_functions(totals)]
-    stats = _stats.totals_dict(totals)  # (its levels also at the top of the object: SPEC §14)
+    top = [{"name": n, "compile_secs": round(s, 3), "helper": h} for n, s, h in _show.top_functions(totals)]
+    stats = _show.totals_dict(totals)  # (its levels also at the top of the object: SPEC §14)
     return {"dir": vdir, "stats": stats, "levels": stats["levels"], "top_functions": top,
             "reset_at": reset_at or None}
 

@@ -17,8 +17,8 @@ from gkx_autocache._cli.output import OK, emit
 from gkx_autocache._cli.stats import stats_line
 from gkx_autocache._diagnostics import human_bytes, plural
 from gkx_autocache._layout import is_url, version_name
-from gkx_autocache._record import ledger as _ledger
-from gkx_autocache._record import recorder as _stats
+from gkx_autocache._record import locks as _locks
+from gkx_autocache._record import show as _show
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -98,11 +98,11 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
                 attention.append(f"misses are not explained here: {store['explain']}")
             if location.kind == _cache.LOCAL and store.get("isa"):
                 attention.append(str(store["isa"]))
-            if location.kind == _cache.LOCAL and (note := _ledger.flock_note(vdir)):
+            if location.kind == _cache.LOCAL and (note := _locks.flock_note(vdir)):
                 attention.append(note)
             try:  # a bucket may be unreachable from here: status still reports the rest
                 if location.kind != _cache.OWN:
-                    reading = _ledger.Reading(vdir)
+                    reading = _show.Reading(vdir)
                     totals = reading.totals()
                     reset_at = reading.summary.reset_at if reading.summary else 0.0
                     if totals is not None and totals.empty and reset_at:
@@ -141,7 +141,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         "start_files": files, "hook_live": live, "settings": values,
         "files": {path: v.status + (f": {v.problem}" if v.problem else "") for path, v in settings.files.items()},
         "directory": directory, "versions_present": present, "store": store,
-        "stats": _stats.totals_dict(totals) if totals else None, "stats_reset_at": reset_at or None,
+        "stats": _show.totals_dict(totals) if totals else None, "stats_reset_at": reset_at or None,
         "sizes": "on disk: allocated blocks, as du counts them (what max_size caps)", "attention": attention,
     }
 

@@ -13,7 +13,7 @@ from gkx_autocache import _cache, _settings, _store
 from gkx_autocache._explain import causes
 from gkx_autocache._layout import function_name
 from gkx_autocache._record import ledger as _ledger
-from gkx_autocache._record import recorder as _stats
+from gkx_autocache._record import show as _show
 
 
 class Context(Protocol):
@@ -87,7 +87,7 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
     elif (verdict := _store.read_verdict(vdir)) is not None and verdict.get("explain"):
         unavailable = str(verdict["explain"])
     local = location is not None and location.kind == _cache.LOCAL
-    reading = _ledger.Reading(vdir) if local else None
+    reading = _show.Reading(vdir) if local else None
     runs = reading.runs() if reading else {}
     last = next(reversed(runs.items()), None)
     last_run = None
@@ -95,7 +95,7 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
         run, entry = last
         totals = _ledger.Totals.from_json(entry["totals"])
         last_run = {"run": run, "started": entry["start"], "ended": entry["end"], "label": entry["label"],
-                    "processes": entry["processes"], **_stats.totals_dict(totals)}
+                    "processes": entry["processes"], **_show.totals_dict(totals)}
     wanted = None if function is None else {function, f"jit_{function}"}
     cutoff = time.time() - since if since is not None else 0.0
     records = [r for r in (reading.recent() if reading else [])

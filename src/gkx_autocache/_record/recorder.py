@@ -1,19 +1,8 @@
 """Counting in this process: JAX's cache events, the store's hits, misses and writes, the ledger
-file they are recorded in as the process goes (the files and their folding are ``_ledger``'s), the
-run the process belongs to, and the ``report`` line at exit.
-
-A ledger grows with the process's distinct keys, not its lookups (SPEC §7): the first hit of a key
-and the first miss of a key by cause are records; what repeats (a ``jax.jit(lambda …)`` in a loop
-looks the same key up on every iteration) is counted here and written as a tally at most every
-``_ledger.TALLY_SECS``, at the end of a ledger and at exit.
-
-A run is a process and the processes it starts (SPEC §13.1): the first configured process of a run
-sets ``GKX_JAX_CACHE_RUN`` (its start time and pid), which the processes it starts inherit; the
-pytest plugin sets it for a session and its xdist workers.
-
-A remote directory (JAX's stock cache) gets one ledger object per process at exit, with the
-process's sums from JAX's own events; its time saved is JAX's, from compile times JAX keeps in
-whole seconds.
+file they are recorded in as the process goes (SPEC §7: what repeats is counted here and written as
+a tally), the run the process belongs to (SPEC §13.1), and the ``report`` line at exit. The files
+and their folding are ``ledger``'s and ``fold``'s; the design: docs/how-it-works.md, "The ledger:
+design notes".
 """
 
 from __future__ import annotations
@@ -27,7 +16,7 @@ import time
 from typing import Any
 
 from gkx_autocache import _files
-from gkx_autocache._diagnostics import human_bytes, logger, plural, warn
+from gkx_autocache._diagnostics import logger, warn
 from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX
 from gkx_autocache._record import ledger as _ledger
 
@@ -143,8 +132,10 @@ class Recorder:
 
     def rejected(self, key: str, reason: str) -> None:
         """The entry was there, but JAX could not load it: a miss."""
+        from gkx_autocache._explain import causes
+
         self._pending.hit = None
-        self._settle({"e": "miss", "key": key, "cause": "rejected", "detail": reason, "t": round(time.time(), 3)})
+        self._settle({"e": "miss", "key": key, "cause": causes.REJECTED, "detail": reason, "t": round(time.time(), 3)})
 
     def put(self, key: str, nbytes: int, compile_secs: float) -> None:
         self._pending.hit = None  # an entry read but not loadable is compiled and written again
@@ -170,7 +161,9 @@ class Recorder:
         record = {"e": "uncached", "key": key, "reason": reason, "t": round(time.time(), 3)}
         if detail:
             record["detail"] = detail
-        if waiting is not None and waiting.get("cause") not in (None, "new"):
+        from gkx_autocache._explain import causes
+
+        if waiting is not None and waiting.get("cause") not in (None, causes.NEW):
             record["cause"], record["change"] = waiting["cause"], waiting.get("detail", "")
         self._record(record, ("uncached", key, reason))
 
@@ -281,7 +274,7 @@ class Recorder:
 
     def _open(self) -> int:
         """A new ledger of this process, created and locked for as long as it is written (see
-        ``_ledger``); where flock does not work, said once for the directory."""
+        ``ledger``); where flock does not work, said once for the directory."""
         folder = _files.bookkeeping_dir(self.directory, self.shared, LEDGER_DIR)
         if folder is None:
             raise OSError(f"no bookkeeping directory in {self.directory}")
@@ -374,6 +367,8 @@ class Recorder:
         ours = self.store_serving and used == self.directory
         t = self.totals
         if not ours:
+            from gkx_autocache._record.show import empty
+
             return {**empty(), "dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits}
         return {"dirs": [used], "store": True, "hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
                 "causes": dict(t.causes), "not_cached": t.not_cached, "reasons": dict(t.reasons),
@@ -393,65 +388,6 @@ def label() -> str:
     if script == "__main__.py" and "-m" in orig[1:]:
         script = orig[orig.index("-m", 1) + 1] if orig.index("-m", 1) + 1 < len(orig) else script
     return " ".join([script, *argv[1:3]])[:120]
-
-
-NUMBERS = ("hits", "own_hits", "misses", "not_cached", "saved_secs", "bytes_read", "bytes_written")
-TABLES = ("causes", "reasons")
-
-
-def empty() -> dict[str, Any]:
-    return {"dirs": [], "store": False, **dict.fromkeys(NUMBERS, 0), "saved_secs": 0.0, "causes": {}, "reasons": {},
-            "levels": {}}
-
-
-def merge(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
-    """The counts of several processes (pytest-xdist workers), summed."""
-    total = empty()
-    for snap in snapshots:
-        _ledger.add_levels(total["levels"], snap.get("levels") or {})
-        total["dirs"] += [d for d in snap["dirs"] if d not in total["dirs"]]
-        total["store"] = total["store"] or snap["store"]
-        for name in NUMBERS:
-            total[name] += snap.get(name, 0)
-        for table in TABLES:
-            for key, n in snap.get(table, {}).items():
-                total[table][key] = total[table].get(key, 0) + n
-    return total
-
-
-def since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    """The counts of ``now`` that were not yet in ``before``: one process's part of one pytest
-    session, where the process ran others before it."""
-    part = dict(now)
-    for name in NUMBERS:
-        # never below 0: the store's figures are 0 in ``now`` when JAX's directory changed since
-        part[name] = max(now.get(name, 0) - before.get(name, 0), 0)
-    for table in TABLES:
-        part[table] = {key: n - before.get(table, {}).get(key, 0) for key, n in now.get(table, {}).items()
-                       if n - before.get(table, {}).get(key, 0) > 0}
-    part["levels"] = _ledger.add_levels(_ledger.add_levels({}, now.get("levels") or {}), before.get("levels") or {}, -1)
-    return part
-
-
-def summary_line(snap: dict[str, Any]) -> str:
-    """``gkx-autocache: 1480 hits (1045 from earlier runs, 435 of this run's own compiles), 12
-    misses (8 new, 3 changed XLA_FLAGS, 1 evicted), 1 not cached (host callbacks), 2.31 s compile
-    CPU time avoided, ..., dir``. Misses and compiles not cached add up to the lookups not served."""
-    hits = plural(snap["hits"], "hit")
-    shared = int((snap.get("levels") or {}).get("shared", {}).get("hits", 0))
-    within = [f"{snap['hits'] - shared} local, {shared} shared"] if snap.get("levels") and snap["hits"] else []
-    if snap["own_hits"]:
-        within.append(f"{snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles")
-    if within:
-        hits += f" ({'; '.join(within)})"
-    parts = [hits, f"{plural(snap['misses'], 'miss', 'misses')}{by_cause(snap['causes'])}"]
-    if snap["not_cached"]:
-        parts.append(f"{snap['not_cached']} not cached{by_cause(snap['reasons'])}")
-    if snap["store"]:
-        parts.append(f"{snap['saved_secs']:.2f} s compile CPU time avoided")
-        parts.append(f"{human_bytes(snap['bytes_read'])} read, {human_bytes(snap['bytes_written'])} written")
-    dirs = snap["dirs"]
-    return f"gkx-autocache: {', '.join(parts)}, {dirs[0] if len(dirs) == 1 else f'{len(dirs)} directories'}"
 
 
 recorder: Recorder | None = None
@@ -484,7 +420,9 @@ def finish(rec: Recorder, cap: int) -> None:
     except OSError:
         others = False
     if kept or others:
-        _ledger.fold(rec.directory, cap, rec.shared)
+        from gkx_autocache._record import fold  # at exit only: never on `import jax`
+
+        fold.fold(rec.directory, cap, rec.shared)
 
 
 def _before_thread_pools_stop(func: Any, *args: Any) -> None:
@@ -532,41 +470,8 @@ def _report() -> None:
         if snap is not None and plugin is not None:
             snap = plugin.uncounted(snap)  # what no pytest session's line counted already
         if snap is not None:
+            from gkx_autocache._record.show import summary_line
+
             print(summary_line(snap), file=sys.stderr, flush=True)
     except Exception:
         pass
-
-
-def by_cause(causes: dict[str, int]) -> str:
-    """``" (8 new, 3 changed XLA_FLAGS, 1 evicted)"``, most frequent first."""
-    if not causes:
-        return ""
-    ordered = sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))
-    return " (" + ", ".join(f"{n} {cause}" for cause, n in ordered) + ")"
-
-
-def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
-    """The totals as ``stats --json`` and ``explain --json`` (``last_run``) name them."""
-    lookups = t.hits + t.misses
-    return {"hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
-            "misses_by_cause": dict(sorted(t.causes.items(), key=lambda kv: -kv[1])),
-            "not_cached": t.not_cached, "not_cached_by_reason": dict(sorted(t.reasons.items(), key=lambda kv: -kv[1])),
-            "hit_rate": t.hits / lookups if lookups else None, "saved_secs": round(t.saved_secs, 3),
-            "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes,
-            "levels": levels_dict(t.levels)}
-
-
-def levels_dict(levels: dict[str, Any]) -> dict[str, Any] | None:
-    """Both levels' numbers as the JSON shows them (SPEC §14); None where no level was used."""
-    if not levels:
-        return None
-    from gkx_autocache._shared.probe import shown
-
-    return {name: shown(levels.get(name, {})) for name in ("local", "shared")}
-
-
-def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float, bool]]:
-    """The functions that cost most compile time, summed over their shapes: the user's first, then
-    JAX's own helpers (``jit_broadcast_in_dim``...), each with whether it is one."""
-    costs = sorted(((name, cost[0], name in t.helpers) for name, cost in t.functions.items()), key=lambda kv: -kv[1])
-    return sorted(costs[:n], key=lambda kv: kv[2])

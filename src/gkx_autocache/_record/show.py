@@ -1,0 +1,159 @@
+"""What the commands and the pytest plugin show of the record: a directory's totals, runs and
+recent misses (``Reading``), a process's counts as ``report`` and the pytest summary print them,
+and the totals as ``stats --json`` names them."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gkx_autocache._diagnostics import human_bytes, plural
+from gkx_autocache._layout import is_url
+from gkx_autocache._record import fold as _fold
+from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record.ledger import RECENT, Totals
+
+# -- a directory's record, for the commands ----------------------------------------------------
+
+
+class Reading:
+    """What the commands show of a directory: the summary and every ledger not folded yet (live
+    ones included: each is at most ``LIVE_LIMIT`` long)."""
+
+    def __init__(self, version_dir: str) -> None:
+        self.summary = None if is_url(version_dir) else _fold.read_summary(version_dir)
+        folded = set(self.summary.folded) if self.summary else set()
+        self.ledgers = [_ledger.read_ledger(p) for p in _ledger.ledger_files(version_dir)
+                        if os.path.basename(p) not in folded]
+        for ledger in self.ledgers:
+            if self.summary is not None and os.path.basename(ledger.path) in self.summary.offsets:
+                ledger.since(self.summary.offsets[os.path.basename(ledger.path)])
+
+    def totals(self) -> Totals | None:
+        """Totals since the last reset; None when no process has used the directory."""
+        totals = Totals()
+        for ledger in self.ledgers:
+            totals.merge(ledger.totals)
+        if self.summary is not None:
+            totals.merge(self.summary.totals)
+        used = self.ledgers or (self.summary is not None and (self.summary.runs or self.summary.reset_at))
+        return None if totals.empty and not used else totals
+
+    def recent(self) -> list[dict[str, Any]]:
+        """The latest misses and uncached compiles, oldest first, each with its run."""
+        found = list(self.summary.recent) if self.summary else []
+        for ledger in self.ledgers:
+            found.extend({**r, "run": ledger.run} for r in ledger.records[ledger.counted:]
+                         if r["e"] in ("miss", "uncached"))
+        found.sort(key=lambda r: r.get("t", 0.0))
+        return found[-RECENT:]
+
+    def runs(self) -> dict[str, dict[str, Any]]:
+        """The last runs, oldest first, live ones (of ledgers not folded yet) included."""
+        runs = {k: dict(v) for k, v in (self.summary.runs if self.summary else {}).items()}
+        for ledger in self.ledgers:
+            _fold.add_run(runs, ledger)
+        return dict(sorted(runs.items(), key=lambda kv: kv[1]["end"]))
+
+    @property
+    def skipped(self) -> int:
+        return sum(ledger.skipped for ledger in self.ledgers)
+
+
+# -- a process's counts, as `report` and the pytest summary print them -------------------------
+
+NUMBERS = ("hits", "own_hits", "misses", "not_cached", "saved_secs", "bytes_read", "bytes_written")
+TABLES = ("causes", "reasons")
+
+
+def empty() -> dict[str, Any]:
+    return {"dirs": [], "store": False, **dict.fromkeys(NUMBERS, 0), "saved_secs": 0.0, "causes": {}, "reasons": {},
+            "levels": {}}
+
+
+def merge(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counts of several processes (pytest-xdist workers), summed."""
+    total = empty()
+    for snap in snapshots:
+        _ledger.add_levels(total["levels"], snap.get("levels") or {})
+        total["dirs"] += [d for d in snap["dirs"] if d not in total["dirs"]]
+        total["store"] = total["store"] or snap["store"]
+        for name in NUMBERS:
+            total[name] += snap.get(name, 0)
+        for table in TABLES:
+            for key, n in snap.get(table, {}).items():
+                total[table][key] = total[table].get(key, 0) + n
+    return total
+
+
+def since(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The counts of ``now`` that were not yet in ``before``: one process's part of one pytest
+    session, where the process ran others before it."""
+    part = dict(now)
+    for name in NUMBERS:
+        # never below 0: the store's figures are 0 in ``now`` when JAX's directory changed since
+        part[name] = max(now.get(name, 0) - before.get(name, 0), 0)
+    for table in TABLES:
+        part[table] = {key: n - before.get(table, {}).get(key, 0) for key, n in now.get(table, {}).items()
+                       if n - before.get(table, {}).get(key, 0) > 0}
+    part["levels"] = _ledger.add_levels(_ledger.add_levels({}, now.get("levels") or {}), before.get("levels") or {}, -1)
+    return part
+
+
+def summary_line(snap: dict[str, Any]) -> str:
+    """``gkx-autocache: 1480 hits (1045 from earlier runs, 435 of this run's own compiles), 12
+    misses (8 new, 3 changed XLA_FLAGS, 1 evicted), 1 not cached (host callbacks), 2.31 s compile
+    CPU time avoided, ..., dir``. Misses and compiles not cached add up to the lookups not served."""
+    hits = plural(snap["hits"], "hit")
+    shared = int((snap.get("levels") or {}).get("shared", {}).get("hits", 0))
+    within = [f"{snap['hits'] - shared} local, {shared} shared"] if snap.get("levels") and snap["hits"] else []
+    if snap["own_hits"]:
+        within.append(f"{snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles")
+    if within:
+        hits += f" ({'; '.join(within)})"
+    parts = [hits, f"{plural(snap['misses'], 'miss', 'misses')}{by_cause(snap['causes'])}"]
+    if snap["not_cached"]:
+        parts.append(f"{snap['not_cached']} not cached{by_cause(snap['reasons'])}")
+    if snap["store"]:
+        parts.append(f"{snap['saved_secs']:.2f} s compile CPU time avoided")
+        parts.append(f"{human_bytes(snap['bytes_read'])} read, {human_bytes(snap['bytes_written'])} written")
+    dirs = snap["dirs"]
+    return f"gkx-autocache: {', '.join(parts)}, {dirs[0] if len(dirs) == 1 else f'{len(dirs)} directories'}"
+
+
+# -- the totals, as the commands print them ----------------------------------------------------
+
+
+def by_cause(causes: dict[str, int]) -> str:
+    """``" (8 new, 3 changed XLA_FLAGS, 1 evicted)"``, most frequent first."""
+    if not causes:
+        return ""
+    ordered = sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))
+    return " (" + ", ".join(f"{n} {cause}" for cause, n in ordered) + ")"
+
+
+def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
+    """The totals as ``stats --json`` and ``explain --json`` (``last_run``) name them."""
+    lookups = t.hits + t.misses
+    return {"hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
+            "misses_by_cause": dict(sorted(t.causes.items(), key=lambda kv: -kv[1])),
+            "not_cached": t.not_cached, "not_cached_by_reason": dict(sorted(t.reasons.items(), key=lambda kv: -kv[1])),
+            "hit_rate": t.hits / lookups if lookups else None, "saved_secs": round(t.saved_secs, 3),
+            "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes,
+            "levels": levels_dict(t.levels)}
+
+
+def levels_dict(levels: dict[str, Any]) -> dict[str, Any] | None:
+    """Both levels' numbers as the JSON shows them (SPEC §14); None where no level was used."""
+    if not levels:
+        return None
+    from gkx_autocache._shared.probe import shown
+
+    return {name: shown(levels.get(name, {})) for name in ("local", "shared")}
+
+
+def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float, bool]]:
+    """The functions that cost most compile time, summed over their shapes: the user's first, then
+    JAX's own helpers (``jit_broadcast_in_dim``...), each with whether it is one."""
+    costs = sorted(((name, cost[0], name in t.helpers) for name, cost in t.functions.items()), key=lambda kv: -kv[1])
+    return sorted(costs[:n], key=lambda kv: kv[2])
