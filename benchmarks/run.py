@@ -380,7 +380,7 @@ def misses():
     start = time.perf_counter()
     for m, key in zip(modules, keys):
         compilation_cache.get_cache_key(m, devices, options, backend)
-        recorder.explainer.cause(key)
+        recorder.explainer.cause(key, recorder.run)
     return time.perf_counter() - start
 first = misses()  # the process's first misses: what is read once (JAX's source, the compile options' fields)
 miss = min(misses() for _ in range(rounds)) / n - wrapped

@@ -636,7 +636,7 @@ from gkx_autocache._record import recorder as _stats
 _ledger.LIVE_LIMIT = 20_000
 vdir = sys.argv[1]
 rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
-rec.explainer = ex = _explain.Explainer(vdir, rec.run, rec.run_start, load=_index.Evidence)
+rec.explainer = ex = _explain.Explainer(vdir, load=_index.Evidence)
 parts = dict.fromkeys(_key.PARTS, "a" * 16)
 for i in range(300):
     key = f"jit_g-{i:064x}"
@@ -839,6 +839,7 @@ def test_an_index_cleared_and_made_again_on_the_inode_it_had_is_not_taken_for_th
     from gkx_autocache._explain import facts as _facts
     from gkx_autocache._explain import index as _index
     from gkx_autocache._key import PARTS
+    from gkx_autocache._record.recorder import Run
 
     vdir = tmp_path / "v"
     (vdir / ".gkx-autocache").mkdir(parents=True)
@@ -847,7 +848,7 @@ def test_an_index_cleared_and_made_again_on_the_inode_it_had_is_not_taken_for_th
     old = _index.lines_for("jit_f", "a" * 64, 1.7e9, "old-run", parts, {}, facts.signature, facts.place, facts.config)
     index = Path(_index.index_path(str(vdir)))
     index.write_text("\n".join(old) + "\n")
-    explainer = _explain.Explainer(str(vdir), "kernel", 0.0)
+    explainer = _explain.Explainer(str(vdir))
     explainer._load()
     read_as = os.stat(index).st_ino
     index.unlink()  # gkx-autocache clear
@@ -857,7 +858,7 @@ def test_an_index_cleared_and_made_again_on_the_inode_it_had_is_not_taken_for_th
     if os.stat(index).st_ino != read_as or index.stat().st_size < len("\n".join(old)):
         pytest.skip("this file system gave the new index another inode")
     explainer._thread = types.SimpleNamespace(final="c" * 64, facts=facts)
-    rec = explainer.ingredients("jit_f-" + "c" * 64)["rec"].split("\n")
+    rec = explainer.ingredients("jit_f-" + "c" * 64, Run("kernel", 0.0))["rec"].split("\n")
     evidence = _index.load(str(vdir))
     evidence.add(rec)  # the fold appends the record's lines
     (record,) = evidence.records("jit_f")

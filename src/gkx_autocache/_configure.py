@@ -101,7 +101,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
                 logger.debug("ranks other than 0 do not write their local level: %s", unwritten)
         from gkx_autocache._explain import seam as _explain_seam
 
-        unexplained = reason or _explain_seam.install(jax, recorder, directory, recorder.run, recorder.run_start)
+        unexplained = reason or _explain_seam.install(jax, recorder, directory)
         if unexplained:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:

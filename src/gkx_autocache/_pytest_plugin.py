@@ -76,12 +76,10 @@ def pytest_configure(config: Any) -> None:
 
         now = time.time()
         os.environ[RUN] = f"{now:.3f}-{os.getpid()}"
-        recorder = getattr(sys.modules.get("gkx_autocache._record.recorder"), "recorder", None)
-        if recorder is not None:  # JAX configured in an earlier session of this process
-            recorder.close()  # the earlier session's ledger ends: its run is not this one
-            recorder.run, recorder.run_start = os.environ[RUN], now
-            if recorder.explainer is not None:
-                recorder.explainer.run, recorder.explainer.run_start = recorder.run, now
+        recording = sys.modules.get("gkx_autocache._record.recorder")
+        recorder = getattr(recording, "recorder", None)
+        if recorder is not None:  # JAX configured in an earlier session of this process: its run is not this one
+            recorder.begin(recording.Run(os.environ[RUN], now))  # type: ignore[union-attr]
     config._gkx_autocache = _Session(set_start, previous)
     _sessions.append(config)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gkx_autocache import _key
 from gkx_autocache._diagnostics import logger
@@ -18,15 +18,16 @@ from gkx_autocache._explain.facts import HELPER_PLACE, HEX, Facts, measure
 from gkx_autocache._explain.index import Evidence
 from gkx_autocache._layout import ENTRY_SUFFIX, function_name
 
+if TYPE_CHECKING:
+    from gkx_autocache._record.recorder import Run
+
 
 class Explainer:
     """Names the cause of each miss in this process (the recorder asks), and gives each written
     entry its index lines (for the ledger, so that later processes can compare)."""
 
-    def __init__(self, version_dir: str, run: str, run_start: float, load: Any = None, thread: Any = None) -> None:
+    def __init__(self, version_dir: str, load: Any = None, thread: Any = None) -> None:
         self.version_dir = version_dir
-        self.run = run
-        self.run_start = run_start
         self._read = load or (lambda: _index.load(version_dir))
         # The key being computed on each thread, its parts as the seam saw them (_explain_seam.Watch).
         self._thread = thread if thread is not None else threading.local()
@@ -41,8 +42,8 @@ class Explainer:
 
     # -- the recorder's questions -------------------------------------------------------------------
 
-    def cause(self, key: str) -> dict[str, Any]:
-        """``{"cause": ..., "detail": ...}`` for a miss of ``key``; never raises."""
+    def cause(self, key: str, run: Run) -> dict[str, Any]:
+        """``{"cause": ..., "detail": ...}`` for a miss of ``key`` in ``run``; never raises."""
         try:
             facts = self._facts(key)
             if facts is None:
@@ -52,7 +53,7 @@ class Explainer:
                 evidence = self._load()
                 if before is not None and not _known(key, evidence):
                     return before  # not when this very key was written since, and removed
-                found = classify(key, facts, evidence, self.run, self.run_start)
+                found = classify(key, facts, evidence, run.id, run.start)
             if facts.place == HELPER_PLACE:
                 found["helper"] = True  # grouped after the user's functions
             return found
@@ -76,7 +77,7 @@ class Explainer:
                 "detail": "its entry was written by stock JAX or before gkx-autocache keyed CPU entries by the "
                           "CPU's instruction set: compiled once more under the new key"}
 
-    def ingredients(self, key: str) -> dict[str, Any]:
+    def ingredients(self, key: str, run: Run) -> dict[str, Any]:
         """What a written entry's ledger record carries: its index lines (a table line only where the
         index lacks it, and once a ledger); and the entry joins this process's evidence at once."""
         try:
@@ -84,7 +85,7 @@ class Explainer:
             if facts is None:
                 return {}
             name, hex_ = _index.split_key(key)
-            lines = _index.lines_for(name, hex_, time.time(), self.run, facts.parts, facts.readable,
+            lines = _index.lines_for(name, hex_, time.time(), run.id, facts.parts, facts.readable,
                                      facts.signature, facts.place, facts.config)
             with self._lock:
                 evidence = self._load()

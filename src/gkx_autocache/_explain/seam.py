@@ -9,21 +9,22 @@ time on such a run, and three quarters of it without bytecode.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gkx_autocache import _jax, _key
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._key import PARTS
+
+if TYPE_CHECKING:
+    from gkx_autocache._record.recorder import Run
 
 
 class Watch:
     """The listener on the key's parts, and what the recorder asks: the cause of a miss, the index
     lines of a written entry. Those questions go to the explainer, made at the first of them."""
 
-    def __init__(self, version_dir: str, run: str, run_start: float, load: Any = None) -> None:
+    def __init__(self, version_dir: str, load: Any = None) -> None:
         self.version_dir = version_dir
-        self.run = run  # the pytest plugin sets these when a session begins another run
-        self.run_start = run_start
         self.load = load
         self.thread = threading.local()  # the key being computed on this thread: its parts
         self._explainer: Any = None
@@ -56,8 +57,8 @@ class Watch:
 
     # -- the recorder's questions, for the explainer --------------------------------------------------
 
-    def cause(self, key: str) -> dict[str, Any]:
-        """``{"cause": ..., "detail": ...}`` for a miss of ``key``; never raises."""
+    def cause(self, key: str, run: Run) -> dict[str, Any]:
+        """``{"cause": ..., "detail": ...}`` for a miss of ``key`` in ``run``; never raises."""
         try:
             explainer = self.explainer()
         except Exception as exc:  # an explanation must never cost a compile
@@ -65,12 +66,12 @@ class Watch:
             from gkx_autocache._explain import causes
 
             return {"cause": causes.UNEXPLAINED, "detail": f"{type(exc).__name__}: {exc}"[:200]}
-        return explainer.cause(key)  # type: ignore[no-any-return]
+        return explainer.cause(key, run)  # type: ignore[no-any-return]
 
-    def ingredients(self, key: str) -> dict[str, Any]:
+    def ingredients(self, key: str, run: Run) -> dict[str, Any]:
         """A written entry's index lines, for its ledger record; never raises."""
         try:
-            return self.explainer().ingredients(key)  # type: ignore[no-any-return]
+            return self.explainer().ingredients(key, run)  # type: ignore[no-any-return]
         except Exception:
             return {}
 
@@ -86,25 +87,22 @@ class Watch:
             self._explainer._lock = threading.Lock()
 
     def explainer(self) -> Any:
-        """The explainer, made at the first question, with this run."""
+        """The explainer, made at the first question."""
         with self._lock:
             if self._explainer is None:
                 from gkx_autocache._explain import explainer as _explain
 
-                self._explainer = _explain.Explainer(self.version_dir, self.run, self.run_start, self.load,
-                                                     thread=self.thread)
-            explainer = self._explainer
-            explainer.run, explainer.run_start = self.run, self.run_start
-            return explainer
+                self._explainer = _explain.Explainer(self.version_dir, self.load, thread=self.thread)
+            return self._explainer
 
 
-def install(jax: Any, recorder: Any, version_dir: str, run: str, run_start: float, load: Any = None) -> str | None:
+def install(jax: Any, recorder: Any, version_dir: str, load: Any = None) -> str | None:
     """Listen to the key's parts and wrap the write seam; return why explanations are unavailable
     (nothing else changes). ``load()`` reads the directory's evidence, at the first miss."""
     seam = _key.seam
     if seam is None or not seam.parts:
         return _jax.PARTS_CHANGED
-    watch = Watch(version_dir, run, run_start, load)
+    watch = Watch(version_dir, load)
 
     def wrap(write: Any) -> Any:
         def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,

@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger, warn
@@ -27,7 +27,15 @@ JAX_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
 RUN = "GKX_JAX_CACHE_RUN"  # "<start time>-<pid>": the run this process belongs to
 
 
-def run_of(env: Any = os.environ) -> tuple[str, float] | None:
+class Run(NamedTuple):
+    """A run (SPEC §13.1): the processes that count an entry written since it began as their own
+    compile (a process, a pytest session with its workers, a parent and the children it starts)."""
+
+    id: str  # "<start time>-<pid>"
+    start: float
+
+
+def run_of(env: Any = os.environ) -> Run | None:
     """The run named in the environment, and when it began; None when there is none (or it is not
     a plausible time: not ``nan``, ``inf`` or ``-1e400``)."""
     value = str(env.get(RUN, "")).strip()
@@ -38,26 +46,26 @@ def run_of(env: Any = os.environ) -> tuple[str, float] | None:
         return None
     if not sep or not pid.isdigit() or not 0.0 < when < 1e11 or len(value) > 40:
         return None
-    return value, when
+    return Run(value, when)
 
 
-def begin_run() -> tuple[str, float]:
+def begin_run() -> Run:
     """This process's run: the one the environment names, else a new one, named in the environment
     for the processes this one starts."""
     found = run_of()
     if found is not None:
         return found
     now = time.time()
-    run = f"{now:.3f}-{os.getpid()}"
-    os.environ[RUN] = run
-    return run, now
+    run = Run(f"{now:.3f}-{os.getpid()}", now)
+    os.environ[RUN] = run.id
+    return run
 
 
 class Recorder:
     """This process's counters and ledger file. Every method swallows its own errors: it runs
     inside JAX's compile path, where an exception would fail the user's ``jit`` call."""
 
-    def __init__(self, directory: str, ledger: bool, shared: bool = False, run: tuple[str, float] | None = None) -> None:
+    def __init__(self, directory: str, ledger: bool, shared: bool = False, run: Run | None = None) -> None:
         self.directory = directory
         self.shared = shared
         self.requests = 0
@@ -67,7 +75,7 @@ class Recorder:
         self.store_serving = False  # set once the store serves the directory: then its counts are true
         self.explainer: Any = None  # names each miss's cause (SPEC §13), when JAX's key parts can be read
         self.levels: Any = None  # the shared level and both levels' numbers (SPEC §14), when one is set
-        self.run, self.run_start = run or (f"{time.time():.3f}-{os.getpid()}", time.time())
+        self.run = run or Run(f"{time.time():.3f}-{os.getpid()}", time.time())  # begin() changes it
         self._keeps_ledger = ledger
         self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
         self._lock = threading.Lock()
@@ -107,7 +115,7 @@ class Recorder:
                     self._pending.hit = None
                     key, nbytes, compile_secs, written = pending
                     record = {"e": "hit", "key": key, "bytes": nbytes, "saved": round(max(compile_secs - duration_secs, 0.0), 6)}
-                    if written >= self.run_start:
+                    if written >= self.run.start:
                         record["own"] = True
                     self._record(record, ("hit", key))
         except Exception:
@@ -125,7 +133,7 @@ class Recorder:
         self._pending.hit = None
         record: dict[str, Any] = {"e": "miss", "key": key, "t": round(time.time(), 3)}
         if self.explainer is not None:
-            record.update(self.explainer.cause(key))
+            record.update(self.explainer.cause(key, self.run))
         if shared_off:  # the shared level, off since then, may have held it (SPEC §14)
             record["off"] = shared_off
         self._settle(record)
@@ -145,7 +153,7 @@ class Recorder:
         record: dict[str, Any] = {"e": "put", "key": key, "bytes": nbytes, "disk": disk,
                                   "compile": round(compile_secs, 6), "t": round(time.time(), 3)}
         if self.explainer is not None:
-            record.update(self.explainer.ingredients(key))
+            record.update(self.explainer.ingredients(key, self.run))
         self._record(record)
 
     def uncached(self, key: str, reason: str, detail: str = "") -> None:
@@ -291,14 +299,14 @@ class Recorder:
                     warn(f"flock:{self.directory}", f"{self.directory}: this file system has no working flock "
                          "(Lustre, or NFS mounted without locks); gkx-autocache uses lock files and process ids "
                          "there instead")
-                start = {"e": "start", "run": self.run, "host": _ledger.host(), "pid": os.getpid(),
+                start = {"e": "start", "run": self.run.id, "host": _ledger.host(), "pid": os.getpid(),
                          "t": round(time.time(), 3), "label": label()}
                 started = _ledger.born(os.getpid())
                 if started is not None:
                     start["born"] = started
-                if self._ledger_run == self.run:
+                if self._ledger_run == self.run.id:
                     start["more"] = True  # this process's next ledger: the run has no more processes
-                self._ledger_run = self.run
+                self._ledger_run = self.run.id
                 os.write(fd, _ledger.encode(start))
             except BaseException:  # no empty ledger, no open descriptor left behind
                 os.close(fd)
@@ -319,6 +327,12 @@ class Recorder:
                 self._end()
             except OSError:
                 self._fd = None
+
+    def begin(self, run: Run) -> None:
+        """This process goes on in another run (a pytest session after an earlier one): the ledger of
+        the earlier run ends, and what is counted and explained from now on is the new run's."""
+        self.close()
+        self.run = run
 
     def flush(self) -> None:
         """Write what this process counted but has not written yet (its tally; a miss waiting for
