@@ -372,7 +372,7 @@ from gkx_autocache._explain import seam as _explain_seam
 from gkx_autocache._record.recorder import Recorder
 recorder = Recorder("/nonexistent", ledger=False)
 _key.install(jax)
-reason = _explain_seam.install(jax, recorder, "/nonexistent", 0, lambda: {})
+reason = _explain_seam.install(jax, recorder, "/nonexistent", lambda: {})
 assert reason is None, reason
 wrapped = per_key()
 keys = [compilation_cache.get_cache_key(m, devices, options, backend) for m in modules]
