@@ -77,8 +77,8 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     # Bookkeeping (the ledger, the verdict, the cap) only where the package resolved a local
     # directory it may write: a baked read-only cache is read and nothing else.
     keeping = location.local and location.writable
-    recorder = _stats.start(settings, directory, ledger=keeping, remote=location.kind == _cache.REMOTE)
-    recorder.shared = location.team  # trust_shared may be the shared level's alone (SPEC §14)
+    recorder = _stats.start(settings, directory, ledger=keeping, remote=location.kind == _cache.REMOTE,
+                            shared=location.team)
     levels = None
     if settings["shared"] is not None:  # a second level behind this one (SPEC §14): objects only, no I/O here
         from gkx_autocache._shared import level as _levels

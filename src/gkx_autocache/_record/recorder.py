@@ -407,13 +407,14 @@ def label() -> str:
 recorder: Recorder | None = None
 
 
-def start(settings: Any, directory: str, ledger: bool, remote: bool = False) -> Recorder:
+def start(settings: Any, directory: str, ledger: bool, remote: bool = False, shared: bool = False) -> Recorder:
     """Listen to JAX's cache events; with ``report``, print one line at exit. A remote directory
-    gets this process's sums as one ledger object at exit."""
+    gets this process's sums as one ledger object at exit. ``shared``: the directory is a team's
+    (``trust_shared`` may be the shared level's alone, SPEC §14)."""
     global recorder
     import jax.monitoring
 
-    recorder = Recorder(directory, ledger, shared=bool(settings["trust_shared"]), run=begin_run())
+    recorder = Recorder(directory, ledger, shared=shared, run=begin_run())
     jax.monitoring.register_event_listener(recorder.on_event)
     jax.monitoring.register_event_duration_secs_listener(recorder.on_duration)
     if remote:
