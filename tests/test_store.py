@@ -8,6 +8,7 @@ import subprocess
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import PROGRAM, Venv, autocache_warnings, run_program
@@ -233,3 +234,30 @@ def test_symlinked_entry_is_never_read(venv: Venv, tmp_path: Path) -> None:
     out, err = run_program(venv, env=env)
     assert out["requests"] - out["hits"] == 1 and JAX_READ_ERROR not in err
     assert not victim.is_symlink() and good.exists()  # healed by the atomic rewrite; target untouched
+
+
+def test_a_jax_before_0_9_1_is_served_by_the_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """JAX 0.4.36-0.9.0 have no `VerificationCache` and no `jax_compilation_cache_check_contents`
+    (docs/jax-lines.md): neither is needed unless contents are checked, so the store serves there
+    too (it was off, and with it the cap and explanations). Here, this JAX with both taken away."""
+    import types
+
+    from jax._src import compilation_cache as cc
+
+    from gkx_autocache import _jax
+
+    monkeypatch.delattr(cc, "VerificationCache")
+    monkeypatch.setattr(cc, "get_file_cache", cc.get_file_cache)  # put back after the test
+    monkeypatch.setattr(cc, "get_executable_and_time", cc.get_executable_and_time)
+    old = types.SimpleNamespace(config=types.SimpleNamespace(jax_compilation_cache_max_size=-1))
+    made: list[tuple[Any, ...]] = []
+
+    def make(*args: Any) -> str:
+        made.append(args)
+        return "store"
+
+    reason = _jax.serve_store(old, lambda path: path == str(tmp_path), make, lambda key, error: True)
+    assert reason is None
+    served: Any = cc.get_file_cache(str(tmp_path))
+    assert served == ("store", str(tmp_path))
+    assert made and made[0][0] == str(tmp_path)

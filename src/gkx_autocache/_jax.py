@@ -104,7 +104,7 @@ def _store_problem(cc: Any) -> str | None:
     get_file_cache = getattr(cc, "get_file_cache", None)
     if get_file_cache is None or parameters(get_file_cache) != ["path"]:
         return "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
-    for name in ("decompress_executable", "compress_executable", "VerificationCache", "CacheInterface"):
+    for name in ("decompress_executable", "compress_executable", "CacheInterface"):  # VerificationCache: 0.9.1+
         if not hasattr(cc, name):
             return f"jax._src.compilation_cache.{name} is missing"
     return None
@@ -135,10 +135,10 @@ def serve_store(jax: Any, is_ours: Callable[[str], bool], make: Callable[[str, b
         # The store checks that an entry decompresses before serving it wherever JAX would meet a
         # bad one outside the guard: JAX's VerificationCache decompresses what `get` returned, and
         # `jax_raise_persistent_cache_errors` asks the guard to leave JAX's errors to JAX.
-        strict = jax.config.jax_compilation_cache_check_contents or getattr(
-            jax.config, "jax_raise_persistent_cache_errors", False)
+        checked = getattr(jax.config, "jax_compilation_cache_check_contents", False)  # 0.9.1+, as VerificationCache
+        strict = checked or getattr(jax.config, "jax_raise_persistent_cache_errors", False)
         store = make(path, sample, cc.decompress_executable, not guarded or bool(strict))
-        if jax.config.jax_compilation_cache_check_contents:
+        if checked:
             return cc.VerificationCache(store), path
         return store, path
 
