@@ -251,3 +251,23 @@ def test_a_run_where_every_lookup_hits_never_imports_the_explainer(venv: Venv, t
     _, err = run_program(venv, env={**env, "XLA_FLAGS": "--xla_cpu_enable_fast_math=true"}, program=MODULES_AT_EXIT)
     assert "gkx_autocache._explain.classify" in modules_at_exit(err)
     assert "changed XLA_FLAGS" in explain(venv, env)
+
+
+def test_a_lambda_is_placed_under_the_name_older_jax_gives_it() -> None:
+    """JAX 0.4.30-0.6.2 name a jitted lambda's module `jit__lambda_` (later lines `jit__lambda`),
+    and every op's location is the same call site: the lambda was taken for one of JAX's own
+    helpers. Locations as JAX 0.4.38 prints them."""
+    import types
+
+    from gkx_autocache._explain import facts
+
+    def op(location: str, *regions: Any) -> Any:
+        return types.SimpleNamespace(location=location, regions=list(regions))
+
+    site = 'callsite("<lambda>"("/work/loc.py":3:27) at "<module>"("/work/loc.py":3:9))'
+    body = types.SimpleNamespace(blocks=[types.SimpleNamespace(operations=[
+        op(f'loc("jit(<lambda>)/jit(main)/sin"({site}))'), op("loc(unknown)"),
+        op(f'loc("jit(<lambda>)/jit(main)/mul"({site}))')])])
+    module = types.SimpleNamespace(body=types.SimpleNamespace(operations=[op("loc(unknown)", body)]))
+    assert facts.place_of(module, "jit__lambda") == "/work/loc.py:<lambda>"
+    assert facts.place_of(module, "jit__lambda_") == "/work/loc.py:<lambda>"

@@ -297,7 +297,7 @@ def place_of(module: Any, name: str) -> str:
     it) and the function's name, from the MLIR locations of the code in its body (``model/core.py:
     step``); ``jax`` for JAX's own helpers (locations, but no frame of a function of that name);
     ``?`` where it cannot be known (no locations; ``<stdin>``, a notebook cell)."""
-    wanted = name.removeprefix("jit_").removeprefix("pmap_")
+    wanted = name.removeprefix("jit_").removeprefix("pmap_").rstrip("_") or "_"  # 0.4.x-0.6: `jit__lambda_`
     files: set[str] = set()
     chains: list[list[tuple[str, str]]] = []
     for op in _operations(module, 2000):
