@@ -632,3 +632,26 @@ def test_an_option_this_jax_lacks_is_nobody_s_setting() -> None:
     Config.jax_persistent_cache_min_compile_time_secs = 2.0
     assert _settings.jax_explicit({}, Config()) == {
         "min_compile_time_secs": (2.0, "JAX (jax.config jax_persistent_cache_min_compile_time_secs)")}
+
+
+@pytest.mark.parametrize(("version", "supported"), [("0.4.29", False), ("0.4.26rc1", False), ("0.3.25", False),
+                                                    ("0.4.30", True), ("0.4.30.dev20240601", True), ("0.10.2", True),
+                                                    ("1.0", True), ("unknown", True)])
+def test_a_jax_older_than_0_4_30_is_left_as_it_is(version: str, supported: bool,
+                                                   recwarn: pytest.WarningsRecorder) -> None:
+    """SPEC §16: an older JAX gets one line naming its version, and its config is never touched."""
+    from gkx_autocache import _configure, _diagnostics, _jax
+
+    class Config:
+        jax_enable_compilation_cache = False  # a supported line stops here without an update: nothing to set up
+
+        def update(self, name: str, value: Any) -> None:
+            raise AssertionError(f"jax.config.update({name!r}) on JAX {version}")
+
+    _diagnostics._said.discard("jax:unsupported")
+    _configure._configure(types.SimpleNamespace(__version__=version, config=Config()), {})
+    said = [str(w.message) for w in recwarn if "not supported" in str(w.message)]
+    assert (_jax.unsupported(version) is None) is supported
+    assert said == ([] if supported else [f"gkx-autocache: JAX {version} is not supported (gkx-autocache supports "
+                                          f"JAX 0.4.30 and later): JAX is left as it is "
+                                          f"({_diagnostics.SILENCE})"]), said

@@ -30,6 +30,12 @@ def configure(jax: Any, env: Mapping[str, str] = os.environ) -> None:
 
 
 def _configure(jax: Any, env: Mapping[str, str]) -> None:
+    from gkx_autocache import _jax
+
+    old = _jax.unsupported(str(getattr(jax, "__version__", "")))
+    if old is not None:
+        warn("jax:unsupported", old)
+        return
     config = jax.config
     if not config.jax_enable_compilation_cache:
         logger.debug("JAX's compilation cache is turned off by the user: nothing to do")

@@ -14,8 +14,21 @@ from typing import Any
 
 from gkx_autocache._diagnostics import logger
 
+OLDEST = (0, 4, 30)  # the oldest JAX line supported (SPEC §16); each seam is probed, on every line
 HOOK = "jax._src.cache_key.custom_hook"  # the key's part meant for additions, as messages name it
 WRITE = ["cache_key", "compile_time_secs", "module_name", "backend", "executable"]  # _cache_write's first five
+
+
+def unsupported(version: str) -> str | None:
+    """Why this JAX is left as it is (a line older than ``OLDEST``), or None. A version that does not
+    read as one (a local build) is supported: its seams are probed as on any line."""
+    import re
+
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if found is None or tuple(int(n or 0) for n in found.groups()) >= OLDEST:
+        return None
+    return (f"JAX {version} is not supported (gkx-autocache supports JAX {'.'.join(map(str, OLDEST))} and later): "
+            "JAX is left as it is")
 
 
 def parameters(func: Any) -> list[str]:

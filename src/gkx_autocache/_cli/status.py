@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from gkx_autocache import _cache, _entries, _settings, _store
+from gkx_autocache import _cache, _entries, _jax, _settings, _store
 from gkx_autocache._cli.context import Context, distribution_version, hook_live, load_context, start_files
 from gkx_autocache._cli.output import OK, emit
 from gkx_autocache._cli.stats import stats_line
@@ -121,6 +121,8 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         attention.append(f"the cache is disabled by {settings.origin('enabled')}")
     elif ctx.jax_version is None:
         attention.append("JAX is not installed here: pip install 'gkx-autocache[jax]'")
+    if ctx.jax_version is not None and (old := _jax.unsupported(ctx.jax_version)) is not None:
+        attention.append(old)
     from gkx_autocache._shared import probe as _probe
 
     signing = "set (env GKX_JAX_CACHE_SIGNING_KEY)" if _settings.signing_key() else "not set"
