@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import zlib
 from pathlib import Path
@@ -317,3 +318,30 @@ def test_config_set_keeps_a_variable_the_setter_has_not_set(venv: Venv, tmp_path
         proc = venv.cli("config", "set", "dir", bad)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (bad, proc.stderr)
     assert policy.read_text() == before
+
+
+# The package's files go while the process runs (`pip uninstall` or `pip install -U` in a live
+# notebook kernel): what it has not imported yet can no longer be imported.
+GONE = r"""
+import sys
+import jax, jax.numpy as jnp
+x = jnp.ones((8, 8))
+jax.jit(lambda v: v * 2)(x)  # the warm part: hits only
+class Gone:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("gkx_autocache."):
+            raise ImportError(f"{name}: the package was uninstalled")
+sys.meta_path.insert(0, Gone())  # what was imported stays imported, as after a real uninstall
+print(float(jax.jit(lambda v: jnp.sin(v) @ v)(x).sum()))  # a new compile: a miss, a write
+"""
+
+
+def test_a_package_removed_mid_run_never_fails_the_run(venv: Venv, tmp_path: Path) -> None:
+    """After the package's files are gone, a new compile still succeeds, and the exit is clean:
+    a module the package imports late (at the first miss, write or exit) may be missing."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_REPORT": "1"}
+    venv.run("-c", GONE.split("class Gone")[0], env=env, check=True)  # the cache holds the warm part
+    proc = venv.run("-W", "error", "-c", GONE, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr
+    assert re.search(r"^gkx-autocache: \d+ hits?, [1-9]\d* miss", proc.stderr, re.M), proc.stderr  # the report line

@@ -251,12 +251,20 @@ class Store:
         except Exception:
             return 0.0, written
 
+    def _uncached(self, key: str, reason: str, detail: str) -> None:
+        """A compile not written, and why (``reason``: its name in ``_explain.causes``, imported at the
+        first write: a run where every lookup hits has none; never raising, the files may be gone)."""
+        try:
+            from gkx_autocache._explain import causes
+
+            self._recorder.uncached(key, getattr(causes, reason), detail)
+        except Exception as exc:
+            logger.debug("uncached %s not recorded: %s", key, exc)
+
     def put(self, key: str, value: bytes) -> None:
         started = getattr(self._misses, "keys", {}).pop(key, None)
-        from gkx_autocache._explain import causes  # at the first write: a run where every lookup hits has none
-
         if not self._writable:
-            self._recorder.uncached(key, causes.READ_ONLY, "this user cannot write the cache (a baked image)")
+            self._uncached(key, "READ_ONLY", "this user cannot write the cache (a baked image)")
             return
         path = self._entry(key)
         existing = _files.read(path, limit=4)
@@ -268,7 +276,7 @@ class Store:
                 f.write(value)
         except OSError as exc:  # disk full, a name too long for the file system: said, not "new" every run
             logger.debug("cannot write %s: %s", path, exc)
-            self._recorder.uncached(key, causes.WRITE_FAILED, exc.strerror or str(exc))
+            self._uncached(key, "WRITE_FAILED", exc.strerror or str(exc))
             return
         written = len(value)
         compile_secs = max(compile_clock() - started, 0.0) if started is not None else 0.0

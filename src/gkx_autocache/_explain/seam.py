@@ -61,11 +61,9 @@ class Watch:
         """``{"cause": ..., "detail": ...}`` for a miss of ``key`` in ``run``; never raises."""
         try:
             explainer = self.explainer()
-        except Exception as exc:  # an explanation must never cost a compile
+        except Exception as exc:  # an explanation must never cost a compile (nor the package's files gone)
             logger.debug("miss of %s not explained: %s", key, exc)
-            from gkx_autocache._explain import causes
-
-            return {"cause": causes.UNEXPLAINED, "detail": f"{type(exc).__name__}: {exc}"[:200]}
+            return {"detail": f"not explained: {type(exc).__name__}: {exc}"[:200]}  # a miss without a cause
         return explainer.cause(key, run)  # type: ignore[no-any-return]
 
     def ingredients(self, key: str, run: Run) -> dict[str, Any]:
@@ -107,8 +105,6 @@ def install(jax: Any, recorder: Any, version_dir: str, load: Any = None) -> str 
     def wrap(write: Any) -> Any:
         def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
                          *rest: Any, **kwargs: Any) -> None:
-            from gkx_autocache._explain import causes
-
             reason = _not_written(jax, compile_time_secs, _jax.host_callbacks(rest, kwargs))
             before = recorder.writes
             write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
@@ -116,6 +112,8 @@ def install(jax: Any, recorder: Any, version_dir: str, load: Any = None) -> str 
                 if jax.config.jax_compilation_cache_dir != version_dir:
                     return  # the user's code chose another directory: its compiles are not ours to count
                 if reason is None and recorder.writes == before and recorder.store_serving:
+                    from gkx_autocache._explain import causes
+
                     minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
                     reason = (causes.BELOW_MIN_ENTRY_SIZE, f"{minimum} bytes") if minimum > 0 else None
                 if reason is not None and recorder.totals.writes == before:  # a rank's own local write (SPEC §14) is one
@@ -136,9 +134,9 @@ def install(jax: Any, recorder: Any, version_dir: str, load: Any = None) -> str 
 def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any) -> tuple[str, str] | None:
     """Why JAX will not write this compile, by JAX's own rules, before it decides: a reason and
     its detail."""
-    from gkx_autocache._explain import causes  # at the first compile: a run where every lookup hits has none
-
     try:
+        from gkx_autocache._explain import causes  # at the first compile: a run where every lookup hits has none
+
         if jax.process_index() != 0:
             return causes.NOT_PROCESS_0, f"process {jax.process_index()}: only process 0 of a multi-process run writes"
         if host_callbacks:

@@ -140,10 +140,13 @@ class Recorder:
 
     def rejected(self, key: str, reason: str) -> None:
         """The entry was there, but JAX could not load it: a miss."""
-        from gkx_autocache._explain import causes
-
         self._pending.hit = None
-        self._settle({"e": "miss", "key": key, "cause": causes.REJECTED, "detail": reason, "t": round(time.time(), 3)})
+        try:
+            from gkx_autocache._explain import causes  # the package's files may be gone mid-run: never raise here
+
+            self._settle({"e": "miss", "key": key, "cause": causes.REJECTED, "detail": reason, "t": round(time.time(), 3)})
+        except Exception as exc:
+            logger.debug("rejected %s not recorded: %s", key, exc)
 
     def put(self, key: str, nbytes: int, compile_secs: float) -> None:
         self._pending.hit = None  # an entry read but not loadable is compiled and written again
@@ -169,10 +172,13 @@ class Recorder:
         record = {"e": "uncached", "key": key, "reason": reason, "t": round(time.time(), 3)}
         if detail:
             record["detail"] = detail
-        from gkx_autocache._explain import causes
+        try:
+            from gkx_autocache._explain import causes  # the package's files may be gone mid-run: never raise here
 
-        if waiting is not None and waiting.get("cause") not in (None, causes.NEW):
-            record["cause"], record["change"] = waiting["cause"], waiting.get("detail", "")
+            if waiting is not None and waiting.get("cause") not in (None, causes.NEW):
+                record["cause"], record["change"] = waiting["cause"], waiting.get("detail", "")
+        except Exception as exc:
+            logger.debug("the miss of %s not kept with it: %s", key, exc)
         self._record(record, ("uncached", key, reason))
 
     def levels_record(self, record: dict[str, Any]) -> None:
@@ -420,6 +426,8 @@ def start(settings: Any, directory: str, ledger: bool, remote: bool = False, sha
     if remote:
         _before_thread_pools_stop(_write_remote_ledger, recorder)
     if settings["report"]:
+        from gkx_autocache._record import show  # noqa: F401  (now: at exit the package's files may be gone)
+
         atexit.register(_report)
     return recorder
 
@@ -435,8 +443,11 @@ def finish(rec: Recorder, cap: int) -> None:
     except OSError:
         others = False
     if kept or others:
-        from gkx_autocache._record import fold  # at exit only: never on `import jax`
-
+        try:
+            from gkx_autocache._record import fold  # at exit only: never on `import jax`
+        except ImportError as exc:  # the package's files gone mid-run: the next process folds
+            logger.debug("no fold at exit: %s", exc)
+            return
         fold.fold(rec.directory, cap, rec.shared)
 
 
