@@ -1,0 +1,85 @@
+"""SPEC §16: the package on JAX lines older than the one the suite runs on, each in its own virtual
+environment built from that line's pinned wheels (the index, or uv's cache): the oldest supported
+line and lines across the seams' changes (docs/jax-lines.md): 0.4.30 (7 key parts, no
+`enable_xla_caches`), 0.6.2 (`executable_devices`, 8 parts), 0.9.0 (the last line without
+`VerificationCache`). A real program, cold, warm under `-W error`, a changed `XLA_FLAGS`, a cap,
+`status`; every figure the package's own, against the same program with the package off. The
+whole table of lines: `python benchmarks/jax_lines.py`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Venv, clean_env, public_tmp
+
+pytestmark = pytest.mark.once  # the lines' own wheels, whatever JAX the runner has: on the first Python only
+
+LINES = ("0.4.30", "0.6.2", "0.9.0")
+PROGRAM = r"""
+import json, sys
+import jax, jax.numpy as jnp
+counts = {"requests": 0, "hits": 0}
+def listen(event, *a, **k):
+    if event == "/jax/compilation_cache/compile_requests_use_cache": counts["requests"] += 1
+    elif event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
+jax.monitoring.register_event_listener(listen)
+x = jnp.ones((16, 16))
+steps = [jax.jit(lambda v, i=i: jnp.sin(v) * i + jnp.cos(v @ v.T).sum()) for i in range(int(sys.argv[1]))]
+result = sum(float(f(x).sum()) for f in steps)
+print(json.dumps({**counts, "result": result, "dir": jax.config.jax_compilation_cache_dir}))
+"""
+
+
+@pytest.fixture(scope="module", params=LINES)
+def line(request: pytest.FixtureRequest, wheel: Path) -> Iterator[Venv]:
+    """A venv with JAX and jaxlib of one line, and the package's wheel."""
+    version = request.param
+    base = public_tmp()
+    try:
+        path = base / "venv"
+        subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(path)], check=True,
+                       capture_output=True)
+        install = subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--python", str(path / "bin" / "python"),
+                                  f"jax=={version}", f"jaxlib=={version}", str(wheel)], capture_output=True, text=True)
+        assert install.returncode == 0, install.stderr
+        home = base / "home"
+        home.mkdir(mode=0o755)
+        yield Venv(path, home, clean_env(HOME=str(home)))
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def run(line: Venv, env: dict[str, str], *flags: str, n: int = 6) -> tuple[dict[str, Any], str]:
+    proc = line.run(*flags, "-c", PROGRAM, str(n), env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_each_line_is_served_by_the_store_explained_and_capped(line: Venv, tmp_path: Path) -> None:
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "cache"), "GKX_JAX_CACHE_REPORT": "1"}
+    off, _ = run(line, {**env, "GKX_JAX_CACHE": "0"})
+    cold, cold_err = run(line, env)
+    warm, warm_err = run(line, env, "-W", "error")
+    assert "please report" not in cold_err + warm_err, cold_err + warm_err
+    assert cold["result"] == warm["result"] == off["result"]
+    assert warm["requests"] > 0 and warm["hits"] == warm["requests"], warm
+    assert " 0 misses" in warm_err, warm_err
+    status = json.loads(line.cli("--json", "status", env=env).stdout)
+    assert status["store"]["store"] == "gkx-autocache", status["store"]
+    assert not status["attention"], status["attention"]
+
+    _, flags_err = run(line, {**env, "XLA_FLAGS": "--xla_cpu_enable_fast_math=true"})
+    explained = json.loads(line.cli("--json", "explain", env=env).stdout)
+    causes = {group["cause"] for group in explained["groups"]}
+    assert causes == {"changed XLA_FLAGS"}, (causes, flags_err)
+
+    capped = {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "capped"), "GKX_JAX_CACHE_MAX_SIZE": "64KiB"}
+    _, capped_err = run(line, capped, n=40)
+    (present,) = json.loads(line.cli("--json", "status", env=capped).stdout)["versions_present"]
+    assert present["bytes"] <= 64 * 1024, (present, capped_err)
