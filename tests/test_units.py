@@ -655,3 +655,24 @@ def test_a_jax_older_than_0_4_30_is_left_as_it_is(version: str, supported: bool,
     assert said == ([] if supported else [f"gkx-autocache: JAX {version} is not supported (gkx-autocache supports "
                                           f"JAX 0.4.30 and later): JAX is left as it is "
                                           f"({_diagnostics.SILENCE})"]), said
+
+
+@pytest.mark.parametrize(("verdict", "line"), [
+    ({"store": "gkx-autocache", "reason": None, "explain": None, "isa": None},
+     "  features store, cap, explain, ISA key, levels (as the last process here found this JAX)"),
+    ({"store": "gkx-autocache", "reason": None, "explain": "jax._src.compiler._cache_write has changed",
+      "isa": "CPU entries are not keyed by ISA: jax._src.cache_key cannot be imported (x)"},
+     "  features store, cap, levels; no explain (jax._src.compiler._cache_write has changed); no ISA key "
+     "(jax._src.cache_key cannot be imported (x)) (as the last process here found this JAX)"),
+    ({"store": "jax", "reason": "jax._src.compilation_cache.get_file_cache(path) is missing or has changed",
+      "explain": None, "isa": None},
+     "  features ISA key; no store (jax._src.compilation_cache.get_file_cache(path) is missing or has changed); "
+     "no cap, explain, levels (they need the store) (as the last process here found this JAX)"),
+    ({"store": None, "reason": "no process has used it yet"}, None),
+])
+def test_status_names_what_this_jax_line_gives(verdict: dict[str, Any], line: str | None) -> None:
+    """SPEC §16: `status` names each feature a JAX line gives, and why one is missing, by name, in one
+    line (from what the last process that configured JAX here found)."""
+    from gkx_autocache._cli import status
+
+    assert status.features_line(status.features(verdict)) == line

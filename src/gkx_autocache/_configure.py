@@ -10,6 +10,7 @@ from typing import Any
 
 from gkx_autocache import _cache, _settings
 from gkx_autocache._diagnostics import logger, warn
+from gkx_autocache._formats import UNKEYED
 from gkx_autocache._layout import is_url
 
 _lock = threading.Lock()
@@ -112,7 +113,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:
             def verdict() -> None:
-                isa = f"CPU entries are not keyed by ISA: {unkeyed}" if unkeyed else replaced_hook()
+                isa = f"{UNKEYED}{unkeyed}" if unkeyed else replaced_hook()
                 _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, shared,
                                      explain=unexplained, isa=isa)
 

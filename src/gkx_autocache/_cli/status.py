@@ -16,6 +16,7 @@ from gkx_autocache._cli.context import Context, distribution_version, hook_live,
 from gkx_autocache._cli.output import OK, emit
 from gkx_autocache._cli.stats import stats_line
 from gkx_autocache._diagnostics import human_bytes, plural
+from gkx_autocache._formats import UNKEYED
 from gkx_autocache._layout import is_url, version_name
 from gkx_autocache._record import locks as _locks
 from gkx_autocache._record import show as _show
@@ -143,9 +144,36 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         "start_files": files, "hook_live": live, "settings": values,
         "files": {path: v.status + (f": {v.problem}" if v.problem else "") for path, v in settings.files.items()},
         "directory": directory, "versions_present": present, "store": store,
+        "features": features(store) if store and location is not None and location.kind == _cache.LOCAL else None,
         "stats": _show.totals_dict(totals) if totals else None, "stats_reset_at": reset_at or None,
         "sizes": "on disk: allocated blocks, as du counts them (what max_size caps)", "attention": attention,
     }
+
+
+def features(store: dict[str, Any]) -> dict[str, str | None] | None:
+    """What this JAX line gives here, as the last process that configured it found (SPEC §16): each
+    feature and why it is missing, None where it works; None before any process recorded it."""
+    if not store.get("store"):
+        return None
+    serving = store["store"] == "gkx-autocache"
+    needs = None if serving else "they need the store"
+    isa = str(store.get("isa") or "")
+    return {"store": None if serving else str(store.get("reason") or "JAX's stock cache serves"),
+            "cap": needs, "explain": store.get("explain") or needs,
+            "ISA key": isa.removeprefix(UNKEYED) if isa.startswith(UNKEYED) else None, "levels": needs}
+
+
+def features_line(found: dict[str, str | None] | None) -> str | None:
+    if found is None:
+        return None
+    have = [name for name, why in found.items() if why is None]
+    lacking: dict[str, list[str]] = {}
+    for name, why in found.items():
+        if why is not None:
+            lacking.setdefault(why, []).append(name)
+    said = [", ".join(have)] if have else []
+    said += [f"no {', '.join(names)} ({why})" for why, names in lacking.items()]
+    return f"  features {'; '.join(said)} (as the last process here found this JAX)"
 
 
 def _store_verdict(location: _cache.Location) -> dict[str, Any]:
@@ -192,6 +220,8 @@ def text(data: dict[str, Any]) -> str:
     store = data["store"]
     if store:
         lines.append(f"  store    {store['store'] or 'not recorded yet'}{': ' + store['reason'] if store.get('reason') else ''}")
+    if (features_text := features_line(data.get("features"))) is not None:
+        lines.append(features_text)
     for version in data["versions_present"]:
         mark = " (installed)" if version["installed"] else ""
         lines.append(f"  {version['version']:<18} {plural(version['entries'], 'entry', 'entries'):>13}  "
