@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Venv, clean_env, public_tmp
+from conftest import COUNTING, Venv, clean_env, public_tmp
 
 pytestmark = pytest.mark.once  # the lines' own wheels, whatever JAX the runner has: on the first Python only
 
@@ -24,11 +24,7 @@ LINES = ("0.4.30", "0.6.2", "0.9.0")
 PROGRAM = r"""
 import json, sys
 import jax, jax.numpy as jnp
-counts = {"requests": 0, "hits": 0}
-def listen(event, *a, **k):
-    if event == "/jax/compilation_cache/compile_requests_use_cache": counts["requests"] += 1
-    elif event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
-jax.monitoring.register_event_listener(listen)
+""" + COUNTING + r"""
 x = jnp.ones((16, 16))
 steps = [jax.jit(lambda v, i=i: jnp.sin(v) * i + jnp.cos(v @ v.T).sum()) for i in range(int(sys.argv[1]))]
 result = sum(float(f(x).sum()) for f in steps)
