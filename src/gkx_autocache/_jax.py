@@ -54,6 +54,15 @@ def _loaded(name: str) -> Any:
     return sys.modules.get(f"jax._src.{name}")
 
 
+def _attr(owner: Any, name: str) -> Any:
+    """``owner.name``, or None where it is missing or reading it raises (a later JAX's deprecation
+    shim, which ``-W error`` turns into an exception): such a seam is missing."""
+    try:
+        return getattr(owner, name, None)
+    except Exception:
+        return None
+
+
 def _patch(owner: Any, name: str, new: Any) -> None:
     new.__wrapped__ = getattr(owner, name)
     setattr(owner, name, new)
@@ -69,7 +78,7 @@ def install_hook(wrap: Callable[[Callable[[], Any]], Callable[[], Any]]) -> str 
         from jax._src import cache_key
     except Exception as exc:
         return f"jax._src.cache_key cannot be imported ({exc})"
-    previous = getattr(cache_key, "custom_hook", None)
+    previous = _attr(cache_key, "custom_hook")
     if not callable(previous):
         return f"{HOOK} is missing"
     _patch(cache_key, "custom_hook", wrap(previous))
@@ -82,15 +91,19 @@ _hooked: list[Any] = []  # the key's module whose hook is the package's
 
 def current_hook() -> Any:
     """The key's custom hook now (the user's code may replace the package's after ``import jax``)."""
-    return getattr(_hooked[0] if _hooked else None, "custom_hook", None)
+    return _attr(_hooked[0] if _hooked else None, "custom_hook")
 
 
 def watch_key_parts(on_part: Callable[[Any, str, Any], None]) -> bool:
     """Call ``on_part(hash_obj, name, hashfn)`` after each part of each key, where JAX's
     ``_log_cache_key_hash(hash_obj, last_serialized, hashfn)`` (called by ``get`` after each
-    part) has the shape it had from JAX 0.10 to 0.12; whether it is watched. After ``install_hook``."""
-    cache_key = _hooked[0] if _hooked else None
-    log_part = getattr(cache_key, "_log_cache_key_hash", None)
+    part) has the shape it had from JAX 0.4.30 to 0.12; whether it is watched. The parts are
+    watched with or without the package's hook in place."""
+    try:
+        from jax._src import cache_key
+    except Exception:
+        return False
+    log_part = _attr(cache_key, "_log_cache_key_hash")
     if log_part is None or parameters(log_part) != ["hash_obj", "last_serialized", "hashfn"]:
         logger.debug("jax._src.cache_key._log_cache_key_hash has changed: a replaced hook is not noticed")
         return False
@@ -114,11 +127,11 @@ PARTS_CHANGED = "jax._src.cache_key._log_cache_key_hash(hash_obj, last_serialize
 
 def _store_problem(cc: Any) -> str | None:
     """Why this JAX's cache module is not the one the store was written for, or None."""
-    get_file_cache = getattr(cc, "get_file_cache", None)
+    get_file_cache = _attr(cc, "get_file_cache")
     if get_file_cache is None or parameters(get_file_cache) != ["path"]:
         return "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
     for name in ("decompress_executable", "compress_executable", "CacheInterface"):  # VerificationCache: 0.9.1+
-        if not hasattr(cc, name):
+        if _attr(cc, name) is None:
             return f"jax._src.compilation_cache.{name} is missing"
     return None
 
@@ -164,18 +177,18 @@ def _guard_loading(cc: Any, jax: Any, unloadable: Callable[[str, BaseException],
     does not decompress, or does not deserialise) is a miss; whether it was wrapped. Left alone
     (JAX's stock behaviour) if its first parameter is no longer ``cache_key``, or if the compiler
     no longer reaches it through the module (a wrapper it would never call)."""
-    original = getattr(cc, "get_executable_and_time", None)
+    original = _attr(cc, "get_executable_and_time")
     try:
         from jax._src import compiler
 
-        through_module = getattr(compiler, "compilation_cache", None) is cc and "get_executable_and_time" not in vars(compiler)
+        through_module = _attr(compiler, "compilation_cache") is cc and "get_executable_and_time" not in vars(compiler)
     except Exception:
         through_module = False
     if original is None or parameters(original)[:1] != ["cache_key"] or not through_module:
         logger.debug("jax._src.compilation_cache.get_executable_and_time has changed: JAX's own handling of "
                      "entries it cannot load stays")
         return False
-    verification_error = getattr(cc, "CacheVerificationError", ())
+    verification_error = _attr(cc, "CacheVerificationError") or ()
 
     def get_executable_and_time(cache_key: str, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -200,7 +213,7 @@ def wrap_cache_write(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -
         from jax._src import compiler
     except Exception as exc:
         return f"jax._src.compiler cannot be imported ({exc})"
-    write = getattr(compiler, "_cache_write", None)
+    write = _attr(compiler, "_cache_write")
     if write is None or parameters(write)[:5] != WRITE:
         return "jax._src.compiler._cache_write has changed"
     _patch(compiler, "_cache_write", wrap(write))
@@ -215,7 +228,8 @@ def host_callbacks(rest: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def process_id() -> int:
     """This process's rank in a multi-process run (0 alone, or before ``jax.distributed`` starts)."""
-    return getattr(getattr(_loaded("distributed"), "global_state", None), "process_id", 0)
+    found = _attr(_attr(_loaded("distributed"), "global_state"), "process_id")
+    return found if isinstance(found, int) else 0
 
 
 def rank_local_writes(jax: Any, version_dir: str) -> str | None:
@@ -229,11 +243,11 @@ def rank_local_writes(jax: Any, version_dir: str) -> str | None:
         from jax._src import compiler, distributed
     except Exception as exc:  # pragma: no cover - a JAX without the modules
         return f"jax._src.compiler cannot be imported ({exc})"
-    write = getattr(compiler, "_cache_write", None)
-    put = getattr(cc, "put_executable_and_time", None)
+    write = _attr(compiler, "_cache_write")
+    put = _attr(cc, "put_executable_and_time")
     if (write is None or parameters(write)[:5] != WRITE
             or put is None or parameters(put) != ["cache_key", "module_name", "executable", "backend", "compile_time"]
-            or not hasattr(getattr(distributed, "global_state", None), "process_id")):
+            or _attr(_attr(distributed, "global_state"), "process_id") is None):
         return "jax._src.compiler._cache_write or compilation_cache.put_executable_and_time has changed"
 
     def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,

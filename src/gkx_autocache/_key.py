@@ -50,7 +50,7 @@ class Seam:
         self.parts = False  # whether _log_cache_key_hash is wrapped: the parts are seen
 
     def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
-        if name == "custom_hook":
+        if name == "custom_hook" and self.hook is not None:  # the package's hook in place, or replaced since
             thread = self.thread
             hook = _jax.current_hook()
             if hook is not self.hook:
@@ -124,9 +124,7 @@ def install(jax: Any) -> str | None:
         current.hook = custom_hook
         return custom_hook
 
-    why = _jax.install_hook(wrap)
-    if why is not None:
-        return why
+    why = _jax.install_hook(wrap)  # without the hook, the parts are still watched: explain needs them alone
     seam = current
     current.parts = _jax.watch_key_parts(current.on_part)
-    return None
+    return why

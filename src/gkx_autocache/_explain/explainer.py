@@ -110,6 +110,8 @@ class Explainer:
     def _facts(self, key: str) -> Facts | None:
         pending = self._thread
         final = getattr(pending, "final", None)
+        if final is None and getattr(pending, "parts", None):  # no part named as the last of PARTS
+            final = pending.final = pending.key_hash.digest().hex()
         if final is None or not key.endswith(final):
             return None
         if pending.facts is None:

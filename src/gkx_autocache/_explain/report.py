@@ -110,6 +110,9 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
     # A cache this user cannot write (a baked image) serves their runs but keeps no record of them:
     # what is here is its writers' runs, never this user's last one.
     read_only = local and location is not None and not location.writable
+    for group in groups if unavailable else []:  # the misses JAX's key parts were not seen for: why not
+        if group["cause"] == causes.UNEXPLAINED:
+            group["fix"] = f"none here: explanations are unavailable ({unavailable})"
     return {"unavailable": unavailable, "read_only": read_only, "last_run": last_run, "groups": groups,
             "earlier": _grouped(earlier, ctx, every_run), "since": since, "function": function}
 

@@ -38,6 +38,7 @@ class Watch:
             pending.parts = [(name, hashfn)]
             pending.computation = hash_obj.digest()  # the first part: its own hash
             pending.final = pending.facts = None
+            pending.key_hash = hash_obj  # the key, once its last part is in (a JAX whose last part is another)
             return
         parts = getattr(pending, "parts", None)
         if parts is None:
