@@ -129,6 +129,8 @@ def test_a_later_jax_keeps_what_its_seams_allow_and_says_what_not(venv: Venv, tm
     assert {name for name, why in features.items() if why is not None} == lost, features
     assert all("jax._src." in why or "need the store" in why for why in features.values() if why), features
     assert (status["store"]["store"] == "gkx-autocache") == ("store" in kept), status["store"]
+    version = json.loads(venv.cli("--json", "--version", env=env).stdout)
+    assert version["features"] == features, version
     text = venv.cli("status", env=env).stdout
     (line,) = [line for line in text.splitlines() if line.lstrip().startswith("features")]
     assert all(f"no {name}" in line or name in line for name in lost), line

@@ -122,6 +122,24 @@ def watch_key_parts(on_part: Callable[[Any, str, Any], None]) -> bool:
 PARTS_CHANGED = "jax._src.cache_key._log_cache_key_hash(hash_obj, last_serialized, hashfn) is missing or has changed"
 
 
+def probe() -> dict[str, str | None]:
+    """What this JAX's seams give, each feature and why it is missing (None where it works), read
+    without patching anything; ``--version`` asks it in a child process where no process here has
+    recorded it. Settings can still take a feature away (``max_size`` of JAX's own, a bucket)."""
+    from jax._src import cache_key, compilation_cache, compiler
+
+    previous = _attr(cache_key, "custom_hook")
+    log_part = _attr(cache_key, "_log_cache_key_hash")
+    write = _attr(compiler, "_cache_write")
+    store = _store_problem(compilation_cache)
+    explain = (PARTS_CHANGED if log_part is None or parameters(log_part) != ["hash_obj", "last_serialized", "hashfn"]
+               else "jax._src.compiler._cache_write has changed" if write is None or parameters(write)[:5] != WRITE
+               else None)
+    needs = "they need the store" if store else None
+    return {"store": store, "cap": needs, "explain": needs or explain,
+            "ISA key": None if callable(previous) else f"{HOOK} is missing", "levels": needs}
+
+
 # -- the store: JAX's cache object and its loading (jax._src.compilation_cache) -----------------------
 
 

@@ -38,7 +38,14 @@ def cmd_version(args: argparse.Namespace) -> int:
     found = {name: distribution_version(dist) for name, dist in
              (("gkx-autocache", "gkx-autocache"), ("jax", "jax"), ("jaxlib", "jaxlib"))}
     found["python"] = sys.version.split()[0]
-    emit(args, "  ".join(f"{name} {version or '(not installed)'}" for name, version in found.items()), found)
+    line = "  ".join(f"{name} {version or '(not installed)'}" for name, version in found.items())
+    from gkx_autocache._cli import status as _status
+
+    try:
+        features, said = _status.line_features(load_context())
+    except Exception as exc:  # a bad setting: --version still answers
+        features, said = None, f"not known here: {exc}"
+    emit(args, f"{line}\nfeatures {said}", {**found, "features": features, "features_said": said})
     return OK
 
 

@@ -163,6 +163,33 @@ def features(store: dict[str, Any]) -> dict[str, str | None] | None:
             "ISA key": isa.removeprefix(UNKEYED) if isa.startswith(UNKEYED) else None, "levels": needs}
 
 
+def line_features(ctx: Any) -> tuple[dict[str, str | None] | None, str]:
+    """What this JAX line gives here (``--version``), without importing JAX: as the last process
+    that configured it with this directory found; or why that is not known."""
+    if ctx.jax_version is None:
+        return None, "JAX is not installed"
+    if (old := _jax.unsupported(ctx.jax_version)) is not None:
+        return None, old
+    location = ctx.location
+    if location is None or location.version_dir is None:
+        return None, f"not known here: {ctx.why_no_dir()}"
+    found = features(_store_verdict(location))
+    if found is None:  # no process has recorded them: ask this JAX's seams, in a child (the CLI never imports jax)
+        import json
+        import subprocess
+
+        try:
+            child = subprocess.run([sys.executable, "-c", "import json; from gkx_autocache import _jax; "
+                                    "print(json.dumps(_jax.probe()))"], capture_output=True, text=True, timeout=120,
+                                   env={**os.environ, "GKX_JAX_CACHE": "0", "JAX_PLATFORMS": "cpu"})
+            found = json.loads(child.stdout.strip().splitlines()[-1])
+        except Exception as exc:
+            return None, f"not known: this JAX's seams could not be probed ({type(exc).__name__})"
+        said = (features_line(found) or "").strip().removeprefix("features ")
+        return found, said.replace("(as the last process here found this JAX)", "(this JAX's seams, probed)")
+    return found, (features_line(found) or "").strip().removeprefix("features ")
+
+
 def features_line(found: dict[str, str | None] | None) -> str | None:
     if found is None:
         return None
