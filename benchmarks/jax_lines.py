@@ -11,6 +11,7 @@ Needs the package index (or pip's cache) for each JAX; Python 3.11 for JAX befor
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -64,17 +65,46 @@ def row(version: str, work: Path, wheel: Path) -> list[str]:
     store = next((ln.split()[-1] for ln in status.splitlines() if ln.strip().startswith("store ")), "?")
     if "is not supported" in status:
         store = "none: JAX left as it is (not supported)"
+    stats = json.loads(sh(str(python), "-m", "gkx_autocache", "--json", "stats", env=base, check=False).stdout or "{}")
+    present = json.loads(sh(str(python), "-m", "gkx_autocache", "--json", "status", env=base, check=False).stdout
+                         or "{}").get("versions_present") or [{}]
+    totals, entries = stats.get("stats") or {}, present[0].get("entries")
+    agree = ("yes" if totals and totals.get("writes") == entries and totals.get("hits") == (int(hits[1]) if (hits := REPORT.search(warm_err)) else None)
+             else "no")
+    version_line = sh(str(python), "-m", "gkx_autocache", "--version", env=base, check=False).stdout.splitlines()[1:]
+    other_cpu = on_another_cpu(python, base, work)
+    shared = Path(tempfile.mkdtemp(dir=work))
+    (shared / "team").mkdir()  # a team directory is made by its team, not by a reader
+    run(python, {**base, "GKX_JAX_CACHE_DIR": str(shared / "a"), "GKX_JAX_CACHE_SHARED": str(shared / "team")}, 6)
+    _, fresh_err = run(python, {**base, "GKX_JAX_CACHE_DIR": str(shared / "b"), "GKX_JAX_CACHE_SHARED": str(shared / "team")}, 6)
+    from_shared = REPORT.search(fresh_err)
     capped = Path(tempfile.mkdtemp(dir=work))
     run(python, {**base, "GKX_JAX_CACHE_DIR": str(capped), "GKX_JAX_CACHE_MAX_SIZE": "64KiB"}, 40)
     size = int(sh("du", "-sk", str(capped), check=False).stdout.split()[0] or 0)
-    hits = REPORT.search(warm_err)
     cause = REPORT.search(flags_err)
     xla_errors = sum("cpu_aot_loader" in ln for ln in warm_err.splitlines())
     return [version, store,
             f"{hits[1]} of {int(hits[1]) + int(hits[2])}" if hits else "no report line",
             "yes" if warm == cold == off and warm != "failed" else f"no ({off} / {cold} / {warm})",
             (cause[3] or "") if cause else "no report line",
-            f"{size} KiB (cap 64)", str(xla_errors)]
+            f"{size} KiB (cap 64)", str(xla_errors),
+            f"{agree} ({totals.get('writes')} written, {entries} entries, {totals.get('hits')} hits)",
+            other_cpu, f"{from_shared[1]} hits {from_shared[3] or ''}" if from_shared else "no report line",
+            (version_line[0].removeprefix("features ") if version_line else "?")]
+
+
+def on_another_cpu(python: Path, base: dict[str, str], work: Path) -> str:
+    """The warm run on a CPU without AVX2 (a fake /proc/cpuinfo in a private mount namespace, as root):
+    its report line's misses."""
+    real = Path("/proc/cpuinfo").read_text(errors="replace")
+    if " avx2" not in real or os.geteuid() != 0:
+        return "not run (needs root and an AVX2 host)"
+    fake = work / "cpuinfo-no-avx2"
+    fake.write_text(re.sub(r" avx2(?= |$)", "", real, flags=re.M))
+    script = f"mount --bind {fake} /proc/cpuinfo && exec {python} -c '{PROGRAM}' 6"
+    done = sh("unshare", "-m", "sh", "-c", script, env=base, check=False)
+    found = REPORT.search(done.stderr)
+    return f"{found[1]} hits, {found[2]} misses {found[3] or ''}" if found else f"no report line (exit {done.returncode})"
 
 
 def main() -> int:
@@ -90,13 +120,14 @@ def main() -> int:
     wheel = next(wheels.glob("*.whl"))
     print(f"`python benchmarks/jax_lines.py {' '.join(args.versions)}` (Python {sys.version.split()[0]})\n")
     print("| JAX | store | warm hits (-W error) | results = package off | XLA_FLAGS miss | cap kept (du after exit) "
-          "| XLA loader error lines, warm |")
-    print("|---|---|---|---|---|---|---|")
+          "| XLA loader error lines, warm | stats = directory | warm on a CPU without AVX2 "
+          "| a fresh local level from a shared one | --version features |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for version in args.versions:
         try:
             cells = row(version, args.work, wheel)
         except subprocess.CalledProcessError as exc:
-            cells = [version, f"not installed: {(exc.stderr or '').strip().splitlines()[-1:]}", "", "", "", "", ""]
+            cells = [version, f"not installed: {(exc.stderr or '').strip().splitlines()[-1:]}"] + [""] * 9
         print("| " + " | ".join(cells) + " |", flush=True)
     return 0
 

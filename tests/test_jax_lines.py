@@ -74,6 +74,13 @@ def test_each_line_is_served_by_the_store_explained_and_capped(line: Venv, tmp_p
     explained = json.loads(line.cli("--json", "explain", env=env).stdout)
     causes = {group["cause"] for group in explained["groups"]}
     assert causes == {"changed XLA_FLAGS"}, (causes, flags_err)
+    # stats agrees with the directory and with JAX's own counts: every compile written is an entry
+    totals = json.loads(line.cli("--json", "stats", env=env).stdout)["stats"]
+    (present,) = json.loads(line.cli("--json", "status", env=env).stdout)["versions_present"]
+    assert totals["writes"] == present["entries"] == 2 * cold["requests"], (totals, present, cold)
+    assert totals["hits"] == warm["hits"] and totals["misses"] == cold["requests"] * 2, (totals, warm)
+    features = json.loads(line.cli("--json", "--version", env=env).stdout)["features"]
+    assert features == dict.fromkeys(("store", "cap", "explain", "ISA key", "levels")), features
 
     capped = {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "capped"), "GKX_JAX_CACHE_MAX_SIZE": "64KiB"}
     _, capped_err = run(line, capped, n=40)
