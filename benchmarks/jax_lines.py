@@ -69,8 +69,8 @@ def row(version: str, work: Path, wheel: Path) -> list[str]:
     present = json.loads(sh(str(python), "-m", "gkx_autocache", "--json", "status", env=base, check=False).stdout
                          or "{}").get("versions_present") or [{}]
     totals, entries = stats.get("stats") or {}, present[0].get("entries")
-    agree = ("yes" if totals and totals.get("writes") == entries and totals.get("hits") == (int(hits[1]) if (hits := REPORT.search(warm_err)) else None)
-             else "no")
+    hits = REPORT.search(warm_err)
+    agree = "yes" if totals and totals.get("writes") == entries and hits and totals.get("hits") == int(hits[1]) else "no"
     version_line = sh(str(python), "-m", "gkx_autocache", "--version", env=base, check=False).stdout.splitlines()[1:]
     other_cpu = on_another_cpu(python, base, work)
     shared = Path(tempfile.mkdtemp(dir=work))
