@@ -94,6 +94,21 @@ def current_hook() -> Any:
     return _attr(_hooked[0] if _hooked else None, "custom_hook")
 
 
+def _parts_logger(cache_key: Any) -> Any:
+    """JAX's ``_log_cache_key_hash(hash_obj, last_serialized, hashfn)``, or None where it differs."""
+    log_part = _attr(cache_key, "_log_cache_key_hash")
+    return log_part if log_part is not None and parameters(log_part) == ["hash_obj", "last_serialized", "hashfn"] else None
+
+
+def _write_seam(compiler: Any) -> Any:
+    """JAX's ``_cache_write`` whose first five parameters are ``WRITE``, or None where it differs."""
+    write = _attr(compiler, "_cache_write")
+    return write if write is not None and parameters(write)[:5] == WRITE else None
+
+
+WRITE_CHANGED = "jax._src.compiler._cache_write has changed"
+
+
 def watch_key_parts(on_part: Callable[[Any, str, Any], None]) -> bool:
     """Call ``on_part(hash_obj, name, hashfn)`` after each part of each key, where JAX's
     ``_log_cache_key_hash(hash_obj, last_serialized, hashfn)`` (called by ``get`` after each
@@ -103,8 +118,8 @@ def watch_key_parts(on_part: Callable[[Any, str, Any], None]) -> bool:
         from jax._src import cache_key
     except Exception:
         return False
-    log_part = _attr(cache_key, "_log_cache_key_hash")
-    if log_part is None or parameters(log_part) != ["hash_obj", "last_serialized", "hashfn"]:
+    log_part = _parts_logger(cache_key)
+    if log_part is None:
         logger.debug("jax._src.cache_key._log_cache_key_hash has changed: a replaced hook is not noticed")
         return False
 
@@ -128,16 +143,12 @@ def probe() -> dict[str, str | None]:
     recorded it. Settings can still take a feature away (``max_size`` of JAX's own, a bucket)."""
     from jax._src import cache_key, compilation_cache, compiler
 
-    previous = _attr(cache_key, "custom_hook")
-    log_part = _attr(cache_key, "_log_cache_key_hash")
-    write = _attr(compiler, "_cache_write")
     store = _store_problem(compilation_cache)
-    explain = (PARTS_CHANGED if log_part is None or parameters(log_part) != ["hash_obj", "last_serialized", "hashfn"]
-               else "jax._src.compiler._cache_write has changed" if write is None or parameters(write)[:5] != WRITE
-               else None)
+    explain = (PARTS_CHANGED if _parts_logger(cache_key) is None
+               else WRITE_CHANGED if _write_seam(compiler) is None else None)
     needs = "they need the store" if store else None
     return {"store": store, "cap": needs, "explain": needs or explain,
-            "ISA key": None if callable(previous) else f"{HOOK} is missing", "levels": needs}
+            "ISA key": None if callable(_attr(cache_key, "custom_hook")) else f"{HOOK} is missing", "levels": needs}
 
 
 # -- the store: JAX's cache object and its loading (jax._src.compilation_cache) -----------------------
@@ -231,9 +242,9 @@ def wrap_cache_write(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -
         from jax._src import compiler
     except Exception as exc:
         return f"jax._src.compiler cannot be imported ({exc})"
-    write = _attr(compiler, "_cache_write")
-    if write is None or parameters(write)[:5] != WRITE:
-        return "jax._src.compiler._cache_write has changed"
+    write = _write_seam(compiler)
+    if write is None:
+        return WRITE_CHANGED
     _patch(compiler, "_cache_write", wrap(write))
     return None
 
@@ -261,10 +272,9 @@ def rank_local_writes(jax: Any, version_dir: str) -> str | None:
         from jax._src import compiler, distributed
     except Exception as exc:  # pragma: no cover - a JAX without the modules
         return f"jax._src.compiler cannot be imported ({exc})"
-    write = _attr(compiler, "_cache_write")
+    write = _write_seam(compiler)
     put = _attr(cc, "put_executable_and_time")
-    if (write is None or parameters(write)[:5] != WRITE
-            or put is None or parameters(put) != ["cache_key", "module_name", "executable", "backend", "compile_time"]
+    if (write is None or put is None or parameters(put) != ["cache_key", "module_name", "executable", "backend", "compile_time"]
             or _attr(_attr(distributed, "global_state"), "process_id") is None):
         return "jax._src.compiler._cache_write or compilation_cache.put_executable_and_time has changed"
 

@@ -180,19 +180,22 @@ def line_features(ctx: Any) -> tuple[dict[str, str | None] | None, str]:
 
         try:
             child = subprocess.run([sys.executable, "-c", "import json; from gkx_autocache import _jax; "
-                                    "print(json.dumps(_jax.probe()))"], capture_output=True, text=True, timeout=120,
+                                    "print(json.dumps(_jax.probe()))"], capture_output=True, text=True, timeout=60,
                                    env={**os.environ, "GKX_JAX_CACHE": "0", "JAX_PLATFORMS": "cpu"})
             found = json.loads(child.stdout.strip().splitlines()[-1])
         except Exception as exc:
             return None, f"not known: this JAX's seams could not be probed ({type(exc).__name__})"
-        said = (features_line(found) or "").strip().removeprefix("features ")
-        return found, said.replace("(as the last process here found this JAX)", "(this JAX's seams, probed)")
-    return found, (features_line(found) or "").strip().removeprefix("features ")
+        return found, features_said(found, "this JAX's seams, probed")
+    if location.kind != _cache.LOCAL:  # a bucket or the user's own directory: JAX's stock cache, whatever ran
+        return found, features_said(found, "for this directory")
+    return found, features_said(found)
 
 
 def features_line(found: dict[str, str | None] | None) -> str | None:
-    if found is None:
-        return None
+    return None if found is None else f"  features {features_said(found)}"
+
+
+def features_said(found: dict[str, str | None], source: str = "as the last process here found this JAX") -> str:
     have = [name for name, why in found.items() if why is None]
     lacking: dict[str, list[str]] = {}
     for name, why in found.items():
@@ -200,7 +203,7 @@ def features_line(found: dict[str, str | None] | None) -> str | None:
             lacking.setdefault(why, []).append(name)
     said = [", ".join(have)] if have else []
     said += [f"no {', '.join(names)} ({why})" for why, names in lacking.items()]
-    return f"  features {'; '.join(said)} (as the last process here found this JAX)"
+    return f"{'; '.join(said)} ({source})"
 
 
 def _store_verdict(location: _cache.Location) -> dict[str, Any]:
