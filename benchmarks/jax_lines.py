@@ -27,6 +27,7 @@ steps = [jax.jit(lambda v, i=i: jnp.sin(v) * i + jnp.cos(v @ v.T).sum()) for i i
 print(repr(sum(float(f(x).sum()) for f in steps)))
 """
 REPORT = re.compile(r"gkx-autocache: (\d+) hits?, (\d+) miss(?:es)? ?(\([^)]*\))?")
+LEVELS = re.compile(r"gkx-autocache: (\d+ hits? \([^)]*\)), (\d+) miss")  # "3 hits (0 local, 3 shared), 0 misses"
 
 
 def sh(*cmd: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -77,7 +78,7 @@ def row(version: str, work: Path, wheel: Path) -> list[str]:
     (shared / "team").mkdir()  # a team directory is made by its team, not by a reader
     run(python, {**base, "GKX_JAX_CACHE_DIR": str(shared / "a"), "GKX_JAX_CACHE_SHARED": str(shared / "team")}, 6)
     _, fresh_err = run(python, {**base, "GKX_JAX_CACHE_DIR": str(shared / "b"), "GKX_JAX_CACHE_SHARED": str(shared / "team")}, 6)
-    from_shared = REPORT.search(fresh_err)
+    from_shared = LEVELS.search(fresh_err)
     capped = Path(tempfile.mkdtemp(dir=work))
     run(python, {**base, "GKX_JAX_CACHE_DIR": str(capped), "GKX_JAX_CACHE_MAX_SIZE": "64KiB"}, 40)
     size = int(sh("du", "-sk", str(capped), check=False).stdout.split()[0] or 0)
@@ -89,7 +90,7 @@ def row(version: str, work: Path, wheel: Path) -> list[str]:
             (cause[3] or "") if cause else "no report line",
             f"{size} KiB (cap 64)", str(xla_errors),
             f"{agree} ({totals.get('writes')} written, {entries} entries, {totals.get('hits')} hits)",
-            other_cpu, f"{from_shared[1]} hits {from_shared[3] or ''}" if from_shared else "no report line",
+            other_cpu, f"{from_shared[1]}, {from_shared[2]} misses" if from_shared else "no report line",
             (version_line[0].removeprefix("features ") if version_line else "?")]
 
 
