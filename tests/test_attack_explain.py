@@ -489,7 +489,7 @@ def test_each_miss_does_not_parse_the_whole_index_of_its_name_again(monkeypatch:
     facts = _facts.Facts({**parts, "computation": "f" * 16}, {}, "f32[3]", "main.py:step",
                            {"jax_enable_x64": "False"})
     for n in range(10):
-        found = _explain.classify(f"jit_step-{n:064x}f", facts, evidence, "r2", 2e9)
+        found = _explain.classify(f"jit_step-{n:064x}f", facts, evidence, "r2")
         assert found["cause"] == "changed computation", found
     assert len(parsed) < 2 * 2000, len(parsed)
 

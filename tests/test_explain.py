@@ -154,7 +154,7 @@ def test_a_raised_threshold_is_named(venv: Venv, tmp_path: Path) -> None:
     assert "not cached (" in line and "below min_compile_time_secs)" in line, line
 
 
-SEAM_CHANGED = "import gkx_autocache._explain.seam as e; e.install = lambda *a: 'simulated: cache_key changed'\n" + PROGRAM
+SEAM_CHANGED = "import gkx_autocache._explain.seam as e; e.install = lambda *a, **k: 'simulated: cache_key changed'\n" + PROGRAM
 
 
 def test_a_changed_seam_leaves_everything_else_and_status_says_why(venv: Venv, tmp_path: Path) -> None:

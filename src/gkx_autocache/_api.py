@@ -53,8 +53,22 @@ def _directory() -> str:
 
 
 def stats() -> dict[str, Any]:
-    """``gkx-autocache --json stats``: the totals since the last reset, this process's included."""
-    return _call("stats", lambda: _stats_cli.stats_data(_directory()))
+    """``gkx-autocache --json stats``: under ``"stats"``, the directory's totals since the last reset
+    (every process's, this one's included); and under ``"process"``, this process's own (None where
+    the package did not configure JAX here: JAX not imported yet, or the cache off)."""
+
+    def build() -> dict[str, Any]:
+        data = _stats_cli.stats_data(_directory())
+        recorder = _stats.recorder
+        if recorder is not None and recorder.store_serving:
+            from gkx_autocache._record import show as _show
+
+            data["process"] = _show.totals_dict(recorder.totals)
+        else:
+            data["process"] = None
+        return data
+
+    return _call("stats", build)
 
 
 def explain(since: float | str | None = None, function: str | None = None) -> dict[str, Any]:

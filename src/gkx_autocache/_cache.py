@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Iterator
@@ -109,6 +110,9 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
         if path == root and created and (problem := _trust.ancestors_problem(root, shared)):
             raise Refused(problem)  # again, now that they exist: one may have been swapped in meanwhile
         if not create and not os.path.lexists(path):
+            parent = _nearest_existing(path)
+            if not os.access(parent, os.W_OK | os.X_OK):  # the run would fail to make it: said as the run says it
+                raise Refused(f"it cannot be created: {os.strerror(errno.EACCES)} ({os.path.basename(path)})")
             continue
         problem = _trust.directory_problem(path, shared)
         if problem:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -62,6 +63,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     if location.kind == _cache.REMOTE and _settings.signing_key(env) is not None:
         warn("signing:remote", _settings.remote_signing_note(str(settings["dir"])))
     if location.version_dir is None:
+        if settings["report"] and location.problems:  # the run's line says it was uncached, and why
+            said = location.problems[0][1].removesuffix("; running uncached")
+            atexit.register(print, f"gkx-autocache: this run was uncached: {said}", file=sys.stderr, flush=True)
         return
     directory = location.version_dir
     updates: dict[str, Any] = {}
@@ -108,7 +112,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
                 logger.debug("ranks other than 0 do not write their local level: %s", unwritten)
         from gkx_autocache._explain import seam as _explain_seam
 
-        unexplained = reason or _explain_seam.install(jax, recorder, directory)
+        thresholds = {k: (getattr(config, str(_settings.KEYS[k].jax_option), None), settings.origin(k))
+                      for k in ("min_compile_time_secs", "min_entry_size_bytes")}
+        unexplained = reason or _explain_seam.install(jax, recorder, directory, origins=thresholds)
         if unexplained:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:

@@ -23,19 +23,27 @@ def compression_of(data: bytes) -> str | None:
     return None
 
 
-def sidecar(compile_secs: float) -> bytes:
-    """A compile-time sidecar's bytes."""
-    return f"{compile_secs:.6f}".encode()
+def sidecar(compile_secs: float, run: str = "") -> bytes:
+    """A compile-time sidecar's bytes: the compile time, and the run that compiled it (SPEC §13.1:
+    an entry is "this run's" only when this run wrote it), where one did."""
+    return f"{compile_secs:.6f} {run}".rstrip().encode()
 
 
 def compile_secs_of(data: bytes | None) -> float | None:
     """The compile time a sidecar's bytes record, or None when there are none (or they are not a
     plausible number: a group member of a team cache can write anything there)."""
     try:
-        value = float(data or b"")
+        value = float((data or b"").split(b" ", 1)[0])
     except ValueError:
         return None
     return value if 0.0 <= value <= MAX_COMPILE_SECS else None
+
+
+def sidecar_run(data: bytes | None) -> str:
+    """The run a sidecar's bytes name, or "" (none, or not a run's name: ``<start time>-<pid>``)."""
+    run = (data or b"").partition(b" ")[2].decode("ascii", "replace")
+    start, _, pid = run.partition("-")
+    return run if len(run) <= 40 and pid.isdigit() and start.replace(".", "", 1).isdigit() else ""
 
 
 def verdict(store: str, reason: str | None, explain: str | None, isa: str | None) -> bytes:

@@ -28,7 +28,7 @@ from typing import Any
 
 from gkx_autocache import _files, _formats, _jax, _trust
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._formats import compile_secs_of, compression_of
+from gkx_autocache._formats import compile_secs_of, compression_of, sidecar_run
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, VERDICT_FILE
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -63,17 +63,17 @@ def read_compile_secs(sidecar: str) -> float | None:
     return read_sidecar(sidecar)[0]
 
 
-def read_sidecar(sidecar: str) -> tuple[float | None, float]:
-    """``(compile seconds or None, when the entry was written)``: the sidecar is written with its
-    entry and never touched after (hits touch the entry, for recency), so its mtime is the entry's
-    write time; 0.0 when there is no sidecar."""
+def read_sidecar(sidecar: str) -> tuple[float | None, float, str]:
+    """``(compile seconds or None, when the entry was written, the run that wrote it or "")``: the
+    sidecar is written with its entry and never touched after (hits touch the entry, for recency),
+    so its mtime is the entry's write time; 0.0 when there is no sidecar."""
     written: list[float] = []
 
     def when(st: os.stat_result) -> None:
         written.append(st.st_mtime)
 
     data = _files.read(sidecar, 64, check=lambda st: when(st))
-    return compile_secs_of(data), (written[0] if written else 0.0)
+    return compile_secs_of(data), (written[0] if written else 0.0), sidecar_run(data)
 
 
 class Store:
@@ -114,8 +114,8 @@ class Store:
                 os.utime(path)  # recency for pruning, on noatime mounts too
             except OSError:
                 pass
-            compile_secs, written = self._compile_secs(key, data)
-            self._recorder.hit(key, len(data), compile_secs, written)
+            compile_secs, written, by = self._compile_secs(key, data)
+            self._recorder.hit(key, len(data), compile_secs, by)
             self._served.key = key
             if self._levels is not None:  # a writer's hit may heal the bucket (queued, off the compile path)
                 self._levels.local_hit(len(data), time.perf_counter() - started, key, data, compile_secs or None, written)
@@ -146,7 +146,7 @@ class Store:
         level serves it without the backfill)."""
         if self._writable and self._backfill(key, found):
             self._levels.count("shared", backfills=1)
-        self._recorder.hit(key, len(found.data), found.compile_secs or 0.0, found.written)
+        self._recorder.hit(key, len(found.data), found.compile_secs or 0.0)  # another run's compile
         self._served.key = key
         return bytes(found.data)
 
@@ -241,15 +241,15 @@ class Store:
             return f"does not decompress ({type(exc).__name__}): compiled again and replaced"
         return None
 
-    def _compile_secs(self, key: str, data: bytes) -> tuple[float, float]:
-        """What the entry cost to compile, and when it was written (0.0: unknown)."""
-        recorded, written = read_sidecar(os.path.join(self._path, key + COMPILE_SIDECAR))
+    def _compile_secs(self, key: str, data: bytes) -> tuple[float, float, str]:
+        """What the entry cost to compile, when it was written (0.0: unknown) and by which run ("")."""
+        recorded, written, by = read_sidecar(os.path.join(self._path, key + COMPILE_SIDECAR))
         if recorded is not None:
-            return recorded, written
+            return recorded, written, by
         try:  # JAX's own record: whole seconds, in the first 4 bytes of the payload
-            return float(int.from_bytes(self._decompress(data)[:4], "big")), written
+            return float(int.from_bytes(self._decompress(data)[:4], "big")), written, by
         except Exception:
-            return 0.0, written
+            return 0.0, written, by
 
     def _uncached(self, key: str, reason: str, detail: str) -> None:
         """A compile not written, and why (``reason``: its name in ``_explain.causes``, imported at the
@@ -281,7 +281,7 @@ class Store:
         written = len(value)
         compile_secs = max(compile_clock() - started, 0.0) if started is not None else 0.0
         if started is not None:
-            sidecar = _formats.sidecar(compile_secs)
+            sidecar = _formats.sidecar(compile_secs, self._recorder.run.id)
             if _files.write_atomic(os.path.join(self._path, key + COMPILE_SIDECAR), sidecar, self._file_mode):
                 written += len(sidecar)
         self._recorder.put(key, written, compile_secs)

@@ -95,8 +95,12 @@ def hook_live() -> bool:
     """Whether the hook is live in this interpreter: a finder is in place, ``jax`` is not imported
     yet (a finder put in place after it, by a ``.pth`` line that ran late, never fires), and
     ``GKX_JAX_CACHE`` does not say off (the .pth line puts its finder in place either way, and the
-    finder reads the variable when ``jax`` is imported). The finder is known by its name, as
+    finder reads the variable when ``jax`` is imported); or, once ``jax`` is imported, whether the
+    hook configured it in this process (the API's ``status()``). The finder is known by its name, as
     ``gkx_autocache.is_finder`` knows it (the package's ``__init__`` is imported by no module)."""
+    recorder = sys.modules.get("gkx_autocache._record.recorder")
+    if getattr(recorder, "recorder", None) is not None:  # the API, in a process whose JAX the hook configured
+        return True
     off = os.environ.get("GKX_JAX_CACHE", "").strip().lower() in _settings.FALSE
     return not off and _layout.TARGET not in sys.modules and any(_is_finder(f) for f in sys.meta_path)
 

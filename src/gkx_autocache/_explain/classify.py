@@ -28,9 +28,10 @@ PRIORITY = ("jax_lib version", "backend version", "XLA flags", "compression", "c
 # What changes a computation without changing its input shapes and dtypes: none is in the signature.
 SAME_SHAPES = ("its code, a static argument, a closed-over constant, or a weak type (a Python scalar passed for an "
                "array) changed")
+HELPER_SAME = "a static argument of JAX's own helper (a shape, an axis, a dtype, a count) differs"
 
 
-def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: float) -> dict[str, Any]:
+def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, Any]:
     """The one cause of a miss: evicted, new, then changed (SPEC §13.1)."""
     name, hex_ = _index.split_key(key)
     removed = evidence.removed.get((name, hex_))
@@ -47,17 +48,18 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     same = [r for r in recorded if r.parts[0] == facts.parts[PARTS[0]]]
     if same:
         return changed_part(closest(same, facts), facts, evidence)
-    # Every entry of the name written by this run (by this process, or another of the run whose
-    # ledger is not folded yet: an xdist worker, a pool): the directory held none before, so
-    # whatever this compile is, it is new here.
-    ours = all(r.run == run for r in recorded) and all(evidence.written_at(k) >= run_start for k in unrecorded)
+    # Every entry of the name written by this run (this process, or another of the run: an xdist
+    # worker, a pool), by its record or its sidecar; not one another run wrote while this one ran
+    # (a sweep's other job): the directory held none before, so whatever this compile is, it is new.
+    ours = all(r.run == run for r in recorded) and all(evidence.written_by(k) == run for k in unrecorded)
     if ours and (facts.place == UNKNOWN_PLACE or not any(r.place == facts.place for r in recorded)):
         return {"cause": causes.NEW, "detail": f"a further variant of {name} (inputs {facts.signature}): every entry of "
                                           f"{name} here was written by this run"}
     if facts.place == UNKNOWN_PLACE:
         where = "its code has no module to tell it by (a notebook cell, <stdin>, python -c)"
-        return {"cause": causes.CANNOT_TELL, "detail": f"new, or another function named {name} changed: {where}",
-                "by": "place"}
+        return {"cause": causes.CANNOT_TELL, "by": "place",
+                "detail": f"new, or another function named {name} changed: {where}"
+                          f"{_closest_differs(recorded, facts, evidence)}"}
     here = [r for r in recorded if r.place == facts.place]
     unrecorded = evidence.unrecorded(name, recorded) if not here or not any(r.run != run for r in here) else []
     if not here and unrecorded:
@@ -72,6 +74,13 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
             return {"cause": causes.CANNOT_TELL, "by": "alias",
                     "detail": f"new, or changed: its entries here are {_in(alias)}, which may be this very file "
                               f"imported another way ({_in(facts.place)})"}
+        # A file renamed or moved (git mv): the same function, or another; its entries' file is gone.
+        gone = [p for p in elsewhere if p not in (HELPER_PLACE, UNKNOWN_PLACE) and not _file_here(p)]
+        if gone:
+            moved = [r for r in recorded if r.place in gone]
+            return {"cause": causes.CANNOT_TELL, "by": "moved",
+                    "detail": f"new, or {name} moved from {_file(gone[0])} ({_file(gone[0])} is gone; its code is "
+                              f"{_in(facts.place)} now){_closest_differs(moved, facts, evidence)}"}
         # Two functions of one name in one file (a `step` of two classes) are told apart by name.
         qualified = facts.place.rsplit(":", 1)[0] in {p.rsplit(":", 1)[0] for p in elsewhere}
         return {"cause": causes.NEW, "detail": f"another {name}, {_in(facts.place, qualified)} (its entries here are "
@@ -79,7 +88,7 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     # What this run wrote cannot have been a hit for it: the question is what the directory held
     # before. Only where this run wrote every entry of the function is a further shape "new".
     earlier = [r for r in here if r.run != run]
-    before = [k for k in unrecorded if evidence.written_at(k) < run_start]
+    before = [k for k in unrecorded if evidence.written_by(k) != run]
     if not earlier and before:
         return {"cause": causes.CANNOT_TELL, "by": "record",
                 "detail": f"new, or changed: {plural(len(before), 'older entry', 'older entries')} of {name} here "
@@ -106,6 +115,8 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
         nearest = closest([r for r in earlier if len(diffs[id(r.config)]) == fewest], facts)
         differing = diffs[id(nearest.config)]
         shown = "; ".join(f"{k}: {nearest.config.get(k, 'unset')} -> {facts.config.get(k, 'unset')}" for k in differing[:4])
+        if _other_parts_differ(nearest, facts):  # JAX_NUM_CPU_DEVICES: a config value, the devices and the computation
+            return _with_computation(nearest, facts, evidence, f"; jax.config differs too: {shown}{_more(differing, 4)}")
         # Whether a value changes what is compiled (x64 does, jax_debug_nans does not) cannot be
         # told from the key: where the inputs are the same, the code is as likely.
         also = (f"; or, if that does not change what is compiled, {SAME_SHAPES}"
@@ -113,8 +124,12 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
         return {"cause": causes.CHANGED_COMPUTATION, "detail": f"jax.config differs: {shown}{_more(differing, 4)}{also}"}
     earlier = alike
     nearest = closest(earlier, facts)
-    if facts.place == HELPER_PLACE:  # another use of JAX's own helper (other shapes, other static arguments)
-        return {"cause": causes.NEW, "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
+    if _other_parts_differ(nearest, facts):
+        return _with_computation(nearest, facts, evidence)
+    if facts.place == HELPER_PLACE:  # another use of JAX's own helper than its earlier entries
+        if nearest.signature != facts.signature:
+            return {"cause": causes.CHANGED_COMPUTATION, "detail": f"inputs {nearest.signature} -> {facts.signature}"}
+        return {"cause": causes.CHANGED_COMPUTATION, "detail": f"same input shapes ({facts.signature}): {HELPER_SAME}"}
     if facts.place.endswith("<lambda>"):  # every lambda of a file (or of one function in it) has one place
         file, _, where = facts.place.rpartition(":")
         inside = f" ({where.removesuffix('.<lambda>')})" if where != "<lambda>" else ""
@@ -123,6 +138,73 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str, run_start: fl
     if any(r.signature == facts.signature for r in earlier):
         return {"cause": causes.CHANGED_COMPUTATION, "detail": f"same input shapes ({facts.signature}): {SAME_SHAPES}"}
     return {"cause": causes.CHANGED_COMPUTATION, "detail": f"inputs {nearest.signature} -> {facts.signature}"}
+
+
+def _other_parts_differ(nearest: Record, facts: Facts) -> bool:
+    return any(nearest.parts[i] != facts.parts[p] for i, p in enumerate(PARTS) if i)
+
+
+def _with_computation(nearest: Record, facts: Facts, evidence: Evidence, also: str = "") -> dict[str, Any]:
+    """The computation differs, and so do other parts (8 -> 4 devices: their number is in a sharded
+    computation): every part that differs is named, the first as where the computation matches."""
+    found = changed_part(nearest, facts, evidence)
+    sharded = (" (a computation sharded over the devices holds their number, or its code changed as well)"
+               if nearest.parts[PARTS.index("accelerator_config")] != facts.parts["accelerator_config"] else "")
+    inputs = f", inputs {nearest.signature} -> {facts.signature}" if nearest.signature != facts.signature else ""
+    return {**found, "detail": f"{found['detail']}{also}; its computation differs too{inputs}{sharded}"}
+
+
+def differences(nearest: Record, facts: Facts, evidence: Evidence) -> list[str]:
+    """Every part in which this compile differs from an entry, as a person reads it: the key's
+    parts, jax.config's values, the input shapes, or else the computation."""
+    said = []
+    for part in PRIORITY:
+        i = PARTS.index(part)
+        if nearest.parts[i] == facts.parts[part]:
+            continue
+        before, after = evidence.readable(part, nearest.parts[i]), facts.readable.get(part)
+        old, new = _key.isa_of(before or ""), _key.isa_of(after or "")
+        if part == "compile_options":
+            said.append(compile_options_change(before, after, "")["detail"])
+        elif part == "custom_hook" and old is not None and new is not None and old != new:
+            said.append(f"CPU: {_isa.difference(old, new)}")
+        elif part == "XLA flags" and before is not None and after is not None:
+            said.append(f"XLA_FLAGS: {before!r} -> {after!r}")
+        elif before is not None and after is not None and before != after:
+            said.append(f"{LABELS[part]}: {before} -> {after}")
+        else:
+            said.append(LABELS[part])
+    config = [k for k in sorted(set(nearest.config) | set(facts.config)) if nearest.config.get(k) != facts.config.get(k)]
+    said += [f"{k}: {nearest.config.get(k, 'unset')} -> {facts.config.get(k, 'unset')}" for k in config[:4]]
+    if config[4:]:
+        said.append(f"{len(config) - 4} more jax.config values")
+    if nearest.signature != facts.signature:
+        said.append(f"inputs {nearest.signature} -> {facts.signature}")
+    elif nearest.parts[0] != facts.parts[PARTS[0]]:
+        said.append(f"its computation, with the same input shapes ({facts.signature}): {SAME_SHAPES}")
+    return said
+
+
+def _closest_differs(records: list[Record], facts: Facts, evidence: Evidence) -> str:
+    """``; the closest entry differs in ...`` (what a ``cannot tell`` still knows), or ""."""
+    if not records:
+        return ""
+    said = differences(closest(records, facts), facts, evidence)
+    return f"; the closest entry differs in {'; '.join(said)}" if said else ""
+
+
+def _file(place: str) -> str:
+    return place.rpartition(":")[0]
+
+
+def _file_here(place: str) -> bool:
+    """Whether a place's file is on this process's ``sys.path`` (places are relative to it)."""
+    import sys
+
+    file = _file(place)
+    if os.path.isabs(file):
+        return os.path.isfile(file)
+    return any(os.path.isfile(os.path.join(os.path.abspath(entry or "."), file)) for entry in sys.path)
 
 
 def _maybe_same(one: str, other: str) -> bool:

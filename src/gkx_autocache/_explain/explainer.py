@@ -53,7 +53,7 @@ class Explainer:
                 evidence = self._load()
                 if before is not None and not _known(key, evidence):
                     return before  # not when this very key was written since, and removed
-                found = classify(key, facts, evidence, run.id, run.start)
+                found = classify(key, facts, evidence, run.id)
             if facts.place == HELPER_PLACE:
                 found["helper"] = True  # grouped after the user's functions
             return found

@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._formats import sidecar_run
 from gkx_autocache._key import PARTS
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, INDEX_FILE, META_DIR, function_name
 
@@ -38,6 +39,7 @@ HEX = 64  # digits of a key kept: all of them
 REMOVED_SECS = 30 * 86400.0  # how long a removed key is remembered (for `evicted`)
 MAX_REMOVED = 10_000  # ...and how many at least (more where the directory holds more entries)
 READ_LIMIT = 256 << 20  # the most read of an index (about 1.7 million entries)
+UNFOLDED_LIMIT = 64 << 20  # the most read of the ledgers not folded yet (``unfolded_lines``)
 
 
 def digest(text: str, n: int = 10) -> str:
@@ -216,14 +218,10 @@ class Evidence:
         known = {r.hex for r in recorded}
         return sorted(key for hex_, key in self._listing.get(name, {}).items() if hex_ not in known)
 
-    def written_at(self, key: str) -> float:
-        """When an entry without a record was written: its compile-time sidecar's time (written with
-        the entry, never touched after: a hit touches the entry itself), or 0.0 (unknown: stock JAX
-        writes no sidecar)."""
-        try:
-            return os.stat(os.path.join(self.version_dir, key + COMPILE_SIDECAR), follow_symlinks=False).st_mtime
-        except OSError:
-            return 0.0
+    def written_by(self, key: str) -> str:
+        """The run that wrote an entry without a record, as its compile-time sidecar names it; ""
+        where none does (stock JAX writes no sidecar, a backfill from the shared level names none)."""
+        return sidecar_run(_files.read(os.path.join(self.version_dir, key + COMPILE_SIDECAR), 128))
 
 
 def _when(text: str) -> float | None:
@@ -298,10 +296,31 @@ def identity(version_dir: str) -> tuple[int, int, int, str] | None:
 
 
 def load(version_dir: str) -> Evidence:
-    """The index: what a first miss compares with (100 000 entries, benchmarked)."""
+    """The index and the ledgers not folded into it yet: what a first miss compares with (100 000
+    entries, benchmarked)."""
     evidence = Evidence(version_dir)
     _read_lines(index_path(version_dir), evidence)
+    evidence.add(unfolded_lines(version_dir))
     return evidence
+
+
+def unfolded_lines(version_dir: str) -> list[str]:
+    """The index lines of the ledgers not folded yet, after the index's own (the latest record of a
+    key is the last): a process still running (a sweep's other job, a notebook beside a training
+    job) or killed (a kernel restarted by force, a crash), whose records would otherwise reach the
+    index only when some later process exits cleanly. At most ``UNFOLDED_LIMIT`` bytes of them."""
+    from gkx_autocache._record import ledger as _ledger
+
+    lines: list[str] = []
+    left = UNFOLDED_LIMIT
+    for path in _ledger.ledger_files(version_dir):
+        ledger = _ledger.read_ledger(path)
+        left -= ledger.size
+        if left < 0:
+            logger.debug("ledgers of %s beyond %d bytes: not read for explanations", version_dir, UNFOLDED_LIMIT)
+            break
+        lines.extend(ledger.index_lines())
+    return lines
 
 
 def append(version_dir: str, lines: list[str], shared: bool) -> bool:

@@ -30,8 +30,9 @@ class Context(Protocol):
 
 
 def fix_for(cause: str, ctx: Context, by: str | None = None, detail: str = "",
-            env: Mapping[str, str] = os.environ) -> str:
-    """The fix for a cause, naming the source of every setting it names (SPEC §13.1)."""
+            env: Mapping[str, str] = os.environ, origin: str | None = None) -> str:
+    """The fix for a cause, naming the source of every setting it names (SPEC §13.1): ``origin``,
+    where the run recorded the source it used, else this command's."""
     short = cause.removeprefix(causes.NOT_CACHED)
     if short == causes.REJECTED and detail.startswith("not signed"):
         return not_signed_fix(ctx, env)
@@ -39,9 +40,9 @@ def fix_for(cause: str, ctx: Context, by: str | None = None, detail: str = "",
         return causes.EVICTED_BY.get(by or "max_size", causes.EVICTED_BY["outside"]).format(
             how=setting_fix(ctx, "max_size", "20GiB"))
     if short == causes.BELOW_MIN_COMPILE_TIME:
-        return f"lower min_compile_time_secs ({setting_fix(ctx, 'min_compile_time_secs', '0')})"
+        return f"lower min_compile_time_secs ({setting_fix(ctx, 'min_compile_time_secs', '0', origin)})"
     if short == causes.BELOW_MIN_ENTRY_SIZE:
-        return f"lower min_entry_size_bytes ({setting_fix(ctx, 'min_entry_size_bytes', '-1')})"
+        return f"lower min_entry_size_bytes ({setting_fix(ctx, 'min_entry_size_bytes', '-1', origin)})"
     return causes.FIXES.get(f"{short}:{by}", causes.FIXES.get(short, ""))
 
 
@@ -62,16 +63,21 @@ def not_signed_fix(ctx: Context, env: Mapping[str, str]) -> str:
             f"nothing{ci}; a run with shared_write = always and the key replaces it; {same_key}")
 
 
-def setting_fix(ctx: Context, key: str, example: str) -> str:
-    """How to change a setting where it is set: an environment variable outranks the files, JAX's
-    own setting outranks both."""
-    origin = ctx.settings.origin(key)
+def setting_fix(ctx: Context, key: str, example: str, origin: str | None = None) -> str:
+    """How to change a setting where it is set (``origin``: as the run found it, else as this
+    command does): an environment variable outranks the files, JAX's own setting outranks both;
+    ``config set`` writes the environment's policy file, which outranks the user's."""
+    from gkx_autocache import _policy
+
+    origin = origin or ctx.settings.origin(key)
     if origin.startswith("env "):
         return f"it is set by {origin.removeprefix('env ')}, which outranks config set: change it there"
-    if origin.startswith("JAX"):
+    if origin.startswith(("JAX", "jax.config")):
         return f"it is set by {origin}: change it there"
-    where = "" if origin == "default" else f"; now set in {origin}"
-    return f"gkx-autocache config set {key} {example}{where}"
+    policy = _policy.policy_path()
+    where = ("" if origin in ("default", policy) else
+             f"; now set in {origin}, which the policy file outranks")
+    return f"gkx-autocache config set {key} {example} (writes {policy}){where}"
 
 
 def explain(ctx: Context, since: float | None = None, function: str | None = None,
@@ -151,7 +157,7 @@ def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -
 
     def add(cause: str, record: dict[str, Any], detail: str) -> None:
         group = groups.setdefault(cause, {"cause": cause, "count": 0, "functions": {}, "fixes": {}})
-        group["fixes"][fix_for(cause, ctx, record.get("by"), detail)] = True  # each fix that fits one of its records
+        group["fixes"][fix_for(cause, ctx, record.get("by"), detail, origin=record.get("origin"))] = True  # each that fits
         group["count"] += 1
         name = function_name(record.get("key") or "?-")
         fn = group["functions"].setdefault(name, {"name": name, "count": 0, "detail": "", "helper": False})

@@ -95,9 +95,13 @@ class Watch:
             return self._explainer
 
 
-def install(jax: Any, recorder: Any, version_dir: str, load: Any = None) -> str | None:
+def install(jax: Any, recorder: Any, version_dir: str, load: Any = None,
+            origins: dict[str, tuple[Any, str]] | None = None) -> str | None:
     """Listen to the key's parts and wrap the write seam; return why explanations are unavailable
-    (nothing else changes). ``load()`` reads the directory's evidence, at the first miss."""
+    (nothing else changes). ``load()`` reads the directory's evidence, at the first miss;
+    ``origins``: the value applied and its source for each threshold (``min_compile_time_secs``),
+    which an uncached compile names."""
+    origins = origins or {}
     seam = _key.seam
     if seam is None or not seam.parts:
         return _jax.PARTS_CHANGED
@@ -106,7 +110,7 @@ def install(jax: Any, recorder: Any, version_dir: str, load: Any = None) -> str 
     def wrap(write: Any) -> Any:
         def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
                          *rest: Any, **kwargs: Any) -> None:
-            reason = _not_written(jax, compile_time_secs, _jax.host_callbacks(rest, kwargs))
+            reason = _not_written(jax, compile_time_secs, _jax.host_callbacks(rest, kwargs), origins)
             before = recorder.writes
             write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
             try:
@@ -116,7 +120,9 @@ def install(jax: Any, recorder: Any, version_dir: str, load: Any = None) -> str 
                     from gkx_autocache._explain import causes
 
                     minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
-                    reason = (causes.BELOW_MIN_ENTRY_SIZE, f"{minimum} bytes") if minimum > 0 else None
+                    origin = _origin(origins, "min_entry_size_bytes", minimum)
+                    reason = ((causes.BELOW_MIN_ENTRY_SIZE, f"min_entry_size_bytes {minimum} bytes ({origin})", origin)
+                              if minimum > 0 else None)
                 if reason is not None and recorder.totals.writes == before:  # a rank's own local write (SPEC §14) is one
                     recorder.uncached(cache_key, *reason)
             except Exception:
@@ -132,9 +138,17 @@ def install(jax: Any, recorder: Any, version_dir: str, load: Any = None) -> str 
     return None
 
 
-def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any) -> tuple[str, str] | None:
-    """Why JAX will not write this compile, by JAX's own rules, before it decides: a reason and
-    its detail."""
+def _origin(origins: dict[str, tuple[Any, str]], key: str, value: Any) -> str:
+    """Where a threshold JAX applies came from: the source the package resolved, where JAX's option
+    still holds that value; else the program set it (``jax.config.update``)."""
+    applied, origin = origins.get(key, (None, ""))
+    return origin if origin and applied == value else "jax.config, set by the program"
+
+
+def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any,
+                 origins: dict[str, tuple[Any, str]]) -> tuple[str, str, str] | tuple[str, str] | None:
+    """Why JAX will not write this compile, by JAX's own rules, before it decides: a reason, its
+    detail and (for a threshold) where the threshold came from."""
     try:
         from gkx_autocache._explain import causes  # at the first compile: a run where every lookup hits has none
 
@@ -144,7 +158,9 @@ def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any) -> tup
             return causes.HOST_CALLBACKS, "jax.debug.print, pure_callback or io_callback in the function"
         minimum = jax.config.jax_persistent_cache_min_compile_time_secs
         if compile_time_secs < minimum:
-            return causes.BELOW_MIN_COMPILE_TIME, f"{minimum:g} s; it took {compile_time_secs:.2f} s"
+            origin = _origin(origins, "min_compile_time_secs", minimum)
+            return (causes.BELOW_MIN_COMPILE_TIME,
+                    f"min_compile_time_secs {minimum:g} s ({origin}); it took {compile_time_secs:.2f} s", origin)
     except Exception:
         pass
     return None

@@ -191,18 +191,10 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
         summary.totals.merge(ledger.totals)
         summary.size += ledger.disk
         add_run(summary.runs, ledger)
-        lines.extend(ledger.tables)
-        for i, record in enumerate(ledger.records):
-            kind = record["e"]
-            if kind in ("miss", "uncached"):
-                if i >= ledger.counted:
-                    _remember(recent, {**record, "run": ledger.run})
-            elif kind in ("put", "index") and record.get("rec"):
-                lines.extend(record["rec"].split("\n"))
-            elif kind == "evicted" and record.get("key"):
-                from gkx_autocache._explain import index as _index
-
-                lines.extend(_index.removed_lines([record["key"]], record.get("reason") or "prune", record.get("t")))
+        lines.extend(ledger.index_lines())
+        for record in ledger.records[ledger.counted:]:
+            if record["e"] in ("miss", "uncached"):
+                _remember(recent, {**record, "run": ledger.run})
     if lines:  # a run where every lookup hit has none: the index module is not even imported
         from gkx_autocache._explain import index as _index
 

@@ -38,7 +38,8 @@ UNSUPPORTED = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errn
 _FIELDS = {**dict.fromkeys(("bytes", "hits", "misses", "own_hits", "uncached", "pid", "born", "disk", "bytes_read"),
                            "count"),
            **dict.fromkeys(("saved", "compile", "t"), "number"),
-           **dict.fromkeys(("key", "cause", "detail", "reason", "change", "run", "host", "label", "by", "off"), "text"),
+           **dict.fromkeys(("key", "cause", "detail", "reason", "change", "run", "host", "label", "by", "off",
+                            "origin"), "text"),
            "own": "flag", "end": "flag", "helper": "flag", "more": "flag", "rec": "long", "causes": "counts",
            "reasons": "counts", "local": "level", "shared": "level"}
 
@@ -293,6 +294,22 @@ class Ledger:
             self.records = self.records[forgotten:]
             self.counted = max(self.counted - forgotten, 0)
             self.disk = sum(r.get("disk", r.get("bytes", 0)) for r in self.records if r["e"] in ("put", "added"))
+
+
+    def index_lines(self) -> list[str]:
+        """What this ledger gives the index: its entries' lines (and the tables they refer to), and
+        the keys it removed (``X`` lines)."""
+        lines = list(self.tables)
+        for record in self.records:
+            kind = record["e"]
+            if kind in ("put", "index") and record.get("rec"):
+                lines.extend(str(record["rec"]).split("\n"))
+            elif kind == "evicted" and record.get("key"):  # an X line (``_explain.index``): name, hex, when, by
+                key = str(record["key"])
+                name = function_name(key)
+                lines.append(f"X\t{name}\t{key[len(name) + 1:len(name) + 65]}\t{int(record.get('t') or time.time())}"
+                             f"\t{record.get('reason') or 'prune'}")
+        return lines
 
 
 def read_ledger(path: str) -> Ledger:

@@ -113,9 +113,9 @@ class Recorder:
                 pending = getattr(self._pending, "hit", None)
                 if pending is not None:
                     self._pending.hit = None
-                    key, nbytes, compile_secs, written = pending
+                    key, nbytes, compile_secs, by = pending
                     record = {"e": "hit", "key": key, "bytes": nbytes, "saved": round(max(compile_secs - duration_secs, 0.0), 6)}
-                    if written >= self.run.start:
+                    if by == self.run.id:  # this run's own compile (SPEC §13.1), not one written while it ran
                         record["own"] = True
                     self._record(record, ("hit", key))
         except Exception:
@@ -124,10 +124,11 @@ class Recorder:
     # The store's calls. A miss is recorded once the compile's fate is known (written, or not
     # written and why), so that it gets one cause: a compile JAX never writes is "not cached:
     # host callbacks" on every run, not "new".
-    def hit(self, key: str, nbytes: int, compile_secs: float, written: float = 0.0) -> None:
-        """An entry was read; it is recorded when JAX reports its load time, on this thread."""
+    def hit(self, key: str, nbytes: int, compile_secs: float, by: str = "") -> None:
+        """An entry was read (written by the run ``by``, where its sidecar names one); it is
+        recorded when JAX reports its load time, on this thread."""
         self._settle()
-        self._pending.hit = (key, nbytes, compile_secs, written)
+        self._pending.hit = (key, nbytes, compile_secs, by)
 
     def miss(self, key: str, shared_off: str | None = None) -> None:
         self._pending.hit = None
@@ -159,7 +160,7 @@ class Recorder:
             record.update(self.explainer.ingredients(key, self.run))
         self._record(record)
 
-    def uncached(self, key: str, reason: str, detail: str = "") -> None:
+    def uncached(self, key: str, reason: str, detail: str = "", origin: str = "") -> None:
         """A compile JAX did not write, and why (SPEC §13): it counts as not cached, not as a miss.
         The miss's own cause is kept with it unless it was merely "new" (never written: the reason
         says why), as a second rank's "changed device assignment" is."""
@@ -172,6 +173,8 @@ class Recorder:
         record = {"e": "uncached", "key": key, "reason": reason, "t": round(time.time(), 3)}
         if detail:
             record["detail"] = detail
+        if origin:  # where the threshold came from, in this run (the fix names it)
+            record["origin"] = origin
         try:
             from gkx_autocache._explain import causes  # the package's files may be gone mid-run: never raise here
 

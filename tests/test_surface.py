@@ -1,0 +1,53 @@
+"""The everyday surface agrees (SPEC §10): a run's warning and report line, `status`, `explain` and
+the Python API tell one story about a directory that cannot be used; in a process the hook
+configured, `status()` says the hook is live and `stats()` gives this process's numbers beside the
+directory's, each named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import Venv
+
+PROGRAM = "import jax, jax.numpy as jnp; print(float(jax.jit(lambda v: v * 2.0)(jnp.ones(3)).sum()))"
+
+
+def test_a_directory_that_cannot_be_made_is_one_story_everywhere(venv: Venv, public: Path) -> None:
+    """A root-owned volume (0755) named by GKX_JAX_CACHE_DIR, used by another user: the run warns
+    that it is not used and runs uncached, its report line says so, and `status`, `explain` and
+    `stats()` say the same (not "read-only, trusted, not created yet", not "served from it")."""
+    volume = public / "volume"
+    volume.mkdir(mode=0o755)
+    env = {"GKX_JAX_CACHE_DIR": str(volume), "GKX_JAX_CACHE_REPORT": "1"}
+    run = venv.run("-c", PROGRAM, env=env, user=65534)
+    assert run.returncode == 0 and run.stdout.strip() == "6.0", run.stderr
+    why = "it cannot be created: Permission denied"
+    assert f"dir {volume} not used, {why}" in run.stderr, run.stderr
+    (line,) = [ln for ln in run.stderr.splitlines() if ln.startswith("gkx-autocache:")]
+    assert line.startswith("gkx-autocache: this run was uncached:") and why in line, line
+    status = venv.cli("status", env=env, user=65534)
+    assert why in status.stdout and "not created yet" not in status.stdout, status.stdout
+    explain = venv.cli("explain", env=env, user=65534)
+    assert why in explain.stdout + explain.stderr and "served from it" not in explain.stdout, explain
+    api = venv.run("-c", "import gkx_autocache\ntry:\n    gkx_autocache.stats()\nexcept gkx_autocache.AutocacheError as e:"
+                   "\n    print(e)", env=env, user=65534)
+    assert why in api.stdout, api.stdout + api.stderr
+    assert list(volume.iterdir()) == []
+
+
+def test_the_api_in_a_configured_process(venv: Venv, tmp_path: Path) -> None:
+    """After `import jax` in a process the hook configured: `status()["hook_live"]` is true (as the
+    command says `live`), and `stats()` holds this process's numbers under "process" beside the
+    directory's under "stats" (every process since the last reset)."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    assert venv.run("-c", PROGRAM, env=env).returncode == 0  # an earlier process: in the directory's numbers only
+    code = (PROGRAM + "\nimport json, gkx_autocache\nprint(json.dumps({'status': gkx_autocache.status(), "
+            "'stats': gkx_autocache.stats()}))")
+    proc = venv.run("-c", code, env=env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert data["status"]["hook_live"] is True, data["status"]
+    stats = data["stats"]
+    assert stats["process"]["hits"] >= 1 and stats["process"]["misses"] == 0, stats
+    assert stats["stats"]["misses"] >= 1 and stats["stats"]["hits"] >= stats["process"]["hits"], stats
