@@ -51,3 +51,20 @@ def test_the_api_in_a_configured_process(venv: Venv, tmp_path: Path) -> None:
     stats = data["stats"]
     assert stats["process"]["hits"] >= 1 and stats["process"]["misses"] == 0, stats
     assert stats["stats"]["misses"] >= 1 and stats["stats"]["hits"] >= stats["process"]["hits"], stats
+
+
+def test_a_writers_line_names_its_uploads(venv: Venv, tmp_path: Path) -> None:
+    """A CI job that writes the shared level: its report line says how many entries it uploaded, and
+    where (a second job, reading, uploads nothing and says nothing of it)."""
+    team = tmp_path / "team"
+    team.mkdir()
+    env = {"GKX_JAX_CACHE_SHARED": str(team), "GKX_JAX_CACHE_REPORT": "1"}
+    lines = []
+    for local in ("a", "b"):
+        proc = venv.run("-c", PROGRAM, env={**env, "GKX_JAX_CACHE_DIR": str(tmp_path / local)})
+        assert proc.returncode == 0, proc.stderr
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("gkx-autocache:")]
+        lines.append(line)
+    uploaded = len([p for p in team.rglob("*-cache")])
+    assert uploaded and f", {uploaded} uploaded to {team}, " in lines[0], (lines, uploaded)
+    assert "uploaded" not in lines[1], lines

@@ -396,7 +396,9 @@ class Recorder:
         return {"dirs": [used], "store": True, "hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
                 "causes": dict(t.causes), "not_cached": t.not_cached, "reasons": dict(t.reasons),
                 "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
-                "levels": self.levels.snapshot() if self.levels is not None else {}}
+                "levels": self.levels.snapshot() if self.levels is not None else {},
+                "shared": ({"url": self.levels.url, "signed": self.levels._secret is not None}
+                           if self.levels is not None else None)}
 
 
 def label() -> str:

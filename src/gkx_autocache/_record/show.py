@@ -117,6 +117,10 @@ def summary_line(snap: dict[str, Any]) -> str:
     if snap["store"]:
         parts.append(f"{snap['saved_secs']:.2f} s compile CPU time avoided")
         parts.append(f"{human_bytes(snap['bytes_read'])} read, {human_bytes(snap['bytes_written'])} written")
+    uploads = int((snap.get("levels") or {}).get("shared", {}).get("uploads", 0))
+    if uploads and snap.get("shared"):  # a writer to the shared level (CI): what it gave the others
+        shared = snap["shared"]
+        parts.append(f"{uploads} uploaded to {shared['url']}{' (signed)' if shared.get('signed') else ''}")
     dirs = snap["dirs"]
     return f"gkx-autocache: {', '.join(parts)}, {dirs[0] if len(dirs) == 1 else f'{len(dirs)} directories'}"
 
