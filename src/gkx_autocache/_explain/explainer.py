@@ -17,6 +17,7 @@ from gkx_autocache._explain.classify import classify
 from gkx_autocache._explain.facts import HELPER_PLACE, HEX, Facts, measure
 from gkx_autocache._explain.index import Evidence
 from gkx_autocache._layout import ENTRY_SUFFIX, function_name
+from gkx_autocache._record import ledger as _ledger
 
 if TYPE_CHECKING:
     from gkx_autocache._record.recorder import Run
@@ -28,7 +29,7 @@ class Explainer:
 
     def __init__(self, version_dir: str, load: Any = None, thread: Any = None) -> None:
         self.version_dir = version_dir
-        self._read = load or (lambda: _index.load(version_dir))
+        self._read = load or (lambda: _index.load(version_dir, _ledger.unfolded_lines(version_dir)))
         # The key being computed on each thread, its parts as the seam saw them (_explain_seam.Watch).
         self._thread = thread if thread is not None else threading.local()
         self._evidence: Evidence | None = None  # the directory as seen at this process's first miss

@@ -39,7 +39,6 @@ HEX = 64  # digits of a key kept: all of them
 REMOVED_SECS = 30 * 86400.0  # how long a removed key is remembered (for `evicted`)
 MAX_REMOVED = 10_000  # ...and how many at least (more where the directory holds more entries)
 READ_LIMIT = 256 << 20  # the most read of an index (about 1.7 million entries)
-UNFOLDED_LIMIT = 64 << 20  # the most read of the ledgers not folded yet (``unfolded_lines``)
 
 
 def digest(text: str, n: int = 10) -> str:
@@ -295,32 +294,13 @@ def identity(version_dir: str) -> tuple[int, int, int, str] | None:
     return st.st_dev, st.st_ino, st.st_size, head if head.startswith("N\t") else ""
 
 
-def load(version_dir: str) -> Evidence:
-    """The index and the ledgers not folded into it yet: what a first miss compares with (100 000
-    entries, benchmarked)."""
+def load(version_dir: str, more: list[str] | None = None) -> Evidence:
+    """The index, and ``more`` lines after it (the ledgers not folded yet): what a first miss
+    compares with (100 000 entries, benchmarked)."""
     evidence = Evidence(version_dir)
     _read_lines(index_path(version_dir), evidence)
-    evidence.add(unfolded_lines(version_dir))
+    evidence.add(more or [])
     return evidence
-
-
-def unfolded_lines(version_dir: str) -> list[str]:
-    """The index lines of the ledgers not folded yet, after the index's own (the latest record of a
-    key is the last): a process still running (a sweep's other job, a notebook beside a training
-    job) or killed (a kernel restarted by force, a crash), whose records would otherwise reach the
-    index only when some later process exits cleanly. At most ``UNFOLDED_LIMIT`` bytes of them."""
-    from gkx_autocache._record import ledger as _ledger
-
-    lines: list[str] = []
-    left = UNFOLDED_LIMIT
-    for path in _ledger.ledger_files(version_dir):
-        ledger = _ledger.read_ledger(path)
-        left -= ledger.size
-        if left < 0:
-            logger.debug("ledgers of %s beyond %d bytes: not read for explanations", version_dir, UNFOLDED_LIMIT)
-            break
-        lines.extend(ledger.index_lines())
-    return lines
 
 
 def append(version_dir: str, lines: list[str], shared: bool) -> bool:

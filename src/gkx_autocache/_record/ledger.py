@@ -295,7 +295,6 @@ class Ledger:
             self.counted = max(self.counted - forgotten, 0)
             self.disk = sum(r.get("disk", r.get("bytes", 0)) for r in self.records if r["e"] in ("put", "added"))
 
-
     def index_lines(self) -> list[str]:
         """What this ledger gives the index: its entries' lines (and the tables they refer to), and
         the keys it removed (``X`` lines)."""
@@ -304,12 +303,27 @@ class Ledger:
             kind = record["e"]
             if kind in ("put", "index") and record.get("rec"):
                 lines.extend(str(record["rec"]).split("\n"))
-            elif kind == "evicted" and record.get("key"):  # an X line (``_explain.index``): name, hex, when, by
-                key = str(record["key"])
-                name = function_name(key)
-                lines.append(f"X\t{name}\t{key[len(name) + 1:len(name) + 65]}\t{int(record.get('t') or time.time())}"
-                             f"\t{record.get('reason') or 'prune'}")
+            elif kind == "evicted" and record.get("key"):
+                from gkx_autocache._explain import index as _index
+
+                lines.extend(_index.removed_lines([record["key"]], record.get("reason") or "prune", record.get("t")))
         return lines
+
+
+def unfolded_lines(version_dir: str, limit: int = 64 << 20) -> list[str]:
+    """The index lines of the ledgers not folded yet, for the evidence of a first miss, after the
+    index's own (the latest record of a key is the last): a process still running (a sweep's other
+    job, a notebook beside a training job) or killed (a kernel restarted by force, a crash), whose
+    records would otherwise reach the index only when some later process exits cleanly. At most
+    ``limit`` bytes of ledgers are read."""
+    lines: list[str] = []
+    for path in ledger_files(version_dir):
+        ledger = read_ledger(path)
+        limit -= ledger.size
+        if limit < 0:
+            break
+        lines.extend(ledger.index_lines())
+    return lines
 
 
 def read_ledger(path: str) -> Ledger:
