@@ -287,14 +287,13 @@ def test_status_says_what_each_setting_comes_to(venv: Venv) -> None:
     """A newcomer's first `status` answers "where is my cache?" on the settings line itself; in
     --json, `value` stays as it is and `effective` says what it comes to."""
     data = status(venv)
-    vdir = str(venv.default_cache / VERSION_DIR)
     assert data["settings"]["dir"]["value"] is None
-    assert data["settings"]["dir"]["effective"] == f"{vdir} (default: the environment's own)"
+    assert data["settings"]["dir"]["effective"] == f"{venv.default_cache} (default: the environment's own)"
     assert data["settings"]["xla_caches"]["effective"] == "none (no GPU plugin installed)"
     assert data["settings"]["max_size"]["effective"] == "5.0 GiB"
     text = venv.cli("status").stdout
     (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("dir ")]
-    assert vdir in line and "default" in line
+    assert str(venv.default_cache) in line and "default" in line
     assert "none (no GPU plugin installed)" in text
 
 

@@ -107,8 +107,8 @@ def test_status_keeps_its_columns_for_a_long_directory(venv: Venv, tmp_path: Pat
     deep = tmp_path / ("a-rather-long-folder-name-" * 4) / "cache"
     lines = venv.cli("status", env={"GKX_JAX_CACHE_DIR": str(deep)}).stdout.splitlines()
     row = next(i for i, ln in enumerate(lines) if ln.startswith("  dir "))
-    assert lines[row + 1].strip() == "env GKX_JAX_CACHE_DIR", lines[row:row + 2]
-    assert lines[row + 1].index("env") == lines[row - 1].index("default")  # the origin column holds
+    assert lines[row].split() == ["dir", str(deep), "env", "GKX_JAX_CACHE_DIR"], lines[row]  # one line, as set
+    assert lines[row + 1].index("default") == lines[row - 1].index("default")  # the other rows' column holds
 
 
 API = r"""

@@ -68,3 +68,26 @@ def test_a_writers_line_names_its_uploads(venv: Venv, tmp_path: Path) -> None:
     uploaded = len([p for p in team.rglob("*-cache")])
     assert uploaded and f", {uploaded} uploaded to {team}, " in lines[0], (lines, uploaded)
     assert "uploaded" not in lines[1], lines
+
+
+def test_status_reads_for_a_newcomer(venv: Venv, tmp_path: Path) -> None:
+    """`status` after one run, as someone new reads it: the dir row gives the directory they set,
+    on one line, its origin once (the version directory is under "directory"); no bare "(+ .start)",
+    "store gkx-autocache" or "(installed)"; shared_write says it is unused with one level; the
+    measures say which they are; the totals say they are every process's since the last reset."""
+    root = tmp_path / "c"
+    env = {"GKX_JAX_CACHE_DIR": str(root)}
+    assert venv.run("-c", PROGRAM, env=env).returncode == 0
+    text = venv.cli("status", env=env).stdout
+    (dir_row,) = [ln for ln in text.splitlines() if ln.strip().startswith("dir ")]
+    assert dir_row.split()[1] == str(root) and dir_row.split()[-1] == "GKX_JAX_CACHE_DIR", dir_row
+    assert text.count("env GKX_JAX_CACHE_DIR") == 1, text
+    assert "(+ .start)" not in text and "(installed)" not in text, text
+    (store_row,) = [ln for ln in text.splitlines() if ln.strip().startswith("store ")]
+    assert "the package's own" in store_row, store_row
+    (write_row,) = [ln for ln in text.splitlines() if ln.strip().startswith("shared_write ")]
+    assert "unused" in write_row, write_row
+    (version_row,) = [ln for ln in text.splitlines() if "on disk" in ln]
+    assert "this JAX's" in version_row, version_row
+    (stats_row,) = [ln for ln in text.splitlines() if ln.startswith("stats ")]
+    assert "every process since" in stats_row and "written (compressed)" in stats_row, stats_row

@@ -676,3 +676,13 @@ def test_status_names_what_this_jax_line_gives(verdict: dict[str, Any], line: st
     from gkx_autocache._cli import status
 
     assert status.features_line(status.features(verdict)) == line
+
+
+def test_a_settings_file_owned_by_another_says_a_fix_its_reader_can_do(tmp_path: Path) -> None:
+    """Only its owner or root can chown a file: the advice is one the reader can follow."""
+    path = tmp_path / "config.toml"
+    path.write_text("")
+    os.chown(path, 4242, 4242)
+    said = _trust.file_problem(os.stat(path))
+    assert said is not None and "owned by uid 4242" in said and "copy it to a file you own" in said, said
+    assert "chown" not in said, said

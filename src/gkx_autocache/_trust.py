@@ -100,7 +100,7 @@ def file_problem(st: os.stat_result) -> str | None:
         return None
     uid = os.getuid()
     if st.st_uid not in (uid, 0):
-        return f"it is owned by uid {st.st_uid}, not by you or root; chown it to yourself"
+        return f"it is owned by uid {st.st_uid}, not by you or root; copy it to a file you own and use that"
     if st.st_mode & stat.S_IWOTH:
         return "others can write it; run chmod o-w on it"
     if st.st_mode & stat.S_IWGRP:

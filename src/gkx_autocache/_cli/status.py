@@ -35,14 +35,16 @@ def effective(ctx: Context) -> dict[str, str]:
 
     settings, location = ctx.settings, ctx.location
     shown = {key: settings.values[key].shown() for key in _settings.KEYS}
-    if location is not None and location.version_dir:
-        shown["dir"] = f"{location.version_dir} ({location.rule})"
+    if location is not None and location.version_dir:  # the directory set (or chosen); its version dir is below
+        place = location.root or location.version_dir
+        shown["dir"] = place if location.rule.startswith("dir from") else f"{place} ({location.rule})"
     elif location is not None:
         shown["dir"] = "none: running uncached"
     cap = settings["max_size"]
     shown["max_size"] = human_bytes(cap) if isinstance(cap, int) and cap else "0 (no cap)"
     if settings["shared"] is None:
         shown["shared"] = "none: one level"
+        shown["shared_write"] += " (unused: no shared level)"
     if settings["xla_caches"] is None and not settings.from_jax("xla_caches"):
         if location is not None and location.version_dir and is_url(location.version_dir):
             shown["xla_caches"] = "none (a bucket: XLA's caches cannot open it)"
@@ -213,10 +215,12 @@ def _store_verdict(location: _cache.Location) -> dict[str, Any]:
         return {"store": "jax", "reason": "remote directories use JAX's stock cache, uncapped; "
                                           "their trust is the bucket's access policy"}
     assert location.version_dir is not None
-    return _store.read_verdict(location.version_dir) or {"store": None, "reason": "no process has used it yet"}
+    return _store.read_verdict(location.version_dir) or {"store": None, "reason": "no process has configured JAX with it yet"}
 
 
 # -- the human text ------------------------------------------------------------------------------
+
+STORES = {"gkx-autocache": "the package's own (capped, explained, ISA-keyed)", "jax": "JAX's stock cache"}
 
 
 def text(data: dict[str, Any]) -> str:
@@ -225,15 +229,12 @@ def text(data: dict[str, Any]) -> str:
         f"gkx-autocache {data['package']}  Python {data['python']}  JAX {data['jax'] or '(not installed)'}"
         f"  jaxlib {data['jaxlib'] or '(not installed)'}",
         f"hook        {'live in this interpreter' if data['hook_live'] else 'not live in this interpreter'}; "
-        f"{files['gkx_autocache.pth'] or 'gkx_autocache.pth NOT installed'}"
-        f"{' (+ .start)' if files['gkx_autocache.start'] else ''}",
+        + (f"{files['gkx_autocache.pth']} configures JAX in every process of this environment that imports it"
+           if files["gkx_autocache.pth"] else "gkx_autocache.pth NOT installed"),
         "settings",
     ]
     for key, entry in data["settings"].items():
-        if len(entry["effective"]) <= 40:
-            lines.append(f"  {key:<22} {entry['effective']:<40} {entry['origin']}")
-        else:  # a long path: the origin on a line of its own, in its column
-            lines += [f"  {key:<22} {entry['effective']}", f"  {'':<22} {'':<40} {entry['origin']}"]
+        lines.append(f"  {key:<22} {entry['effective']:<40} {entry['origin']}")  # a long path: one line still
     for path, verdict in data["files"].items():
         lines.append(f"  file {path}: {verdict}")
     lines.append("directory")
@@ -249,11 +250,12 @@ def text(data: dict[str, Any]) -> str:
         lines.append(f"  refused  {refused['path']}: {refused['why']}")
     store = data["store"]
     if store:
-        lines.append(f"  store    {store['store'] or 'not recorded yet'}{': ' + store['reason'] if store.get('reason') else ''}")
+        served = STORES.get(store["store"], store["store"] or "not recorded yet")
+        lines.append(f"  store    {served}{': ' + store['reason'] if store.get('reason') else ''}")
     if (features_text := features_line(data.get("features"))) is not None:
         lines.append(features_text)
     for version in data["versions_present"]:
-        mark = " (installed)" if version["installed"] else ""
+        mark = " (this JAX's: allocated blocks, what max_size caps)" if version["installed"] else ""
         lines.append(f"  {version['version']:<18} {plural(version['entries'], 'entry', 'entries'):>13}  "
                      f"{human_bytes(version['bytes']):>10} on disk{mark}")
     levels = data.get("levels")
@@ -263,7 +265,9 @@ def text(data: dict[str, Any]) -> str:
         lines.extend(level_lines(levels))
     stats = data["stats"]
     if stats:
-        lines.append(f"stats       {stats_line(stats)}")
+        since = (time.strftime("%Y-%m-%d %H:%M", time.localtime(data["stats_reset_at"])) if data.get("stats_reset_at")
+                 else "the directory was made")
+        lines.append(f"stats       every process since {since}: {stats_line(stats)} (compressed)")
         if stats.get("levels"):
             from gkx_autocache._shared.probe import line
 
@@ -272,7 +276,7 @@ def text(data: dict[str, Any]) -> str:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(data["stats_reset_at"]))
         lines.append(f"stats       no lookups since the last reset (stats --reset, {when})")
     else:
-        lines.append("stats       none yet: no process has used this directory")
+        lines.append("stats       none yet: no process has looked up an entry in this directory")
     if data["attention"]:
         lines.append("attention")
         lines.extend(f"  - {a}" for a in data["attention"])
