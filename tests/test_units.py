@@ -686,3 +686,15 @@ def test_a_settings_file_owned_by_another_says_a_fix_its_reader_can_do(tmp_path:
     said = _trust.file_problem(os.stat(path))
     assert said is not None and "owned by uid 4242" in said and "copy it to a file you own" in said, said
     assert "chown" not in said, said
+
+
+def test_a_pytest_sessions_merged_line_names_its_uploads() -> None:
+    """xdist workers that wrote the shared level: the session's one line says what they uploaded,
+    and where, as one process's line does."""
+    from gkx_autocache._record import show
+
+    worker = {**show.empty(), "hits": 1, "misses": 2, "dirs": ["/c/jax-1"],
+              "levels": {"shared": {"uploads": 2, "hits": 0}, "local": {"hits": 1}},
+              "shared": {"url": "s3://team/c", "signed": True}}
+    line = show.summary_line(show.merge([worker, {**worker, "shared": None}]))
+    assert "4 uploaded to s3://team/c (signed)" in line, line

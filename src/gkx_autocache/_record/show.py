@@ -78,6 +78,7 @@ def merge(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
         _ledger.add_levels(total["levels"], snap.get("levels") or {})
         total["dirs"] += [d for d in snap["dirs"] if d not in total["dirs"]]
         total["store"] = total["store"] or snap["store"]
+        total["shared"] = total.get("shared") or snap.get("shared")  # where the uploads went: one level a session
         for name in NUMBERS:
             total[name] += snap.get(name, 0)
         for table in TABLES:
