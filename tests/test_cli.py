@@ -288,7 +288,7 @@ def test_status_says_what_each_setting_comes_to(venv: Venv) -> None:
     --json, `value` stays as it is and `effective` says what it comes to."""
     data = status(venv)
     assert data["settings"]["dir"]["value"] is None
-    assert data["settings"]["dir"]["effective"] == f"{venv.default_cache} (default: the environment's own)"
+    assert data["settings"]["dir"]["effective"] == f"{venv.default_cache} (the environment's own)"
     assert data["settings"]["xla_caches"]["effective"] == "none (no GPU plugin installed)"
     assert data["settings"]["max_size"]["effective"] == "5.0 GiB"
     text = venv.cli("status").stdout

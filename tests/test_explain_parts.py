@@ -73,6 +73,8 @@ def test_a_renamed_module_is_new_or_moved_with_what_differs(project: Project) ->
     step = found.get("cannot tell", {}).get("jit_train_step", "")
     assert step.startswith("new, or jit_train_step moved from train.py"), found
     assert "the closest entry differs in its computation, with the same input shapes (f32[8], f32[8])" in step, found
+    (group,) = [g for g in project.explain()["groups"] if g["cause"] == "cannot tell"]
+    assert "renamed or moved the file" in group["fix"] and "module file" not in group["fix"], group  # already one
 
 
 def test_a_module_still_there_is_another_function_not_a_move(project: Project) -> None:

@@ -37,9 +37,10 @@ def effective(ctx: Context) -> dict[str, str]:
     shown = {key: settings.values[key].shown() for key in _settings.KEYS}
     if location is not None and location.version_dir:  # the directory set (or chosen); its version dir is below
         place = location.root or location.version_dir
-        shown["dir"] = place if location.rule.startswith("dir from") else f"{place} ({location.rule})"
-    elif location is not None:
-        shown["dir"] = "none: running uncached"
+        default = location.rule.startswith("default: ")  # the origin column says "default"; the value says which
+        shown["dir"] = f"{place} ({location.rule.removeprefix('default: ')})" if default else place
+    elif location is not None:  # refused: what was set, and that it is not used
+        shown["dir"] = f"{settings['dir']} (not used: running uncached)" if settings["dir"] else "none: running uncached"
     cap = settings["max_size"]
     shown["max_size"] = human_bytes(cap) if isinstance(cap, int) and cap else "0 (no cap)"
     if settings["shared"] is None:
@@ -229,7 +230,8 @@ def text(data: dict[str, Any]) -> str:
         f"gkx-autocache {data['package']}  Python {data['python']}  JAX {data['jax'] or '(not installed)'}"
         f"  jaxlib {data['jaxlib'] or '(not installed)'}",
         f"hook        {'live in this interpreter' if data['hook_live'] else 'not live in this interpreter'}; "
-        + (f"{files['gkx_autocache.pth']} configures JAX in every process of this environment that imports it"
+        + (("the cache is disabled here" if not data["settings"]["enabled"]["value"] else
+            f"{files['gkx_autocache.pth']} configures JAX in every process of this environment that imports it")
            if files["gkx_autocache.pth"] else "gkx_autocache.pth NOT installed"),
         "settings",
     ]
@@ -265,8 +267,8 @@ def text(data: dict[str, Any]) -> str:
         lines.extend(level_lines(levels))
     stats = data["stats"]
     if stats:
-        since = (time.strftime("%Y-%m-%d %H:%M", time.localtime(data["stats_reset_at"])) if data.get("stats_reset_at")
-                 else "the directory was made")
+        since = (f"the last reset ({time.strftime('%Y-%m-%d %H:%M', time.localtime(data['stats_reset_at']))})"
+                 if data.get("stats_reset_at") else "the directory was made")
         lines.append(f"stats       every process since {since}: {stats_line(stats)} (compressed)")
         if stats.get("levels"):
             from gkx_autocache._shared.probe import line
@@ -275,6 +277,9 @@ def text(data: dict[str, Any]) -> str:
     elif data.get("stats_reset_at"):
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(data["stats_reset_at"]))
         lines.append(f"stats       no lookups since the last reset (stats --reset, {when})")
+    elif not directory["version_dir"]:
+        lines.append("stats       none: no directory is used here" + ("" if data["settings"]["enabled"]["value"]
+                                                                      else " (the cache is disabled)"))
     else:
         lines.append("stats       none yet: no process has looked up an entry in this directory")
     if data["attention"]:

@@ -79,8 +79,8 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
         if gone:
             moved = [r for r in recorded if r.place in gone]
             return {"cause": causes.CANNOT_TELL, "by": "moved",
-                    "detail": f"new, or {name} moved from {_file(gone[0])} ({_file(gone[0])} is gone; its code is "
-                              f"{_in(facts.place)} now){_closest_differs(moved, facts, evidence)}"}
+                    "detail": f"new, or {name} moved from {_file(gone[0])} ({_file(gone[0])} is gone; this one is "
+                              f"{_in(facts.place)}){_closest_differs(moved, facts, evidence)}"}
         # Two functions of one name in one file (a `step` of two classes) are told apart by name.
         qualified = facts.place.rsplit(":", 1)[0] in {p.rsplit(":", 1)[0] for p in elsewhere}
         return {"cause": causes.NEW, "detail": f"another {name}, {_in(facts.place, qualified)} (its entries here are "
