@@ -108,3 +108,16 @@ def test_status_when_nothing_is_used_says_so(venv: Venv, public: Path) -> None:
     default = venv.cli("status").stdout
     (dir_row,) = [ln for ln in default.splitlines() if ln.strip().startswith("dir ")]
     assert dir_row.count("default") == 1, dir_row
+
+
+def test_the_users_own_jax_directory_is_not_said_unused(venv: Venv, tmp_path: Path) -> None:
+    """JAX_COMPILATION_CACHE_DIR, left as the user set it, keeps no records: `status` and `stats` say
+    that (not "no process has used it"), and status still counts its entries."""
+    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "j")}
+    assert venv.run("-c", PROGRAM, env=env).returncode == 0
+    text = venv.cli("status", env=env).stdout
+    (stats_row,) = [ln for ln in text.splitlines() if ln.startswith("stats ")]
+    assert "your own JAX directory" in stats_row and "no process" not in stats_row, stats_row
+    assert any("entries" in ln and "on disk" in ln for ln in text.splitlines()), text
+    said = venv.cli("stats", env=env).stdout
+    assert "your own JAX directory" in said and "no process" not in said, said

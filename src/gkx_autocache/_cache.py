@@ -124,6 +124,8 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
 
 
 LOCAL, REMOTE, OWN = "local", "remote", "own"
+NOT_KEPT = ("not kept: {dir} is your own JAX directory (JAX_COMPILATION_CACHE_DIR), which gkx-autocache leaves as "
+            "you set it, with no records (each run's report line still counts its lookups)")
 
 
 class Location:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gkx_autocache import _cache
 from gkx_autocache._cli.context import load_context
 from gkx_autocache._cli.output import OK, emit, local_time
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural
@@ -28,6 +29,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     stats = data["stats"]
     if stats is None and data["reset_at"]:
         emit(args, f"no lookups in {vdir} since the last reset (stats --reset, {local_time(data['reset_at'])})", data)
+        return OK
+    if stats is None and ctx.location is not None and ctx.location.kind == _cache.OWN:
+        emit(args, _cache.NOT_KEPT.format(dir=vdir), data)
         return OK
     if stats is None:
         emit(args, f"none yet: no process has used {vdir}", data)

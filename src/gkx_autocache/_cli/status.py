@@ -114,7 +114,8 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
                     if reading.skipped:
                         attention.append(f"{human_bytes(reading.skipped)} of oversized ledgers were not read (a ledger "
                                          "is at most 1 MiB unless someone wrote it by hand)")
-                for path in _entries.version_dirs(location.root) if location.root else []:
+                own = [] if is_url(vdir) else [vdir]  # the user's own directory: its entries are in it
+                for path in _entries.version_dirs(location.root) if location.root else own:
                     found = _entries.count(path)
                     name = os.path.basename(path)
                     present.append({"version": name, "entries": found[0], "bytes": found[1],
@@ -277,6 +278,8 @@ def text(data: dict[str, Any]) -> str:
     elif data.get("stats_reset_at"):
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(data["stats_reset_at"]))
         lines.append(f"stats       no lookups since the last reset (stats --reset, {when})")
+    elif directory.get("kind") == _cache.OWN:
+        lines.append(f"stats       {_cache.NOT_KEPT.format(dir=directory['version_dir'])}")
     elif not directory["version_dir"]:
         lines.append("stats       none: no directory is used here" + ("" if data["settings"]["enabled"]["value"]
                                                                       else " (the cache is disabled)"))
