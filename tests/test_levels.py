@@ -980,16 +980,16 @@ print(json.dumps({"first": first, "rest": rest, "secs": seen[0] - stopped if see
 def test_a_server_stopped_mid_run_is_named_refused_at_once(venv: Venv, tmp_path: Path,
                                                           own_s3: tuple[S3, subprocess.Popen[bytes]]) -> None:
     """A bucket's server stopped mid-run refuses connections: the warning names the refused
-    connection and the endpoint, arrives in far less than shared_timeout (20 s here: a refused
+    connection and the endpoint, arrives in far less than shared_timeout (60 s here: a refused
     connection is not retried), does not advise raising shared_timeout, and points at no line of
     threading.py (it comes from the upload worker)."""
     s3, server = own_s3
-    env = levels_env(s3.env, s3.bucket, tmp_path / "a", GKX_JAX_CACHE_SHARED_TIMEOUT="20", SERVER_PID=str(server.pid))
+    env = levels_env(s3.env, s3.bucket, tmp_path / "a", GKX_JAX_CACHE_SHARED_TIMEOUT="60", SERVER_PID=str(server.pid))
     out, err = run_program(venv, "-W", "always", env=env, program=REFUSED)
     server.wait(timeout=30)
     print(f"warning {out['secs']} s after the server stopped")
     (warning,) = autocache_warnings(err)
-    assert out["secs"] is not None and out["secs"] < 5, (out, err)
+    assert out["secs"] is not None and out["secs"] < 20, (out, err)  # a retry until the timeout: >= 60
     assert "refused" in warning and s3.endpoint in warning and "raise shared_timeout" not in warning, (out, warning)
     assert ": AutocacheWarning: " in warning and "threading.py" not in warning.split(": AutocacheWarning: ")[0], warning
 
@@ -1061,12 +1061,14 @@ def test_a_warm_all_local_run_against_a_silent_endpoint_costs_nothing_at_exit(ve
     try:
         cold, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(tmp_path / "a")})
         where = server.endpoint if endpoint == "silent" else f"http://127.0.0.1:{free_port()}"
-        env = levels_env(S3(where, "x").env, "bucket", tmp_path / "a", GKX_JAX_CACHE_SHARED_TIMEOUT="6")
+        # a timeout far above the exit's grace (2 s), so that a loaded machine's noise cannot pass
+        # for waiting, nor the grace for a whole timeout
+        env = levels_env(S3(where, "x").env, "bucket", tmp_path / "a", GKX_JAX_CACHE_SHARED_TIMEOUT="30")
         (plain, _), (seconds, err) = side_by_side(venv, [{"GKX_JAX_CACHE_DIR": str(tmp_path / "a")}, env])
         print(f"warm all-local run: {seconds - plain:.2f} s more than without the shared level")
         assert report(err)["local"] == cold["requests"], err
         assert not autocache_warnings(err), err
-        assert seconds - plain < 3, (seconds, plain, err)
+        assert seconds - plain < 15, (seconds, plain, err)
     finally:
         server.close()
 
