@@ -1109,3 +1109,30 @@ def test_a_206_whose_content_range_is_not_the_range_asked_is_refused(content_ran
         got = asyncio.run(_bucket._read_range(FS(), "bucket/team/k-cache", 4096, 8192))
         assert got == obj[4096:8192]  # (never reached where it is refused)
         print(len(got), "bytes of", content_range, "taken for bytes 4096-8191")
+
+
+SHAPED = """
+import sys, jax, jax.numpy as jnp
+@jax.jit
+def smooth(v):
+    return jnp.sin(v) * 2.0 + v.sum()
+print(float(smooth(jnp.ones(int(sys.argv[1]))).sum()))
+"""
+
+
+def test_an_entry_backfilled_from_the_bucket_explains_its_next_shape(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """A CI job fills the bucket at N=48; a developer's empty local level is filled from it; their
+    next run at N=40 misses, and `explain` compares it with the backfilled entry (the hit's record
+    carries its facts): "changed computation: inputs f32[48] -> f32[40]", never "has no record"."""
+    script = tmp_path / "train.py"
+    script.write_text(SHAPED)
+    writer = levels_env(s3.env, s3.bucket, tmp_path / "ci", GKX_JAX_CACHE_SHARED_WRITE="always")
+    assert venv.run(str(script), "48", env=writer).returncode == 0
+    reader = levels_env(s3.env, s3.bucket, tmp_path / "dev", GKX_JAX_CACHE_SHARED_WRITE="never")
+    warm = venv.run(str(script), "48", env=reader)
+    assert report(warm.stderr)["shared"] >= 1 and report(warm.stderr)["misses"] == 0, warm.stderr
+    assert venv.run(str(script), "40", env=reader).returncode == 0
+    groups = json.loads(venv.cli("--json", "explain", env=reader).stdout)["groups"]
+    said = {f["name"]: (g["cause"], f["detail"]) for g in groups for f in g["functions"]}
+    assert said["jit_smooth"] == ("changed computation", "inputs f32[48] -> f32[40]"), said
+    assert not any("no record" in detail for _cause, detail in said.values()), said
