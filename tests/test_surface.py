@@ -26,6 +26,7 @@ def test_a_directory_that_cannot_be_made_is_one_story_everywhere(venv: Venv, pub
     assert f"dir {volume} not used, {why}" in run.stderr, run.stderr
     (line,) = [ln for ln in run.stderr.splitlines() if ln.startswith("gkx-autocache:")]
     assert line.startswith("gkx-autocache: this run was uncached:") and why in line, line
+    assert f"{why} ({volume}/jax-" in line, line  # the directory it could not make, whole (not its last name alone)
     status = venv.cli("status", env=env, user=65534)
     assert why in status.stdout and "not created yet" not in status.stdout, status.stdout
     explain = venv.cli("explain", env=env, user=65534)

@@ -112,7 +112,7 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
         if not create and not os.path.lexists(path):
             parent = _nearest_existing(path)
             if not os.access(parent, os.W_OK | os.X_OK):  # the run would fail to make it: said as the run says it
-                raise Refused(f"it cannot be created: {os.strerror(errno.EACCES)} ({os.path.basename(path)})")
+                raise Refused(f"it cannot be created: {os.strerror(errno.EACCES)} ({path})")
             continue
         problem = _trust.directory_problem(path, shared)
         if problem:
@@ -246,7 +246,7 @@ def _make_dir(path: str, shared: bool) -> bool:
     except FileExistsError:
         raise Refused(f"it cannot be created: {path} exists and is not a directory") from None
     except OSError as exc:
-        raise Refused(f"it cannot be created: {exc.strerror} ({exc.filename or path})") from None
+        raise Refused(f"it cannot be created: {exc.strerror} ({path})") from None
 
 
 def _write_tag(path: str) -> None:
