@@ -222,7 +222,7 @@ def _store_verdict(location: _cache.Location) -> dict[str, Any]:
 
 # -- the human text ------------------------------------------------------------------------------
 
-STORES = {"gkx-autocache": "the package's own (capped, explained, ISA-keyed)", "jax": "JAX's stock cache"}
+STORES = {"gkx-autocache": "the package's own (gkx-autocache; what it gives on this JAX: features)", "jax": "JAX's stock cache"}
 
 
 def text(data: dict[str, Any]) -> str:

@@ -63,8 +63,8 @@ FIXES = {
                  "to tell functions of one name apart",
     f"{CANNOT_TELL}:record": "the evidence cannot decide: entries without a record (stock JAX, an older gkx-autocache, a "
                              "process not finished) are compared once a gkx-autocache process has recorded them",
-    f"{CANNOT_TELL}:moved": "nothing to fix if you renamed or moved the file: its entries are used again from the "
-                            "second run there; what differs from the old file's closest entry is said above",
+    f"{CANNOT_TELL}:moved": "nothing to fix if you renamed or moved the file: a rename alone misses nothing (keys "
+                            "hold no paths), so the miss is what differs from the old file's closest entry, said above",
     f"{CANNOT_TELL}:alias": "the evidence cannot decide: import a module one way (model.core), not also by putting its "
                             "folder on sys.path (core), so that its functions have one place",
     f"{CANNOT_TELL}:lambda": "the evidence cannot decide: give the function a name (def) to tell it from the file's "
