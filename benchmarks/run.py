@@ -18,7 +18,9 @@ the wheel installed and one without), then measures, as medians of interleaved r
      beside a live process that made 1 000 000 lookups, against one that made 100;
   6. levels, against moto's S3 server on 127.0.0.1 (a real bucket is slower): a warm run from the
      local level, from the bucket alone, and raw JAX with the bucket as its dir; a cold run against
-     an empty bucket against no shared level; the uploads' cost to a cold run.
+     an empty bucket against no shared level; the uploads' cost to a cold run; and a fresh machine
+     warm from the bucket (prefetch) against a local warm run and raw JAX's `s3://`, on 20 and on
+     500 entries, with 0, 20 and 50 ms added to each request by a delaying proxy on 127.0.0.1.
 Prints a Markdown table and writes it, with every figure, as JSON. `--only startup` (or
 import_jax, workload, explain, cli, bookkeeping, levels; repeatable) measures those sections only;
 when --out already holds a run, its other sections are kept and the JSON records which were
@@ -740,6 +742,86 @@ def levels(work: Path, functions: int, runs: int) -> dict[str, Any]:
     return results
 
 
+# N jitted functions, an entry each, as a program that compiles many small things (a test suite, a
+# model's many layers) looks to the cache.
+MANY = r"""
+import json, sys
+import jax, jax.numpy as jnp
+counts = {"requests": 0, "hits": 0}
+def listen(event, *a, **k):
+    if event == "/jax/compilation_cache/compile_requests_use_cache": counts["requests"] += 1
+    elif event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
+jax.monitoring.register_event_listener(listen)
+x = jnp.linspace(0.0, 1.0, 64)
+total = 0.0
+for i in range(int(sys.argv[1])):
+    total += float(jax.jit(lambda v, c=float(i + 1): jnp.tanh(v * c).sum() + c)(x))
+print(json.dumps({**counts, "result": round(total, 3)}))
+"""
+PREFETCH_ROWS = ("fresh machine, from the bucket", "local warm (shared set)", "raw JAX, s3:// as its dir")
+
+
+def prefetch(work: Path, sizes: tuple[int, ...], delays: tuple[float, ...], runs: dict[int, int]) -> dict[str, Any]:
+    """Per program size and added delay: a fresh machine's warm run from the bucket (a fresh local
+    level each run, the package's defaults), a local warm run with the same shared level set, and
+    raw JAX reading the bucket as its dir, medians of interleaved rounds, every request to the
+    bucket through a proxy on 127.0.0.1 that waits ``delay`` before forwarding it. The cold run
+    (no shared level) is measured once per size: it does not read the bucket."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hostile import Proxy
+
+    with_py, without_py = remote_venvs(work)
+    script = work / "many.py"
+    script.write_text(MANY)
+    server, s3 = moto(work)
+    port = int(s3["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    raw = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+           "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none"}
+    results: dict[str, Any] = {}
+    try:
+        base = base_env(HOME=str(work), **s3)
+        for n in sizes:
+            code = [str(script), str(n)]
+            shared = f"s3://bench/prefetch-{n}"
+            cold, out = run_json(with_py, code, {**base, "GKX_JAX_CACHE_DIR": str(work / f"pf-cold-{n}")})
+            run_json(with_py, code, {**base, "GKX_JAX_CACHE_DIR": str(work / f"pf-local-{n}"), "GKX_JAX_CACHE_SHARED": shared})
+            run_json(without_py, code, {**base, **raw, "JAX_COMPILATION_CACHE_DIR": f"s3://bench/prefetch-raw-{n}"})
+            for delay in delays:
+                proxy = Proxy(port, delay=delay)
+                through = {**base, "AWS_ENDPOINT_URL": proxy.endpoint}
+                configs = {  # "{i}": the round
+                    PREFETCH_ROWS[0]: (with_py, {"GKX_JAX_CACHE_DIR": str(work / f"pf-fresh-{n}-{delay}-{{i}}"),
+                                                 "GKX_JAX_CACHE_SHARED": shared}),
+                    PREFETCH_ROWS[1]: (with_py, {"GKX_JAX_CACHE_DIR": str(work / f"pf-local-{n}"), "GKX_JAX_CACHE_SHARED": shared}),
+                    PREFETCH_ROWS[2]: (without_py, {**raw, "JAX_COMPILATION_CACHE_DIR": f"s3://bench/prefetch-raw-{n}"}),
+                }
+                times: dict[str, list[float]] = {name: [] for name in configs}
+                hits: dict[str, list[float]] = {name: [] for name in configs}
+                try:
+                    for i in range(runs[n]):
+                        for name, (python, env) in configs.items():
+                            seconds, got = run_json(python, code, {**through, **{k: v.format(i=i) for k, v in env.items()}})
+                            times[name].append(seconds)
+                            hits[name].append(got["hits"])
+                    fresh_stats = json.loads(sh(str(with_py), "-m", "gkx_autocache", "--json", "stats", env={
+                        **base, "GKX_JAX_CACHE_DIR": str(work / f"pf-fresh-{n}-{delay}-{runs[n] - 1}"),
+                        "GKX_JAX_CACHE_SHARED": shared}).stdout)["levels"]["shared"]
+                finally:
+                    proxy.close()
+                per_round = sorted(a / b for a, b in zip(times[PREFETCH_ROWS[0]], times[PREFETCH_ROWS[1]], strict=True))
+                results[f"{n} entries, +{delay * 1000:.0f} ms"] = {
+                    "entries": out["requests"], "delay_ms": delay * 1000, "cold": cold, "runs": runs[n],
+                    **{name: {"median": statistics.median(t), "min": min(t), "max": max(t),
+                              "hits": statistics.median(hits[name])} for name, t in times.items()},
+                    "fresh / local warm": {"median": statistics.median(per_round), "min": per_round[0], "max": per_round[-1]},
+                    "prefetched": fresh_stats["prefetched"], "prefetch_used": fresh_stats["prefetch_used"],
+                    "prefetch_wasted_bytes": fresh_stats["prefetch_wasted_bytes"]}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return results
+
+
 LEVEL_RATIOS = (
     ("warm from the local level, shared set / no shared level", "warm, from the local level (shared set)",
      "warm, no shared level"),
@@ -838,6 +920,16 @@ def table(r: dict[str, Any]) -> str:
         c = lv["cold requests"]
         rows.append(f"| a cold run's requests to the bucket | {c['requests']} for {c['misses']} misses and "
                     f"{c['uploads']} uploads | | |")
+    if "prefetch" in r:
+        rows += ["", "| prefetch: entries, added per request | cold, no shared level | fresh machine, from the bucket | "
+                 "local warm (shared set) | raw JAX, s3:// as its dir | fresh / local warm, per round | "
+                 "prefetched (used, wasted) |", "|---|---|---|---|---|---|---|"]
+        for f in r["prefetch"].values():
+            cells = " | ".join(f"{f[row]['median']:.2f} s ({f[row]['min']:.2f}-{f[row]['max']:.2f})" for row in PREFETCH_ROWS)
+            ratio = f["fresh / local warm"]
+            rows.append(f"| {f['entries']} entries, +{f['delay_ms']:.0f} ms (median of {f['runs']}) | {f['cold']:.2f} s | "
+                        f"{cells} | {ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f}) | "
+                        f"{f['prefetched']} ({f['prefetch_used']}, {f['prefetch_wasted_bytes']} B) |")
     if "cli" in r:
         rows += ["", f"| CLI on {r['cli_entries']:,} entries | seconds |", "|---|---|"]
         rows += [f"| `gkx-autocache {c}` | {s:.2f} |" for c, s in r["cli"].items()]
@@ -903,6 +995,8 @@ def main(argv: list[str] | None = None) -> int:
             results["bookkeeping"] = bookkeeping(with_py, 300 if quick else 100_000, 1000 if quick else 1_000_000, work)
         if "levels" in sections:
             results["levels"] = levels(work, 2 if quick else 24, 1 if quick else 7)
+            results["prefetch"] = (prefetch(work, (4,), (0.0, 0.02), {4: 1}) if quick
+                                   else prefetch(work, (20, 500), (0.0, 0.02, 0.05), {20: 5, 500: 3}))
     results["table"] = table(results)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(results["table"])

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-MODES = ("forward", "truncate", "short", "lie", "long", "norange")
+MODES = ("forward", "truncate", "short", "lie", "long", "norange", "hang")
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -104,8 +104,9 @@ class Proxy(_Listening):
     and closes the connection; ``short`` says and sends 10 bytes fewer; ``long`` sends 10 bytes
     more than the object has; ``lie`` sends other bytes of the same length; ``norange`` strips the
     ``Range`` header from every request, so a ranged read gets the whole object (200), as from an
-    endpoint that ignores ``Range``. ``delay`` seconds
-    before each request is forwarded. ``requests`` lists ``(method, path)`` as they come."""
+    endpoint that ignores ``Range``; ``hang`` never answers a read of an entry. ``delay`` seconds
+    before each request is forwarded. ``requests`` lists ``(method, path)`` as they come; ``peak``
+    is the most requests it held at once."""
 
     def __init__(self, upstream: int, mode: str = "forward", delay: float = 0.0) -> None:
         assert mode in MODES
@@ -113,6 +114,10 @@ class Proxy(_Listening):
         self.mode = mode
         self.delay = delay
         self.requests: list[tuple[str, str]] = []
+        self._closed = threading.Event()
+        self.active = 0  # requests forwarded and not yet answered
+        self.peak = 0  # the most of them at once: whether a client asks in parallel
+        self._count = threading.Lock()
         proxy = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -123,6 +128,10 @@ class Proxy(_Listening):
                     pass
 
         self._listen(Handler)
+
+    def close(self) -> None:
+        self._closed.set()
+        super().close()
 
     def _serve(self, client: socket.socket) -> None:
         upstream = socket.create_connection(("127.0.0.1", self.upstream))
@@ -139,21 +148,31 @@ class Proxy(_Listening):
                     client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                     head = _replace_header(head[:-4], "Expect", None) + b"\r\n\r\n"
                 body = _body(client, inbound, fields, bodyless=False)
+                if self.mode == "hang" and method == "GET" and path.split("?")[0].endswith("-cache"):
+                    self._closed.wait()  # an entry read never answered, until the proxy closes
+                    return
                 if self.mode == "norange":
                     head = _replace_header(head[:-4], "Range", None) + b"\r\n\r\n"
-                if self.delay:
-                    time.sleep(self.delay)
-                upstream.sendall(head + body)
-                while True:
-                    rhead = _read_until(upstream, outbound, b"\r\n\r\n")
-                    if rhead is None:
-                        return
-                    status, rfields = _headers(rhead)
-                    code = int(status.split(" ")[1])
-                    if code >= 200:
-                        break
-                    client.sendall(rhead)
-                rbody = _body(upstream, outbound, rfields, bodyless=method == "HEAD" or code in (204, 304))
+                with self._count:
+                    self.active += 1
+                    self.peak = max(self.peak, self.active)
+                try:
+                    if self.delay:
+                        time.sleep(self.delay)
+                    upstream.sendall(head + body)
+                    while True:
+                        rhead = _read_until(upstream, outbound, b"\r\n\r\n")
+                        if rhead is None:
+                            return
+                        status, rfields = _headers(rhead)
+                        code = int(status.split(" ")[1])
+                        if code >= 200:
+                            break
+                        client.sendall(rhead)
+                    rbody = _body(upstream, outbound, rfields, bodyless=method == "HEAD" or code in (204, 304))
+                finally:
+                    with self._count:
+                        self.active -= 1
                 entry = method == "GET" and path.split("?")[0].endswith("-cache") and code in (200, 206)
                 if not entry or self.mode in ("forward", "norange") or "chunked" in rfields.get("transfer-encoding", ""):
                     client.sendall(rhead + rbody)

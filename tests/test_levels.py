@@ -45,7 +45,7 @@ def report(stderr: str) -> dict[str, int]:
     """The numbers of the `report` line (the last: a forked child that exits normally prints its own
     first): hits, local and shared hits, misses."""
     line = [ln for ln in stderr.splitlines() if ln.startswith("gkx-autocache: ")][-1]
-    match = re.match(r"gkx-autocache: (\d+) hits?(?: \((\d+) local, (\d+) shared[;)])?.*?, (\d+) miss(?:es)?", line)
+    match = re.match(r"gkx-autocache: (\d+) hits?(?: \((\d+) local, (\d+) shared(?:: \d+ prefetched)?[;)])?.*?, (\d+) miss(?:es)?", line)
     assert match, line
     return {"hits": int(match[1]), "local": int(match[2] or 0), "shared": int(match[3] or 0), "misses": int(match[4])}
 
@@ -293,8 +293,10 @@ def test_a_fork_with_uploads_in_flight(venv: Venv, tmp_path: Path, s3: S3, s3_se
     client = s3.client()
     uploaded = entries(s3, "team")
     assert len(uploaded) >= 8
-    puts = [p for m, p in proxy.requests if m == "PUT"]
+    puts = [p for m, p in proxy.requests if m == "PUT" and not p.endswith("-gkx-manifest")]
     assert len(puts) == len(set(puts)) == 2 * len(uploaded), puts  # each seal and entry once
+    manifests = [p for m, p in proxy.requests if m == "PUT" and p.endswith("-gkx-manifest")]
+    assert len(manifests) == 1, manifests  # the parent's: a forked child's run is part of its parent's
     for name in uploaded:
         key = name.removesuffix("-cache")
         body = client.get_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}")["Body"].read()
@@ -319,13 +321,15 @@ def through_a_proxy(venv: Venv, s3: S3, s3_server: str, local: Path) -> tuple[di
 
 
 def test_a_cold_run_against_an_empty_bucket_lists_once(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
-    """A cold run against a live, empty bucket asks it one listing, not a read per miss; its only
-    other requests are the uploads (a seal and an entry each)."""
+    """A cold run against a live, empty bucket asks it one listing, not a read per miss (nor its
+    manifest: the listing says there is none); its only other requests are the uploads (a seal and
+    an entry each) and, at exit, its manifest for the next fresh machine."""
     out, err, requests = through_a_proxy(venv, s3, s3_server, tmp_path / "a")
     gets = [(m, p) for m, p in requests if m in ("GET", "HEAD")]
-    puts = [(m, p) for m, p in requests if m == "PUT"]
+    puts = [p for m, p in requests if m == "PUT" and not p.endswith("-gkx-manifest")]
+    manifests = [p for m, p in requests if m == "PUT" and p.endswith("-gkx-manifest")]
     assert len(gets) == 1 and "list-type=2" in gets[0][1], requests
-    assert len(puts) == 2 * out["requests"] and out["hits"] == 0, requests
+    assert len(puts) == 2 * out["requests"] and out["hits"] == 0 and len(manifests) == 1, requests
 
 
 @pytest.mark.parametrize("mode", ["truncate", "short", "long", "lie"])
@@ -451,7 +455,8 @@ def test_prune_and_clear_shared_act_on_the_bucket(venv: Venv, tmp_path: Path, s3
     assert len(local_entries(tmp_path / "a")) == cold["requests"]
     run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
     cleared = json.loads(venv.cli("--json", "clear", "--shared", "--yes", env=env).stdout)
-    assert cleared["entries"] == cold["requests"] and set(s3.objects()) == {f"team/{VERSION_DIR}/notes.txt"}
+    left = {k for k in s3.objects() if not k.endswith("-gkx-manifest")}  # a manifest's stale keys cost a listing nothing
+    assert cleared["entries"] == cold["requests"] and left == {f"team/{VERSION_DIR}/notes.txt"}
     assert len(local_entries(tmp_path / "a")) == cold["requests"]
     assert venv.cli("clear", "--shared", "--yes", env={"GKX_JAX_CACHE_DIR": str(tmp_path / "a")}).returncode == 1
 

@@ -9,6 +9,7 @@ import errno
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
@@ -162,6 +163,44 @@ def remove_at(name: str, dir_fd: int) -> None:
         os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
+
+
+def claim(folder: str, name: str, stale: float) -> bool:
+    """Create the empty file ``folder/name`` (exclusively, through the folder's descriptor): whether
+    this process holds it now. One older than ``stale`` seconds (its holder was killed) is taken
+    over; every other failure is "not held"."""
+    try:
+        dir_fd = open_dir(os.path.abspath(folder), search=True)
+    except OSError:
+        return False
+    try:
+        for _ in range(2):
+            try:
+                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600, dir_fd=dir_fd))
+                return True
+            except FileExistsError:
+                try:
+                    if time.time() - os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime < stale:
+                        return False
+                except OSError:
+                    pass
+                _remove(name, dir_fd)
+            except OSError:
+                return False
+        return False
+    finally:
+        os.close(dir_fd)
+
+
+def unclaim(folder: str, name: str) -> None:
+    try:
+        dir_fd = open_dir(os.path.abspath(folder), search=True)
+    except OSError:
+        return
+    try:
+        _remove(name, dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def open_dir(path: str, dir_fd: int | None = None, search: bool = False) -> int:

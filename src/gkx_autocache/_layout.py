@@ -39,6 +39,7 @@ TAG = (
 ENTRY_SUFFIX = "-cache"
 COMPILE_SIDECAR = "-gkx-compile"
 SEAL_SIDECAR = "-gkx-shared"  # beside an entry of a shared level (SPEC §14), written before it
+MANIFEST_SUFFIX = "-gkx-manifest"  # in a shared level: the keys a program's run looked up (prefetch)
 META_DIR = ".gkx-autocache"
 LEDGER_DIR = "ledger"
 LEDGER_SUFFIX = ".jsonl"

@@ -83,6 +83,10 @@ class Store:
                  writable: bool = True, check_payload: bool = True, levels: Any = None) -> None:
         self._path = path  # JAX's VerificationCache reads this attribute
         self._levels = levels  # the shared level behind this one (SPEC §14), asked on a local miss
+        self._landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet recorded: key -> (bytes, compile)
+        if levels is not None and writable:
+            levels.land = self._land  # a prefetched entry lands as a backfill
+            levels.landed_unused = self._record_landed
         self._compression = compression
         self._decompress = decompress
         self._check_payload = check_payload  # decompress before serving (see `install`)
@@ -99,7 +103,10 @@ class Store:
     def get(self, key: str) -> bytes | None:
         path = self._entry(key)
         refused: list[str] = []
-        started = time.perf_counter() if self._levels is not None else 0.0
+        started = 0.0
+        if self._levels is not None:
+            self._levels.before_lookup(key)  # its prefetch, if in flight, lands first
+            started = time.perf_counter()
 
         def trusted(st: os.stat_result) -> str | None:  # one fstat: an entry is code
             why = _trust.entry_problem(st, self._shared)
@@ -115,13 +122,15 @@ class Store:
             except OSError:
                 pass
             compile_secs, written, by = self._compile_secs(key, data)
+            if (landed := self._landed.pop(key, None)) is not None:  # recorded here, where its lookup's facts are
+                self._recorder.put(key, *landed)
             self._recorder.hit(key, len(data), compile_secs, by)
             self._served.key = key
             if self._levels is not None:  # a writer's hit may heal the bucket (queued, off the compile path)
                 self._levels.local_hit(len(data), time.perf_counter() - started, key, data, compile_secs or None, written)
             return data
         if self._levels is not None:
-            self._levels.local_miss()
+            self._levels.local_miss(key)
             if not why or compression_of(data or b"") is None:  # another environment's entry is left alone
                 found = self._levels.get(key)
                 if found is not None and not isinstance(found, str):
@@ -150,6 +159,20 @@ class Store:
         self._served.key = key
         return bytes(found.data)
 
+    def _land(self, key: str, found: Any) -> tuple[bool, str | None]:
+        """A prefetched entry (SPEC §14), checked as a shared hit is, then written into this level:
+        ``(landed, why not)``, why None where this level took no write (disk full)."""
+        why = self._unusable_shared(found.data)
+        if why is not None:
+            return False, why
+        return self._backfill(key, found, record=False), None
+
+    def _record_landed(self) -> None:
+        """At exit: the prefetched entries no lookup used, recorded as written (the cap's account)."""
+        while self._landed:
+            key, landed = self._landed.popitem()
+            self._recorder.put(key, *landed)
+
     def _unusable_shared(self, data: bytes) -> str | None:
         """Why a shared entry's bytes cannot be given to JAX (the checks a local entry gets)."""
         kind = compression_of(data)
@@ -162,10 +185,11 @@ class Store:
                 return f"the shared entry does not decompress ({type(exc).__name__})"
         return None
 
-    def _backfill(self, key: str, found: Any) -> bool:
+    def _backfill(self, key: str, found: Any, record: bool = True) -> bool:
         """Write a shared hit into this level, with its compile time (dated when it was written, so
         that it counts as an earlier run's entry); whether it was written. Counted as a write: the
-        cap's account and the explanations' index see the entry like any other."""
+        cap's account and the explanations' index see the entry like any other (a prefetch's,
+        ``record`` False, is recorded at its lookup, whose thread holds the facts the index needs)."""
         path = self._entry(key)
         existing = _files.read(path, limit=4)
         if existing is not None and compression_of(existing) not in (self._compression, None):
@@ -187,7 +211,10 @@ class Store:
                         os.utime(sidecar_path, (found.written, found.written))
                     except OSError:
                         pass
-        self._recorder.put(key, written, found.compile_secs or 0.0)
+        if record:
+            self._recorder.put(key, written, found.compile_secs or 0.0)
+        else:
+            self._landed[key] = (written, found.compile_secs or 0.0)
         return True
 
     def _missed(self, key: str) -> None:

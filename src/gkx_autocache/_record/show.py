@@ -106,8 +106,10 @@ def summary_line(snap: dict[str, Any]) -> str:
     misses (8 new, 3 changed XLA_FLAGS, 1 evicted), 1 not cached (host callbacks), 2.31 s compile
     CPU time avoided, ..., dir``. Misses and compiles not cached add up to the lookups not served."""
     hits = plural(snap["hits"], "hit")
-    shared = int((snap.get("levels") or {}).get("shared", {}).get("hits", 0))
-    within = [f"{snap['hits'] - shared} local, {shared} shared"] if snap.get("levels") and snap["hits"] else []
+    shared_level = (snap.get("levels") or {}).get("shared", {})
+    shared, ahead = int(shared_level.get("hits", 0)), int(shared_level.get("prefetch_used", 0))
+    within = ([f"{snap['hits'] - shared} local, {shared} shared{f': {ahead} prefetched' if ahead else ''}"]
+              if snap.get("levels") and snap["hits"] else [])
     if snap["own_hits"]:
         within.append(f"{snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles")
     if within:

@@ -198,13 +198,17 @@ class Bucket:
                 found.append(_within(bytes(item), asked, name.rsplit("/", 1)[-1]))
         return found[0], found[1]
 
-    def small(self, name: str) -> bytes:
-        """The first ``SEAL_LIMIT`` bytes of an object (``status``'s look at a seal)."""
+    def small(self, name: str, limit: int = SEAL_LIMIT) -> bytes:
+        """The first ``limit`` bytes of an object (a seal for ``status``, a manifest); empty when
+        it is not there."""
         fs, path = self.filesystem()
         where = f"{path}/{name}"
         if self._streams():  # never more than asked for, whatever the endpoint sends
-            return self._run(lambda fs, path: _read_range(fs, where, 0, SEAL_LIMIT)) or b""
-        return _within(bytes(fs.cat_file(where, start=0, end=SEAL_LIMIT)), SEAL_LIMIT, name)
+            return self._run(lambda fs, path: _read_range(fs, where, 0, limit)) or b""
+        try:
+            return _within(bytes(fs.cat_file(where, start=0, end=limit)), limit, name)
+        except FileNotFoundError:
+            return b""
 
     def block(self, key: str, start: int, end: int) -> bytes:
         fs, path = self.filesystem()

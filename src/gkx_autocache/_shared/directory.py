@@ -92,14 +92,18 @@ class Directory:
             raise Refused(f"the shared entry: {why}")
         return fd, st
 
-    def small(self, name: str) -> bytes:
-        """The first ``SEAL_LIMIT`` bytes of a file (``status``'s look at a seal); empty when it is
-        not there or not to be read."""
+    def small(self, name: str, limit: int = SEAL_LIMIT) -> bytes:
+        """The first ``limit`` bytes of a file (a seal for ``status``, a manifest); empty when it
+        is not there or not to be read."""
         opened = self._open(name)
         if opened is None:
             return b""
+        chunks, left = [], limit
         try:
-            return os.read(opened[0], SEAL_LIMIT)
+            while left > 0 and (chunk := os.read(opened[0], min(left, 1 << 20))):
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
         finally:
             os.close(opened[0])
 

@@ -21,6 +21,7 @@ from typing import Any
 from gkx_autocache import _jax
 from gkx_autocache._diagnostics import human_bytes, logger, warn
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, is_url, version_name
+from gkx_autocache._shared import prefetch
 from gkx_autocache._shared.bucket import Bucket
 from gkx_autocache._shared.calls import FIRST_BLOCK, MAX_BLOCK, Progress, ShuttingDown, Stalled, bounded, describe
 from gkx_autocache._shared.directory import Directory
@@ -34,7 +35,9 @@ MAX_ENTRY = 8 << 30  # without a cap, the most read of one shared entry (a lying
 # The per-level numbers, the same names for both levels (SPEC §14). Summed over processes by the
 # ledger as they are; ``shown`` turns read_secs and reads into the mean read time.
 COUNTS = ("hits", "misses", "backfills", "uploads", "errors", "timeouts", "rejected", "skipped", "dropped",
-          "requests", "bytes_read", "bytes_written", "read_secs", "reads")
+          "requests", "bytes_read", "bytes_written", "read_secs", "reads",
+          "prefetched", "prefetched_bytes", "prefetch_used", "prefetch_wasted_bytes")
+Item = tuple[str, bytes, float | None, float, bool, bool]  # (key or name, bytes, compile, written, check the listing, a manifest)
 
 
 class Found:
@@ -56,7 +59,7 @@ class Level:
 
     def __init__(self, url: str, backend: Any, *, local: str, timeout: float, writes: str | None,
                  secret: bytes | None, max_entry: int = MAX_ENTRY, origin: str = "shared",
-                 queue_bytes: int = QUEUE_BYTES) -> None:
+                 queue_bytes: int = QUEUE_BYTES, cap: int = 0) -> None:
         self.url = url  # as the user wrote it, for messages
         self.backend = backend
         self.local_dir = local
@@ -66,6 +69,13 @@ class Level:
         self.max_entry = max_entry
         self.origin = origin
         self.queue_bytes = queue_bytes
+        self.cap = cap  # the local level's: a prefetch stays under it
+        self.land: Any = None  # the store's, for a prefetched entry (set where the local level takes writes)
+        self.landed_unused: Any = None  # the store's, at exit: records the prefetched entries no lookup used
+        self._prefetch: prefetch.Prefetch | None = None  # the Prefetch of this process, from its first local miss on
+        self._prefetch_tried = False
+        self._seen: dict[str, int] = {}  # the keys this run looked up (hits and writes): its manifest
+        self._forked_child = False
         self.counts = {"local": zero(), "shared": zero()}
         self.off: tuple[str, float] | None = None  # (why, when) once turned off
         self._prepared: bool | None = None  # None: not yet; else whether it may be written
@@ -82,7 +92,7 @@ class Level:
         self._lock = threading.Lock()
         self._ready = threading.Lock()  # one thread prepares and lists; the others wait for it
         self._changed = threading.Condition(self._lock)
-        self._queue: deque[tuple[str, bytes, float | None, float, bool]] = deque()  # (..., check the listing)
+        self._queue: deque[Item] = deque()
         self._queued = 0  # bytes in the queue and in flight
         self._busy = False
         self._healing_now = False  # the item in flight is an entry to heal (no upload of this run's)
@@ -92,6 +102,9 @@ class Level:
         self._reset_threads()
         self.counts = {"local": zero(), "shared": zero()}
         self.backend.forget()
+        self._prefetch, self._prefetch_tried = None, True  # the parent's threads are not here; its prefetch lands still
+        self._seen = {}
+        self._forked_child = True  # its run is part of its parent's: no manifest of its own
 
     # -- counting --------------------------------------------------------------------------------
 
@@ -103,9 +116,20 @@ class Level:
 
     def local_hit(self, nbytes: int, secs: float, key: str | None = None, data: bytes | None = None,
                   compile_secs: float | None = None, written: float = 0.0) -> None:
+        ahead = self._prefetch
+        if key is not None and ahead is not None and ahead.used(key):  # the shared level's hit, fetched ahead
+            self.count("local", misses=1)
+            self.count("shared", hits=1, prefetch_used=1)
+            self._saw(key, nbytes)
+            return
         self.count("local", hits=1, bytes_read=nbytes, read_secs=secs, reads=1)
         if key is not None and data is not None:
+            self._saw(key, nbytes)
             self._heal(key, data, compile_secs, written)
+
+    def _saw(self, key: str, nbytes: int) -> None:
+        if self.writes is None and len(self._seen) < prefetch.MANIFEST_KEYS:
+            self._seen.setdefault(key, nbytes)
 
     def _heal(self, key: str, data: bytes, compile_secs: float | None, written: float) -> None:
         """A writer's local hit: queued for upload where the bucket's listing lacks it (a warm
@@ -123,8 +147,41 @@ class Level:
         self._healed.add(key)
         self._enqueue(key, data, compile_secs, written or time.time(), check=True)
 
-    def local_miss(self) -> None:
+    def local_miss(self, key: str = "") -> None:
         self.count("local", misses=1)
+        if not self._prefetch_tried:
+            self._start_prefetch(key)
+
+    def _start_prefetch(self, key: str) -> None:
+        """At the first local miss: the local level is not warm for this program, so its manifest
+        is worth a request. Also the upload worker of a writer: at exit it takes the manifest
+        (Python 3.12 starts no thread there)."""
+        with self._lock:
+            if self._prefetch_tried:
+                return
+            self._prefetch_tried = True
+        if self.off is not None or self._closed:
+            return
+        if self.writes is None and _jax.process_id() == 0:
+            with self._lock:
+                self._start_worker()
+        if self.land is None:  # the local level takes no writes: nothing can land
+            return
+        budget = prefetch.BUDGET
+        if self.cap:
+            from gkx_autocache._record import fold
+
+            budget = min(budget, int(self.cap * fold.PRUNE_TO) - fold.read_summary(self.local_dir).size)
+        if budget <= 0:
+            return
+        self._prefetch = prefetch.Prefetch(self, self.land, budget)
+        self._prefetch.asked.add(key)  # this lookup's: fetched by it
+        self._prefetch.start()
+
+    def before_lookup(self, key: str) -> None:
+        """A lookup about to read the local level: a prefetch of its key in flight is waited for."""
+        if self._prefetch is not None:
+            self._prefetch.wait(key)
 
     def record(self) -> dict[str, Any]:
         """Both levels' numbers as a ledger record: the ledger sums them over processes."""
@@ -169,7 +226,8 @@ class Level:
         (and the listing again after LIST_TTL); whether it is usable. ``quiet``: for healing alone
         (a run of local hits), a failure stops the healing with a debug line and leaves the level
         on: such a run needs nothing of the bucket, and a later miss says what is wrong."""
-        if self._prepared is not None and (self._listing is None or time.monotonic() - self._listed_at < LIST_TTL):
+        if (self._prepared is not None and self._listed_at != -LIST_TTL  # (another thread may be listing now: wait)
+                and (self._listing is None or time.monotonic() - self._listed_at < LIST_TTL)):
             return self.off is None
         with self._ready:
             if self.off is not None:
@@ -201,6 +259,10 @@ class Level:
     def get(self, key: str) -> Found | str | None:
         """The entry from the shared level (``Found``), why it must not be served (a string), or
         None for a miss. Never raises."""
+        ahead = self._prefetch
+        if ahead is not None and (why := ahead.refused.pop(key, None)) is not None:
+            self.count("shared", rejected=1, misses=1)  # the prefetch read it: refused, not read twice
+            return why
         if self.off is not None or not self._ensure():
             self.count("shared", misses=1)
             return None
@@ -230,6 +292,7 @@ class Level:
             self.count("shared", misses=1)
             return None
         self.count("shared", hits=1, bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
+        self._saw(key, len(found.data))
         return found
 
     def _admit(self, key: str, raw_seal: bytes | None) -> dict[str, Any] | None:
@@ -310,6 +373,7 @@ class Level:
 
     def put(self, key: str, data: bytes, compile_secs: float | None) -> None:
         """Queue the entry (just written to the local level) for upload; never blocks."""
+        self._saw(key, len(data))
         if self.writes is not None or self.off is not None or self._closed or _jax.process_id() != 0:
             return
         self._enqueue(key, data, compile_secs, time.time(), check=False)
@@ -322,12 +386,16 @@ class Level:
                 if not check:  # (an entry to heal may be in the bucket already: not counted)
                     self.counts["shared"]["skipped"] += 1  # beyond the queue's bound: the compile path never waits
                 return
-            self._queue.append((key, data, compile_secs, written, check))
+            self._queue.append((key, data, compile_secs, written, check, False))
             self._queued += len(data)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._drain, name="gkx-autocache-upload", daemon=True)
-                self._worker.start()
+            self._start_worker()
             self._changed.notify_all()
+
+    def _start_worker(self) -> None:
+        """Under the lock: the upload worker, once."""
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._drain, name="gkx-autocache-upload", daemon=True)
+            self._worker.start()
 
     def _uploads_pending(self) -> bool:
         """Under the lock: whether an upload of this run's (not an entry to heal) is queued or in flight."""
@@ -352,8 +420,11 @@ class Level:
                     self._queued = max(self._queued - len(item[1]), 0) if self.off is None else 0
                     self._changed.notify_all()
 
-    def _upload(self, item: tuple[str, bytes, float | None, float, bool]) -> None:
-        key, data, compile_secs, written, check = item
+    def _upload(self, item: Item) -> None:
+        key, data, compile_secs, written, check, manifest = item
+        if manifest:
+            self._upload_manifest(key, data)
+            return
         if check and not self._healing:
             return
         if not self._ensure(quiet=check):
@@ -392,12 +463,48 @@ class Level:
         if listing is not None:
             listing[key + ENTRY_SUFFIX] = len(data)
 
+    def _upload_manifest(self, name: str, data: bytes) -> None:
+        try:
+            bounded(lambda progress: self.backend.write(name, data), self.timeout)
+        except ShuttingDown:  # at exit: ``finish``'s deadline bounds the worker
+            self.backend.write(name, data)
+        except Exception as exc:  # at exit, of no use to this run: a debug line
+            logger.debug("the manifest %s is not written: %s", name, describe(exc))
+            return
+        self.count("shared", requests=1 if self.backend.kind == "bucket" else 0)
+
+    def _manifest(self) -> Item | None:
+        """At exit, a writer's run that missed locally: its manifest for the next fresh runs of this
+        program, unless the one it read holds the same keys."""
+        if (self.writes is not None or self.off is not None or not self._seen or _jax.process_id() != 0
+                or not self.counts["local"]["misses"] or self._worker is None or self._forked_child):
+            return None
+        keys = list(self._seen.items())
+        if self._prefetch is not None and self._prefetch.own == set(keys):
+            return None
+        label, part, _, _ = prefetch.program()
+        return (prefetch.manifest_name(label, part), prefetch.encode(keys, label, self._secret), None, 0.0, False, True)
+
     def finish(self, recorder: Any = None) -> None:
         """At exit: what is pending gets one ``shared_timeout`` in all; the rest is dropped,
         counted, with one warning. Then both levels' numbers go to the ledger."""
         started = time.monotonic()
         deadline = started + self.timeout
+        if self._prefetch is not None:
+            wasted = self._prefetch.stop()
+            if wasted:
+                self.count("shared", prefetch_wasted_bytes=wasted)
+            if self.landed_unused is not None:
+                self.landed_unused()
+        try:
+            manifest = self._manifest()
+        except Exception as exc:  # pragma: no cover - never costs the exit
+            logger.debug("no manifest: %s", exc)
+            manifest = None
         with self._lock:
+            if manifest is not None and self.off is None:
+                self._queue.append(manifest)
+                self._changed.notify_all()
             self._closed = True
             while (self._queue or self._busy) and self.off is None:
                 left = deadline - time.monotonic()
@@ -409,8 +516,8 @@ class Level:
                     break
                 self._changed.wait(left)
             listing = self._listing  # an entry to heal is an upload only where the listing lacks it
-            pending = [item for item in self._queue
-                       if not item[4] or (listing is not None and item[0] + ENTRY_SUFFIX not in listing)]
+            pending = [item for item in self._queue if not item[5]
+                       and (not item[4] or (listing is not None and item[0] + ENTRY_SUFFIX not in listing))]
             left_over = len(pending) + (self._busy and not self._healing_now) if self.off is None else 0
             self.counts["shared"]["dropped"] += left_over
             self._queue.clear()
@@ -483,7 +590,7 @@ def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str]
     level = Level(shared, backend, local=location.version_dir, timeout=settings["shared_timeout"],
                   writes=uploads(settings["shared_write"], env), secret=signing_key(env),
                   max_entry=min(cap, MAX_ENTRY) if cap else MAX_ENTRY,
-                  origin=settings.origin("shared_timeout"))
+                  origin=settings.origin("shared_timeout"), cap=cap or 0)
     return level, []
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gkx_autocache._diagnostics import plural
+from gkx_autocache._diagnostics import human_bytes, plural
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, is_url, key_match
 from gkx_autocache._shared.bucket import NOT_LISTED
 from gkx_autocache._shared.calls import Progress, bounded, describe
@@ -105,6 +105,9 @@ def line(levels: dict[str, Any]) -> str:
             for name in ("skipped", "dropped", "errors", "timeouts"):
                 if c.get(name):
                     text += f", {int(c[name])} {'uploads ' + name if name in ('skipped', 'dropped') else name}"
+            if c.get("prefetched"):
+                text += (f", {int(c['prefetched'])} prefetched ({int(c.get('prefetch_used', 0))} used, "
+                         f"{human_bytes(int(c.get('prefetch_wasted_bytes', 0)))} wasted)")
         if mean is not None:
             text += f", {mean * 1000:.1f} ms a read"
         parts.append(text)

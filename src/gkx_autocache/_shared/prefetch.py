@@ -1,0 +1,310 @@
+"""Prefetch (SPEC §14): a fresh local level fetches ahead, in parallel and bounded, the entries
+this program's last run looked up, so that JAX's lookups find them local or in flight.
+
+Which entries: a manifest. A writer's run that missed locally leaves one beside the entries at
+exit (``<hash of the program>-gkx-manifest``: the keys it looked up, in order, with their sizes;
+signed with the signing key). The program is what ``explain`` names a run (the script and its
+first two arguments, ``pytest -q``), and a pytest-xdist worker's, its session's, one manifest per
+worker. A reader takes it at its first local miss: a warm local run never asks the shared level
+for anything. The whole listing was the other candidate; a team's bucket holds every program's
+entries, and a listing beyond one page is not read at all (``bucket.LIST_LIMIT``).
+
+Bounds: ``WORKERS`` fetches at a time, each bounded like a read and verified like one (the seal,
+the signature, the size; then the store's own checks) before it lands, by the store's backfill;
+never more bytes than ``BUDGET`` nor than the local level's room under its cap; nothing once the
+level is off, or the process exits (daemon threads: exit waits only for a file being written). A
+lookup of a key in flight waits for that fetch; a key not yet begun is the lookup's own, fetched
+by it as without a prefetch. Figures: docs/levels.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gkx_autocache import _files
+from gkx_autocache._diagnostics import logger
+from gkx_autocache._layout import ENTRY_SUFFIX, MANIFEST_SUFFIX, TMP_SUFFIX, key_match
+from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe
+from gkx_autocache._shared.seal import Refused
+
+WORKERS = 8  # fetches at a time: a 20 ms round trip then costs a lookup 2.5 ms of it
+BUDGET = 1 << 30  # the most a prefetch lands, where the cap leaves more room
+IN_FLIGHT = 256 << 20  # the most bytes fetched at once, held in memory (GPU entries can be large)
+MANIFEST_LIMIT = 4 << 20  # the most read of a manifest (about 50 000 keys): a longer one is not used
+MANIFEST_KEYS = 20_000  # the most a writer lists
+XDIST_WORKERS = 32  # the most sibling workers' manifests a pytest-xdist worker reads
+BLOCK = 4096  # an entry's sidecar and its last block, charged against the room under the cap
+
+
+def program() -> tuple[str, str, int, int]:
+    """``(this program, this process's part of it, its index, how many parts)``: a pytest-xdist
+    worker is ``gw<n>`` of its session's ``PYTEST_XDIST_WORKER_COUNT``, any other process the one
+    part of its program."""
+    from gkx_autocache._record.recorder import label
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        count = min(max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1), XDIST_WORKERS)
+        index = int(worker[2:]) if worker.startswith("gw") else 0
+    except ValueError:
+        worker = ""
+    name = label()
+    if name.startswith("-c"):  # every `python -c` is one label: the code tells them apart
+        orig = list(getattr(sys, "orig_argv", []))
+        code = orig[orig.index("-c") + 1] if "-c" in orig[:-1] else ""
+        name += " " + hashlib.sha256(code.encode(errors="replace")).hexdigest()[:16]
+    if not worker or index >= count:
+        return name, "", 0, 1
+    return name, worker, index, count
+
+
+def manifest_name(label: str, part: str) -> str:
+    return hashlib.sha256(f"{label}\0{part}".encode()).hexdigest()[:32] + MANIFEST_SUFFIX
+
+
+def encode(keys: list[tuple[str, int]], label: str, secret: bytes | None) -> bytes:
+    body = {"v": 1, "program": label, "written": round(time.time(), 3), "keys": keys[:MANIFEST_KEYS]}
+    if secret is not None:
+        body["hmac"] = _mac(secret, body)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _mac(secret: bytes, body: dict[str, Any]) -> str:
+    signed = {name: value for name, value in body.items() if name != "hmac"}
+    return hmac.new(secret, json.dumps(signed, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256).hexdigest()
+
+
+def decode(data: bytes, secret: bytes | None) -> list[tuple[str, int]]:
+    """A manifest's keys, those that name an entry (no path, no separator); raises ValueError for
+    one that is not a manifest, too long, or (with a signing key) not signed by it."""
+    if len(data) >= MANIFEST_LIMIT:
+        raise ValueError(f"longer than {MANIFEST_LIMIT >> 20} MiB")
+    body = json.loads(data)
+    if not isinstance(body, dict) or body.get("v") != 1 or not isinstance(body.get("keys"), list):
+        raise ValueError("not a manifest")
+    if secret is not None and not hmac.compare_digest(str(body.get("hmac") or ""), _mac(secret, body)):
+        raise ValueError("not signed")
+    keys = []
+    for item in body["keys"][:MANIFEST_KEYS]:
+        if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)
+                and item[1] > 0 and (match := key_match(item[0] + ENTRY_SUFFIX)) and match[0] == item[0]):
+            keys.append((item[0], item[1]))
+    return keys
+
+
+class Prefetch:
+    """One process's prefetch into its local level: the keys to fetch, those in flight, and what
+    landed. ``land(key, found)`` is the store's: ``(landed, why not)``, why None where the local
+    level could not take it (disk full), which ends the prefetch."""
+
+    def __init__(self, level: Any, land: Callable[[str, Any], tuple[bool, str | None]], budget: int) -> None:
+        self.level = level
+        self.land = land
+        self.budget = budget
+        self.lock = threading.Lock()
+        self.pending: dict[str, int] = {}  # key -> bytes, in the order to fetch; a lookup takes its own out
+        self.flight: dict[str, threading.Event] = {}
+        self.asked: set[str] = set()  # keys a lookup has asked for: its own to fetch, never the prefetch's
+        self.refused: dict[str, str] = {}  # key -> why its bytes were not landed (its lookup says so)
+        self.landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet looked up: key -> (bytes, when)
+        self.own: set[tuple[str, int]] | None = None  # this process's own manifest, as read
+        self.spent = 0
+        self.holding = 0  # bytes of the fetches in flight
+        self.room = threading.Condition(self.lock)
+        self.landing = 0  # files being written: exit waits for these, never for the network
+        self.stopped = False
+
+    def start(self) -> None:
+        try:
+            threading.Thread(target=self._run, name="gkx-autocache-prefetch", daemon=True).start()
+        except RuntimeError:  # the interpreter is exiting
+            self.stopped = True
+
+    def _run(self) -> None:
+        level = self.level
+        try:
+            if not level._ensure():
+                return
+            keys = self._manifests()
+            if not keys:
+                return
+            local = level.local_dir
+            listing = level._listing
+            with self.lock:
+                for key, size in keys:
+                    if key not in self.pending and key not in self.asked and (listing is None or key + ENTRY_SUFFIX in listing) \
+                            and not os.path.exists(os.path.join(local, key + ENTRY_SUFFIX)):
+                        self.pending[key] = size
+            logger.debug("prefetch: %d of the manifest's %d entries to fetch", len(self.pending), len(keys))
+            workers = [threading.Thread(target=self._work, name="gkx-autocache-prefetch", daemon=True)
+                       for _ in range(min(WORKERS, len(self.pending)))]
+            for worker in workers:
+                worker.start()
+        except Exception as exc:  # pragma: no cover - nothing here may reach threading's excepthook
+            logger.debug("prefetch stopped: %s", exc)
+
+    def _manifests(self) -> list[tuple[str, int]]:
+        """The keys of this program's manifests (a pytest-xdist worker reads its siblings' too),
+        each key once, a worker's siblings' rotated so that workers begin at different places."""
+        level = self.level
+        label, part, index, count = program()
+        parts = [part] if count == 1 else [f"gw{i}" for i in range(count)]
+        merged: dict[str, int] = {}
+        listing = level._listing
+        for name_part in parts:
+            name = manifest_name(label, name_part)
+            if listing is not None and name not in listing:
+                continue  # the listing answers: no request
+            try:
+                data = bounded(functools.partial(self._small, name), level.timeout)
+                level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
+                keys = decode(data, level._secret) if data else []
+            except ShuttingDown:
+                return []
+            except Stalled as exc:
+                level.turn_off(str(exc), timed_out=True)
+                return []
+            except (ValueError, RecursionError, Refused) as exc:
+                logger.debug("the manifest %s is not used: %s", name, exc)
+                continue
+            except Exception as exc:
+                level.turn_off(describe(exc))
+                return []
+            if name_part == part:
+                self.own = set(keys)
+            for key, size in keys:
+                merged.setdefault(key, size)
+        keys = list(merged.items())
+        if count > 1 and keys:
+            start = index * len(keys) // count
+            keys = keys[start:] + keys[:start]
+        return keys
+
+    def _small(self, name: str, progress: Any) -> bytes:
+        data: bytes = self.level.backend.small(name, MANIFEST_LIMIT)
+        return data
+
+    def _next(self) -> tuple[str, int, threading.Event] | None:
+        level = self.level
+        with self.lock:
+            while self.pending and not (self.stopped or level._closed or level.off is not None):
+                key = next(iter(self.pending))
+                size = self.pending[key]
+                if self.spent + size + BLOCK > self.budget:
+                    del self.pending[key]
+                    continue  # beyond the budget: left to its lookup
+                if self.flight and self.holding + size > IN_FLIGHT:
+                    self.room.wait(0.1)  # (a lookup may take the key meanwhile)
+                    continue
+                del self.pending[key]
+                self.spent += size + BLOCK
+                self.holding += size
+                event = self.flight[key] = threading.Event()
+                return key, size, event
+            return None
+
+    def _work(self) -> None:
+        while (taken := self._next()) is not None:
+            key, size, event = taken
+            try:
+                self._one(key)
+            except Exception as exc:  # pragma: no cover - _one turns errors into the level's state
+                logger.debug("prefetch of %s stopped: %s", key, exc)
+            finally:
+                with self.lock:
+                    self.flight.pop(key, None)
+                    self.holding -= size
+                    self.room.notify_all()
+                event.set()
+
+    def _one(self, key: str) -> None:
+        level = self.level
+        if os.path.exists(os.path.join(level.local_dir, key + ENTRY_SUFFIX)):
+            return  # landed by another process meanwhile
+        claim = f".{key}{ENTRY_SUFFIX}.prefetch{TMP_SUFFIX}"
+        if not _files.claim(level.local_dir, claim, stale=2 * level.timeout):
+            return  # another process prefetches it now: left to it, or to this one's lookup
+        try:
+            self._fetch_and_land(key)
+        finally:
+            _files.unclaim(level.local_dir, claim)
+
+    def _fetch_and_land(self, key: str) -> None:
+        level = self.level
+        started = time.perf_counter()
+        try:
+            found = bounded(lambda progress: level._fetch(key, progress), level.timeout)
+        except ShuttingDown:
+            self.stopped = True
+            return
+        except Refused as exc:
+            self.refused[key] = str(exc)
+            return
+        except Stalled as exc:
+            level.turn_off(str(exc), timed_out=True)
+            return
+        except Exception as exc:
+            level.turn_off(describe(exc))
+            return
+        if found is None:
+            return
+        level.count("shared", bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
+        with self.lock:
+            if self.stopped or level._closed:
+                return
+            self.landing += 1
+        try:
+            landed, why = self.land(key, found)
+        finally:
+            with self.lock:
+                self.landing -= 1
+        if landed:
+            self.landed[key] = (len(found.data), time.time())
+            level.count("shared", prefetched=1, prefetched_bytes=len(found.data), backfills=1)
+        elif why is not None:
+            self.refused[key] = why
+        else:  # the local level takes no more (disk full): what is left goes to its lookups
+            self.stopped = True
+
+    def wait(self, key: str) -> None:
+        """Before a lookup reads the local level: wait for this key's fetch if it is in flight; if
+        it is not begun, it is the lookup's own (never queued behind the rest)."""
+        with self.lock:
+            self.asked.add(key)
+            event = self.flight.get(key)
+            if event is None:
+                self.pending.pop(key, None)
+                return
+        event.wait()
+
+    def used(self, key: str) -> bool:
+        """Whether a local hit on ``key`` is a prefetched entry's first use."""
+        return self.landed.pop(key, None) is not None
+
+    def stop(self, grace: float = 1.0) -> int:
+        """At exit: no more fetches; wait (at most ``grace``) for a file being written; the bytes
+        landed that no lookup of this process used and no other process touched since."""
+        deadline = time.monotonic() + grace
+        with self.lock:
+            self.stopped = True
+            self.pending.clear()
+        while self.landing and time.monotonic() < deadline:
+            time.sleep(0.005)
+        wasted = 0
+        for key, (nbytes, when) in list(self.landed.items()):
+            try:  # a hit sets the entry's mtime (the store's recency): another process used it
+                if os.stat(os.path.join(self.level.local_dir, key + ENTRY_SUFFIX)).st_mtime > when:
+                    continue
+            except OSError:
+                pass
+            wasted += nbytes
+        return wasted

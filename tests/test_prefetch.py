@@ -1,0 +1,283 @@
+"""Prefetch (SPEC §14, amended 2026-12-02): a fresh local level fetches ahead, in parallel and
+bounded, the entries the last run of the program looked up (its manifest, written by a writer
+beside the entries), verified before they land. Real JAX in fresh processes, against moto's S3
+server (conftest) behind the recording, delaying, lying proxy of ``hostile``, and a real shared
+directory. Speed is the benchmark's (``benchmarks/run.py --only levels``), not a test's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import COUNTING, S3, Venv, run_program
+from hostile import Proxy
+from test_activation import VERSION_DIR
+from test_levels import KEY_A, KEY_B, autocache_warnings, entries, levels_env, local_entries, report
+
+# N jitted functions, each its own entry; MANY_SHIFT changes the odd ones (half the keys new).
+MANY = r"""
+import json, os
+import jax, jax.numpy as jnp
+""" + COUNTING + r"""
+n = int(os.environ.get("MANY_N", "12"))
+shift = float(os.environ.get("MANY_SHIFT", "0"))
+x = jnp.linspace(0.0, 1.0, 64)
+total = 0.0
+for i in range(n):
+    c = float(i + 1) + (shift if i % 2 else 0.0)
+    total += float(jax.jit(lambda v, c=c: jnp.tanh(v * c).sum() + c)(x))
+print(json.dumps({**counts, "result": round(total, 4)}))
+"""
+
+
+def run_many(venv: Venv, env: dict[str, str], n: int = 12, shift: float = 0.0) -> tuple[dict[str, Any], str]:
+    return run_program(venv, env={**env, "MANY_N": str(n), "MANY_SHIFT": str(shift)}, program=MANY)
+
+
+def shared_stats(venv: Venv, env: dict[str, str]) -> dict[str, Any]:
+    proc = venv.run("-m", "gkx_autocache", "--json", "stats", env=env)
+    assert proc.returncode == 0, proc.stderr
+    levels: dict[str, Any] = json.loads(proc.stdout)["levels"]["shared"]
+    return levels
+
+
+def manifests(s3: S3, prefix: str = "team") -> dict[str, int]:
+    under = f"{prefix}/{VERSION_DIR}/"
+    return {k[len(under):]: n for k, n in s3.objects(under).items() if k.endswith("-gkx-manifest")}
+
+
+def behind(s3: S3, s3_server: str, **kwargs: Any) -> tuple[Proxy, dict[str, str]]:
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]), **kwargs)
+    return proxy, {**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}
+
+
+def test_a_fresh_local_level_fetches_the_last_runs_entries_ahead_in_parallel(
+        venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
+    """A writer's cold run leaves its manifest beside its entries; a fresh local level then gets
+    them ahead of its lookups, several requests at once, each entry read once, every prefetched
+    entry used and none wasted; the report line says how many were prefetched."""
+    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    uploaded = entries(s3, "team")
+    assert len(manifests(s3)) == 1 and len(uploaded) == cold["requests"] >= 12
+
+    proxy, env = behind(s3, s3_server, delay=0.05)
+    try:
+        fresh, err = run_many(venv, levels_env(env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never"))
+    finally:
+        proxy.close()
+    assert fresh["hits"] == fresh["requests"] == cold["requests"] and fresh["result"] == cold["result"], err
+    assert report(err)["shared"] == cold["requests"] and not autocache_warnings(err), err
+    assert local_entries(tmp_path / "b") == set(uploaded)
+    reads = [p.split("?")[0] for m, p in proxy.requests if m == "GET" and p.split("?")[0].endswith("-cache")]
+    assert len(reads) == len(set(reads)) == len(uploaded), reads  # each entry read once: prefetch or lookup
+    assert proxy.peak >= 4, proxy.peak  # in parallel, not one after another
+    shared = shared_stats(venv, levels_env(s3.env, s3.bucket, tmp_path / "b"))
+    assert cold["requests"] // 2 <= shared["prefetched"] == shared["prefetch_used"], shared
+    assert shared["prefetch_wasted_bytes"] == 0 and shared["backfills"] == cold["requests"], shared
+    assert f": {shared['prefetch_used']} prefetched)" in err, err
+
+
+def test_a_changed_program_counts_what_it_fetched_for_nothing(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """Half the program's keys are new since the manifest: the run is right, its new keys compile,
+    and the bytes prefetched that it never looked up are counted as wasted, exactly."""
+    run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    old = entries(s3, "team")
+    reference, _ = run_many(venv, {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}, shift=0.5)  # its keys, unshared
+    new_keys = local_entries(tmp_path / "c")
+    env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never")
+    changed, err = run_many(venv, env, shift=0.5)
+    assert changed["result"] == reference["result"] and changed["requests"] == reference["requests"], err
+    assert 0 < changed["hits"] < changed["requests"], err
+    landed_unused = (local_entries(tmp_path / "b") & set(old)) - new_keys
+    assert landed_unused, err  # the old program's keys the new one does not look up
+    shared = shared_stats(venv, env)
+    assert shared["prefetch_wasted_bytes"] == sum(old[name] for name in landed_unused), shared
+    assert shared["prefetched"] - shared["prefetch_used"] == len(landed_unused), shared
+
+
+def planted_manifest(s3: S3, body: dict[str, Any] | bytes) -> str:
+    (name,) = manifests(s3)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}", Body=data)
+    return name
+
+
+def read_manifest(s3: S3) -> dict[str, Any]:
+    (name,) = manifests(s3)
+    body: dict[str, Any] = json.loads(s3.client().get_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}")["Body"].read())
+    return body
+
+
+def test_a_hostile_bucket_never_lands_a_byte_its_seal_refused(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """A manifest naming paths outside the level and an entry whose bytes do not match its seal: no
+    file lands outside the version directory, the planted bytes never land in it, the lookup of
+    that key is a rejected miss, and the run is right."""
+    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=6)
+    body = read_manifest(s3)
+    victim = body["keys"][-1][0]
+    client = s3.client()
+    where = f"team/{VERSION_DIR}/{victim}-cache"
+    planted = bytes(b ^ 0x5A for b in client.get_object(Bucket=s3.bucket, Key=where)["Body"].read())
+    client.put_object(Bucket=s3.bucket, Key=where, Body=planted)
+    body["keys"] = [["../../../escaped-0000000000000000000000000000000000000000000000000000000000000000", 10],
+                    ["/abs-0000000000000000000000000000000000000000000000000000000000000000", 10], *body["keys"]]
+    planted_manifest(s3, body)
+    out, err = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never"), n=6)
+    assert out["result"] == cold["result"] and out["hits"] == cold["requests"] - 1, err
+    local = tmp_path / "b" / VERSION_DIR / f"{victim}-cache"
+    assert not local.exists() or local.read_bytes() != planted
+    assert not list(tmp_path.rglob("*escaped*")) and not Path("/abs-" + "0" * 64 + "-cache").exists()
+    assert "1 rejected" in shared_line(venv, levels_env(s3.env, s3.bucket, tmp_path / "b")), err
+
+
+def shared_line(venv: Venv, env: dict[str, str]) -> str:
+    proc = venv.run("-m", "gkx_autocache", "stats", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("case", ["a million keys", "not json", "signed by another key"])
+def test_a_manifest_that_cannot_be_used_costs_no_more_than_no_manifest(venv: Venv, tmp_path: Path, s3: S3,
+                                                                       case: str) -> None:
+    """A manifest of a million keys (beyond what is read of one), one that is not JSON, or (with a
+    signing key) one not signed by it: nothing is prefetched, every lookup is served as without a
+    prefetch, and nothing is said (a manifest is a hint)."""
+    signing = {"GKX_JAX_CACHE_SIGNING_KEY": KEY_A} if case == "signed by another key" else {}
+    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a", **signing), n=6)
+    if case == "a million keys":
+        keys = ",".join(f'["jit_f-{i:064x}",4096]' for i in range(1_000_000))
+        planted_manifest(s3, f'{{"v":1,"program":"x","keys":[{keys}]}}'.encode())
+    elif case == "not json":
+        planted_manifest(s3, b"\x00" * 100_000)
+    else:
+        body = read_manifest(s3)
+        from gkx_autocache._shared import prefetch
+
+        planted_manifest(s3, prefetch.encode([tuple(k) for k in body["keys"]], body["program"], KEY_B.encode()))
+    env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never", **signing)
+    out, err = run_many(venv, env, n=6)
+    assert out["hits"] == out["requests"] == cold["requests"] and not autocache_warnings(err), err
+    assert shared_stats(venv, env)["prefetched"] == 0
+
+
+def test_a_signed_manifest_is_used_by_a_reader_with_the_key(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a", GKX_JAX_CACHE_SIGNING_KEY=KEY_A), n=6)
+    assert "hmac" in read_manifest(s3)
+    env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never",
+                     GKX_JAX_CACHE_SIGNING_KEY=KEY_A)
+    out, err = run_many(venv, env, n=6)
+    assert out["hits"] == cold["requests"] and shared_stats(venv, env)["prefetched"] > 0, err
+
+
+def test_a_tiny_cap_bounds_what_is_prefetched(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """The local level's cap leaves little room: the prefetch lands no more than 90 % of it (the
+    level it prunes to), and the rest is served by lookups as without a prefetch."""
+    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=16)
+    total = sum(entries(s3, "team").values())
+    cap = total // 2
+    env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never",
+                     GKX_JAX_CACHE_MAX_SIZE=str(cap))
+    out, err = run_many(venv, env, n=16)
+    assert out["hits"] == out["requests"] == cold["requests"], err
+    shared = shared_stats(venv, env)
+    assert 0 < shared["prefetched_bytes"] + 4096 * shared["prefetched"] <= cap * 0.9, (shared, cap)
+
+
+def test_two_processes_prefetching_into_one_local_level(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
+    """Two fresh processes at once into one local level: both right, the level whole, no file left
+    half-written, and no entry fetched by both but those in flight at once."""
+    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=24)
+    proxy, env = behind(s3, s3_server, delay=0.02)
+    try:
+        both_env = {**venv.env, **levels_env(env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never"),
+                    "MANY_N": "24"}
+        procs = [subprocess.Popen([str(venv.python), "-c", MANY], env=both_env, cwd=str(venv.home),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        proxy.close()
+    for proc, (stdout, stderr) in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, stderr
+        out = json.loads(stdout.strip().splitlines()[-1])
+        assert out["result"] == cold["result"] and out["hits"] == out["requests"], stderr
+    vdir = tmp_path / "b" / VERSION_DIR
+    assert local_entries(tmp_path / "b") == set(entries(s3, "team"))
+    assert not [p for p in vdir.iterdir() if p.name.endswith(".tmp")]
+    reads = [p.split("?")[0] for m, p in proxy.requests if m == "GET" and p.split("?")[0].endswith("-cache")]
+    assert len(reads) <= len(set(reads)) + 2 * 8, len(reads) - len(set(reads))  # at most a window in flight twice
+
+
+def test_a_bucket_that_stalls_during_the_prefetch_costs_one_timeout(venv: Venv, tmp_path: Path, s3: S3,
+                                                                    s3_server: str) -> None:
+    """The listing and the manifest answer, then every entry read hangs: the lookups waiting on the
+    prefetch's fetches are released by the first stall, the level turns off with one warning, and
+    the run compiles the rest; one timeout in all, not one per entry."""
+    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    proxy, env = behind(s3, s3_server, mode="hang")
+    try:
+        started = time.monotonic()
+        out, err = run_many(venv, levels_env(env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_TIMEOUT="5"))
+        elapsed = time.monotonic() - started
+    finally:
+        proxy.close()
+    assert out["result"] == cold["result"] and out["hits"] == 0, err
+    (warning,) = autocache_warnings(err)
+    assert "is off for the rest of this process" in warning, warning
+    assert elapsed < 45, elapsed  # twelve timeouts would be 60 s
+
+
+def test_a_shared_directory_is_prefetched_too(venv: Venv, tmp_path: Path) -> None:
+    """A shared directory (NFS, a baked image): the same manifest, read in parallel."""
+    team = tmp_path / "team"
+    team.mkdir(mode=0o755)
+    env = {"GKX_JAX_CACHE_SHARED": str(team), "GKX_JAX_CACHE_REPORT": "1"}
+    cold, _ = run_many(venv, {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "a")})
+    assert [p.name for p in (team / VERSION_DIR).glob("*-gkx-manifest")]
+    fresh_env = {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "b"), "GKX_JAX_CACHE_SHARED_WRITE": "never"}
+    out, err = run_many(venv, fresh_env)
+    assert out["hits"] == out["requests"] == cold["requests"] and report(err)["shared"] == cold["requests"], err
+    assert shared_stats(venv, fresh_env)["prefetched"] > 0
+
+
+def test_a_warm_local_run_asks_the_bucket_for_no_manifest(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
+    """Prefetch begins at the first local miss: a warm local run reads no manifest and writes none."""
+    run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=4)
+    proxy, env = behind(s3, s3_server)
+    try:
+        warm, err = run_many(venv, levels_env(env, s3.bucket, tmp_path / "a"), n=4)
+    finally:
+        proxy.close()
+    assert warm["hits"] == warm["requests"], err
+    assert not [p for _, p in proxy.requests if "-gkx-manifest" in p], proxy.requests
+
+
+def test_manifest_keys_are_entry_names_and_a_signature_is_checked() -> None:
+    from gkx_autocache._shared import prefetch
+
+    good = "jit_f-" + "ab" * 32
+    data = prefetch.encode([(good, 10), ("../x-" + "ab" * 32, 10), ("a/b-" + "ab" * 32, 5), (good + "x", 3)], "p", None)
+    assert prefetch.decode(data, None) == [(good, 10)]
+    signed = prefetch.encode([(good, 10)], "p", b"k")
+    assert prefetch.decode(signed, b"k") == [(good, 10)]
+    for secret, body in ((b"other", signed), (b"k", data)):
+        with pytest.raises(ValueError, match="not signed"):
+            prefetch.decode(body, secret)
+    with pytest.raises(ValueError, match="longer"):
+        prefetch.decode(b" " * prefetch.MANIFEST_LIMIT, None)
+
+
+def test_pytest_xdist_workers_read_their_siblings_manifests(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gkx_autocache._shared import prefetch
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+    label, part, index, count = prefetch.program()
+    assert (part, index, count) == ("gw1", 1, 3) and label.startswith("pytest session")
+    names = {prefetch.manifest_name(label, f"gw{i}") for i in range(3)}
+    assert len(names) == 3 and all(n.endswith("-gkx-manifest") for n in names)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "many")
+    assert prefetch.program()[1:] == ("", 0, 1)
