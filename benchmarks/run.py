@@ -619,6 +619,9 @@ def remote_venvs(work: Path) -> tuple[Path, Path]:
     pythons = []
     for name in ("with-remote", "without-remote"):
         venv = work / name
+        if (venv / "bin" / "python").exists():  # made by an earlier section of this run
+            pythons.append(venv / "bin" / "python")
+            continue
         sh(sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(venv))
         python = venv / "bin" / "python"
         site = sh(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
@@ -797,12 +800,17 @@ def prefetch(work: Path, sizes: tuple[int, ...], delays: tuple[float, ...], runs
                 }
                 times: dict[str, list[float]] = {name: [] for name in configs}
                 hits: dict[str, list[float]] = {name: [] for name in configs}
+                cpu: dict[str, list[float]] = {name: [] for name in configs}
+                server_cpu: dict[str, list[float]] = {name: [] for name in configs}  # moto's, on these same cores
                 try:
                     for i in range(runs[n]):
                         for name, (python, env) in configs.items():
+                            before = cpu_secs(server.pid)
                             seconds, got = run_json(python, code, {**through, **{k: v.format(i=i) for k, v in env.items()}})
+                            server_cpu[name].append(cpu_secs(server.pid) - before)
                             times[name].append(seconds)
                             hits[name].append(got["hits"])
+                            cpu[name].append(got["cpu"])
                     fresh_stats = json.loads(sh(str(with_py), "-m", "gkx_autocache", "--json", "stats", env={
                         **base, "GKX_JAX_CACHE_DIR": str(work / f"pf-fresh-{n}-{delay}-{runs[n] - 1}"),
                         "GKX_JAX_CACHE_SHARED": shared}).stdout)["levels"]["shared"]
@@ -812,7 +820,8 @@ def prefetch(work: Path, sizes: tuple[int, ...], delays: tuple[float, ...], runs
                 results[f"{n} entries, +{delay * 1000:.0f} ms"] = {
                     "entries": out["requests"], "delay_ms": delay * 1000, "cold": cold, "runs": runs[n],
                     **{name: {"median": statistics.median(t), "min": min(t), "max": max(t),
-                              "hits": statistics.median(hits[name])} for name, t in times.items()},
+                              "hits": statistics.median(hits[name]), "cpu": statistics.median(cpu[name]),
+                              "server_cpu": statistics.median(server_cpu[name])} for name, t in times.items()},
                     "fresh / local warm": {"median": statistics.median(per_round), "min": per_round[0], "max": per_round[-1]},
                     "prefetched": fresh_stats["prefetched"], "prefetch_used": fresh_stats["prefetch_used"],
                     "prefetch_wasted_bytes": fresh_stats["prefetch_wasted_bytes"]}

@@ -7,7 +7,9 @@ directory. Speed is the benchmark's (``benchmarks/run.py --only levels``), not a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,7 @@ def test_a_fresh_local_level_fetches_the_last_runs_entries_ahead_in_parallel(
     assert f": {shared['prefetch_used']} prefetched)" in err, err
 
 
+@pytest.mark.once  # the same on every JAX line: the first Python's
 def test_a_changed_program_counts_what_it_fetched_for_nothing(venv: Venv, tmp_path: Path, s3: S3) -> None:
     """Half the program's keys are new since the manifest: the run is right, its new keys compile,
     and the bytes prefetched that it never looked up are counted as wasted, exactly."""
@@ -140,6 +143,7 @@ def shared_line(venv: Venv, env: dict[str, str]) -> str:
     return proc.stdout
 
 
+@pytest.mark.once  # the same on every JAX line: the first Python's
 @pytest.mark.parametrize("case", ["a million keys", "not json", "signed by another key"])
 def test_a_manifest_that_cannot_be_used_costs_no_more_than_no_manifest(venv: Venv, tmp_path: Path, s3: S3,
                                                                        case: str) -> None:
@@ -164,6 +168,7 @@ def test_a_manifest_that_cannot_be_used_costs_no_more_than_no_manifest(venv: Ven
     assert shared_stats(venv, env)["prefetched"] == 0
 
 
+@pytest.mark.once  # the same on every JAX line: the first Python's
 def test_a_signed_manifest_is_used_by_a_reader_with_the_key(venv: Venv, tmp_path: Path, s3: S3) -> None:
     cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a", GKX_JAX_CACHE_SIGNING_KEY=KEY_A), n=6)
     assert "hmac" in read_manifest(s3)
@@ -173,10 +178,17 @@ def test_a_signed_manifest_is_used_by_a_reader_with_the_key(venv: Venv, tmp_path
     assert out["hits"] == cold["requests"] and shared_stats(venv, env)["prefetched"] > 0, err
 
 
-def test_a_tiny_cap_bounds_what_is_prefetched(venv: Venv, tmp_path: Path, s3: S3) -> None:
+@pytest.mark.once  # the same on every JAX line: the first Python's
+@pytest.mark.parametrize("sizes", ["true", "lying"])
+def test_a_tiny_cap_bounds_what_is_prefetched(venv: Venv, tmp_path: Path, s3: S3, sizes: str) -> None:
     """The local level's cap leaves little room: the prefetch lands no more than 90 % of it (the
-    level it prunes to), and the rest is served by lookups as without a prefetch."""
+    level it prunes to), also where the manifest says each entry has 1 byte; the rest is served
+    by lookups as without a prefetch."""
     cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=16)
+    if sizes == "lying":
+        body = read_manifest(s3)
+        body["keys"] = [[k, 1] for k, _ in body["keys"]]
+        planted_manifest(s3, body)
     total = sum(entries(s3, "team").values())
     cap = total // 2
     env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never",
@@ -187,6 +199,7 @@ def test_a_tiny_cap_bounds_what_is_prefetched(venv: Venv, tmp_path: Path, s3: S3
     assert 0 < shared["prefetched_bytes"] + 4096 * shared["prefetched"] <= cap * 0.9, (shared, cap)
 
 
+@pytest.mark.once  # the same on every JAX line: the first Python's
 def test_two_processes_prefetching_into_one_local_level(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
     """Two fresh processes at once into one local level: both right, the level whole, no file left
     half-written, and no entry fetched by both but those in flight at once."""
@@ -230,6 +243,7 @@ def test_a_bucket_that_stalls_during_the_prefetch_costs_one_timeout(venv: Venv, 
     assert elapsed < 45, elapsed  # twelve timeouts would be 60 s
 
 
+@pytest.mark.once  # the same on every JAX line: the first Python's
 def test_a_shared_directory_is_prefetched_too(venv: Venv, tmp_path: Path) -> None:
     """A shared directory (NFS, a baked image): the same manifest, read in parallel."""
     team = tmp_path / "team"
@@ -243,6 +257,7 @@ def test_a_shared_directory_is_prefetched_too(venv: Venv, tmp_path: Path) -> Non
     assert shared_stats(venv, fresh_env)["prefetched"] > 0
 
 
+@pytest.mark.once  # the same on every JAX line: the first Python's
 def test_a_warm_local_run_asks_the_bucket_for_no_manifest(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
     """Prefetch begins at the first local miss: a warm local run reads no manifest and writes none."""
     run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=4)
@@ -268,6 +283,37 @@ def test_manifest_keys_are_entry_names_and_a_signature_is_checked() -> None:
             prefetch.decode(body, secret)
     with pytest.raises(ValueError, match="longer"):
         prefetch.decode(b" " * prefetch.MANIFEST_LIMIT, None)
+    hidden = prefetch.encode([("." + good[1:], 10), (good, 10)], "p", None)
+    assert prefetch.decode(hidden, None) == [(good, 10)]  # a hidden file would be outside the cap and prune
+    with pytest.raises(ValueError, match="another program"):
+        prefetch.decode(data, None, "q")  # copied under another program's name
+    bad_mac = json.loads(signed)
+    bad_mac["hmac"] = "\u00e9" * 64  # compare_digest raises TypeError on a non-ASCII string
+    with pytest.raises(ValueError, match="not signed"):
+        prefetch.decode(json.dumps(bad_mac).encode(), b"k")
+
+
+def test_a_manifest_names_the_program_and_never_shows_its_arguments(tmp_path: Path) -> None:
+    """`python -c` programs are told apart by their code (with combined flags too); arguments that
+    are paths (a Jupyter kernel's connection file) do not make a new manifest each run."""
+    probe = "from gkx_autocache._shared import prefetch; print(prefetch.program()[0])"
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # not a worker's
+
+    def ident(*argv: str, cwd: Path = tmp_path) -> str:
+        return subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=True,
+                              cwd=str(cwd), env=env).stdout.strip()
+
+    first, again, other = ident("-c", probe), ident("-Bc", probe), ident("-c", probe + " ")
+    assert first == again != other and len(first) == 32
+    script = tmp_path / "kernel.py"
+    script.write_text(probe + "\n")
+    assert ident(str(script), "-f", "/run/a-1.json") == ident(str(script), "-f", "/run/b-2.json")
+    assert ident(str(script), "--config", "a") != ident(str(script), "--config", "b")
+    data = subprocess.run([sys.executable, "-c", "from gkx_autocache._shared import prefetch as p; "
+                           "print(p.encode([], p.program()[0], None).decode())", "--secret=hunter2"],
+                          capture_output=True, text=True, check=True, env=env).stdout
+    assert "hunter2" not in data
 
 
 def test_pytest_xdist_workers_read_their_siblings_manifests(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -275,9 +321,9 @@ def test_pytest_xdist_workers_read_their_siblings_manifests(monkeypatch: pytest.
 
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
-    label, part, index, count = prefetch.program()
-    assert (part, index, count) == ("gw1", 1, 3) and label.startswith("pytest session")
-    names = {prefetch.manifest_name(label, f"gw{i}") for i in range(3)}
+    ident, part, index, count = prefetch.program()
+    assert (part, index, count) == ("gw1", 1, 3) and len(ident) == 32
+    names = {prefetch.manifest_name(ident, f"gw{i}") for i in range(3)}
     assert len(names) == 3 and all(n.endswith("-gkx-manifest") for n in names)
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "many")
     assert prefetch.program()[1:] == ("", 0, 1)

@@ -84,6 +84,8 @@ class Store:
         self._path = path  # JAX's VerificationCache reads this attribute
         self._levels = levels  # the shared level behind this one (SPEC §14), asked on a local miss
         self._landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet recorded: key -> (bytes, compile)
+        if levels is not None and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._landed.clear)  # the parent's: it records them
         if levels is not None and writable:
             levels.land = self._land  # a prefetched entry lands as a backfill
             levels.landed_unused = self._record_landed

@@ -155,11 +155,17 @@ class Level:
     def _start_prefetch(self, key: str) -> None:
         """At the first local miss: the local level is not warm for this program, so its manifest
         is worth a request. Also the upload worker of a writer: at exit it takes the manifest
-        (Python 3.12 starts no thread there)."""
+        (Python 3.12 starts no thread there). Never raises: this is JAX's compile path."""
         with self._lock:
             if self._prefetch_tried:
                 return
             self._prefetch_tried = True
+        try:
+            self._begin_prefetch(key)
+        except Exception as exc:  # no thread (RLIMIT_NPROC), the package's files gone: no prefetch
+            logger.debug("no prefetch: %s", describe(exc))
+
+    def _begin_prefetch(self, key: str) -> None:
         if self.off is not None or self._closed:
             return
         if self.writes is None and _jax.process_id() == 0:
@@ -168,15 +174,17 @@ class Level:
         if self.land is None:  # the local level takes no writes: nothing can land
             return
         budget = prefetch.BUDGET
-        if self.cap:
+        if self.cap:  # the room under the cap, shared with the sibling workers of a pytest-xdist session
             from gkx_autocache._record import fold
 
-            budget = min(budget, int(self.cap * fold.PRUNE_TO) - fold.read_summary(self.local_dir).size)
+            room = int(self.cap * fold.PRUNE_TO) - fold.read_summary(self.local_dir).size
+            budget = min(budget, room // prefetch.program()[3])
         if budget <= 0:
             return
-        self._prefetch = prefetch.Prefetch(self, self.land, budget)
-        self._prefetch.asked.add(key)  # this lookup's: fetched by it
-        self._prefetch.start()
+        ahead = prefetch.Prefetch(self, self.land, budget)
+        ahead.asked.add(key)  # this lookup's: fetched by it
+        self._prefetch = ahead
+        ahead.start()
 
     def before_lookup(self, key: str) -> None:
         """A lookup about to read the local level: a prefetch of its key in flight is waited for."""
@@ -260,9 +268,13 @@ class Level:
         """The entry from the shared level (``Found``), why it must not be served (a string), or
         None for a miss. Never raises."""
         ahead = self._prefetch
-        if ahead is not None and (why := ahead.refused.pop(key, None)) is not None:
-            self.count("shared", rejected=1, misses=1)  # the prefetch read it: refused, not read twice
-            return why
+        if ahead is not None:
+            with ahead.lock:  # this lookup's own: never the prefetch's too
+                ahead.asked.add(key)
+                ahead.pending.pop(key, None)
+            if (why := ahead.refused.pop(key, None)) is not None:
+                self.count("shared", rejected=1, misses=1)  # the prefetch read it: refused, not read twice
+                return why
         if self.off is not None or not self._ensure():
             self.count("shared", misses=1)
             return None
@@ -308,7 +320,9 @@ class Level:
             raise Refused("not signed: its signature does not match (another key, or altered)")
         return seal
 
-    def _fetch(self, key: str, progress: Progress) -> Found | None:
+    def _fetch(self, key: str, progress: Progress, most: int | None = None) -> Found | None:
+        """The entry, checked (raises Refused); ``most``: a prefetch's bound, beyond which the entry
+        is left to its lookup (raises TooLarge)."""
         backend = self.backend
         seal: dict[str, Any] | None = None
 
@@ -321,6 +335,8 @@ class Level:
             data = backend.read(key, progress, admit)
             if data is None:
                 return None
+            if most is not None and len(data) > most:
+                raise prefetch.TooLarge(key)
         else:
             raw_seal, data = backend.first(key, progress)
             self.count("shared", requests=2)  # (to a bucket, where each is a round trip's worth)
@@ -338,6 +354,8 @@ class Level:
                               f"({human_bytes(self.max_entry)})")
             if why := head_problem(data):
                 raise Refused(why)
+            if most is not None and size > most:
+                raise prefetch.TooLarge(key)
             data = self._rest(key, data, size, progress)
             if len(data) != size:
                 raise Refused(f"the shared entry sent {len(data)} bytes where {size} were expected (a partial body or a wrong size)")
@@ -465,9 +483,10 @@ class Level:
 
     def _upload_manifest(self, name: str, data: bytes) -> None:
         try:
-            bounded(lambda progress: self.backend.write(name, data), self.timeout)
-        except ShuttingDown:  # at exit: ``finish``'s deadline bounds the worker
-            self.backend.write(name, data)
+            try:
+                bounded(lambda progress: self.backend.write(name, data), self.timeout)
+            except ShuttingDown:  # at exit: ``finish``'s deadline bounds the worker
+                self.backend.write(name, data)
         except Exception as exc:  # at exit, of no use to this run: a debug line
             logger.debug("the manifest %s is not written: %s", name, describe(exc))
             return
@@ -482,8 +501,8 @@ class Level:
         keys = list(self._seen.items())
         if self._prefetch is not None and self._prefetch.own == set(keys):
             return None
-        label, part, _, _ = prefetch.program()
-        return (prefetch.manifest_name(label, part), prefetch.encode(keys, label, self._secret), None, 0.0, False, True)
+        ident, part, _, _ = prefetch.program()
+        return (prefetch.manifest_name(ident, part), prefetch.encode(keys, ident, self._secret), None, 0.0, False, True)
 
     def finish(self, recorder: Any = None) -> None:
         """At exit: what is pending gets one ``shared_timeout`` in all; the rest is dropped,
@@ -491,7 +510,7 @@ class Level:
         started = time.monotonic()
         deadline = started + self.timeout
         if self._prefetch is not None:
-            wasted = self._prefetch.stop()
+            wasted = self._prefetch.stop(min(1.0, self.timeout))
             if wasted:
                 self.count("shared", prefetch_wasted_bytes=wasted)
             if self.landed_unused is not None:

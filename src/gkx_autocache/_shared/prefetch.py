@@ -33,7 +33,7 @@ from typing import Any
 from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import ENTRY_SUFFIX, MANIFEST_SUFFIX, TMP_SUFFIX, key_match
-from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe
+from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
 from gkx_autocache._shared.seal import Refused
 
 WORKERS = 8  # fetches at a time: a 20 ms round trip then costs a lookup 2.5 ms of it
@@ -45,34 +45,56 @@ XDIST_WORKERS = 32  # the most sibling workers' manifests a pytest-xdist worker 
 BLOCK = 4096  # an entry's sidecar and its last block, charged against the room under the cap
 
 
+class TooLarge(Exception):
+    """A prefetch's entry larger than its bounds leave: its lookup reads it."""
+
+
 def program() -> tuple[str, str, int, int]:
     """``(this program, this process's part of it, its index, how many parts)``: a pytest-xdist
     worker is ``gw<n>`` of its session's ``PYTEST_XDIST_WORKER_COUNT``, any other process the one
     part of its program."""
-    from gkx_autocache._record.recorder import label
-
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     try:
         count = min(max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1), XDIST_WORKERS)
         index = int(worker[2:]) if worker.startswith("gw") else 0
     except ValueError:
         worker = ""
-    name = label()
-    if name.startswith("-c"):  # every `python -c` is one label: the code tells them apart
-        orig = list(getattr(sys, "orig_argv", []))
-        code = orig[orig.index("-c") + 1] if "-c" in orig[:-1] else ""
-        name += " " + hashlib.sha256(code.encode(errors="replace")).hexdigest()[:16]
     if not worker or index >= count:
-        return name, "", 0, 1
-    return name, worker, index, count
+        return identity(), "", 0, 1
+    return identity(), worker, index, count
 
 
-def manifest_name(label: str, part: str) -> str:
-    return hashlib.sha256(f"{label}\0{part}".encode()).hexdigest()[:32] + MANIFEST_SUFFIX
+def identity() -> str:
+    """What names this program on every machine, hashed (a manifest never shows its arguments):
+    ``explain``'s name for the run less the arguments that are paths or long (a Jupyter kernel's
+    connection file, a run's output directory: a new name each run), with the working directory's
+    name (a checkout's is the same on a CI runner and a laptop); for ``python -c``, its code."""
+    from gkx_autocache._record.recorder import label
+
+    words = label().split(" ")
+    kept = [w for w in words[1:] if "/" not in w and "\\" not in w and len(w) <= 40]
+    try:
+        here = os.path.basename(os.getcwd())
+    except OSError:
+        here = ""
+    if words[0] == "-c":  # every `python -c` is one label: the code tells them apart
+        orig = [str(a) for a in getattr(sys, "orig_argv", [])]
+        at = next((i for i, a in enumerate(orig[1:-1], 1)
+                   if a == "-c" or (a[:1] == "-" and a[1:2] != "-" and a.endswith("c"))), None)
+        kept.append(_hash(orig[at + 1]) if at is not None else "")
+    return _hash("\0".join([words[0], *kept, here]))
 
 
-def encode(keys: list[tuple[str, int]], label: str, secret: bytes | None) -> bytes:
-    body = {"v": 1, "program": label, "written": round(time.time(), 3), "keys": keys[:MANIFEST_KEYS]}
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode(errors="surrogatepass")).hexdigest()[:32]
+
+
+def manifest_name(program: str, part: str) -> str:
+    return _hash(f"{program}\0{part}") + MANIFEST_SUFFIX
+
+
+def encode(keys: list[tuple[str, int]], program: str, secret: bytes | None) -> bytes:
+    body = {"v": 1, "program": program, "written": round(time.time(), 3), "keys": keys[:MANIFEST_KEYS]}
     if secret is not None:
         body["hmac"] = _mac(secret, body)
     return json.dumps(body, separators=(",", ":")).encode()
@@ -83,20 +105,26 @@ def _mac(secret: bytes, body: dict[str, Any]) -> str:
     return hmac.new(secret, json.dumps(signed, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256).hexdigest()
 
 
-def decode(data: bytes, secret: bytes | None) -> list[tuple[str, int]]:
-    """A manifest's keys, those that name an entry (no path, no separator); raises ValueError for
-    one that is not a manifest, too long, or (with a signing key) not signed by it."""
+def decode(data: bytes, secret: bytes | None, program: str | None = None) -> list[tuple[str, int]]:
+    """A manifest's keys, those that name an entry (no path, no separator, not hidden); raises
+    ValueError for one that is not a manifest (of ``program``, where given), too long, or (with a
+    signing key) not signed by it."""
     if len(data) >= MANIFEST_LIMIT:
         raise ValueError(f"longer than {MANIFEST_LIMIT >> 20} MiB")
     body = json.loads(data)
     if not isinstance(body, dict) or body.get("v") != 1 or not isinstance(body.get("keys"), list):
         raise ValueError("not a manifest")
-    if secret is not None and not hmac.compare_digest(str(body.get("hmac") or ""), _mac(secret, body)):
-        raise ValueError("not signed")
+    if program is not None and body.get("program") != program:
+        raise ValueError("another program's manifest")
+    if secret is not None:
+        said = body.get("hmac")
+        if not isinstance(said, str) or not said.isascii() or not hmac.compare_digest(said, _mac(secret, body)):
+            raise ValueError("not signed")
     keys = []
     for item in body["keys"][:MANIFEST_KEYS]:
         if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)
-                and item[1] > 0 and (match := key_match(item[0] + ENTRY_SUFFIX)) and match[0] == item[0]):
+                and item[1] > 0 and not item[0].startswith(".")
+                and (match := key_match(item[0] + ENTRY_SUFFIX)) and match[0] == item[0]):
             keys.append((item[0], item[1]))
     return keys
 
@@ -139,11 +167,15 @@ class Prefetch:
                 return
             local = level.local_dir
             listing = level._listing
+            wanted = []  # (filtered outside the lock: a lookup never waits on these stats)
+            for key, size in keys:
+                listed = listing.get(key + ENTRY_SUFFIX) if listing is not None else size
+                if listed and not os.path.exists(os.path.join(local, key + ENTRY_SUFFIX)):
+                    wanted.append((key, min(size, listed) if listing is None else listed))  # the listing's size, where it has one
             with self.lock:
-                for key, size in keys:
-                    if key not in self.pending and key not in self.asked and (listing is None or key + ENTRY_SUFFIX in listing) \
-                            and not os.path.exists(os.path.join(local, key + ENTRY_SUFFIX)):
-                        self.pending[key] = size
+                for key, size in wanted:
+                    if key not in self.asked:
+                        self.pending.setdefault(key, size)
             logger.debug("prefetch: %d of the manifest's %d entries to fetch", len(self.pending), len(keys))
             workers = [threading.Thread(target=self._work, name="gkx-autocache-prefetch", daemon=True)
                        for _ in range(min(WORKERS, len(self.pending)))]
@@ -156,29 +188,28 @@ class Prefetch:
         """The keys of this program's manifests (a pytest-xdist worker reads its siblings' too),
         each key once, a worker's siblings' rotated so that workers begin at different places."""
         level = self.level
-        label, part, index, count = program()
+        ident, part, index, count = program()
         parts = [part] if count == 1 else [f"gw{i}" for i in range(count)]
         merged: dict[str, int] = {}
         listing = level._listing
         for name_part in parts:
-            name = manifest_name(label, name_part)
+            name = manifest_name(ident, name_part)
             if listing is not None and name not in listing:
                 continue  # the listing answers: no request
             try:
                 data = bounded(functools.partial(self._small, name), level.timeout)
                 level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
-                keys = decode(data, level._secret) if data else []
             except ShuttingDown:
                 return []
-            except Stalled as exc:
-                level.turn_off(str(exc), timed_out=True)
-                return []
-            except (ValueError, RecursionError, Refused) as exc:
-                logger.debug("the manifest %s is not used: %s", name, exc)
-                continue
             except Exception as exc:
-                level.turn_off(describe(exc))
-                return []
+                if self._failed(exc):
+                    return []
+                continue
+            try:
+                keys = decode(data, level._secret, ident) if data else []
+            except Exception as exc:  # a hint: whatever is wrong with it, it is not used, and nothing else is wrong
+                logger.debug("the manifest %s is not used: %s", name, describe(exc))
+                continue
             if name_part == part:
                 self.own = set(keys)
             for key, size in keys:
@@ -188,6 +219,20 @@ class Prefetch:
             start = index * len(keys) // count
             keys = keys[start:] + keys[:start]
         return keys
+
+    def _failed(self, exc: BaseException) -> bool:
+        """An error of a prefetch's request: a stall or a refused connection is the level's (it
+        turns off, as for a lookup: whether ``True``); any other (an object's 403, one deleted
+        meanwhile) is that object's, and what is left goes to the lookups."""
+        if isinstance(exc, Stalled):
+            self.level.turn_off(str(exc), timed_out=True)
+            return True
+        if refused(exc):
+            self.level.turn_off(describe(exc))
+            return True
+        logger.debug("prefetch stopped: %s", describe(exc))
+        self.stopped = True
+        return False
 
     def _small(self, name: str, progress: Any) -> bytes:
         data: bytes = self.level.backend.small(name, MANIFEST_LIMIT)
@@ -216,17 +261,19 @@ class Prefetch:
         while (taken := self._next()) is not None:
             key, size, event = taken
             try:
-                self._one(key)
+                self._one(key, size)
             except Exception as exc:  # pragma: no cover - _one turns errors into the level's state
                 logger.debug("prefetch of %s stopped: %s", key, exc)
             finally:
                 with self.lock:
                     self.flight.pop(key, None)
                     self.holding -= size
+                    if key not in self.landed:
+                        self.spent -= size + BLOCK  # nothing landed: nothing spent
                     self.room.notify_all()
                 event.set()
 
-    def _one(self, key: str) -> None:
+    def _one(self, key: str, size: int) -> None:
         level = self.level
         if os.path.exists(os.path.join(level.local_dir, key + ENTRY_SUFFIX)):
             return  # landed by another process meanwhile
@@ -234,26 +281,29 @@ class Prefetch:
         if not _files.claim(level.local_dir, claim, stale=2 * level.timeout):
             return  # another process prefetches it now: left to it, or to this one's lookup
         try:
-            self._fetch_and_land(key)
+            self._fetch_and_land(key, size)
         finally:
             _files.unclaim(level.local_dir, claim)
 
-    def _fetch_and_land(self, key: str) -> None:
+    def _fetch_and_land(self, key: str, size: int) -> None:
+        """``size``, the manifest's (or the listing's), is charged already; the entry may be larger
+        (a stale manifest, or one that lies) by what the budget and the bytes in flight leave."""
         level = self.level
         started = time.perf_counter()
+        with self.lock:
+            most = min(self.budget - self.spent, IN_FLIGHT - self.holding) + size
         try:
-            found = bounded(lambda progress: level._fetch(key, progress), level.timeout)
+            found = bounded(lambda progress: level._fetch(key, progress, most), level.timeout)
         except ShuttingDown:
             self.stopped = True
             return
         except Refused as exc:
             self.refused[key] = str(exc)
             return
-        except Stalled as exc:
-            level.turn_off(str(exc), timed_out=True)
-            return
+        except TooLarge:
+            return  # more than the budget leaves: its lookup reads it
         except Exception as exc:
-            level.turn_off(describe(exc))
+            self._failed(exc)
             return
         if found is None:
             return
@@ -264,16 +314,18 @@ class Prefetch:
             self.landing += 1
         try:
             landed, why = self.land(key, found)
+            if landed:  # (before ``landing`` falls: ``stop`` counts it)
+                with self.lock:
+                    self.spent += len(found.data) - size
+                self.landed[key] = (len(found.data), time.time())
+                level.count("shared", prefetched=1, prefetched_bytes=len(found.data), backfills=1)
+            elif why is not None:
+                self.refused[key] = why
+            else:  # the local level takes no more (disk full): what is left goes to its lookups
+                self.stopped = True
         finally:
             with self.lock:
                 self.landing -= 1
-        if landed:
-            self.landed[key] = (len(found.data), time.time())
-            level.count("shared", prefetched=1, prefetched_bytes=len(found.data), backfills=1)
-        elif why is not None:
-            self.refused[key] = why
-        else:  # the local level takes no more (disk full): what is left goes to its lookups
-            self.stopped = True
 
     def wait(self, key: str) -> None:
         """Before a lookup reads the local level: wait for this key's fetch if it is in flight; if
@@ -284,7 +336,8 @@ class Prefetch:
             if event is None:
                 self.pending.pop(key, None)
                 return
-        event.wait()
+        while not event.wait(0.05) and self.level.off is None:  # an off level releases its waiters at once
+            pass
 
     def used(self, key: str) -> bool:
         """Whether a local hit on ``key`` is a prefetched entry's first use."""
