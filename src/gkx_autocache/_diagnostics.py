@@ -106,3 +106,17 @@ def one_line(message: str) -> str:
     """``message`` with its control characters escaped: a path or value from outside (a newline in
     an environment variable) must not break a warning or an error into several lines."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
+def label() -> str:
+    """What this process is, for `explain`'s runs and a shared level's manifests: the script (or
+    ``-c``, the module run with ``-m``: ``pytest -q``, not its ``__main__.py``); a pytest-xdist
+    worker (``python -c``) is its session's."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return "pytest session (pytest-xdist workers)"
+    argv = sys.argv or [""]
+    script = os.path.basename(argv[0]) if argv[0] not in ("", "-c") else argv[0] or "python"
+    orig = list(getattr(sys, "orig_argv", []))
+    if script == "__main__.py" and "-m" in orig[1:]:
+        script = orig[orig.index("-m", 1) + 1] if orig.index("-m", 1) + 1 < len(orig) else script
+    return " ".join([script, *argv[1:3]])[:120]

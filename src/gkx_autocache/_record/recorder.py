@@ -16,7 +16,7 @@ import time
 from typing import Any, NamedTuple
 
 from gkx_autocache import _files
-from gkx_autocache._diagnostics import logger, warn
+from gkx_autocache._diagnostics import label, logger, warn
 from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX
 from gkx_autocache._record import ledger as _ledger
 
@@ -399,20 +399,6 @@ class Recorder:
                 "levels": self.levels.snapshot() if self.levels is not None else {},
                 "shared": ({"url": self.levels.url, "signed": self.levels._secret is not None}
                            if self.levels is not None else None)}
-
-
-def label() -> str:
-    """What this process is, for `explain`'s runs: the script (or ``-c``, the module run with
-    ``-m``: ``pytest -q``, not its ``__main__.py``); a pytest-xdist worker (``python -c``) is its
-    session's."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return "pytest session (pytest-xdist workers)"
-    argv = sys.argv or [""]
-    script = os.path.basename(argv[0]) if argv[0] not in ("", "-c") else argv[0] or "python"
-    orig = list(getattr(sys, "orig_argv", []))
-    if script == "__main__.py" and "-m" in orig[1:]:
-        script = orig[orig.index("-m", 1) + 1] if orig.index("-m", 1) + 1 < len(orig) else script
-    return " ".join([script, *argv[1:3]])[:120]
 
 
 recorder: Recorder | None = None

@@ -161,30 +161,9 @@ class Level:
                 return
             self._prefetch_tried = True
         try:
-            self._begin_prefetch(key)
+            prefetch.begin(self, key)
         except Exception as exc:  # no thread (RLIMIT_NPROC), the package's files gone: no prefetch
             logger.debug("no prefetch: %s", describe(exc))
-
-    def _begin_prefetch(self, key: str) -> None:
-        if self.off is not None or self._closed:
-            return
-        if self.writes is None and _jax.process_id() == 0:
-            with self._lock:
-                self._start_worker()
-        if self.land is None:  # the local level takes no writes: nothing can land
-            return
-        budget = prefetch.BUDGET
-        if self.cap:  # the room under the cap, shared with the sibling workers of a pytest-xdist session
-            from gkx_autocache._record import fold
-
-            room = int(self.cap * fold.PRUNE_TO) - fold.read_summary(self.local_dir).size
-            budget = min(budget, room // prefetch.program()[3])
-        if budget <= 0:
-            return
-        ahead = prefetch.Prefetch(self, self.land, budget)
-        ahead.asked.add(key)  # this lookup's: fetched by it
-        self._prefetch = ahead
-        ahead.start()
 
     def before_lookup(self, key: str) -> None:
         """A lookup about to read the local level: a prefetch of its key in flight is waited for."""
@@ -441,7 +420,7 @@ class Level:
     def _upload(self, item: Item) -> None:
         key, data, compile_secs, written, check, manifest = item
         if manifest:
-            self._upload_manifest(key, data)
+            prefetch.upload_manifest(self, key, data)
             return
         if check and not self._healing:
             return
@@ -481,29 +460,6 @@ class Level:
         if listing is not None:
             listing[key + ENTRY_SUFFIX] = len(data)
 
-    def _upload_manifest(self, name: str, data: bytes) -> None:
-        try:
-            try:
-                bounded(lambda progress: self.backend.write(name, data), self.timeout)
-            except ShuttingDown:  # at exit: ``finish``'s deadline bounds the worker
-                self.backend.write(name, data)
-        except Exception as exc:  # at exit, of no use to this run: a debug line
-            logger.debug("the manifest %s is not written: %s", name, describe(exc))
-            return
-        self.count("shared", requests=1 if self.backend.kind == "bucket" else 0)
-
-    def _manifest(self) -> Item | None:
-        """At exit, a writer's run that missed locally: its manifest for the next fresh runs of this
-        program, unless the one it read holds the same keys."""
-        if (self.writes is not None or self.off is not None or not self._seen or _jax.process_id() != 0
-                or not self.counts["local"]["misses"] or self._worker is None or self._forked_child):
-            return None
-        keys = list(self._seen.items())
-        if self._prefetch is not None and self._prefetch.own == set(keys):
-            return None
-        ident, part, _, _ = prefetch.program()
-        return (prefetch.manifest_name(ident, part), prefetch.encode(keys, ident, self._secret), None, 0.0, False, True)
-
     def finish(self, recorder: Any = None) -> None:
         """At exit: what is pending gets one ``shared_timeout`` in all; the rest is dropped,
         counted, with one warning. Then both levels' numbers go to the ledger."""
@@ -516,7 +472,7 @@ class Level:
             if self.landed_unused is not None:
                 self.landed_unused()
         try:
-            manifest = self._manifest()
+            manifest = prefetch.manifest_item(self)
         except Exception as exc:  # pragma: no cover - never costs the exit
             logger.debug("no manifest: %s", exc)
             manifest = None

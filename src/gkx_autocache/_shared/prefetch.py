@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gkx_autocache import _files
-from gkx_autocache._diagnostics import logger
+from gkx_autocache import _files, _jax
+from gkx_autocache._diagnostics import label, logger
 from gkx_autocache._layout import ENTRY_SUFFIX, MANIFEST_SUFFIX, TMP_SUFFIX, key_match
 from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
 from gkx_autocache._shared.seal import Refused
@@ -69,8 +69,6 @@ def identity() -> str:
     ``explain``'s name for the run less the arguments that are paths or long (a Jupyter kernel's
     connection file, a run's output directory: a new name each run), with the working directory's
     name (a checkout's is the same on a CI runner and a laptop); for ``python -c``, its code."""
-    from gkx_autocache._record.recorder import label
-
     words = label().split(" ")
     kept = [w for w in words[1:] if "/" not in w and "\\" not in w and len(w) <= 40]
     try:
@@ -127,6 +125,56 @@ def decode(data: bytes, secret: bytes | None, program: str | None = None) -> lis
                 and (match := key_match(item[0] + ENTRY_SUFFIX)) and match[0] == item[0]):
             keys.append((item[0], item[1]))
     return keys
+
+
+def begin(level: Any, key: str) -> None:
+    """At ``level``'s first local miss (``key``'s): the upload worker of a writer (at exit it takes
+    the manifest; Python 3.12 starts no thread there), and the prefetch where entries can land."""
+    if level.off is not None or level._closed:
+        return
+    if level.writes is None and _jax.process_id() == 0:
+        with level._lock:
+            level._start_worker()
+    if level.land is None:  # the local level takes no writes: nothing can land
+        return
+    budget = BUDGET
+    if level.cap:  # the room under the cap, shared with the sibling workers of a pytest-xdist session
+        from gkx_autocache._record import fold
+
+        room = int(level.cap * fold.PRUNE_TO) - fold.read_summary(level.local_dir).size
+        budget = min(budget, room // program()[3])
+    if budget <= 0:
+        return
+    ahead = Prefetch(level, level.land, budget)
+    ahead.asked.add(key)  # this lookup's: fetched by it
+    level._prefetch = ahead
+    ahead.start()
+
+
+def manifest_item(level: Any) -> tuple[str, bytes, None, float, bool, bool] | None:
+    """At exit, a writer's run that missed locally: its manifest as an upload queue's item, for
+    the next fresh runs of this program, unless the one it read holds the same keys."""
+    if (level.writes is not None or level.off is not None or not level._seen or _jax.process_id() != 0
+            or not level.counts["local"]["misses"] or level._worker is None or level._forked_child):
+        return None
+    keys = list(level._seen.items())
+    if level._prefetch is not None and level._prefetch.own == set(keys):
+        return None
+    ident, part, _, _ = program()
+    return (manifest_name(ident, part), encode(keys, ident, level._secret), None, 0.0, False, True)
+
+
+def upload_manifest(level: Any, name: str, data: bytes) -> None:
+    """The upload worker's, at exit: one write, bounded like an upload; a failure is a debug line."""
+    try:
+        try:
+            bounded(lambda progress: level.backend.write(name, data), level.timeout)
+        except ShuttingDown:  # at exit: ``finish``'s deadline bounds the worker
+            level.backend.write(name, data)
+    except Exception as exc:  # of no use to this run
+        logger.debug("the manifest %s is not written: %s", name, describe(exc))
+        return
+    level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
 
 
 class Prefetch:
