@@ -104,7 +104,7 @@ class Proxy(_Listening):
     and closes the connection; ``short`` says and sends 10 bytes fewer; ``long`` sends 10 bytes
     more than the object has; ``lie`` sends other bytes of the same length; ``norange`` strips the
     ``Range`` header from every request, so a ranged read gets the whole object (200), as from an
-    endpoint that ignores ``Range``; ``hang`` never answers a read of an entry. ``delay`` seconds
+    endpoint that ignores ``Range``; ``hang`` never answers a read of an entry or a pack. ``delay`` seconds
     before each request is forwarded. ``requests`` lists ``(method, path)`` as they come; ``peak``
     is the most requests it held at once."""
 
@@ -148,7 +148,7 @@ class Proxy(_Listening):
                     client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                     head = _replace_header(head[:-4], "Expect", None) + b"\r\n\r\n"
                 body = _body(client, inbound, fields, bodyless=False)
-                if self.mode == "hang" and method == "GET" and path.split("?")[0].endswith("-cache"):
+                if self.mode == "hang" and method == "GET" and path.split("?")[0].endswith(("-cache", "-gkx-pack")):
                     self._closed.wait()  # an entry read never answered, until the proxy closes
                     return
                 if self.mode == "norange":

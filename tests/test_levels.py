@@ -56,6 +56,15 @@ def entries(s3: S3, prefix: str) -> dict[str, int]:
     return {k[len(under):]: n for k, n in s3.objects(under).items() if "/" not in k[len(under):] and k.endswith("-cache")}
 
 
+def drop_packs(s3: S3, prefix: str = "team") -> int:
+    """Delete the packs under ``prefix`` (a writer's, at exit): a test of each entry's own reads
+    then reads them, not the sound copies a pack holds; how many there were."""
+    packs = [k for k in s3.objects(f"{prefix}/{VERSION_DIR}/") if k.endswith("-gkx-pack")]
+    for key in packs:
+        s3.client().delete_object(Bucket=s3.bucket, Key=key)
+    return len(packs)
+
+
 def local_entries(local: Path) -> set[str]:
     vdir = local / VERSION_DIR
     return {p.name for p in vdir.glob("*-cache")} if vdir.is_dir() else set()
@@ -293,10 +302,10 @@ def test_a_fork_with_uploads_in_flight(venv: Venv, tmp_path: Path, s3: S3, s3_se
     client = s3.client()
     uploaded = entries(s3, "team")
     assert len(uploaded) >= 8
-    puts = [p for m, p in proxy.requests if m == "PUT" and not p.endswith("-gkx-manifest")]
+    puts = [p for m, p in proxy.requests if m == "PUT" and not p.endswith(("-gkx-manifest", "-gkx-pack"))]
     assert len(puts) == len(set(puts)) == 2 * len(uploaded), puts  # each seal and entry once
-    manifests = [p for m, p in proxy.requests if m == "PUT" and p.endswith("-gkx-manifest")]
-    assert len(manifests) == 1, manifests  # the parent's: a forked child's run is part of its parent's
+    manifests = [p for m, p in proxy.requests if m == "PUT" and p.endswith(("-gkx-manifest", "-gkx-pack"))]
+    assert len(manifests) == 2, manifests  # the parent's and its pack: a forked child's run is part of its parent's
     for name in uploaded:
         key = name.removesuffix("-cache")
         body = client.get_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}")["Body"].read()
@@ -323,13 +332,14 @@ def through_a_proxy(venv: Venv, s3: S3, s3_server: str, local: Path) -> tuple[di
 def test_a_cold_run_against_an_empty_bucket_lists_once(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
     """A cold run against a live, empty bucket asks it one listing, not a read per miss (nor its
     manifest: the listing says there is none); its only other requests are the uploads (a seal and
-    an entry each) and, at exit, its manifest for the next fresh machine."""
+    an entry each) and, at exit, its manifest and pack for the next fresh machine."""
     out, err, requests = through_a_proxy(venv, s3, s3_server, tmp_path / "a")
     gets = [(m, p) for m, p in requests if m in ("GET", "HEAD")]
-    puts = [p for m, p in requests if m == "PUT" and not p.endswith("-gkx-manifest")]
+    puts = [p for m, p in requests if m == "PUT" and not p.endswith(("-gkx-manifest", "-gkx-pack"))]
     manifests = [p for m, p in requests if m == "PUT" and p.endswith("-gkx-manifest")]
+    packs = [p for m, p in requests if m == "PUT" and p.endswith("-gkx-pack")]
     assert len(gets) == 1 and "list-type=2" in gets[0][1], requests
-    assert len(puts) == 2 * out["requests"] and out["hits"] == 0 and len(manifests) == 1, requests
+    assert len(puts) == 2 * out["requests"] and out["hits"] == 0 and len(manifests) == len(packs) == 1, requests
 
 
 @pytest.mark.parametrize("mode", ["truncate", "short", "long", "lie"])
@@ -338,6 +348,7 @@ def test_a_bucket_that_lies_never_gets_an_entry_loaded(venv: Venv, tmp_path: Pat
     """A bucket that cuts bodies short, says a smaller or larger size than it sends, or sends other
     bytes: no entry it serves is loaded; the run finishes with the right result."""
     cold, _ = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "w"))
+    assert drop_packs(s3) == 1  # each entry's own reads (a pack's lies: test_prefetch)
     proxy = Proxy(int(s3_server.rsplit(":", 1)[1]), mode=mode)
     try:
         env = levels_env({**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}, s3.bucket, tmp_path / "r")
@@ -361,6 +372,7 @@ def test_planted_objects_that_do_not_match_their_seal_are_never_loaded(venv: Ven
     spoiled = [bodies[names[1]], bodies[names[0]][: len(bodies[names[0]]) // 2]] + [bodies[n] + b"\0" for n in names[2:]]
     for name, body in zip(names, spoiled, strict=True):
         client.put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}", Body=body)
+    assert drop_packs(s3) == 1  # its sound copies would be served: each entry's own reads are tested here
     env = levels_env(s3.env, s3.bucket, tmp_path / "r")
     out, err = run_program(venv, env=env)
     assert out["hits"] == 0 and out["result"] == cold["result"] and not autocache_warnings(err), err
@@ -455,7 +467,7 @@ def test_prune_and_clear_shared_act_on_the_bucket(venv: Venv, tmp_path: Path, s3
     assert len(local_entries(tmp_path / "a")) == cold["requests"]
     run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
     cleared = json.loads(venv.cli("--json", "clear", "--shared", "--yes", env=env).stdout)
-    left = {k for k in s3.objects() if not k.endswith("-gkx-manifest")}  # a manifest's stale keys cost a listing nothing
+    left = {k for k in s3.objects() if not k.endswith(("-gkx-manifest", "-gkx-pack"))}  # their records need listed entries
     assert cleared["entries"] == cold["requests"] and left == {f"team/{VERSION_DIR}/notes.txt"}
     assert len(local_entries(tmp_path / "a")) == cold["requests"]
     assert venv.cli("clear", "--shared", "--yes", env={"GKX_JAX_CACHE_DIR": str(tmp_path / "a")}).returncode == 1
@@ -868,6 +880,7 @@ def test_an_endpoint_that_ignores_range_never_has_a_whole_object_read(venv: Venv
     cold, _ = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "w"))
     name = sorted(entries(s3, "team"))[0]
     s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}", Body=bytes(PLANTED))
+    assert drop_packs(s3) == 1  # (its sound copy of the entry would be served)
     baseline, _ = run_program(venv, env={**s3.env, "GKX_JAX_CACHE_DIR": str(tmp_path / "plain")}, program=PEAK)
     proxy = Proxy(int(s3_server.rsplit(":", 1)[1]), mode="norange")
     try:

@@ -18,7 +18,7 @@ import pytest
 from conftest import COUNTING, S3, Venv, run_program
 from hostile import Proxy
 from test_activation import VERSION_DIR
-from test_levels import KEY_A, KEY_B, autocache_warnings, entries, levels_env, local_entries, report
+from test_levels import KEY_A, KEY_B, autocache_warnings, drop_packs, entries, levels_env, local_entries, report
 
 # N jitted functions, each its own entry; MANY_SHIFT changes the odd ones (half the keys new).
 MANY = r"""
@@ -57,14 +57,38 @@ def behind(s3: S3, s3_server: str, **kwargs: Any) -> tuple[Proxy, dict[str, str]
     return proxy, {**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}
 
 
-def test_a_fresh_local_level_fetches_the_last_runs_entries_ahead_in_parallel(
-        venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
-    """A writer's cold run leaves its manifest beside its entries; a fresh local level then gets
-    them ahead of its lookups, several requests at once, each entry read once, every prefetched
-    entry used and none wasted; the report line says how many were prefetched."""
+def pack_of(s3: S3) -> tuple[str, list[tuple[str, bytes, bytes]]]:
+    """The bucket's one pack: its object's name and its records, ``(key, seal, entry)``."""
+    from gkx_autocache._shared import pack
+
+    (name,) = [k for k in s3.objects(f"team/{VERSION_DIR}/") if k.endswith("-gkx-pack")]
+    data = s3.client().get_object(Bucket=s3.bucket, Key=name)["Body"].read()
+    at = [0]
+
+    def take(n: int) -> bytes:
+        at[0] += n
+        return bytes(data[at[0] - n:at[0]])
+
+    reader, records = pack.Reader(take, lambda: None), []
+    while (record := reader.next(1 << 30)) is not None:
+        records.append((record[0], record[1], reader.body(record[2])))
+    return name, records
+
+
+@pytest.mark.parametrize("packed", ["from its pack", "entry by entry"])
+def test_a_fresh_local_level_fetches_the_last_runs_entries_ahead(
+        venv: Venv, tmp_path: Path, s3: S3, s3_server: str, packed: str) -> None:
+    """A writer's cold run leaves its manifest and its pack beside its entries; a fresh local level
+    then gets them ahead of its lookups: from the pack, one request, or (the pack gone: dropped at
+    a writer's exit, or a bucket that cannot stream one) several requests at once. Each entry is
+    read once, every prefetched entry used and none wasted; the report line says how many were
+    prefetched."""
     cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
     uploaded = entries(s3, "team")
     assert len(manifests(s3)) == 1 and len(uploaded) == cold["requests"] >= 12
+    assert sorted(key + "-cache" for key, _, _ in pack_of(s3)[1]) == sorted(uploaded)
+    if packed == "entry by entry":
+        drop_packs(s3)
 
     proxy, env = behind(s3, s3_server, delay=0.05)
     try:
@@ -75,8 +99,12 @@ def test_a_fresh_local_level_fetches_the_last_runs_entries_ahead_in_parallel(
     assert report(err)["shared"] == cold["requests"] and not autocache_warnings(err), err
     assert local_entries(tmp_path / "b") == set(uploaded)
     reads = [p.split("?")[0] for m, p in proxy.requests if m == "GET" and p.split("?")[0].endswith("-cache")]
-    assert len(reads) == len(set(reads)) == len(uploaded), reads  # each entry read once: prefetch or lookup
-    assert proxy.peak >= 4, proxy.peak  # in parallel, not one after another
+    packs = [p for m, p in proxy.requests if m == "GET" and p.split("?")[0].endswith("-gkx-pack")]
+    if packed == "entry by entry":
+        assert len(reads) == len(set(reads)) == len(uploaded), reads  # each entry read once: prefetch or lookup
+        assert proxy.peak >= 4 and not packs, proxy.peak  # in parallel, not one after another
+    else:  # the first lookups, before the pack arrives, read their own
+        assert len(packs) == 1 and len(reads) == len(set(reads)) < len(uploaded) // 2, (packs, reads)
     shared = shared_stats(venv, levels_env(s3.env, s3.bucket, tmp_path / "b"))
     assert cold["requests"] // 2 <= shared["prefetched"] == shared["prefetch_used"], shared
     assert shared["prefetch_wasted_bytes"] == 0 and shared["backfills"] == cold["requests"], shared
@@ -119,6 +147,8 @@ def test_a_hostile_bucket_never_lands_a_byte_its_seal_refused(venv: Venv, tmp_pa
     """A manifest naming paths outside the level and an entry whose bytes do not match its seal: no
     file lands outside the version directory, the planted bytes never land in it, the lookup of
     that key is a rejected miss, and the run is right."""
+    from gkx_autocache._shared import pack
+
     cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=6)
     body = read_manifest(s3)
     victim = body["keys"][-1][0]
@@ -126,6 +156,10 @@ def test_a_hostile_bucket_never_lands_a_byte_its_seal_refused(venv: Venv, tmp_pa
     where = f"team/{VERSION_DIR}/{victim}-cache"
     planted = bytes(b ^ 0x5A for b in client.get_object(Bucket=s3.bucket, Key=where)["Body"].read())
     client.put_object(Bucket=s3.bucket, Key=where, Body=planted)
+    name, records = pack_of(s3)  # the pack's copy too, and a record of a key the manifest does not name
+    extra = "jit_planted-" + "ab" * 32
+    records = [(k, seal, planted if k == victim else data) for k, seal, data in records] + [(extra, records[0][1], planted)]
+    client.put_object(Bucket=s3.bucket, Key=name, Body=pack.build(records)[0])
     body["keys"] = [["../../../escaped-0000000000000000000000000000000000000000000000000000000000000000", 10],
                     ["/abs-0000000000000000000000000000000000000000000000000000000000000000", 10], *body["keys"]]
     planted_manifest(s3, body)
@@ -134,7 +168,67 @@ def test_a_hostile_bucket_never_lands_a_byte_its_seal_refused(venv: Venv, tmp_pa
     local = tmp_path / "b" / VERSION_DIR / f"{victim}-cache"
     assert not local.exists() or local.read_bytes() != planted
     assert not list(tmp_path.rglob("*escaped*")) and not Path("/abs-" + "0" * 64 + "-cache").exists()
+    assert not (tmp_path / "b" / VERSION_DIR / f"{extra}-cache").exists()
     assert "1 rejected" in shared_line(venv, levels_env(s3.env, s3.bucket, tmp_path / "b")), err
+
+
+@pytest.mark.parametrize("fault", ["cut short", "an impossible size", "not a pack", "another entry's seal"])
+def test_a_pack_that_cannot_be_read_on_leaves_its_entries_to_their_own_reads(venv: Venv, tmp_path: Path, s3: S3,
+                                                                              fault: str) -> None:
+    """A pack cut in the middle of an entry, one whose record claims 2**60 bytes, one that is not a
+    pack, or one whose first record carries its neighbour's seal: what it does not give is read
+    entry by entry. Every lookup hits, every entry landed is the bucket's own, nothing is said."""
+    from gkx_autocache._shared import pack
+
+    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    name, records = pack_of(s3)
+    half = len(records) // 2
+    if fault == "cut short":
+        body = pack.build(records)[0][:-len(records[-1][2]) * half // 2]
+    elif fault == "an impossible size":
+        key, seal, data = records[half]
+        body = pack.build(records[:half])[0] + pack.HEAD.pack(len(key), len(seal), 1 << 60) + key.encode() + seal + data
+    elif fault == "not a pack":
+        body = b"\0" * 4096
+    else:
+        body = pack.build([(records[0][0], records[1][1], records[0][2]), *records[1:]])[0]
+    s3.client().put_object(Bucket=s3.bucket, Key=name, Body=body)
+    env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never")
+    out, err = run_many(venv, env)
+    assert out["hits"] == out["requests"] == cold["requests"] and out["result"] == cold["result"], err
+    assert not autocache_warnings(err), err
+    client = s3.client()
+    for entry in local_entries(tmp_path / "b"):
+        sound = client.get_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{entry}")["Body"].read()
+        assert (tmp_path / "b" / VERSION_DIR / entry).read_bytes() == sound, entry
+
+
+def test_a_pack_holds_its_records_in_order_up_to_its_limit() -> None:
+    from gkx_autocache._shared import pack
+
+    records = [(f"jit_f{i}-{i:064x}", b'{"k":1}', bytes([i + 1]) * 100) for i in range(5)]
+    one = pack.HEAD.size + len(records[0][0]) + 7 + 100
+    data, keys = pack.build(records, limit=len(pack.MAGIC) + 3 * one)
+    assert keys == [key for key, _, _ in records[:3]] and len(data) == len(pack.MAGIC) + 3 * one
+    at = [0]
+
+    def take(n: int) -> bytes:
+        at[0] += n
+        return data[at[0] - n:at[0]]
+
+    ticks: list[int] = []
+    reader = pack.Reader(take, lambda: ticks.append(1))
+    back = []
+    while (record := reader.next(1000)) is not None:
+        back.append((record[0], record[1], reader.body(record[2])))
+    assert back == records[:3] and len(ticks) == 3
+    for planted in (b"GKXPACK0", pack.MAGIC + pack.HEAD.pack(5, 7, 100) + b"../x/{}",
+                    pack.MAGIC + pack.HEAD.pack(71, 7, 1001) + records[0][0].encode(), data[:-1]):
+        data, at[0] = planted, 0
+        with pytest.raises(pack.Malformed):  # not a pack; a key that names no entry; too large; cut short
+            reader = pack.Reader(take, lambda: None)
+            while (record := reader.next(1000)) is not None:
+                reader.body(record[2])
 
 
 def shared_line(venv: Venv, env: dict[str, str]) -> str:
@@ -275,16 +369,16 @@ def test_manifest_keys_are_entry_names_and_a_signature_is_checked() -> None:
 
     good = "jit_f-" + "ab" * 32
     data = prefetch.encode([(good, 10), ("../x-" + "ab" * 32, 10), ("a/b-" + "ab" * 32, 5), (good + "x", 3)], "p", None)
-    assert prefetch.decode(data, None) == [(good, 10)]
-    signed = prefetch.encode([(good, 10)], "p", b"k")
-    assert prefetch.decode(signed, b"k") == [(good, 10)]
+    assert prefetch.decode(data, None) == ([(good, 10)], 0)
+    signed = prefetch.encode([(good, 10)], "p", b"k", packed=1)
+    assert prefetch.decode(signed, b"k") == ([(good, 10)], 1)
     for secret, body in ((b"other", signed), (b"k", data)):
         with pytest.raises(ValueError, match="not signed"):
             prefetch.decode(body, secret)
     with pytest.raises(ValueError, match="longer"):
         prefetch.decode(b" " * prefetch.MANIFEST_LIMIT, None)
     hidden = prefetch.encode([("." + good[1:], 10), (good, 10)], "p", None)
-    assert prefetch.decode(hidden, None) == [(good, 10)]  # a hidden file would be outside the cap and prune
+    assert prefetch.decode(hidden, None) == ([(good, 10)], 0)  # a hidden file would be outside the cap and prune
     with pytest.raises(ValueError, match="another program"):
         prefetch.decode(data, None, "q")  # copied under another program's name
     bad_mac = json.loads(signed)

@@ -8,6 +8,7 @@ of the package. ::
         <key>-cache                       JAX's entry, JAX's name and format
         <key>-gkx-compile                 the package's sidecars begin with the key
         <key>-gkx-shared                  a shared level's seal: size, sha256, compile time, HMAC (§14)
+        <hash>-gkx-manifest, -gkx-pack    a shared level's: what a program's run looked up (prefetch, §14)
         .<name>.<pid>.<thread>.tmp        temporary files begin with a dot
         .gkx-autocache/                   the package's bookkeeping
             store.json                    which store serves the directory (for `status`)
@@ -40,6 +41,7 @@ ENTRY_SUFFIX = "-cache"
 COMPILE_SIDECAR = "-gkx-compile"
 SEAL_SIDECAR = "-gkx-shared"  # beside an entry of a shared level (SPEC §14), written before it
 MANIFEST_SUFFIX = "-gkx-manifest"  # in a shared level: the keys a program's run looked up (prefetch)
+PACK_SUFFIX = "-gkx-pack"  # beside a manifest in a bucket: the first of its entries, with their seals, in one object
 META_DIR = ".gkx-autocache"
 LEDGER_DIR = "ledger"
 LEDGER_SUFFIX = ".jsonl"

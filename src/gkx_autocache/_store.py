@@ -89,6 +89,8 @@ class Store:
         if levels is not None and writable:
             levels.land = self._land  # a prefetched entry lands as a backfill
             levels.landed_unused = self._record_landed
+        if levels is not None:
+            levels.read_local = self._packable
         self._compression = compression
         self._decompress = decompress
         self._check_payload = check_payload  # decompress before serving (see `install`)
@@ -168,6 +170,15 @@ class Store:
         if why is not None:
             return False, why
         return self._backfill(key, found, record=False), None
+
+    def _packable(self, key: str) -> tuple[bytes, float | None, float] | None:
+        """A writer's entry for its pack (SPEC §14), read as a hit reads it (trusted, in this
+        environment's compression), with its compile time and when it was written; else None."""
+        data = _files.read(self._entry(key), check=lambda st: _trust.entry_problem(st, self._shared))
+        if data is None or compression_of(data) != self._compression:
+            return None
+        compile_secs, written, _ = self._compile_secs(key, data)
+        return data, compile_secs or None, written
 
     def _record_landed(self) -> None:
         """At exit: the prefetched entries no lookup used, recorded as written (the cap's account)."""

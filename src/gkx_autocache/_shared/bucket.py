@@ -210,6 +210,19 @@ class Bucket:
         except FileNotFoundError:
             return b""
 
+    def stream(self, name: str) -> Stream | None:
+        """An object as it arrives (a pack), or None where it is not there or this filesystem
+        cannot stream one (gcsfs: each entry is then read on its own)."""
+        if not self._streams():
+            return None
+        fs, path = self.filesystem()
+        bucket, key = f"{path}/{name}".split("/", 1)
+        try:
+            resp = self._run(lambda fs, path: fs._call_s3("get_object", Bucket=bucket, Key=key))
+        except FileNotFoundError:
+            return None
+        return Stream(fs.loop, resp["Body"])
+
     def block(self, key: str, start: int, end: int) -> bytes:
         fs, path = self.filesystem()
         name = f"{path}/{key}{ENTRY_SUFFIX}"
@@ -227,3 +240,28 @@ class Bucket:
     def write(self, name: str, data: bytes) -> None:
         """One PUT of the whole bytes: the object appears whole or not at all."""
         self._run(lambda fs, path: fs._pipe_file(f"{path}/{name}", data))
+
+
+class Stream:
+    """An S3 object's body, read on fsspec's event loop: ``take(n)``, its next ``n`` bytes (fewer
+    only at its end); ``close()`` drops the connection of a body left unread."""
+
+    def __init__(self, loop: Any, body: Any) -> None:
+        self.loop = loop
+        self.body = body
+
+    def take(self, n: int) -> bytes:
+        import fsspec.asyn
+
+        async def go() -> bytes:
+            chunks, have = [], 0
+            while have < n and (chunk := await self.body.read(min(n - have, 1 << 20))):
+                chunks.append(chunk)
+                have += len(chunk)
+            return b"".join(chunks)
+
+        data: bytes = fsspec.asyn.sync(self.loop, go)
+        return data
+
+    def close(self) -> None:
+        self.body.close()

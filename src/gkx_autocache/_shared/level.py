@@ -72,6 +72,7 @@ class Level:
         self.cap = cap  # the local level's: a prefetch stays under it
         self.land: Any = None  # the store's, for a prefetched entry (set where the local level takes writes)
         self.landed_unused: Any = None  # the store's, at exit: records the prefetched entries no lookup used
+        self.read_local: Any = None  # the store's, at exit: a local entry for the pack, read as a hit reads it
         self._prefetch: prefetch.Prefetch | None = None  # the Prefetch of this process, from its first local miss on
         self._prefetch_tried = False
         self._seen: dict[str, int] = {}  # the keys this run looked up (hits and writes): its manifest
@@ -248,9 +249,7 @@ class Level:
         None for a miss. Never raises."""
         ahead = self._prefetch
         if ahead is not None:
-            with ahead.lock:  # this lookup's own: never the prefetch's too
-                ahead.asked.add(key)
-                ahead.pending.pop(key, None)
+            ahead.take(key)  # this lookup's own: never the prefetch's too
             if (why := ahead.refused.pop(key, None)) is not None:
                 self.count("shared", rejected=1, misses=1)  # the prefetch read it: refused, not read twice
                 return why
@@ -338,11 +337,15 @@ class Level:
             data = self._rest(key, data, size, progress)
             if len(data) != size:
                 raise Refused(f"the shared entry sent {len(data)} bytes where {size} were expected (a partial body or a wrong size)")
+        return self.found(key, seal, data)
+
+    def found(self, key: str, seal: dict[str, Any] | None, data: bytes) -> Found:
+        """The entry, its bytes checked against its seal (``_admit``'s); raises Refused."""
         if seal is not None and not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(seal["sha256"])):
             raise Refused("the shared entry's bytes do not match its seal (SHA-256)")
         compile_secs = seal.get("compile") if seal is not None else None
         if compile_secs is None:
-            compile_secs = backend.compile_secs(key)
+            compile_secs = self.backend.compile_secs(key)
         return Found(data, compile_secs, float(seal.get("written") or 0.0) if seal is not None else 0.0)
 
     def _rest(self, key: str, data: bytes, size: int, progress: Progress) -> bytes:
@@ -472,13 +475,13 @@ class Level:
             if self.landed_unused is not None:
                 self.landed_unused()
         try:
-            manifest = prefetch.manifest_item(self)
+            manifest = prefetch.manifest_items(self)
         except Exception as exc:  # pragma: no cover - never costs the exit
             logger.debug("no manifest: %s", exc)
-            manifest = None
+            manifest = []
         with self._lock:
-            if manifest is not None and self.off is None:
-                self._queue.append(manifest)
+            if manifest and self.off is None:
+                self._queue.extend(manifest)
                 self._changed.notify_all()
             self._closed = True
             while (self._queue or self._busy) and self.off is None:
@@ -522,9 +525,7 @@ def uploads(setting: str, env: Mapping[str, str]) -> str | None:
 
 
 def same_place(shared: str, local_root: str | None) -> bool:
-    if local_root is None or is_url(shared):
-        return False
-    return os.path.realpath(shared) == os.path.realpath(local_root)
+    return local_root is not None and not is_url(shared) and os.path.realpath(shared) == os.path.realpath(local_root)
 
 
 def problem(settings: Any, location: Any) -> str | None:

@@ -27,14 +27,15 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gkx_autocache import _files, _jax
 from gkx_autocache._diagnostics import label, logger
 from gkx_autocache._layout import ENTRY_SUFFIX, MANIFEST_SUFFIX, TMP_SUFFIX, key_match
-from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
-from gkx_autocache._shared.seal import Refused
+from gkx_autocache._shared import pack
+from gkx_autocache._shared.calls import Progress, ShuttingDown, Stalled, bounded, describe, refused
+from gkx_autocache._shared.seal import Refused, head_problem, make_seal
 
 WORKERS = 8  # fetches at a time: a 20 ms round trip then costs a lookup 2.5 ms of it
 BUDGET = 1 << 30  # the most a prefetch lands, where the cap leaves more room
@@ -91,8 +92,10 @@ def manifest_name(program: str, part: str) -> str:
     return _hash(f"{program}\0{part}") + MANIFEST_SUFFIX
 
 
-def encode(keys: list[tuple[str, int]], program: str, secret: bytes | None) -> bytes:
-    body = {"v": 1, "program": program, "written": round(time.time(), 3), "keys": keys[:MANIFEST_KEYS]}
+def encode(keys: list[tuple[str, int]], program: str, secret: bytes | None, packed: int = 0) -> bytes:
+    """A manifest: ``keys`` in order, the first ``packed`` of them in its pack."""
+    body = {"v": 1, "program": program, "written": round(time.time(), 3), "keys": keys[:MANIFEST_KEYS],
+            "pack": packed}
     if secret is not None:
         body["hmac"] = _mac(secret, body)
     return json.dumps(body, separators=(",", ":")).encode()
@@ -103,10 +106,10 @@ def _mac(secret: bytes, body: dict[str, Any]) -> str:
     return hmac.new(secret, json.dumps(signed, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256).hexdigest()
 
 
-def decode(data: bytes, secret: bytes | None, program: str | None = None) -> list[tuple[str, int]]:
-    """A manifest's keys, those that name an entry (no path, no separator, not hidden); raises
-    ValueError for one that is not a manifest (of ``program``, where given), too long, or (with a
-    signing key) not signed by it."""
+def decode(data: bytes, secret: bytes | None, program: str | None = None) -> tuple[list[tuple[str, int]], int]:
+    """A manifest's keys, those that name an entry (no path, no separator, not hidden), and how
+    many of the first are in its pack; raises ValueError for one that is not a manifest (of
+    ``program``, where given), too long, or (with a signing key) not signed by it."""
     if len(data) >= MANIFEST_LIMIT:
         raise ValueError(f"longer than {MANIFEST_LIMIT >> 20} MiB")
     body = json.loads(data)
@@ -124,7 +127,8 @@ def decode(data: bytes, secret: bytes | None, program: str | None = None) -> lis
                 and item[1] > 0 and not item[0].startswith(".")
                 and (match := key_match(item[0] + ENTRY_SUFFIX)) and match[0] == item[0]):
             keys.append((item[0], item[1]))
-    return keys
+    packed = body.get("pack")
+    return keys, packed if isinstance(packed, int) and not isinstance(packed, bool) and packed > 0 else 0
 
 
 def begin(level: Any, key: str) -> None:
@@ -151,17 +155,33 @@ def begin(level: Any, key: str) -> None:
     ahead.start()
 
 
-def manifest_item(level: Any) -> tuple[str, bytes, None, float, bool, bool] | None:
-    """At exit, a writer's run that missed locally: its manifest as an upload queue's item, for
-    the next fresh runs of this program, unless the one it read holds the same keys."""
+def manifest_items(level: Any) -> list[tuple[str, bytes, None, float, bool, bool]]:
+    """At exit, a writer's run that missed locally: its manifest and (to a bucket) its pack, as
+    the upload queue's items, for the next fresh runs of this program, unless what it read holds
+    the same keys. The manifest goes first: without its pack, the entries are read one by one."""
     if (level.writes is not None or level.off is not None or not level._seen or _jax.process_id() != 0
             or not level.counts["local"]["misses"] or level._worker is None or level._forked_child):
-        return None
+        return []
     keys = list(level._seen.items())
     if level._prefetch is not None and level._prefetch.own == set(keys):
-        return None
+        return []
     ident, part, _, _ = program()
-    return (manifest_name(ident, part), encode(keys, ident, level._secret), None, 0.0, False, True)
+    name = manifest_name(ident, part)
+    data, packed = b"", list[str]()
+    if level.backend.kind == "bucket" and level.read_local is not None:
+        data, packed = pack.build(_records(level, keys))
+    inside = set(packed)
+    keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
+    items = [(name, encode(keys, ident, level._secret, len(packed)), None, 0.0, False, True)]
+    return items + [(pack.name_for(name), data, None, 0.0, False, True)] if packed else items
+
+
+def _records(level: Any, keys: list[tuple[str, int]]) -> Iterator[tuple[str, bytes, bytes]]:
+    """The pack's records: each entry of ``keys`` this level holds, with a seal made as an upload's."""
+    for key, _ in keys:
+        if (local := level.read_local(key)) is not None:
+            data, compile_secs, written = local
+            yield key, make_seal(key, data, compile_secs, written or time.time(), level._secret), data
 
 
 def upload_manifest(level: Any, name: str, data: bytes) -> None:
@@ -188,6 +208,9 @@ class Prefetch:
         self.budget = budget
         self.lock = threading.Lock()
         self.pending: dict[str, int] = {}  # key -> bytes, in the order to fetch; a lookup takes its own out
+        self.packed: dict[str, int] = {}  # the same, for the keys a pack holds: read in its order, not by the workers
+        self.packs: list[str] = []  # the packs to read, this process's own first
+        self.working = 0  # workers started and not yet done
         self.flight: dict[str, threading.Event] = {}
         self.asked: set[str] = set()  # keys a lookup has asked for: its own to fetch, never the prefetch's
         self.refused: dict[str, str] = {}  # key -> why its bytes were not landed (its lookup says so)
@@ -210,7 +233,7 @@ class Prefetch:
         try:
             if not level._ensure():
                 return
-            keys = self._manifests()
+            keys, packed = self._manifests()
             if not keys:
                 return
             local = level.local_dir
@@ -223,22 +246,43 @@ class Prefetch:
             with self.lock:
                 for key, size in wanted:
                     if key not in self.asked:
-                        self.pending.setdefault(key, size)
-            logger.debug("prefetch: %d of the manifest's %d entries to fetch", len(self.pending), len(keys))
-            workers = [threading.Thread(target=self._work, name="gkx-autocache-prefetch", daemon=True)
-                       for _ in range(min(WORKERS, len(self.pending)))]
-            for worker in workers:
-                worker.start()
+                        (self.packed if key in packed else self.pending).setdefault(key, size)
+            logger.debug("prefetch: %d of the manifest's %d entries to fetch, %d from %d packs",
+                         len(self.pending) + len(self.packed), len(keys), len(self.packed), len(self.packs))
+            self._spawn()
+            for name in self.packs:
+                if not self.packed or self.stopped or level.off is not None:
+                    break
+                self._read_pack(name)
+            with self.lock:  # what the packs did not give: to the workers
+                for key, size in self.packed.items():
+                    self.pending.setdefault(key, size)
+                self.packed.clear()
+            self._spawn()
         except Exception as exc:  # pragma: no cover - nothing here may reach threading's excepthook
             logger.debug("prefetch stopped: %s", exc)
 
-    def _manifests(self) -> list[tuple[str, int]]:
+    def _spawn(self) -> None:
+        """Workers for the keys pending, up to ``WORKERS`` at once."""
+        with self.lock:
+            more = min(WORKERS - self.working, len(self.pending))
+            self.working += max(more, 0)
+        for _ in range(more):
+            try:
+                threading.Thread(target=self._work, name="gkx-autocache-prefetch", daemon=True).start()
+            except RuntimeError:  # the interpreter is exiting
+                with self.lock:
+                    self.working -= 1
+
+    def _manifests(self) -> tuple[list[tuple[str, int]], set[str]]:
         """The keys of this program's manifests (a pytest-xdist worker reads its siblings' too),
-        each key once, a worker's siblings' rotated so that workers begin at different places."""
+        each key once, a worker's siblings' rotated so that workers begin at different places; and
+        those their packs hold (``self.packs``, a bucket's, where the listing has them)."""
         level = self.level
         ident, part, index, count = program()
         parts = [part] if count == 1 else [f"gw{i}" for i in range(count)]
         merged: dict[str, int] = {}
+        packed: set[str] = set()
         listing = level._listing
         for name_part in parts:
             name = manifest_name(ident, name_part)
@@ -248,17 +292,22 @@ class Prefetch:
                 data = bounded(functools.partial(self._small, name), level.timeout)
                 level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
             except ShuttingDown:
-                return []
+                return [], packed
             except Exception as exc:
                 if self._failed(exc):
-                    return []
+                    return [], packed
                 continue
             try:
-                keys = decode(data, level._secret, ident) if data else []
+                keys, held = decode(data, level._secret, ident) if data else ([], 0)
             except Exception as exc:  # a hint: whatever is wrong with it, it is not used, and nothing else is wrong
                 logger.debug("the manifest %s is not used: %s", name, describe(exc))
                 continue
-            if name_part == part:
+            packed_here = pack.name_for(name)
+            listed = listing is None or packed_here in listing
+            if held and listed and level.backend.kind == "bucket":
+                self.packs.insert(0, packed_here) if name_part == part else self.packs.append(packed_here)
+                packed.update(key for key, _ in keys[:held])
+            if name_part == part and (listed or not held):  # (a manifest whose pack is gone is written again)
                 self.own = set(keys)
             for key, size in keys:
                 merged.setdefault(key, size)
@@ -266,7 +315,7 @@ class Prefetch:
         if count > 1 and keys:
             start = index * len(keys) // count
             keys = keys[start:] + keys[:start]
-        return keys
+        return keys, packed
 
     def _failed(self, exc: BaseException) -> bool:
         """An error of a prefetch's request: a stall or a refused connection is the level's (it
@@ -303,6 +352,7 @@ class Prefetch:
                 self.holding += size
                 event = self.flight[key] = threading.Event()
                 return key, size, event
+            self.working -= 1  # (under the lock: ``_spawn`` never counts a worker that is done)
             return None
 
     def _work(self) -> None:
@@ -313,25 +363,35 @@ class Prefetch:
             except Exception as exc:  # pragma: no cover - _one turns errors into the level's state
                 logger.debug("prefetch of %s stopped: %s", key, exc)
             finally:
-                with self.lock:
-                    self.flight.pop(key, None)
-                    self.holding -= size
-                    if key not in self.landed:
-                        self.spent -= size + BLOCK  # nothing landed: nothing spent
-                    self.room.notify_all()
-                event.set()
+                self._release(key, size, event)
 
-    def _one(self, key: str, size: int) -> None:
+    def _release(self, key: str, size: int, event: threading.Event) -> None:
+        """A fetch ended: its bytes no longer held, its budget given back where nothing landed,
+        its waiters woken."""
+        with self.lock:
+            self.flight.pop(key, None)
+            self.holding -= size
+            if key not in self.landed:
+                self.spent -= size + BLOCK  # nothing landed: nothing spent
+            self.room.notify_all()
+        event.set()
+
+    def _claim(self, key: str) -> str | None:
+        """The claim file that keeps another process from fetching ``key`` into this local level
+        too, or None where it is landed or being fetched by another already."""
         level = self.level
         if os.path.exists(os.path.join(level.local_dir, key + ENTRY_SUFFIX)):
-            return  # landed by another process meanwhile
+            return None  # landed by another process meanwhile
         claim = f".{key}{ENTRY_SUFFIX}.prefetch{TMP_SUFFIX}"
-        if not _files.claim(level.local_dir, claim, stale=2 * level.timeout):
-            return  # another process prefetches it now: left to it, or to this one's lookup
+        return claim if _files.claim(level.local_dir, claim, stale=2 * level.timeout) else None
+
+    def _one(self, key: str, size: int) -> None:
+        if (claim := self._claim(key)) is None:
+            return  # left to the other process, or to this one's lookup
         try:
             self._fetch_and_land(key, size)
         finally:
-            _files.unclaim(level.local_dir, claim)
+            _files.unclaim(self.level.local_dir, claim)
 
     def _fetch_and_land(self, key: str, size: int) -> None:
         """``size``, the manifest's (or the listing's), is charged already; the entry may be larger
@@ -356,6 +416,11 @@ class Prefetch:
         if found is None:
             return
         level.count("shared", bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
+        self._land(key, size, found)
+
+    def _land(self, key: str, size: int, found: Any) -> None:
+        """``found``, checked by its fetch, into the local level by the store's backfill."""
+        level = self.level
         with self.lock:
             if self.stopped or level._closed:
                 return
@@ -375,14 +440,108 @@ class Prefetch:
             with self.lock:
                 self.landing -= 1
 
+    def _read_pack(self, name: str) -> None:
+        """One pack, bounded like a read: a stall or a refused connection turns the level off; any
+        other fault ends this pack only, what it held going to the workers."""
+        try:
+            bounded(functools.partial(self._unpack, name), self.level.timeout)
+        except ShuttingDown:
+            self.stopped = True
+        except Exception as exc:
+            if isinstance(exc, Stalled) or refused(exc):
+                self._failed(exc)
+            else:
+                logger.debug("the pack %s is not read on: %s", name, describe(exc))
+
+    def _unpack(self, name: str, progress: Progress) -> None:
+        """Each record, in the pack's order: one still wanted is checked and landed as a worker's
+        fetch would be (its lookup waits for it meanwhile); any other is read past."""
+        level = self.level
+        stream = level.backend.stream(name)
+        level.count("shared", requests=1)
+        if stream is None:
+            return
+        try:
+            progress.tick()
+            reader = pack.Reader(stream.take, progress.tick)
+            left = pack.LIMIT
+            while self.packed and not (self.stopped or level._closed or level.off is not None):
+                if (record := reader.next(min(level.max_entry, pack.LIMIT))) is None:
+                    return
+                key, raw_seal, size = record
+                left -= size
+                if left < 0:
+                    raise pack.Malformed(f"longer than a pack is written ({pack.LIMIT >> 20} MiB)")
+                event = self._take_record(key, size)
+                if event is None:
+                    reader.skip(size)
+                    continue
+                try:
+                    self._record(key, raw_seal, size, reader)
+                finally:
+                    self._release(key, size, event)
+        finally:
+            stream.close()
+
+    def _take_record(self, key: str, size: int) -> threading.Event | None:
+        """A record's key, in flight from now (its lookup waits for it), where it is still wanted
+        and the budget and the bytes in flight leave room for its size; else None."""
+        with self.lock:
+            if self.packed.pop(key, None) is None or self.spent + size + BLOCK > self.budget or size > IN_FLIGHT:
+                return None
+            self.spent += size + BLOCK
+            self.holding += size
+            event = self.flight[key] = threading.Event()
+            return event
+
+    def _record(self, key: str, raw_seal: bytes, size: int, reader: pack.Reader) -> None:
+        level = self.level
+        started = time.perf_counter()
+        try:
+            seal = level._admit(key, raw_seal)
+            if seal is None or seal["bytes"] != size:
+                raise Refused("the pack's record and its seal give different sizes")
+        except Refused as exc:
+            reader.skip(size)
+            return self._unpacked(key, size, exc)
+        data = reader.body(size)
+        try:
+            if why := head_problem(data):
+                raise Refused(why)
+            found = level.found(key, seal, data)
+        except Refused as exc:
+            return self._unpacked(key, size, exc)
+        level.count("shared", bytes_read=size, read_secs=time.perf_counter() - started, reads=1)
+        if (claim := self._claim(key)) is None:
+            return
+        try:
+            self._land(key, size, found)
+        finally:
+            _files.unclaim(level.local_dir, claim)
+
+    def _unpacked(self, key: str, size: int, exc: Exception) -> None:
+        """A record refused: the entry's own object may be sound, and a worker reads it."""
+        logger.debug("the pack's record of %s is not used: %s", key, exc)
+        with self.lock:
+            if key not in self.asked:
+                self.pending.setdefault(key, size)
+
+    def take(self, key: str) -> None:
+        """A lookup's key, fetched by it: never by the prefetch too."""
+        with self.lock:
+            self.asked.add(key)
+            self.pending.pop(key, None)
+            self.packed.pop(key, None)
+
     def wait(self, key: str) -> None:
         """Before a lookup reads the local level: wait for this key's fetch if it is in flight; if
-        it is not begun, it is the lookup's own (never queued behind the rest)."""
+        it is not begun, it is the lookup's own (never queued behind the rest, nor behind a pack's)."""
         with self.lock:
             self.asked.add(key)
             event = self.flight.get(key)
             if event is None:
                 self.pending.pop(key, None)
+                self.packed.pop(key, None)
                 return
         while not event.wait(0.05) and self.level.off is None:  # an off level releases its waiters at once
             pass
