@@ -243,19 +243,32 @@ class Bucket:
 
 
 class Stream:
-    """An S3 object's body, read on fsspec's event loop: ``take(n)``, its next ``n`` bytes (fewer
-    only at its end); ``close()`` drops the connection of a body left unread."""
+    """An S3 object's body, read on fsspec's event loop in parts of 1 MiB or more (one hand-over
+    to the loop's thread for many small records): ``take(n)``, its next ``n`` bytes (fewer only at
+    its end); ``close()`` drops the connection of a body left unread."""
+
+    PART = 1 << 20
 
     def __init__(self, loop: Any, body: Any) -> None:
         self.loop = loop
         self.body = body
+        self.held = b""
+        self.at = 0
 
     def take(self, n: int) -> bytes:
+        if len(self.held) - self.at < n:
+            self.held, self.at = self.held[self.at:] + self._more(n - (len(self.held) - self.at)), 0
+        taken = self.held[self.at:self.at + n]
+        self.at += len(taken)
+        return taken
+
+    def _more(self, need: int) -> bytes:
+        """At least ``need`` more bytes (fewer at the end), and what else has come, to 1 MiB."""
         import fsspec.asyn
 
         async def go() -> bytes:
             chunks, have = [], 0
-            while have < n and (chunk := await self.body.read(min(n - have, 1 << 20))):
+            while have < need and (chunk := await self.body.read(max(need - have, self.PART))):
                 chunks.append(chunk)
                 have += len(chunk)
             return b"".join(chunks)

@@ -512,12 +512,8 @@ class Prefetch:
         except Refused as exc:
             return self._unpacked(key, size, exc)
         level.count("shared", bytes_read=size, read_secs=time.perf_counter() - started, reads=1)
-        if (claim := self._claim(key)) is None:
-            return
-        try:
-            self._land(key, size, found)
-        finally:
-            _files.unclaim(level.local_dir, claim)
+        if not os.path.exists(os.path.join(level.local_dir, key + ENTRY_SUFFIX)):  # (no claim: the bytes are here,
+            self._land(key, size, found)  # and two processes landing one entry each write it whole)
 
     def _unpacked(self, key: str, size: int, exc: Exception) -> None:
         """A record refused: the entry's own object may be sound, and a worker reads it."""
