@@ -69,7 +69,7 @@ def pack_of(s3: S3) -> tuple[str, list[tuple[str, bytes, bytes]]]:
         at[0] += n
         return bytes(data[at[0] - n:at[0]])
 
-    reader, records = pack.Reader(take, lambda: None), []
+    reader, records = pack.Reader(take), []
     while (record := reader.next(1 << 30)) is not None:
         records.append((record[0], record[1], reader.body(record[2])))
     return name, records
@@ -216,19 +216,63 @@ def test_a_pack_holds_its_records_in_order_up_to_its_limit() -> None:
         at[0] += n
         return data[at[0] - n:at[0]]
 
-    ticks: list[int] = []
-    reader = pack.Reader(take, lambda: ticks.append(1))
+    reader = pack.Reader(take)
     back = []
     while (record := reader.next(1000)) is not None:
         back.append((record[0], record[1], reader.body(record[2])))
-    assert back == records[:3] and len(ticks) == 3
+    assert back == records[:3] and reader.consumed == len(data)
     for planted in (b"GKXPACK0", pack.MAGIC + pack.HEAD.pack(5, 7, 100) + b"../x/{}",
                     pack.MAGIC + pack.HEAD.pack(71, 7, 1001) + records[0][0].encode(), data[:-1]):
         data, at[0] = planted, 0
         with pytest.raises(pack.Malformed):  # not a pack; a key that names no entry; too large; cut short
-            reader = pack.Reader(take, lambda: None)
+            reader = pack.Reader(take)
             while (record := reader.next(1000)) is not None:
                 reader.body(record[2])
+
+
+class _Level:
+    """What ``Prefetch`` reads of its level, for driving ``_unpack`` without a bucket."""
+
+    def __init__(self, local: Path) -> None:
+        self.local_dir, self.max_entry, self.timeout, self._closed, self.off = str(local), 1 << 30, 5.0, False, None
+        self.counted: dict[str, float] = {}
+
+    def count(self, level: str, **add: float) -> None:
+        for name, n in add.items():
+            self.counted[name] = self.counted.get(name, 0) + n
+
+    def _admit(self, key: str, raw_seal: bytes) -> dict[str, Any]:
+        return dict(json.loads(raw_seal))
+
+
+def test_a_hostile_pack_is_read_no_further_than_a_writer_packs_and_a_cut_record_goes_to_the_workers(
+        tmp_path: Path) -> None:
+    """A pack of 30 000 tiny records nobody wants is read no further than the most records a writer
+    packs (each read past costs the GIL); a wanted record cut short in its body leaves its key to
+    the workers, not lost."""
+    from gkx_autocache._shared import pack, prefetch
+
+    def reader(data: bytes) -> pack.Reader:
+        at = [0]
+
+        def take(n: int) -> bytes:
+            at[0] += n
+            return data[at[0] - n:at[0]]
+
+        return pack.Reader(take)
+
+    ahead = prefetch.Prefetch(_Level(tmp_path), lambda key, found: (True, None), 1 << 30)
+    wanted = "jit_w-" + "cd" * 32
+    ahead.packed[wanted] = 10
+    junk = pack.build([(f"jit_j-{i:064x}", b'{"bytes":1}', b"x") for i in range(30_000)])[0]
+    stream = reader(junk)
+    with pytest.raises(pack.Malformed, match="records"):
+        ahead._unpack(stream)
+    assert stream.consumed < len(junk) * 0.7, stream.consumed
+    cut = pack.build([(wanted, b'{"bytes":10}', b"0123456789")])[0][:-4]
+    with pytest.raises(pack.Malformed, match="cut short"):
+        ahead._unpack(reader(cut))
+    assert ahead.pending == {wanted: 10} and not ahead.flight and ahead.spent == ahead.holding == 0
 
 
 def shared_line(venv: Venv, env: dict[str, str]) -> str:

@@ -174,7 +174,11 @@ class Store:
     def _packable(self, key: str) -> tuple[bytes, float | None, float] | None:
         """A writer's entry for its pack (SPEC §14), read as a hit reads it (trusted, in this
         environment's compression), with its compile time and when it was written; else None."""
-        data = _files.read(self._entry(key), check=lambda st: _trust.entry_problem(st, self._shared))
+        def signable(st: os.stat_result) -> str | None:  # in a team directory, only what this user wrote
+            mine = not self._shared or not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+            return _trust.entry_problem(st, self._shared) or (None if mine else "another user's")
+
+        data = _files.read(self._entry(key), check=signable)
         if data is None or compression_of(data) != self._compression:
             return None
         compile_secs, written, _ = self._compile_secs(key, data)

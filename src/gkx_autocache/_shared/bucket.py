@@ -11,7 +11,7 @@ from typing import Any
 from gkx_autocache import _jax
 from gkx_autocache._diagnostics import human_bytes
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
-from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, refused
+from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, bounded, refused
 from gkx_autocache._shared.seal import SEAL_LIMIT, Refused
 
 LIST_LIMIT = 1000  # one S3 listing page
@@ -137,7 +137,7 @@ class Bucket:
 
         return fsspec.asyn.sync(fs.loop, go)
 
-    def _streams(self) -> bool:
+    def streams(self) -> bool:
         return hasattr(self.filesystem()[0], "_call_s3")  # s3fs
 
     def forget(self) -> None:
@@ -179,7 +179,7 @@ class Bucket:
         not there."""
         fs, path = self.filesystem()
         names = [f"{path}/{key}{SEAL_SIDECAR}", f"{path}/{key}{ENTRY_SUFFIX}"]
-        if self._streams():
+        if self.streams():
             import asyncio
 
             got = self._run(lambda fs, path: asyncio.gather(_read_range(fs, names[0], 0, SEAL_LIMIT),
@@ -203,17 +203,18 @@ class Bucket:
         it is not there."""
         fs, path = self.filesystem()
         where = f"{path}/{name}"
-        if self._streams():  # never more than asked for, whatever the endpoint sends
+        if self.streams():  # never more than asked for, whatever the endpoint sends
             return self._run(lambda fs, path: _read_range(fs, where, 0, limit)) or b""
         try:
             return _within(bytes(fs.cat_file(where, start=0, end=limit)), limit, name)
         except FileNotFoundError:
             return b""
 
-    def stream(self, name: str) -> Stream | None:
-        """An object as it arrives (a pack), or None where it is not there or this filesystem
-        cannot stream one (gcsfs: each entry is then read on its own)."""
-        if not self._streams():
+    def stream(self, name: str, timeout: float) -> Stream | None:
+        """An object as it arrives (a pack), each read of it bounded by ``timeout`` without
+        progress; None where it is not there or this filesystem cannot stream one (gcsfs: each
+        entry is then read on its own)."""
+        if not self.streams():
             return None
         fs, path = self.filesystem()
         bucket, key = f"{path}/{name}".split("/", 1)
@@ -221,12 +222,12 @@ class Bucket:
             resp = self._run(lambda fs, path: fs._call_s3("get_object", Bucket=bucket, Key=key))
         except FileNotFoundError:
             return None
-        return Stream(fs.loop, resp["Body"])
+        return Stream(fs.loop, resp["Body"], timeout)
 
     def block(self, key: str, start: int, end: int) -> bytes:
         fs, path = self.filesystem()
         name = f"{path}/{key}{ENTRY_SUFFIX}"
-        if self._streams():
+        if self.streams():
             return self._run(lambda fs, path: _read_range(fs, name, start, end)) or b""
         return _within(bytes(fs.cat_file(name, start=start, end=end)), end - start, key + ENTRY_SUFFIX)
 
@@ -244,14 +245,16 @@ class Bucket:
 
 class Stream:
     """An S3 object's body, read on fsspec's event loop in parts of 1 MiB or more (one hand-over
-    to the loop's thread for many small records): ``take(n)``, its next ``n`` bytes (fewer only at
-    its end); ``close()`` drops the connection of a body left unread."""
+    to the loop's thread for many small records), each part a bounded call that every chunk
+    received is progress of: ``take(n)``, its next ``n`` bytes (fewer only at its end);
+    ``close()`` drops the connection of a body left unread (on the loop's thread)."""
 
     PART = 1 << 20
 
-    def __init__(self, loop: Any, body: Any) -> None:
+    def __init__(self, loop: Any, body: Any, timeout: float) -> None:
         self.loop = loop
         self.body = body
+        self.timeout = timeout
         self.held = b""
         self.at = 0
 
@@ -266,15 +269,16 @@ class Stream:
         """At least ``need`` more bytes (fewer at the end), and what else has come, to 1 MiB."""
         import fsspec.asyn
 
-        async def go() -> bytes:
+        async def go(progress: Progress) -> bytes:
             chunks, have = [], 0
             while have < need and (chunk := await self.body.read(max(need - have, self.PART))):
                 chunks.append(chunk)
                 have += len(chunk)
+                progress.tick()
             return b"".join(chunks)
 
-        data: bytes = fsspec.asyn.sync(self.loop, go)
+        data: bytes = bounded(lambda progress: fsspec.asyn.sync(self.loop, go, progress), self.timeout)
         return data
 
     def close(self) -> None:
-        self.body.close()
+        self.loop.call_soon_threadsafe(self.body.close)

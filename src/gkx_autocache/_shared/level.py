@@ -96,7 +96,7 @@ class Level:
         self._queue: deque[Item] = deque()
         self._queued = 0  # bytes in the queue and in flight
         self._busy = False
-        self._healing_now = False  # the item in flight is an entry to heal (no upload of this run's)
+        self._healing_now = False  # the item in flight is no upload of this run's (an entry to heal, a manifest)
         self._worker: threading.Thread | None = None
 
     def _forked(self) -> None:
@@ -409,7 +409,7 @@ class Level:
                     self._changed.wait()
                 item = self._queue.popleft()
                 self._busy = True
-                self._healing_now = item[4]
+                self._healing_now = item[4] or item[5]  # (a manifest or a pack is no upload of this run's either)
             try:
                 self._upload(item)
             except BaseException:  # pragma: no cover - _upload never raises; nothing reaches excepthook

@@ -21,7 +21,7 @@ MAGIC = b"GKXPACK1"
 HEAD = struct.Struct(">HIQ")
 LIMIT = 128 << 20  # the most a writer packs (held in memory at its exit); what is beyond is read entry by entry
 KEY_MOST = 512
-CHUNK = 4 << 20  # an entry is read in parts of this at most, each one progress
+CHUNK = 4 << 20  # a record read past is read in parts of this at most
 
 
 def name_for(manifest: str) -> str:
@@ -47,14 +47,19 @@ class Malformed(ValueError):
 
 
 class Reader:
-    """A pack read as it arrives: ``take(n)`` gives its next ``n`` bytes (fewer only at its end),
-    ``tick()`` is called for each part read (a bounded call's progress)."""
+    """A pack read as it arrives: ``take(n)`` gives its next ``n`` bytes (fewer only at its end);
+    ``consumed``, the bytes read so far."""
 
-    def __init__(self, take: Callable[[int], bytes], tick: Callable[[], None]) -> None:
-        self.take = take
-        self.tick = tick
-        if take(len(MAGIC)) != MAGIC:
+    def __init__(self, take: Callable[[int], bytes]) -> None:
+        self._take = take
+        self.consumed = 0
+        if self.take(len(MAGIC)) != MAGIC:
             raise Malformed("not a pack")
+
+    def take(self, n: int) -> bytes:
+        data = self._take(n)
+        self.consumed += len(data)
+        return data
 
     def next(self, max_entry: int) -> tuple[str, bytes, int] | None:
         """The next record's ``(key, seal, entry size)``, its entry left to ``body`` or ``skip``;
@@ -80,15 +85,10 @@ class Reader:
         return key, seal, size
 
     def body(self, size: int) -> bytes:
-        chunks, have = [], 0
-        while have < size:
-            chunk = self.take(min(size - have, CHUNK))
-            if not chunk:
-                raise Malformed("an entry cut short")
-            chunks.append(chunk)
-            have += len(chunk)
-            self.tick()
-        return b"".join(chunks)
+        data = self.take(size)
+        if len(data) != size:
+            raise Malformed("an entry cut short")
+        return data
 
     def skip(self, size: int) -> None:
         while size > 0:
@@ -96,4 +96,3 @@ class Reader:
             if not chunk:
                 raise Malformed("an entry cut short")
             size -= len(chunk)
-            self.tick()

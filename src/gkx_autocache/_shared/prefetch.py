@@ -27,14 +27,15 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from gkx_autocache import _files, _jax
 from gkx_autocache._diagnostics import label, logger
-from gkx_autocache._layout import ENTRY_SUFFIX, MANIFEST_SUFFIX, TMP_SUFFIX, key_match
+from gkx_autocache._layout import ENTRY_SUFFIX, MANIFEST_SUFFIX, PACK_SUFFIX, TMP_SUFFIX, key_match
 from gkx_autocache._shared import pack
-from gkx_autocache._shared.calls import Progress, ShuttingDown, Stalled, bounded, describe, refused
+from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
 from gkx_autocache._shared.seal import Refused, head_problem, make_seal
 
 WORKERS = 8  # fetches at a time: a 20 ms round trip then costs a lookup 2.5 ms of it
@@ -158,7 +159,8 @@ def begin(level: Any, key: str) -> None:
 def manifest_items(level: Any) -> list[tuple[str, bytes, None, float, bool, bool]]:
     """At exit, a writer's run that missed locally: its manifest and (to a bucket) its pack, as
     the upload queue's items, for the next fresh runs of this program, unless what it read holds
-    the same keys. The manifest goes first: without its pack, the entries are read one by one."""
+    the same keys. The pack goes first: a manifest whose pack failed is not written (the next run
+    writes both)."""
     if (level.writes is not None or level.off is not None or not level._seen or _jax.process_id() != 0
             or not level.counts["local"]["misses"] or level._worker is None or level._forked_child):
         return []
@@ -168,17 +170,22 @@ def manifest_items(level: Any) -> list[tuple[str, bytes, None, float, bool, bool
     ident, part, _, _ = program()
     name = manifest_name(ident, part)
     data, packed = b"", list[str]()
-    if level.backend.kind == "bucket" and level.read_local is not None:
+    if level.backend.kind == "bucket" and level.read_local is not None and level.backend.streams():  # (not gcsfs)
         data, packed = pack.build(_records(level, keys))
     inside = set(packed)
     keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
     items = [(name, encode(keys, ident, level._secret, len(packed)), None, 0.0, False, True)]
-    return items + [(pack.name_for(name), data, None, 0.0, False, True)] if packed else items
+    return [(pack.name_for(name), data, None, 0.0, False, True), *items] if packed else items
 
 
 def _records(level: Any, keys: list[tuple[str, int]]) -> Iterator[tuple[str, bytes, bytes]]:
-    """The pack's records: each entry of ``keys`` this level holds, with a seal made as an upload's."""
-    for key, _ in keys:
+    """The pack's records: each entry of ``keys`` this level holds, with a seal made as an upload's,
+    until their sizes as looked up fill the pack (nothing beyond it is read)."""
+    room = pack.LIMIT
+    for key, size in keys:
+        room -= size + pack.HEAD.size + len(key) + 512  # (a seal: about 300 bytes; ``build`` has the last word)
+        if room < 0:
+            return
         if (local := level.read_local(key)) is not None:
             data, compile_secs, written = local
             yield key, make_seal(key, data, compile_secs, written or time.time(), level._secret), data
@@ -193,6 +200,9 @@ def upload_manifest(level: Any, name: str, data: bytes) -> None:
             level.backend.write(name, data)
     except Exception as exc:  # of no use to this run
         logger.debug("the manifest %s is not written: %s", name, describe(exc))
+        if name.endswith(PACK_SUFFIX):
+            with level._lock:
+                level._queue = deque(item for item in level._queue if not item[5])
         return
     level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
 
@@ -209,7 +219,7 @@ class Prefetch:
         self.lock = threading.Lock()
         self.pending: dict[str, int] = {}  # key -> bytes, in the order to fetch; a lookup takes its own out
         self.packed: dict[str, int] = {}  # the same, for the keys a pack holds: read in its order, not by the workers
-        self.packs: list[str] = []  # the packs to read, this process's own first
+        self.packs: list[str] = []  # the pack to read: this process's own
         self.working = 0  # workers started and not yet done
         self.flight: dict[str, threading.Event] = {}
         self.asked: set[str] = set()  # keys a lookup has asked for: its own to fetch, never the prefetch's
@@ -277,7 +287,7 @@ class Prefetch:
     def _manifests(self) -> tuple[list[tuple[str, int]], set[str]]:
         """The keys of this program's manifests (a pytest-xdist worker reads its siblings' too),
         each key once, a worker's siblings' rotated so that workers begin at different places; and
-        those their packs hold (``self.packs``, a bucket's, where the listing has them)."""
+        those its own pack holds (``self.packs``, a bucket's, where the listing has it)."""
         level = self.level
         ident, part, index, count = program()
         parts = [part] if count == 1 else [f"gw{i}" for i in range(count)]
@@ -304,8 +314,8 @@ class Prefetch:
                 continue
             packed_here = pack.name_for(name)
             listed = listing is None or packed_here in listing
-            if held and listed and level.backend.kind == "bucket":
-                self.packs.insert(0, packed_here) if name_part == part else self.packs.append(packed_here)
+            if held and listed and level.backend.kind == "bucket" and name_part == part:
+                self.packs.append(packed_here)  # (a sibling's keys are the workers': claimed, each fetched once)
                 packed.update(key for key, _ in keys[:held])
             if name_part == part and (listed or not held):  # (a manifest whose pack is gone is written again)
                 self.own = set(keys)
@@ -365,14 +375,16 @@ class Prefetch:
             finally:
                 self._release(key, size, event)
 
-    def _release(self, key: str, size: int, event: threading.Event) -> None:
+    def _release(self, key: str, size: int, event: threading.Event, again: bool = False) -> None:
         """A fetch ended: its bytes no longer held, its budget given back where nothing landed,
-        its waiters woken."""
+        its waiters woken; ``again``: its key to the workers, unless a lookup took it meanwhile."""
         with self.lock:
             self.flight.pop(key, None)
             self.holding -= size
             if key not in self.landed:
                 self.spent -= size + BLOCK  # nothing landed: nothing spent
+                if again and key not in self.asked:
+                    self.pending.setdefault(key, size)
             self.room.notify_all()
         event.set()
 
@@ -441,10 +453,19 @@ class Prefetch:
                 self.landing -= 1
 
     def _read_pack(self, name: str) -> None:
-        """One pack, bounded like a read: a stall or a refused connection turns the level off; any
-        other fault ends this pack only, what it held going to the workers."""
+        """One pack: each read of it bounded like a lookup's (a stall or a refused connection turns
+        the level off); any other fault ends this pack only, what it held going to the workers.
+        Landing is not bounded: it is this machine's work, not the endpoint's."""
+        level = self.level
         try:
-            bounded(functools.partial(self._unpack, name), self.level.timeout)
+            stream = bounded(lambda progress: level.backend.stream(name, level.timeout), level.timeout)
+            level.count("shared", requests=1)
+            if stream is None:
+                return
+            try:
+                self._unpack(pack.Reader(stream.take))
+            finally:
+                stream.close()
         except ShuttingDown:
             self.stopped = True
         except Exception as exc:
@@ -453,48 +474,48 @@ class Prefetch:
             else:
                 logger.debug("the pack %s is not read on: %s", name, describe(exc))
 
-    def _unpack(self, name: str, progress: Progress) -> None:
+    def _unpack(self, reader: pack.Reader) -> None:
         """Each record, in the pack's order: one still wanted is checked and landed as a worker's
-        fetch would be (its lookup waits for it meanwhile); any other is read past."""
+        fetch would be (its lookup waits for it meanwhile); any other is read past. No more than
+        a writer packs is read: ``pack.LIMIT`` bytes, ``MANIFEST_KEYS`` records."""
         level = self.level
-        stream = level.backend.stream(name)
-        level.count("shared", requests=1)
-        if stream is None:
-            return
-        try:
-            progress.tick()
-            reader = pack.Reader(stream.take, progress.tick)
-            left = pack.LIMIT
-            while self.packed and not (self.stopped or level._closed or level.off is not None):
-                if (record := reader.next(min(level.max_entry, pack.LIMIT))) is None:
-                    return
-                key, raw_seal, size = record
-                left -= size
-                if left < 0:
-                    raise pack.Malformed(f"longer than a pack is written ({pack.LIMIT >> 20} MiB)")
-                event = self._take_record(key, size)
-                if event is None:
-                    reader.skip(size)
-                    continue
-                try:
-                    self._record(key, raw_seal, size, reader)
-                finally:
-                    self._release(key, size, event)
-        finally:
-            stream.close()
+        for _ in range(MANIFEST_KEYS):
+            if not self.packed or self.stopped or level._closed or level.off is not None:
+                return
+            if (record := reader.next(min(level.max_entry, pack.LIMIT))) is None:
+                return
+            key, raw_seal, size = record
+            if reader.consumed + size > pack.LIMIT:
+                raise pack.Malformed(f"longer than a pack is written ({pack.LIMIT >> 20} MiB)")
+            event = self._take_record(key, size)
+            if event is None:
+                reader.skip(size)
+                continue
+            again = True  # (a record cut short, or refused: the entry's own object may be sound)
+            try:
+                again = self._record(key, raw_seal, size, reader)
+            finally:
+                self._release(key, size, event, again)
+        raise pack.Malformed(f"more than {MANIFEST_KEYS} records")
 
     def _take_record(self, key: str, size: int) -> threading.Event | None:
-        """A record's key, in flight from now (its lookup waits for it), where it is still wanted
-        and the budget and the bytes in flight leave room for its size; else None."""
+        """A record's key, in flight from now (its lookup waits for it), where it is still wanted,
+        not landed, and the budget and the bytes in flight leave room for its size; else None."""
+        local = os.path.join(self.level.local_dir, key + ENTRY_SUFFIX)
+        landed = os.path.exists(local)  # (a sibling's, meanwhile: outside the lock)
         with self.lock:
-            if self.packed.pop(key, None) is None or self.spent + size + BLOCK > self.budget or size > IN_FLIGHT:
+            if self.packed.pop(key, None) is None or landed or self.spent + size + BLOCK > self.budget:
+                return None
+            if self.holding + size > IN_FLIGHT:  # the workers hold much: this one is theirs
+                self.pending.setdefault(key, size)
                 return None
             self.spent += size + BLOCK
             self.holding += size
             event = self.flight[key] = threading.Event()
             return event
 
-    def _record(self, key: str, raw_seal: bytes, size: int, reader: pack.Reader) -> None:
+    def _record(self, key: str, raw_seal: bytes, size: int, reader: pack.Reader) -> bool:
+        """Check and land one record; whether it was refused (its key then goes to the workers)."""
         level = self.level
         started = time.perf_counter()
         try:
@@ -503,24 +524,20 @@ class Prefetch:
                 raise Refused("the pack's record and its seal give different sizes")
         except Refused as exc:
             reader.skip(size)
-            return self._unpacked(key, size, exc)
+            logger.debug("the pack's record of %s is not used: %s", key, exc)
+            return True
         data = reader.body(size)
         try:
             if why := head_problem(data):
                 raise Refused(why)
             found = level.found(key, seal, data)
         except Refused as exc:
-            return self._unpacked(key, size, exc)
+            logger.debug("the pack's record of %s is not used: %s", key, exc)
+            return True
         level.count("shared", bytes_read=size, read_secs=time.perf_counter() - started, reads=1)
         if not os.path.exists(os.path.join(level.local_dir, key + ENTRY_SUFFIX)):  # (no claim: the bytes are here,
             self._land(key, size, found)  # and two processes landing one entry each write it whole)
-
-    def _unpacked(self, key: str, size: int, exc: Exception) -> None:
-        """A record refused: the entry's own object may be sound, and a worker reads it."""
-        logger.debug("the pack's record of %s is not used: %s", key, exc)
-        with self.lock:
-            if key not in self.asked:
-                self.pending.setdefault(key, size)
+        return False
 
     def take(self, key: str) -> None:
         """A lookup's key, fetched by it: never by the prefetch too."""
