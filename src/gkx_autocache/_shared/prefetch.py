@@ -9,6 +9,9 @@ worker. A reader takes it at its first local miss: a warm local run never asks t
 for anything. The whole listing was the other candidate; a team's bucket holds every program's
 entries, and a listing beyond one page is not read at all (``bucket.LIST_LIMIT``).
 
+How, from a bucket: its pack (``pack.py``, written beside the manifest), one request for the first
+128 MiB of its entries, each record checked as the entry read alone; the rest entry by entry.
+
 Bounds: ``WORKERS`` fetches at a time, each bounded like a read and verified like one (the seal,
 the signature, the size; then the store's own checks) before it lands, by the store's backfill;
 never more bytes than ``BUDGET`` nor than the local level's room under its cap; nothing once the
