@@ -56,7 +56,7 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
     assert compiles > 0 and all(levels[name]["hits"] == compiles for name in levels if name.startswith("warm"))
     assert all(levels[name]["hits"] == 0 for name in levels if name.startswith("cold,"))
     cold = levels["cold requests"]
-    assert cold["uploads"] == cold["misses"] == compiles and cold["requests"] == 2 + 2 * compiles  # a listing, a manifest
+    assert cold["uploads"] == cold["misses"] == compiles and cold["requests"] == 3 + 2 * compiles  # a listing, a manifest and its pack
     for f in data["prefetch"].values():  # a fresh machine, warm from the bucket: every lookup served, some prefetched
         assert f["fresh machine, from the bucket"]["hits"] == f["local warm (shared set)"]["hits"] == f["entries"] > 0
         assert f["prefetched"] == f["prefetch_used"] > 0 and f["prefetch_wasted_bytes"] == 0, f
