@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Venv, autocache_warnings, make_venv, public_tmp, run_program
+from conftest import PROGRAM, ROOT, Venv, autocache_warnings, make_venv, public_tmp, run_program
 
 JAX_VERSION = __import__("importlib.metadata").metadata.version("jax")
 FINDER = "GkxAutocacheFinder"  # the finder's class name: the .pth line's class and the package's share it
@@ -110,10 +110,13 @@ def test_uncreatable_default_falls_back_quietly_to_user_cache(venv: Venv, tmp_pa
 
 
 def test_nothing_usable_runs_uncached_with_one_warning(venv: Venv, tmp_path: Path) -> None:
-    """Neither default nor user cache can be created: one warning, the program runs uncached."""
+    """Neither the default, the user cache nor the user's folder in the temporary directory can be
+    created: one warning, the program runs uncached."""
     (venv.path / ".cache").write_text("in the way")
     (tmp_path / "xdg").write_text("in the way too")
-    out, err = run_program(venv, env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / f"gkx-{os.getuid()}").write_text("in the way as well")
+    out, err = run_program(venv, env={"XDG_CACHE_HOME": str(tmp_path / "xdg"), "TMPDIR": str(tmp_path / "tmp")})
     assert out["dir"] is None and out["result"]
     warnings = autocache_warnings(err)
     assert len(warnings) == 1 and "filter gkx_autocache.AutocacheWarning" in warnings[0] and "GKX_JAX_CACHE=0" not in warnings[0], err
@@ -128,6 +131,46 @@ def test_unusable_explicit_dir_is_not_replaced(venv: Venv, tmp_path: Path) -> No
     warnings = autocache_warnings(err)
     assert len(warnings) == 1 and "GKX_JAX_CACHE_DIR" in warnings[0] and str(bad) in warnings[0]
     assert not venv.default_cache.exists()
+
+
+# PROGRAM, with the package's DEBUG lines on stderr.
+DEBUG_PROGRAM = ("import logging; logging.basicConfig(format='%(name)s %(message)s'); "
+                 "logging.getLogger('gkx_autocache').setLevel(logging.DEBUG)\n" + PROGRAM)
+
+
+@pytest.mark.parametrize("home", [None, "/"])
+def test_a_user_the_password_database_does_not_know_caches_in_the_temporary_directory(venv: Venv,
+                                                                                     home: str | None) -> None:
+    """`docker run --user 12345`: a uid with no passwd entry, HOME unset or /, neither the venv's
+    directory nor a home it can write: cached in its own 0700 folder of the temporary directory,
+    said at DEBUG and by `status`, no traceback, no `~` directory; a second process is served."""
+    uid = 12345
+    scratch = venv.path.parent / "tmp"  # a /tmp of the test's own: root's and sticky
+    scratch.mkdir()
+    scratch.chmod(0o1777)
+    work = venv.path.parent / "work"  # the current directory, writable by the user: a relative `~` would land here
+    work.mkdir()
+    os.chown(work, uid, uid)
+    if home is None:
+        del venv.env["HOME"]
+    else:
+        venv.env["HOME"] = home
+    env = {"TMPDIR": str(scratch)}
+    root = scratch / f"gkx-{uid}" / "jax"
+    proc = venv.run("-c", DEBUG_PROGRAM, env=env, user=uid, cwd=str(work))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    cold = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert cold["dir"] == str(root / VERSION_DIR) and autocache_warnings(proc.stderr) == [], proc.stderr
+    assert any(str(root) in line and "temporary" in line for line in proc.stderr.splitlines()), proc.stderr
+    assert (root.parent.stat().st_mode & 0o777, root.parent.stat().st_uid) == (0o700, uid)
+    assert not (work / "~").exists()
+    warm, _ = run_program(venv, env=env, user=uid)
+    assert warm["hits"] == warm["requests"] >= 2
+    status = venv.cli("--json", "status", env=env, user=uid)
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    data = json.loads(status.stdout)
+    assert data["directory"]["version_dir"] == str(root / VERSION_DIR)
+    assert "temporary" in data["settings"]["dir"]["effective"] and data["settings"]["dir"]["origin"] == "default"
 
 
 @pytest.mark.parametrize(
@@ -157,6 +200,26 @@ def test_bad_env_value_warns_and_runs_under_w_error(venv: Venv) -> None:
     out, err = run_program(venv, "-W", "error", env={"GKX_JAX_CACHE_MAX_SIZE": "huge"})
     assert out["dir"] == str(venv.default_cache / VERSION_DIR)
     assert "GKX_JAX_CACHE_MAX_SIZE" in err and "Traceback" not in err
+
+
+def test_an_empty_signing_key_is_one_warning_where_a_shared_level_is_set(venv: Venv, tmp_path: Path) -> None:
+    """GKX_JAX_CACHE_SIGNING_KEY set but empty (a CI secret not passed) with a shared level: one
+    warning naming the variable, the cause and the fix, logged and never raised under -W error,
+    and said by `status`; without a shared level an empty key changes nothing and says nothing."""
+    shared = tmp_path / "team"
+    shared.mkdir(mode=0o700)
+    env = {"GKX_JAX_CACHE_SHARED": str(shared), "GKX_JAX_CACHE_SIGNING_KEY": ""}
+    out, err = run_program(venv, env=env)
+    warnings = [w for w in autocache_warnings(err) if "gkx-autocache:" in w]
+    assert len(warnings) == 1 and "GKX_JAX_CACHE_SIGNING_KEY" in warnings[0] and "empty" in warnings[0], err
+    assert out["dir"] == str(venv.default_cache / VERSION_DIR)
+    _, err = run_program(venv, "-W", "error", env=env)
+    assert "GKX_JAX_CACHE_SIGNING_KEY" in err and "Traceback" not in err
+    data = json.loads(venv.cli("--json", "status", env=env).stdout)
+    assert sum("GKX_JAX_CACHE_SIGNING_KEY" in line and "empty" in line for line in data["attention"]) == 1
+    assert data["signing_key"].startswith("empty")
+    _, err = run_program(venv, env={"GKX_JAX_CACHE_SIGNING_KEY": ""})
+    assert autocache_warnings(err) == []
 
 
 def test_warning_points_at_the_users_import_line(venv: Venv, tmp_path: Path) -> None:
@@ -300,6 +363,28 @@ def test_opt_out_is_read_at_import_jax_and_touches_nothing(venv: Venv) -> None:
     out = json.loads(venv.run("-c", IMPORT_JAX, env={"GKX_JAX_CACHE": "0"}, check=True).stdout)
     assert out == {"gkx": ["gkx_autocache"], "finders": [], "loader": "SourceFileLoader", "dir": None}
     assert not venv.default_cache.exists()
+
+
+# A spec of jax asked for before the import (an "is jax installed?" check), then the import: the
+# loaders in sight, a resource of JAX's read through importlib.resources, and the directory.
+LOADERS = r'''
+import importlib.resources, importlib.util, json
+early = importlib.util.find_spec("jax")
+import jax
+loaders = {"early": early.loader, "find_spec": importlib.util.find_spec("jax").loader,
+           "__loader__": jax.__loader__, "__spec__": jax.__spec__.loader}
+print(json.dumps({"loaders": {name: type(loader).__name__ for name, loader in loaders.items()},
+                  "resource": importlib.resources.files("jax").joinpath("version.py").is_file(),
+                  "dir": jax.config.jax_compilation_cache_dir}))
+'''
+
+
+def test_jax_has_its_own_loader_once_imported(venv: Venv) -> None:
+    """Once `import jax` has run and configured, every spec of jax has JAX's own loader, one that
+    `importlib.util.find_spec` handed out before the import too, and importlib.resources reads it."""
+    out = json.loads(venv.run("-c", LOADERS, check=True).stdout)
+    assert out["loaders"] == dict.fromkeys(("early", "find_spec", "__loader__", "__spec__"), "SourceFileLoader")
+    assert out["resource"] is True and out["dir"] == str(venv.default_cache / VERSION_DIR)
 
 
 def test_pth_line_leaves_a_jax_imported_before_it_to_install(bare_venv: Venv, tmp_path: Path) -> None:

@@ -70,6 +70,17 @@ def test_empty_variable_counts_as_unset(tmp_path: Path) -> None:
     assert s.origin("dir") == "default" and s["enabled"] is True
 
 
+def test_an_empty_signing_key_is_a_bad_setting_where_a_shared_level_is_set(tmp_path: Path) -> None:
+    """GKX_JAX_CACHE_SIGNING_KEY set but empty (a CI secret not passed) is one problem naming the
+    variable, where a shared level is set; without one it changes nothing, and says nothing."""
+    empty = {"GKX_JAX_CACHE_SIGNING_KEY": ""}
+    s = resolve({**empty, "GKX_JAX_CACHE_SHARED": "s3://bucket/team"}, tmp_path)
+    assert [cause for cause, _ in s.problems] == ["signing:empty"]
+    assert "GKX_JAX_CACHE_SIGNING_KEY" in s.problems[0][1] and "empty" in s.problems[0][1]
+    assert _settings.signing_key(empty) is None
+    assert resolve(empty, tmp_path).problems == []
+
+
 def test_dir_expansion_and_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """~ and $VARS expand; a file's relative dir is relative to its folder; URLs stay verbatim."""
     monkeypatch.setenv("GKX_TEST_SCRATCH", "/scratch")
@@ -296,6 +307,20 @@ def test_finder_configures_after_the_module_body_and_leaves(stand_in) -> None:  
     assert _finders() == []
 
 
+def test_a_spec_found_before_the_import_gets_its_own_loader_back(stand_in) -> None:  # type: ignore[no-untyped-def]
+    """A spec that `importlib.util.find_spec` handed out before the import (an "is it installed?"
+    check) has the target's own loader once the import has run and configured, like the module's."""
+    import importlib.util
+
+    name, calls, install = stand_in
+    install()
+    early = importlib.util.find_spec(name)
+    assert early is not None
+    module = __import__(name)
+    assert [m.VALUE for m in calls] == [42]
+    assert type(early.loader) is type(module.__loader__) and type(module.__loader__).__name__ == "SourceFileLoader"
+
+
 def test_failed_import_is_unchanged_and_retry_configures(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """The user's exception comes through as it was, without our frames; the finder stays."""
     name, calls, install = stand_in
@@ -486,6 +511,43 @@ def test_user_dirs_never_depend_on_the_current_directory(monkeypatch: pytest.Mon
     own_home = pwd.getpwuid(os.getuid()).pw_dir
     assert _cache.user_root() == os.path.join(own_home, ".cache", "gkx", "jax")
     assert _policy.user_path() == os.path.join(own_home, ".config", "gkx-autocache", "config.toml")
+
+
+@pytest.mark.parametrize("home", [None, "", "relative"])
+def test_a_user_the_password_database_does_not_know_gets_a_folder_in_the_temporary_directory(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, home: str | None) -> None:
+    """No absolute HOME and no passwd entry (`docker run --user 12345`): no user cache or config
+    directory (never a relative `~`), so no user config file, and the default directory is the
+    user's own folder in the temporary directory, made 0700."""
+    import pwd
+    import tempfile
+
+    def unknown(uid: int) -> Any:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", unknown)
+    for variable in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(variable, raising=False)
+    if home is None:
+        monkeypatch.delenv("HOME", raising=False)
+    else:
+        monkeypatch.setenv("HOME", home)
+    monkeypatch.chdir(tmp_path)
+    assert _cache.user_dir("cache", "gkx") is None and _cache.user_dir("config", "gkx-autocache") is None
+    settings = _settings.resolve({}, str(tmp_path / "env"), cwd=str(tmp_path))
+    assert settings.problems == [] and list(settings.files) == [str(tmp_path / "env" / "gkx-autocache.toml")]
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    scratch.chmod(0o1777)
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # what gettempdir() found for this TMPDIR
+    location = _cache.locate(settings, "9.9.9", prefix=sys.base_prefix)
+    root = scratch / f"gkx-{os.getuid()}" / "jax"
+    assert location.version_dir == str(root / "jax-9.9.9") and "temporary" in location.rule
+    assert (root.parent.stat().st_mode & 0o777) == 0o700 and not (tmp_path / "~").exists()
+    monkeypatch.setenv("TMPDIR", "checkout")  # relative: tempfile takes it against the current directory
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "checkout"))
+    assert _cache.temp_root() is None
 
 
 @pytest.mark.parametrize("kind, default", [("cache", "Library/Caches"), ("config", "Library/Application Support")])

@@ -29,6 +29,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for mypy only: importing typing at run time costs every process of a 3.15 venv
+    import weakref
     from collections.abc import Sequence
     from importlib.abc import Loader as _Loader
     from importlib.machinery import ModuleSpec
@@ -120,8 +121,18 @@ class GkxAutocacheFinder:
             if spec is not None:
                 break
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            import weakref
+
             spec.loader = _ConfiguringLoader(spec.loader, finder)
+            # A spec asked for before the import (importlib.util.find_spec: "is jax installed?")
+            # outlives it: the import gives it JAX's own loader back. Weakly, as such checks drop
+            # theirs and may ask again and again.
+            _handed_out[:] = [ref for ref in _handed_out if ref() is not None] + [weakref.ref(spec)]
         return spec
+
+
+# The specs whose loader the finder wrapped, until jax is imported.
+_handed_out: "list[weakref.ref[ModuleSpec]]" = []
 
 
 # What the .pth line's finder calls for jax. It passes the name only: while a finder is on
@@ -131,7 +142,8 @@ find_spec = GkxAutocacheFinder.find_spec
 
 class _ConfiguringLoader(_Loader):
     """Delegates to the real loader; after a successful ``exec_module``, puts the real loader
-    back on the module (so nothing of ours stays visible) and configures."""
+    back on the module and on every spec the finder handed out (so nothing of ours stays
+    visible) and configures."""
 
     def __init__(self, loader: "_Loader", finder: object) -> None:
         self._loader = loader
@@ -161,6 +173,10 @@ class _ConfiguringLoader(_Loader):
         # Rebind rather than mutate: importlib may be iterating over the list right now.
         sys.meta_path = [f for f in sys.meta_path if f is not self._finder]
         try:
+            while _handed_out:
+                early = _handed_out.pop()()
+                if early is not None and isinstance(early.loader, _ConfiguringLoader):
+                    early.loader = early.loader._loader
             _configure_now(module)
         except Exception:
             pass

@@ -23,17 +23,39 @@ def venv_root(prefix: str = sys.prefix) -> str:
     return os.path.join(prefix, ".cache", "gkx", "jax")
 
 
-def user_root() -> str:
-    """platformdirs' user cache path: ``~/.cache/gkx/jax`` on Linux, honouring XDG_CACHE_HOME."""
-    return os.path.join(user_dir("cache", "gkx"), "jax")
+def user_root() -> str | None:
+    """platformdirs' user cache path: ``~/.cache/gkx/jax`` on Linux, honouring XDG_CACHE_HOME; None
+    for a user without a home (``user_dir``)."""
+    cache = user_dir("cache", "gkx")
+    return None if cache is None else os.path.join(cache, "jax")
+
+
+def temp_root() -> str | None:
+    """The user's own folder in the temporary directory, ``/tmp/gkx-<uid>/jax``: the default where
+    the user cache cannot be used (``docker run --user 12345``: no passwd entry, HOME unset or
+    ``/``). ``/tmp`` is root's and sticky, which the trust rules accept; the folder is made 0700,
+    and one someone else made is refused. None where there is no uid (Windows)."""
+    if not hasattr(os, "getuid"):
+        return None
+    import tempfile
+
+    folder = tempfile.gettempdir()
+    # tempfile takes a relative TMPDIR against the current directory, and falls back to the current
+    # directory itself: a checkout would then choose the cache, as a relative XDG_CACHE_HOME would.
+    named = {os.path.normpath(os.environ.get(v, "")) for v in ("TMPDIR", "TEMP", "TMP")}
+    if folder not in {n for n in named if os.path.isabs(n)} | {"/tmp", "/var/tmp", "/usr/tmp"}:
+        logger.debug("the temporary directory %s is not one the environment names absolutely: not used", folder)
+        return None
+    return os.path.join(folder, f"gkx-{os.getuid()}", "jax")
 
 
 _XDG = {"cache": ("XDG_CACHE_HOME", ".cache"), "config": ("XDG_CONFIG_HOME", ".config")}
 _MACOS = {"cache": "Library/Caches", "config": "Library/Application Support"}
 
 
-def user_dir(kind: str, app: str) -> str:
-    """platformdirs' ``user_cache_dir(app)`` or ``user_config_dir(app)``, always absolute.
+def user_dir(kind: str, app: str) -> str | None:
+    """platformdirs' ``user_cache_dir(app)`` or ``user_config_dir(app)``, always absolute; None for
+    a user without a home (no absolute XDG value, HOME or passwd entry's home): never ``~``.
 
     Where platformdirs follows XDG (Linux and the other Unixes, not Android), the XDG rule is
     computed here: importing platformdirs costs about 7 ms of every ``import jax``. A relative
@@ -50,28 +72,39 @@ def user_dir(kind: str, app: str) -> str:
         value = os.environ.get(variable, "").strip()
         if value and not os.path.isabs(value):
             logger.debug("%s=%r is relative: ignored, as the XDG spec says", variable, value)
-        return os.path.join(value if os.path.isabs(value) else os.path.join(home(), fallback), app)
+        if os.path.isabs(value):
+            return os.path.join(value, app)
+        found = home()
+        return None if found is None else os.path.join(found, fallback, app)
     import platformdirs
 
     path = str(platformdirs.user_cache_dir(app) if kind == "cache" else platformdirs.user_config_dir(app))
     if os.path.isabs(path) or sys.platform != "darwin":
         return path
     logger.debug("platformdirs answered %r, a relative path: %s ignored", path, _XDG[kind][0])
-    return os.path.join(home(), _MACOS[kind], app)
+    found = home()
+    return None if found is None else os.path.join(found, _MACOS[kind], app)
 
 
-def home() -> str:
-    """The user's home: ``HOME`` when it is absolute, else the password database's (a relative
-    ``HOME`` would move with the current directory, as platformdirs also holds)."""
+def home() -> str | None:
+    """The user's home: ``HOME`` when it is absolute, else the password database's; None when
+    neither gives an absolute one (a relative ``HOME`` would move with the current directory, as
+    platformdirs also holds)."""
     value = os.environ.get("HOME", "")
     if os.path.isabs(value):
         return value
     try:
         import pwd
 
-        return pwd.getpwuid(os.getuid()).pw_dir
-    except (ImportError, KeyError):
-        return os.path.expanduser("~")
+        found = pwd.getpwuid(os.getuid()).pw_dir
+    except ImportError:
+        found = os.path.expanduser("~")
+    except KeyError:
+        # A uid the password database does not know (docker run --user 12345): expanduser would
+        # answer a relative "~".
+        logger.debug("HOME is %r and uid %d has no passwd entry: no home directory", value, os.getuid())
+        return None
+    return found if os.path.isabs(found) else None
 
 
 class Refused(Exception):
@@ -162,8 +195,9 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
 
     The user's own JAX directory is taken as it is. An explicit ``dir`` is used or refused, never
     replaced: the user asked for that place. The default is the environment's own
-    ``<prefix>/.cache/gkx/jax``, else the user cache; failing over between them is normal (a
-    shared conda environment, someone else's venv) and silent. A URL is kept verbatim, with the
+    ``<prefix>/.cache/gkx/jax``, else the user cache, else the user's own folder of the temporary
+    directory; failing over between them is normal (a shared conda environment, someone else's
+    venv, a uid without a home) and silent. A URL is kept verbatim, with the
     version added. With ``create=False`` (the commands) nothing is created.
     """
     if settings.from_jax("dir"):
@@ -199,7 +233,14 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
     def roots() -> Iterator[tuple[str, str]]:  # the user root is computed only when needed
         if in_virtualenv(prefix):
             yield venv_root(prefix), "default: the environment's own"
-        yield user_root(), "default: the user cache"
+        user = user_root()
+        if user is not None:
+            yield user, "default: the user cache"
+        temp = temp_root()
+        if temp is not None:
+            why = "the user cache cannot be used" if user else "this user has no home directory"
+            logger.debug("%s: the temporary directory's %s is next", why, temp)
+            yield temp, f"default: the temporary directory, as {why}"
 
     for root, rule in roots():
         shared = team(settings, root)

@@ -29,10 +29,12 @@ def policy_path(prefix: str = sys.prefix) -> str:
     return os.path.join(prefix, POLICY_NAME)
 
 
-def user_path() -> str:
+def user_path() -> str | None:
+    """The user's config file; None for a user without a home: then there is none."""
     from gkx_autocache._cache import user_dir
 
-    return os.path.join(user_dir("config", "gkx-autocache"), "config.toml")
+    folder = user_dir("config", "gkx-autocache")
+    return None if folder is None else os.path.join(folder, "config.toml")
 
 
 class FileVerdict:

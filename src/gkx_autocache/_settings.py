@@ -144,9 +144,14 @@ SIGNING_KEY_ENV = "GKX_JAX_CACHE_SIGNING_KEY"
 def signing_key(env: Mapping[str, str] = os.environ) -> bytes | None:
     """The shared level's signing key (SPEC §14): a secret, so from the environment only (as CI
     systems pass secrets), never from a settings file, and never printed. Its UTF-8 bytes as they
-    are (not stripped: a key is not a word); an empty variable counts as unset."""
+    are (not stripped: a key is not a word); an empty variable is a bad setting
+    (``EMPTY_SIGNING_KEY``), skipped: as if unset."""
     value = env.get(SIGNING_KEY_ENV, "")
     return value.encode("utf-8", "surrogateescape") if value else None
+
+
+EMPTY_SIGNING_KEY = (f"env {SIGNING_KEY_ENV} skipped, it is set but empty (a CI secret not passed to this job?), so "
+                     "the shared level's entries are neither signed nor checked; pass the secret, or unset the variable")
 
 
 def remote_signing_note(url: str) -> str:
@@ -191,6 +196,9 @@ def parse_dir(raw: Any, base: str | None, env: Mapping[str, str] = os.environ) -
     if path.startswith("~"):
         home = env.get("HOME") if path == "~" or path.startswith("~/") else None
         path = os.path.join(home, path[2:]) if home else os.path.expanduser(path)
+        # Left as it was: no HOME, and a uid the password database does not know (docker run --user).
+        if path.startswith("~/") or path == "~":
+            raise BadValue(f"~ has no home here (HOME is not set), in {shown(raw)}; set HOME, or write the path out")
         if path.startswith("~"):
             raise BadValue(f"{shown(path.split('/')[0])} is not a user here, in {shown(raw)}")
     if base is None and not os.path.isabs(path):
@@ -353,6 +361,8 @@ def resolve(
     env_values = {k.name: env[k.env] for k in KEYS.values() if env.get(k.env, "").strip()}
     layers.append(("env", env_values, current_dir() if cwd is None else cwd))
     for path in (_policy.policy_path(prefix), user_file or _policy.user_path()):
+        if path is None:  # a user without a home has no user config file
+            continue
         verdict = _policy.read(path)
         settings.files[path] = verdict
         if verdict.problem:
@@ -384,4 +394,8 @@ def resolve(
                     (f"value:{where}:{key.name}", f"{where}: {key.name} skipped, {exc}; fix or remove it")
                 )
                 settings.skipped.setdefault(key.name, (where, str(data[key.name]).strip(), str(exc)))
+    # Said only where a shared level would use the key: without one an empty key changes nothing
+    # (the local level is never signed), and a CI template that sets it for every job stays quiet.
+    if env.get(SIGNING_KEY_ENV) == "" and settings["shared"] is not None:
+        settings.problems.append(("signing:empty", EMPTY_SIGNING_KEY))
     return settings

@@ -58,6 +58,9 @@ def cmd_config(args: argparse.Namespace) -> int:
         return OK
     key = _key(args.key)
     path = _policy.user_path() if args.user else _policy.policy_path()
+    if path is None:
+        raise CliError("this user has no config directory: HOME is not set (or not absolute) and the password "
+                       "database does not know the uid; set HOME or XDG_CONFIG_HOME, or edit the policy file (--venv)")
     if args.action == "unset":
         try:
             _policy.set_key(path, key.name, None)

@@ -135,6 +135,9 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         signing = ("set, but it protects nothing here: dir is a bucket, which JAX's stock cache reads without "
                    "checking signatures")
         attention.append(_settings.remote_signing_note(str(location.root)))
+    elif os.environ.get(_settings.SIGNING_KEY_ENV) == "":
+        # Set but empty: a bad setting, whose attention line is among settings.problems.
+        signing = "empty (env GKX_JAX_CACHE_SIGNING_KEY): skipped, as if not set"
     levels = _probe.describe_levels(settings, location, ctx.jax_version, os.environ, probe)
     if levels is not None and levels["shared"]["signing"] == _probe.UNCHECKED:
         attention.append(f"shared {levels['shared']['url']}: signing key {_probe.UNCHECKED}")
