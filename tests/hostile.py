@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-MODES = ("forward", "truncate", "short", "lie", "long", "norange", "hang")
+MODES = ("forward", "truncate", "short", "lie", "long", "norange", "hang", "drip")
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -104,7 +104,9 @@ class Proxy(_Listening):
     and closes the connection; ``short`` says and sends 10 bytes fewer; ``long`` sends 10 bytes
     more than the object has; ``lie`` sends other bytes of the same length; ``norange`` strips the
     ``Range`` header from every request, so a ranged read gets the whole object (200), as from an
-    endpoint that ignores ``Range``; ``hang`` never answers a read of an entry or a pack. ``delay`` seconds
+    endpoint that ignores ``Range``; ``hang`` never answers a read of an entry or a pack; ``drip`` sends
+    a pack at once up to the middle of its middle record's entry, then a byte every 40 ms (a bad
+    proxy, a congested link: that record in flight, its lookup waiting). ``delay`` seconds
     before each request is forwarded. ``requests`` lists ``(method, path)`` as they come; ``peak``
     is the most requests it held at once."""
 
@@ -174,7 +176,15 @@ class Proxy(_Listening):
                     with self._count:
                         self.active -= 1
                 entry = method == "GET" and path.split("?")[0].endswith("-cache") and code in (200, 206)
-                if not entry or self.mode in ("forward", "norange") or "chunked" in rfields.get("transfer-encoding", ""):
+                if self.mode == "drip" and method == "GET" and path.split("?")[0].endswith("-gkx-pack"):
+                    fast = _middle_of_middle_record(rbody)
+                    client.sendall(rhead + rbody[:fast])
+                    for i in range(fast, len(rbody)):
+                        if self._closed.wait(0.04):
+                            return
+                        client.sendall(rbody[i:i + 1])
+                    continue
+                if not entry or self.mode in ("forward", "norange", "drip") or "chunked" in rfields.get("transfer-encoding", ""):
                     client.sendall(rhead + rbody)
                 elif self.mode == "truncate":
                     client.sendall(rhead + rbody[: len(rbody) // 2])
@@ -190,6 +200,20 @@ class Proxy(_Listening):
         finally:
             upstream.close()
             client.close()
+
+
+def _middle_of_middle_record(data: bytes) -> int:
+    """Where a pack's middle record's entry is half sent."""
+    from gkx_autocache._shared import pack
+
+    at, ends = len(pack.MAGIC), list[tuple[int, int]]()
+    while at + pack.HEAD.size <= len(data):
+        key, seal, size = (int(n) for n in pack.HEAD.unpack(data[at:at + pack.HEAD.size]))
+        start = at + pack.HEAD.size + key + seal
+        ends.append((start, start + size))
+        at = start + size
+    start, end = ends[len(ends) // 2]
+    return (start + end) // 2
 
 
 class Silent(_Listening):

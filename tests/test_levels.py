@@ -1037,10 +1037,13 @@ def test_a_warning_from_the_compile_path_or_at_exit_points_at_no_package_or_jax_
     assert "threading.py" not in warning.split(": AutocacheWarning: ")[0], warning
 
 
-def test_a_writer_whose_local_level_is_warm_heals_an_emptied_bucket(venv: Venv, tmp_path: Path, s3: S3) -> None:
-    """A run fills the local level and the bucket; the bucket is emptied; a run with shared_write =
-    never, all local hits, leaves it empty; the next writer's run, all local hits, uploads what the
-    bucket's listing lacks (counted as uploads), and a fresh local level is then served from it."""
+def test_a_writer_heals_an_emptied_bucket_in_a_run_that_asks_it_and_only_then(venv: Venv, tmp_path: Path,
+                                                                            s3: S3, s3_server: str) -> None:
+    """A run fills the local level and the bucket; the bucket is emptied; a writer's run of local
+    hits asks the bucket nothing (no request: SPEC §14, a run that needs no request costs what a
+    run without a shared level costs), nor does a run with shared_write = never; the next writer's
+    run that misses once (one function more) takes the listing and uploads what it lacks (counted
+    as uploads), and a fresh local level is then served from it."""
     env = levels_env(s3.env, s3.bucket, tmp_path / "a")
     cold, _ = run_program(venv, env=env)
     uploaded = entries(s3, "team")
@@ -1050,21 +1053,28 @@ def test_a_writer_whose_local_level_is_warm_heals_an_emptied_bucket(venv: Venv, 
         client.delete_object(Bucket=s3.bucket, Key=name)
     out, err = run_program(venv, env={**env, "GKX_JAX_CACHE_SHARED_WRITE": "never"})
     assert out["hits"] == out["requests"] and not autocache_warnings(err) and entries(s3, "team") == {}, err
-    # The writer stays alive until the bucket holds the entries again (at most 120 s): a short run
-    # gives its healing listing only HEAL_GRACE at exit, which a loaded machine can outlast.
-    waiting = PROGRAM + (
+    proxy = Proxy(int(s3_server.rsplit(":", 1)[1]))
+    try:
+        out, err = run_program(venv, env={**env, "AWS_ENDPOINT_URL": proxy.endpoint})
+        assert out["hits"] == out["requests"] and not autocache_warnings(err), err
+        assert proxy.requests == [] and entries(s3, "team") == {}, proxy.requests
+    finally:
+        proxy.close()
+    # The writer stays alive until the bucket holds the entries again (at most 120 s): healing is
+    # never waited for at exit, and a loaded machine can outlast a short run's uploads.
+    waiting = OTHER + (
         "import os, time, boto3\n"
         "c = boto3.client('s3', endpoint_url=os.environ['AWS_ENDPOINT_URL'], region_name='us-east-1')\n"
         "deadline = time.monotonic() + 120\n"
         "while time.monotonic() < deadline and sum(o['Key'].endswith('-cache') for o in c.list_objects_v2("
         "Bucket=os.environ['BUCKET'], Prefix='team/').get('Contents', [])) < int(os.environ['WANT']):\n"
         "    time.sleep(0.2)\n")
-    out, err = run_program(venv, env={**env, "BUCKET": s3.bucket, "WANT": str(len(uploaded))}, program=waiting)
-    assert out["hits"] == out["requests"] and report(err)["local"] == out["requests"] and not autocache_warnings(err), err
-    assert entries(s3, "team") == uploaded
+    out, err = run_program(venv, env={**env, "BUCKET": s3.bucket, "WANT": str(len(uploaded) + 1)}, program=waiting)
+    assert report(err)["misses"] == 1 and not autocache_warnings(err), err
+    assert len(entries(s3, "team")) == out["requests"], err  # its hits healed, its miss uploaded
     shared = json.loads(venv.cli("--json", "stats", env=env).stdout)["levels"]["shared"]
-    assert shared["uploads"] == 2 * len(uploaded), shared
-    fresh, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
+    assert shared["uploads"] == len(uploaded) + out["requests"], shared
+    fresh, err = run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"), program=OTHER)
     assert report(err)["shared"] == fresh["requests"], err
 
 
@@ -1154,3 +1164,41 @@ def test_an_entry_backfilled_from_the_bucket_explains_its_next_shape(venv: Venv,
     said = {f["name"]: (g["cause"], f["detail"]) for g in groups for f in g["functions"]}
     assert said["jit_smooth"] == ("changed computation", "inputs f32[48] -> f32[40]"), said
     assert not any("no record" in detail for _cause, detail in said.values()), said
+
+
+def test_a_local_entry_is_uploaded_only_with_the_seal_its_key_vouched_for(tmp_path: Path) -> None:
+    """What healing and packs sign (SPEC §14, amended 2026-12-04): with a key, only a local entry
+    whose kept seal its key verifies against the bytes on disk, that seal as it is; never bytes
+    swapped after it was verified, a seal of another key or of another entry, an unsigned seal, or
+    none (a keyless backfill). Without a key, an unsigned seal, as every keyless upload has."""
+    from gkx_autocache._shared.seal import make_seal
+
+    level, _ = hostile_level(tmp_path, secret=KEY_A.encode())
+    data, other = b"\x78\x9c" + b"a" * 100, b"\x78\x9c" + b"b" * 100
+    vouched = level.vouch(GOOD, data, 1.5, 1000.0)
+    assert vouched is not None and level.seal_for(GOOD, data, vouched, None, 0.0) == vouched
+    for name, raw, bytes_ in (("swapped after it was verified", vouched, other),
+                              ("another key's", make_seal(GOOD, data, 1.5, 1000.0, KEY_B.encode()), data),
+                              ("another entry's", level.vouch(OTHER_KEY, data, 1.5, 1000.0), data),
+                              ("unsigned", make_seal(GOOD, data, 1.5, 1000.0, None), data),
+                              ("none", None, data), ("not a seal", b"{", data)):
+        assert level.seal_for(GOOD, bytes_, raw, None, 0.0) is None, name
+    keyless, _ = hostile_level(tmp_path / "k")
+    minted = keyless.seal_for(GOOD, data, vouched, 2.0, 1000.0)
+    assert minted is not None and b"hmac" not in minted and keyless.vouch(GOOD, data, 2.0, 1000.0) is None
+
+
+def test_an_unsigned_seal_says_who_uploaded_it_and_a_wrong_signature_says_so() -> None:
+    """K5: a seal without a signature is `not signed`, uploaded by a process without the key; one
+    whose signature does not match names another key or an alteration: two causes, two fixes."""
+    from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared.seal import Refused, make_seal
+
+    level = _levels.Level("/nowhere", None, local="/nowhere", timeout=1.0, writes="x", secret=KEY_A.encode())
+    data = b"\x78\x9c" + b"a" * 10
+    for raw, said in ((make_seal(GOOD, data, None, 1.0, None), "not signed: a process without the signing key uploaded it"),
+                      (make_seal(GOOD, data, None, 1.0, KEY_B.encode()),
+                       "not signed: its signature does not match (another key, or altered)")):
+        with pytest.raises(Refused) as refused:
+            level._admit(GOOD, raw)
+        assert str(refused.value) == said

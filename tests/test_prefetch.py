@@ -22,7 +22,7 @@ from test_levels import KEY_A, KEY_B, autocache_warnings, drop_packs, entries, l
 
 # N jitted functions, each its own entry; MANY_SHIFT changes the odd ones (half the keys new).
 MANY = r"""
-import json, os
+import json, os, time
 import jax, jax.numpy as jnp
 """ + COUNTING + r"""
 n = int(os.environ.get("MANY_N", "12"))
@@ -30,6 +30,8 @@ shift = float(os.environ.get("MANY_SHIFT", "0"))
 x = jnp.linspace(0.0, 1.0, 64)
 total = 0.0
 for i in range(n):
+    if i == 1:  # (a pause after the first lookups: a program's own work, while a prefetch goes on)
+        time.sleep(float(os.environ.get("MANY_PAUSE", "0")))
     c = float(i + 1) + (shift if i % 2 else 0.0)
     total += float(jax.jit(lambda v, c=c: jnp.tanh(v * c).sum() + c)(x))
 print(json.dumps({**counts, "result": round(total, 4)}))
@@ -381,6 +383,29 @@ def test_a_bucket_that_stalls_during_the_prefetch_costs_one_timeout(venv: Venv, 
     assert elapsed < 45, elapsed  # twelve timeouts would be 60 s
 
 
+def test_a_pack_that_drips_holds_no_lookup_beyond_one_timeout(venv: Venv, tmp_path: Path, s3: S3,
+                                                              s3_server: str) -> None:
+    """The pack arrives at once up to the middle of a record, then a byte every 40 ms (a bad
+    proxy) while the program works before its next lookups: the lookup of the record in flight
+    waits no longer than shared_timeout, the drip is a stall (the level turns off, one warning),
+    and the run is right. Counting each byte as progress held that lookup until its record had
+    dripped (45 s at a 3 s timeout)."""
+    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    proxy, env = behind(s3, s3_server, mode="drip")
+    try:
+        started = time.monotonic()
+        out, err = run_many(venv, levels_env(env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_TIMEOUT="3",
+                                             MANY_PAUSE="6"))
+        elapsed = time.monotonic() - started
+    finally:
+        proxy.close()
+    print(f"{elapsed:.1f} s with a dripping pack")
+    assert out["result"] == cold["result"] and "prefetched" in err, err
+    (warning,) = autocache_warnings(err)
+    assert "no progress for 3 s" in warning, warning
+    assert elapsed < 35, elapsed  # the rest of the record at 25 bytes a second: a minute
+
+
 @pytest.mark.once  # the same on every JAX line: the first Python's
 def test_a_shared_directory_is_prefetched_too(venv: Venv, tmp_path: Path) -> None:
     """A shared directory (NFS, a baked image): the same manifest, read in parallel."""
@@ -465,3 +490,159 @@ def test_pytest_xdist_workers_read_their_siblings_manifests(monkeypatch: pytest.
     assert len(names) == 3 and all(n.endswith("-gkx-manifest") for n in names)
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "many")
     assert prefetch.program()[1:] == ("", 0, 1)
+
+
+# -- a signing key vouches only for what it checked (SPEC §8 / §14, amended 2026-12-04) ---------------
+
+# MANY, then (with WANT set) alive until the bucket holds WANT entries (at most 120 s) and 2 s more:
+# healing is never waited for at exit, and a loaded machine can outlast a short run's uploads.
+HEALING = MANY + r"""
+if os.environ.get("WANT"):
+    import boto3, time
+    c = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and sum(o["Key"].endswith("-cache") for o in c.list_objects_v2(
+            Bucket=os.environ["BUCKET"], Prefix="team/").get("Contents", [])) < int(os.environ["WANT"]):
+        time.sleep(0.2)
+    time.sleep(2)
+"""
+
+
+def swap(a: Path, b: Path) -> tuple[bytes, bytes]:
+    """Swap two files' bytes in place (each keeps its owner and mode, as a group member's write
+    into a team directory's 0660 entry would): two executables of the same shape, other constants."""
+    da, db = a.read_bytes(), b.read_bytes()
+    for path, data in ((a, db), (b, da)):
+        with open(path, "r+b") as f:
+            f.write(data)
+            f.truncate()
+    return da, db
+
+
+def test_a_key_holder_heals_the_bucket_only_with_entries_its_key_vouched_for(venv: Venv, tmp_path: Path,
+                                                                             s3: S3) -> None:
+    """Someone without the key swaps two entries' bytes in a key holder's local level; the bucket
+    loses its copies; the key holder's next run (one new compile: it asks the bucket) heals the
+    bucket with the entries whose kept seal its key verifies, each with that seal as it was, and
+    never the swapped two: a fresh key holder computes what the clean run computed."""
+    key = {"GKX_JAX_CACHE_SIGNING_KEY": KEY_A}
+    writer = levels_env(s3.env, s3.bucket, tmp_path / "w", **key)
+    clean, _ = run_many(venv, writer, n=6)
+    local = tmp_path / "w" / VERSION_DIR
+    lambdas = sorted(local.glob("jit__lambda*-cache"))
+    assert len(lambdas) == 6
+    swapped = {p.name for p in lambdas[:2]}
+    swap(*lambdas[:2])
+    for name in s3.objects("team/"):
+        s3.client().delete_object(Bucket=s3.bucket, Key=name)
+    out, err = run_program(venv, env={**writer, "MANY_N": "7", "BUCKET": s3.bucket, "WANT": str(len(local_entries(
+        tmp_path / "w")) - 1)}, program=HEALING)
+    assert report(err)["misses"] == 1, err
+    healed = entries(s3, "team")
+    assert swapped.isdisjoint(healed) and len(healed) == len(local_entries(tmp_path / "w")) - 2, (healed, swapped)
+    kept = next(p for p in lambdas[2:])
+    seal = s3.client().get_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{kept.name[:-len('-cache')]}-gkx-shared")
+    assert seal["Body"].read() == Path(f"{kept}"[:-len("-cache")] + "-gkx-shared").read_bytes()  # the seal kept, not a new one
+    fresh, err = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "f", **key), n=6)
+    assert fresh["result"] == clean["result"], err
+
+
+def test_a_keyless_runs_backfill_is_never_signed_into_a_key_holders_pack(venv: Venv, tmp_path: Path,
+                                                                         s3: S3) -> None:
+    """A bucket writer without the key swaps two entries and writes unsigned seals that match; a
+    keyless run of the user (a CI job whose secret was not passed) backfills them; the user's next
+    run with the key and one new compile packs what it can vouch for only: a fresh key holder
+    computes what the clean run computed."""
+    from gkx_autocache._shared.seal import make_seal
+
+    key = {"GKX_JAX_CACHE_SIGNING_KEY": KEY_A}
+    clean, _ = run_many(venv, {"GKX_JAX_CACHE_DIR": str(tmp_path / "plain")}, n=7)
+    run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "w", **key), n=6)
+    drop_packs(s3)  # (the writer's pack holds sound copies: the keyless run reads the swapped objects)
+    client = s3.client()
+    under = f"team/{VERSION_DIR}/"
+    names = sorted(k for k in entries(s3, "team") if k.startswith("jit__lambda"))[:2]
+    bodies = [client.get_object(Bucket=s3.bucket, Key=under + n)["Body"].read() for n in names]
+    for name, body in zip(names, reversed(bodies), strict=True):
+        key_name = name[:-len("-cache")]
+        client.put_object(Bucket=s3.bucket, Key=under + name, Body=body)
+        client.put_object(Bucket=s3.bucket, Key=under + key_name + "-gkx-shared",
+                          Body=make_seal(key_name, body, None, time.time(), None))
+    user = tmp_path / "u"
+    run_many(venv, levels_env(s3.env, s3.bucket, user), n=6)  # keyless: the swapped two land unchecked
+    assert {(user / VERSION_DIR / n).read_bytes() for n in names} == set(bodies)
+    out, err = run_many(venv, levels_env(s3.env, s3.bucket, user, **key), n=7)
+    assert report(err)["misses"] == 1, err
+    _, records = pack_of(s3)
+    assert records and not {k + "-cache" for k, _, _ in records} & set(names), [k for k, _, _ in records]
+    fresh, err = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "f", **key), n=7)
+    assert fresh["result"] == clean["result"], err
+    assert all((tmp_path / "f" / VERSION_DIR / n).read_bytes() not in bodies for n in names
+               if (tmp_path / "f" / VERSION_DIR / n).exists())
+
+
+# -- a lookup never waits on a pack record longer than shared_timeout (M5) -----------------------------
+
+
+def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it_never_lands(tmp_path: Path) -> None:
+    """A record the pack is reading (dripped by a bad proxy) holds its lookup at most one
+    ``shared_timeout``: then the key is the lookup's own, and the record, when it completes, is
+    not landed (the lookup read the entry itself)."""
+    import threading
+
+    from gkx_autocache._shared import prefetch
+    from gkx_autocache._shared.level import Found
+
+    level = _Level(tmp_path)
+    level.timeout = 0.5
+    landed: list[str] = []
+    def land(key: str, found: Any) -> tuple[bool, str | None]:
+        landed.append(key)
+        return True, None
+
+    ahead = prefetch.Prefetch(level, land, 1 << 30)
+    key = "jit_w-" + "cd" * 32
+    with ahead.lock:
+        event = ahead.flight[key] = threading.Event()
+    started = time.monotonic()
+    waiting = threading.Thread(target=ahead.wait, args=(key,), daemon=True)
+    waiting.start()
+    waiting.join(5.0)
+    waited = time.monotonic() - started
+    assert not waiting.is_alive() and 0.4 < waited < 3.0 and key in ahead.asked, waited
+    ahead._land(key, 10, Found(b"0123456789", None, 0.0))
+    assert landed == [] and key not in ahead.landed
+    event.set()
+
+
+class _Drip:
+    """An HTTP body that sends one byte every 20 ms, ``n`` in all (aiohttp's ``read``, as s3fs gives it)."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    async def read(self, n: int) -> bytes:
+        import asyncio
+
+        await asyncio.sleep(0.02)
+        if self.left <= 0:
+            return b""
+        self.left -= 1
+        return b"x"
+
+
+def test_a_dripping_pack_stalls_within_one_timeout() -> None:
+    """A pack's body that arrives a byte at a time is no progress: reading a part of it stalls
+    within ``shared_timeout`` (each byte counted as progress held a lookup 45 s at a 3 s timeout)."""
+    import fsspec.asyn
+
+    from gkx_autocache._shared.bucket import Stream
+    from gkx_autocache._shared.calls import Stalled
+
+    stream = Stream(fsspec.asyn.get_loop(), _Drip(400), timeout=0.5)  # 8 s of drip in all
+    started = time.monotonic()
+    with pytest.raises(Stalled):
+        stream.take(1 << 20)
+    assert time.monotonic() - started < 4.0
+    small = Stream(fsspec.asyn.get_loop(), _Drip(3), timeout=0.5)
+    assert small.take(3) == b"xxx"  # (a small read that completes is no stall)

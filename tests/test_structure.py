@@ -151,9 +151,11 @@ def test_jax_internals_are_named_in_the_jax_adapter_alone() -> None:
 
 
 def test_no_module_is_a_drawer() -> None:
-    """No module over 600 lines (the command line's over 450), no module docstring over 25 lines:
-    the design reasoning lives in docs/how-it-works.md, once."""
-    too_long = {m: t.count("\n") for m, t in sources().items() if t.count("\n") > (450 if m.startswith("_cli.") else 600)}
+    """No module over 800 lines (the command line's over 450), no module docstring over 25 lines:
+    the design reasoning lives in docs/how-it-works.md, once. The ceiling is generous on purpose: a
+    size is a symptom, never a target (code moved out by line count, as functions of ``level: Any``
+    reading its privates, made the house worse); a module near it asks to be cut by responsibility."""
+    too_long = {m: t.count("\n") for m, t in sources().items() if t.count("\n") > (450 if m.startswith("_cli.") else 800)}
     assert not too_long, too_long
     essays = {m: len(d.splitlines()) for m, t in sources().items()
               if (d := ast.get_docstring(ast.parse(t))) and len(d.splitlines()) > 25}

@@ -10,6 +10,7 @@ from typing import Any
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_COMPILE_SECS = 86400.0 * 7  # a sidecar claiming more was not written by a compile
+SEAL_LIMIT = 4096  # the most read of a seal (``<key>-gkx-shared``): about 300 bytes are written
 VERDICT_KEYS = ("store", "reason", "explain", "isa")
 UNKEYED = "CPU entries are not keyed by ISA: "  # the verdict's "isa" where the ISA key is missing (then why)
 

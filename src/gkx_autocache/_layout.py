@@ -7,7 +7,8 @@ of the package. ::
         CACHEDIR.TAG                      the package's own tag text (TAG)
         <key>-cache                       JAX's entry, JAX's name and format
         <key>-gkx-compile                 the package's sidecars begin with the key
-        <key>-gkx-shared                  a shared level's seal: size, sha256, compile time, HMAC (§14)
+        <key>-gkx-shared                  a shared level's seal: size, sha256, compile time, HMAC (§14);
+                                          beside a local entry, the seal a signing key vouched for it with
         <hash>-gkx-manifest, -gkx-pack    a shared level's: what a program's run looked up (prefetch, §14)
         .<name>.<pid>.<thread>.tmp        temporary files begin with a dot
         .gkx-autocache/                   the package's bookkeeping

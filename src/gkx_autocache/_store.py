@@ -28,8 +28,8 @@ from typing import Any
 
 from gkx_autocache import _files, _formats, _jax, _trust
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._formats import compile_secs_of, compression_of, sidecar_run
-from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, VERDICT_FILE
+from gkx_autocache._formats import SEAL_LIMIT, compile_secs_of, compression_of, sidecar_run
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, SEAL_SIDECAR, VERDICT_FILE
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -90,7 +90,7 @@ class Store:
             levels.land = self._land  # a prefetched entry lands as a backfill
             levels.landed_unused = self._record_landed
         if levels is not None:
-            levels.read_local = self._packable
+            levels.read_local = self._uploadable
         self._compression = compression
         self._decompress = decompress
         self._check_payload = check_payload  # decompress before serving (see `install`)
@@ -125,13 +125,13 @@ class Store:
                 os.utime(path)  # recency for pruning, on noatime mounts too
             except OSError:
                 pass
-            compile_secs, written, by = self._compile_secs(key, data)
+            compile_secs, _, by = self._compile_secs(key, data)
             if (landed := self._landed.pop(key, None)) is not None:  # recorded here, where its lookup's facts are
                 self._recorder.put(key, *landed)
             self._recorder.hit(key, len(data), compile_secs, by)
             self._served.key = key
             if self._levels is not None:  # a writer's hit may heal the bucket (queued, off the compile path)
-                self._levels.local_hit(len(data), time.perf_counter() - started, key, data, compile_secs or None, written)
+                self._levels.local_hit(len(data), time.perf_counter() - started, key)
             return data
         if self._levels is not None:
             self._levels.local_miss(key)
@@ -171,9 +171,11 @@ class Store:
             return False, why
         return self._backfill(key, found, record=False), None
 
-    def _packable(self, key: str) -> tuple[bytes, float | None, float] | None:
-        """A writer's entry for its pack (SPEC §14), read as a hit reads it (trusted, in this
-        environment's compression), with its compile time and when it was written; else None."""
+    def _uploadable(self, key: str) -> tuple[bytes, bytes] | None:
+        """A writer's entry to heal the shared level with or to pack (SPEC §14), read as a hit
+        reads it (trusted, in this environment's compression), and the seal it may go with
+        (``Level.seal_for``: with a signing key, only the seal kept beside it, verified now against
+        these bytes); else None."""
         def signable(st: os.stat_result) -> str | None:  # in a team directory, only what this user wrote
             mine = not self._shared or not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
             return _trust.entry_problem(st, self._shared) or (None if mine else "another user's")
@@ -181,8 +183,24 @@ class Store:
         data = _files.read(self._entry(key), check=signable)
         if data is None or compression_of(data) != self._compression:
             return None
-        compile_secs, written, _ = self._compile_secs(key, data)
-        return data, compile_secs or None, written
+        kept = _files.read(self._seal(key), SEAL_LIMIT, check=signable) if self._levels.signs else None
+        compile_secs, written, _ = self._compile_secs(key, data) if kept is None else (None, 0.0, "")
+        seal = self._levels.seal_for(key, data, kept, compile_secs or None, written)
+        return (data, seal) if seal is not None else None
+
+    def _seal(self, key: str) -> str:
+        """The seal kept beside a local entry (``<key>-gkx-shared``), where a signing key vouched for
+        its bytes: this process's compile, or a shared entry verified under the key."""
+        return os.path.join(self._path, key + SEAL_SIDECAR)
+
+    def _keep_seal(self, key: str, seal: bytes | None) -> int:
+        """Write (or, with none, remove) the seal beside a local entry just written; its bytes."""
+        path = self._seal(key)
+        if seal is None:
+            if self._levels is not None and self._levels.signs:
+                _files.remove(path)  # (bytes it did not vouch for replaced the entry: never a stale seal)
+            return 0
+        return len(seal) if _files.write_atomic(path, seal, self._file_mode) else 0
 
     def _record_landed(self) -> None:
         """At exit: the prefetched entries no lookup used, recorded as written (the cap's account)."""
@@ -217,7 +235,7 @@ class Store:
         except OSError as exc:  # disk full: served without the backfill
             logger.debug("cannot write %s: %s", path, exc)
             return False
-        written = len(found.data)
+        written = len(found.data) + self._keep_seal(key, found.seal)
         if found.compile_secs is not None:
             sidecar_path = os.path.join(self._path, key + COMPILE_SIDECAR)
             sidecar = _formats.sidecar(found.compile_secs)
@@ -328,9 +346,13 @@ class Store:
             sidecar = _formats.sidecar(compile_secs, self._recorder.run.id)
             if _files.write_atomic(os.path.join(self._path, key + COMPILE_SIDECAR), sidecar, self._file_mode):
                 written += len(sidecar)
+        seal, now = None, time.time()
+        if self._levels is not None:  # what this process compiled, its key vouches for: kept beside it
+            seal = self._levels.vouch(key, value, compile_secs if started is not None else None, now)
+            written += self._keep_seal(key, seal)
         self._recorder.put(key, written, compile_secs)
         if self._levels is not None:  # queued: the upload leaves the compile path
-            self._levels.put(key, value, compile_secs if started is not None else None)
+            self._levels.put(key, value, compile_secs if started is not None else None, seal, now)
 
 
 # -- installing the store into JAX ------------------------------------------------------------

@@ -245,11 +245,13 @@ class Bucket:
 
 class Stream:
     """An S3 object's body, read on fsspec's event loop in parts of 1 MiB or more (one hand-over
-    to the loop's thread for many small records), each part a bounded call that every chunk
-    received is progress of: ``take(n)``, its next ``n`` bytes (fewer only at its end);
-    ``close()`` drops the connection of a body left unread (on the loop's thread)."""
+    to the loop's thread for many small records), each part a bounded call: ``take(n)``, its next
+    ``n`` bytes (fewer only at its end); ``close()`` drops the connection of a body left unread
+    (on the loop's thread). Progress is ``PROGRESS`` bytes received, never one chunk: an endpoint
+    that drips a byte at a time (a bad proxy) stalls within one timeout."""
 
     PART = 1 << 20
+    PROGRESS = 64 << 10
 
     def __init__(self, loop: Any, body: Any, timeout: float) -> None:
         self.loop = loop
@@ -270,11 +272,14 @@ class Stream:
         import fsspec.asyn
 
         async def go(progress: Progress) -> bytes:
-            chunks, have = [], 0
+            chunks, have, since = [], 0, 0
             while have < need and (chunk := await self.body.read(max(need - have, self.PART))):
                 chunks.append(chunk)
                 have += len(chunk)
-                progress.tick()
+                since += len(chunk)
+                if since >= self.PROGRESS:
+                    progress.tick()
+                    since = 0
             return b"".join(chunks)
 
         data: bytes = bounded(lambda progress: fsspec.asyn.sync(self.loop, go, progress), self.timeout)

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from gkx_autocache import _jax
 from gkx_autocache._diagnostics import human_bytes, logger, warn
@@ -28,7 +28,6 @@ from gkx_autocache._shared.directory import Directory
 from gkx_autocache._shared.seal import Refused, head_problem, mac, make_seal, read_seal
 
 LIST_TTL = 60.0
-HEAL_GRACE = 2.0  # at exit, the most a run of local hits waits for the listing its healing needs
 QUEUE_BYTES = 256 << 20  # entries waiting to be uploaded, held in memory
 MAX_ENTRY = 8 << 30  # without a cap, the most read of one shared entry (a lying seal cannot ask for more)
 
@@ -37,16 +36,32 @@ MAX_ENTRY = 8 << 30  # without a cap, the most read of one shared entry (a lying
 COUNTS = ("hits", "misses", "backfills", "uploads", "errors", "timeouts", "rejected", "skipped", "dropped",
           "requests", "bytes_read", "bytes_written", "read_secs", "reads",
           "prefetched", "prefetched_bytes", "prefetch_used", "prefetch_wasted_bytes")
-Item = tuple[str, bytes, float | None, float, bool, bool]  # (key or name, bytes, compile, written, check the listing, a manifest)
+HEAL_KEYS = 20_000  # the most local hits a run remembers for healing, until a miss takes the listing
+
+
+class Item(NamedTuple):
+    """One upload: an entry this run wrote, an entry to heal, or a manifest or its pack."""
+
+    name: str  # the entry's key, or the manifest's or pack's object name
+    data: bytes  # an entry to heal is read from the local level by the worker: b"" here
+    seal: bytes | None  # this run's entry's seal where its key signed it at the compile
+    compile_secs: float | None
+    written: float
+    heal: bool  # uploaded only where the listing lacks it, with the seal kept beside it locally
+    manifest: bool
 
 
 class Found:
-    __slots__ = ("data", "compile_secs", "written")
+    """A shared entry, checked: its bytes, compile time, write time, and its seal where this
+    process verified it under its signing key (kept beside the local copy: what vouches for it)."""
 
-    def __init__(self, data: bytes, compile_secs: float | None, written: float) -> None:
+    __slots__ = ("data", "compile_secs", "written", "seal")
+
+    def __init__(self, data: bytes, compile_secs: float | None, written: float, seal: bytes | None = None) -> None:
         self.data = data
         self.compile_secs = compile_secs
         self.written = written
+        self.seal = seal
 
 
 def zero() -> dict[str, float]:
@@ -72,7 +87,7 @@ class Level:
         self.cap = cap  # the local level's: a prefetch stays under it
         self.land: Any = None  # the store's, for a prefetched entry (set where the local level takes writes)
         self.landed_unused: Any = None  # the store's, at exit: records the prefetched entries no lookup used
-        self.read_local: Any = None  # the store's, at exit: a local entry for the pack, read as a hit reads it
+        self.read_local: Any = None  # the store's: a local entry and the seal it may be uploaded with, or None
         self._prefetch: prefetch.Prefetch | None = None  # the Prefetch of this process, from its first local miss on
         self._prefetch_tried = False
         self._seen: dict[str, int] = {}  # the keys this run looked up (hits and writes): its manifest
@@ -85,6 +100,7 @@ class Level:
         self._closed = False
         self._healing = True  # off after a failure of the worker's own listing (quietly: see _ensure)
         self._healed: set[str] = set()  # keys queued to heal the bucket, once each
+        self._to_heal: list[str] = []  # local hits before a miss took the listing: checked when one does
         self._reset_threads()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forked)
@@ -95,8 +111,7 @@ class Level:
         self._changed = threading.Condition(self._lock)
         self._queue: deque[Item] = deque()
         self._queued = 0  # bytes in the queue and in flight
-        self._busy = False
-        self._healing_now = False  # the item in flight is no upload of this run's (an entry to heal, a manifest)
+        self._in_flight: Item | None = None  # the item the worker is uploading
         self._worker: threading.Thread | None = None
 
     def _forked(self) -> None:
@@ -115,8 +130,7 @@ class Level:
             for name, n in add.items():
                 counts[name] += n
 
-    def local_hit(self, nbytes: int, secs: float, key: str | None = None, data: bytes | None = None,
-                  compile_secs: float | None = None, written: float = 0.0) -> None:
+    def local_hit(self, nbytes: int, secs: float, key: str | None = None) -> None:
         ahead = self._prefetch
         if key is not None and ahead is not None and ahead.used(key):  # the shared level's hit, fetched ahead
             self.count("local", misses=1)
@@ -124,29 +138,39 @@ class Level:
             self._saw(key, nbytes)
             return
         self.count("local", hits=1, bytes_read=nbytes, read_secs=secs, reads=1)
-        if key is not None and data is not None:
+        if key is not None:
             self._saw(key, nbytes)
-            self._heal(key, data, compile_secs, written)
+            self._heal(key)
 
     def _saw(self, key: str, nbytes: int) -> None:
         if self.writes is None and len(self._seen) < prefetch.MANIFEST_KEYS:
             self._seen.setdefault(key, nbytes)
 
-    def _heal(self, key: str, data: bytes, compile_secs: float | None, written: float) -> None:
-        """A writer's local hit: queued for upload where the bucket's listing lacks it (a warm
-        local level never reads the bucket, so nothing else would ever put an entry back that was
-        lost there). Never a round trip here: the listing, if not yet taken, is taken by the
-        upload worker, which checks each entry against it; without a usable listing (more than
-        LIST_LIMIT names), nothing is healed."""
+    def _heal(self, key: str) -> None:
+        """A writer's local hit: uploaded where the bucket's listing lacks it (a warm local level
+        never reads the bucket, so nothing else would ever put an entry back that was lost there).
+        Only in a run that asks the bucket anyway: a hit before the first miss is remembered, and
+        checked when that miss takes the listing; a run of local hits costs no request, no import
+        and no thread (it cost a warm writer 1.29 x its run). The worker reads the entry and the
+        seal kept beside it; never a round trip here."""
         if (self.writes is not None or self.off is not None or self._closed or not self._healing
                 or self.backend.kind != "bucket" or key in self._healed or _jax.process_id() != 0):
             return
+        if self._listed_at == -LIST_TTL:  # not listed yet (or being listed now: ``_sweep`` follows)
+            if len(self._to_heal) < HEAL_KEYS:
+                self._to_heal.append(key)
+            return
         listing = self._listing
-        listed = self._listed_at != -LIST_TTL  # (the worker may be taking it now: not yet)
-        if (listing is None and listed) or (listing is not None and key + ENTRY_SUFFIX in listing):
+        if listing is None or key + ENTRY_SUFFIX in listing:
             return
         self._healed.add(key)
-        self._enqueue(key, data, compile_secs, written or time.time(), check=True)
+        self._enqueue(Item(key, b"", None, None, 0.0, heal=True, manifest=False))
+
+    def _sweep(self) -> None:
+        """Once the listing is taken: the local hits before it, healed where it lacks them."""
+        waiting, self._to_heal = self._to_heal, []
+        for key in waiting:
+            self._heal(key)
 
     def local_miss(self, key: str = "") -> None:
         self.count("local", misses=1)
@@ -229,6 +253,7 @@ class Level:
                     self._listed_at = time.monotonic()
                     if self.backend.kind == "bucket":
                         self.count("shared", requests=1)
+                        self._sweep()
                     else:
                         self._listed_at = float("inf")  # a directory is never listed
             except ShuttingDown:  # at exit: the listing stays as it is; nothing is wrong with the level
@@ -294,7 +319,9 @@ class Level:
                 raise Refused("not signed")
             return None
         seal = read_seal(raw_seal, key, self.max_entry)
-        if self._secret is not None and not hmac.compare_digest(seal.get("hmac") or "", mac(self._secret, seal)):
+        if self._secret is not None and "hmac" not in seal:
+            raise Refused("not signed: a process without the signing key uploaded it")
+        if self._secret is not None and not hmac.compare_digest(seal["hmac"], mac(self._secret, seal)):
             raise Refused("not signed: its signature does not match (another key, or altered)")
         return seal
 
@@ -303,10 +330,11 @@ class Level:
         is left to its lookup (raises TooLarge)."""
         backend = self.backend
         seal: dict[str, Any] | None = None
+        raw: bytes | None = None
 
         def admit(raw_seal: bytes | None) -> tuple[int, bool]:
-            nonlocal seal
-            seal = self._admit(key, raw_seal)
+            nonlocal seal, raw
+            seal, raw = self._admit(key, raw_seal), raw_seal
             return (seal["bytes"], True) if seal is not None else (self.max_entry, False)
 
         if backend.kind == "directory":
@@ -337,16 +365,47 @@ class Level:
             data = self._rest(key, data, size, progress)
             if len(data) != size:
                 raise Refused(f"the shared entry sent {len(data)} bytes where {size} were expected (a partial body or a wrong size)")
-        return self.found(key, seal, data)
+        return self.found(key, seal, data, raw)
 
-    def found(self, key: str, seal: dict[str, Any] | None, data: bytes) -> Found:
-        """The entry, its bytes checked against its seal (``_admit``'s); raises Refused."""
+    def found(self, key: str, seal: dict[str, Any] | None, data: bytes, raw_seal: bytes | None = None) -> Found:
+        """The entry, its bytes checked against its seal (``_admit``'s, read from ``raw_seal``);
+        raises Refused. The seal is kept with it only where this process's key verified it."""
         if seal is not None and not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(seal["sha256"])):
             raise Refused("the shared entry's bytes do not match its seal (SHA-256)")
         compile_secs = seal.get("compile") if seal is not None else None
         if compile_secs is None:
             compile_secs = self.backend.compile_secs(key)
-        return Found(data, compile_secs, float(seal.get("written") or 0.0) if seal is not None else 0.0)
+        written = float(seal.get("written") or 0.0) if seal is not None else 0.0
+        return Found(data, compile_secs, written, raw_seal if seal is not None and self._secret is not None else None)
+
+    # -- what this process's key vouches for -------------------------------------------------------
+
+    @property
+    def signs(self) -> bool:
+        return self._secret is not None
+
+    def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None:
+        """The seal for bytes this process compiled, signed with its key (None without one): kept
+        beside the local entry, it is what healing and packs upload, never a seal made later."""
+        return make_seal(key, data, compile_secs, written, self._secret) if self._secret is not None else None
+
+    def seal_for(self, key: str, data: bytes, raw_seal: bytes | None, compile_secs: float | None,
+                 written: float) -> bytes | None:
+        """The seal a local entry may be uploaded with (healing, a pack), or None. With a signing
+        key: only the seal kept beside it, verified now under this key against these bytes (a team
+        member's swapped file, a keyless backfill or a seal of another key vouch for nothing).
+        Without one: an unsigned seal, as every keyless upload has."""
+        if self._secret is None:
+            return make_seal(key, data, compile_secs, written or time.time(), None)
+        if raw_seal is None:
+            return None
+        try:
+            seal = self._admit(key, raw_seal)
+        except Refused:
+            return None
+        if seal is None or seal["bytes"] != len(data):
+            return None
+        return raw_seal if hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(seal["sha256"])) else None
 
     def _rest(self, key: str, data: bytes, size: int, progress: Progress) -> bytes:
         """The rest of an entry after its first block, by ranged requests that grow with the rate
@@ -371,23 +430,24 @@ class Level:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def put(self, key: str, data: bytes, compile_secs: float | None) -> None:
-        """Queue the entry (just written to the local level) for upload; never blocks."""
+    def put(self, key: str, data: bytes, compile_secs: float | None, seal: bytes | None = None,
+            written: float = 0.0) -> None:
+        """Queue the entry (just written to the local level, with ``seal`` where ``vouch`` made
+        one) for upload; never blocks."""
         self._saw(key, len(data))
         if self.writes is not None or self.off is not None or self._closed or _jax.process_id() != 0:
             return
-        self._enqueue(key, data, compile_secs, time.time(), check=False)
+        self._enqueue(Item(key, data, seal, compile_secs, written or time.time(), heal=False, manifest=False))
 
-    def _enqueue(self, key: str, data: bytes, compile_secs: float | None, written: float, check: bool) -> None:
+    def _enqueue(self, item: Item) -> None:
         with self._lock:
             if self.off is not None:
                 return
-            if self._queued + len(data) > self.queue_bytes:
-                if not check:  # (an entry to heal may be in the bucket already: not counted)
-                    self.counts["shared"]["skipped"] += 1  # beyond the queue's bound: the compile path never waits
+            if self._queued + len(item.data) > self.queue_bytes:
+                self.counts["shared"]["skipped"] += 1  # beyond the queue's bound: the compile path never waits
                 return
-            self._queue.append((key, data, compile_secs, written, check, False))
-            self._queued += len(data)
+            self._queue.append(item)
+            self._queued += len(item.data)
             self._start_worker()
             self._changed.notify_all()
 
@@ -397,9 +457,11 @@ class Level:
             self._worker = threading.Thread(target=self._drain, name="gkx-autocache-upload", daemon=True)
             self._worker.start()
 
-    def _uploads_pending(self) -> bool:
-        """Under the lock: whether an upload of this run's (not an entry to heal) is queued or in flight."""
-        return (self._busy and not self._healing_now) or any(not item[4] for item in self._queue)
+    def _pending(self) -> bool:
+        """Under the lock: whether an upload of this run's, its manifest or its pack is queued or in
+        flight (entries to heal are never waited for at exit)."""
+        flying = self._in_flight
+        return (flying is not None and not flying.heal) or any(not item.heal for item in self._queue)
 
     def _drain(self) -> None:
         """The upload worker: one entry at a time, each bounded like a read."""
@@ -407,39 +469,43 @@ class Level:
             with self._lock:
                 while not self._queue:
                     self._changed.wait()
-                item = self._queue.popleft()
-                self._busy = True
-                self._healing_now = item[4] or item[5]  # (a manifest or a pack is no upload of this run's either)
+                item = self._in_flight = self._queue.popleft()
             try:
                 self._upload(item)
             except BaseException:  # pragma: no cover - _upload never raises; nothing reaches excepthook
                 pass
             finally:
                 with self._lock:
-                    self._busy = False
-                    self._queued = max(self._queued - len(item[1]), 0) if self.off is None else 0
+                    self._in_flight = None
+                    self._queued = max(self._queued - len(item.data), 0) if self.off is None else 0
                     self._changed.notify_all()
 
     def _upload(self, item: Item) -> None:
-        key, data, compile_secs, written, check, manifest = item
-        if manifest:
+        key, data, seal = item.name, item.data, item.seal
+        if item.manifest:
             prefetch.upload_manifest(self, key, data)
             return
-        if check and not self._healing:
+        if item.heal and not self._healing:
             return
-        if not self._ensure(quiet=check):
+        if not self._ensure(quiet=item.heal):
             return
-        if check and (self._listing is None or key + ENTRY_SUFFIX in self._listing):
-            return  # the bucket has it, or there is no listing to tell
+        if item.heal:
+            if self._listing is None or key + ENTRY_SUFFIX in self._listing or self.read_local is None:
+                return  # the bucket has it, or there is no listing to tell
+            local = self.read_local(key)
+            if local is None:  # gone, another user's, or not vouched for by this key: never signed here
+                return
+            data, seal = local
         if not self._prepared:  # a read-only shared directory is never written
             with self._lock:
                 self.writes = "the shared directory is read-only here"
                 self._queue.clear()
             return
-        seal = make_seal(key, data, compile_secs, written, self._secret)
+        compile_secs = item.compile_secs
+        sealed = seal if seal is not None else make_seal(key, data, compile_secs, item.written, self._secret)
 
         def upload(progress: Progress) -> None:
-            self.backend.write(key + SEAL_SIDECAR, seal)  # before the entry: a reader that sees it sees its seal
+            self.backend.write(key + SEAL_SIDECAR, sealed)  # before the entry: a reader that sees it sees its seal
             progress.tick()
             if self.backend.kind == "directory" and compile_secs is not None:
                 self.backend.write(key + COMPILE_SIDECAR, f"{compile_secs:.6f}".encode())
@@ -457,7 +523,7 @@ class Level:
         except Exception as exc:
             self.turn_off(describe(exc))
             return
-        self.count("shared", uploads=1, bytes_written=len(data) + len(seal),
+        self.count("shared", uploads=1, bytes_written=len(data) + len(sealed),
                    requests=2 if self.backend.kind == "bucket" else 0)
         listing = self._listing
         if listing is not None:
@@ -466,8 +532,7 @@ class Level:
     def finish(self, recorder: Any = None) -> None:
         """At exit: what is pending gets one ``shared_timeout`` in all; the rest is dropped,
         counted, with one warning. Then both levels' numbers go to the ledger."""
-        started = time.monotonic()
-        deadline = started + self.timeout
+        deadline = time.monotonic() + self.timeout
         if self._prefetch is not None:
             wasted = self._prefetch.stop(min(1.0, self.timeout))
             if wasted:
@@ -480,23 +545,20 @@ class Level:
             logger.debug("no manifest: %s", exc)
             manifest = []
         with self._lock:
+            self._queue = deque(item for item in self._queue if not item.heal)  # (a later run heals them)
             if manifest and self.off is None:
-                self._queue.extend(manifest)
+                self._queue.extend(Item(name, data, None, None, 0.0, heal=False, manifest=True) for name, data in manifest)
                 self._changed.notify_all()
             self._closed = True
-            while (self._queue or self._busy) and self.off is None:
+            while self._pending() and self.off is None:
                 left = deadline - time.monotonic()
-                if self._listed_at == -LIST_TTL and not self._uploads_pending():
-                    # healing alone, its listing not taken yet: a run of local hits needs nothing of
-                    # the bucket, and an endpoint that does not answer must not cost its exit a timeout
-                    left = min(left, started + HEAL_GRACE - time.monotonic())
                 if left <= 0:
                     break
                 self._changed.wait(left)
-            listing = self._listing  # an entry to heal is an upload only where the listing lacks it
-            pending = [item for item in self._queue if not item[5]
-                       and (not item[4] or (listing is not None and item[0] + ENTRY_SUFFIX not in listing))]
-            left_over = len(pending) + (self._busy and not self._healing_now) if self.off is None else 0
+            flying = self._in_flight
+            entries = [item for item in self._queue if not item.manifest]
+            own = len(entries) + (flying is not None and not flying.heal and not flying.manifest)
+            left_over = own if self.off is None else 0
             self.counts["shared"]["dropped"] += left_over
             self._queue.clear()
         if left_over:

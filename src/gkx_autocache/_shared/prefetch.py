@@ -36,10 +36,10 @@ from typing import Any
 
 from gkx_autocache import _files, _jax
 from gkx_autocache._diagnostics import label, logger
-from gkx_autocache._layout import ENTRY_SUFFIX, MANIFEST_SUFFIX, PACK_SUFFIX, TMP_SUFFIX, key_match
+from gkx_autocache._layout import ENTRY_SUFFIX, MANIFEST_SUFFIX, META_DIR, PACK_SUFFIX, TMP_SUFFIX, key_match
 from gkx_autocache._shared import pack
 from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
-from gkx_autocache._shared.seal import Refused, head_problem, make_seal
+from gkx_autocache._shared.seal import Refused, head_problem
 
 WORKERS = 8  # fetches at a time: a 20 ms round trip then costs a lookup 2.5 ms of it
 BUDGET = 1 << 30  # the most a prefetch lands, where the cap leaves more room
@@ -47,7 +47,9 @@ IN_FLIGHT = 256 << 20  # the most bytes fetched at once, held in memory (GPU ent
 MANIFEST_LIMIT = 4 << 20  # the most read of a manifest (about 50 000 keys): a longer one is not used
 MANIFEST_KEYS = 20_000  # the most a writer lists
 XDIST_WORKERS = 32  # the most sibling workers' manifests a pytest-xdist worker reads
-BLOCK = 4096  # an entry's sidecar and its last block, charged against the room under the cap
+BLOCK = 4096  # the unit a file takes on disk: an entry's last block and each sidecar are charged whole
+RESERVED = ".prefetch."  # in the bookkeeping: ``.prefetch.<pid>.<bytes>.tmp``, the room a live prefetch took
+RESERVED_STALE = 3600.0  # a reservation older than this (its process killed, the pid reused) is not counted
 
 
 class TooLarge(Exception):
@@ -146,30 +148,85 @@ def begin(level: Any, key: str) -> None:
     if level.land is None:  # the local level takes no writes: nothing can land
         return
     budget = BUDGET
-    if level.cap:  # the room under the cap, shared with the sibling workers of a pytest-xdist session
+    reservation = None
+    if level.cap:  # the room under the cap: less the bookkeeping's share, and the room other live prefetches took
         from gkx_autocache._record import fold
 
-        room = int(level.cap * fold.PRUNE_TO) - fold.read_summary(level.local_dir).size
-        budget = min(budget, room // program()[3])
+        bookkeeping = int(level.cap * fold.BOOKKEEPING_SHARE)  # (the ledger and the index grow as entries land)
+        room = int(level.cap * fold.PRUNE_TO) - fold.read_summary(level.local_dir).size - bookkeeping
+        budget = min(budget, (room - _reserved(level.local_dir)) // program()[3])  # (pytest-xdist siblings share it)
+        if budget > 0:
+            reservation = _reserve(level.local_dir, budget)
     if budget <= 0:
         return
     ahead = Prefetch(level, level.land, budget)
+    ahead.reservation = reservation
     ahead.asked.add(key)  # this lookup's: fetched by it
     level._prefetch = ahead
     ahead.start()
 
 
-def manifest_items(level: Any) -> list[tuple[str, bytes, None, float, bool, bool]]:
+def cost(size: int, signed: bool) -> int:
+    """What landing an entry of ``size`` bytes takes on disk: whole blocks, and a block for its
+    compile-time sidecar and for its seal where a signing key keeps one."""
+    return -(-size // BLOCK) * BLOCK + (2 if signed else 1) * BLOCK
+
+
+def _reserve(local: str, budget: int) -> str | None:
+    """Take ``budget`` of the room under the cap for this process's prefetch, said in the
+    bookkeeping for the other fresh processes of this local level; the reservation's name."""
+    name = f"{RESERVED}{os.getpid()}.{budget}{TMP_SUFFIX}"
+    meta = os.path.join(local, META_DIR)
+    return name if _files.claim(meta, name, stale=RESERVED_STALE) else None
+
+
+def _reserved(local: str) -> int:
+    """The room other live processes' prefetches took in this local level."""
+    total = 0
+    try:
+        with os.scandir(os.path.join(local, META_DIR)) as items:
+            for item in items:
+                pid, _, size = item.name[len(RESERVED):-len(TMP_SUFFIX)].partition(".")
+                if (not item.name.startswith(RESERVED) or not item.name.endswith(TMP_SUFFIX)
+                        or not pid.isdigit() or not size.isdigit() or int(pid) == os.getpid()):
+                    continue
+                try:
+                    if time.time() - item.stat(follow_symlinks=False).st_mtime < RESERVED_STALE and _alive(int(pid)):
+                        total += int(size)
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    return total
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def manifest_items(level: Any) -> list[tuple[str, bytes]]:
     """At exit, a writer's run that missed locally: its manifest and (to a bucket) its pack, as
-    the upload queue's items, for the next fresh runs of this program, unless what it read holds
-    the same keys. The pack goes first: a manifest whose pack failed is not written (the next run
-    writes both)."""
+    ``(object name, bytes)`` for the upload queue, for the next fresh runs of this program. Its
+    keys come first, then those of the manifest it read that it did not look up (a run stopped
+    after its first compile must not cut a 154-key manifest to 5), to ``MANIFEST_KEYS``; none
+    when what it read holds all its keys. The pack goes first: a manifest whose pack failed is not
+    written (the next run writes both)."""
     if (level.writes is not None or level.off is not None or not level._seen or _jax.process_id() != 0
             or not level.counts["local"]["misses"] or level._worker is None or level._forked_child):
         return []
     keys = list(level._seen.items())
-    if level._prefetch is not None and level._prefetch.own == set(keys):
-        return []
+    own = level._prefetch.own if level._prefetch is not None else None
+    if own is not None:
+        read = {key for key, _ in own}
+        if all(key in read for key, _ in keys):
+            return []
+        keys = (keys + [item for item in own if item[0] not in level._seen])[:MANIFEST_KEYS]
     ident, part, _, _ = program()
     name = manifest_name(ident, part)
     data, packed = b"", list[str]()
@@ -177,21 +234,22 @@ def manifest_items(level: Any) -> list[tuple[str, bytes, None, float, bool, bool
         data, packed = pack.build(_records(level, keys))
     inside = set(packed)
     keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
-    items = [(name, encode(keys, ident, level._secret, len(packed)), None, 0.0, False, True)]
-    return [(pack.name_for(name), data, None, 0.0, False, True), *items] if packed else items
+    items = [(name, encode(keys, ident, level._secret, len(packed)))]
+    return [(pack.name_for(name), data), *items] if packed else items
 
 
 def _records(level: Any, keys: list[tuple[str, int]]) -> Iterator[tuple[str, bytes, bytes]]:
-    """The pack's records: each entry of ``keys`` this level holds, with a seal made as an upload's,
-    until their sizes as looked up fill the pack (nothing beyond it is read)."""
+    """The pack's records: each entry of ``keys`` this level holds with a seal it may be uploaded
+    with (``Level.seal_for``: with a key, only the one kept beside it, verified), until their sizes
+    as looked up fill the pack (nothing beyond it is read)."""
     room = pack.LIMIT
     for key, size in keys:
         room -= size + pack.HEAD.size + len(key) + 512  # (a seal: about 300 bytes; ``build`` has the last word)
         if room < 0:
             return
         if (local := level.read_local(key)) is not None:
-            data, compile_secs, written = local
-            yield key, make_seal(key, data, compile_secs, written or time.time(), level._secret), data
+            data, seal = local
+            yield key, seal, data
 
 
 def upload_manifest(level: Any, name: str, data: bytes) -> None:
@@ -205,7 +263,7 @@ def upload_manifest(level: Any, name: str, data: bytes) -> None:
         logger.debug("the manifest %s is not written: %s", name, describe(exc))
         if name.endswith(PACK_SUFFIX):
             with level._lock:
-                level._queue = deque(item for item in level._queue if not item[5])
+                level._queue = deque(item for item in level._queue if not item.manifest)
         return
     level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
 
@@ -228,11 +286,14 @@ class Prefetch:
         self.asked: set[str] = set()  # keys a lookup has asked for: its own to fetch, never the prefetch's
         self.refused: dict[str, str] = {}  # key -> why its bytes were not landed (its lookup says so)
         self.landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet looked up: key -> (bytes, when)
-        self.own: set[tuple[str, int]] | None = None  # this process's own manifest, as read
+        self.own: list[tuple[str, int]] | None = None  # this process's own manifest, as read
         self.spent = 0
         self.holding = 0  # bytes of the fetches in flight
         self.room = threading.Condition(self.lock)
         self.landing = 0  # files being written: exit waits for these, never for the network
+        self.abandoned: set[str] = set()  # in flight past a lookup's wait: its lookup read it, never landed here
+        self.signed = bool(getattr(level, "signs", False))  # a landed entry keeps its seal beside it
+        self.reservation: str | None = None  # this process's share of the room under the cap, in the bookkeeping
         self.stopped = False
 
     def start(self) -> None:
@@ -321,7 +382,7 @@ class Prefetch:
                 self.packs.append(packed_here)  # (a sibling's keys are the workers': claimed, each fetched once)
                 packed.update(key for key, _ in keys[:held])
             if name_part == part and (listed or not held):  # (a manifest whose pack is gone is written again)
-                self.own = set(keys)
+                self.own = keys
             for key, size in keys:
                 merged.setdefault(key, size)
         keys = list(merged.items())
@@ -354,14 +415,14 @@ class Prefetch:
             while self.pending and not (self.stopped or level._closed or level.off is not None):
                 key = next(iter(self.pending))
                 size = self.pending[key]
-                if self.spent + size + BLOCK > self.budget:
+                if self.spent + cost(size, self.signed) > self.budget:
                     del self.pending[key]
                     continue  # beyond the budget: left to its lookup
                 if self.flight and self.holding + size > IN_FLIGHT:
                     self.room.wait(0.1)  # (a lookup may take the key meanwhile)
                     continue
                 del self.pending[key]
-                self.spent += size + BLOCK
+                self.spent += cost(size, self.signed)
                 self.holding += size
                 event = self.flight[key] = threading.Event()
                 return key, size, event
@@ -385,7 +446,7 @@ class Prefetch:
             self.flight.pop(key, None)
             self.holding -= size
             if key not in self.landed:
-                self.spent -= size + BLOCK  # nothing landed: nothing spent
+                self.spent -= cost(size, self.signed)  # nothing landed: nothing spent
                 if again and key not in self.asked:
                     self.pending.setdefault(key, size)
             self.room.notify_all()
@@ -437,14 +498,14 @@ class Prefetch:
         """``found``, checked by its fetch, into the local level by the store's backfill."""
         level = self.level
         with self.lock:
-            if self.stopped or level._closed:
+            if self.stopped or level._closed or key in self.abandoned:
                 return
             self.landing += 1
         try:
             landed, why = self.land(key, found)
             if landed:  # (before ``landing`` falls: ``stop`` counts it)
                 with self.lock:
-                    self.spent += len(found.data) - size
+                    self.spent += cost(len(found.data), self.signed) - cost(size, self.signed)
                 self.landed[key] = (len(found.data), time.time())
                 level.count("shared", prefetched=1, prefetched_bytes=len(found.data), backfills=1)
             elif why is not None:
@@ -507,12 +568,12 @@ class Prefetch:
         local = os.path.join(self.level.local_dir, key + ENTRY_SUFFIX)
         landed = os.path.exists(local)  # (a sibling's, meanwhile: outside the lock)
         with self.lock:
-            if self.packed.pop(key, None) is None or landed or self.spent + size + BLOCK > self.budget:
+            if self.packed.pop(key, None) is None or landed or self.spent + cost(size, self.signed) > self.budget:
                 return None
             if self.holding + size > IN_FLIGHT:  # the workers hold much: this one is theirs
                 self.pending.setdefault(key, size)
                 return None
-            self.spent += size + BLOCK
+            self.spent += cost(size, self.signed)
             self.holding += size
             event = self.flight[key] = threading.Event()
             return event
@@ -533,7 +594,7 @@ class Prefetch:
         try:
             if why := head_problem(data):
                 raise Refused(why)
-            found = level.found(key, seal, data)
+            found = level.found(key, seal, data, raw_seal)
         except Refused as exc:
             logger.debug("the pack's record of %s is not used: %s", key, exc)
             return True
@@ -550,8 +611,11 @@ class Prefetch:
             self.packed.pop(key, None)
 
     def wait(self, key: str) -> None:
-        """Before a lookup reads the local level: wait for this key's fetch if it is in flight; if
-        it is not begun, it is the lookup's own (never queued behind the rest, nor behind a pack's)."""
+        """Before a lookup reads the local level: wait for this key's fetch if it is in flight, at
+        most ``shared_timeout`` (a fetch or a pack that drips must not hold the user's ``jit``
+        longer than its own read would); then, or if it is not begun, it is the lookup's own
+        (never queued behind the rest, nor behind a pack's), and what the fetch brings is not
+        landed."""
         with self.lock:
             self.asked.add(key)
             event = self.flight.get(key)
@@ -559,8 +623,14 @@ class Prefetch:
                 self.pending.pop(key, None)
                 self.packed.pop(key, None)
                 return
+        deadline = time.monotonic() + self.level.timeout
         while not event.wait(0.05) and self.level.off is None:  # an off level releases its waiters at once
-            pass
+            if time.monotonic() >= deadline:
+                with self.lock:
+                    if not event.is_set():
+                        self.abandoned.add(key)
+                logger.debug("prefetch of %s not waited for beyond %g s: read by its lookup", key, self.level.timeout)
+                return
 
     def used(self, key: str) -> bool:
         """Whether a local hit on ``key`` is a prefetched entry's first use."""
@@ -575,6 +645,8 @@ class Prefetch:
             self.pending.clear()
         while self.landing and time.monotonic() < deadline:
             time.sleep(0.005)
+        if self.reservation is not None:  # (what landed is this process's ledger's from now on)
+            _files.unclaim(os.path.join(self.level.local_dir, META_DIR), self.reservation)
         wasted = 0
         for key, (nbytes, when) in list(self.landed.items()):
             try:  # a hit sets the entry's mtime (the store's recency): another process used it

@@ -10,9 +10,9 @@ import hmac
 import json
 from typing import Any
 
-from gkx_autocache._formats import MAX_COMPILE_SECS, compression_of
+from gkx_autocache._formats import MAX_COMPILE_SECS, SEAL_LIMIT, compression_of
 
-SEAL_LIMIT = 4096
+__all__ = ["SEAL_LIMIT", "Refused", "head_problem", "mac", "make_seal", "read_seal"]
 SEAL_FORMAT = 1
 DOMAIN = b"gkx-autocache shared entry v1\0"
 
