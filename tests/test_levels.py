@@ -1202,3 +1202,16 @@ def test_an_unsigned_seal_says_who_uploaded_it_and_a_wrong_signature_says_so() -
         with pytest.raises(Refused) as refused:
             level._admit(GOOD, raw)
         assert str(refused.value) == said
+
+
+def test_turning_off_counts_only_this_runs_own_uploads_as_dropped(tmp_path: Path) -> None:
+    """A level turned off with this run's uploads queued behind entries to heal and its manifest:
+    `dropped` counts this run's entries only (heals are dropped silently, a manifest is no entry)."""
+    from gkx_autocache._shared.level import Item
+
+    level, _ = hostile_level(tmp_path)
+    level._queue.extend([Item(f"jit_{i}-{'a' * 64}", b"x", None, None, 0.0, heal=False, manifest=False) for i in range(2)]
+                        + [Item("m-gkx-manifest", b"{}", None, None, 0.0, heal=False, manifest=True)])
+    level._heals.extend(Item(f"jit_h{i}-{'b' * 64}", b"", None, None, 0.0, heal=True, manifest=False) for i in range(500))
+    level.turn_off("a test", timed_out=False)
+    assert level.counts["shared"]["dropped"] == 2 and not level._queue and not level._heals

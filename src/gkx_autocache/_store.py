@@ -184,8 +184,9 @@ class Store:
         if data is None or compression_of(data) != self._compression:
             return None
         kept = _files.read(self._seal(key), SEAL_LIMIT, check=signable) if self._levels.signs else None
-        compile_secs, written, _ = self._compile_secs(key, data) if kept is None else (None, 0.0, "")
-        seal = self._levels.seal_for(key, data, kept, compile_secs or None, written)
+        # The compile time as recorded (0.0 is a time: a compile the clock's ticks could not see), else none.
+        compile_secs, written, _ = read_sidecar(os.path.join(self._path, key + COMPILE_SIDECAR)) if kept is None else (None, 0.0, "")
+        seal = self._levels.seal_for(key, data, kept, compile_secs, written)
         return (data, seal) if seal is not None else None
 
     def _seal(self, key: str) -> str:

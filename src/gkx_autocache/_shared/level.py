@@ -109,7 +109,8 @@ class Level:
         self._lock = threading.Lock()
         self._ready = threading.Lock()  # one thread prepares and lists; the others wait for it
         self._changed = threading.Condition(self._lock)
-        self._queue: deque[Item] = deque()
+        self._queue: deque[Item] = deque()  # this run's entries, its manifest and pack
+        self._heals: deque[Item] = deque()  # entries to heal: only when the queue is empty, never at exit
         self._queued = 0  # bytes in the queue and in flight
         self._in_flight: Item | None = None  # the item the worker is uploading
         self._worker: threading.Thread | None = None
@@ -222,8 +223,11 @@ class Level:
             self.off = (why, time.time())
             counts = self.counts["shared"]
             counts["timeouts" if timed_out else "errors"] += 1
-            counts["dropped"] += len(self._queue)
+            flying = self._in_flight
+            counts["dropped"] += sum(not item.manifest for item in self._queue) + bool(
+                flying is not None and not flying.heal and not flying.manifest)  # this run's own entries
             self._queue.clear()
+            self._heals.clear()
             self._queued = 0
             self._changed.notify_all()
         fix = f"raise shared_timeout ({self.origin})" if timed_out else "check its endpoint and credentials"
@@ -385,9 +389,12 @@ class Level:
         return self._secret is not None
 
     def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None:
-        """The seal for bytes this process compiled, signed with its key (None without one): kept
-        beside the local entry, it is what healing and packs upload, never a seal made later."""
-        return make_seal(key, data, compile_secs, written, self._secret) if self._secret is not None else None
+        """The seal for bytes this process compiled, signed with its key, where it uploads (None
+        without a key, or where it never uploads: then nothing it wrote is healed or packed by it):
+        kept beside the local entry, it is what healing and packs upload, never a seal made later."""
+        if self._secret is None or self.writes is not None:
+            return None
+        return make_seal(key, data, compile_secs, written, self._secret)
 
     def seal_for(self, key: str, data: bytes, raw_seal: bytes | None, compile_secs: float | None,
                  written: float) -> bytes | None:
@@ -446,7 +453,7 @@ class Level:
             if self._queued + len(item.data) > self.queue_bytes:
                 self.counts["shared"]["skipped"] += 1  # beyond the queue's bound: the compile path never waits
                 return
-            self._queue.append(item)
+            (self._heals if item.heal else self._queue).append(item)
             self._queued += len(item.data)
             self._start_worker()
             self._changed.notify_all()
@@ -467,9 +474,9 @@ class Level:
         """The upload worker: one entry at a time, each bounded like a read."""
         while True:
             with self._lock:
-                while not self._queue:
+                while not self._queue and (self._closed or not self._heals):
                     self._changed.wait()
-                item = self._in_flight = self._queue.popleft()
+                item = self._in_flight = (self._queue or self._heals).popleft()
             try:
                 self._upload(item)
             except BaseException:  # pragma: no cover - _upload never raises; nothing reaches excepthook
@@ -500,6 +507,7 @@ class Level:
             with self._lock:
                 self.writes = "the shared directory is read-only here"
                 self._queue.clear()
+                self._heals.clear()
             return
         compile_secs = item.compile_secs
         sealed = seal if seal is not None else make_seal(key, data, compile_secs, item.written, self._secret)
@@ -545,7 +553,7 @@ class Level:
             logger.debug("no manifest: %s", exc)
             manifest = []
         with self._lock:
-            self._queue = deque(item for item in self._queue if not item.heal)  # (a later run heals them)
+            self._heals.clear()  # (a later run that misses heals them)
             if manifest and self.off is None:
                 self._queue.extend(Item(name, data, None, None, 0.0, heal=False, manifest=True) for name, data in manifest)
                 self._changed.notify_all()

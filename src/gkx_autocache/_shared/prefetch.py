@@ -148,19 +148,14 @@ def begin(level: Any, key: str) -> None:
     if level.land is None:  # the local level takes no writes: nothing can land
         return
     budget = BUDGET
-    reservation = None
-    if level.cap:  # the room under the cap: less the bookkeeping's share, and the room other live prefetches took
+    if level.cap:  # the room under the cap, less the bookkeeping's share (the ledger and the index grow as entries land)
         from gkx_autocache._record import fold
 
-        bookkeeping = int(level.cap * fold.BOOKKEEPING_SHARE)  # (the ledger and the index grow as entries land)
-        room = int(level.cap * fold.PRUNE_TO) - fold.read_summary(level.local_dir).size - bookkeeping
-        budget = min(budget, (room - _reserved(level.local_dir)) // program()[3])  # (pytest-xdist siblings share it)
-        if budget > 0:
-            reservation = _reserve(level.local_dir, budget)
+        bookkeeping = int(level.cap * fold.BOOKKEEPING_SHARE)
+        budget = min(budget, int(level.cap * fold.PRUNE_TO) - fold.read_summary(level.local_dir).size - bookkeeping)
     if budget <= 0:
         return
     ahead = Prefetch(level, level.land, budget)
-    ahead.reservation = reservation
     ahead.asked.add(key)  # this lookup's: fetched by it
     level._prefetch = ahead
     ahead.start()
@@ -172,61 +167,119 @@ def cost(size: int, signed: bool) -> int:
     return -(-size // BLOCK) * BLOCK + (2 if signed else 1) * BLOCK
 
 
-def _reserve(local: str, budget: int) -> str | None:
-    """Take ``budget`` of the room under the cap for this process's prefetch, said in the
-    bookkeeping for the other fresh processes of this local level; the reservation's name."""
-    name = f"{RESERVED}{os.getpid()}.{budget}{TMP_SUFFIX}"
-    meta = os.path.join(local, META_DIR)
-    return name if _files.claim(meta, name, stale=RESERVED_STALE) else None
+class Reservation:
+    """This process's share of the room under the cap, said in the bookkeeping for the other fresh
+    processes of its local level (``.prefetch.<pid>.<bytes>.tmp``) and held under an ``flock``
+    while it lives: a file whose lock nobody holds (its process killed, in another container, or
+    planted) is not counted. The earlier reservation keeps its share; a later one takes what the
+    earlier live ones left (two that start together each see the other; only the later gives way)."""
 
+    def __init__(self, local: str) -> None:
+        self.meta = os.path.join(local, META_DIR)
+        self.fd: int | None = None
+        self.name = ""
 
-def _reserved(local: str) -> int:
-    """The room other live processes' prefetches took in this local level."""
-    total = 0
-    try:
-        with os.scandir(os.path.join(local, META_DIR)) as items:
-            for item in items:
-                pid, _, size = item.name[len(RESERVED):-len(TMP_SUFFIX)].partition(".")
-                if (not item.name.startswith(RESERVED) or not item.name.endswith(TMP_SUFFIX)
-                        or not pid.isdigit() or not size.isdigit() or int(pid) == os.getpid()):
-                    continue
+    def take(self, wanted: int, room: int, parts: int) -> int:
+        """At most ``wanted`` bytes of ``room`` (``parts``: pytest-xdist siblings, a share each);
+        the budget. Where the bookkeeping cannot hold a reservation, what the others left."""
+        budget = min(wanted, room // parts)
+        name = f"{RESERVED}{os.getpid()}.{max(budget, 0)}{TMP_SUFFIX}"
+        if budget <= 0 or not _files.claim(self.meta, name, stale=0):
+            return budget - self._taken(None)
+        self.name = name
+        try:
+            import fcntl
+
+            fd = self.fd = _files.open_regular(os.path.join(self.meta, name))
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (OSError, ImportError):  # (no flock here: a reservation nobody could tell is live)
+            self.close()
+            return budget - self._taken(None)
+        granted = min(budget, room - self._taken(name))
+        if granted < budget:  # said as what it holds (the lock goes with the file)
+            smaller = f"{RESERVED}{os.getpid()}.{max(granted, 0)}{TMP_SUFFIX}"
+            try:
+                fd = _files.open_dir(os.path.abspath(self.meta), search=True)
                 try:
-                    if time.time() - item.stat(follow_symlinks=False).st_mtime < RESERVED_STALE and _alive(int(pid)):
-                        total += int(size)
-                except OSError:
-                    continue
-    except OSError:
-        return 0
-    return total
+                    os.rename(name, smaller, src_dir_fd=fd, dst_dir_fd=fd)
+                finally:
+                    os.close(fd)
+                self.name = smaller
+            except OSError:
+                self.close()
+                return 0
+        return granted
 
+    def _taken(self, mine: str | None) -> int:
+        """The bytes live reservations of other processes hold, those made before ``mine`` (all,
+        where None), by when each was made, then by pid."""
+        found: list[tuple[int, int, int, str]] = []
+        try:
+            with os.scandir(self.meta) as items:
+                for item in items:
+                    pid, _, size = item.name[len(RESERVED):-len(TMP_SUFFIX)].partition(".")
+                    if (item.name.startswith(RESERVED) and item.name.endswith(TMP_SUFFIX)
+                            and _digits(pid) and _digits(size) and (item.name == mine or self._held(item.name))):
+                        try:
+                            found.append((item.stat(follow_symlinks=False).st_mtime_ns, int(pid), int(size), item.name))
+                        except OSError:
+                            continue
+        except OSError:
+            return 0
+        found.sort()
+        at = next((i for i, item in enumerate(found) if item[3] == mine), len(found))
+        return sum(size for _, _, size, name in found[:at] if name != mine)
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    def _held(self, name: str) -> bool:
+        """Whether another process holds ``name``'s lock (a live reservation)."""
+        try:
+            import fcntl
+
+            fd = _files.open_regular(os.path.join(self.meta, name))
+        except (OSError, ImportError):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
         return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
+
+    def close(self) -> None:
+        """The prefetch is done: its reservation goes (what landed is this process's ledger's)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.name:
+            _files.unclaim(self.meta, self.name)
+            self.name = ""
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits, at most 15 (``isdigit`` takes ``²``, and ``int`` then raises)."""
+    return 0 < len(text) <= 15 and text.isascii() and text.isdigit()
 
 
 def manifest_items(level: Any) -> list[tuple[str, bytes]]:
     """At exit, a writer's run that missed locally: its manifest and (to a bucket) its pack, as
     ``(object name, bytes)`` for the upload queue, for the next fresh runs of this program. Its
-    keys come first, then those of the manifest it read that it did not look up (a run stopped
-    after its first compile must not cut a 154-key manifest to 5), to ``MANIFEST_KEYS``; none
-    when what it read holds all its keys. The pack goes first: a manifest whose pack failed is not
-    written (the next run writes both)."""
+    keys come first, then those of the manifest it read that come after the last one it looked
+    up: a run stopped early looked up a prefix of them, and must not cut a 154-key manifest to 5;
+    keys it passed over belong to an earlier version of the program, and are dropped. None when
+    that is what it read."""
     if (level.writes is not None or level.off is not None or not level._seen or _jax.process_id() != 0
             or not level.counts["local"]["misses"] or level._worker is None or level._forked_child):
         return []
     keys = list(level._seen.items())
     own = level._prefetch.own if level._prefetch is not None else None
     if own is not None:
-        read = {key for key, _ in own}
-        if all(key in read for key, _ in keys):
+        last = max((at for at, (key, _) in enumerate(own) if key in level._seen), default=-1)
+        keys = (keys + [item for item in own[last + 1:] if item[0] not in level._seen])[:MANIFEST_KEYS]
+        if {key for key, _ in keys} == {key for key, _ in own}:
             return []
-        keys = (keys + [item for item in own if item[0] not in level._seen])[:MANIFEST_KEYS]
     ident, part, _, _ = program()
     name = manifest_name(ident, part)
     data, packed = b"", list[str]()
@@ -292,8 +345,9 @@ class Prefetch:
         self.room = threading.Condition(self.lock)
         self.landing = 0  # files being written: exit waits for these, never for the network
         self.abandoned: set[str] = set()  # in flight past a lookup's wait: its lookup read it, never landed here
+        self.from_pack: set[str] = set()  # the keys in flight that a pack's record holds
         self.signed = bool(getattr(level, "signs", False))  # a landed entry keeps its seal beside it
-        self.reservation: str | None = None  # this process's share of the room under the cap, in the bookkeeping
+        self.reservation = Reservation(level.local_dir)  # this process's share of the room under the cap
         self.stopped = False
 
     def start(self) -> None:
@@ -317,6 +371,12 @@ class Prefetch:
                 listed = listing.get(key + ENTRY_SUFFIX) if listing is not None else size
                 if listed and not os.path.exists(os.path.join(local, key + ENTRY_SUFFIX)):
                     wanted.append((key, min(size, listed) if listing is None else listed))  # the listing's size, where it has one
+            if level.cap:  # the room under the cap, shared with other fresh processes: what is wanted of it
+                need = sum(cost(size, self.signed) for key, size in wanted)
+                self.budget = self.reservation.take(need, self.budget, program()[3])
+                if self.budget <= 0:
+                    logger.debug("prefetch: no room under the cap (other fresh processes took it)")
+                    return
             with self.lock:
                 for key, size in wanted:
                     if key not in self.asked:
@@ -575,6 +635,7 @@ class Prefetch:
                 return None
             self.spent += cost(size, self.signed)
             self.holding += size
+            self.from_pack.add(key)
             event = self.flight[key] = threading.Event()
             return event
 
@@ -611,11 +672,11 @@ class Prefetch:
             self.packed.pop(key, None)
 
     def wait(self, key: str) -> None:
-        """Before a lookup reads the local level: wait for this key's fetch if it is in flight, at
-        most ``shared_timeout`` (a fetch or a pack that drips must not hold the user's ``jit``
-        longer than its own read would); then, or if it is not begun, it is the lookup's own
-        (never queued behind the rest, nor behind a pack's), and what the fetch brings is not
-        landed."""
+        """Before a lookup reads the local level: wait for this key's fetch if it is in flight (a
+        pack's record at most ``shared_timeout``: a pack that drips must not hold the user's
+        ``jit`` longer than its own read would; then the record is not landed); if it is not
+        begun, or no longer waited for, it is the lookup's own (never queued behind the rest, nor
+        behind a pack's)."""
         with self.lock:
             self.asked.add(key)
             event = self.flight.get(key)
@@ -623,7 +684,9 @@ class Prefetch:
                 self.pending.pop(key, None)
                 self.packed.pop(key, None)
                 return
-        deadline = time.monotonic() + self.level.timeout
+        # A worker's fetch is bounded by its own progress (a stall turns the level off, which
+        # releases its waiters); a pack's record is read among others, so its lookup is bounded here.
+        deadline = time.monotonic() + self.level.timeout if key in self.from_pack else float("inf")
         while not event.wait(0.05) and self.level.off is None:  # an off level releases its waiters at once
             if time.monotonic() >= deadline:
                 with self.lock:
@@ -645,8 +708,7 @@ class Prefetch:
             self.pending.clear()
         while self.landing and time.monotonic() < deadline:
             time.sleep(0.005)
-        if self.reservation is not None:  # (what landed is this process's ledger's from now on)
-            _files.unclaim(os.path.join(self.level.local_dir, META_DIR), self.reservation)
+        self.reservation.close()
         wasted = 0
         for key, (nbytes, when) in list(self.landed.items()):
             try:  # a hit sets the entry's mtime (the store's recency): another process used it
