@@ -20,7 +20,11 @@ the wheel installed and one without), then measures, as medians of interleaved r
      local level, from the bucket alone, and raw JAX with the bucket as its dir; a cold run against
      an empty bucket against no shared level; the uploads' cost to a cold run; and a fresh machine
      warm from the bucket (prefetch) against a local warm run and raw JAX's `s3://`, on 20 and on
-     500 entries, with 0, 20 and 50 ms added to each request by a delaying proxy on 127.0.0.1.
+     500 entries and on a short program (SHORT, 62 entries, about 2.3 s warm), with 0, 20 and
+     50 ms added to each request by a delaying proxy on 127.0.0.1; and the levels' fixed costs on
+     that short program, as alternated pairs (`level_pairs`; alone, in a few minutes:
+     `benchmarks/pairs_levels.py`): a warm writer with a bucket against without, and a fresh
+     machine against a local warm run at 20 ms a request.
 Prints a Markdown table and writes it, with every figure, as JSON. `--only startup` (or
 import_jax, workload, explain, cli, bookkeeping, levels; repeatable) measures those sections only;
 when --out already holds a run, its other sections are kept and the JSON records which were
@@ -74,11 +78,17 @@ def runner_deps(work: Path) -> Path:
     return deps
 
 
+def build_wheel(work: Path, source: Path = ROOT) -> Path:
+    """The package's wheel, from the working tree (or ``source``), in ``work/wheel``."""
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "wheel"), str(source))
+    (wheel,) = (work / "wheel").glob("*.whl")
+    return wheel
+
+
 def make_venvs(work: Path) -> tuple[Path, Path]:
     """(with, without): the same interpreter and JAX; only the package differs."""
     deps = runner_deps(work)
-    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "wheel"), str(ROOT))
-    (wheel,) = (work / "wheel").glob("*.whl")
+    wheel = build_wheel(work)
     pythons = []
     for name in ("with", "without"):
         venv = work / name
@@ -761,11 +771,154 @@ for i in range(int(sys.argv[1])):
     total += float(jax.jit(lambda v, c=float(i + 1): jnp.tanh(v * c).sum() + c)(x))
 print(json.dumps({**counts, "result": round(total, 3)}))
 """
+# A short program as a user writes one (SHORT: 62 entries; a warm run of about 2.3 s on 2 cores, of
+# which `import jax` is 1.1 s): data, an MLP's layers, a loss and its gradient, Adam, gradient
+# clipping, a few metrics, attention and a recurrent rollout by lax.scan at a few sizes, and the
+# eager operations between them; every compile is a cache entry. The levels' fixed costs (the
+# client's imports and start, the listing, the landing) are the largest share of a run this short.
+SHORT = r"""
+import json
+import jax, jax.numpy as jnp
+counts = {"requests": 0, "hits": 0}
+def listen(event, *a, **k):
+    if event == "/jax/compilation_cache/compile_requests_use_cache": counts["requests"] += 1
+    elif event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
+jax.monitoring.register_event_listener(listen)
+WIDTHS = (32, 128, 64, 10)
+
+@jax.jit
+def init_layer(key, w_in, b_in):
+    k1, _ = jax.random.split(key)
+    return jax.random.normal(k1, w_in.shape) * jnp.sqrt(2.0 / w_in.shape[0]), jnp.zeros_like(b_in)
+
+def init(key):
+    params = []
+    for d_in, d_out in zip(WIDTHS[:-1], WIDTHS[1:]):
+        key, sub = jax.random.split(key)
+        params.append(init_layer(sub, jnp.empty((d_in, d_out)), jnp.empty((d_out,))))
+    return params
+
+@jax.jit
+def dense(p, x):
+    w, b = p
+    return x @ w + b
+
+@jax.jit
+def gelu_dense(p, x):
+    return jax.nn.gelu(dense(p, x))
+
+@jax.jit
+def layer_norm(x):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / jnp.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+def forward(params, x):
+    for p in params[:-1]:
+        x = layer_norm(gelu_dense(p, x))
+    return dense(params[-1], x)
+
+def mlp(params, x):
+    for p in params[:-1]:
+        w, b = p
+        x = jax.nn.gelu(x @ w + b)
+        mu = x.mean(-1, keepdims=True)
+        x = (x - mu) / jnp.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+    w, b = params[-1]
+    return x @ w + b
+
+def loss_fn(params, x, y):
+    logits = mlp(params, x)
+    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(y, logits.shape[-1]), -1))
+
+loss = jax.jit(loss_fn)
+grad = jax.jit(jax.value_and_grad(loss_fn))
+
+@jax.jit
+def adam(params, grads, m, v, t):
+    lr, b1, b2 = 1e-3, 0.9, 0.999
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
+    mh = jax.tree.map(lambda m: m / (1 - b1 ** t), m)
+    vh = jax.tree.map(lambda v: v / (1 - b2 ** t), v)
+    return jax.tree.map(lambda p, a, b: p - lr * a / (jnp.sqrt(b) + 1e-8), params, mh, vh), m, v
+
+@jax.jit
+def train_step(params, m, v, t, x, y):
+    value, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    params, m, v = adam(params, grads, m, v, t)
+    return params, m, v, value
+
+@jax.jit
+def accuracy(params, x, y):
+    return jnp.mean(jnp.argmax(mlp(params, x), -1) == y)
+
+@jax.jit
+def clip_by_norm(grads):
+    norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
+    return jax.tree.map(lambda g: g * jnp.minimum(1.0, 1.0 / (norm + 1e-6)), grads)
+
+@jax.jit
+def attention(q, k, v):
+    s = q @ k.swapaxes(-1, -2) / jnp.sqrt(q.shape[-1])
+    return jax.nn.softmax(s, -1) @ v
+
+@jax.jit
+def rollout(q):
+    n = q.shape[0]
+    w, h0, xs = jnp.eye(n) * 0.5 + q @ q.T / n ** 2, jnp.zeros(n), jnp.ones((50, n))
+    def cell(h, x):
+        h = jnp.tanh(h @ w + x)
+        return h, h.sum()
+    h, trace = jax.lax.scan(cell, h0, xs)
+    return h.sum() + trace.sum()
+
+@jax.jit
+def schedule(step):
+    return 1e-3 * jnp.minimum(1.0, step / 100.0) * 0.5 * (1 + jnp.cos(jnp.pi * jnp.minimum(step, 1000) / 1000))
+
+@jax.jit
+def l2(p):
+    return jnp.sqrt(jnp.sum(p * p))
+
+@jax.jit
+def normalise(x):
+    return (x - x.mean(0)) / (x.std(0) + 1e-6)
+
+@jax.jit
+def make_data(key):
+    kx, ky = jax.random.split(key)
+    return jax.random.normal(kx, (256, WIDTHS[0])), jax.random.randint(ky, (256,), 0, WIDTHS[-1])
+
+total = 0.0
+key = jax.random.PRNGKey(0)
+x, y = make_data(key)
+x = normalise(x)
+params = init(key)
+m = jax.tree.map(jnp.zeros_like, params)
+v = jax.tree.map(jnp.zeros_like, params)
+for batch in (32, 128):  # the batch sizes a short script tries
+    xb, yb = x[:batch], y[:batch]
+    value, grads = grad(params, xb, yb)
+    grads = clip_by_norm(grads)
+    params, m, v = adam(params, grads, m, v, 1.0)
+    for t in range(2):
+        params, m, v, value = train_step(params, m, v, float(t + 2), xb, yb)
+        total += float(value)
+total += float(schedule(2.0)) + float(loss(params, xb, yb)) + float(accuracy(params, xb, yb))
+total += float(forward(params, x[:32])[0, 0])  # the layers one by one, on one batch
+for leaf in jax.tree.leaves(params):  # a norm per parameter, as a log line has them
+    total += float(l2(leaf))
+for n in (8, 16, 32, 64):
+    q = jnp.linspace(0.0, 1.0, n * 16).reshape(n, 16)
+    total += float(attention(q, q, q).sum())
+    total += float(rollout(q))
+print(json.dumps({**counts, "result": round(total, 3)}))
+"""
 PREFETCH_ROWS = ("fresh machine, from the bucket", "local warm (shared set)", "raw JAX, s3:// as its dir")
 
 
-def prefetch(work: Path, sizes: tuple[int, ...], delays: tuple[float, ...], runs: dict[int, int]) -> dict[str, Any]:
-    """Per program size and added delay: a fresh machine's warm run from the bucket (a fresh local
+def prefetch(work: Path, sizes: tuple[int | str, ...], delays: tuple[float, ...], runs: dict[int | str, int]) -> dict[str, Any]:
+    """Per program (``MANY`` of N functions, or ``"short"``: ``SHORT``) and added delay: a fresh machine's warm run from the bucket (a fresh local
     level each run, the package's defaults), a local warm run with the same shared level set, and
     raw JAX reading the bucket as its dir, medians of interleaved rounds, every request to the
     bucket through a proxy on 127.0.0.1 that waits ``delay`` before forwarding it. The cold run
@@ -776,6 +929,7 @@ def prefetch(work: Path, sizes: tuple[int, ...], delays: tuple[float, ...], runs
     with_py, without_py = remote_venvs(work)
     script = work / "many.py"
     script.write_text(MANY)
+    (work / "short.py").write_text(SHORT)
     server, s3 = moto(work)
     port = int(s3["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
     raw = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
@@ -784,7 +938,7 @@ def prefetch(work: Path, sizes: tuple[int, ...], delays: tuple[float, ...], runs
     try:
         base = base_env(HOME=str(work), **s3)
         for n in sizes:
-            code = [str(script), str(n)]
+            code = [str(work / "short.py")] if n == "short" else [str(script), str(n)]
             shared = f"s3://bench/prefetch-{n}"
             cold, out = run_json(with_py, code, {**base, "GKX_JAX_CACHE_DIR": str(work / f"pf-cold-{n}")})
             run_json(with_py, code, {**base, "GKX_JAX_CACHE_DIR": str(work / f"pf-local-{n}"), "GKX_JAX_CACHE_SHARED": shared})
@@ -817,7 +971,9 @@ def prefetch(work: Path, sizes: tuple[int, ...], delays: tuple[float, ...], runs
                 finally:
                     proxy.close()
                 per_round = sorted(a / b for a, b in zip(times[PREFETCH_ROWS[0]], times[PREFETCH_ROWS[1]], strict=True))
-                results[f"{n} entries, +{delay * 1000:.0f} ms"] = {
+                program = "the short program" if n == "short" else f"{n} entries"
+                results[f"{program}, +{delay * 1000:.0f} ms"] = {
+                    "program": "SHORT" if n == "short" else "MANY",
                     "entries": out["requests"], "delay_ms": delay * 1000, "cold": cold, "runs": runs[n],
                     **{name: {"median": statistics.median(t), "min": min(t), "max": max(t),
                               "hits": statistics.median(hits[name]), "cpu": statistics.median(cpu[name]),
@@ -829,6 +985,150 @@ def prefetch(work: Path, sizes: tuple[int, ...], delays: tuple[float, ...], runs
         server.terminate()
         server.wait(timeout=30)
     return results
+
+
+# -- the levels' fixed costs, as alternated pairs ---------------------------------------------------
+# Two figures of a short program (SHORT), each A against B in fresh processes, A, B, A, B...: the
+# ratio is taken per pair (the two runs side by side in time), so that drift on a shared machine
+# hits both alike. Targets: (a) 1.02, (b) 1.15.
+PAIR_FIGURES = (
+    ("a", "(a) a warm writer, with a bucket / without", 1.02,
+     "warm writer, shared set (every lookup local)", "warm, no shared level"),
+    ("a_slow", "(a) the same, every request +{ms} ms", 1.02,
+     "warm writer, shared set (every lookup local)", "warm, no shared level"),
+    ("b", "(b) a fresh machine / local warm, every request +{ms} ms", 1.15,
+     "fresh machine, from the bucket", "local warm (shared set)"),
+)
+
+
+def machine_busy() -> float:
+    """CPU seconds this machine has spent busy (all processes, all cores), from /proc/stat; 0 where
+    there is none."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu(server_pid: int) -> float:
+    """CPU seconds of this process (the proxy's threads), its waited-for children, and moto."""
+    import resource
+
+    mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime + cpu_secs(server_pid)
+
+
+def measured(python: Path, code: list[str], env: dict[str, str]) -> dict[str, float]:
+    """One fresh process: its wall time, its own CPU time (user and system, all its threads) and
+    peak resident memory (``wait4``'s, this process alone), and its JSON line's hits and requests."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen([str(python), *code], env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode:
+            raise RuntimeError(f"{code} exited {proc.returncode}:\n{err.read().decode(errors='replace')[-3000:]}")
+        got = json.loads(out.read().decode().strip().splitlines()[-1])
+    return {"wall": seconds, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss * 1024.0,
+            "hits": got["hits"], "requests": got["requests"]}
+
+
+def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | None = None) -> dict[str, Any]:
+    """The figures of ``PAIR_FIGURES``, ``pairs`` alternated pairs each, rounds interleaved across
+    figures, against moto on 127.0.0.1 (``delay``: through ``hostile.Proxy``, which waits that long
+    before forwarding each request). A bucket is filled once by a writer's cold run (its entries,
+    its manifest and its pack), which leaves that writer's local level warm; a plain local level is
+    filled alongside. Every "fresh machine" run gets an empty local level of its own. One run of
+    each configuration before the pairs is not counted (the page cache, moto's first requests)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hostile import Proxy
+
+    if with_py is None:
+        with_py = remote_venvs(work)[0]
+    code = [str(work / "pairs-short.py")]
+    Path(code[0]).write_text(SHORT)
+    server, s3 = moto(work)
+    proxy = Proxy(int(s3["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]), delay=delay)
+    try:
+        base = base_env(HOME=str(work), **s3)
+        slow = {**base, "AWS_ENDPOINT_URL": proxy.endpoint}
+        shared = "s3://bench/pairs"
+        writer = {"GKX_JAX_CACHE_DIR": str(work / "pairs-writer"), "GKX_JAX_CACHE_SHARED": shared}
+        plain = {"GKX_JAX_CACHE_DIR": str(work / "pairs-plain")}
+
+        def fresh(i: int | str) -> dict[str, str]:
+            return {**slow, "GKX_JAX_CACHE_DIR": str(work / f"pairs-fresh-{i}"), "GKX_JAX_CACHE_SHARED": shared}
+
+        envs: dict[str, tuple[Any, Any]] = {
+            "a": (lambda i: {**base, **writer}, lambda i: {**base, **plain}),
+            "a_slow": (lambda i: {**slow, **writer}, lambda i: {**slow, **plain}),
+            "b": (fresh, lambda i: {**slow, **writer}),
+        }
+        cold = measured(with_py, code, {**base, **writer})
+        measured(with_py, code, {**base, **plain})
+        for a, b in envs.values():  # not counted
+            measured(with_py, code, a("warm-up"))
+            measured(with_py, code, b("warm-up"))
+        runs: dict[str, dict[str, list[dict[str, float]]]] = {name: {"A": [], "B": []} for name in envs}
+        busy, own, started = machine_busy(), own_cpu(server.pid), time.perf_counter()
+        for i in range(pairs):
+            for name, (a, b) in envs.items():
+                for side, env in (("A", a), ("B", b)):
+                    before = cpu_secs(server.pid)
+                    got = measured(with_py, code, env(i))
+                    got["server_cpu"] = cpu_secs(server.pid) - before
+                    runs[name][side].append(got)
+        elapsed = time.perf_counter() - started
+        others = max(machine_busy() - busy - (own_cpu(server.pid) - own), 0.0)
+        stats = json.loads(sh(str(with_py), "-m", "gkx_autocache", "--json", "stats", env=fresh(pairs - 1)).stdout)
+    finally:
+        proxy.close()
+        server.terminate()
+        server.wait(timeout=30)
+    results: dict[str, Any] = {"pairs": pairs, "delay_ms": delay * 1000, "entries": cold["requests"],
+                               "cold": cold["wall"], "figures": {}, "seconds_measured": elapsed,
+                               "others_cpu": others, "cores": os.cpu_count()}
+    for name, label, target, a_name, b_name in PAIR_FIGURES:
+        a, b = runs[name]["A"], runs[name]["B"]
+
+        def med(side: list[dict[str, float]], field: str) -> float:
+            return statistics.median(run[field] for run in side)
+
+        per_pair = sorted(x["wall"] / y["wall"] for x, y in zip(a, b, strict=True))
+        results["figures"][name] = {
+            "label": label.format(ms=f"{delay * 1000:.0f}"), "target": target, "A": a_name, "B": b_name,
+            "ratio": {"median": statistics.median(per_pair), "min": per_pair[0], "max": per_pair[-1]},
+            "cpu_ratio": statistics.median(x["cpu"] / y["cpu"] for x, y in zip(a, b, strict=True)),
+            **{f"{field}_{side}": med(side_runs, field) for side, side_runs in (("A", a), ("B", b))
+               for field in ("wall", "cpu", "rss", "hits", "server_cpu")},
+            "rss_added": statistics.median(x["rss"] - y["rss"] for x, y in zip(a, b, strict=True)),
+            "walls": {"A": [round(x["wall"], 3) for x in a], "B": [round(y["wall"], 3) for y in b]},
+        }
+    shared_stats = stats["levels"]["shared"]
+    results["fresh machine's last run"] = {k: shared_stats.get(k, 0) for k in (
+        "hits", "misses", "requests", "prefetched", "prefetch_used", "prefetch_wasted_bytes", "uploads")}
+    return results
+
+
+def pairs_table(r: dict[str, Any]) -> str:
+    rows = [f"| levels' fixed costs: the short program ({r['entries']} entries), alternated pairs of fresh processes "
+            "(A, B, A, B...) | A: median (range) | B: median (range) | A / B per pair: median (range) | target | "
+            "CPU A / B per pair: median | peak memory, A - B |", "|---|---|---|---|---|---|---|"]
+    for f in r["figures"].values():
+        walls = f["walls"]
+        rows.append(f"| {f['label']} (median of {r['pairs']} pairs) | {f['wall_A']:.2f} s ({min(walls['A']):.2f}-"
+                    f"{max(walls['A']):.2f}) | {f['wall_B']:.2f} s ({min(walls['B']):.2f}-{max(walls['B']):.2f}) | "
+                    f"{f['ratio']['median']:.3f} ({f['ratio']['min']:.3f}-{f['ratio']['max']:.3f}) | "
+                    f"<= {f['target']:.2f} | {f['cpu_ratio']:.3f} | {f['rss_added'] / (1 << 20):+.0f} MiB |")
+    if "others_cpu" in r:  # other work on the machine meanwhile: what the spread may owe to it
+        rows.append(f"| other processes' CPU time during the pairs | {r['others_cpu']:.1f} s in {r['seconds_measured']:.0f} s "
+                    f"({r['others_cpu'] / max(r['seconds_measured'], 1e-9):.2f} of {r['cores']} cores) | | | | | |")
+    return "\n".join(rows)
 
 
 LEVEL_RATIOS = (
@@ -936,9 +1236,12 @@ def table(r: dict[str, Any]) -> str:
         for f in r["prefetch"].values():
             cells = " | ".join(f"{f[row]['median']:.2f} s ({f[row]['min']:.2f}-{f[row]['max']:.2f})" for row in PREFETCH_ROWS)
             ratio = f["fresh / local warm"]
-            rows.append(f"| {f['entries']} entries, +{f['delay_ms']:.0f} ms (median of {f['runs']}) | {f['cold']:.2f} s | "
+            program = f"the short program ({f['entries']} entries)" if f.get("program") == "SHORT" else f"{f['entries']} entries"
+            rows.append(f"| {program}, +{f['delay_ms']:.0f} ms (median of {f['runs']}) | {f['cold']:.2f} s | "
                         f"{cells} | {ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f}) | "
                         f"{f['prefetched']} ({f['prefetch_used']}, {f['prefetch_wasted_bytes']} B) |")
+    if "pairs" in r:
+        rows += ["", pairs_table(r["pairs"])]
     if "cli" in r:
         rows += ["", f"| CLI on {r['cli_entries']:,} entries | seconds |", "|---|---|"]
         rows += [f"| `gkx-autocache {c}` | {s:.2f} |" for c, s in r["cli"].items()]
@@ -1005,7 +1308,8 @@ def main(argv: list[str] | None = None) -> int:
         if "levels" in sections:
             results["levels"] = levels(work, 2 if quick else 24, 1 if quick else 7)
             results["prefetch"] = (prefetch(work, (4,), (0.0, 0.02), {4: 1}) if quick
-                                   else prefetch(work, (20, 500), (0.0, 0.02, 0.05), {20: 5, 500: 3}))
+                                   else prefetch(work, (20, 500, "short"), (0.0, 0.02, 0.05), {20: 5, 500: 3, "short": 5}))
+            results["pairs"] = level_pairs(work, 1 if quick else 9)
     results["table"] = table(results)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(results["table"])

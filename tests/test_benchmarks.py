@@ -61,6 +61,10 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
         assert f["fresh machine, from the bucket"]["hits"] == f["local warm (shared set)"]["hits"] == f["entries"] > 0
         assert f["prefetched"] == f["prefetch_used"] > 0 and f["prefetch_wasted_bytes"] == 0, f
     assert "| prefetch: entries, added per request |" in table
+    pairs = data["pairs"]  # the levels' fixed costs on the short program: every lookup served in every run
+    assert pairs["entries"] > 0 and all(f["hits_A"] == f["hits_B"] == pairs["entries"] for f in pairs["figures"].values())
+    assert pairs["fresh machine's last run"]["prefetch_used"] > 0, pairs
+    assert "| (b) a fresh machine / local warm, every request +20 ms (median of 1 pairs) |" in table
     assert "| cold against an empty bucket / no shared level |" in table
 
 
