@@ -757,15 +757,17 @@ def levels(work: Path, functions: int, runs: int) -> dict[str, Any]:
 
 # N jitted functions, an entry each, as a program that compiles many small things (a test suite, a
 # model's many layers) looks to the cache.
-MANY = r"""
-import json, sys
-import jax, jax.numpy as jnp
-counts = {"requests": 0, "hits": 0}
+# JAX's own count of a run's cache lookups and hits, which each program prints.
+COUNTING = r"""counts = {"requests": 0, "hits": 0}
 def listen(event, *a, **k):
     if event == "/jax/compilation_cache/compile_requests_use_cache": counts["requests"] += 1
     elif event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
 jax.monitoring.register_event_listener(listen)
-x = jnp.linspace(0.0, 1.0, 64)
+"""
+MANY = r"""
+import json, sys
+import jax, jax.numpy as jnp
+""" + COUNTING + r"""x = jnp.linspace(0.0, 1.0, 64)
 total = 0.0
 for i in range(int(sys.argv[1])):
     total += float(jax.jit(lambda v, c=float(i + 1): jnp.tanh(v * c).sum() + c)(x))
@@ -779,12 +781,7 @@ print(json.dumps({**counts, "result": round(total, 3)}))
 SHORT = r"""
 import json
 import jax, jax.numpy as jnp
-counts = {"requests": 0, "hits": 0}
-def listen(event, *a, **k):
-    if event == "/jax/compilation_cache/compile_requests_use_cache": counts["requests"] += 1
-    elif event == "/jax/compilation_cache/cache_hits": counts["hits"] += 1
-jax.monitoring.register_event_listener(listen)
-WIDTHS = (32, 128, 64, 10)
+""" + COUNTING + r"""WIDTHS = (32, 128, 64, 10)
 
 @jax.jit
 def init_layer(key, w_in, b_in):
