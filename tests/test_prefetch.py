@@ -625,17 +625,20 @@ def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it
 
 
 class _Drip:
-    """An HTTP body that sends one byte every 20 ms, ``n`` in all (aiohttp's ``read``, as s3fs gives it)."""
+    """An HTTP body that sends one byte every 20 ms, ``n`` in all, then ``then`` at once (aiohttp's
+    ``read``, as s3fs gives it)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, then: bytes = b"") -> None:
         self.left = n
+        self.then = then
 
     async def read(self, n: int) -> bytes:
         import asyncio
 
-        await asyncio.sleep(0.02)
         if self.left <= 0:
-            return b""
+            rest, self.then = self.then[:n], self.then[n:]
+            return rest
+        await asyncio.sleep(0.02)
         self.left -= 1
         return b"x"
 
@@ -655,6 +658,9 @@ def test_a_dripping_pack_stalls_within_one_timeout() -> None:
     assert time.monotonic() - started < 4.0
     small = Stream(fsspec.asyn.get_loop(), _Drip(3), timeout=0.5)
     assert small.take(3) == b"xxx"  # (a small read that completes is no stall)
+    # A drip that speeds up just before the timeout: its 64 KiB are progress, and the read goes on.
+    spurt = Stream(fsspec.asyn.get_loop(), _Drip(20, then=b"y" * (200 << 10)), timeout=0.5)
+    assert len(spurt.take(1 << 20)) == 20 + (200 << 10)
 
 
 # -- what a prefetch lands stays under the cap, on disk (L5), and an early stop keeps the manifest (L6) --
