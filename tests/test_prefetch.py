@@ -691,7 +691,7 @@ def test_two_fresh_programs_prefetching_together_stay_under_the_cap_on_disk(venv
         assert proc.returncode == 0, proc.stderr
     cap = 400_000
     env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never", PYTEST_XDIST_WORKER="",
-                     GKX_JAX_CACHE_MAX_SIZE=str(cap), MANY_N="2", MANY_PAUSE="4", MANY_KILLED="1")
+                     GKX_JAX_CACHE_MAX_SIZE=str(cap), MANY_N="2", MANY_PAUSE="8", MANY_KILLED="1")
     with ThreadPoolExecutor(2) as pool:
         runs = list(pool.map(lambda place: venv.run("-c", MANY, env={**env, "MANY_SHIFT": shifts[place.name]},
                                                     cwd=str(place)), places))
