@@ -185,7 +185,9 @@ class Store:
             return None
         kept = _files.read(self._seal(key), SEAL_LIMIT, check=signable) if self._levels.signs else None
         # The compile time as recorded (0.0 is a time: a compile the clock's ticks could not see), else none.
-        compile_secs, written, _ = read_sidecar(os.path.join(self._path, key + COMPILE_SIDECAR)) if kept is None else (None, 0.0, "")
+        compile_secs, written = None, 0.0
+        if kept is None:
+            compile_secs, written, _ = read_sidecar(os.path.join(self._path, key + COMPILE_SIDECAR))
         seal = self._levels.seal_for(key, data, kept, compile_secs, written)
         return (data, seal) if seal is not None else None
 

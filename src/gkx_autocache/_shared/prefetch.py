@@ -49,7 +49,6 @@ MANIFEST_KEYS = 20_000  # the most a writer lists
 XDIST_WORKERS = 32  # the most sibling workers' manifests a pytest-xdist worker reads
 BLOCK = 4096  # the unit a file takes on disk: an entry's last block and each sidecar are charged whole
 RESERVED = ".prefetch."  # in the bookkeeping: ``.prefetch.<pid>.<bytes>.tmp``, the room a live prefetch took
-RESERVED_STALE = 3600.0  # a reservation older than this (its process killed, the pid reused) is not counted
 
 
 class TooLarge(Exception):
