@@ -104,6 +104,11 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         recorder.store_serving = reason is None
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
+        ours = os.path.realpath(directory)
+        callbacks = reason or _jax.serve_host_callbacks(  # before the other write seams: the one nearest JAX
+            jax, lambda: os.path.realpath(str(config.jax_compilation_cache_dir)) == ours)
+        if callbacks:
+            logger.debug("compiles with host callbacks are not cached: %s", callbacks)
         elif levels is not None:
             recorder.levels = levels
             _levels.at_exit(levels, recorder)
@@ -121,7 +126,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             def verdict() -> None:
                 isa = f"{UNKEYED}{unkeyed}" if unkeyed else replaced_hook()
                 _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, shared,
-                                     explain=unexplained, isa=isa)
+                                     explain=unexplained, isa=isa, callbacks=callbacks)
 
             verdict()
             if _key.seam is not None:

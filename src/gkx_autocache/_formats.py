@@ -11,7 +11,7 @@ from typing import Any
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_COMPILE_SECS = 86400.0 * 7  # a sidecar claiming more was not written by a compile
 SEAL_LIMIT = 4096  # the most read of a seal (``<key>-gkx-shared``): about 300 bytes are written
-VERDICT_KEYS = ("store", "reason", "explain", "isa")
+VERDICT_KEYS = ("store", "reason", "explain", "isa", "callbacks")
 UNKEYED = "CPU entries are not keyed by ISA: "  # the verdict's "isa" where the ISA key is missing (then why)
 
 
@@ -47,10 +47,13 @@ def sidecar_run(data: bytes | None) -> str:
     return run if len(run) <= 40 and pid.isdigit() and start.replace(".", "", 1).isdigit() else ""
 
 
-def verdict(store: str, reason: str | None, explain: str | None, isa: str | None) -> bytes:
+def verdict(store: str, reason: str | None, explain: str | None, isa: str | None,
+            callbacks: str | None = None) -> bytes:
     """``store.json``: which store serves the directory, why not the package's, whether misses are
-    explained (None: they are; else why not), what to know of the ISA in CPU keys (None: nothing)."""
-    return (json.dumps({"store": store, "reason": reason, "explain": explain, "isa": isa}) + "\n").encode()
+    explained (None: they are; else why not), what to know of the ISA in CPU keys (None: nothing),
+    whether compiles with host callbacks are cached (None: they are; else why not)."""
+    return (json.dumps({"store": store, "reason": reason, "explain": explain, "isa": isa,
+                        "callbacks": callbacks}) + "\n").encode()
 
 
 def parse_verdict(data: bytes | None) -> dict[str, Any] | None:

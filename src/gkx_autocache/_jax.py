@@ -9,6 +9,7 @@ Imported on ``import jax`` (stdlib only at import: ``jax._src`` is reached insid
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -22,13 +23,19 @@ WRITE = ["cache_key", "compile_time_secs", "module_name", "backend", "executable
 def unsupported(version: str) -> str | None:
     """Why this JAX is left as it is (a line older than ``OLDEST``), or None. A version that does not
     read as one (a local build) is supported: its seams are probed as on any line."""
-    import re
-
-    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
-    if found is None or tuple(int(n or 0) for n in found.groups()) >= OLDEST:
+    line = version_tuple(version)
+    if line is None or line >= OLDEST:
         return None
     return (f"JAX {version} is not supported (gkx-autocache supports JAX {'.'.join(map(str, OLDEST))} and later): "
             "JAX is left as it is")
+
+
+def version_tuple(version: str) -> tuple[int, int, int] | None:
+    """``(0, 4, 30)`` of ``"0.4.30"``, or None where it does not read as a version."""
+    import re
+
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    return None if found is None else (int(found[1]), int(found[2]), int(found[3] or 0))
 
 
 def parameters(func: Any) -> list[str]:
@@ -141,6 +148,7 @@ def probe() -> dict[str, str | None]:
     """What this JAX's seams give, each feature and why it is missing (None where it works), read
     without patching anything; ``--version`` asks it in a child process where no process here has
     recorded it. Settings can still take a feature away (``max_size`` of JAX's own, a bucket)."""
+    import jax
     from jax._src import cache_key, compilation_cache, compiler
 
     store = _store_problem(compilation_cache)
@@ -148,7 +156,8 @@ def probe() -> dict[str, str | None]:
                else WRITE_CHANGED if _write_seam(compiler) is None else None)
     needs = "they need the store" if store else None
     return {"store": store, "cap": needs, "explain": needs or explain,
-            "ISA key": None if callable(_attr(cache_key, "custom_hook")) else f"{HOOK} is missing", "levels": needs}
+            "ISA key": None if callable(_attr(cache_key, "custom_hook")) else f"{HOOK} is missing", "levels": needs,
+            "host callbacks": needs or _callbacks_problem(jax, compiler, compilation_cache)}
 
 
 # -- the store: JAX's cache object and its loading (jax._src.compilation_cache) -----------------------
@@ -255,6 +264,173 @@ def host_callbacks(rest: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return rest[0] if rest else kwargs.get("host_callbacks")
 
 
+# -- host callbacks: cached where the executable names them by index (jax._src.compiler) -----------
+#
+# From jaxlib 0.8.1 an executable calls its host callbacks (jax.debug.print, pure_callback,
+# io_callback, equinox's error checks) by their index in the list handed to it when it is loaded,
+# and the key holds that index, not the Python function. JAX 0.11 writes such compiles and hands
+# the process's own callbacks to what it loads (jax-ml/jax#38405); JAX 0.8.1 to 0.10.2 can load
+# them the same way but refuse to write them. The package does what 0.11 does, there: the compile
+# seam notes this thread's callbacks, the write seam lets JAX write without them, and the load
+# gives them back. Earlier lines compile a callback's address into the executable (0.4.30 to 0.5)
+# or cannot hand callbacks to a loaded executable (0.6 to 0.8.0): there such a compile stays
+# uncached, and says why.
+
+CALLBACKS_FROM = "0.8.1"  # the first line whose loaded executables take the process's callbacks
+CALLING = "cpu", "cuda", "rocm"  # where a host callback is an indexed FFI call (TPU's go through send/recv)
+_compiling = threading.local()  # ``callbacks``: the host callbacks of the compile this thread is in
+
+
+class _Callbacks:
+    """Whether the package writes and loads compiles with host callbacks here, or why not."""
+
+    served = False
+    why: str | None = "not set up"
+
+
+
+def _loads_callbacks() -> bool:
+    """Whether this jaxlib's ``Client.deserialize_executable`` takes Python callables as host callbacks
+    (0.8.1+; before, only the capsules of callbacks compiled in by address)."""
+    import re
+
+    try:
+        import jax._src.lib  # noqa: F401
+
+        doc = str(_attr(_attr(_attr(_loaded("lib"), "xla_client"), "Client"), "deserialize_executable").__doc__ or "")
+    except Exception:
+        return False
+    return re.search(r"host_callbacks: [\w.]*Sequence\[[\w.]*Callable\]", doc) is not None
+
+
+def _callbacks_problem(jax: Any, compiler: Any, cc: Any) -> str | None:
+    """Why compiles with host callbacks stay uncached on this line, or None (JAX 0.11+ caches them
+    itself; 0.8.1 to 0.10.2 through the package)."""
+    write = _write_seam(compiler)
+    if write is None:
+        return WRITE_CHANGED
+    if "host_callbacks" not in parameters(write)[5:]:
+        return None  # JAX writes and loads them itself
+    version = str(getattr(jax, "__version__", "?"))
+    if not _loads_callbacks():
+        if (version_tuple(version) or (0, 6, 0)) < (0, 6, 0):
+            return (f"JAX {version} compiles each host callback's address into the executable, which no other "
+                    f"process can call: cached from JAX {CALLBACKS_FROM}")
+        return f"jaxlib {version} cannot give a loaded executable its host callbacks: cached from JAX {CALLBACKS_FROM}"
+    compile_ = _attr(compiler, "compile_or_get_cached")
+    if compile_ is None or parameters(compile_)[:5] != ["backend", "computation", "devices", "compile_options",
+                                                        "host_callbacks"]:
+        return "jax._src.compiler.compile_or_get_cached has changed"
+    get = _attr(cc, "get_executable_and_time")
+    if (get is None or parameters(get) != ["cache_key", "compile_options", "backend", "executable_devices"]
+            or _attr(compiler, "compilation_cache") is not cc):
+        return "jax._src.compilation_cache.get_executable_and_time has changed"
+    return None
+
+
+class _GivingCallbacks:
+    """A backend whose ``deserialize_executable`` hands the loaded executable this compile's host
+    callbacks; everything else is the backend's."""
+
+    def __init__(self, backend: Any, callbacks: list[Any]) -> None:
+        self._backend = backend
+        self._callbacks = callbacks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def deserialize_executable(self, *args: Any, **kwargs: Any) -> Any:
+        return self._backend.deserialize_executable(*args, host_callbacks=self._callbacks, **kwargs)
+
+
+def serve_host_callbacks(jax: Any, is_ours: Callable[[], bool]) -> str | None:
+    """Write and load compiles with host callbacks in the package's directory (``is_ours()``) as
+    JAX 0.11 does, where this line can (see above); why such compiles stay uncached, or None."""
+    try:
+        from jax._src import compilation_cache as cc
+        from jax._src import compiler
+    except Exception as exc:  # pragma: no cover - a JAX without the modules
+        return f"jax._src.compiler cannot be imported ({exc})"
+    why = _callbacks_problem(jax, compiler, cc)
+    _Callbacks.served, _Callbacks.why = False, why
+    if why is not None or "host_callbacks" not in parameters(_write_seam(compiler))[5:]:
+        return why
+    compile_, get, write = compiler.compile_or_get_cached, cc.get_executable_and_time, compiler._cache_write
+
+    def compile_or_get_cached(backend: Any, computation: Any, devices: Any, compile_options: Any,
+                              host_callbacks: Any, *rest: Any, **kwargs: Any) -> Any:
+        outer = getattr(_compiling, "callbacks", ())
+        _compiling.callbacks = host_callbacks
+        try:
+            return compile_(backend, computation, devices, compile_options, host_callbacks, *rest, **kwargs)
+        finally:
+            _compiling.callbacks = outer
+
+    def get_executable_and_time(cache_key: str, compile_options: Any, backend: Any, executable_devices: Any) -> Any:
+        callbacks = getattr(_compiling, "callbacks", ())
+        if callbacks and callbacks_kept(callbacks, backend) is None:
+            backend = _GivingCallbacks(backend, list(callbacks))
+        return get(cache_key, compile_options, backend, executable_devices)
+
+    def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
+                     *rest: Any, **kwargs: Any) -> None:
+        callbacks = host_callbacks(rest, kwargs)
+        try:
+            written = bool(callbacks) and callbacks_kept(callbacks, backend) is None and is_ours()
+        except Exception:
+            written = False
+        if written:  # JAX writes what it loads: the executable; the callbacks are the loading process's
+            rest, kwargs = ((), {**kwargs, "host_callbacks": []}) if "host_callbacks" in kwargs else (([], *rest[1:]), kwargs)
+        return write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
+
+    _patch(compiler, "compile_or_get_cached", compile_or_get_cached)
+    _patch(cc, "get_executable_and_time", get_executable_and_time)
+    _patch(compiler, "_cache_write", _cache_write)
+    _Callbacks.served = True
+    return None
+
+
+def callbacks_kept(callbacks: Any, backend: Any) -> str | None:
+    """Why these host callbacks keep a compile on ``backend`` from being written, or None (none, or
+    the package writes and loads them)."""
+    if not callbacks:
+        return None
+    if not _Callbacks.served:
+        return _Callbacks.why or "they are not served"
+    import inspect
+
+    platform = str(getattr(backend, "platform", "?"))
+    if platform not in CALLING or not all(inspect.isfunction(c) for c in callbacks):
+        return f"host callbacks on {platform} are not cached before JAX 0.11"
+    return None
+
+
+def callbacks_by(callbacks: Any) -> str:
+    """The library that put these host callbacks in a function, by the module of the first function
+    outside JAX that they call (``equinox``, ``__main__``), or ``jax`` (``jax.debug.print``)."""
+    seen: set[int] = set()
+    todo = list(callbacks or ())[:16]
+    while todo and len(seen) < 200:
+        func = todo.pop(0)
+        if id(func) in seen:
+            continue
+        seen.add(id(func))
+        module = str(getattr(func, "__module__", "") or "")
+        if module and callable(func) and not module.startswith(("jax", "jaxlib", "functools", "builtins")):
+            return module.split(".")[0]
+        inner = [getattr(func, name, None) for name in ("func", "__wrapped__", "__func__")]
+        inner += [_contents(cell) for cell in (getattr(func, "__closure__", None) or ())]
+        todo.extend(value for value in inner if callable(value))
+    return "jax"
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not yet filled
+        return None
+
+
 def process_id() -> int:
     """This process's rank in a multi-process run (0 alone, or before ``jax.distributed`` starts)."""
     found = _attr(_attr(_loaded("distributed"), "global_state"), "process_id")
@@ -282,11 +458,11 @@ def rank_local_writes(jax: Any, version_dir: str) -> str | None:
                      *rest: Any, **kwargs: Any) -> None:
         try:
             other_rank = distributed.global_state.process_id != 0 and jax.config.jax_compilation_cache_dir == version_dir
-            callbacks = host_callbacks(rest, kwargs)
+            kept = callbacks_kept(host_callbacks(rest, kwargs), backend)
             minimum = jax.config.jax_persistent_cache_min_compile_time_secs
         except Exception:
             other_rank = False
-        if not other_rank or callbacks or compile_time_secs < minimum:  # JAX's other reasons stay JAX's
+        if not other_rank or kept or compile_time_secs < minimum:  # JAX's other reasons stay JAX's
             return write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)  # type: ignore[no-any-return]
         try:
             put(cache_key, module_name, executable, backend, int(compile_time_secs))

@@ -390,10 +390,10 @@ def _unloadable(cache_key: str, exc: BaseException) -> bool:
 
 
 def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False,
-                  explain: str | None = None, isa: str | None = None) -> None:
+                  explain: str | None = None, isa: str | None = None, callbacks: str | None = None) -> None:
     """Record which store serves the directory, whether misses are explained and what to know of
     the ISA in CPU keys (``_formats.verdict``), so ``status`` can say it without importing jax."""
-    text = _formats.verdict(store, reason, explain, isa)
+    text = _formats.verdict(store, reason, explain, isa, callbacks)
     path = os.path.join(version_dir, META_DIR, VERDICT_FILE)
     if _files.read(path) == text:
         return

@@ -68,7 +68,8 @@ def stats_line(t: dict[str, Any]) -> str:
     lookups not served, each with its breakdown."""
     rate = f" ({t['hit_rate']:.0%} hit rate)" if t["hit_rate"] is not None else ""
     own = f", {t['own_hits']} of them of a run's own compiles" if t["own_hits"] else ""
-    not_cached = f", {t['not_cached']} not cached" if t["not_cached"] else ""
+    cost = f" ({human_secs(t['not_cached_secs'])} compile, paid again every run)" if t.get("not_cached_secs") else ""
+    not_cached = f", {t['not_cached']} not cached{cost}" if t["not_cached"] else ""
     return (f"{plural(t['hits'], 'hit')}{own}, {plural(t['misses'], 'miss', 'misses')}{rate}{not_cached}, "
             f"{human_secs(t['saved_secs'])} compile CPU time avoided, {human_bytes(t['bytes_read'])} read, "
             f"{human_bytes(t['bytes_written'])} written")

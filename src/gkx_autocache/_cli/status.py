@@ -167,7 +167,9 @@ def features(store: dict[str, Any]) -> dict[str, str | None] | None:
     isa = str(store.get("isa") or "")
     return {"store": None if serving else str(store.get("reason") or "JAX's stock cache serves"),
             "cap": needs, "explain": store.get("explain") or needs,
-            "ISA key": isa.removeprefix(UNKEYED) if isa.startswith(UNKEYED) else None, "levels": needs}
+            "ISA key": isa.removeprefix(UNKEYED) if isa.startswith(UNKEYED) else None, "levels": needs,
+            "host callbacks": needs or (store.get("callbacks") if "callbacks" in store
+                                        else "not known: recorded by an older gkx-autocache")}
 
 
 def line_features(ctx: Any) -> tuple[dict[str, str | None] | None, str]:

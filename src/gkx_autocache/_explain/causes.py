@@ -73,10 +73,18 @@ FIXES = {
     REJECTED: "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
     UNEXPLAINED: "JAX's key parts were not seen for this compile",
     NOT_PROCESS_0: "expected: only process 0 of a multi-process run writes (JAX's rule)",
-    HOST_CALLBACKS: "JAX 0.10 does not write functions with host callbacks (jax.debug.print, pure_callback): keep "
-                    "them out of hot functions, or upgrade JAX",
+    HOST_CALLBACKS: "upgrade JAX to 0.8.1 or later, where gkx-autocache caches them (Python 3.11 installs up to "
+                    "0.10.2; JAX 0.11, which caches them itself, needs Python 3.12); or keep them out of hot functions",
+    f"{HOST_CALLBACKS}:equinox": "set EQX_ON_ERROR=nan: equinox's runtime checks then give NaNs instead of raising "
+                                 "an error, and the function is cached; or upgrade JAX to 0.8.1 or later, where "
+                                 "gkx-autocache caches them (Python 3.11 installs up to 0.10.2)",
+    f"{HOST_CALLBACKS}:tpu": "upgrade JAX to 0.11 or later (Python 3.12+), which caches them on TPU; or keep them "
+                             "out of hot functions",
     READ_ONLY: "expected: the cache is read-only for you (a baked image)",
 }
+# What put host callbacks in a function, by the library whose function they call (``_jax.callbacks_by``).
+CALLBACKS_BY = {"jax": "host callbacks (jax.debug.print, pure_callback or io_callback)",
+                "equinox": "host callbacks of equinox's runtime checks (eqx.error_if, as in every diffrax solve)"}
 # The fix for an eviction, by who removed the entry.
 EVICTED_BY = {"max_size": "the cap is smaller than the working set: raise max_size ({how})",
               "prune": "removed by gkx-autocache prune: nothing to fix (prune less, or raise --max-size)",

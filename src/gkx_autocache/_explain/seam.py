@@ -110,7 +110,7 @@ def install(jax: Any, recorder: Any, version_dir: str, load: Any = None,
     def wrap(write: Any) -> Any:
         def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
                          *rest: Any, **kwargs: Any) -> None:
-            reason = _not_written(jax, compile_time_secs, _jax.host_callbacks(rest, kwargs), origins)
+            reason = _not_written(jax, compile_time_secs, _jax.host_callbacks(rest, kwargs), backend, origins)
             before = recorder.writes
             write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
             try:
@@ -124,7 +124,7 @@ def install(jax: Any, recorder: Any, version_dir: str, load: Any = None,
                     reason = ((causes.BELOW_MIN_ENTRY_SIZE, f"min_entry_size_bytes {minimum} bytes ({origin})", origin)
                               if minimum > 0 else None)
                 if reason is not None and recorder.totals.writes == before:  # a rank's own local write (SPEC §14) is one
-                    recorder.uncached(cache_key, *reason)
+                    recorder.uncached(cache_key, *reason, secs=compile_time_secs)
             except Exception:
                 pass
 
@@ -145,17 +145,20 @@ def _origin(origins: dict[str, tuple[Any, str]], key: str, value: Any) -> str:
     return origin if origin and applied == value else "jax.config, set by the program"
 
 
-def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any,
-                 origins: dict[str, tuple[Any, str]]) -> tuple[str, str, str] | tuple[str, str] | None:
+def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any, backend: Any,
+                 origins: dict[str, tuple[Any, str]]) -> tuple[str, ...] | None:
     """Why JAX will not write this compile, by JAX's own rules, before it decides: a reason, its
-    detail and (for a threshold) where the threshold came from."""
+    detail, where a threshold came from, and who put host callbacks there."""
     try:
         from gkx_autocache._explain import causes  # at the first compile: a run where every lookup hits has none
 
         if jax.process_index() != 0:
             return causes.NOT_PROCESS_0, f"process {jax.process_index()}: only process 0 of a multi-process run writes"
-        if host_callbacks:
-            return causes.HOST_CALLBACKS, "jax.debug.print, pure_callback or io_callback in the function"
+        kept = _jax.callbacks_kept(host_callbacks, backend)
+        if kept is not None:
+            by = _jax.callbacks_by(host_callbacks)
+            what = causes.CALLBACKS_BY.get(by, f"host callbacks of {by}")
+            return causes.HOST_CALLBACKS, f"{len(host_callbacks)} {what} in the function: {kept}", "", by
         minimum = jax.config.jax_persistent_cache_min_compile_time_secs
         if compile_time_secs < minimum:
             origin = _origin(origins, "min_compile_time_secs", minimum)

@@ -37,7 +37,7 @@ UNSUPPORTED = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errn
 
 _FIELDS = {**dict.fromkeys(("bytes", "hits", "misses", "own_hits", "uncached", "pid", "born", "disk", "bytes_read"),
                            "count"),
-           **dict.fromkeys(("saved", "compile", "t"), "number"),
+           **dict.fromkeys(("saved", "compile", "t", "uncached_secs"), "number"),
            **dict.fromkeys(("key", "cause", "detail", "reason", "change", "run", "host", "label", "by", "off",
                             "origin"), "text"),
            "own": "flag", "end": "flag", "helper": "flag", "more": "flag", "rec": "long", "causes": "counts",
@@ -131,6 +131,7 @@ class Totals:
         self.misses = 0
         self.not_cached = 0
         self.saved_secs = 0.0
+        self.not_cached_secs = 0.0  # the compile time of the compiles not cached: paid again on every run
         self.bytes_read = 0
         self.bytes_written = 0
         self.writes = 0
@@ -154,6 +155,7 @@ class Totals:
             self.causes[cause] = self.causes.get(cause, 0) + 1
         elif kind == "uncached":
             self.not_cached += 1
+            self.not_cached_secs += record.get("compile", 0.0)
             reason = record.get("reason") or "unknown"
             self.reasons[reason] = self.reasons.get(reason, 0) + 1
         elif kind == "put":
@@ -174,6 +176,7 @@ class Totals:
             self.own_hits += record.get("own_hits", 0)
             self.misses += record.get("misses", 0)
             self.not_cached += record.get("uncached", 0)
+            self.not_cached_secs += record.get("uncached_secs", 0.0)
             self.saved_secs += record.get("saved", 0.0)
             self.bytes_read += record.get("bytes_read", 0)
             _add_counts(self.causes, record.get("causes", {}))
@@ -182,11 +185,11 @@ class Totals:
     def tally(self) -> dict[str, Any]:
         """These counts as a ``tally`` record (what was counted but not written as records)."""
         return {"e": "tally", "hits": self.hits, "own_hits": self.own_hits, "misses": self.misses,
-                "uncached": self.not_cached, "saved": round(self.saved_secs, 6), "bytes_read": self.bytes_read,
+                "uncached": self.not_cached, "uncached_secs": round(self.not_cached_secs, 6), "saved": round(self.saved_secs, 6), "bytes_read": self.bytes_read,
                 "causes": dict(self.causes), "reasons": dict(self.reasons)}
 
     def merge(self, other: Totals, sign: int = 1) -> None:
-        for name in (*self.COUNTS, "saved_secs"):
+        for name in (*self.COUNTS, "saved_secs", "not_cached_secs"):
             setattr(self, name, getattr(self, name) + sign * getattr(other, name))
         _add_counts(self.causes, other.causes, sign)
         _add_counts(self.reasons, other.reasons, sign)
@@ -204,7 +207,7 @@ class Totals:
 
     def to_json(self, functions: bool = True) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.COUNTS}
-        data.update(saved_secs=round(self.saved_secs, 6), causes=self.causes, reasons=self.reasons, levels=self.levels)
+        data.update(saved_secs=round(self.saved_secs, 6), not_cached_secs=round(self.not_cached_secs, 6), causes=self.causes, reasons=self.reasons, levels=self.levels)
         if functions:
             data["functions"] = self.functions
             data["helpers"] = sorted(self.helpers)
@@ -218,6 +221,7 @@ class Totals:
         for name in cls.COUNTS:
             setattr(totals, name, _count(data.get(name)) or 0)
         totals.saved_secs = _number(data.get("saved_secs")) or 0.0
+        totals.not_cached_secs = _number(data.get("not_cached_secs")) or 0.0
         totals.causes = _field("counts", data.get("causes")) or {}
         totals.reasons = _field("counts", data.get("reasons")) or {}
         if isinstance(data.get("levels"), dict):

@@ -160,7 +160,7 @@ class Recorder:
             record.update(self.explainer.ingredients(key, self.run))
         self._record(record)
 
-    def uncached(self, key: str, reason: str, detail: str = "", origin: str = "") -> None:
+    def uncached(self, key: str, reason: str, detail: str = "", origin: str = "", by: str = "", secs: float = 0.0) -> None:
         """A compile JAX did not write, and why (SPEC §13): it counts as not cached, not as a miss.
         The miss's own cause is kept with it unless it was merely "new" (never written: the reason
         says why), as a second rank's "changed device assignment" is."""
@@ -170,11 +170,13 @@ class Recorder:
                 del self._waiting[threading.get_ident()]
             else:
                 waiting = None
-        record = {"e": "uncached", "key": key, "reason": reason, "t": round(time.time(), 3)}
+        record = {"e": "uncached", "key": key, "reason": reason, "compile": round(max(secs, 0.0), 3), "t": round(time.time(), 3)}
         if detail:
             record["detail"] = detail
         if origin:  # where the threshold came from, in this run (the fix names it)
             record["origin"] = origin
+        if by:  # the library that put host callbacks there (the fix names its own switch)
+            record["by"] = by
         try:
             from gkx_autocache._explain import causes  # the package's files may be gone mid-run: never raise here
 
@@ -394,7 +396,7 @@ class Recorder:
 
             return {**empty(), "dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits}
         return {"dirs": [used], "store": True, "hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
-                "causes": dict(t.causes), "not_cached": t.not_cached, "reasons": dict(t.reasons),
+                "causes": dict(t.causes), "not_cached": t.not_cached, "not_cached_secs": t.not_cached_secs, "reasons": dict(t.reasons),
                 "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
                 "levels": self.levels.snapshot() if self.levels is not None else {},
                 "shared": ({"url": self.levels.url, "signed": self.levels._secret is not None}

@@ -62,12 +62,12 @@ class Reading:
 
 # -- a process's counts, as `report` and the pytest summary print them -------------------------
 
-NUMBERS = ("hits", "own_hits", "misses", "not_cached", "saved_secs", "bytes_read", "bytes_written")
+NUMBERS = ("hits", "own_hits", "misses", "not_cached", "not_cached_secs", "saved_secs", "bytes_read", "bytes_written")
 TABLES = ("causes", "reasons")
 
 
 def empty() -> dict[str, Any]:
-    return {"dirs": [], "store": False, **dict.fromkeys(NUMBERS, 0), "saved_secs": 0.0, "causes": {}, "reasons": {},
+    return {"dirs": [], "store": False, **dict.fromkeys(NUMBERS, 0), "saved_secs": 0.0, "not_cached_secs": 0.0, "causes": {}, "reasons": {},
             "levels": {}}
 
 
@@ -116,7 +116,8 @@ def summary_line(snap: dict[str, Any]) -> str:
         hits += f" ({'; '.join(within)})"
     parts = [hits, f"{plural(snap['misses'], 'miss', 'misses')}{by_cause(snap['causes'])}"]
     if snap["not_cached"]:
-        parts.append(f"{snap['not_cached']} not cached{by_cause(snap['reasons'])}")
+        cost = f": {snap['not_cached_secs']:.2f} s compile" if snap.get("not_cached_secs") else ""
+        parts.append(f"{snap['not_cached']} not cached{by_cause(snap['reasons'], cost)}")
     if snap["store"]:
         parts.append(f"{snap['saved_secs']:.2f} s compile CPU time avoided")
         parts.append(f"{human_bytes(snap['bytes_read'])} read, {human_bytes(snap['bytes_written'])} written")
@@ -131,12 +132,12 @@ def summary_line(snap: dict[str, Any]) -> str:
 # -- the totals, as the commands print them ----------------------------------------------------
 
 
-def by_cause(causes: dict[str, int]) -> str:
-    """``" (8 new, 3 changed XLA_FLAGS, 1 evicted)"``, most frequent first."""
+def by_cause(causes: dict[str, int], after: str = "") -> str:
+    """``" (8 new, 3 changed XLA_FLAGS, 1 evicted)"``, most frequent first, then ``after``."""
     if not causes:
-        return ""
+        return f" ({after.removeprefix(': ')})" if after else ""
     ordered = sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))
-    return " (" + ", ".join(f"{n} {cause}" for cause, n in ordered) + ")"
+    return " (" + ", ".join(f"{n} {cause}" for cause, n in ordered) + after + ")"
 
 
 def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
@@ -144,7 +145,7 @@ def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
     lookups = t.hits + t.misses
     return {"hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
             "misses_by_cause": dict(sorted(t.causes.items(), key=lambda kv: -kv[1])),
-            "not_cached": t.not_cached, "not_cached_by_reason": dict(sorted(t.reasons.items(), key=lambda kv: -kv[1])),
+            "not_cached": t.not_cached, "not_cached_secs": round(t.not_cached_secs, 3), "not_cached_by_reason": dict(sorted(t.reasons.items(), key=lambda kv: -kv[1])),
             "hit_rate": t.hits / lookups if lookups else None, "saved_secs": round(t.saved_secs, 3),
             "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes,
             "levels": levels_dict(t.levels)}
