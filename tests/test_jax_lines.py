@@ -32,6 +32,40 @@ print(json.dumps({**counts, "result": result, "dir": jax.config.jax_compilation_
 """
 
 
+# Whether a compile with host callbacks is cached on each line, or why not (docs/jax-lines.md).
+CALLBACKS = {"0.4.30": "JAX 0.4.30 compiles each host callback's address into the executable, which no other process "
+                       "can call: cached from JAX 0.8.1",
+             "0.6.2": "jaxlib 0.6.2 cannot give a loaded executable its host callbacks: cached from JAX 0.8.1",
+             "0.9.0": None}
+CALLING = r"""
+import json, sys
+import jax, jax.numpy as jnp
+from jax.experimental import io_callback
+""" + COUNTING + r"""
+effects = []
+def check(v):
+    if float(v.sum()) > 10:
+        raise ValueError("too large")
+    effects.append(float(v.sum()))
+    return v
+@jax.jit
+def f(x):
+    jax.debug.print("sum {s}", s=x.sum())
+    y = jax.pure_callback(check, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return io_callback(lambda v: v * 2, jax.ShapeDtypeStruct(x.shape, x.dtype), y, ordered=True)
+said = [f(jnp.ones(3)).tolist()]
+try:
+    f(jnp.ones(3) * 5).block_until_ready()
+except Exception as exc:
+    said.append("too large" in str(exc))
+print(json.dumps({**counts, "said": said, "effects": effects}))
+"""
+
+
+def version(line: Venv) -> str:
+    return line.run("-c", "import jax; print(jax.__version__)", check=True).stdout.strip()
+
+
 @pytest.fixture(scope="module", params=LINES)
 def line(request: pytest.FixtureRequest, wheel: Path) -> Iterator[Venv]:
     """A venv with JAX and jaxlib of one line, and the package's wheel."""
@@ -80,9 +114,37 @@ def test_each_line_is_served_by_the_store_explained_and_capped(line: Venv, tmp_p
     assert totals["writes"] == present["entries"] == 2 * cold["requests"], (totals, present, cold)
     assert totals["hits"] == warm["hits"] and totals["misses"] == cold["requests"] * 2, (totals, warm)
     features = json.loads(line.cli("--json", "--version", env=env).stdout)["features"]
-    assert features == dict.fromkeys(("store", "cap", "explain", "ISA key", "levels")), features
+    assert features == {**dict.fromkeys(("store", "cap", "explain", "ISA key", "levels")),
+                        "host callbacks": CALLBACKS[version(line)]}, features
 
     capped = {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "capped"), "GKX_JAX_CACHE_MAX_SIZE": "64KiB"}
     _, capped_err = run(line, capped, n=40)
     (present,) = json.loads(line.cli("--json", "status", env=capped).stdout)["versions_present"]
     assert present["bytes"] <= 64 * 1024, (present, capped_err)
+
+
+def test_host_callbacks_are_cached_where_the_line_can_and_named_where_not(line: Venv, tmp_path: Path) -> None:
+    """Issue 44: on 0.9.0 the package writes and loads compiles with host callbacks, and the warm run
+    runs its own callbacks (prints, side effects, an error raised); on 0.4.30 and 0.6.2 they stay
+    uncached, and `status`, `explain` and the report line say why, by name, with a fix."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "cache"), "GKX_JAX_CACHE_REPORT": "1",
+           "GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    outputs = []
+    for mode in ({**env, "GKX_JAX_CACHE": "0"}, env, env):
+        proc = line.run("-W", "error", "-c", CALLING, env=mode)
+        assert proc.returncode == 0 and "please report" not in proc.stderr, proc.stderr  # JAX logs the callback's error
+        outputs.append((proc.stdout.strip().splitlines(), proc.stderr))
+    (off, _), (cold, _), (warm, warm_err) = outputs
+    assert off[:-1] == cold[:-1] == warm[:-1] and off[0] == "sum 3.0", (off, warm)
+    results = [{k: v for k, v in json.loads(lines[-1]).items() if k not in ("requests", "hits")} for lines in (off, cold, warm)]
+    assert results[0] == results[1] == results[2] == {"said": [[2.0, 2.0, 2.0], True], "effects": [3.0]}, results
+    counts = json.loads(warm[-1])
+    why = CALLBACKS[version(line)]
+    status = json.loads(line.cli("--json", "status", env=env).stdout)
+    assert status["features"]["host callbacks"] == why, status["features"]
+    if why is None:
+        assert counts["hits"] == counts["requests"] and "not cached" not in warm_err, (counts, warm_err)
+        return
+    assert counts["hits"] < counts["requests"] and "1 not cached (1 host callbacks: " in warm_err, (counts, warm_err)
+    explained = line.cli("explain", env=env).stdout
+    assert why in explained and "upgrade JAX to 0.8.1 or later" in explained, explained

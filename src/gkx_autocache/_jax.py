@@ -420,6 +420,9 @@ def callbacks_by(callbacks: Any) -> str:
             return module.split(".")[0]
         inner = [getattr(func, name, None) for name in ("func", "__wrapped__", "__func__")]
         inner += [_contents(cell) for cell in (getattr(func, "__closure__", None) or ())]
+        if not hasattr(func, "__code__"):  # a callable object (JAX's _FlatCallback holds callback_func)
+            fields = [*getattr(func, "__dict__", ()), *getattr(func, "__dataclass_fields__", ())]
+            inner += [getattr(func, name, None) for name in fields[:8]]
         todo.extend(value for value in inner if callable(value))
     return "jax"
 
