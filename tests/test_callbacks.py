@@ -248,6 +248,7 @@ def test_a_jax_whose_compile_seam_changed_leaves_callbacks_uncached_and_says_why
     assert "equinox's runtime checks" in explain and "EQX_ON_ERROR=nan" in explain, explain
     stats = venv.cli("stats", env=env).stdout
     assert "4 not cached (" in stats and "compile, paid again every run)" in stats, stats
+    assert "jit_f  (not cached: compiled on every run)" in stats, stats
 
 
 def test_the_diffrax_shape_of_error_check_is_named_by_its_library() -> None:

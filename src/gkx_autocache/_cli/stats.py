@@ -44,7 +44,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if data["top_functions"]:
         lines.append("costliest compiles (seconds, summed over shapes; JAX's own helpers last):")
         lines.extend(f"  {f['compile_secs']:8.3f}  {f['name']}{'  (JAX)' if f['helper'] else ''}"
-                     for f in data["top_functions"])
+                     f"{'' if f['cached'] else '  (not cached: compiled on every run)'}" for f in data["top_functions"])
     emit(args, "\n".join(lines), data)
     return OK
 
@@ -57,7 +57,7 @@ def stats_data(vdir: str) -> dict[str, Any]:
     reset_at = reading.summary.reset_at if reading.summary else 0.0
     if totals is None or (totals.empty and reset_at):
         return {"dir": vdir, "stats": None, "levels": None, "top_functions": [], "reset_at": reset_at or None}
-    top = [{"name": n, "compile_secs": round(s, 3), "helper": h} for n, s, h in _show.top_functions(totals)]
+    top = [{"name": n, "compile_secs": round(s, 3), "helper": h, "cached": c} for n, s, h, c in _show.top_functions(totals)]
     stats = _show.totals_dict(totals)  # (its levels also at the top of the object: SPEC §14)
     return {"dir": vdir, "stats": stats, "levels": stats["levels"], "top_functions": top,
             "reset_at": reset_at or None}

@@ -158,17 +158,11 @@ class Totals:
             self.not_cached_secs += record.get("compile", 0.0)
             reason = record.get("reason") or "unknown"
             self.reasons[reason] = self.reasons.get(reason, 0) + 1
+            self._cost(record, written=False)
         elif kind == "put":
             self.writes += 1
             self.bytes_written += record.get("bytes", 0)
-            cost = self.functions.setdefault(function_name(record.get("key", "?-")), [0.0, 0])
-            cost[0] += record.get("compile", 0.0)
-            cost[1] += 1
-            if record.get("helper"):
-                self.helpers.add(function_name(record.get("key", "?-")))
-            if len(self.functions) > MAX_FUNCTIONS:  # bounded: the oldest name goes
-                self.helpers.discard(oldest := next(iter(self.functions)))
-                del self.functions[oldest]
+            self._cost(record, written=True)
         elif kind == "levels":
             add_levels(self.levels, {k: v for k, v in record.items() if k != "e"})
         elif kind in ("sum", "tally"):  # a remote directory's process at exit; the repeats of a ledger
@@ -181,6 +175,18 @@ class Totals:
             self.bytes_read += record.get("bytes_read", 0)
             _add_counts(self.causes, record.get("causes", {}))
             _add_counts(self.reasons, record.get("reasons", {}))
+
+    def _cost(self, record: dict[str, Any], written: bool) -> None:
+        """Add a compile's time to its function's (a function never written was never cached)."""
+        name = function_name(record.get("key", "?-"))
+        cost = self.functions.setdefault(name, [0.0, 0])
+        cost[0] += record.get("compile", 0.0)
+        cost[1] += written
+        if record.get("helper"):
+            self.helpers.add(name)
+        if len(self.functions) > MAX_FUNCTIONS:  # bounded: the oldest name goes
+            self.helpers.discard(oldest := next(iter(self.functions)))
+            del self.functions[oldest]
 
     def tally(self) -> dict[str, Any]:
         """These counts as a ``tally`` record (what was counted but not written as records)."""

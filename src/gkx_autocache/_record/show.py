@@ -160,8 +160,10 @@ def levels_dict(levels: dict[str, Any]) -> dict[str, Any] | None:
     return {name: shown(levels.get(name, {})) for name in ("local", "shared")}
 
 
-def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float, bool]]:
+def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float, bool, bool]]:
     """The functions that cost most compile time, summed over their shapes: the user's first, then
-    JAX's own helpers (``jit_broadcast_in_dim``...), each with whether it is one."""
-    costs = sorted(((name, cost[0], name in t.helpers) for name, cost in t.functions.items()), key=lambda kv: -kv[1])
+    JAX's own helpers (``jit_broadcast_in_dim``...), each with whether it is one and whether it was
+    ever written (a function never cached is compiled on every run)."""
+    costs = sorted(((name, cost[0], name in t.helpers, cost[1] > 0) for name, cost in t.functions.items()),
+                   key=lambda kv: -kv[1])
     return sorted(costs[:n], key=lambda kv: kv[2])
