@@ -72,8 +72,8 @@ NOTHING = "def ALTER(module):\n    pass\n"
 # (module, rename, ALTER, the features status must still list, the features it must say are missing)
 LATER_JAX: dict[str, tuple[str, tuple[str, str] | None, str, set[str], set[str]]] = {
     "the key's custom hook is gone": (
-        "cache_key", ("custom_hook", "custom_hook_v2"), NOTHING, {"store", "cap", "explain", "levels", "host callbacks"},
-        {"ISA key"}),
+        "cache_key", ("custom_hook", "custom_hook_v2"), NOTHING, {"store", "cap", "explain", "levels"},
+        {"ISA key", "host callbacks"}),
     "the key's part logger has a parameter more": (
         "cache_key", None, with_parameter("_log_cache_key_hash", "depth", 3),
         {"store", "cap", "ISA key", "levels", "host callbacks"}, {"explain"}),
