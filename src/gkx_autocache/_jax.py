@@ -288,6 +288,12 @@ class _Callbacks:
     why: str | None = "not set up"
 
 
+def _jax_writes_callbacks(compiler: Any) -> bool:
+    """Whether JAX writes and loads compiles with host callbacks itself (0.11+: its write seam no
+    longer takes them)."""
+    write = _write_seam(compiler)
+    return write is not None and "host_callbacks" not in parameters(write)[5:]
+
 
 def _loads_callbacks() -> bool:
     """Whether this jaxlib's ``Client.deserialize_executable`` takes Python callables as host callbacks
@@ -306,11 +312,10 @@ def _loads_callbacks() -> bool:
 def _callbacks_problem(jax: Any, compiler: Any, cc: Any) -> str | None:
     """Why compiles with host callbacks stay uncached on this line, or None (JAX 0.11+ caches them
     itself; 0.8.1 to 0.10.2 through the package)."""
-    write = _write_seam(compiler)
-    if write is None:
+    if _write_seam(compiler) is None:
         return WRITE_CHANGED
-    if "host_callbacks" not in parameters(write)[5:]:
-        return None  # JAX writes and loads them itself
+    if _jax_writes_callbacks(compiler):
+        return None
     version = str(getattr(jax, "__version__", "?"))
     if not _loads_callbacks():
         if (version_tuple(version) or (0, 6, 0)) < (0, 6, 0):
@@ -355,7 +360,7 @@ def serve_host_callbacks(jax: Any, is_ours: Callable[[], bool]) -> str | None:
         return f"jax._src.compiler cannot be imported ({exc})"
     why = _callbacks_problem(jax, compiler, cc)
     _Callbacks.served, _Callbacks.why = False, why
-    if why is not None or "host_callbacks" not in parameters(_write_seam(compiler))[5:]:
+    if why is not None or _jax_writes_callbacks(compiler):
         return why
     compile_, get, write = compiler.compile_or_get_cached, cc.get_executable_and_time, compiler._cache_write
 
