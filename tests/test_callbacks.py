@@ -238,6 +238,12 @@ def test_a_jax_whose_compile_seam_changed_leaves_callbacks_uncached_and_says_why
     off, cold, warm = three(venv, tmp_path, program)
     assert results(off[0]) == results(cold[0]) == results(warm[0]), (off[0], warm[0])
     assert warm[0]["hits"] < warm[0]["requests"], warm  # the callbacks' compiles: not cached, as JAX would
+    # The rest of the package is whole: a shared level still gets this run's entries at exit.
+    (tmp_path / "shared").mkdir()
+    shared = {"GKX_JAX_CACHE_DIR": str(tmp_path / "other"), "GKX_JAX_CACHE_SHARED": str(tmp_path / "shared"),
+              "GKX_JAX_CACHE_REPORT": "1"}
+    _, _, err = run(venv, program, shared)
+    assert " uploaded to " in err, err
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "cache")}
     status = json.loads(venv.cli("--json", "status", env=env).stdout)
     assert status["features"]["host callbacks"] == "jax._src.compiler.compile_or_get_cached has changed", status

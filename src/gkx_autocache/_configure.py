@@ -102,13 +102,13 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         cap = settings["max_size"]
         reason = _store.install(jax, directory, shared, recorder, writable=location.writable, levels=levels)
         recorder.store_serving = reason is None
-        if reason:
-            logger.debug("JAX's stock cache serves %s: %s", directory, reason)
         ours = os.path.realpath(directory)
         callbacks = reason or _jax.serve_host_callbacks(  # before the other write seams: the one nearest JAX
             jax, lambda: os.path.realpath(str(config.jax_compilation_cache_dir)) == ours)
-        if callbacks:
+        if callbacks and not reason:
             logger.debug("compiles with host callbacks are not cached: %s", callbacks)
+        if reason:
+            logger.debug("JAX's stock cache serves %s: %s", directory, reason)
         elif levels is not None:
             recorder.levels = levels
             _levels.at_exit(levels, recorder)
