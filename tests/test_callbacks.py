@@ -238,6 +238,11 @@ def test_a_jax_whose_compile_seam_changed_leaves_callbacks_uncached_and_says_why
     off, cold, warm = three(venv, tmp_path, program)
     assert results(off[0]) == results(cold[0]) == results(warm[0]), (off[0], warm[0])
     assert warm[0]["hits"] < warm[0]["requests"], warm  # the callbacks' compiles: not cached, as JAX would
+    # A directory where a process that hands callbacks back wrote them: this one never loads them.
+    mixed = {"GKX_JAX_CACHE_DIR": str(tmp_path / "mixed"), "GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    run(venv, RAISING, mixed)
+    handed, _, _ = run(venv, program, mixed)  # before the key's own part for them: a segfault (exit -11)
+    assert results(handed) == results(off[0]), handed
     # The rest of the package is whole: a shared level still gets this run's entries at exit.
     (tmp_path / "shared").mkdir()
     shared = {"GKX_JAX_CACHE_DIR": str(tmp_path / "other"), "GKX_JAX_CACHE_SHARED": str(tmp_path / "shared"),

@@ -143,7 +143,7 @@ def test_a_raised_threshold_is_named(venv: Venv, tmp_path: Path) -> None:
     causes, line = fresh_causes(venv, env)
     assert set(causes) == {"not cached: below min_compile_time_secs"}, causes
     assert {"jit_f", "jit_g"} <= set(causes["not cached: below min_compile_time_secs"])
-    assert "not cached (" in line and "below min_compile_time_secs)" in line, line
+    assert "not cached (" in line and "below min_compile_time_secs: " in line and " s compile)" in line, line
 
 
 SEAM_CHANGED = "import gkx_autocache._explain.seam as e; e.install = lambda *a, **k: 'simulated: cache_key changed'\n" + PROGRAM

@@ -397,6 +397,13 @@ def serve_host_callbacks(jax: Any, is_ours: Callable[[], bool]) -> str | None:
     return None
 
 
+def handing_callbacks() -> bool:
+    """Whether the compile this thread is in has host callbacks that the package hands back: its key
+    gets a part of its own (``_key``), so that a process that would not hand them back (JAX alone,
+    an older gkx-autocache, a seam changed) never loads its entry, which would call into nothing."""
+    return _Callbacks.served and bool(getattr(_compiling, "callbacks", ()))
+
+
 def callbacks_kept(callbacks: Any, backend: Any) -> str | None:
     """Why these host callbacks keep a compile on ``backend`` from being written, or None (none, or
     the package writes and loads them)."""

@@ -32,7 +32,8 @@ from typing import Any
 from gkx_autocache import _jax
 from gkx_autocache._diagnostics import logger
 
-ISA_MARK = "gkx-autocache-isa="  # what the package's part of the hook's string begins with
+ISA_MARK = "gkx-autocache-isa="  # what the package's part of the hook's string ends with: the ISA
+CALLBACKS_MARK = "gkx-autocache-callbacks=by-index;"  # before it, on a compile whose callbacks the package hands back
 # The parts, in the order JAX hashes them (``last_serialized`` names them so at the seam).
 PARTS = ("computation", "jax_lib version", "backend version", "XLA flags", "compile_options", "accelerator_config",
          "compression", "custom_hook")
@@ -56,7 +57,7 @@ class Seam:
             if hook is not self.hook:
                 self._noticed(hook)
                 thread.text = None  # the user's string is not known here
-                hash_obj.update(isa_suffix().encode())  # the same key as the hook's own, chained
+                hash_obj.update(package_part().encode())  # the same key as the hook's own, chained
             thread.last, thread.text = getattr(thread, "text", None), None
         if self.listener is not None:
             self.listener.on_part(hash_obj, name, hashfn)
@@ -76,6 +77,12 @@ class Seam:
 
 
 _suffix: list[str] = []
+
+
+def package_part() -> str:
+    """What the package adds to the hook's string: the host's ISA, after a mark where this thread's
+    compile has host callbacks that the package hands back (``_jax.handing_callbacks``)."""
+    return (CALLBACKS_MARK if _jax.handing_callbacks() else "") + isa_suffix()
 
 
 def isa_suffix() -> str:
@@ -117,7 +124,7 @@ def install(jax: Any) -> str | None:
             base = previous()
             if not isinstance(base, str):  # the user's hook: JAX says what is wrong with it, as before
                 return base  # type: ignore[no-any-return]
-            text = base + isa_suffix()
+            text = base + package_part()
             current.thread.text = text
             return text
 

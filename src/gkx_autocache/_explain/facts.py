@@ -68,7 +68,7 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
             else:
                 hashfn(fresh)
                 if part == "custom_hook":  # a user's hook replaced the package's: the seam adds the ISA
-                    fresh.update(_key.isa_suffix().encode())
+                    fresh.update(_key.package_part().encode())
             hashes[part] = fresh.hexdigest()[:HEX]
             if raw is not None:
                 if len(_OPTIONS_HASH) >= 256:
