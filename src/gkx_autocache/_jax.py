@@ -321,7 +321,8 @@ def _callbacks_problem(jax: Any, compiler: Any, cc: Any) -> str | None:
         if (version_tuple(version) or (0, 6, 0)) < (0, 6, 0):
             return (f"JAX {version} compiles each host callback's address into the executable, which no other "
                     f"process can call: cached from JAX {CALLBACKS_FROM}")
-        return f"jaxlib {version} cannot give a loaded executable its host callbacks: cached from JAX {CALLBACKS_FROM}"
+        jaxlib = _attr(_loaded("lib"), "version_str") or version
+        return f"jaxlib {jaxlib} cannot give a loaded executable its host callbacks: cached from JAX {CALLBACKS_FROM}"
     if not callable(_attr(_loaded("cache_key"), "custom_hook")):  # the package's part of the key keeps JAX out
         return f"{HOOK} is missing: JAX without the package would share their keys, and load them without callbacks"
     compile_ = _attr(compiler, "compile_or_get_cached")

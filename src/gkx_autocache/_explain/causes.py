@@ -38,6 +38,29 @@ def not_cached(reason: str) -> str:
     return NOT_CACHED + reason
 
 
+# What put host callbacks in a function, by the library whose function they call (``_jax.callbacks_by``).
+CALLBACKS_BY = {"jax": "(jax.debug.print, pure_callback or io_callback)",
+                "equinox": "of equinox's runtime checks (eqx.error_if, as in every diffrax solve)",
+                "__main__": "of the program itself"}
+
+
+def callbacks_fix(by: str | None = None, detail: str = "") -> str:
+    """The fix for host callbacks that keep a function uncached: by the library that put them there
+    (``by``) and why they are kept (``detail``: the line, TPU, or a seam of JAX's that changed)."""
+    if " on tpu " in detail:
+        way = "upgrade JAX to 0.11 or later (Python 3.12+), which caches them on TPU"
+    elif "has changed" in detail or "is missing" in detail:
+        way = ("report it: this JAX's internals are not the ones gkx-autocache knows (a newer or patched JAX; "
+               "gkx-autocache status names the one that changed)")
+    else:
+        way = ("upgrade JAX to 0.8.1 or later, where gkx-autocache caches them (Python 3.11 installs up to 0.10.2; "
+               "JAX 0.11, which caches them itself, needs Python 3.12)")
+    if by == "equinox":
+        return (f"set EQX_ON_ERROR=nan: equinox's runtime checks then give NaNs instead of raising an error, and the "
+                f"function is cached; or {way}")
+    return f"{way}; or keep them out of hot functions"
+
+
 FIXES = {
     NEW: "nothing to fix: its first entry here; the next run is served",
     CHANGED_COMPUTATION: "nothing to fix when you changed the code, the shapes or jax.config; a value that differs "
@@ -73,18 +96,9 @@ FIXES = {
     REJECTED: "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
     UNEXPLAINED: "JAX's key parts were not seen for this compile",
     NOT_PROCESS_0: "expected: only process 0 of a multi-process run writes (JAX's rule)",
-    HOST_CALLBACKS: "upgrade JAX to 0.8.1 or later, where gkx-autocache caches them (Python 3.11 installs up to "
-                    "0.10.2; JAX 0.11, which caches them itself, needs Python 3.12); or keep them out of hot functions",
-    f"{HOST_CALLBACKS}:equinox": "set EQX_ON_ERROR=nan: equinox's runtime checks then give NaNs instead of raising "
-                                 "an error, and the function is cached; or upgrade JAX to 0.8.1 or later, where "
-                                 "gkx-autocache caches them (Python 3.11 installs up to 0.10.2)",
-    f"{HOST_CALLBACKS}:tpu": "upgrade JAX to 0.11 or later (Python 3.12+), which caches them on TPU; or keep them "
-                             "out of hot functions",
+    HOST_CALLBACKS: callbacks_fix(),
     READ_ONLY: "expected: the cache is read-only for you (a baked image)",
 }
-# What put host callbacks in a function, by the library whose function they call (``_jax.callbacks_by``).
-CALLBACKS_BY = {"jax": "host callbacks (jax.debug.print, pure_callback or io_callback)",
-                "equinox": "host callbacks of equinox's runtime checks (eqx.error_if, as in every diffrax solve)"}
 # The fix for an eviction, by who removed the entry.
 EVICTED_BY = {"max_size": "the cap is smaller than the working set: raise max_size ({how})",
               "prune": "removed by gkx-autocache prune: nothing to fix (prune less, or raise --max-size)",

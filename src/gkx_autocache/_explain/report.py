@@ -43,8 +43,8 @@ def fix_for(cause: str, ctx: Context, by: str | None = None, detail: str = "",
         return f"lower min_compile_time_secs ({setting_fix(ctx, 'min_compile_time_secs', '0', origin)})"
     if short == causes.BELOW_MIN_ENTRY_SIZE:
         return f"lower min_entry_size_bytes ({setting_fix(ctx, 'min_entry_size_bytes', '-1', origin)})"
-    if short == causes.HOST_CALLBACKS and " on tpu " in detail:
-        by = "tpu"
+    if short == causes.HOST_CALLBACKS:
+        return causes.callbacks_fix(by, detail)
     return causes.FIXES.get(f"{short}:{by}", causes.FIXES.get(short, ""))
 
 

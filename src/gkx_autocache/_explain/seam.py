@@ -12,7 +12,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from gkx_autocache import _jax, _key
-from gkx_autocache._diagnostics import logger
+from gkx_autocache._diagnostics import logger, plural
 from gkx_autocache._key import PARTS
 
 if TYPE_CHECKING:
@@ -157,8 +157,8 @@ def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any, backen
         kept = _jax.callbacks_kept(host_callbacks, backend)
         if kept is not None:
             by = _jax.callbacks_by(host_callbacks)
-            what = causes.CALLBACKS_BY.get(by, f"host callbacks of {by}")
-            return causes.HOST_CALLBACKS, f"{len(host_callbacks)} {what} in the function: {kept}", "", by
+            what = f"{plural(len(host_callbacks), 'host callback')} {causes.CALLBACKS_BY.get(by, f'of {by}')}"
+            return causes.HOST_CALLBACKS, f"{what} in the function: {kept}", "", by
         minimum = jax.config.jax_persistent_cache_min_compile_time_secs
         if compile_time_secs < minimum:
             origin = _origin(origins, "min_compile_time_secs", minimum)
