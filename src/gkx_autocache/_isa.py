@@ -12,7 +12,7 @@ the test host and checks that every ``+feature`` it lists is covered).
   rest are not instruction sets (``hypervisor``, ``constant_tsc``, ``rep_good``, ``nopl``,
   ``cpuid``, ``arat``, the mitigation flags ``ibrs``, ``ibpb``, ``stibp``, ``ssbd``, ``md_clear``...),
   so two hosts of one CPU model with other microcode or hypervisor flags share entries.
-- macOS: ``sysctl`` (the same names on Intel; ``hw.optional.arm.FEAT_*`` on Apple silicon).
+- macOS: ``sysctl hw.optional`` (``arm.FEAT_*`` on Apple silicon) and, on Intel, ``machdep.cpu.*``.
 - Elsewhere: the machine and ``platform.processor()``, as they are.
 - Where none of these gives the ISA (``/proc/cpuinfo`` unreadable, empty or without its flags line;
   ``sysctl`` failing), the host itself stands in (``host_id``): never ``<machine>:unknown``, which
@@ -120,22 +120,44 @@ def from_cpuinfo(lines: list[str], machine: str) -> list[str] | None:
     return None
 
 
-def _from_sysctl() -> list[str] | None:  # pragma: no cover - macOS only
+# Apple silicon's ``hw.optional.arm.FEAT_*`` (Arm's feature names) -> LLVM's target feature, as ARM above;
+# a name not here is kept, lower case. Intel Macs list CPUID's names in ``machdep.cpu.*`` (X86 above).
+MAC_ARM = {
+    "AES": "aes", "PMULL": "aes", "SHA1": "sha2", "SHA256": "sha2", "SHA512": "sha3", "SHA3": "sha3",
+    "CRC32": "crc", "LSE": "lse", "LSE2": "lse2", "RDM": "rdm", "DotProd": "dotprod", "FHM": "fp16fml",
+    "FP16": "fullfp16", "FCMA": "complxnum", "JSCVT": "jsconv", "LRCPC": "rcpc", "LRCPC2": "rcpc-immo",
+    "FlagM": "flagm", "FlagM2": "altnzcv", "FRINTTS": "fptoint", "SB": "sb", "PAuth": "pauth", "DPB": "ccpp",
+    "DPB2": "ccdp", "BF16": "bf16", "I8MM": "i8mm", "BTI": "bti", "SME": "sme", "SME2": "sme2", "ECV": "ecv",
+    "WFxT": "wfxt", "SSBS": "ssbs", "DIT": "dit", "FPAC": "fpac",
+}
+# Each group asked on its own: Apple's sysctl stops at the first name it does not know, and Apple
+# silicon has no ``machdep.cpu.*`` (asked first, they hid ``hw.optional`` there).
+SYSCTL_GROUPS = (("hw.optional",), ("machdep.cpu.features", "machdep.cpu.leaf7_features", "machdep.cpu.extfeatures"))
+
+
+def _sysctl(names: tuple[str, ...]) -> str:
     import subprocess
 
     try:
-        out = subprocess.run(["sysctl", "machdep.cpu.features", "machdep.cpu.leaf7_features",
-                              "machdep.cpu.extfeatures", "hw.optional"], capture_output=True, text=True,
-                             timeout=5, check=False).stdout
+        return subprocess.run(["sysctl", *names], capture_output=True, text=True, timeout=5, check=False).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
+        return ""
+
+
+def _from_sysctl() -> list[str] | None:
+    """macOS's CPU features: ``hw.optional.*`` set to 1 (Apple silicon's ``arm.FEAT_*`` under LLVM's
+    names) and, on Intel, ``machdep.cpu.*``'s CPUID flags."""
     found: set[str] = set()
-    for line in out.splitlines():
-        name, _, value = line.partition(":")
-        if name.startswith("machdep.cpu."):
-            found.update(X86.get(flag.lower().replace(".", "_"), flag.lower()) for flag in value.split())
-        elif name.startswith("hw.optional.") and value.strip() == "1":
-            found.add(name.removeprefix("hw.optional.").removeprefix("arm."))
+    for names in SYSCTL_GROUPS:
+        for line in _sysctl(names).splitlines():
+            name, _, value = line.partition(":")
+            if name.startswith("machdep.cpu."):
+                found.update(X86.get(flag.lower().replace(".", "_"), flag.lower()) for flag in value.split())
+            elif name.startswith("hw.optional.arm.FEAT_") and value.strip() == "1":
+                feature = name.removeprefix("hw.optional.arm.FEAT_")
+                found.add(MAC_ARM.get(feature, feature.lower()))
+            elif name.startswith("hw.optional.") and value.strip() == "1":
+                found.add(name.removeprefix("hw.optional.").removeprefix("arm."))
     return sorted(found) or None
 
 
