@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import types
 import zlib
 from pathlib import Path
@@ -429,7 +430,7 @@ def test_a_macs_instruction_set_is_read_from_sysctl(tmp_path: Path, monkeypatch:
     sysctl.chmod(0o755)
     (tmp_path / "sysctl.json").write_text(json.dumps(mac))
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setattr(_isa.sys, "platform", "darwin")
+    monkeypatch.setattr(sys, "platform", "darwin")
     machine, features, why = _isa.read()
     assert why is None and not any(f.startswith(_isa.HOST_MARK) for f in features), (features, why)
     if mac is M_SERIES:
