@@ -154,11 +154,12 @@ def host_callbacks(python: Path, base: dict[str, str], work: Path) -> str:
     if failed:
         return "; ".join(failed)
     said: dict[str, tuple[list[str], dict[str, object]]] = {}
+    counts = {"requests": 0, "hits": 0}
     for name, done in runs.items():
         lines = done.stdout.strip().splitlines()
         last = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
         said[name] = lines[:-1], {k: v for k, v in last.items() if k not in ("requests", "hits")}
-    counts = json.loads(runs["warm"].stdout.strip().splitlines()[-1])
+        counts = {k: int(last.get(k, 0)) for k in counts}  # the warm run's, the last
     hits = f"{counts['hits']} of {counts['requests']} hits"
     warm_err = runs["warm"].stderr
     kept = NOT_CACHED.search(warm_err)
