@@ -284,3 +284,28 @@ print(found)
                           env={"GKX_JAX_CACHE": "0", "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "{'equinox': 'equinox', '__main__': '__main__', 'jax': 'jax'}", proc.stdout
+
+
+UNMARKED = HEADER.replace("import jax, jax.numpy as jnp\n", "import jax, jax.numpy as jnp\nimport jax._src.cache_key as ck\nck.custom_hook = lambda: ''\n") + r"""
+@jax.jit
+def f(x):
+    jax.debug.print("sum {s}", s=x.sum())
+    return jax.pure_callback(lambda v: v * 2, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+out = f(jnp.arange(3.0)).tolist()
+print(json.dumps({**counts, "out": out}))
+"""
+
+
+def test_a_compile_whose_key_lacks_the_callbacks_part_is_not_written(venv: Venv, tmp_path: Path) -> None:
+    """The user's code replaced the key's hook, and the seam on the key's parts has changed: nothing
+    adds the package's part to the key, so a process that would not hand callbacks back could load
+    the entry (and crash). Such a compile is left uncached; the run is as without the package."""
+    probe = venv.run("-c", "import jax; from gkx_autocache import _jax; from jax._src import compiler; "
+                           "print('host_callbacks' in _jax.parameters(compiler._cache_write))", check=True)
+    if probe.stdout.strip() != "True":
+        pytest.skip("this JAX writes host callbacks itself (0.11 and later)")
+    program = (f"MODULE = 'cache_key'\nRENAME = None\n{with_parameter('_log_cache_key_hash', 'depth', 3)}\n"
+               f"{FAKE}\n{UNMARKED}")
+    off, cold, warm = three(venv, tmp_path, program)
+    assert off[1] == cold[1] == warm[1] == ["sum 3.0"] and results(off[0]) == results(warm[0]), (off, warm)
+    assert warm[0]["hits"] < warm[0]["requests"], warm  # before: written under a key anyone computes

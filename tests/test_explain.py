@@ -138,6 +138,20 @@ def test_host_callbacks_are_served_like_any_other_compile(venv: Venv, tmp_path: 
     assert ", 0 misses" in line and "not cached" not in line, line
 
 
+NOISY = PROGRAM.replace("def f(x):\n", "def f(x):\n    if os.environ.get('NOISY'):\n        jax.debug.print('f {}', x.sum())\n")
+
+
+def test_a_print_added_to_a_function_is_a_changed_computation(venv: Venv, tmp_path: Path) -> None:
+    """A `jax.debug.print` added to a function changes its computation, and so the key's mark of host
+    callbacks: the miss is the computation's, not "changed custom hook"."""
+    assert NOISY != PROGRAM
+    env = cache(tmp_path)
+    run_file(venv, env, NOISY)
+    _, err = run_file(venv, {**env, "NOISY": "1", "GKX_JAX_CACHE_REPORT": "1"}, NOISY)
+    causes = explain(venv, env)
+    assert set(causes) == {"changed computation"} and set(causes["changed computation"]) == {"jit_f"}, (causes, err)
+
+
 def test_a_raised_threshold_is_named(venv: Venv, tmp_path: Path) -> None:
     env = cache(tmp_path, GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS="100")
     causes, line = fresh_causes(venv, env)

@@ -367,12 +367,12 @@ def serve_host_callbacks(jax: Any, is_ours: Callable[[], bool]) -> str | None:
 
     def compile_or_get_cached(backend: Any, computation: Any, devices: Any, compile_options: Any,
                               host_callbacks: Any, *rest: Any, **kwargs: Any) -> Any:
-        outer = getattr(_compiling, "callbacks", ())
-        _compiling.callbacks = host_callbacks
+        outer = getattr(_compiling, "callbacks", ()), getattr(_compiling, "marked", False)
+        _compiling.callbacks, _compiling.marked = host_callbacks, False
         try:
             return compile_(backend, computation, devices, compile_options, host_callbacks, *rest, **kwargs)
         finally:
-            _compiling.callbacks = outer
+            _compiling.callbacks, _compiling.marked = outer
 
     def get_executable_and_time(cache_key: str, compile_options: Any, backend: Any, executable_devices: Any) -> Any:
         callbacks = getattr(_compiling, "callbacks", ())
@@ -384,7 +384,8 @@ def serve_host_callbacks(jax: Any, is_ours: Callable[[], bool]) -> str | None:
                      *rest: Any, **kwargs: Any) -> None:
         callbacks = host_callbacks(rest, kwargs)
         try:
-            written = bool(callbacks) and callbacks_kept(callbacks, backend) is None and is_ours()
+            written = (bool(callbacks) and callbacks_kept(callbacks, backend) is None and is_ours()
+                       and getattr(_compiling, "marked", False))  # its key has the part of its own
         except Exception:
             written = False
         if written:  # JAX writes what it loads: the executable; the callbacks are the loading process's
@@ -400,9 +401,13 @@ def serve_host_callbacks(jax: Any, is_ours: Callable[[], bool]) -> str | None:
 
 def handing_callbacks() -> bool:
     """Whether the compile this thread is in has host callbacks that the package hands back: its key
-    gets a part of its own (``_key``), so that a process that would not hand them back (JAX alone,
-    an older gkx-autocache, a seam changed) never loads its entry, which would call into nothing."""
-    return _Callbacks.served and bool(getattr(_compiling, "callbacks", ()))
+    gets a part of its own (``_key.package_part``, which calls this as it adds it), so that a process
+    that would not hand them back (JAX alone, an older gkx-autocache, a seam changed) never loads its
+    entry, which would call into nothing. Such a compile is written only where its key got it."""
+    handing = _Callbacks.served and bool(getattr(_compiling, "callbacks", ()))
+    if handing:
+        _compiling.marked = True
+    return handing
 
 
 def callbacks_kept(callbacks: Any, backend: Any) -> str | None:

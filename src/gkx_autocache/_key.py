@@ -102,6 +102,11 @@ def isa_suffix() -> str:
     return _suffix[0]
 
 
+def without_callbacks(text: str) -> str:
+    """A hook part's string less the mark of host callbacks (which follow the computation)."""
+    return text.replace(CALLBACKS_MARK, "")
+
+
 def isa_of(text: str) -> str | None:
     """The ISA in a hook part's string (what ``isa_suffix`` added), or None where there is none."""
     at = text.rfind(ISA_MARK)

@@ -115,7 +115,7 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
         nearest = closest([r for r in earlier if len(diffs[id(r.config)]) == fewest], facts)
         differing = diffs[id(nearest.config)]
         shown = "; ".join(f"{k}: {nearest.config.get(k, 'unset')} -> {facts.config.get(k, 'unset')}" for k in differing[:4])
-        if _other_parts_differ(nearest, facts):  # JAX_NUM_CPU_DEVICES: a config value, the devices and the computation
+        if _other_parts_differ(nearest, facts, evidence):  # JAX_NUM_CPU_DEVICES: a config value, the devices and the computation
             return _with_computation(nearest, facts, evidence, f"; jax.config differs too: {shown}{_more(differing, 4)}")
         # Whether a value changes what is compiled (x64 does, jax_debug_nans does not) cannot be
         # told from the key: where the inputs are the same, the code is as likely.
@@ -124,7 +124,7 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
         return {"cause": causes.CHANGED_COMPUTATION, "detail": f"jax.config differs: {shown}{_more(differing, 4)}{also}"}
     earlier = alike
     nearest = closest(earlier, facts)
-    if _other_parts_differ(nearest, facts):
+    if _other_parts_differ(nearest, facts, evidence):
         return _with_computation(nearest, facts, evidence)
     if facts.place == HELPER_PLACE:  # another use of JAX's own helper than its earlier entries
         if nearest.signature != facts.signature:
@@ -140,8 +140,20 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
     return {"cause": causes.CHANGED_COMPUTATION, "detail": f"inputs {nearest.signature} -> {facts.signature}"}
 
 
-def _other_parts_differ(nearest: Record, facts: Facts) -> bool:
-    return any(nearest.parts[i] != facts.parts[p] for i, p in enumerate(PARTS) if i)
+def _other_parts_differ(nearest: Record, facts: Facts, evidence: Evidence) -> bool:
+    return any(_differs(nearest, facts, evidence, p) for p in PARTS[1:])
+
+
+def _differs(nearest: Record, facts: Facts, evidence: Evidence, part: str) -> bool:
+    """Whether a key part differs, as a person counts it: a hook part that differs only in the mark of
+    host callbacks does not (they were added to or taken from the computation, which says so)."""
+    i = PARTS.index(part)
+    if nearest.parts[i] == facts.parts[part]:
+        return False
+    if part != "custom_hook":
+        return True
+    before, after = evidence.readable(part, nearest.parts[i]), facts.readable.get(part)
+    return before is None or after is None or _key.without_callbacks(before) != _key.without_callbacks(after)
 
 
 def _with_computation(nearest: Record, facts: Facts, evidence: Evidence, also: str = "") -> dict[str, Any]:
@@ -160,7 +172,7 @@ def differences(nearest: Record, facts: Facts, evidence: Evidence) -> list[str]:
     said = []
     for part in PRIORITY:
         i = PARTS.index(part)
-        if nearest.parts[i] == facts.parts[part]:
+        if not _differs(nearest, facts, evidence, part):
             continue
         before, after = evidence.readable(part, nearest.parts[i]), facts.readable.get(part)
         old, new = _key.isa_of(before or ""), _key.isa_of(after or "")
@@ -318,7 +330,7 @@ def _other_version(version_dir: str, name: str) -> str | None:
 def changed_part(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str, Any]:
     """The computation matches an entry: the first other part that differs, named with before and
     after (and the parts that changed with it)."""
-    changed = [p for p in PRIORITY if nearest.parts[PARTS.index(p)] != facts.parts[p]]
+    changed = [p for p in PRIORITY if _differs(nearest, facts, evidence, p)]
     if not changed:
         return {"cause": causes.EVICTED, "detail": "this exact key was stored before and is gone", "by": "outside"}
     if "compile_options" in changed and set(changed) <= {"accelerator_config", "compile_options"}:
