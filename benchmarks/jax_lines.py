@@ -31,7 +31,7 @@ x = jnp.ones((16, 16))
 steps = [jax.jit(lambda v, i=i: jnp.sin(v) * i + jnp.cos(v @ v.T).sum()) for i in range(int(__import__("sys").argv[1]))]
 print(repr(sum(float(f(x).sum()) for f in steps)))
 """
-# The model of tests/test_jax_lines.py's CALLING: no vmap (0.4.30 has no ``vmap_method``). Its last line:
+# tests/test_jax_lines.py runs it too. No vmap (0.4.30 has no ``vmap_method``). Its last line:
 # JAX's own cache counts, what the calls returned or raised, and the io_callback's side effects.
 CALLING = r"""
 import json

@@ -33,6 +33,17 @@ RUNNER_SITE = sysconfig.get_paths()["purelib"]
 sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "__name__", None) != "GkxAutocacheFinder"]
 
 
+def load_benchmark(name: str) -> Any:
+    """``benchmarks/<name>.py`` as a module: a program a test runs as the benchmark does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment without any of the user's cache settings, and a private home. ``CI`` goes too:
     the suite runs the same in CI as here, and the tests of CI behaviour set it themselves."""

@@ -145,6 +145,13 @@ def three(venv: Venv, tmp_path: Path, program: str, *args: str, flags: tuple[str
             run(venv, program, env, *args, flags=flags), run(venv, program, env, *args, flags=flags)]
 
 
+def skip_where_jax_writes_callbacks(venv: Venv) -> None:
+    probe = venv.run("-c", "import jax; from gkx_autocache import _jax; from jax._src import compiler; "
+                           "print('host_callbacks' in _jax.parameters(compiler._cache_write))", check=True)
+    if probe.stdout.strip() != "True":
+        pytest.skip("this JAX writes host callbacks itself (0.11 and later): no seam of the package's to lose")
+
+
 def results(counts: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in counts.items() if k not in ("requests", "hits")}
 
@@ -229,10 +236,7 @@ def test_a_jax_whose_compile_seam_changed_leaves_callbacks_uncached_and_says_why
     """A later JAX whose compile seam has another shape: callbacks run as without the package,
     their compile is not cached, and status, explain and stats say why, and what it costs; the
     fix names equinox's own switch when equinox put them there."""
-    probe = venv.run("-c", "import jax; from gkx_autocache import _jax; from jax._src import compiler; "
-                           "print('host_callbacks' in _jax.parameters(compiler._cache_write))", check=True)
-    if probe.stdout.strip() != "True":
-        pytest.skip("this JAX writes host callbacks itself (0.11 and later): no seam of the package's to lose")
+    skip_where_jax_writes_callbacks(venv)
     program = (f"MODULE = 'compiler'\nRENAME = None\n{with_parameter('compile_or_get_cached', 'options', 1)}\n"
                f"{FAKE}\n{RAISING}")
     off, cold, warm = three(venv, tmp_path, program)
@@ -300,10 +304,7 @@ def test_a_compile_whose_key_lacks_the_callbacks_part_is_not_written(venv: Venv,
     """The user's code replaced the key's hook, and the seam on the key's parts has changed: nothing
     adds the package's part to the key, so a process that would not hand callbacks back could load
     the entry (and crash). Such a compile is left uncached; the run is as without the package."""
-    probe = venv.run("-c", "import jax; from gkx_autocache import _jax; from jax._src import compiler; "
-                           "print('host_callbacks' in _jax.parameters(compiler._cache_write))", check=True)
-    if probe.stdout.strip() != "True":
-        pytest.skip("this JAX writes host callbacks itself (0.11 and later)")
+    skip_where_jax_writes_callbacks(venv)
     program = (f"MODULE = 'cache_key'\nRENAME = None\n{with_parameter('_log_cache_key_hash', 'depth', 3)}\n"
                f"{FAKE}\n{UNMARKED}")
     off, cold, warm = three(venv, tmp_path, program)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import COUNTING, Venv, clean_env, public_tmp
+from conftest import COUNTING, Venv, clean_env, load_benchmark, public_tmp
 
 pytestmark = pytest.mark.once  # the lines' own wheels, whatever JAX the runner has: on the first Python only
 
@@ -32,34 +32,13 @@ print(json.dumps({**counts, "result": result, "dir": jax.config.jax_compilation_
 """
 
 
+_benchmark = load_benchmark("jax_lines")
 # Whether a compile with host callbacks is cached on each line, or why not (docs/jax-lines.md).
 CALLBACKS = {"0.4.30": "JAX 0.4.30 compiles each host callback's address into the executable, which no other process "
                        "can call: cached from JAX 0.8.1",
              "0.6.2": "jaxlib 0.6.2 cannot give a loaded executable its host callbacks: cached from JAX 0.8.1",
              "0.9.0": None}
-CALLING = r"""
-import json, sys
-import jax, jax.numpy as jnp
-from jax.experimental import io_callback
-""" + COUNTING + r"""
-effects = []
-def check(v):
-    if float(v.sum()) > 10:
-        raise ValueError("too large")
-    effects.append(float(v.sum()))
-    return v
-@jax.jit
-def f(x):
-    jax.debug.print("sum {s}", s=x.sum())
-    y = jax.pure_callback(check, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
-    return io_callback(lambda v: v * 2, jax.ShapeDtypeStruct(x.shape, x.dtype), y, ordered=True)
-said = [f(jnp.ones(3)).tolist()]
-try:
-    f(jnp.ones(3) * 5).block_until_ready()
-except Exception as exc:
-    said.append("too large" in str(exc))
-print(json.dumps({**counts, "said": said, "effects": effects}))
-"""
+CALLING: str = _benchmark.CALLING  # the program benchmarks/jax_lines.py runs for its callbacks column
 
 
 def version(line: Venv) -> str:
