@@ -114,9 +114,24 @@ def run(venv: Venv, program: str, env: dict[str, str], *flags: str) -> tuple[dic
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
+# Seams the package needs for host callbacks only where JAX does not write them itself (before 0.11).
+FOR_CALLBACKS = {"the compile seam has a parameter more in its first five", "the key's custom hook is gone",
+                 "the loader has a parameter more first"}
+
+
+def jax_writes_callbacks() -> bool:
+    import inspect
+
+    from jax._src import compiler
+
+    return "host_callbacks" not in inspect.signature(compiler._cache_write).parameters
+
+
 @pytest.mark.parametrize("case", sorted(LATER_JAX))
 def test_a_later_jax_keeps_what_its_seams_allow_and_says_what_not(venv: Venv, tmp_path: Path, case: str) -> None:
     _, _, _, kept, lost = LATER_JAX[case]
+    if case in FOR_CALLBACKS and jax_writes_callbacks():  # JAX 0.11+: the package has no part in them
+        kept, lost = kept | {"host callbacks"}, lost - {"host callbacks"}
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "cache")}
     program = fake(case)
     off, _ = run(venv, program, {**env, "GKX_JAX_CACHE": "0"}, "-W", "error")
