@@ -767,3 +767,29 @@ def test_a_pytest_sessions_merged_line_names_its_uploads() -> None:
               "shared": {"url": "s3://team/c", "signed": True}}
     line = show.summary_line(show.merge([worker, {**worker, "shared": None}]))
     assert "4 uploaded to s3://team/c (signed)" in line, line
+
+
+def test_the_library_behind_host_callbacks_is_its_package_not_a_prefix() -> None:
+    """`explain` names who put host callbacks in a function: jax_md's are jax_md's, not JAX's; an
+    object whose attributes raise is passed over, never an exception into JAX's write."""
+    from gkx_autocache import _jax
+
+    def simulate(v: Any) -> Any:
+        return v
+
+    simulate.__module__ = "jax_md.simulate"
+
+    def wrapped(*args: Any) -> Any:  # as JAX wraps a callback: a closure over the user's function
+        return simulate(*args)
+
+    wrapped.__module__ = "jax._src.callback"
+
+    class Hostile:
+        def __call__(self) -> None: ...
+
+        def __getattribute__(self, name: str) -> Any:
+            raise RuntimeError(name)
+
+    assert _jax.callbacks_by([wrapped]) == "jax_md"
+    assert _jax.callbacks_by([Hostile(), wrapped]) == "jax_md"
+    assert _jax.callbacks_by([Hostile()]) == "jax"

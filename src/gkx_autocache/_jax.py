@@ -435,14 +435,17 @@ def callbacks_by(callbacks: Any) -> str:
         if id(func) in seen:
             continue
         seen.add(id(func))
-        module = str(getattr(func, "__module__", "") or "")
-        if module and callable(func) and not module.startswith(("jax", "jaxlib", "functools", "builtins")):
-            return module.split(".")[0]
-        inner = [getattr(func, name, None) for name in ("func", "__wrapped__", "__func__")]
-        inner += [_contents(cell) for cell in (getattr(func, "__closure__", None) or ())]
-        if not hasattr(func, "__code__"):  # a callable object (JAX's _FlatCallback holds callback_func)
-            fields = [*getattr(func, "__dict__", ()), *getattr(func, "__dataclass_fields__", ())]
-            inner += [getattr(func, name, None) for name in fields[:8]]
+        try:  # a user's callable object may answer getattr with anything, or raise
+            top = str(getattr(func, "__module__", "") or "").split(".")[0]
+            if top and callable(func) and top not in ("jax", "jaxlib", "functools", "builtins"):
+                return top  # jax_md, not jax: the package's name, not a prefix
+            inner = [getattr(func, name, None) for name in ("func", "__wrapped__", "__func__")]
+            inner += [_contents(cell) for cell in (getattr(func, "__closure__", None) or ())]
+            if not hasattr(func, "__code__"):  # a callable object (JAX's _FlatCallback holds callback_func)
+                fields = [*getattr(func, "__dict__", ()), *getattr(func, "__dataclass_fields__", ())]
+                inner += [getattr(func, name, None) for name in fields[:8]]
+        except Exception:
+            continue
         todo.extend(value for value in inner if callable(value))
     return "jax"
 
