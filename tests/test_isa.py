@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import Venv, run_program
+from platforms import INTEL_MAC, M_SERIES, fake_sysctl
 from test_activation import VERSION_DIR
 
 from gkx_autocache import _isa, _key
@@ -345,91 +346,12 @@ def test_two_containers_of_one_image_whose_host_names_differ_only_in_unusual_cha
     assert found[0] != found[1], found
 
 
-# What macOS's sysctl prints, as data (Apple's documented names: "Determining Instruction Set
-# Characteristics"): an M-series Mac's `sysctl hw.optional`, and an Intel Mac's.
-M_SERIES = {
-    "hw.optional": """hw.optional.arm.FEAT_FlagM: 1
-hw.optional.arm.FEAT_FlagM2: 1
-hw.optional.arm.FEAT_FHM: 1
-hw.optional.arm.FEAT_DotProd: 1
-hw.optional.arm.FEAT_SHA3: 1
-hw.optional.arm.FEAT_RDM: 1
-hw.optional.arm.FEAT_LSE: 1
-hw.optional.arm.FEAT_SHA256: 1
-hw.optional.arm.FEAT_SHA512: 1
-hw.optional.arm.FEAT_SHA1: 1
-hw.optional.arm.FEAT_AES: 1
-hw.optional.arm.FEAT_PMULL: 1
-hw.optional.arm.FEAT_SPECRES: 0
-hw.optional.arm.FEAT_SB: 1
-hw.optional.arm.FEAT_FRINTTS: 1
-hw.optional.arm.FEAT_LRCPC: 1
-hw.optional.arm.FEAT_LRCPC2: 1
-hw.optional.arm.FEAT_FCMA: 1
-hw.optional.arm.FEAT_JSCVT: 1
-hw.optional.arm.FEAT_PAuth: 1
-hw.optional.arm.FEAT_DPB: 1
-hw.optional.arm.FEAT_DPB2: 1
-hw.optional.arm.FEAT_BF16: 0
-hw.optional.arm.FEAT_I8MM: 0
-hw.optional.arm.FEAT_LSE2: 1
-hw.optional.arm.FEAT_FP16: 1
-hw.optional.arm.FEAT_SSBS: 1
-hw.optional.arm.FEAT_BTI: 1
-hw.optional.arm.FEAT_SME: 0
-hw.optional.floatingpoint: 1
-hw.optional.AdvSIMD: 1
-hw.optional.armv8_crc32: 1
-hw.optional.breakpoint: 6
-hw.optional.watchpoint: 4
-hw.optional.neon: 1
-hw.optional.arm64: 1
-"""}
-INTEL_MAC = {
-    "hw.optional": """hw.optional.floatingpoint: 1
-hw.optional.mmx: 1
-hw.optional.sse: 1
-hw.optional.sse2: 1
-hw.optional.sse3: 1
-hw.optional.supplementalsse3: 1
-hw.optional.sse4_1: 1
-hw.optional.sse4_2: 1
-hw.optional.x86_64: 1
-hw.optional.aes: 1
-hw.optional.avx1_0: 1
-hw.optional.avx2_0: 1
-hw.optional.avx512f: 0
-""",
-    "machdep.cpu.features": "machdep.cpu.features: FPU VME DE PSE TSC MSR PAE MCE CX8 APIC SEP MTRR PGE MCA CMOV PAT "
-                            "PSE36 CLFSH DS ACPI MMX FXSR SSE SSE2 SS HTT TM PBE SSE3 PCLMULQDQ DTES64 MON DSCPL VMX "
-                            "EST TM2 SSSE3 FMA CX16 TPR PDCM SSE4.1 SSE4.2 x2APIC MOVBE POPCNT AES PCID XSAVE OSXSAVE "
-                            "SEGLIM64 TSCTMR AVX1.0 RDRAND F16C",
-    "machdep.cpu.leaf7_features": "machdep.cpu.leaf7_features: RDWRFSGS TSC_THREAD_OFFSET SGX BMI1 AVX2 SMEP BMI2 "
-                                  "ERMS INVPCID FPU_CSDS MPX RDSEED ADX SMAP CLFSOPT IPT MDCLEAR TSXFA IBRS STIBP L1DF "
-                                  "SSBD",
-    "machdep.cpu.extfeatures": "machdep.cpu.extfeatures: SYSCALL XD 1GBPAGE EM64T LAHF LZCNT PREFETCHW RDTSCP TSCI",
-}
-FAKE_SYSCTL = r"""#!/usr/bin/env python3
-import json, sys
-data = json.load(open(sys.argv[0] + ".json"))
-for name in sys.argv[1:]:  # as Apple's: the first unknown name ends the run
-    if name not in data:
-        print(f"sysctl: unknown oid '{name}'", file=sys.stderr)
-        sys.exit(1)
-    print(data[name].rstrip("\n"))
-"""
-
-
 @pytest.mark.parametrize("mac", [M_SERIES, INTEL_MAC], ids=["M-series", "Intel"])
 def test_a_macs_instruction_set_is_read_from_sysctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      mac: dict[str, str]) -> None:
     """Issue 46: on an M-series Mac, asking `machdep.cpu.*` first stopped Apple's sysctl before
     `hw.optional`, and every key fell back to the host name. Each group is asked on its own."""
-    sysctl = tmp_path / "sysctl"
-    sysctl.write_text(FAKE_SYSCTL)
-    sysctl.chmod(0o755)
-    (tmp_path / "sysctl.json").write_text(json.dumps(mac))
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{fake_sysctl(tmp_path, mac)}:{os.environ['PATH']}")
     monkeypatch.setattr(sys, "platform", "darwin")
     machine, features, why = _isa.read()
     assert why is None and not any(f.startswith(_isa.HOST_MARK) for f in features), (features, why)

@@ -156,7 +156,9 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
     return Prepared(root, version_dir, writable)
 
 
-LOCAL, REMOTE, OWN = "local", "remote", "own"
+LOCAL, REMOTE, OWN, STOCK = "local", "remote", "own", "stock"
+STOCK_NOTE = ("on Windows JAX's own cache serves {dir}, with gkx-autocache's thresholds; the package's store, cap, "
+              "trust checks, records and explanations are POSIX-only and do not run here")
 NOT_KEPT = ("not kept: {dir} is your own JAX directory (JAX_COMPILATION_CACHE_DIR), which gkx-autocache leaves as "
             "you set it, with no records (each run's report line still counts its lookups)")
 
@@ -168,7 +170,8 @@ class Location:
     - ``local``: a directory the package resolved and checked: its store, cap and ledger serve it;
     - ``remote``: a bucket (``s3://``, ``gs://``): JAX's stock cache, uncapped (SPEC §9);
     - ``own``: the user's own JAX setting (``JAX_COMPILATION_CACHE_DIR``, ``jax.config``): JAX's
-      stock cache, the thresholds only, nothing checked or counted (SPEC §5).
+      stock cache, the thresholds only, nothing checked or counted (SPEC §5);
+    - ``stock``: on Windows, the directory the package chose for JAX's stock cache (``windows``).
 
     ``version_dir`` is None when no directory can be used; ``problems`` then say why.
     """
@@ -204,6 +207,8 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
         own = str(settings["dir"])
         return Location(OWN, own, writable=is_url(own) or os.access(own, os.W_OK), rule=settings.origin("dir"))
     explicit = settings["dir"]
+    if os.name == "nt" and not (explicit is not None and is_url(explicit)):
+        return windows(settings, jax_version, create)
     shared = team(settings, explicit)
     if explicit is not None:
         where = settings.origin("dir")
@@ -259,6 +264,38 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
     reasons = "; ".join(f"{root}: {why}" for root, why in location.tried)
     location.problems.append(("dir:default", f"no usable cache directory ({reasons}); set GKX_JAX_CACHE_DIR; running uncached"))
     return location
+
+
+def windows(settings: Any, jax_version: str, create: bool = True) -> Location:
+    """Windows (issue 46): JAX's stock cache in ``dir``, else in the user cache
+    (``%LOCALAPPDATA%\\gkx\\gkx\\Cache\\jax``), with the package's thresholds. The store works
+    through POSIX descriptors (``O_NOFOLLOW``, ``dir_fd``, ``fchmod``) and its trust rules read
+    POSIX owners and modes: neither has a sound Windows form here, so neither runs, and
+    ``STOCK_NOTE`` says so. The user cache lies in the profile, which Windows' default ACLs give to
+    the user alone; a ``dir`` elsewhere is not checked."""
+    explicit = settings["dir"]
+    rule = f"dir from {settings.origin('dir')}" if explicit is not None else "default: the user cache"
+    root = str(explicit) if explicit is not None else user_root()
+    location = Location(rule=rule)
+    if root is None:
+        location.problems.append(("dir:default", "no user cache directory; set GKX_JAX_CACHE_DIR; running uncached"))
+        return location
+    root = os.path.abspath(root)
+    version_dir = os.path.join(root, version_name(jax_version))
+    try:
+        if create and not os.path.isdir(version_dir):
+            os.makedirs(version_dir)
+            with open(os.path.join(version_dir, TAG_NAME), "xb") as f:  # `clear` knows a cache by its tag
+                f.write(TAG.encode("ascii"))
+    except OSError as exc:
+        why = f"it cannot be created: {exc.strerror or exc} ({exc.filename or version_dir})"
+        location.tried.append((root, why))
+        where = f"{settings.origin('dir')}: dir {root}" if explicit is not None else f"the user cache {root}"
+        fix = "" if explicit is not None else "; set GKX_JAX_CACHE_DIR"
+        location.problems.append((f"dir:{root}", f"{where} not used, {why}{fix}; running uncached"))
+        return location
+    writable = os.access(version_dir if os.path.isdir(version_dir) else _nearest_existing(version_dir), os.W_OK)
+    return Location(STOCK, version_dir, root, writable, rule)
 
 
 def team(settings: Any, root: str | None) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gkx_autocache import _cache, _settings
-from gkx_autocache._diagnostics import logger, warn
+from gkx_autocache._diagnostics import NOTED, logger, warn
 from gkx_autocache._formats import UNKEYED
 from gkx_autocache._layout import is_url
 
@@ -68,6 +68,8 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             atexit.register(print, f"gkx-autocache: this run was uncached: {said}", file=sys.stderr, flush=True)
         return
     directory = location.version_dir
+    if location.kind == _cache.STOCK:  # Windows: said at every import jax, as status says it (issue 46)
+        warn("dir:stock", _cache.STOCK_NOTE.format(dir=directory), silence=NOTED)
     updates: dict[str, Any] = {}
     if location.kind != _cache.OWN:  # the user's own directory is left as they set it
         updates["jax_compilation_cache_dir"] = directory

@@ -12,6 +12,7 @@ import warnings
 logger = logging.getLogger("gkx_autocache")
 
 SILENCE = "fix it, or filter gkx_autocache.AutocacheWarning to hide it"
+NOTED = "filter gkx_autocache.AutocacheWarning to hide it"
 
 
 class AutocacheWarning(UserWarning):
@@ -25,18 +26,19 @@ _said: set[str] = set()
 swallowed: list[str] = []  # warnings the user's filters turned into errors: the pytest summary shows them
 
 
-def warn(cause: str, message: str) -> None:
+def warn(cause: str, message: str, silence: str = SILENCE) -> None:
     """Warn once per ``cause`` per process, pointing at the user's line that led to it (the
     ``import jax``, the call that compiled), or at no line where there is none (the upload worker,
     an at-exit hook): never at threading.py or at JAX's own code.
 
-    ``message`` is one line; it gets the ``gkx-autocache:`` prefix and the way to silence it.
+    ``message`` is one line; it gets the ``gkx-autocache:`` prefix and the way to silence it
+    (``silence``: ``NOTED`` where there is nothing to fix).
     A warning that the user's filters turn into an exception is logged instead.
     """
     if cause in _said:
         return
     _said.add(cause)
-    text = f"gkx-autocache: {one_line(message)} ({SILENCE})"
+    text = f"gkx-autocache: {one_line(message)} ({silence})"
     frame = _user_frame()
     try:
         if frame is None:  # a thread of the package's, or the interpreter's exit: no line of the user's

@@ -143,6 +143,8 @@ def count(version_dir: str) -> tuple[int, int]:
     if is_url(version_dir):
         found = scan(version_dir)
         return found.entries, found.bytes
+    if os.name == "nt":  # a directory has no descriptor there: JAX's own files, by name (_cache.windows)
+        return _count_by_path(version_dir)
     entries = total = 0
     try:
         fd = os.open(version_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -171,6 +173,20 @@ def count(version_dir: str) -> tuple[int, int]:
     finally:
         os.close(fd)
     return entries, total + bookkeeping_bytes(version_dir)
+
+
+def _count_by_path(version_dir: str) -> tuple[int, int]:
+    entries = total = 0
+    try:
+        with os.scandir(version_dir) as items:
+            for item in items:
+                match = key_match(item.name)
+                if match is not None and item.is_file(follow_symlinks=False):
+                    total += item.stat(follow_symlinks=False).st_size
+                    entries += match[1] == ENTRY_SUFFIX
+    except OSError:
+        return 0, 0
+    return entries, total
 
 
 def bookkeeping_bytes(version_dir: str) -> int:
@@ -237,6 +253,9 @@ def has_tag(version_dir: str) -> bool:
     URL counts as tagged."""
     if is_url(version_dir):
         return True
+    if os.name == "nt":  # no directory descriptors there (_cache.windows): by path
+        data = _files.read(os.path.join(version_dir, TAG_NAME), 4096)
+        return data is not None and is_own_tag(data)
     try:
         fd = _files.open_dir(version_dir)
     except OSError:

@@ -19,6 +19,7 @@ from gkx_autocache._layout import LEDGER_DIR, META_DIR, TAG_NAME, VERSION_PREFIX
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+BINARY = getattr(os, "O_BINARY", 0)  # Windows: without it, a descriptor translates line ends
 
 
 def file_mode(shared: bool) -> int:
@@ -43,7 +44,7 @@ def open_regular(path: str, dir_fd: int | None = None, write: bool = False) -> i
 
 
 def _open_regular(path: str, dir_fd: int | None = None, write: bool = False) -> tuple[int, os.stat_result]:
-    fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | NOFOLLOW | NONBLOCK, dir_fd=dir_fd)
+    fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | NOFOLLOW | NONBLOCK | BINARY, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -108,10 +109,11 @@ def atomic(path: str, mode: int, follow: bool = False) -> Iterator[BinaryIO]:
         tmp, name = os.path.join(folder, tmp), path
     try:
         _remove(tmp, dir_fd)  # a leftover of a dead process with this pid, or something planted: never opened
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dir_fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | BINARY, mode, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "wb") as f:
-                os.fchmod(f.fileno(), mode)  # the open mode is masked by the umask
+                if hasattr(os, "fchmod"):  # Windows has none before 3.13: its ACLs, not modes, decide
+                    os.fchmod(f.fileno(), mode)  # the open mode is masked by the umask
                 yield f
             os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:

@@ -57,7 +57,8 @@ def read(path: str) -> FileVerdict:
     import stat
 
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a symlink is judged by its target
+        # A symlink is judged by its target; O_BINARY: Windows would otherwise translate line ends.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         return FileVerdict("absent")
     except OSError as exc:

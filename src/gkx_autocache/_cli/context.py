@@ -28,6 +28,14 @@ class Context(NamedTuple):
             raise NoDirectory(self.why_no_dir())
         return self.location.version_dir
 
+    def store_dir(self, command: str) -> str:
+        """The version directory, for a command that reads or writes the package's store: never
+        on Windows, where JAX's own cache serves it (``_cache.windows``)."""
+        vdir = self.version_dir
+        if self.location is not None and self.location.kind == _cache.STOCK:
+            raise CliError(f"{command} needs gkx-autocache's store, and {_cache.STOCK_NOTE.format(dir=vdir)}")
+        return vdir
+
     @property
     def root(self) -> str | None:
         return self.location.root if self.location else None

@@ -17,7 +17,7 @@ from gkx_autocache._record import show as _show
 
 def cmd_explain(args: argparse.Namespace) -> int:
     ctx = load_context()
-    vdir = ctx.version_dir
+    vdir = ctx.store_dir("explain")
     try:
         since = _settings.parse_age(args.since) if args.since else None
     except _settings.BadValue as exc:

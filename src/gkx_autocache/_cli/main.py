@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(args, f"{exc}{gone}", FAILED)
     except KeyboardInterrupt:
         return FAILED
+    except Exception as exc:  # a bug, or a platform a command was not made for: one line, never a traceback
+        return fail(args, f"{type(exc).__name__}: {exc}; this is gkx-autocache's fault, please report it", FAILED)
 
 
 def usage_error(parser: Parser, exc: UsageError, argv: list[str]) -> int:

@@ -5,6 +5,7 @@ and a removal is reported only once it happened."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import Any
@@ -14,6 +15,7 @@ from gkx_autocache._cli import context as _context
 from gkx_autocache._cli.context import Context, load_context, refuse_skipped_dir
 from gkx_autocache._cli.output import FAILED, OK, USAGE, CliError, emit, progress
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural, shown
+from gkx_autocache._layout import key_match
 from gkx_autocache._record import reset as _reset
 
 
@@ -72,21 +74,18 @@ def cmd_clear(args: argparse.Namespace) -> int:
     ctx = load_context()
     if args.shared:  # entries and their sidecars only; the shared level keeps no bookkeeping
         vdir = _shared(ctx, "clear")
-        asked = not args.dry_run and not args.yes and sys.stdin.isatty()
-        if asked and input(f"remove every cache entry in {vdir}? [y/N] ").strip().lower() not in ("y", "yes"):
-            raise CliError("nothing removed")
+        _confirm(args, vdir)
         if os.path.isdir(vdir):
             _require_tag(vdir)
         _carry_out(args, _entries.plan_clear(vdir), {"shared": True})
         return OK
     refuse_skipped_dir(ctx, "clear")
+    if ctx.location is not None and ctx.location.kind == _cache.STOCK:
+        return _clear_stock(args, ctx.version_dir)
     targets = [ctx.version_dir]
     if args.all_versions and ctx.root:
         targets = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d)] or targets
-    if not args.dry_run and not args.yes and sys.stdin.isatty():
-        answer = input(f"remove every cache entry in {', '.join(targets)}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            raise CliError("nothing removed")
+    _confirm(args, ", ".join(targets))
     for vdir in targets:
         if os.path.isdir(vdir):  # one never used has nothing to remove (a URL is always tagged)
             _require_tag(vdir)
@@ -98,12 +97,47 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return OK
 
 
+def _confirm(args: argparse.Namespace, where: str) -> None:
+    """``clear`` asks first at a terminal, unless ``--yes`` or ``--dry-run``."""
+    asked = not args.dry_run and not args.yes and sys.stdin.isatty()
+    if asked and input(f"remove every cache entry in {where}? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise CliError("nothing removed")
+
+
+def _clear_stock(args: argparse.Namespace, vdir: str) -> int:
+    """Windows, where JAX's own cache serves the directory (``_cache.windows``): its entries are
+    JAX's files, named by key; nothing else in it is touched, and no records are kept to reset."""
+    if os.path.isdir(vdir):
+        _require_tag(vdir)
+    _confirm(args, vdir)
+    files = total = 0
+    entries: set[str] = set()
+    with contextlib.suppress(FileNotFoundError), os.scandir(vdir) as found:
+        for item in found:
+            match = key_match(item.name)
+            if match is None or not item.is_file(follow_symlinks=False):
+                continue
+            size = item.stat(follow_symlinks=False).st_size
+            if not args.dry_run:
+                try:
+                    os.unlink(item.path)
+                except OSError as exc:
+                    raise CliError(f"{item.path} not removed: {exc.strerror or exc}") from None
+            files, total = files + 1, total + size
+            entries.add(match[0])
+    verb = "would remove" if args.dry_run else "removed"
+    emit(args, f"{verb} {plural(len(entries), 'entry', 'entries')} ({plural(files, 'file')}, {human_bytes(total)}) "
+               f"from {vdir}", {"dir": vdir, "entries": len(entries), "files": files, "bytes": total,
+                                "dry_run": bool(args.dry_run)})
+    return OK
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     ctx = load_context()
     if args.shared:
         return _prune_shared(args, ctx)
     refuse_skipped_dir(ctx, "prune")
-    vdir = ctx.version_dir
+    vdir = ctx.store_dir("prune")
     try:
         cap = _settings.parse_size(args.max_size) if args.max_size is not None else ctx.settings["max_size"]
     except _settings.BadValue as exc:
@@ -154,7 +188,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     ctx = load_context()
     if args.repair:
         refuse_skipped_dir(ctx, "verify --repair")
-    vdir = ctx.version_dir
+    vdir = ctx.store_dir("verify")
     result = _entries.verify(vdir, progress)
     doomed = result.doomed
     left: list[str] = []  # directories named like entries that hold something: the user's to remove
@@ -210,7 +244,7 @@ def _absolute(path: str) -> str:
 
 
 def _local(ctx: Context, command: str) -> str:
-    vdir = ctx.version_dir
+    vdir = ctx.store_dir(command)
     if ctx.location is not None and ctx.location.kind == _cache.REMOTE:
         raise CliError(f"{command} works on local directories; {vdir} is remote (copy objects with your bucket's tools)")
     return vdir

@@ -16,7 +16,7 @@ from gkx_autocache._record import show as _show
 
 def cmd_stats(args: argparse.Namespace) -> int:
     ctx = load_context()
-    vdir = ctx.version_dir
+    vdir = ctx.store_dir("stats")
     if args.reset:
         removed = _reset.reset(vdir, bool(ctx.settings["trust_shared"]))
         emit(args, f"stats reset ({plural(removed, 'ledger')} folded and removed)", {"reset": True, "removed": removed})

@@ -98,6 +98,8 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
                              writable=location.writable, trusted=True if location.kind == _cache.LOCAL else None,
                              exists=is_url(vdir) or os.path.isdir(vdir))
             store = _store_verdict(location)
+            if location.kind == _cache.STOCK:
+                attention.append(_cache.STOCK_NOTE.format(dir=vdir))
             if location.kind == _cache.LOCAL and store.get("explain"):
                 attention.append(f"misses are not explained here: {store['explain']}")
             if location.kind == _cache.LOCAL and store.get("isa"):
@@ -105,7 +107,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
             if location.kind == _cache.LOCAL and (note := _locks.flock_note(vdir)):
                 attention.append(note)
             try:  # a bucket may be unreachable from here: status still reports the rest
-                if location.kind != _cache.OWN:
+                if location.kind not in (_cache.OWN, _cache.STOCK):
                     reading = _show.Reading(vdir)
                     totals = reading.totals()
                     reset_at = reading.summary.reset_at if reading.summary else 0.0
@@ -221,6 +223,8 @@ def _store_verdict(location: _cache.Location) -> dict[str, Any]:
     if location.kind == _cache.REMOTE:
         return {"store": "jax", "reason": "remote directories use JAX's stock cache, uncapped; "
                                           "their trust is the bucket's access policy"}
+    if location.kind == _cache.STOCK:
+        return {"store": "jax", "reason": "on Windows the package's store is not used (it is POSIX-only)"}
     assert location.version_dir is not None
     return _store.read_verdict(location.version_dir) or {"store": None, "reason": "no process has configured JAX with it yet"}
 
@@ -249,7 +253,8 @@ def text(data: dict[str, Any]) -> str:
     if directory["version_dir"]:
         kind = directory["kind"]
         trust = {_cache.LOCAL: "trusted", _cache.OWN: "trust not checked: not chosen by gkx-autocache",
-                 _cache.REMOTE: "remote: trust is the bucket's access policy"}[kind]
+                 _cache.REMOTE: "remote: trust is the bucket's access policy",
+                 _cache.STOCK: "trust not checked on Windows"}[kind]
         state = ("writable" if directory["writable"] else "read-only") + f", {trust}"
         if directory["root"]:
             lines.append(f"  root     {directory['root']}")
@@ -263,7 +268,8 @@ def text(data: dict[str, Any]) -> str:
     if (features_text := features_line(data.get("features"))) is not None:
         lines.append(features_text)
     for version in data["versions_present"]:
-        mark = " (this JAX's: allocated blocks, what max_size caps)" if version["installed"] else ""
+        mark = "" if not version["installed"] else (" (this JAX's)" if directory.get("kind") == _cache.STOCK else
+                                                    " (this JAX's: allocated blocks, what max_size caps)")
         lines.append(f"  {version['version']:<18} {plural(version['entries'], 'entry', 'entries'):>13}  "
                      f"{human_bytes(version['bytes']):>10} on disk{mark}")
     levels = data.get("levels")
@@ -285,6 +291,8 @@ def text(data: dict[str, Any]) -> str:
         lines.append(f"stats       no lookups since the last reset (stats --reset, {when})")
     elif directory.get("kind") == _cache.OWN:
         lines.append(f"stats       {_cache.NOT_KEPT.format(dir=directory['version_dir'])}")
+    elif directory.get("kind") == _cache.STOCK:
+        lines.append("stats       not kept on Windows: JAX's own cache keeps no records")
     elif not directory["version_dir"]:
         lines.append("stats       none: no directory is used here" + ("" if data["settings"]["enabled"]["value"]
                                                                       else " (the cache is disabled)"))
