@@ -96,7 +96,7 @@ def only(tmp_path: Path, *versions: str) -> str:
     for version in versions:
         real = next(Path("/root/.pyenv/versions").glob(f"{version}.*/bin/python{version}"))
         (folder / f"python{version}").symlink_to(real)
-    for tool in ("dirname", "tr", "grep", "sort", "tail"):
+    for tool in ("dirname", "tr", "grep", "sort", "tail", "uname"):
         (folder / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
     return str(folder)
 
@@ -124,6 +124,18 @@ def test_ci_false_is_not_ci_for_ci_run(tmp_path: Path, value: str) -> None:
     missing line is reported, and the run goes on."""
     proc = plan(only(tmp_path, "3.13"), ci=value)
     assert proc.returncode == 0 and "CI would fail" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_ci_run_says_at_once_that_it_needs_linux(tmp_path: Path) -> None:
+    """Issue 46: on macOS (bash 3.2, no /proc) `.ci/run` failed half-way with a bash error; it says
+    first that it needs Linux, and what a Mac or Windows runs instead."""
+    path = only(tmp_path, "3.11")
+    (tmp_path / "bin" / "uname").unlink()
+    (tmp_path / "bin" / "uname").write_text("#!/bin/sh\necho Darwin\n")
+    (tmp_path / "bin" / "uname").chmod(0o755)
+    proc = plan(path, ci=True)
+    assert proc.returncode == 1 and not proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "needs Linux (Darwin)" in proc.stderr and ".ci/laptop.py" in proc.stderr
 
 
 def test_ci_key_without_jax_reads_as_a_key(bare_venv: Venv) -> None:
