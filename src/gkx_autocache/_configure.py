@@ -135,6 +135,36 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
                 _key.seam.on_replaced = verdict
             # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7).
             atexit.register(_stats.finish, recorder, cap if not reason else 0)
+    dump = dump_asked(env)
+    if dump is not None:  # the outermost seam on JAX's lookup: after the store's and the callbacks' (SPEC §7)
+        unskipped = _jax.skip_lookups(lambda key: recorder.not_read(key, dump))
+        if unskipped is None:
+            warn("xla:dump", f"{dump} asks for an XLA dump: this process reads no cache entry, as a hit would skip XLA "
+                             "and its dump; it still writes them, and a run without the flag is served", silence=NOTED)
+        else:
+            warn("xla:dump", f"{dump} asks for an XLA dump, which a cache hit skips, and the cache cannot be left "
+                             f"unread here ({unskipped}): set GKX_JAX_CACHE=0 while dumping")
+
+
+# The flags that make XLA dump: --xla_dump_to, or (to stdout) any format or filter; XLA's GPU dumps.
+DUMP_FLAGS = ("--xla_dump_to", "--xla_dump_hlo_as_", "--xla_dump_hlo_module_re", "--xla_dump_hlo_pass_re",
+              "--xla_dump_hlo_pipeline_re", "--xla_dump_hlo_snapshots", "--xla_dump_fusion_visualization",
+              "--xla_gpu_dump_")
+
+
+def dump_asked(env: Mapping[str, str], argv: list[str] | None = None) -> str | None:
+    """Where an XLA dump is asked for (``XLA_FLAGS --xla_dump_to=/tmp/d``), or None. JAX leaves
+    these flags out of its key, so a warm run hits and XLA, never run, dumps nothing (SPEC §7,
+    amended 2026-12-04). JAX's own IR dumps (``jax_dump_ir_to``) are written before the lookup, on
+    every line: a hit loses none of them."""
+    sources = [(variable, env.get(variable, "").split()) for variable in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")]
+    sources.append(("the command line", [a for a in (sys.argv if argv is None else argv)[1:] if a.startswith("--xla")]))
+    for where, words in sources:
+        for word in words:
+            name, equals, value = word.partition("=")
+            if name.startswith(DUMP_FLAGS) and not (equals and value.strip().lower() in ("", "false", "0")):
+                return f"{where} {word}"
+    return None
 
 
 def replaced_hook() -> str | None:

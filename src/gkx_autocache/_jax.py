@@ -210,11 +210,13 @@ def serve_store(jax: Any, is_ours: Callable[[str], bool], make: Callable[[str, b
     return None
 
 
-def _guard_loading(cc: Any, jax: Any, unloadable: Callable[[str, BaseException], bool]) -> bool:
-    """Wrap ``get_executable_and_time`` so that an entry the store served but JAX cannot load (it
-    does not decompress, or does not deserialise) is a miss; whether it was wrapped. Left alone
-    (JAX's stock behaviour) if its first parameter is no longer ``cache_key``, or if the compiler
-    no longer reaches it through the module (a wrapper it would never call)."""
+LOOKUP_CHANGED = "jax._src.compilation_cache.get_executable_and_time has changed"
+
+
+def _lookup_seam(cc: Any) -> Any:
+    """JAX's lookup, ``get_executable_and_time(cache_key, ...)``, where a wrapper of it is what the
+    compiler calls; None if its first parameter is no longer ``cache_key``, or if the compiler no
+    longer reaches it through the module (a wrapper it would never call)."""
     original = _attr(cc, "get_executable_and_time")
     try:
         from jax._src import compiler
@@ -222,9 +224,34 @@ def _guard_loading(cc: Any, jax: Any, unloadable: Callable[[str, BaseException],
         through_module = _attr(compiler, "compilation_cache") is cc and "get_executable_and_time" not in vars(compiler)
     except Exception:
         through_module = False
-    if original is None or parameters(original)[:1] != ["cache_key"] or not through_module:
-        logger.debug("jax._src.compilation_cache.get_executable_and_time has changed: JAX's own handling of "
-                     "entries it cannot load stays")
+    return original if original is not None and parameters(original)[:1] == ["cache_key"] and through_module else None
+
+
+def skip_lookups(on_skip: Callable[[str], None]) -> str | None:
+    """Make every lookup a miss, telling ``on_skip(cache_key)`` of each, while JAX still writes
+    (an XLA dump is asked for: a hit would skip XLA and its dump); why not, or None."""
+    try:
+        from jax._src import compilation_cache as cc
+    except Exception as exc:  # pragma: no cover - a JAX without the module
+        return f"jax._src.compilation_cache cannot be imported ({exc})"
+    if _lookup_seam(cc) is None:
+        return LOOKUP_CHANGED
+
+    def get_executable_and_time(cache_key: str, *args: Any, **kwargs: Any) -> Any:
+        on_skip(cache_key)
+        return None, None
+
+    _patch(cc, "get_executable_and_time", get_executable_and_time)
+    return None
+
+
+def _guard_loading(cc: Any, jax: Any, unloadable: Callable[[str, BaseException], bool]) -> bool:
+    """Wrap ``get_executable_and_time`` so that an entry the store served but JAX cannot load (it
+    does not decompress, or does not deserialise) is a miss; whether it was wrapped (JAX's stock
+    behaviour stays where the seam changed)."""
+    original = _lookup_seam(cc)
+    if original is None:
+        logger.debug("%s: JAX's own handling of entries it cannot load stays", LOOKUP_CHANGED)
         return False
     verification_error = _attr(cc, "CacheVerificationError") or ()
 

@@ -9,6 +9,7 @@ NEW = "new"
 EVICTED = "evicted"
 CANNOT_TELL = "cannot tell"  # with "by": what the evidence cannot tell apart (place, record, alias, lambda, jax)
 REJECTED = "rejected"  # the entry was there and could not be used
+NOT_READ = "not read: XLA dump"  # the process reads no entry: a hit would skip the dump it asks for
 UNEXPLAINED = "unexplained"
 BEFORE_CPU_KEYING = "before CPU keying"
 CHANGED_COMPUTATION = "changed computation"
@@ -95,6 +96,8 @@ FIXES = {
     f"{CANNOT_TELL}:jax": "the evidence cannot decide: nothing to fix if you upgraded JAX; if not, its first entry here",
     REJECTED: "the entry could not be loaded; it was compiled again and replaced (gkx-autocache verify checks the rest)",
     UNEXPLAINED: "JAX's key parts were not seen for this compile",
+    NOT_READ: "expected while XLA_FLAGS asks for a dump: a hit would skip XLA and its dump, so the process reads no "
+              "entry (it still writes them); the next run without the flag is served",
     NOT_PROCESS_0: "expected: only process 0 of a multi-process run writes (JAX's rule)",
     HOST_CALLBACKS: callbacks_fix(),
     READ_ONLY: "expected: the cache is read-only for you (a baked image)",

@@ -141,13 +141,21 @@ class Recorder:
 
     def rejected(self, key: str, reason: str) -> None:
         """The entry was there, but JAX could not load it: a miss."""
+        self._known_miss(key, "REJECTED", reason)
+
+    def not_read(self, key: str, flag: str) -> None:
+        """A lookup this process skips, as an XLA dump is asked for (``flag``): a miss."""
+        self._known_miss(key, "NOT_READ", flag)
+
+    def _known_miss(self, key: str, cause: str, detail: str) -> None:
         self._pending.hit = None
         try:
             from gkx_autocache._explain import causes  # the package's files may be gone mid-run: never raise here
 
-            self._settle({"e": "miss", "key": key, "cause": causes.REJECTED, "detail": reason, "t": round(time.time(), 3)})
+            self._settle({"e": "miss", "key": key, "cause": getattr(causes, cause), "detail": detail,
+                          "t": round(time.time(), 3)})
         except Exception as exc:
-            logger.debug("rejected %s not recorded: %s", key, exc)
+            logger.debug("the miss of %s not recorded: %s", key, exc)
 
     def put(self, key: str, nbytes: int, compile_secs: float) -> None:
         self._pending.hit = None  # an entry read but not loadable is compiled and written again
