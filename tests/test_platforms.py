@@ -122,3 +122,21 @@ def test_an_unexpected_error_in_a_command_is_one_line(monkeypatch: pytest.Monkey
     assert _main.main(["dir"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "AttributeError" in err and "please report it" in err, err
+
+
+def test_windows_under_w_error_the_line_is_logged_and_the_run_cached(tmp_path: Path) -> None:
+    """`-W error` (common in test suites) turns the one line into an exception: it is logged
+    instead, and the run is still cached (SPEC §6)."""
+    code = "import warnings\nwarnings.simplefilter('error')\n" + platforms.CONFIGURE
+    proc = platforms.run("windows", code, _env(tmp_path))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "DIR None" not in proc.stdout and "on Windows JAX's own cache serves" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("xdg", [None, "relative/cache"])
+def test_macos_user_cache_is_library_caches(tmp_path: Path, xdg: str | None) -> None:
+    """Outside a virtual environment a Mac's cache is `~/Library/Caches/gkx/jax` (README: On macOS
+    and Windows); a relative XDG_CACHE_HOME is ignored there too, whatever platformdirs makes of it."""
+    env = _env(tmp_path, **({"XDG_CACHE_HOME": xdg} if xdg else {}))
+    proc = platforms.run("macos", "from gkx_autocache import _cache\nprint('ROOT', _cache.user_root())\n", env, jax=False)
+    assert f"ROOT {tmp_path / 'home' / 'Library' / 'Caches' / 'gkx' / 'jax'}" in proc.stdout, proc.stdout + proc.stderr
