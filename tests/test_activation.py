@@ -489,3 +489,73 @@ def test_already_imported_jax_is_configured_at_install(bare_venv: Venv, tmp_path
     env = {"PYTHONPATH": str(fake), "BREAK_JAX": str(tmp_path / "absent"), "GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
     proc = bare_venv.run("-c", code, env=env, check=True)
     assert proc.stdout.strip() == str(tmp_path / "c" / "jax-9.9.9")
+
+
+# -- throwaway environments (SPEC §4, amended 2026-12-04) ------------------------------------------
+
+
+def test_uv_run_with_twice_is_warm_the_second_time(wheel: Path) -> None:
+    """Issue 45: `uv run --with gkx-autocache` builds its environment in uv's cache for each run,
+    and the default directory lived inside it: every run was cold, and `status` there said the
+    .pth was not installed (it was running). Such an environment caches in the user cache."""
+    import subprocess
+    import sys
+
+    base = public_tmp()
+    try:
+        runner = make_venv(base, None)  # JAX, and no gkx-autocache: uv lays it over this one
+        links = base / "links"
+        links.mkdir()
+        shutil.copy(wheel, links)
+        _wheel_of_installed("platformdirs", links)  # gkx-autocache's one dependency, resolved offline
+        env = {**runner.env, "UV_CACHE_DIR": str(base / "uv-cache"), "JAX_PLATFORMS": "cpu"}
+
+        def uv_run(*args: str) -> subprocess.CompletedProcess[str]:
+            command = [sys.executable, "-m", "uv", "run", "--no-project", "--no-index", "--find-links", str(links),
+                       "--python", runner.python, "--with", "gkx-autocache", "python", *args]
+            return subprocess.run(command, env=env, capture_output=True, text=True, cwd=str(runner.home), timeout=600)
+
+        results = []
+        for _ in range(2):
+            proc = uv_run("-c", PROGRAM)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        cold, warm = results
+        assert cold["dir"].startswith(str(runner.home / ".cache" / "gkx" / "jax")), cold["dir"]
+        assert warm["hits"] == warm["requests"] > 0 and cold["hits"] == 0, results
+        status = uv_run("-m", "gkx_autocache", "status")
+        assert "reinstall" not in status.stdout and "NOT installed" not in status.stdout, status.stdout
+        assert "the user cache, as uv run --with and uvx rebuild their environments" in status.stdout, status.stdout
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _wheel_of_installed(name: str, folder: Path) -> None:
+    """A wheel of the runner's installed ``name``: its files and its dist-info, zipped as a wheel is."""
+    import zipfile
+
+    from conftest import RUNNER_SITE
+
+    info = next(Path(RUNNER_SITE).glob(f"{name}-*.dist-info"))
+    version = info.name.removeprefix(f"{name}-").removesuffix(".dist-info")
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as archive:
+        for top in (Path(RUNNER_SITE) / name, info):
+            for path in top.rglob("*"):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    archive.write(path, str(path.relative_to(RUNNER_SITE)))
+
+
+@pytest.mark.parametrize(("prefix", "rebuilt"), [
+    ("/home/u/.cache/uv/builds-v0/.tmpLlsIVw", "uv run --with and uvx"),
+    ("/home/u/.cache/uv/archive-v0/EXHvfV3ANYknv4h4", "uv run --with and uvx"),
+    ("/home/u/.cache/uv/environments-v2/script-1a2b", "uv run --with and uvx"),
+    ("/home/u/.local/share/pipx/.cache/5d9c3a", "pipx run"),
+    ("/home/u/src/proj/.nox/tests-3-11", "nox"),
+    ("/home/u/src/proj/.tox/py311", None),  # tox reuses its environments
+    ("/home/u/src/proj/.venv", None),
+    ("/home/u/.local/share/uv/tools/ruff", None),  # uv tool install: kept
+])
+def test_which_environments_are_rebuilt_for_each_run(prefix: str, rebuilt: str | None) -> None:
+    from gkx_autocache import _cache
+
+    assert _cache.throwaway(prefix) == rebuilt

@@ -19,6 +19,23 @@ def in_virtualenv(prefix: str = sys.prefix, base_prefix: str = sys.base_prefix) 
     return prefix != base_prefix or os.path.isdir(os.path.join(prefix, "conda-meta"))
 
 
+def throwaway(prefix: str = sys.prefix) -> str | None:
+    """Who rebuilds this environment for every run, so that a cache inside it would be cold every
+    time (SPEC §4, amended 2026-12-04), or None: uv (``uv run --with``, ``uvx``: an environment in
+    uv's cache, ``builds-v0/.tmp…``, ``archive-v0/…``, ``environments-v2/…``), pipx (``pipx run``:
+    ``<PIPX_HOME>/.cache/<hash>``) or nox (``.nox/<session>``, recreated unless reused). By the
+    names of the folders above it: string tests, cheap on the way of every ``import jax``."""
+    parent = os.path.dirname(os.path.normpath(prefix))
+    bucket, _, version = os.path.basename(parent).rpartition("-v")
+    if bucket in ("builds", "archive", "environments") and version.isdigit():
+        return "uv run --with and uvx"
+    if os.path.basename(parent) == ".cache" and os.path.basename(os.path.dirname(parent)) in ("pipx", ".pipx"):
+        return "pipx run"
+    if os.path.basename(parent) == ".nox":
+        return "nox"
+    return None
+
+
 def venv_root(prefix: str = sys.prefix) -> str:
     return os.path.join(prefix, ".cache", "gkx", "jax")
 
@@ -236,11 +253,13 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
     location = Location()
 
     def roots() -> Iterator[tuple[str, str]]:  # the user root is computed only when needed
-        if in_virtualenv(prefix):
+        rebuilt = throwaway(prefix) if in_virtualenv(prefix) else None
+        if in_virtualenv(prefix) and rebuilt is None:
             yield venv_root(prefix), "default: the environment's own"
         user = user_root()
         if user is not None:
-            yield user, "default: the user cache"
+            yield user, f"default: the user cache, as {rebuilt} rebuild their environments" if rebuilt else \
+                "default: the user cache"
         temp = temp_root()
         if temp is not None:
             why = "the user cache cannot be used" if user else "this user has no home directory"

@@ -89,7 +89,9 @@ def start_files() -> dict[str, str | None]:
     import site
     import sysconfig
 
-    folders = [sysconfig.get_paths()["purelib"], *getattr(site, "getsitepackages", list)()]
+    # sys.path's own site folders too: `uv run --with` adds an overlay environment's through a .pth
+    folders = [sysconfig.get_paths()["purelib"], *getattr(site, "getsitepackages", list)(),
+               *(p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages"))]
     found: dict[str, str | None] = {"gkx_autocache.pth": None, "gkx_autocache.start": None}
     for folder in folders:
         for name in found:

@@ -71,7 +71,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         if settings.from_jax(key):
             attention.append(f"{resolved.origin} decides {key}: gkx-autocache leaves it as you set it; unset it to use ours")
     attention.extend(message for _cause, message in settings.problems)
-    if files["gkx_autocache.pth"] is None:
+    if files["gkx_autocache.pth"] is None and not live:  # never "reinstall" what is running
         attention.append("gkx_autocache.pth is not installed in this environment: reinstall gkx-autocache")
     if not live and settings["enabled"] and os.environ.get("GKX_JAX_CACHE", "").strip():
         attention.append("the hook is off in this interpreter (GKX_JAX_CACHE)")
