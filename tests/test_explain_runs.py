@@ -195,3 +195,42 @@ def test_a_notebook_restarted_between_runs_has_its_misses_explained(venv: Venv, 
     assert "f32[48] -> f32[40]" in found["cannot tell"]["jit_step"], found
     assert causes(inside["groups"]) == found, (inside, outside)
     assert json.loads(warm)["process"]["misses"] == 0, warm
+
+
+# -- where a warm run's time goes (SPEC §13.1, amended 2026-12-04; issue 45 part 3) -----------------
+
+UNROLLED = r"""
+import jax, jax.numpy as jnp
+
+@jax.jit
+def unrolled(x):  # 400 operations in a Python loop: slow to trace and lower, quick to compile
+    for i in range(400):
+        x = jnp.sin(x) * (1.0 + i / 400)
+    return x
+
+@jax.jit
+def small(x):
+    return x + 1
+
+print(float(unrolled(jnp.ones(8)).sum() + small(jnp.ones(8)).sum()))
+"""
+
+
+def test_a_warm_runs_tracing_and_lowering_time_is_reported_by_function(project: Project) -> None:
+    """Tracing and lowering are the largest cost left in a warm run, and no cache skips them: the
+    report line gives the run's total, and `explain` the functions that took most of it, beside the
+    cache's own share (reading its hits). On 79a6036 neither said it."""
+    project.write("main.py", UNROLLED)
+    project.run()
+    line = project.run()
+    found = re.search(r", (\d+\.\d+) s tracing and lowering,", line)
+    assert found is not None and float(found.group(1)) > 0.05, line
+    assert re.match(r"gkx-autocache: \d+ hits, 0 misses", line), line
+    last = project.explain()["last_run"]
+    assert last["tracing_secs"] >= float(found.group(1)) - 0.01, last
+    slowest = last["tracing_by_function"]
+    assert slowest[0]["function"] == "jit_unrolled" and slowest[0]["secs"] > 0.8 * sum(f["secs"] for f in slowest[1:]), slowest
+    assert 0 < last["reads_secs"] < last["tracing_secs"], last
+    text = project.venv.cli("explain", env=project.env).stdout
+    assert re.search(r"tracing and lowering \d+\.\d+ s \(jit_unrolled \d+\.\d+ s, .*which no cache skips; "
+                     r"reading its \d+ hits \d+\.\d+ s", text), text

@@ -38,6 +38,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             counts.append(f"{last['not_cached']} not cached{_show.by_cause(last['not_cached_by_reason'])}")
         lines.append(f"last run: {local_time(last['started'])}, {last['label'] or 'a process'} "
                      f"({plural(last['processes'], 'process', 'processes')}): {', '.join(counts)}")
+        if (traced := tracing_line(last)) is not None:
+            lines.append(f"  {traced}")
         lines.extend(_groups_text(data["groups"], "  ", with_time=False))
         if not data["groups"] and (last["misses"] or last["not_cached"]):
             lines.append("  (its misses are older than --since, or of other functions)")
@@ -49,6 +51,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
         lines.append(f"nothing missed{filtered}: every lookup was served")
     emit(args, "\n".join(lines), data)
     return OK
+
+
+def tracing_line(run: dict[str, Any]) -> str | None:
+    """Where a run's time went that no cache skips, beside the cache's own share: ``tracing and
+    lowering 1.42 s (jit_step 0.80 s, jit_loss 0.31 s, ...); reading its 40 hits 0.05 s``."""
+    if not run.get("tracing_secs"):
+        return None
+    slowest = run.get("tracing_by_function") or []
+    named = sum(f["secs"] for f in slowest[:3])
+    by = [f"{f['function']} {f['secs']:.2f} s" for f in slowest[:3]]
+    if by and run["tracing_secs"] - named >= 0.005:
+        by.append(f"the rest {run['tracing_secs'] - named:.2f} s")
+    detail = f" ({', '.join(by)})" if by else ""
+    reads = f"; reading its {plural(run['hits'], 'hit')} {run.get('reads_secs', 0.0):.2f} s" if run["hits"] else ""
+    return f"tracing and lowering {run['tracing_secs']:.2f} s{detail}, which no cache skips{reads}"
 
 
 def _groups_text(groups: list[dict[str, Any]], indent: str, with_time: bool) -> list[str]:

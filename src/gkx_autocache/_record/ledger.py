@@ -27,6 +27,7 @@ STALE_SECS = 86400.0  # another host's ledger, untouched this long, is finished 
 LOCK_STALE_SECS = 600.0  # a fold.lock this old was left by a process that died folding
 RECENT = 500  # misses and uncached compiles kept for `explain`
 MAX_FUNCTIONS = 5000  # function names whose compile costs `stats` lists
+MAX_TRACED = 200  # function names whose tracing and lowering a tally keeps (the slowest)
 MAX_INT = 1 << 62
 MAX_FLOAT = 1e12
 KINDS = ("start", "hit", "miss", "put", "uncached", "tally", "added", "evicted", "index", "sum", "levels")
@@ -37,11 +38,11 @@ UNSUPPORTED = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errn
 
 _FIELDS = {**dict.fromkeys(("bytes", "hits", "misses", "own_hits", "uncached", "pid", "born", "disk", "bytes_read"),
                            "count"),
-           **dict.fromkeys(("saved", "compile", "t", "uncached_secs"), "number"),
+           **dict.fromkeys(("saved", "compile", "t", "uncached_secs", "read", "reads", "tracing"), "number"),
            **dict.fromkeys(("key", "cause", "detail", "reason", "change", "run", "host", "label", "by", "off",
                             "origin"), "text"),
            "own": "flag", "end": "flag", "helper": "flag", "more": "flag", "rec": "long", "causes": "counts",
-           "reasons": "counts", "local": "level", "shared": "level"}
+           "reasons": "counts", "local": "level", "shared": "level", "traced": "seconds"}
 
 
 def _count(value: Any) -> int | None:
@@ -67,6 +68,9 @@ def _field(kind: str, value: Any) -> Any:
         return True if value is True else None
     if kind == "level":  # a level's numbers (SPEC §14)
         return add_levels({}, {"_": value})["_"] if isinstance(value, dict) else None
+    if kind == "seconds":  # a name -> seconds table
+        return ({k[:200]: n for k, v in list(value.items())[:MAX_TRACED] if isinstance(k, str) and (n := _number(v)) is not None}
+                if isinstance(value, dict) else None)
     if isinstance(value, dict):  # "counts": a name -> count table
         return {k[:200]: n for k, v in list(value.items())[:1000] if isinstance(k, str) and (n := _count(v)) is not None}
     return None
@@ -109,6 +113,24 @@ def add_levels(total: dict[str, dict[str, Any]], other: dict[str, Any], sign: in
     return total
 
 
+def _add_seconds(mine: dict[str, float], theirs: dict[str, float], sign: int = 1) -> None:
+    """Add (or take away) one name -> seconds table to another, bounded: past ``MAX_TRACED``
+    names, the quickest go."""
+    for key, secs in theirs.items():
+        mine[key] = mine.get(key, 0.0) + sign * secs
+        if mine[key] <= 1e-9:
+            del mine[key]
+    if len(mine) > 2 * MAX_TRACED:
+        kept = slowest(mine)
+        mine.clear()
+        mine.update(kept)
+
+
+def slowest(traced: dict[str, float], n: int = MAX_TRACED) -> dict[str, float]:
+    """The ``n`` slowest names of a name -> seconds table, slowest first, rounded."""
+    return {k: round(v, 6) for k, v in sorted(traced.items(), key=lambda kv: -kv[1])[:n]}
+
+
 def _add_counts(mine: dict[str, int], theirs: dict[str, int], sign: int = 1) -> None:
     for key, n in theirs.items():
         mine[key] = mine.get(key, 0) + sign * n
@@ -140,6 +162,9 @@ class Totals:
         self.functions: dict[str, list[float]] = {}  # function name -> [compile seconds, writes]
         self.helpers: set[str] = set()  # of those, JAX's own helpers (listed after the user's functions)
         self.levels: dict[str, dict[str, Any]] = {}  # local and shared level numbers (SPEC §14)
+        self.reads_secs = 0.0  # JAX's time reading and loading the entries it hit
+        self.tracing_secs = 0.0  # tracing and lowering, which no cache skips (JAX's duration events)
+        self.traced: dict[str, float] = {}  # function name -> its tracing and lowering seconds
 
     def add(self, record: dict[str, Any]) -> None:
         """Count one record (as ``parse_record`` returns it)."""
@@ -149,6 +174,11 @@ class Totals:
             self.own_hits += bool(record.get("own"))
             self.saved_secs += record.get("saved", 0.0)
             self.bytes_read += record.get("bytes", 0)
+            self.reads_secs += record.get("read", 0.0)
+        elif kind == "trace":  # counted, never written one by one: in the tally
+            self.tracing_secs += record["secs"]
+            if record.get("name"):
+                _add_seconds(self.traced, {record["name"]: record["secs"]})
         elif kind == "miss":
             self.misses += 1
             cause = record.get("cause") or "unexplained"
@@ -175,6 +205,9 @@ class Totals:
             self.bytes_read += record.get("bytes_read", 0)
             _add_counts(self.causes, record.get("causes", {}))
             _add_counts(self.reasons, record.get("reasons", {}))
+            self.reads_secs += record.get("reads", 0.0)
+            self.tracing_secs += record.get("tracing", 0.0)
+            _add_seconds(self.traced, record.get("traced", {}))
 
     def _cost(self, record: dict[str, Any], written: bool) -> None:
         """Add a compile's time to its function's (a function never written was never cached)."""
@@ -192,11 +225,13 @@ class Totals:
         """These counts as a ``tally`` record (what was counted but not written as records)."""
         return {"e": "tally", "hits": self.hits, "own_hits": self.own_hits, "misses": self.misses,
                 "uncached": self.not_cached, "uncached_secs": round(self.not_cached_secs, 6), "saved": round(self.saved_secs, 6), "bytes_read": self.bytes_read,
-                "causes": dict(self.causes), "reasons": dict(self.reasons)}
+                "causes": dict(self.causes), "reasons": dict(self.reasons), "reads": round(self.reads_secs, 6),
+                "tracing": round(self.tracing_secs, 6), "traced": slowest(self.traced)}
 
     def merge(self, other: Totals, sign: int = 1) -> None:
-        for name in (*self.COUNTS, "saved_secs", "not_cached_secs"):
+        for name in (*self.COUNTS, "saved_secs", "not_cached_secs", "reads_secs", "tracing_secs"):
             setattr(self, name, getattr(self, name) + sign * getattr(other, name))
+        _add_seconds(self.traced, other.traced, sign)
         _add_counts(self.causes, other.causes, sign)
         _add_counts(self.reasons, other.reasons, sign)
         add_levels(self.levels, other.levels, sign)
@@ -213,7 +248,8 @@ class Totals:
 
     def to_json(self, functions: bool = True) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.COUNTS}
-        data.update(saved_secs=round(self.saved_secs, 6), not_cached_secs=round(self.not_cached_secs, 6), causes=self.causes, reasons=self.reasons, levels=self.levels)
+        data.update(saved_secs=round(self.saved_secs, 6), not_cached_secs=round(self.not_cached_secs, 6), causes=self.causes, reasons=self.reasons, levels=self.levels,
+                    reads_secs=round(self.reads_secs, 6), tracing_secs=round(self.tracing_secs, 6), traced=slowest(self.traced))
         if functions:
             data["functions"] = self.functions
             data["helpers"] = sorted(self.helpers)
@@ -228,6 +264,9 @@ class Totals:
             setattr(totals, name, _count(data.get(name)) or 0)
         totals.saved_secs = _number(data.get("saved_secs")) or 0.0
         totals.not_cached_secs = _number(data.get("not_cached_secs")) or 0.0
+        totals.reads_secs = _number(data.get("reads_secs")) or 0.0
+        totals.tracing_secs = _number(data.get("tracing_secs")) or 0.0
+        totals.traced = _field("seconds", data.get("traced")) or {}
         totals.causes = _field("counts", data.get("causes")) or {}
         totals.reasons = _field("counts", data.get("reasons")) or {}
         if isinstance(data.get("levels"), dict):

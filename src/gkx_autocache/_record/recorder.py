@@ -24,6 +24,10 @@ REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
 HITS = "/jax/compilation_cache/cache_hits"
 RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
 JAX_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
+# Tracing and lowering, which no cache skips: the largest cost left in a warm run (jax._src.dispatch),
+# with the function's name where JAX gives it (``fun_name``: from JAX 0.5).
+TRACING = "/jax/core/compile/jaxpr_trace_duration"
+LOWERING = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 RUN = "GKX_JAX_CACHE_RUN"  # "<start time>-<pid>": the run this process belongs to
 
 
@@ -59,6 +63,15 @@ def begin_run() -> Run:
     run = Run(f"{now:.3f}-{os.getpid()}", now)
     os.environ[RUN] = run.id
     return run
+
+
+def module_name(traced: str) -> str:
+    """A traced function's name as its module and its key name it: JAX names the tracing
+    ``jit(step)`` (from 0.6; ``step`` before) and the lowering ``jit_step``."""
+    head, paren, rest = traced.partition("(")
+    if paren and rest.endswith(")"):
+        return f"{head}_{rest[:-1]}"
+    return traced if not traced or traced.startswith(("jit_", "pmap_", "xla_pmap_")) else f"jit_{traced}"
 
 
 class Recorder:
@@ -105,7 +118,10 @@ class Recorder:
 
     def on_duration(self, event: str, duration_secs: float, *args: Any, **kwargs: Any) -> None:
         try:
-            if event == JAX_SAVED:
+            if event in (TRACING, LOWERING):
+                self._count_only({"e": "trace", "secs": max(duration_secs, 0.0),
+                                  "name": module_name(str(kwargs.get("fun_name") or ""))})
+            elif event == JAX_SAVED:
                 self.jax_saved_secs += max(duration_secs, 0.0)
             elif event == RETRIEVAL:
                 if self.explainer is not None:
@@ -114,7 +130,8 @@ class Recorder:
                 if pending is not None:
                     self._pending.hit = None
                     key, nbytes, compile_secs, by = pending
-                    record = {"e": "hit", "key": key, "bytes": nbytes, "saved": round(max(compile_secs - duration_secs, 0.0), 6)}
+                    record = {"e": "hit", "key": key, "bytes": nbytes, "saved": round(max(compile_secs - duration_secs, 0.0), 6),
+                              "read": round(max(duration_secs, 0.0), 6)}
                     if by == self.run.id:  # this run's own compile (SPEC §13.1), not one written while it ran
                         record["own"] = True
                     self._record(record, ("hit", key))
@@ -206,6 +223,14 @@ class Recorder:
                 self._waiting[threading.get_ident()] = waiting
         if previous is not None:
             self._record(previous, ("miss", previous["key"], str(previous.get("cause"))))
+
+    def _count_only(self, record: dict[str, Any]) -> None:
+        """Counted, and written in the tally only: too frequent to keep one by one."""
+        with self._lock:
+            self.totals.add(record)
+            if self._keeps_ledger:
+                self._repeats.add(record)
+                self._dirty = True
 
     def _record(self, record: dict[str, Any], same: tuple[str, ...] | None = None) -> None:
         with self._lock:
@@ -402,10 +427,12 @@ class Recorder:
         if not ours:
             from gkx_autocache._record.show import empty
 
-            return {**empty(), "dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits}
+            return {**empty(), "dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits,
+                    "tracing_secs": t.tracing_secs}
         return {"dirs": [used], "store": True, "hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
                 "causes": dict(t.causes), "not_cached": t.not_cached, "not_cached_secs": t.not_cached_secs, "reasons": dict(t.reasons),
                 "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
+                "tracing_secs": t.tracing_secs,
                 "levels": self.levels.snapshot() if self.levels is not None else {},
                 "shared": ({"url": self.levels.url, "signed": self.levels._secret is not None}
                            if self.levels is not None else None)}

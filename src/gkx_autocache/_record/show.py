@@ -62,12 +62,14 @@ class Reading:
 
 # -- a process's counts, as `report` and the pytest summary print them -------------------------
 
-NUMBERS = ("hits", "own_hits", "misses", "not_cached", "not_cached_secs", "saved_secs", "bytes_read", "bytes_written")
+NUMBERS = ("hits", "own_hits", "misses", "not_cached", "not_cached_secs", "saved_secs", "bytes_read", "bytes_written",
+           "tracing_secs")
 TABLES = ("causes", "reasons")
 
 
 def empty() -> dict[str, Any]:
-    return {"dirs": [], "store": False, **dict.fromkeys(NUMBERS, 0), "saved_secs": 0.0, "not_cached_secs": 0.0, "causes": {}, "reasons": {},
+    return {"dirs": [], "store": False, **dict.fromkeys(NUMBERS, 0), "saved_secs": 0.0, "not_cached_secs": 0.0,
+            "tracing_secs": 0.0, "causes": {}, "reasons": {},
             "levels": {}}
 
 
@@ -118,6 +120,8 @@ def summary_line(snap: dict[str, Any]) -> str:
     if snap["not_cached"]:
         cost = f": {snap['not_cached_secs']:.2f} s compile" if snap.get("not_cached_secs") else ""
         parts.append(f"{snap['not_cached']} not cached{by_cause(snap['reasons'], cost)}")
+    if snap.get("tracing_secs"):  # what no cache skips: the warm run's largest cost (explain: by function)
+        parts.append(f"{snap['tracing_secs']:.2f} s tracing and lowering")
     if snap["store"]:
         parts.append(f"{snap['saved_secs']:.2f} s compile CPU time avoided")
         parts.append(f"{human_bytes(snap['bytes_read'])} read, {human_bytes(snap['bytes_written'])} written")
@@ -148,7 +152,9 @@ def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
             "not_cached": t.not_cached, "not_cached_secs": round(t.not_cached_secs, 3), "not_cached_by_reason": dict(sorted(t.reasons.items(), key=lambda kv: -kv[1])),
             "hit_rate": t.hits / lookups if lookups else None, "saved_secs": round(t.saved_secs, 3),
             "bytes_read": t.bytes_read, "bytes_written": t.bytes_written, "writes": t.writes,
-            "levels": levels_dict(t.levels)}
+            "levels": levels_dict(t.levels), "tracing_secs": round(t.tracing_secs, 3), "reads_secs": round(t.reads_secs, 3),
+            "tracing_by_function": [{"function": name, "secs": round(secs, 3)} for name, secs in
+                                    _ledger.slowest(t.traced, 10).items()]}
 
 
 def levels_dict(levels: dict[str, Any]) -> dict[str, Any] | None:
