@@ -174,15 +174,23 @@ def fake_sysctl(folder: Path, mac: dict[str, str]) -> str:
     return str(folder)
 
 
+def script(platform: str, code: str, *, jax: bool = True) -> str:
+    """``code`` under ``platform``'s shim, as ``python -c`` runs it (``run``)."""
+    prelude = "import jax\n" if jax else ""
+    return (f"{prelude}{_COMMON}{SHIMS[platform]}\n"
+            "_asked = os.environ.pop('GKX_JAX_ASKED', None)\n"
+            "os.environ.pop('GKX_JAX_CACHE', None)\n"
+            "if _asked is not None: os.environ['GKX_JAX_CACHE'] = _asked\n"
+            f"{code}")
+
+
 def run(platform: str, code: str, env: dict[str, str], *, jax: bool = True,
         timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``code`` in a child of this Python, as ``platform`` would run it."""
-    prelude = "import jax\n" if jax else ""
-    after = {"GKX_JAX_CACHE": env["GKX_JAX_CACHE"]} if "GKX_JAX_CACHE" in env else {}
-    script = (f"{prelude}{_COMMON}{SHIMS[platform]}\n"
-              f"os.environ.pop('GKX_JAX_CACHE', None)\nos.environ.update({after!r})\n{code}")
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
-                          env={**env, "GKX_JAX_CACHE": "0"} if jax else env)
+    """``code`` in a child of this Python, as ``platform`` would run it. Its ``GKX_JAX_CACHE`` is
+    0 while JAX is imported (the hook off: the shim configures), and what ``env`` says after."""
+    child = {**env, "GKX_JAX_CACHE": "0", **({"GKX_JAX_ASKED": env["GKX_JAX_CACHE"]} if "GKX_JAX_CACHE" in env else {})}
+    return subprocess.run([sys.executable, "-c", script(platform, code, jax=jax)], capture_output=True, text=True,
+                          timeout=timeout, env=child if jax else env)
 
 
 CONFIGURE = """

@@ -359,8 +359,39 @@ def test_a_macs_instruction_set_is_read_from_sysctl(tmp_path: Path, monkeypatch:
         assert {"aes", "sha2", "sha3", "lse", "lse2", "dotprod", "fullfp16", "rcpc", "neon"} <= set(features), features
         assert "bf16" not in features and "i8mm" not in features and "breakpoint" not in features, features
     else:
-        assert {"avx2", "avx1_0", "sse4.2", "bmi2", "fma", "aes"} <= set(features), features
+        assert {"avx2", "avx", "sse4.2", "bmi", "bmi2", "fma", "aes", "lzcnt", "64bit", "sahf"} <= set(features), features
+        # CPUID's other flags are not instruction sets: a microcode update (ibrs, mdclear) keeps the key
+        assert not {"acpi", "apic", "vmx", "ibrs", "mdclear", "ssbd", "avx1_0", "avx1.0", "x86_64"} & set(features), features
     mac2 = {**mac, "hw.optional": mac["hw.optional"].replace("FEAT_BF16: 0", "FEAT_BF16: 1")
             .replace("avx512f: 0", "avx512f: 1")}
     (tmp_path / "sysctl.json").write_text(json.dumps(mac2))
     assert _isa.read()[1] != features  # another CPU of the family: another key
+
+
+def test_sysctl_is_found_where_macos_keeps_it_when_path_lacks_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cron's PATH is /usr/bin:/bin, and macOS keeps sysctl in /usr/sbin: such runs fell back to the
+    host name, and keyed their entries apart from the shell's."""
+    import shutil
+
+    ran: list[list[str]] = []
+
+    def run(command: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        ran.append(command)
+        return subprocess.CompletedProcess(command, 0, "")
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(subprocess, "run", run)
+    _isa._sysctl(("hw.optional",))
+    assert ran == [["/usr/sbin/sysctl", "hw.optional"]]
+
+
+def test_windows_names_its_cpu_in_one_word_a_key_can_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows' processor text ("Intel64 Family 6 Model 158 Stepping 10, GenuineIntel") held a comma
+    and spaces, which split it into two features, one beginning with a space."""
+    import platform
+
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(platform, "processor", lambda: "Intel64 Family 6 Model 158 Stepping 10, GenuineIntel")
+    machine, features, why = _isa.read()
+    assert why is None and features == ["Intel64_Family_6_Model_158_Stepping_10__GenuineIntel"], features
+    assert _isa.parse(f"{machine}:{','.join(features)}") == (machine, frozenset(features))

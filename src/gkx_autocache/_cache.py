@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -303,9 +304,11 @@ def windows(settings: Any, jax_version: str, create: bool = True) -> Location:
     version_dir = os.path.join(root, version_name(jax_version))
     try:
         if create and not os.path.isdir(version_dir):
-            os.makedirs(version_dir)
-            with open(os.path.join(version_dir, TAG_NAME), "xb") as f:  # `clear` knows a cache by its tag
-                f.write(TAG.encode("ascii"))
+            os.makedirs(version_dir, exist_ok=True)  # processes that start together: each may make it
+            with contextlib.suppress(FileExistsError), open(os.path.join(version_dir, TAG_NAME), "xb") as f:
+                f.write(TAG.encode("ascii"))  # `clear` knows a cache by its tag
+        elif not create and not os.path.isdir(nearest := _nearest_existing(version_dir)):  # judged as a run would
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), nearest)
     except OSError as exc:
         why = f"it cannot be created: {exc.strerror or exc} ({exc.filename or version_dir})"
         location.tried.append((root, why))

@@ -70,6 +70,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     directory = location.version_dir
     if location.kind == _cache.STOCK:  # Windows: said at every import jax, as status says it (issue 46)
         warn("dir:stock", _cache.STOCK_NOTE.format(dir=directory), silence=NOTED)
+        unguarded = _jax.guard_stock(jax, directory)
+        if unguarded:
+            logger.debug("JAX's own errors reading and writing %s stay JAX's: %s", directory, unguarded)
     updates: dict[str, Any] = {}
     if location.kind != _cache.OWN:  # the user's own directory is left as they set it
         updates["jax_compilation_cache_dir"] = directory

@@ -130,34 +130,63 @@ MAC_ARM = {
     "DPB2": "ccdp", "BF16": "bf16", "I8MM": "i8mm", "BTI": "bti", "SME": "sme", "SME2": "sme2", "ECV": "ecv",
     "WFxT": "wfxt", "SSBS": "ssbs", "DIT": "dit", "FPAC": "fpac",
 }
+# Intel Macs name CPUID's flags as Apple does (``machdep.cpu.*``: ``AVX1.0``, ``SSE4.1``, ``LZCNT``;
+# ``hw.optional.*``: ``avx1_0``, ``supplementalsse3``): lower case, ``.`` as ``_``, then these
+# spellings, give the kernel's flag (X86 above). A flag in neither is not an instruction set (``acpi``,
+# ``vmx``, ``ibrs``, ``mdclear``) and is left out, as on Linux: a microcode update keeps the key.
+MAC_X86 = {
+    "sse3": "pni", "supplementalsse3": "ssse3", "avx1_0": "avx", "avx2_0": "avx2", "rdwrfsgs": "fsgsbase",
+    "clfsopt": "clflushopt", "em64t": "lm", "x86_64": "lm", "lahf": "lahf_lm", "lzcnt": "abm",
+    "prefetchw": "3dnowprefetch", "sha": "sha_ni", "floatingpoint": "fpu", "avx512vnni": "avx512_vnni",
+    "avx512vbmi2": "avx512_vbmi2", "avx512bitalg": "avx512_bitalg", "avx512vpopcntdq": "avx512_vpopcntdq",
+    "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16", "avx512vp2intersect": "avx512_vp2intersect",
+}
 # Each group asked on its own: Apple's sysctl stops at the first name it does not know, and Apple
 # silicon has no ``machdep.cpu.*`` (asked first, they hid ``hw.optional`` there).
 SYSCTL_GROUPS = (("hw.optional",), ("machdep.cpu.features", "machdep.cpu.leaf7_features", "machdep.cpu.extfeatures"))
 
 
 def _sysctl(names: tuple[str, ...]) -> str:
+    """``sysctl names...``: found on PATH, else where macOS keeps it (cron's PATH lacks /usr/sbin)."""
+    import shutil
     import subprocess
 
+    command = shutil.which("sysctl") or "/usr/sbin/sysctl"
     try:
-        return subprocess.run(["sysctl", *names], capture_output=True, text=True, timeout=5, check=False).stdout
+        return subprocess.run([command, *names], capture_output=True, text=True, timeout=5, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
 
 
 def _from_sysctl() -> list[str] | None:
-    """macOS's CPU features: ``hw.optional.*`` set to 1 (Apple silicon's ``arm.FEAT_*`` under LLVM's
-    names) and, on Intel, ``machdep.cpu.*``'s CPUID flags."""
+    """macOS's CPU features under LLVM's names: Apple silicon's ``hw.optional.*`` set to 1
+    (``arm.FEAT_*`` through MAC_ARM); an Intel Mac's (it has ``machdep.cpu.*``) CPUID flags and
+    ``hw.optional.*``, through MAC_X86 and X86, the rest left out."""
+    lines = [line for names in SYSCTL_GROUPS for line in _sysctl(names).splitlines()]
+    intel = any(line.startswith("machdep.cpu.") for line in lines)
     found: set[str] = set()
-    for names in SYSCTL_GROUPS:
-        for line in _sysctl(names).splitlines():
-            name, _, value = line.partition(":")
-            if name.startswith("machdep.cpu."):
-                found.update(X86.get(flag.lower().replace(".", "_"), flag.lower()) for flag in value.split())
-            elif name.startswith("hw.optional.arm.FEAT_") and value.strip() == "1":
-                feature = name.removeprefix("hw.optional.arm.FEAT_")
-                found.add(MAC_ARM.get(feature, feature.lower()))
-            elif name.startswith("hw.optional.") and value.strip() == "1":
-                found.add(name.removeprefix("hw.optional.").removeprefix("arm."))
+
+    def x86(flag: str) -> None:
+        flag = flag.lower().replace(".", "_")
+        if (kernel := MAC_X86.get(flag, flag)) in X86:
+            found.add(X86[kernel])
+
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name.startswith("machdep.cpu."):
+            for flag in value.split():
+                x86(flag)
+        elif name.startswith("hw.optional.arm.FEAT_") and value.strip() == "1":
+            feature = name.removeprefix("hw.optional.arm.FEAT_")
+            found.add(MAC_ARM.get(feature, feature.lower()))
+        elif name.startswith("hw.optional.") and value.strip() == "1":
+            flag = name.removeprefix("hw.optional.").removeprefix("arm.")
+            if intel:
+                x86(flag)
+            else:
+                found.add(flag)
+    if intel and "sse4.2" in found:
+        found.add("crc32")
     return sorted(found) or None
 
 
@@ -183,7 +212,7 @@ def host_id() -> list[str]:
     shown as it is (a key's hook text is kept in the index, in bundles and in ``ci-key``)."""
     import hashlib
 
-    node = os.uname().nodename if hasattr(os, "uname") else ""
+    node = os.uname().nodename if hasattr(os, "uname") else os.environ.get("COMPUTERNAME", "")  # Windows: no uname
     safe = "".join(c if c.isascii() and (c.isalnum() or c in ".-_") else "_" for c in node)[:64] or "unnamed"
     if safe != node:  # a character the key text cannot hold: the name's digest tells such names apart
         safe = f"{safe[:55]}-{hashlib.sha256(node.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
@@ -211,7 +240,8 @@ def read() -> tuple[str, list[str], str | None]:
         else:
             import platform
 
-            processor = platform.processor()
+            # Windows: "Intel64 Family 6 Model 158 Stepping 10, GenuineIntel", as one name a key holds
+            processor = "".join(c if c.isascii() and (c.isalnum() or c in ".-_") else "_" for c in platform.processor())
             features, why = [processor] if processor else None, "platform.processor() is empty"
     except OSError as exc:
         features, why = None, f"{CPUINFO} cannot be read ({exc.strerror or exc})"

@@ -8,6 +8,8 @@ Imported on ``import jax`` (stdlib only at import: ``jax._src`` is reached insid
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -266,6 +268,38 @@ def _guard_loading(cc: Any, jax: Any, unloadable: Callable[[str, BaseException],
 
     _patch(cc, "get_executable_and_time", get_executable_and_time)
     return True
+
+
+def guard_stock(jax: Any, directory: str) -> str | None:
+    """JAX's stock cache in a directory the package chose (Windows, ``_cache.windows``): an entry
+    JAX cannot load is removed (JAX never rewrites one) and is a miss, and a write JAX fails at is
+    logged; neither becomes JAX's "Error reading/writing persistent compilation cache entry"
+    warning, which ``-W error`` raises out of the user's ``jit`` (SPEC §6). Why not, or None."""
+    try:
+        from jax._src import compilation_cache as cc
+    except Exception as exc:  # pragma: no cover - a JAX without the module
+        return f"jax._src.compilation_cache cannot be imported ({exc})"
+
+    def unloadable(cache_key: str, exc: BaseException) -> bool:
+        logger.debug("entry %s of JAX's cache does not load, removed: %s", cache_key, exc)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, f"{cache_key}-cache"))
+        return True
+
+    def quiet(write: Callable[..., Any]) -> Callable[..., Any]:
+        def _cache_write(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return write(*args, **kwargs)
+            except Warning as warning:  # JAX's own warning of a failed write, made an error by the filters
+                if getattr(jax.config, "jax_raise_persistent_cache_errors", False):
+                    raise
+                logger.debug("JAX's cache write failed: %s", warning)
+                return None
+        return _cache_write
+
+    if not _guard_loading(cc, jax, unloadable):
+        return LOOKUP_CHANGED
+    return wrap_cache_write(quiet)
 
 
 # -- the write: where JAX decides to write a compile (jax._src.compiler._cache_write) ---------------

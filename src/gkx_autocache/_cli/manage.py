@@ -67,6 +67,7 @@ def _shared(ctx: Context, command: str) -> str:
         raise CliError(f"{command} --shared: no shared level is set (GKX_JAX_CACHE_SHARED, or shared in a settings file)")
     if ctx.jax_version is None:
         raise CliError(ctx.why_no_dir())
+    ctx.store_dir(f"{command} --shared")  # levels are the store's: none on Windows
     return str(_levels.backend_for(shared, ctx.jax_version, bool(ctx.settings["trust_shared"])).where)
 
 
@@ -81,7 +82,8 @@ def cmd_clear(args: argparse.Namespace) -> int:
         return OK
     refuse_skipped_dir(ctx, "clear")
     if ctx.location is not None and ctx.location.kind == _cache.STOCK:
-        return _clear_stock(args, ctx.version_dir)
+        every = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d)] if args.all_versions and ctx.root else []
+        return _clear_stock(args, every or [ctx.version_dir])
     targets = [ctx.version_dir]
     if args.all_versions and ctx.root:
         targets = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d)] or targets
@@ -104,31 +106,35 @@ def _confirm(args: argparse.Namespace, where: str) -> None:
         raise CliError("nothing removed")
 
 
-def _clear_stock(args: argparse.Namespace, vdir: str) -> int:
+def _clear_stock(args: argparse.Namespace, targets: list[str]) -> int:
     """Windows, where JAX's own cache serves the directory (``_cache.windows``): its entries are
     JAX's files, named by key; nothing else in it is touched, and no records are kept to reset."""
-    if os.path.isdir(vdir):
-        _require_tag(vdir)
-    _confirm(args, vdir)
-    files = total = 0
-    entries: set[str] = set()
-    with contextlib.suppress(FileNotFoundError), os.scandir(vdir) as found:
-        for item in found:
-            match = key_match(item.name)
-            if match is None or not item.is_file(follow_symlinks=False):
-                continue
-            size = item.stat(follow_symlinks=False).st_size
-            if not args.dry_run:
-                try:
-                    os.unlink(item.path)
-                except OSError as exc:
-                    raise CliError(f"{item.path} not removed: {exc.strerror or exc}") from None
-            files, total = files + 1, total + size
-            entries.add(match[0])
-    verb = "would remove" if args.dry_run else "removed"
-    emit(args, f"{verb} {plural(len(entries), 'entry', 'entries')} ({plural(files, 'file')}, {human_bytes(total)}) "
-               f"from {vdir}", {"dir": vdir, "entries": len(entries), "files": files, "bytes": total,
-                                "dry_run": bool(args.dry_run)})
+    for vdir in targets:
+        if os.path.isdir(vdir):
+            _require_tag(vdir)
+    _confirm(args, ", ".join(targets))
+    lines, done = [], []
+    for vdir in targets:
+        files = total = 0
+        entries: set[str] = set()
+        with contextlib.suppress(FileNotFoundError), os.scandir(vdir) as found:
+            for item in found:
+                match = key_match(item.name)
+                if match is None or not item.is_file(follow_symlinks=False):
+                    continue
+                size = item.stat(follow_symlinks=False).st_size
+                if not args.dry_run:
+                    try:
+                        os.unlink(item.path)
+                    except OSError as exc:
+                        raise CliError(f"{item.path} not removed: {exc.strerror or exc}") from None
+                files, total = files + 1, total + size
+                entries.add(match[0])
+        verb = "would remove" if args.dry_run else "removed"
+        lines.append(f"{verb} {plural(len(entries), 'entry', 'entries')} ({plural(files, 'file')}, {human_bytes(total)}) "
+                     f"from {vdir}")
+        done.append({"dir": vdir, "entries": len(entries), "files": files, "bytes": total})
+    emit(args, "\n".join(lines), {**done[0], "dirs": done, "dry_run": bool(args.dry_run)})
     return OK
 
 

@@ -24,7 +24,7 @@ REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
 HITS = "/jax/compilation_cache/cache_hits"
 RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
 JAX_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
-# Tracing and lowering, which no cache skips: the largest cost left in a warm run (jax._src.dispatch),
+# Tracing and lowering, which no cache skips: the largest cost left in a warm run (JAX's dispatch module),
 # with the function's name where JAX gives it (``fun_name``: from JAX 0.5).
 TRACING = "/jax/core/compile/jaxpr_trace_duration"
 LOWERING = "/jax/core/compile/jaxpr_to_mlir_module_duration"

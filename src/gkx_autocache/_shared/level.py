@@ -608,6 +608,8 @@ def problem(settings: Any, location: Any) -> str | None:
                 "keep a local level in front of the bucket")
     if location.kind == _cache.OWN:
         return "JAX's own setting chose the directory (JAX's stock cache serves it)"
+    if location.kind == _cache.STOCK:
+        return "on Windows JAX's own cache serves the directory, and levels need gkx-autocache's store (POSIX-only)"
     if same_place(shared, location.root):
         return "it is the same directory as dir"
     if is_url(shared):  # fsspec and its backend; not etils, which only JAX's own remote cache needs
