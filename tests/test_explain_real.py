@@ -15,6 +15,8 @@ import pytest
 from conftest import Venv
 from test_activation import JAX_VERSION, VERSION_DIR
 
+from gkx_autocache._explain.causes import CHANGED_COMPUTATION
+
 SHAPES = r"""
 import json, os
 import jax, jax.numpy as jnp
@@ -333,3 +335,48 @@ def test_explain_since_and_function_filter(project: Project) -> None:
     os.utime(project.vdir)  # nothing
     proc = project.venv.cli("explain", "--since", "soon", env=project.env)
     assert proc.returncode == 2 and "--since" in proc.stderr, proc.stderr
+
+
+# -- issue 45 part 5: explanations on real programs ------------------------------------------------
+
+OUTPUTS = r"""
+import os
+import jax, jax.numpy as jnp
+
+N = int(os.environ["N"])  # a constant in the code: 12 layers, 9 save times
+
+@jax.jit
+def step(x):
+    return tuple(x * i for i in range(N))
+
+print(len(step(jnp.ones(3))))
+"""
+
+
+def test_compile_options_that_follow_the_outputs_are_a_changed_computation(project: Project) -> None:
+    """Issue 45: a function with more outputs (a training program's layers, a solve's save times)
+    was filed under "changed compile options: allow_spmd_sharding_propagation_to_output: [true x 12]
+    -> [true x 14]" with "compile options set in code or jax.config differ": the options follow the
+    outputs, and the cause is the computation."""
+    project.write("main.py", OUTPUTS)
+    project.run(N="3")
+    assert "1 changed computation" in project.run(N="4")
+    (detail,) = project.last()[CHANGED_COMPUTATION].values()
+    assert "same input shapes (f32[3]), other outputs: the compile options follow them" in detail, detail
+    assert "allow_spmd_sharding_propagation_to_output" in detail, detail
+
+
+def test_after_a_jax_upgrade_the_fix_says_what_the_old_version_holds(project: Project, tmp_path: Path) -> None:
+    """Issue 45: after `pip install -U jax` a run's misses read as first compiles, "nothing to fix",
+    though the previous version's entries sit beside them. The fix says entries never carry across
+    JAX versions, and what `prune --stale-versions` would free."""
+    project.write("main.py", OUTPUTS)
+    project.run(N="3")
+    upgraded = tmp_path / "upgraded"
+    shutil.copytree(project.vdir, upgraded / "jax-0.0.1")  # the same program's entries, by the JAX before
+    project.env["GKX_JAX_CACHE_DIR"] = str(upgraded)
+    assert "changed JAX" in project.run(N="3")
+    groups = {g["cause"]: g for g in project.explain()["groups"]}
+    fix = groups["changed JAX"]["fix"]
+    assert "entries never carry across JAX versions" in fix and "prune --stale-versions frees jax-0.0.1/ (" in fix, fix
+    assert f"JAX 0.0.1 -> {JAX_VERSION}" in groups["changed JAX"]["functions"][0]["detail"], groups

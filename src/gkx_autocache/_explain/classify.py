@@ -156,14 +156,36 @@ def _differs(nearest: Record, facts: Facts, evidence: Evidence, part: str) -> bo
     return before is None or after is None or _key.without_callbacks(before) != _key.without_callbacks(after)
 
 
+# Compile-options fields with one value per input or output of the computation: where only these
+# differ beside the computation, they changed because its inputs or outputs did (a saveat of 9 times
+# for 8, 14 layers for 12), and the computation is the cause.
+FOLLOW_SHAPES = ("allow_spmd_sharding_propagation_to_output", "allow_spmd_sharding_propagation_to_parameters",
+                 "argument_layouts", "result_layout")
+
+
 def _with_computation(nearest: Record, facts: Facts, evidence: Evidence, also: str = "") -> dict[str, Any]:
     """The computation differs, and so do other parts (8 -> 4 devices: their number is in a sharded
     computation): every part that differs is named, the first as where the computation matches."""
     found = changed_part(nearest, facts, evidence)
+    if found["cause"] == causes.CHANGED_COMPILE_OPTIONS and not also and _options_follow(nearest, facts, evidence):
+        shapes = (f"inputs {nearest.signature} -> {facts.signature}" if nearest.signature != facts.signature else
+                  f"same input shapes ({facts.signature}), other outputs")
+        return {"cause": causes.CHANGED_COMPUTATION,
+                "detail": f"{shapes}: the compile options follow them ({found['detail']})"}
     sharded = (" (a computation sharded over the devices holds their number, or its code changed as well)"
                if nearest.parts[PARTS.index("accelerator_config")] != facts.parts["accelerator_config"] else "")
     inputs = f", inputs {nearest.signature} -> {facts.signature}" if nearest.signature != facts.signature else ""
     return {**found, "detail": f"{found['detail']}{also}; its computation differs too{inputs}{sharded}"}
+
+
+def _options_follow(nearest: Record, facts: Facts, evidence: Evidence) -> bool:
+    """Whether the compile options are the only other part that differs, and only in fields that
+    follow the computation's inputs and outputs (``FOLLOW_SHAPES``)."""
+    if [p for p in PRIORITY if _differs(nearest, facts, evidence, p)] != ["compile_options"]:
+        return False
+    named = option_fields(evidence.readable("compile_options", nearest.parts[PARTS.index("compile_options")]),
+                          facts.readable.get("compile_options"))
+    return bool(named) and all(k.removeprefix("executable_build_options.") in FOLLOW_SHAPES for k in named)
 
 
 def differences(nearest: Record, facts: Facts, evidence: Evidence) -> list[str]:
@@ -367,11 +389,8 @@ def changed_part(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str,
 def compile_options_change(before: str | None, after: str | None, with_it: str) -> dict[str, Any]:
     """Every compile-options field that differs, by name and value; ``field <n>`` for the rest. On
     CPU the device assignment is in the compile options (JAX strips it from the key on GPU only)."""
-    try:
-        old, new = json.loads(before or "{}"), json.loads(after or "{}")
-    except ValueError:
-        old, new = {}, {}
-    named = [k for k in sorted(set(old) | set(new)) if not k.startswith("#") and old.get(k) != new.get(k)]
+    old, new = _options(before), _options(after)
+    named = option_fields(before, after)
     if named == ["device_assignment"] or named == ["device_assignment", "executable_build_options.device_assignment"]:
         return {"cause": causes.CHANGED_DEVICE_ASSIGNMENT,
                 "detail": f"device assignment, in the compile options on CPU: {_short(old.get('device_assignment'))} -> "
@@ -385,6 +404,20 @@ def compile_options_change(before: str | None, after: str | None, with_it: str) 
         return {"cause": causes.CHANGED_COMPILE_OPTIONS,
                 "detail": f"field {', '.join(fields[:4])} changed (not one the binding names){with_it}"}
     return {"cause": causes.CHANGED_COMPILE_OPTIONS, "detail": f"they serialise differently{with_it}"}
+
+
+def _options(readable: str | None) -> dict[str, Any]:
+    try:
+        found = json.loads(readable or "{}")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def option_fields(before: str | None, after: str | None) -> list[str]:
+    """The compile-options fields the binding names that differ between two readable values."""
+    old, new = _options(before), _options(after)
+    return [k for k in sorted(set(old) | set(new)) if not k.startswith("#") and old.get(k) != new.get(k)]
 
 
 def _short(value: Any) -> str:

@@ -45,7 +45,27 @@ def fix_for(cause: str, ctx: Context, by: str | None = None, detail: str = "",
         return f"lower min_entry_size_bytes ({setting_fix(ctx, 'min_entry_size_bytes', '-1', origin)})"
     if short == causes.HOST_CALLBACKS:
         return causes.callbacks_fix(by, detail)
+    if short == causes.CHANGED_JAX or (short == causes.CANNOT_TELL and by == "jax"):
+        return upgrade_fix(ctx, causes.FIXES.get(f"{short}:{by}", causes.FIXES.get(short, "")))
     return causes.FIXES.get(f"{short}:{by}", causes.FIXES.get(short, ""))
+
+
+def upgrade_fix(ctx: Context, fix: str) -> str:
+    """After a JAX upgrade: entries never carry across JAX versions, and what the other versions'
+    directories hold, which ``prune --stale-versions`` frees once each is unused for 30 days."""
+    from gkx_autocache import _entries
+    from gkx_autocache._diagnostics import human_bytes
+
+    location = ctx.location
+    if location is None or location.root is None or location.version_dir is None:
+        return fix
+    others = [d for d in _entries.version_dirs(location.root) if d != location.version_dir]
+    held = [f"{os.path.basename(d)}/ ({human_bytes(_entries.count(d)[1])})" for d in others[-3:]]
+    if not held:
+        return fix
+    frees = (f"entries never carry across JAX versions; gkx-autocache prune --stale-versions frees {', '.join(held)} "
+             "once unused for 30 days")
+    return f"expected after an upgrade: {frees}" if fix == causes.FIXES[causes.CHANGED_JAX] else f"{fix}; if you upgraded: {frees}"
 
 
 def not_signed_fix(ctx: Context, env: Mapping[str, str]) -> str:
