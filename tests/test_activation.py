@@ -52,13 +52,16 @@ def test_gkx_dir_variable(venv: Venv, tmp_path: Path) -> None:
     assert proc.stdout.strip() == str(tmp_path / "rel" / VERSION_DIR)
 
 
-def test_jax_own_directory_is_left_alone_but_gets_thresholds(venv: Venv, tmp_path: Path) -> None:
-    """JAX_COMPILATION_CACHE_DIR=E stays E, untouched by the store; the thresholds still apply."""
+def test_jax_own_directory_stays_as_set_and_is_served_by_the_store(venv: Venv, tmp_path: Path) -> None:
+    """JAX_COMPILATION_CACHE_DIR=E stays E (no version folder, no tag in a directory that existed),
+    with the thresholds, and the store serves it (SPEC §5, amended 2026-12-04): its writes are
+    atomic, with their compile-time sidecars and records. Until then JAX's stock cache served it."""
     own = tmp_path / "own"
+    own.mkdir(mode=0o700)
     out, _ = run_program(venv, env={"JAX_COMPILATION_CACHE_DIR": str(own)})
     assert out["dir"] == str(own) and out["min_compile"] == 0.0 and out["min_entry"] == -1
-    assert not any(p.name.endswith("-gkx-compile") for p in own.iterdir())
-    assert not (own / ".gkx-autocache").exists() and not (own / "CACHEDIR.TAG").exists()
+    assert any(p.name.endswith("-gkx-compile") for p in own.iterdir())
+    assert (own / ".gkx-autocache" / "store.json").exists() and not (own / "CACHEDIR.TAG").exists()
     warm, _ = run_program(venv, env={"JAX_COMPILATION_CACHE_DIR": str(own)})
     assert warm["hits"] == warm["requests"]
 

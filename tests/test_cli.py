@@ -59,13 +59,19 @@ def test_status_does_not_import_jax_and_reads_the_ledger(venv: Venv) -> None:
     assert present["installed"] and present["entries"] >= 2
 
 
-def test_status_does_not_vouch_for_jax_own_directory(venv: Venv, tmp_path: Path) -> None:
-    """The user's JAX_COMPILATION_CACHE_DIR is used as is: status says its trust was not checked."""
+def test_status_vouches_for_jax_own_directory_only_where_it_is_trusted(venv: Venv, tmp_path: Path) -> None:
+    """The user's JAX_COMPILATION_CACHE_DIR is used as set: the store serves it where the trust
+    rules allow (SPEC §8); one others can write is JAX's stock cache's, unchecked, and said so."""
     own = tmp_path / "own"
     data = status(venv, JAX_COMPILATION_CACHE_DIR=str(own))
-    assert data["directory"]["version_dir"] == str(own) and data["directory"]["trusted"] is None
-    assert data["store"]["store"] == "jax"
-    assert "trust not checked" in venv.cli("status", env={"JAX_COMPILATION_CACHE_DIR": str(own)}).stdout
+    assert data["directory"]["version_dir"] == str(own) and data["directory"]["trusted"] is True
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    data = status(venv, JAX_COMPILATION_CACHE_DIR=str(open_to_all))
+    assert data["directory"]["trusted"] is None and data["store"]["store"] == "jax"
+    text = venv.cli("status", env={"JAX_COMPILATION_CACHE_DIR": str(open_to_all)}).stdout
+    assert "trust not checked" in text and "others can write to it" in text, text
 
 
 def test_dir_prints_the_bare_version_directory(venv: Venv) -> None:

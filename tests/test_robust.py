@@ -96,16 +96,16 @@ OWN_DIR = PROGRAM.replace("import jax, jax.numpy as jnp", "import jax, jax.numpy
                           "jax.config.update('jax_compilation_cache_dir', os.environ['MY_DIR'])")
 
 
-def test_report_shows_the_directory_jax_used(venv: Venv, tmp_path: Path) -> None:
+def test_report_shows_the_directory_jax_used_and_who_set_it(venv: Venv, tmp_path: Path) -> None:
     """The user's own `jax.config.update("jax_compilation_cache_dir", ...)` in their code: `report`
-    names that directory, and claims no store figures (the store served nothing)."""
+    names that directory and the line that set it, with the store's figures (it served it)."""
     mine = tmp_path / "mine"
     env = {"MY_DIR": str(mine), "GKX_JAX_CACHE_REPORT": "1"}
     run_program(venv, env=env, program=OWN_DIR)
     out, err = run_program(venv, env=env, program=OWN_DIR)
     assert out["dir"] == str(mine) and out["hits"] == out["requests"]
     (line,) = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:")]
-    assert line.endswith(str(mine)) and "saved" not in line and "read" not in line, line
+    assert line.endswith(f"{mine} (set by <string>:4)") and " read" in line, line  # the line of the update
     assert f"{out['hits']} hits" in line
 
 

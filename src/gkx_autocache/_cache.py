@@ -139,15 +139,16 @@ class Prepared:
         self.root, self.version_dir, self.writable = root, version_dir, writable
 
 
-def prepare(root: str, jax_version: str, shared: bool = False, create: bool = True) -> Prepared:
-    """Create (if needed) and check ``root/jax-<version>``. Raises Refused.
+def prepare(root: str, jax_version: str | None, shared: bool = False, create: bool = True) -> Prepared:
+    """Create (if needed) and check ``root/jax-<version>``; with no version, ``root`` itself (a
+    directory someone else gave JAX, ``_adopted``), tagged only where created. Raises Refused.
 
     ``root`` is made canonical first: where XLA's GPU caches are on, the path enters JAX's cache
     key, so two spellings of one directory would never hit each other. With ``create=False``
     (the CLI) nothing is created, and a missing directory is judged by where it would be made.
     """
     root = os.path.realpath(os.path.abspath(root))
-    version_dir = os.path.join(root, version_name(jax_version))
+    version_dir = os.path.join(root, version_name(jax_version)) if jax_version is not None else root
     if os.path.islink(version_dir):  # nothing of the package ever passes through a symlink below the root
         raise Refused(f"{version_dir} is a symlink; the package makes its version directories itself: remove the link")
     nearest = _nearest_existing(root)
@@ -155,7 +156,7 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
     if problem:
         raise Refused(problem)
     created = False
-    for path in (root, version_dir):
+    for path in dict.fromkeys((root, version_dir)):
         if create and _make_dir(path, shared):
             created = True
         if path == root and created and (problem := _trust.ancestors_problem(root, shared)):
@@ -168,7 +169,7 @@ def prepare(root: str, jax_version: str, shared: bool = False, create: bool = Tr
         problem = _trust.directory_problem(path, shared)
         if problem:
             raise Refused(problem if path == root else f"{version_dir}: {problem}")
-    if create and not os.path.lexists(os.path.join(version_dir, TAG_NAME)):
+    if create and (jax_version is not None or created) and not os.path.lexists(os.path.join(version_dir, TAG_NAME)):
         _write_tag(version_dir)  # one someone else made (trusted, above) is the cache's all the same: pruning needs it
     writable = os.access(version_dir if os.path.isdir(version_dir) else _nearest_existing(version_dir), os.W_OK)
     return Prepared(root, version_dir, writable)
@@ -202,12 +203,14 @@ class Location:
         self.writable = writable
         self.rule = rule  # how it was chosen, for `status`
         self.team = team  # a team directory (§8): group-writable entries and bookkeeping
+        self.served = kind == LOCAL  # the store serves it (the user's own JAX directory, where trusted, too)
         self.tried: list[tuple[str, str]] = []  # (root, why not)
         self.problems: list[tuple[str, str]] = []  # (cause, one-line message)
 
     @property
     def local(self) -> bool:
-        return self.kind == LOCAL and self.version_dir is not None
+        """A local directory the store serves, its records and explanations kept."""
+        return self.served and self.version_dir is not None
 
 
 def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bool = True) -> Location:
@@ -221,9 +224,22 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
     venv, a uid without a home) and silent. A URL is kept verbatim, with the
     version added. With ``create=False`` (the commands) nothing is created.
     """
-    if settings.from_jax("dir"):
+    if settings.from_jax("dir"):  # served by the store as it is, where local and trusted (SPEC §5, amended 2026-12-04)
         own = str(settings["dir"])
-        return Location(OWN, own, writable=is_url(own) or os.access(own, os.W_OK), rule=settings.origin("dir"))
+        rule = settings.origin("dir")
+        if is_url(own) or os.name == "nt":
+            return Location(OWN, own, writable=is_url(own) or os.access(own, os.W_OK), rule=rule)
+        try:
+            prepared = prepare(own, None, create=create)
+        except Refused as exc:
+            location = Location(OWN, own, writable=os.access(own, os.W_OK), rule=rule)
+            location.tried.append((own, str(exc)))
+            location.problems.append((f"dir:{own}", f"{rule}: {own} is not served by gkx-autocache's store, {exc}; "
+                                                    "JAX's own cache reads it unchecked"))
+            return location
+        found = Location(OWN, prepared.version_dir, prepared.root, prepared.writable, rule)
+        found.served = True
+        return found
     explicit = settings["dir"]
     if os.name == "nt" and not (explicit is not None and is_url(explicit)):
         return windows(settings, jax_version, create)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import threading
@@ -104,12 +105,19 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             warn(cause, message)
     if location.local:
         shared = location.team
-        cap = settings["max_size"]
-        reason = _store.install(jax, directory, shared, recorder, writable=location.writable, levels=levels)
+        # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
+        cap = settings["max_size"] if location.kind == _cache.LOCAL or settings.origin("max_size") != "default" else 0
+        from gkx_autocache import _adopted
+
+        if location.kind == _cache.OWN:
+            recorder.set_by = _adopted.who(directory, env.get("JAX_COMPILATION_CACHE_DIR"))
+        _adopted.watch(config)
+        follow = functools.partial(follow_jax, settings, location, recorder, env)
+        reason = _store.install(jax, directory, shared, recorder, writable=location.writable, levels=levels,
+                                follow=follow)
         recorder.store_serving = reason is None
-        ours = os.path.realpath(directory)
         callbacks = reason or _jax.serve_host_callbacks(  # before the other write seams: the one nearest JAX
-            jax, lambda: os.path.realpath(str(config.jax_compilation_cache_dir)) == ours)
+            jax, lambda: _store.serving(str(config.jax_compilation_cache_dir)))
         if callbacks and not reason:
             logger.debug("compiles with host callbacks are not cached: %s", callbacks)
         if reason:
@@ -168,6 +176,39 @@ def dump_asked(env: Mapping[str, str], argv: list[str] | None = None) -> str | N
             if name.startswith(DUMP_FLAGS) and not (equals and value.strip().lower() in ("", "false", "0")):
                 return f"{where} {word}"
     return None
+
+
+def follow_jax(settings: _settings.Settings, location: _cache.Location, recorder: Any, env: Mapping[str, str],
+               path: str) -> bool | None:
+    """JAX sets up its cache in ``path``, at its first compile since the directory was set (SPEC
+    §5, amended 2026-12-04): the package's own directory, or one a framework gave it after ``import
+    jax``. The store serves the latter where it is local and may be trusted (``_cache.prepare``,
+    the directory as it is), and the recorder moves there; the cap applies there only where
+    ``max_size`` was set. Whether it may be written, or None where JAX's stock cache serves it."""
+    from gkx_autocache import _adopted, _store
+
+    assert location.version_dir is not None
+    if os.path.realpath(path) == os.path.realpath(location.version_dir):
+        recorder.move(location.version_dir, location.writable, None, None)
+        return location.writable
+    by = _adopted.who(path, env.get("JAX_COMPILATION_CACHE_DIR"))
+    if is_url(path):
+        logger.debug("%s (set by %s) is a bucket: JAX's stock cache serves it", path, by)
+        return None
+    try:
+        prepared = _cache.prepare(path, None)
+    except _cache.Refused as exc:
+        warn(f"adopt:{path}", f"{path} (set by {by}) is not served by gkx-autocache's store, {exc}; JAX's own "
+                              "cache reads it unchecked")
+        return None
+    cap = settings["max_size"] if settings.origin("max_size") != "default" else 0
+    recorder.move(prepared.version_dir, prepared.writable, by, cap)
+    if location.writable:
+        _adopted.point(location.version_dir, prepared.version_dir, by)
+    if prepared.writable:
+        _store.write_verdict(prepared.version_dir, "gkx-autocache", None)
+    logger.debug("JAX's directory is %s, set by %s: the store serves it", prepared.version_dir, by)
+    return prepared.writable
 
 
 def replaced_hook() -> str | None:

@@ -39,7 +39,7 @@ def warn(cause: str, message: str, silence: str = SILENCE) -> None:
         return
     _said.add(cause)
     text = f"gkx-autocache: {one_line(message)} ({silence})"
-    frame = _user_frame()
+    frame = user_frame()
     try:
         if frame is None:  # a thread of the package's, or the interpreter's exit: no line of the user's
             warnings.warn_explicit(text, AutocacheWarning, "gkx_autocache", 0, module="gkx_autocache",
@@ -60,7 +60,7 @@ _PLUMBING = tuple(_STDLIB + name for name in ("threading.py", "concurrent" + os.
                                               "contextlib.py", "functools.py", "asyncio" + os.sep))
 
 
-def _user_frame() -> types.FrameType | None:
+def user_frame() -> types.FrameType | None:
     """The first frame outside this package, JAX (jax, jaxlib: the compile path runs through
     them) and the stdlib's plumbing (threading, importlib, ...): the user's; None when there is
     none."""

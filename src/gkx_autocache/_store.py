@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gkx_autocache import _files, _formats, _jax, _trust
@@ -365,18 +366,37 @@ _serving: Store | None = None  # the store JAX got for the package's directory, 
 
 
 def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: bool = True,
-            levels: Any = None) -> str | None:
-    """Serve ``version_dir`` through the store; return why not (JAX's stock cache then serves)."""
+            levels: Any = None, follow: Callable[[str], bool | None] | None = None) -> str | None:
+    """Serve ``version_dir`` through the store; return why not (JAX's stock cache then serves).
+
+    ``follow(path)`` is told of every directory JAX sets up its cache in (at its first compile
+    since the setting changed): it says whether the store serves it too, and whether it may be
+    written (None: JAX's stock cache serves it), and moves the recorder there (``_adopted``)."""
     ours = os.path.realpath(version_dir)
+    served: dict[str, bool] = {ours: writable}  # a directory the store serves -> whether it writes it
+
+    def serves(path: str) -> bool:
+        real = os.path.realpath(path)
+        said = follow(path) if follow is not None else None
+        if real != ours and said is not None:
+            served[real] = said
+        return real == ours or said is not None
 
     def make(path: str, sample: bytes, decompress: Any, check_payload: bool) -> Store:
         global _serving
-        _serving = Store(path, compression=compression_of(sample) or "zlib",
-                         decompress=decompress, shared=shared, recorder=recorder, writable=writable,
-                         check_payload=check_payload, levels=levels)
+        mine = os.path.realpath(path) == ours
+        _serving = Store(path, compression=compression_of(sample) or "zlib", decompress=decompress,
+                         shared=shared and mine, recorder=recorder, writable=served[os.path.realpath(path)],
+                         check_payload=check_payload, levels=levels if mine else None)
         return _serving
 
-    return _jax.serve_store(jax, lambda path: os.path.realpath(path) == ours, make, _unloadable)
+    return _jax.serve_store(jax, serves, make, _unloadable)
+
+
+def serving(path: str) -> bool:
+    """Whether the store serves ``path`` now (JAX's directory may have been set since)."""
+    store = _serving
+    return store is not None and os.path.realpath(store._path) == os.path.realpath(path)
 
 
 def _unloadable(cache_key: str, exc: BaseException) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gkx_autocache import _settings
+from gkx_autocache import _adopted, _settings
 from gkx_autocache._cli.context import load_context
 from gkx_autocache._cli.output import OK, USAGE, CliError, emit, local_time
 from gkx_autocache._diagnostics import plural
@@ -22,8 +22,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         since = _settings.parse_age(args.since) if args.since else None
     except _settings.BadValue as exc:
         raise CliError(f"--since: {exc}", USAGE) from None
-    data = {"dir": vdir, **_report.explain(ctx, since=since, function=args.function)}
+    moved = _adopted.moved_since(vdir)
+    if moved is not None:  # a framework gave JAX another directory after import jax: its runs are there
+        vdir = moved["dir"]
+    data = {"dir": vdir, "moved": moved, **_report.explain(ctx, version_dir=vdir, since=since, function=args.function)}
     lines = []
+    if moved is not None:
+        lines.append(f"JAX's directory is {vdir}, set by {moved['by']} ({local_time(moved['t'])}): the runs since "
+                     "are recorded there")
     if data["read_only"]:
         lines.append("this cache is read-only for you: your runs are served from it but keep no records here"
                      + (": what follows is what the runs of those who write it recorded" if data["last_run"] else ""))

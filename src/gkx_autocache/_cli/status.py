@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from gkx_autocache import _cache, _entries, _jax, _settings, _store
+from gkx_autocache import _adopted, _cache, _entries, _jax, _settings, _store
 from gkx_autocache._cli.context import Context, distribution_version, hook_live, load_context, start_files
 from gkx_autocache._cli.output import OK, emit
 from gkx_autocache._cli.stats import stats_line
@@ -95,19 +95,21 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         if location.version_dir:
             vdir = location.version_dir
             directory.update(root=location.root, version_dir=vdir, kind=location.kind, rule=location.rule, usable=True,
-                             writable=location.writable, trusted=True if location.kind == _cache.LOCAL else None,
+                             writable=location.writable, trusted=True if location.local else None,
                              exists=is_url(vdir) or os.path.isdir(vdir))
             store = _store_verdict(location)
+            if location.kind == _cache.LOCAL and (moved := _adopted.moved_since(vdir)) is not None:
+                directory["moved"] = moved
             if location.kind == _cache.STOCK:
                 attention.append(_cache.STOCK_NOTE.format(dir=vdir))
-            if location.kind == _cache.LOCAL and store.get("explain"):
+            if location.local and store.get("explain"):
                 attention.append(f"misses are not explained here: {store['explain']}")
-            if location.kind == _cache.LOCAL and store.get("isa"):
+            if location.local and store.get("isa"):
                 attention.append(str(store["isa"]))
-            if location.kind == _cache.LOCAL and (note := _locks.flock_note(vdir)):
+            if location.local and (note := _locks.flock_note(vdir)):
                 attention.append(note)
             try:  # a bucket may be unreachable from here: status still reports the rest
-                if location.kind not in (_cache.OWN, _cache.STOCK):
+                if location.local or location.kind == _cache.REMOTE:
                     reading = _show.Reading(vdir)
                     totals = reading.totals()
                     reset_at = reading.summary.reset_at if reading.summary else 0.0
@@ -117,7 +119,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
                         attention.append(f"{human_bytes(reading.skipped)} of oversized ledgers were not read (a ledger "
                                          "is at most 1 MiB unless someone wrote it by hand)")
                 own = [] if is_url(vdir) else [vdir]  # the user's own directory: its entries are in it
-                for path in _entries.version_dirs(location.root) if location.root else own:
+                for path in _entries.version_dirs(location.root) if location.root not in (None, vdir) else own:
                     found = _entries.count(path)
                     name = os.path.basename(path)
                     present.append({"version": name, "entries": found[0], "bytes": found[1],
@@ -153,7 +155,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         "start_files": files, "hook_live": live, "settings": values,
         "files": {path: v.status + (f": {v.problem}" if v.problem else "") for path, v in settings.files.items()},
         "directory": directory, "versions_present": present, "store": store,
-        "features": features(store) if store and location is not None and location.kind == _cache.LOCAL else None,
+        "features": features(store) if store and location is not None and location.local else None,
         "stats": _show.totals_dict(totals) if totals else None, "stats_reset_at": reset_at or None,
         "sizes": "on disk: allocated blocks, as du counts them (what max_size caps)", "attention": attention,
     }
@@ -197,7 +199,7 @@ def line_features(ctx: Any) -> tuple[dict[str, str | None] | None, str]:
         except Exception as exc:
             return None, f"not known: this JAX's seams could not be probed ({type(exc).__name__})"
         return found, features_said(found, "this JAX's seams, probed")
-    if location.kind != _cache.LOCAL:  # a bucket or the user's own directory: JAX's stock cache, whatever ran
+    if not location.local:  # a bucket, or a directory the store does not serve: JAX's stock cache, whatever ran
         return found, features_said(found, "for this directory")
     return found, features_said(found)
 
@@ -218,8 +220,9 @@ def features_said(found: dict[str, str | None], source: str = "as the last proce
 
 
 def _store_verdict(location: _cache.Location) -> dict[str, Any]:
-    if location.kind == _cache.OWN:
-        return {"store": "jax", "reason": "the directory is the user's own (JAX_COMPILATION_CACHE_DIR)"}
+    if location.kind == _cache.OWN and not location.local:
+        return {"store": "jax", "reason": "the directory is the user's own (JAX_COMPILATION_CACHE_DIR), and not one "
+                                          "gkx-autocache's store may serve"}
     if location.kind == _cache.REMOTE:
         return {"store": "jax", "reason": "remote directories use JAX's stock cache, uncapped; "
                                           "their trust is the bucket's access policy"}
@@ -252,13 +255,19 @@ def text(data: dict[str, Any]) -> str:
     lines.append("directory")
     if directory["version_dir"]:
         kind = directory["kind"]
-        trust = {_cache.LOCAL: "trusted", _cache.OWN: "trust not checked: not chosen by gkx-autocache",
+        trust = {_cache.LOCAL: "trusted", _cache.OWN: "trusted, yours: set by JAX's own setting" if directory["trusted"]
+                 else "trust not checked: not chosen by gkx-autocache",
                  _cache.REMOTE: "remote: trust is the bucket's access policy",
                  _cache.STOCK: "trust not checked on Windows"}[kind]
         state = ("writable" if directory["writable"] else "read-only") + f", {trust}"
         if directory["root"]:
             lines.append(f"  root     {directory['root']}")
         lines.append(f"  version  {directory['version_dir']}  ({state}{'' if directory['exists'] else ', not created yet'})")
+    if directory.get("moved"):
+        moved = directory["moved"]
+        lines.append(f"  moved    JAX's directory is {moved['dir']}, set by {moved['by']} "
+                     f"({time.strftime('%Y-%m-%d %H:%M', time.localtime(moved['t']))}): the store serves it, and "
+                     "gkx-autocache explain follows it there")
     for refused in directory.get("refused", []):
         lines.append(f"  refused  {refused['path']}: {refused['why']}")
     store = data["store"]
@@ -289,7 +298,7 @@ def text(data: dict[str, Any]) -> str:
     elif data.get("stats_reset_at"):
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(data["stats_reset_at"]))
         lines.append(f"stats       no lookups since the last reset (stats --reset, {when})")
-    elif directory.get("kind") == _cache.OWN:
+    elif directory.get("kind") == _cache.OWN and not directory["trusted"]:
         lines.append(f"stats       {_cache.NOT_KEPT.format(dir=directory['version_dir'])}")
     elif directory.get("kind") == _cache.STOCK:
         lines.append("stats       not kept on Windows: JAX's own cache keeps no records")

@@ -110,11 +110,11 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
     vdir = version_dir or ctx.version_dir
     location = ctx.location
     unavailable = None
-    if location is not None and location.kind != _cache.LOCAL:
+    if location is not None and not location.local:
         unavailable = "misses are explained for a local directory gkx-autocache resolved (not a bucket or JAX's own)"
     elif (verdict := _store.read_verdict(vdir)) is not None and verdict.get("explain"):
         unavailable = str(verdict["explain"])
-    local = location is not None and location.kind == _cache.LOCAL
+    local = location is not None and location.local
     reading = _show.Reading(vdir) if local else None
     runs = reading.runs() if reading else {}
     last = next(reversed(runs.items()), None)

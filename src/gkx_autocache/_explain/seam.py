@@ -50,6 +50,12 @@ class Watch:
             pending.final = hash_obj.digest().hex()
             pending.hook = _key.seam.last() if _key.seam is not None else None
 
+    def move(self, version_dir: str) -> None:
+        """The recorder moved to another directory (``_adopted``): its records are the evidence now."""
+        with self._lock:
+            self.version_dir = version_dir
+            self._explainer = None
+
     def forget(self) -> None:
         """The key was served: let go of its part functions now, while JAX still holds what they
         refer to (the module, the compile options). Held until the next key instead, they made

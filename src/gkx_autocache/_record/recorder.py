@@ -89,6 +89,8 @@ class Recorder:
         self.explainer: Any = None  # names each miss's cause (SPEC §13), when JAX's key parts can be read
         self.levels: Any = None  # the shared level and both levels' numbers (SPEC §14), when one is set
         self.run = run or Run(f"{time.time():.3f}-{os.getpid()}", time.time())  # begin() changes it
+        self.set_by: str | None = None  # who gave JAX this directory, where it was not the package (``move``)
+        self.cap: int | None = None  # the cap of a directory moved to, where not the package's own
         self._keeps_ledger = ledger
         self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
         self._lock = threading.Lock()
@@ -372,6 +374,17 @@ class Recorder:
             except OSError:
                 self._fd = None
 
+    def move(self, directory: str, ledger: bool, set_by: str | None = None, cap: int | None = None) -> None:
+        """JAX's directory is another now (``_adopted``): what this process records from here goes
+        there, and its explanations read that directory's records."""
+        if directory == self.directory:
+            return
+        self.close()
+        with self._lock:
+            self.directory, self._keeps_ledger, self.set_by, self.cap = directory, ledger, set_by, cap
+        if self.explainer is not None:
+            self.explainer.move(directory)
+
     def begin(self, run: Run) -> None:
         """This process goes on in another run (a pytest session after an earlier one): the ledger of
         the earlier run ends, and what is counted and explained from now on is the new run's."""
@@ -429,7 +442,7 @@ class Recorder:
 
             return {**empty(), "dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits,
                     "tracing_secs": t.tracing_secs}
-        return {"dirs": [used], "store": True, "hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
+        return {"dirs": [used], "set_by": self.set_by, "store": True, "hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
                 "causes": dict(t.causes), "not_cached": t.not_cached, "not_cached_secs": t.not_cached_secs, "reasons": dict(t.reasons),
                 "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
                 "tracing_secs": t.tracing_secs,
@@ -476,7 +489,7 @@ def finish(rec: Recorder, cap: int) -> None:
         except ImportError as exc:  # the package's files gone mid-run: the next process folds
             logger.debug("no fold at exit: %s", exc)
             return
-        fold.fold(rec.directory, cap, rec.shared)
+        fold.fold(rec.directory, cap if rec.cap is None else rec.cap, rec.shared)
 
 
 def _before_thread_pools_stop(func: Any, *args: Any) -> None:

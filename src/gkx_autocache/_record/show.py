@@ -130,7 +130,10 @@ def summary_line(snap: dict[str, Any]) -> str:
         shared = snap["shared"]
         parts.append(f"{uploads} uploaded to {shared['url']}{' (signed)' if shared.get('signed') else ''}")
     dirs = snap["dirs"]
-    return f"gkx-autocache: {', '.join(parts)}, {dirs[0] if len(dirs) == 1 else f'{len(dirs)} directories'}"
+    where = dirs[0] if len(dirs) == 1 else f"{len(dirs)} directories"
+    if snap.get("set_by") and len(dirs) == 1:  # JAX's directory, given it by someone else (``_adopted``)
+        where += f" (set by {snap['set_by']})"
+    return f"gkx-autocache: {', '.join(parts)}, {where}"
 
 
 # -- the totals, as the commands print them ----------------------------------------------------
