@@ -46,17 +46,38 @@ def cmd_explain(args: argparse.Namespace) -> int:
                      f"({plural(last['processes'], 'process', 'processes')}): {', '.join(counts)}")
         if (traced := tracing_line(last)) is not None:
             lines.append(f"  {traced}")
-        lines.extend(_groups_text(data["groups"], "  ", with_time=False))
+        lines.extend(_groups_text(data["groups"], "  ", with_time=False, every=args.all))
         if not data["groups"] and (last["misses"] or last["not_cached"]):
             lines.append("  (its misses are older than --since, or of other functions)")
     if data["earlier"]:
         lines.append("earlier" + (f" (since {args.since} ago)" if args.since else "") + ":")
-        lines.extend(_groups_text(data["earlier"], "  ", with_time=True))
+        lines.extend(_groups_text(data["earlier"], "  ", with_time=True, every=args.all))
     filtered = " of " + args.function if args.function else ""
     if last is not None and not data["groups"] and not data["earlier"] and not (last["misses"] or last["not_cached"]):
         lines.append(f"nothing missed{filtered}: every lookup was served")
     emit(args, "\n".join(lines), data)
     return OK
+
+
+def _rows(functions: list[dict[str, Any]], merge: bool) -> list[dict[str, Any]]:
+    """A line each, or (``merge``) one for the functions that missed for one reason (a size change
+    gives every function of a simulation the same ``inputs f32[200] -> f32[240]``): three names
+    and how many more, the user's functions first."""
+    rows: list[dict[str, Any]] = []
+    for fn in functions:
+        name = fn["name"] + (f" x{fn['count']}" if fn["count"] > 1 else "")
+        same = next((r for r in rows if merge and r["detail"] == fn["detail"] and r["helper"] == fn["helper"]
+                     and not r.get("every_run") and not fn.get("every_run")), None)
+        if same is not None:
+            same["all"].append(name)
+            continue
+        rows.append({"all": [name], "detail": fn["detail"], "helper": fn["helper"], "last": fn.get("last"),
+                     "every_run": fn.get("every_run")})
+    for row in rows:
+        names = row.pop("all")
+        row["functions"] = len(names)
+        row["names"] = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return rows
 
 
 def tracing_line(run: dict[str, Any]) -> str | None:
@@ -74,22 +95,31 @@ def tracing_line(run: dict[str, Any]) -> str | None:
     return f"tracing and lowering {run['tracing_secs']:.2f} s{detail}, which no cache skips{reads}"
 
 
-def _groups_text(groups: list[dict[str, Any]], indent: str, with_time: bool) -> list[str]:
+SHOWN = 6  # functions listed for a cause, the user's first: a change of one size (200 -> 240 particles) stays a screen
+
+
+def _groups_text(groups: list[dict[str, Any]], indent: str, with_time: bool, every: bool = False) -> list[str]:
     lines = []
     for group in groups:
         listed = (f"; {group['listed']} listed: the others repeat a compile listed, or are older than the latest "
                   f"{_ledger.RECENT} kept") if "listed" in group else ""
         lines.append(f"{indent}{group['cause']} ({group['count']}{listed})")
+        rows = _rows(group["functions"], merge=not with_time)
+        shown = rows if every else rows[:SHOWN]
         helpers = False
-        for fn in group["functions"]:
-            if fn["helper"] and not helpers:
+        for row in shown:
+            if row["helper"] and not helpers:
                 lines.append(f"{indent}  JAX's own helpers:")
                 helpers = True
-            times = f" x{fn['count']}" if fn["count"] > 1 else ""
-            when = f" (last {local_time(fn.get('last'))})" if with_time else ""
-            lines.append(f"{indent}  {fn['name']}{times}{when}: {fn['detail']}")
-            if fn.get("every_run"):
-                lines.append(f"{indent}    {fn['every_run']}")
+            when = f" (last {local_time(row['last'])})" if with_time else ""
+            lines.append(f"{indent}  {row['names']}{when}: {row['detail']}")
+            if row.get("every_run"):
+                lines.append(f"{indent}    {row['every_run']}")
+        if rest := rows[len(shown):]:
+            count = sum(row["functions"] for row in rest)
+            own = sum(row["functions"] for row in rest if row["helper"])
+            of_jax = f", {own} of them JAX's own helpers" if own else ""
+            lines.append(f"{indent}  ... and {count} more{of_jax} (explain --all lists them)")
         if group.get("fix"):
             lines.append(f"{indent}  fix: {group['fix']}")
     return lines

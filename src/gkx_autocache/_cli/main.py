@@ -161,6 +161,7 @@ def build_parser() -> Parser:
     explain = add("explain", cmd_explain, "why the last run's compiles missed or were not cached, then older ones")
     explain.add_argument("--since", metavar="AGE", help="only what happened in the last AGE (30m, 12h, 2d)")
     explain.add_argument("--function", metavar="NAME", help="only this function (step, or jit_step)")
+    explain.add_argument("--all", action="store_true", help="every function of each cause (else the first few)")
     add("ci-key", cmd_ci_key, "a key for a CI cache: changes whenever the entries could stop being valid")
     clear = add("clear", cmd_clear, "remove every entry (a fresh start: the stats and the history of misses too)")
     clear.add_argument("--all-versions", action="store_true", help="every JAX version's directory, not only this one's")
