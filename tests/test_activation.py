@@ -557,6 +557,9 @@ def _wheel_of_installed(name: str, folder: Path) -> None:
     ("/home/u/src/proj/.tox/py311", None),  # tox reuses its environments
     ("/home/u/src/proj/.venv", None),
     ("/home/u/.local/share/uv/tools/ruff", None),  # uv tool install: kept
+    ("/home/u/builds-v1/.venv", None),  # a folder of that name outside uv's cache
+    ("/srv/ci/builds-v2/venv", None),
+    ("/home/u/src/proj/.nox/.venv", None),
 ])
 def test_which_environments_are_rebuilt_for_each_run(prefix: str, rebuilt: str | None) -> None:
     from gkx_autocache import _cache

@@ -50,3 +50,27 @@ def test_a_warm_run_that_asks_for_a_dump_dumps_what_an_uncached_run_dumps(venv: 
 ])
 def test_which_flags_ask_for_a_dump(env: dict[str, str], argv: list[str], asked: str | None) -> None:
     assert dump_asked(env, ["train.py", *argv]) == asked
+
+
+LATE = r"""
+import os, sys
+import jax, jax.numpy as jnp
+os.environ["XLA_FLAGS"] = "--xla_dump_to=" + sys.argv[1]  # after import jax: XLA reads it when its backend starts
+
+@jax.jit
+def f(x):
+    return jnp.tanh(x @ x.T).sum(axis=0) * 3.0
+
+print(float(f(jnp.ones((8, 8))).sum()))
+"""
+
+
+def test_a_dump_asked_for_after_import_jax_is_not_lost(venv: Venv, tmp_path: Path) -> None:
+    """XLA reads XLA_FLAGS when its backend starts, which a program may set after `import jax`: the
+    flag is read at the first lookup (a review found such a warm run dumping 6 files of 33)."""
+    (tmp_path / "late.py").write_text(LATE)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "cache")}
+    assert venv.run(str(tmp_path / "late.py"), str(tmp_path / "cold"), env=env).returncode == 0
+    warm = venv.run(str(tmp_path / "late.py"), str(tmp_path / "warm"), env=env)
+    assert warm.returncode == 0 and "asks for an XLA dump" in warm.stderr, warm.stderr
+    assert _dumped(tmp_path / "warm") == _dumped(tmp_path / "cold")

@@ -30,8 +30,8 @@ def watch(config: Any) -> None:
 
     def update(name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
         if name == OPTION and isinstance(value, str) and value:
-            try:
-                _who[os.path.realpath(value)] = caller()
+            try:  # as written (a relative name is resolved when JAX reads it), and as it is now
+                _who[value] = _who[os.path.realpath(value)] = caller()
             except Exception:  # never in the way of the user's setting
                 pass
         return original(name, value, *args, **kwargs)
@@ -52,7 +52,7 @@ def caller() -> str:
 
 def who(path: str, env_value: str | None) -> str:
     """Who set ``path``: the call's line, else the variable JAX read it from at import."""
-    found = _who.get(os.path.realpath(path))
+    found = _who.get(path) or _who.get(os.path.realpath(path))
     if found is not None:
         return found
     if env_value and os.path.realpath(env_value) == os.path.realpath(path):
@@ -75,10 +75,13 @@ def point(version_dir: str, moved_to: str, by: str) -> None:
 def moved_since(version_dir: str) -> dict[str, Any] | None:
     """Where JAX's directory went from ``version_dir`` (``point``), where no run has used
     ``version_dir`` itself since; else None. For the commands: ``explain`` and ``status`` follow it."""
+    from gkx_autocache import _trust
     from gkx_autocache._record import show as _show
 
-    moved = pointer(version_dir)
-    if moved is None or not os.path.isdir(moved["dir"]):
+    moved = pointer(version_dir)  # its directory is judged as any cache directory: it is read and shown
+    if moved is None or not os.path.isdir(moved["dir"]) or _trust.directory_problem(moved["dir"]) is not None:
+        return None
+    if moved["t"] > time.time() + 60:  # from the future: it would be followed for good
         return None
     last = next(reversed(_show.Reading(version_dir).runs().values()), None)
     return moved if last is None or last["end"] < moved["t"] else None
@@ -95,4 +98,5 @@ def pointer(version_dir: str) -> dict[str, Any] | None:
         return None
     if not isinstance(found, dict) or not isinstance(found.get("dir"), str) or not isinstance(found.get("t"), (int, float)):
         return None
-    return {"dir": found["dir"], "by": str(found.get("by", "?"))[:300], "t": float(found["t"])}
+    by = "".join(c if c.isprintable() else "?" for c in str(found.get("by", "?")))[:200]  # shown as it is
+    return {"dir": found["dir"], "by": by, "t": float(found["t"])}

@@ -28,11 +28,14 @@ def throwaway(prefix: str = sys.prefix) -> str | None:
     names of the folders above it: string tests, cheap on the way of every ``import jax``."""
     parent = os.path.dirname(os.path.normpath(prefix))
     bucket, _, version = os.path.basename(parent).rpartition("-v")
-    if bucket in ("builds", "archive", "environments") and version.isdigit():
+    uv_cache = os.path.dirname(parent)  # uv's cache: ~/.cache/uv, or UV_CACHE_DIR
+    named = os.environ.get("UV_CACHE_DIR", "")
+    if bucket in ("builds", "archive", "environments") and version.isdigit() and (
+            os.path.basename(uv_cache) == "uv" or (named and os.path.realpath(named) == os.path.realpath(uv_cache))):
         return "uv run --with and uvx"
     if os.path.basename(parent) == ".cache" and os.path.basename(os.path.dirname(parent)) in ("pipx", ".pipx"):
         return "pipx run"
-    if os.path.basename(parent) == ".nox":
+    if os.path.basename(parent) == ".nox" and not os.path.basename(os.path.normpath(prefix)).startswith("."):
         return "nox"
     return None
 
@@ -147,6 +150,8 @@ def prepare(root: str, jax_version: str | None, shared: bool = False, create: bo
     key, so two spellings of one directory would never hit each other. With ``create=False``
     (the CLI) nothing is created, and a missing directory is judged by where it would be made.
     """
+    if (planted := _trust.links_problem(root)) is not None:
+        raise Refused(planted)
     root = os.path.realpath(os.path.abspath(root))
     version_dir = os.path.join(root, version_name(jax_version)) if jax_version is not None else root
     if os.path.islink(version_dir):  # nothing of the package ever passes through a symlink below the root

@@ -144,17 +144,26 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             verdict()
             if _key.seam is not None:
                 _key.seam.on_replaced = verdict
-            # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7).
-            atexit.register(_stats.finish, recorder, cap if not reason else 0)
-    dump = dump_asked(env)
-    if dump is not None:  # the outermost seam on JAX's lookup: after the store's and the callbacks' (SPEC §7)
-        unskipped = _jax.skip_lookups(lambda key: recorder.not_read(key, dump))
-        if unskipped is None:
-            warn("xla:dump", f"{dump} asks for an XLA dump: this process reads no cache entry, as a hit would skip XLA "
-                             "and its dump; it still writes them, and a run without the flag is served", silence=NOTED)
-        else:
-            warn("xla:dump", f"{dump} asks for an XLA dump, which a cache hit skips, and the cache cannot be left "
-                             f"unread here ({unskipped}): set GKX_JAX_CACHE=0 while dumping")
+        # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7); also where this
+        # directory is read-only, as JAX may be given another one since (``follow_jax``).
+        atexit.register(_stats.finish, recorder, cap if not reason else 0)
+    # The outermost seam on JAX's lookup: after the store's and the callbacks' (SPEC §7). XLA reads
+    # XLA_FLAGS when its backend starts, which a program may set after import jax: read at the first lookup.
+    asked: list[str | None] = []
+
+    def dumping() -> str | None:
+        if not asked:
+            asked.append(dump_asked(env))
+            if asked[0] is not None:
+                warn("xla:dump", f"{asked[0]} asks for an XLA dump: this process reads no cache entry, as a hit would "
+                                 "skip XLA and its dump; it still writes them, and a run without the flag is served",
+                     silence=NOTED)
+        return asked[0]
+
+    unskipped = _jax.skip_lookups(dumping, recorder.not_read)
+    if unskipped is not None and (dump := dump_asked(env)) is not None:
+        warn("xla:dump", f"{dump} asks for an XLA dump, which a cache hit skips, and the cache cannot be left "
+                         f"unread here ({unskipped}): set GKX_JAX_CACHE=0 while dumping")
 
 
 # The flags that make XLA dump: --xla_dump_to, or (to stdout) any format or filter; XLA's GPU dumps.
@@ -202,7 +211,7 @@ def follow_jax(settings: _settings.Settings, location: _cache.Location, recorder
                               "cache reads it unchecked")
         return None
     cap = settings["max_size"] if settings.origin("max_size") != "default" else 0
-    recorder.move(prepared.version_dir, prepared.writable, by, cap)
+    recorder.move(prepared.version_dir, prepared.writable, by, cap, given=path)
     if location.writable:
         _adopted.point(location.version_dir, prepared.version_dir, by)
     if prepared.writable:

@@ -267,6 +267,22 @@ def has_tag(version_dir: str) -> bool:
 
 
 def _tagged(dir_fd: int) -> bool:
+    """The package's own tag in the directory, or in its bookkeeping folder: a directory that
+    existed before the store served it (one a framework gave JAX, ``_adopted``) gets no tag of its
+    own, which would hide it from backups, but the folder the package made in it has one."""
+    if _tag_in(dir_fd):
+        return True
+    try:
+        meta = os.open(META_DIR, os.O_RDONLY | _files.DIRECTORY | _files.NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        return _tag_in(meta)
+    finally:
+        os.close(meta)
+
+
+def _tag_in(dir_fd: int) -> bool:
     try:
         tag = _files.open_regular(TAG_NAME, dir_fd=dir_fd)
     except OSError:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import BinaryIO
 
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._layout import LEDGER_DIR, META_DIR, TAG_NAME, VERSION_PREFIX, tmp_name
+from gkx_autocache._layout import LEDGER_DIR, META_DIR, TAG, TAG_NAME, VERSION_PREFIX, tmp_name
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -316,7 +316,8 @@ def bookkeeping_dir(version_dir: str, shared: bool, *parts: str) -> str | None:
         if os.path.islink(os.path.join(version_dir, META_DIR, *parts[:level])):
             logger.debug("%s is a symlink: no bookkeeping", path)
             return None
-    try:
+    try:  # tagged where made: a directory someone else gave JAX is known by it (``_entries.has_tag``)
+        make_dir(os.path.join(version_dir, META_DIR), shared, TAG)
         make_dir(path, shared)
     except OSError as exc:
         logger.debug("no bookkeeping in %s: %s", path, exc)

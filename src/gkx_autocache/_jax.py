@@ -229,18 +229,22 @@ def _lookup_seam(cc: Any) -> Any:
     return original if original is not None and parameters(original)[:1] == ["cache_key"] and through_module else None
 
 
-def skip_lookups(on_skip: Callable[[str], None]) -> str | None:
-    """Make every lookup a miss, telling ``on_skip(cache_key)`` of each, while JAX still writes
-    (an XLA dump is asked for: a hit would skip XLA and its dump); why not, or None."""
+def skip_lookups(skip: Callable[[], str | None], on_skip: Callable[[str, str], None]) -> str | None:
+    """Make a lookup a miss wherever ``skip()`` names why (an XLA dump is asked for: a hit would
+    skip XLA and its dump), telling ``on_skip(cache_key, why)``; JAX still writes. Why not, or None."""
     try:
         from jax._src import compilation_cache as cc
     except Exception as exc:  # pragma: no cover - a JAX without the module
         return f"jax._src.compilation_cache cannot be imported ({exc})"
-    if _lookup_seam(cc) is None:
+    original = _lookup_seam(cc)
+    if original is None:
         return LOOKUP_CHANGED
 
     def get_executable_and_time(cache_key: str, *args: Any, **kwargs: Any) -> Any:
-        on_skip(cache_key)
+        why = skip()
+        if why is None:
+            return original(cache_key, *args, **kwargs)
+        on_skip(cache_key, why)
         return None, None
 
     _patch(cc, "get_executable_and_time", get_executable_and_time)

@@ -384,8 +384,9 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
 
     def make(path: str, sample: bytes, decompress: Any, check_payload: bool) -> Store:
         global _serving
-        mine = os.path.realpath(path) == ours
-        _serving = Store(path, compression=compression_of(sample) or "zlib", decompress=decompress,
+        real = os.path.realpath(path)  # as checked: JAX's own spelling may go through a link, or be relative
+        mine = real == ours
+        _serving = Store(real, compression=compression_of(sample) or "zlib", decompress=decompress,
                          shared=shared and mine, recorder=recorder, writable=served[os.path.realpath(path)],
                          check_payload=check_payload, levels=levels if mine else None)
         return _serving

@@ -58,6 +58,26 @@ def directory_problem(path: str, shared: bool = False) -> str | None:
     return None
 
 
+def links_problem(path: str) -> str | None:
+    """Why a symlink on the way to ``path`` (as written, before it is resolved) may have been put
+    there by someone else, or None: each must be yours or root's (an HPC home's ``/home/u ->
+    /gpfs/...`` is root's). A link another user planted in a sticky ``/tmp`` would choose where the
+    cache goes, and the checks of the resolved path would pass: it is in a directory of yours."""
+    if not POSIX:
+        return None
+    uid = os.getuid()
+    current = ""
+    for part in os.path.abspath(path).split(os.sep)[1:]:
+        current = f"{current}{os.sep}{part}"
+        try:
+            st = os.lstat(current)
+        except OSError:
+            return None  # not made yet: nothing below it is a link
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (uid, 0):
+            return f"{current} is a symlink of uid {st.st_uid}'s, not yours or root's; name the directory it points to"
+    return None
+
+
 def ancestors_problem(path: str, shared: bool = False) -> str | None:
     """Why an ancestor of ``path`` would let someone else swap the directory, or None."""
     if not POSIX:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gkx_autocache import _cache
+from gkx_autocache import _adopted, _cache
 from gkx_autocache._cli.context import load_context
 from gkx_autocache._cli.output import OK, emit, local_time
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural
@@ -17,6 +17,9 @@ from gkx_autocache._record import show as _show
 def cmd_stats(args: argparse.Namespace) -> int:
     ctx = load_context()
     vdir = ctx.store_dir("stats")
+    moved = _adopted.moved_since(vdir)  # a framework gave JAX another directory: its runs are counted there
+    if moved is not None and not args.reset:
+        vdir = moved["dir"]
     if args.reset:
         removed = _reset.reset(vdir, bool(ctx.settings["trust_shared"]))
         emit(args, f"stats reset ({plural(removed, 'ledger')} folded and removed)", {"reset": True, "removed": removed})

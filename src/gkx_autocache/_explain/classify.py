@@ -135,9 +135,34 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
         inside = f" ({where.removesuffix('.<lambda>')})" if where != "<lambda>" else ""
         return {"cause": causes.CANNOT_TELL, "by": "lambda",
                 "detail": f"changed, or another lambda in {file}{inside}: lambdas have no name to tell them apart"}
-    if any(r.signature == facts.signature for r in earlier):
-        return {"cause": causes.CHANGED_COMPUTATION, "detail": f"same input shapes ({facts.signature}): {SAME_SHAPES}"}
+    same_inputs = [r for r in earlier if r.signature == facts.signature]
+    if same_inputs:
+        changed = constant_change(closest(same_inputs, facts), facts, evidence)
+        return {"cause": causes.CHANGED_COMPUTATION,
+                "detail": f"same input shapes ({facts.signature}): {changed or SAME_SHAPES}"}
     return {"cause": causes.CHANGED_COMPUTATION, "detail": f"inputs {nearest.signature} -> {facts.signature}"}
+
+
+def constant_change(nearest: Record, facts: Facts, evidence: Evidence) -> str | None:
+    """Where the closest entry's scalar constants and this compile's differ in a few places only (a
+    ``t_final`` written into the code): which, before and after; else None."""
+    before = evidence.readable(PARTS[0], nearest.parts[0])
+    after = facts.readable.get(PARTS[0])
+    if before is None or after is None or before == after:
+        return None
+    old, new = before.split(", "), after.split(", ")
+    if len(old) != len(new):
+        return None
+    pairs: dict[str, int] = {}  # one value used in several places (in a loop) is one change
+    for a, b in zip(old, new, strict=True):
+        if a != b:
+            pairs[f"{a} -> {b}"] = pairs.get(f"{a} -> {b}", 0) + 1
+    if not pairs or len(pairs) > 3:
+        return None
+    which = "a constant" if len(pairs) == 1 else f"{len(pairs)} constants"
+    shown = "; ".join(f"{pair}{f' ({n} places)' if n > 1 else ''}" for pair, n in pairs.items())
+    return (f"{which} in its code changed, {shown} (a value written into the function or closed over: pass it "
+            "as an argument to keep one entry for every value)")
 
 
 def _other_parts_differ(nearest: Record, facts: Facts, evidence: Evidence) -> bool:

@@ -56,6 +56,9 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
             module = cells.get("module")
             if module is not None:
                 signature, place = _guarded(signature_of, module, "?"), _guarded(place_of, (module, name), UNKNOWN_PLACE)
+                constants = _guarded(constants_of, module, None)
+                if constants:  # the computation's readable value: its scalar constants (a t_final, a step size)
+                    readable[PARTS[0]] = constants
             continue
         value = hook if part == "custom_hook" else _guarded(_readable, (part, cells), None) if part == "XLA flags" else None
         fresh = hashlib.sha256()
@@ -287,6 +290,42 @@ def signature_of(module: Any) -> str:
 
     shown = _TENSOR.sub(aval, inputs)
     return shown if len(shown) <= 300 else f"{shown[:280]}... ({shown.count(',') + 1} inputs)"
+
+
+_SCALAR = re.compile(r"dense<([^<>\[\],]+)> : tensor<(\w+)>$")
+MAX_CONSTANTS, MAX_OPS = 24, 5000
+
+
+def constants_of(module: Any) -> str:
+    """The module's scalar constants, in order (``2.0, 0.5, 100``), the first ``MAX_CONSTANTS``
+    of the first ``MAX_OPS`` operations: what a constant written into the code (diffrax's ``t1``,
+    a PDE's ``t_final``) changes, where the input shapes stay."""
+    found: list[str] = []
+    pending = [module.body]
+    visited = 0
+    while pending and len(found) < MAX_CONSTANTS and visited < MAX_OPS:
+        block = pending.pop()
+        for op in block.operations:
+            visited += 1
+            operation = getattr(op, "operation", op)
+            if operation.name == "stablehlo.constant" and "value" in operation.attributes:
+                match = _SCALAR.match(str(operation.attributes["value"]))
+                if match is not None:
+                    found.append(_number(match[1]))
+            for region in operation.regions:
+                pending.extend(reversed(list(region.blocks)))
+            if len(found) >= MAX_CONSTANTS or visited >= MAX_OPS:
+                break
+    return ", ".join(found)
+
+
+def _number(text: str) -> str:
+    """``2.000000e+00`` as ``2.0``; anything else as it is (a hex float, ``true``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text.strip()[:24]
+    return repr(int(value)) if value.is_integer() and "e" not in text and "." not in text else repr(value)
 
 
 _FRAME = re.compile(r'"([^"]+)"\("([^"]+)":(\d+)')

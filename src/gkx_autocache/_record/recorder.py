@@ -91,6 +91,7 @@ class Recorder:
         self.run = run or Run(f"{time.time():.3f}-{os.getpid()}", time.time())  # begin() changes it
         self.set_by: str | None = None  # who gave JAX this directory, where it was not the package (``move``)
         self.cap: int | None = None  # the cap of a directory moved to, where not the package's own
+        self.given = directory  # the directory as JAX was given it (a framework's may be relative)
         self._keeps_ledger = ledger
         self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
         self._lock = threading.Lock()
@@ -104,7 +105,7 @@ class Recorder:
         self._tally_at = 0.0
         self._written = 0
         self._block = 4096
-        if ledger and hasattr(os, "register_at_fork"):
+        if hasattr(os, "register_at_fork"):  # also without a ledger: JAX may be given a writable directory since (move)
             os.register_at_fork(after_in_child=self._forked)
 
     @property
@@ -374,9 +375,11 @@ class Recorder:
             except OSError:
                 self._fd = None
 
-    def move(self, directory: str, ledger: bool, set_by: str | None = None, cap: int | None = None) -> None:
+    def move(self, directory: str, ledger: bool, set_by: str | None = None, cap: int | None = None,
+             given: str | None = None) -> None:
         """JAX's directory is another now (``_adopted``): what this process records from here goes
-        there, and its explanations read that directory's records."""
+        there, and its explanations read that directory's records. ``given``: as JAX was given it."""
+        self.given = given or directory
         if directory == self.directory:
             return
         self.close()
@@ -435,7 +438,8 @@ class Recorder:
         directory JAX uses now (the user's code may have chosen its own after ``import jax``):
         the store's figures only when the store served it; JAX's own events otherwise."""
         used = self.directory if used is None else used
-        ours = self.store_serving and used == self.directory
+        ours = self.store_serving and (used == self.given or os.path.realpath(used) == os.path.realpath(self.directory))
+        used = self.directory if ours else used  # as the store resolved it (JAX's may be relative)
         t = self.totals
         if not ours:
             from gkx_autocache._record.show import empty
@@ -479,6 +483,8 @@ def finish(rec: Recorder, cap: int) -> None:
     workers (they end by ``os._exit``) is the one that folds them."""
     kept = rec.kept_ledger
     rec.close()
+    if not os.access(rec.directory, os.W_OK):  # a baked cache, read-only for this user: its writers fold
+        return
     try:
         others = not kept and bool(os.listdir(_ledger.ledger_dir(rec.directory)))
     except OSError:
