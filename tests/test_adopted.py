@@ -5,8 +5,8 @@ JAX's stock cache served it: no atomic writes, no records, no explanations, and 
 from __future__ import annotations
 
 import json
-import time
 import re
+import time
 from pathlib import Path
 
 import pytest
