@@ -272,6 +272,11 @@ def _tagged(dir_fd: int) -> bool:
     own, which would hide it from backups, but the folder the package made in it has one."""
     if _tag_in(dir_fd):
         return True
+    try:  # a tag of the directory's own that is not the package's (a FIFO, another tool's): not a cache of ours
+        os.stat(TAG_NAME, dir_fd=dir_fd, follow_symlinks=False)
+        return False
+    except OSError:
+        pass
     try:
         meta = os.open(META_DIR, os.O_RDONLY | _files.DIRECTORY | _files.NOFOLLOW, dir_fd=dir_fd)
     except OSError:
