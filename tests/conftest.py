@@ -206,6 +206,11 @@ def bare_venv(wheel: Path) -> Iterator[Venv]:
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
+# A child's own peak resident memory in bytes, as an expression to run in it: VmHWM, the peak of its
+# own image. ru_maxrss keeps the forking parent's peak across exec: in a pytest worker, the worker's
+# (a review measured 310 MiB for a child that used 8), which hid the child's and failed tests by load.
+PEAK_RSS = 'next(int(_ln.split()[1]) for _ln in open("/proc/self/status") if _ln.startswith("VmHWM:")) * 1024'
+
 # Counts JAX's cache lookups and hits in ``counts``, from JAX's own monitoring events.
 COUNTING = r"""
 counts = {"requests": 0, "hits": 0}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import Venv
+from conftest import PEAK_RSS, Venv
 from test_explain_real import Project, causes
 
 CONFIG_TOGGLE = r"""
@@ -798,10 +798,10 @@ with open(path, "w") as f:
     while f.tell() < 100 << 20:
         f.write(f"E\tjit_f{n % 1000}\t{hashlib.sha256(str(n).encode()).hexdigest()}\t1700000000\trun\tcomp\tctx\tsig\twhere\tcfg\n")
         n += 1
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+before = """ + PEAK_RSS + r"""
 started = time.monotonic()
 _index.compact(vdir, set(), False)
-print(json.dumps({"secs": time.monotonic() - started, "grew": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - before}))
+print(json.dumps({"secs": time.monotonic() - started, "grew": """ + PEAK_RSS + r""" - before}))
 """
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Venv, make_venv, public_tmp, run_program
+from conftest import PEAK_RSS, Venv, make_venv, public_tmp, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
 MANIFEST = "gkx-autocache-manifest.json"
@@ -274,10 +274,10 @@ def _manifest(files: list[tuple[str, bytes]]) -> bytes:
     return json.dumps({"format": 1, "created_by": "gkx-autocache", **_here(), "files": listed}).encode()
 
 
-MEASURED = """import resource, sys
+MEASURED = f"""import sys
 from gkx_autocache._cli.main import main
 code = main(sys.argv[1:])
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)  # peak RSS, MiB
+print(({PEAK_RSS}) >> 20)  # peak RSS, MiB
 sys.exit(code)
 """
 
