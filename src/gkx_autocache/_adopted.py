@@ -37,7 +37,10 @@ def watch(config: Any) -> None:
         return original(name, value, *args, **kwargs)
 
     update.__wrapped__ = original  # type: ignore[attr-defined]
-    config.update = update
+    try:  # a JAX whose config takes no attribute: the directory is still served, its setter unnamed
+        config.update = update
+    except (AttributeError, TypeError) as exc:
+        logger.debug("who sets %s is not known on this JAX: %s", OPTION, exc)
 
 
 def caller() -> str:
