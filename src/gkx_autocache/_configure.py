@@ -53,7 +53,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         return
     from gkx_autocache import _key
 
-    # Every CPU key of the process gets the host's ISA, whichever directory JAX uses (SPEC §15).
+    if settings["cpu_target"] != "host":  # before XLA's backend starts: it reads XLA_FLAGS then
+        choose_cpu_target(settings["cpu_target"])
+    # Every CPU key of the process gets the host's ISA (or the target), whichever directory JAX uses (SPEC §15).
     unkeyed = _key.install(jax)
     if unkeyed:
         logger.debug("CPU entries are not keyed by ISA: %s", unkeyed)
@@ -164,6 +166,20 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     if unskipped is not None and (dump := dump_asked(env)) is not None:
         warn("xla:dump", f"{dump} asks for an XLA dump, which a cache hit skips, and the cache cannot be left "
                          f"unread here ({unskipped}): set GKX_JAX_CACHE=0 while dumping")
+
+
+def choose_cpu_target(level: str) -> None:
+    """Cap XLA's CPU code at ``level`` and key CPU entries on it, where this host and this XLA can
+    take it (``_cpu_target.choose``); else one warning, and the host's ISA keys them (SPEC §15)."""
+    from gkx_autocache import _cpu_target, _jax
+
+    target = _cpu_target.here(level, _jax.version_tuple(_jax.jaxlib_version()), os.environ.get("XLA_FLAGS", ""))
+    if target.why_host is not None:
+        warn("cpu_target", target.why_host)
+    else:
+        os.environ["XLA_FLAGS"] = _cpu_target.with_flag(os.environ.get("XLA_FLAGS", ""), level)
+        logger.debug("cpu_target %s: XLA_FLAGS=%s", level, os.environ["XLA_FLAGS"])
+    _cpu_target.active = target
 
 
 # The flags that make XLA dump: --xla_dump_to, or (to stdout) any format or filter; XLA's GPU dumps.

@@ -30,6 +30,7 @@ CPUINFO = "/proc/cpuinfo"
 # systemd's and D-Bus's file of this host's id (machine-id(5)); read only where the ISA cannot be.
 MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 HOST_MARK = "host="  # what the stand-in for an ISA that cannot be read begins with
+TARGET_MARK = "target="  # what a key under a ``cpu_target`` holds in place of the features (``_cpu_target``)
 
 # x86: the kernel's flag -> LLVM's target feature, for every flag that is an instruction set (or a
 # register state XLA's code may use). Where the names are equal the entry maps to itself.
@@ -282,6 +283,10 @@ def difference(before: str, after: str) -> str:
         return f"{before or 'unknown'} -> {after or 'unknown'}"
     if old[0] != new[0]:
         return f"{old[0]} -> {new[0]}"
+    targets = [next((f for f in isa if f.startswith(TARGET_MARK)), None) for isa in (old[1], new[1])]
+    if targets != [None, None]:  # one side keyed on a cpu_target: its entries are the target's
+        named = [f"cpu_target {t.removeprefix(TARGET_MARK)}" if t else "a host's own ISA (cpu_target host)" for t in targets]
+        return f"{named[0]} -> {named[1]}"
     hosts = [next((f for f in sorted(isa) if f.startswith(HOST_MARK)), None) for isa in (old[1], new[1])]
     if hosts != [None, None]:  # one side's ISA could not be read: its entries are its host's alone
         named = [f"host {host.removeprefix(HOST_MARK)} (its ISA could not be read)" if host else "a CPU whose ISA was read"

@@ -143,6 +143,16 @@ def watch_key_parts(on_part: Callable[[Any, str, Any], None]) -> bool:
     return True
 
 
+def key_platform(hashfn: Any) -> str | None:
+    """The platform a key is for (``cpu``, ``cuda``...), from its "backend version" part's function,
+    a closure over ``backend`` (JAX 0.4.30 to 0.12); None where it is not one."""
+    try:
+        cells = dict(zip(hashfn.__code__.co_freevars, hashfn.__closure__ or (), strict=True))
+        return str(_contents(cells["backend"]).platform)
+    except Exception:
+        return None
+
+
 PARTS_CHANGED = "jax._src.cache_key._log_cache_key_hash(hash_obj, last_serialized, hashfn) is missing or has changed"
 
 

@@ -51,6 +51,8 @@ class Seam:
         self.parts = False  # whether _log_cache_key_hash is wrapped: the parts are seen
 
     def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
+        if name == "backend version":  # before the hook's part: the platform the key is for (cpu_target)
+            self.thread.platform = _jax.key_platform(hashfn)
         if name == "custom_hook" and self.hook is not None:  # the package's hook in place, or replaced since
             thread = self.thread
             hook = _jax.current_hook()
@@ -59,6 +61,8 @@ class Seam:
                 thread.text = None  # the user's string is not known here
                 hash_obj.update(package_part().encode())  # the same key as the hook's own, chained
             thread.last, thread.text = getattr(thread, "text", None), None
+        if name == "custom_hook":
+            self.thread.platform = None
         if self.listener is not None:
             self.listener.on_part(hash_obj, name, hashfn)
 
@@ -80,9 +84,14 @@ _suffix: list[str] = []
 
 
 def package_part() -> str:
-    """What the package adds to the hook's string: the host's ISA, after a mark where this thread's
-    compile has host callbacks that the package hands back (``_jax.handing_callbacks``)."""
-    return (CALLBACKS_MARK if _jax.handing_callbacks() else "") + isa_suffix()
+    """What the package adds to the hook's string: the host's ISA (a CPU key's, the ``cpu_target``
+    where one is used), after a mark where this thread's compile has host callbacks that the
+    package hands back (``_jax.handing_callbacks``)."""
+    from gkx_autocache import _cpu_target
+
+    target = _cpu_target.active
+    on_cpu = target.level is not None and seam is not None and getattr(seam.thread, "platform", None) == "cpu"
+    return (CALLBACKS_MARK if _jax.handing_callbacks() else "") + (ISA_MARK + target.isa_text() if on_cpu else isa_suffix())
 
 
 def isa_suffix() -> str:

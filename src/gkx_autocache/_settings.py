@@ -116,6 +116,14 @@ def parse_xla_caches(raw: Any) -> str:
     raise BadValue(f"expected one of {', '.join(XLA_CACHES)}, got {shown(raw)}")
 
 
+def parse_cpu_target(raw: Any) -> str:
+    from gkx_autocache._cpu_target import NAMES
+
+    if isinstance(raw, str) and raw.strip().lower() in NAMES:
+        return raw.strip().lower()
+    raise BadValue(f"expected one of {', '.join(NAMES)}, got {shown(raw)}")
+
+
 SHARED_WRITE = ("always", "ci", "never")
 MAX_TIMEOUT = 3600.0  # an hour without progress is a dead endpoint, not a setting
 
@@ -250,6 +258,7 @@ KEYS = {
         Key("xla_caches", "GKX_JAX_CACHE_XLA_CACHES", "jax_persistent_cache_enable_xla_caches",
             None, parse_xla_caches),
         Key("max_size", "GKX_JAX_CACHE_MAX_SIZE", None, 5 * 1024**3, parse_size),
+        Key("cpu_target", "GKX_JAX_CACHE_CPU_TARGET", None, "host", parse_cpu_target),
         Key("report", "GKX_JAX_CACHE_REPORT", None, False, parse_bool),
         Key("trust_shared", "GKX_JAX_CACHE_TRUST_SHARED", None, False, parse_bool),
         Key("shared", "GKX_JAX_CACHE_SHARED", None, None, lambda raw: raw),

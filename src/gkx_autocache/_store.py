@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gkx_autocache import _files, _formats, _jax, _trust
+from gkx_autocache import _cpu_target, _files, _formats, _jax, _trust
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._formats import SEAL_LIMIT, compile_secs_of, compression_of, sidecar_run
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, SEAL_SIDECAR, VERDICT_FILE
@@ -121,6 +121,8 @@ class Store:
 
         data = _files.read(path, check=trusted)
         why = refused[0] if refused else (self._unusable(path, data) if data is not None else None)
+        if data is not None and why is None:
+            why = self._foreign(data)
         if data is not None and why is None:
             try:
                 os.utime(path)  # recency for pruning, on noatime mounts too
@@ -222,7 +224,20 @@ class Store:
                 self._decompress(data)
             except Exception as exc:
                 return f"the shared entry does not decompress ({type(exc).__name__})"
-        return None
+        return self._foreign(data)
+
+    def _foreign(self, data: bytes) -> str | None:
+        """Under a ``cpu_target``, why an entry must not run on this CPU (it lists a feature this
+        host lacks: another host at the target wrote it), or None; one more decompression a hit,
+        only there (``_cpu_target``)."""
+        target = _cpu_target.active
+        if target.level is None:
+            return None
+        try:
+            payload = self._decompress(data)
+        except Exception:
+            return None  # JAX's loading meets it, as any entry that does not decompress
+        return target.foreign(payload)
 
     def _backfill(self, key: str, found: Any, record: bool = True) -> bool:
         """Write a shared hit into this level, with its compile time (dated when it was written, so

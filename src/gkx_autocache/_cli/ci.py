@@ -35,18 +35,19 @@ def accelerator_plugins() -> str:
 def ci_key() -> tuple[str, dict[str, str]]:
     """A short key that changes whenever the entries could stop being valid, and no more often: the
     host's ISA (the instruction-set flags of the CPU, not every flag: microcode and hypervisor flags
-    do not change what an entry runs on), the Python minor version, JAX, jaxlib and accelerator
+    do not change what an entry runs on; the ``cpu_target`` where one is used), the Python minor version, JAX, jaxlib and accelerator
     plugins, platform and machine, the compression library, XLA_FLAGS and LIBTPU_INIT_ARGS. And its parts."""
     import hashlib
 
-    from gkx_autocache import _isa
+    from gkx_autocache import _isa, _settings
 
+    target = _context.cpu_target(_settings.resolve()["cpu_target"])  # a fleet at one cpu_target shares one key
     parts = {
         "jax": _context.distribution_version("jax") or "nojax",
         "jaxlib": _context.distribution_version("jaxlib") or "nojaxlib",
         "plugins": accelerator_plugins(),
         "python": f"{sys.implementation.name} {sys.version_info[0]}.{sys.version_info[1]}", "platform": sys.platform,
-        "machine": os.uname().machine if hasattr(os, "uname") else sys.platform, "isa": _isa.isa(),
+        "machine": os.uname().machine if hasattr(os, "uname") else sys.platform, "isa": target.isa_text() if target.level else _isa.isa(),
         "compression": "zstandard" if _context.distribution_version("zstandard") else "zlib",
         # JAX leaves the dump flags out of its key; so does this.
         "xla_flags": " ".join(sorted(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_dump"))),

@@ -9,7 +9,7 @@ import sys
 import types
 from typing import NamedTuple
 
-from gkx_autocache import _cache, _layout, _settings
+from gkx_autocache import _cache, _cpu_target, _layout, _settings
 from gkx_autocache._cli.output import CliError
 
 
@@ -57,6 +57,13 @@ def distribution_version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def cpu_target(level: str) -> _cpu_target.Target:
+    """What ``cpu_target`` comes to on this host, with this environment's jaxlib (from its metadata)."""
+    from gkx_autocache import _jax
+
+    return _cpu_target.here(level, _jax.version_tuple(distribution_version("jaxlib") or ""), os.environ.get("XLA_FLAGS", ""))
 
 
 def load_context(create: bool = False) -> Context:

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from gkx_autocache import _adopted, _cache, _entries, _jax, _settings, _store
-from gkx_autocache._cli.context import Context, distribution_version, hook_live, load_context, start_files
+from gkx_autocache._cli.context import Context, cpu_target, distribution_version, hook_live, load_context, start_files
 from gkx_autocache._cli.output import OK, emit
 from gkx_autocache._cli.stats import stats_line
 from gkx_autocache._diagnostics import human_bytes, plural
@@ -77,6 +77,8 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         attention.append("the hook is off in this interpreter (GKX_JAX_CACHE)")
     from gkx_autocache import _isa
 
+    if (target := cpu_target(settings["cpu_target"])).why_host is not None:
+        attention.append(target.why_host)
     unread = _isa.unread()
     if unread is not None:
         attention.append(f"the CPU's instruction set cannot be read here ({unread}): CPU entries are keyed by this host "

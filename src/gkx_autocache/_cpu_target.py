@@ -1,0 +1,146 @@
+"""``cpu_target`` (SPEC §15): one CPU target for a mixed fleet, in place of each host's own ISA.
+
+XLA:CPU compiles for the host (``_isa``), so an AVX-512 runner and an AVX2 runner share no entry.
+XLA can cap what it builds (``--xla_cpu_max_isa``). Under a target such as ``x86-64-v3`` the
+package sets that cap, and CPU keys hold the target instead of the host's ISA, so every host at or
+above the target shares the entries.
+
+The cap leaves on every feature of the host that is not newer than it, read in XLA's
+``cpu_features.cc`` (``ShouldEnableX86CpuFeature``) and measured here: an AVX2-capped entry written
+on an AMD EPYC lists no ``avx512*``, but still lists ``gfni``, ``vaes``, ``sse4a`` and ``clzero``.
+So a target is checked twice:
+
+- a host below the target (it lacks one of the level's features) never uses it: its CPU entries
+  are keyed on its own ISA, uncapped, as without the setting, and one warning says so;
+- an entry read under a target is decompressed first and the features it lists (XLA's target
+  features, ``+avx2,+gfni,...``) are checked against this host's: one that lists a feature this
+  host lacks is a miss, compiled again here and replaced, never loaded.
+
+Only CPU keys take the target: a GPU entry's host code may not be capped (``docs/isa.md``).
+The levels are the x86-64 psABI's. XLA also caps AArch64 (``NEON``, ``SVE``, ``SVE2``), but no
+AArch64 host here could check it: not offered. Entries list their features from jaxlib 0.8.2
+(0.5.3 to 0.7.2 list none; 0.4.30's XLA does not know the flag and stops the process on it), so
+the target needs jaxlib 0.8.2 or later. A leaf: stdlib only.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gkx_autocache import _isa
+
+HOST = "host"
+FLAG = "--xla_cpu_max_isa"
+SINCE = (0, 8, 2)  # the first jaxlib seen to list an entry's features (0.7.2 lists none)
+
+_V1 = ("64bit", "x87", "cmov", "cx8", "fxsr", "mmx", "sse", "sse2")
+_V2 = _V1 + ("cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3")
+_V3 = _V2 + ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")
+_V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+# level -> (XLA's cap, the LLVM features a host needs to run code built for it)
+LEVELS = {"x86-64-v2": ("SSE4_2", _V2), "x86-64-v3": ("AVX2", _V3), "x86-64-v4": ("AVX512", _V4)}
+NAMES = (HOST, *LEVELS)
+
+
+class Target:
+    """What ``cpu_target`` came to in this process: the level CPU keys hold (None: the host's ISA),
+    the flag XLA was given, and why the host's ISA keys them where a level was asked for."""
+
+    __slots__ = ("level", "machine", "host_features", "why_host")
+
+    def __init__(self, level: str | None, machine: str = "", host_features: frozenset[str] = frozenset(),
+                 why_host: str | None = None) -> None:
+        self.level = level
+        self.machine = machine
+        self.host_features = host_features  # what an entry read here may list
+        self.why_host = why_host
+
+    def isa_text(self) -> str:
+        """What a CPU key holds in place of the host's ISA: ``x86_64:target=x86-64-v3``."""
+        return f"{self.machine}:{_isa.TARGET_MARK}{self.level}"
+
+    def foreign(self, payload: bytes) -> str | None:
+        """Why an entry (decompressed) must not run here: the features it lists that this host
+        lacks, or None."""
+        listed = features_of(payload)
+        lacks = sorted(f for f in listed if not _isa.covers(self.host_features, f))
+        if not lacks:
+            return None
+        return (f"built for {', '.join(lacks)}, which this CPU lacks (another host of cpu_target {self.level} "
+                f"wrote it): compiled again here and replaced")
+
+
+NONE = Target(None)
+active = NONE  # set once, by ``choose`` on import jax
+
+
+def features_of(payload: bytes) -> frozenset[str]:
+    """The ``+`` features every target-feature list in an executable names (XLA:CPU keeps LLVM's
+    ``+64bit,+adx,...,-amx-tile,...`` in its object code): found from ``+sse2,``, which every x86-64
+    list has, without a pattern run over megabytes."""
+    found: set[str] = set()
+    at = payload.find(b"+sse2,")
+    while at >= 0:
+        start, end = at, at
+        while start > 0 and payload[start - 1] in _LIST_BYTES:
+            start -= 1
+        while end < len(payload) and payload[end] in _LIST_BYTES:
+            end += 1
+        for word in payload[start:end].split(b","):
+            word = word[word.rfind(b"+"):] if b"+" in word else b""  # a name holds no "+": the list's first, after text
+            if _FEATURE.fullmatch(word[1:]):
+                found.add(word[1:].decode())
+        at = payload.find(b"+sse2,", end)
+    return frozenset(found)
+
+
+_LIST_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789_.-+,")
+_FEATURE = re.compile(rb"[a-z0-9][a-z0-9_.-]*")
+
+
+def choose(level: str, machine: str, features: list[str], unread: str | None, jaxlib: tuple[int, int, int] | None,
+           xla_flags: str) -> Target:
+    """The target for this process: ``level`` where this host and this XLA can take it, else the
+    host's ISA with the reason (one line for a warning and ``status``)."""
+    if level == HOST:
+        return NONE
+    have = frozenset(features)
+    why = None
+    if machine not in ("x86_64", "AMD64"):
+        why = f"it is an x86-64 level and this CPU is {machine}"
+    elif unread is not None:
+        why = f"this CPU's features cannot be read ({unread})"
+    elif jaxlib is None or jaxlib < SINCE:
+        why = (f"it needs jaxlib {'.'.join(map(str, SINCE))} or later, whose entries list the features they were "
+               f"built for (this is jaxlib {'.'.join(map(str, jaxlib)) if jaxlib else 'unknown'})")
+    elif lacks := [f for f in LEVELS[level][1] if f not in have]:
+        why = f"this CPU is below it (it lacks {', '.join(lacks)})"
+    elif (given := flag_in(xla_flags)) is not None and given.upper() != LEVELS[level][0]:
+        why = f"XLA_FLAGS already sets {FLAG}={given}"
+    if why is not None:
+        return Target(None, machine, have, f"cpu_target {level} not used, {why}: CPU entries are keyed on this host's "
+                                           "ISA, as with cpu_target = host")
+    return Target(level, machine, have)
+
+
+def here(level: str, jaxlib: tuple[int, int, int] | None, xla_flags: str) -> Target:
+    """``choose`` for this host, its ISA read now."""
+    machine, features, unread = _isa.read()
+    return choose(level, machine, features, unread, jaxlib, xla_flags)
+
+
+def flag_in(xla_flags: str) -> str | None:
+    """The value of ``--xla_cpu_max_isa`` in an ``XLA_FLAGS`` string, or None."""
+    value = None
+    for word in xla_flags.split():
+        name, _, given = word.partition("=")
+        if name == FLAG:
+            value = given
+    return value
+
+
+def with_flag(xla_flags: str, level: str) -> str:
+    """``XLA_FLAGS`` with the level's cap (it is read by XLA when its backend starts)."""
+    if flag_in(xla_flags) is not None:
+        return xla_flags
+    return f"{xla_flags} {FLAG}={LEVELS[level][0]}".strip()

@@ -1,0 +1,157 @@
+"""One CPU target for a mixed fleet (SPEC §15, amended 2026-12-04): under ``cpu_target`` XLA's CPU
+code is capped at the level and CPU keys hold the level, so hosts at or above it share entries; a
+host below it keys on its own ISA; an entry that lists a feature the reader lacks is never loaded.
+Another CPU is a fake ``/proc/cpuinfo`` bind-mounted in a private mount namespace (SPEC §12)."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+from conftest import PROGRAM, Venv, autocache_warnings, run_program
+from test_activation import VERSION_DIR
+from test_isa import cpuinfo_without, host_flags, needs_unshare, on_cpu
+
+from gkx_autocache import _cpu_target, _isa, _settings
+
+V3 = {"GKX_JAX_CACHE_CPU_TARGET": "x86-64-v3"}
+AVX512 = {f for f in host_flags() if f.startswith("avx512")}
+needs_avx512 = pytest.mark.skipif(not AVX512 or "avx2" not in host_flags(),
+                                  reason="the mixed pair needs an AVX-512 host to play both hosts")
+
+
+def listed(vdir: Path) -> set[str]:
+    """Every ``+`` feature the CPU entries of a version directory list."""
+    found: set[str] = set()
+    for entry in vdir.glob("jit_*-cache"):
+        found |= _cpu_target.features_of(zlib.decompress(entry.read_bytes()))
+    return found
+
+
+def counts(proc: object) -> dict[str, float]:
+    assert proc.returncode == 0, proc.stderr  # type: ignore[attr-defined]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[attr-defined,no-any-return]
+
+
+# -- deciding, without JAX -----------------------------------------------------------------------------
+
+
+def test_a_level_is_taken_only_where_this_host_and_this_xla_can_take_it() -> None:
+    v3 = list(_cpu_target.LEVELS["x86-64-v3"][1])
+    assert _cpu_target.choose("host", "x86_64", v3, None, (0, 10, 2), "") is _cpu_target.NONE
+    taken = _cpu_target.choose("x86-64-v3", "x86_64", [*v3, "gfni"], None, (0, 10, 2), "")
+    assert taken.level == "x86-64-v3" and taken.isa_text() == "x86_64:target=x86-64-v3" and taken.why_host is None
+    refusals = {
+        "lacks avx2": _cpu_target.choose("x86-64-v3", "x86_64", [f for f in v3 if f != "avx2"], None, (0, 10, 2), ""),
+        "lacks avx512f, avx512bw": _cpu_target.choose("x86-64-v4", "x86_64", v3, None, (0, 12, 0), ""),
+        "this CPU is aarch64": _cpu_target.choose("x86-64-v3", "aarch64", ["neon"], None, (0, 10, 2), ""),
+        "needs jaxlib 0.8.2 or later": _cpu_target.choose("x86-64-v3", "x86_64", v3, None, (0, 7, 2), ""),
+        "cannot be read": _cpu_target.choose("x86-64-v3", "x86_64", ["host=a"], "/proc/cpuinfo is empty", (0, 10, 2), ""),
+        "already sets --xla_cpu_max_isa=AVX512": _cpu_target.choose("x86-64-v3", "x86_64", v3, None, (0, 10, 2),
+                                                                    "--xla_cpu_max_isa=AVX512"),
+    }
+    for said, target in refusals.items():
+        assert target.level is None and target.why_host is not None and said in target.why_host, (said, target.why_host)
+    assert _cpu_target.with_flag("--xla_foo=1", "x86-64-v2") == "--xla_foo=1 --xla_cpu_max_isa=SSE4_2"
+    assert _cpu_target.with_flag("--xla_cpu_max_isa=AVX2", "x86-64-v3") == "--xla_cpu_max_isa=AVX2"
+
+
+def test_a_bad_target_is_one_line_and_the_host_keys() -> None:
+    settings = _settings.resolve(env={"GKX_JAX_CACHE_CPU_TARGET": "haswell"}, prefix="/nonexistent", user_file="/nonexistent")
+    assert settings["cpu_target"] == "host"
+    assert [m for _, m in settings.problems] == ["env GKX_JAX_CACHE_CPU_TARGET: cpu_target skipped, expected one of host, "
+                                                 "x86-64-v2, x86-64-v3, x86-64-v4, got 'haswell'; fix or remove it"]
+
+
+def test_the_features_an_entry_lists_are_read_from_its_code() -> None:
+    payload = b"\x00junk+avx,+avx2,+sse2,+gfni,-avx512f,+x87\x00more" + b"\x7f+64bit,+sse2,+vaes\xff"
+    assert _cpu_target.features_of(payload) == {"avx", "avx2", "sse2", "gfni", "x87", "64bit", "vaes"}
+    assert _cpu_target.features_of(b"no list here") == frozenset()
+    target = _cpu_target.Target("x86-64-v3", "x86_64", frozenset(_cpu_target.LEVELS["x86-64-v3"][1]))
+    why = target.foreign(payload)
+    assert why is not None and "gfni, vaes" in why and "x86-64-v3" in why, why
+    assert target.foreign(b"+sse2,+avx2,+prefer-256-bit,+shstk\x00") is None  # tuning never restricts
+
+
+def test_explain_names_the_target_of_a_cpu_miss() -> None:
+    assert _isa.difference("x86_64:target=x86-64-v3", "x86_64:avx,avx2,sse2") == \
+        "cpu_target x86-64-v3 -> a host's own ISA (cpu_target host)"
+    assert _isa.difference("x86_64:avx,sse2", "x86_64:target=x86-64-v4") == \
+        "a host's own ISA (cpu_target host) -> cpu_target x86-64-v4"
+
+
+# -- real JAX, two CPUs -----------------------------------------------------------------------------
+
+
+@needs_unshare
+@needs_avx512
+def test_a_mixed_pair_shares_entries_under_a_target_and_none_without(venv: Venv, tmp_path: Path) -> None:
+    """An AVX-512 host writes under x86-64-v3: XLA built no AVX-512 code (its entries list none), and
+    an AVX2 host (the same CPU with its AVX-512 flags taken away) is served every entry, with the same
+    result. Without the target the AVX2 host gets none: the fleet shares nothing."""
+    avx2_host = cpuinfo_without(tmp_path, AVX512)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
+    cold, _ = run_program(venv, env=env)
+    built = listed(tmp_path / "c" / VERSION_DIR)
+    assert {"avx2", "sse2"} <= built and not {f for f in built if f.startswith("avx512")}, sorted(built)
+    other = counts(on_cpu(venv, avx2_host, "-c", PROGRAM, env=env))
+    assert other["hits"] == other["requests"] == cold["requests"] > 0 and other["result"] == cold["result"]
+    key = venv.cli("ci-key", env=env).stdout
+    assert on_cpu(venv, avx2_host, "-m", "gkx_autocache", "ci-key", env=env).stdout == key  # one CI cache too
+
+    host_env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "h")}
+    run_program(venv, env=host_env)
+    assert {f for f in listed(tmp_path / "h" / VERSION_DIR) if f.startswith("avx512")}  # the host's own code
+    assert counts(on_cpu(venv, avx2_host, "-c", PROGRAM, env=host_env))["hits"] == 0
+    status = json.loads(venv.cli("--json", "status", env=env).stdout)
+    assert status["settings"]["cpu_target"] == {"value": "x86-64-v3", "origin": "env GKX_JAX_CACHE_CPU_TARGET",
+                                                "effective": "x86-64-v3"}
+
+
+@needs_unshare
+def test_a_host_below_the_target_loads_nothing_of_it_and_says_so(venv: Venv, tmp_path: Path) -> None:
+    """A CPU without AVX2 under x86-64-v3: one warning, its own ISA keys its entries (uncapped), no
+    entry of the target is loaded, `status` says why, and `explain` names the target."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
+    cold, _ = run_program(venv, env=env)
+    below = cpuinfo_without(tmp_path, {"avx2"})
+    proc = on_cpu(venv, below, "-c", PROGRAM, env=env)
+    other = counts(proc)
+    assert other["hits"] == 0 and other["result"] == cold["result"]
+    said = autocache_warnings(proc.stderr)
+    assert len(said) == 1 and "cpu_target x86-64-v3 not used, this CPU is below it (it lacks avx2)" in said[0], said
+    status = json.loads(on_cpu(venv, below, "-m", "gkx_autocache", "--json", "status", env=env).stdout)
+    assert any("below it (it lacks avx2)" in line for line in status["attention"]), status["attention"]
+    data = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    causes = {g["cause"]: g for g in data["groups"]}
+    assert set(causes) == {"changed CPU"}, causes
+    detail = causes["changed CPU"]["functions"][0]["detail"]
+    assert "cpu_target x86-64-v3 -> a host's own ISA" in detail, detail
+
+
+@needs_unshare
+def test_an_entry_that_lists_a_feature_the_reader_lacks_is_never_loaded(venv: Venv, tmp_path: Path) -> None:
+    """XLA's cap leaves on the host's features that are not newer than the level (gfni, vaes, sse4a on
+    an AVX-512 EPYC): a reader at the target without one of them compiles again (and replaces the
+    entry, which it can run), never loads it; `explain` names the feature."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
+    run_program(venv, env=env)
+    vdir = tmp_path / "c" / VERSION_DIR
+    level = set(_cpu_target.LEVELS["x86-64-v3"][1])
+    kernel = {llvm: flag for flag, llvm in _isa.X86.items()}
+    extra = sorted(f for f in listed(vdir) if f not in level and f in kernel)
+    if not extra:
+        pytest.skip("this host's capped entries list no feature beyond x86-64-v3")
+    reader = cpuinfo_without(tmp_path, {kernel[extra[0]]})
+    first = counts(on_cpu(venv, reader, "-c", PROGRAM, env=env))
+    assert first["hits"] == 0
+    data = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    rejected = {g["cause"]: g for g in data["groups"]}["rejected"]["functions"][0]["detail"]
+    assert f"built for {extra[0]}" in rejected and "which this CPU lacks" in rejected, rejected
+    # XLA reads CPUID, not /proc/cpuinfo: here the reader's own build lists the feature again, and it is
+    # refused again (a real host without it builds without it, and then loads its own entries).
+    again = counts(on_cpu(venv, reader, "-c", PROGRAM, env=env))
+    assert again["hits"] == 0 and again["result"] == first["result"]
+    assert counts(venv.run("-c", PROGRAM, env=env))["hits"] == first["requests"]  # the writer's host loads them
