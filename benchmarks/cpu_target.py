@@ -70,8 +70,8 @@ def main() -> None:
     print(f"demo workload, host B (no AVX-512) after host A (AVX-512) wrote the cache; median of {args.runs}")
     print("| cpu_target | B's wall | B's hits |")
     print("|---|---|---|")
-    for target, wall, hit, requests in rows:
-        print(f"| {target} | {wall:.2f} s | {hit:.0f} of {requests:.0f} |")
+    for target, wall, hit, asked in rows:
+        print(f"| {target} | {wall:.2f} s | {hit:.0f} of {asked:.0f} |")
     print(f"| (B cold, no cache of A's) | {cold:.2f} s | 0 |")
 
 
