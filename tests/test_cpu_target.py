@@ -108,6 +108,16 @@ def test_a_mixed_pair_shares_entries_under_a_target_and_none_without(venv: Venv,
     status = json.loads(venv.cli("--json", "status", env=env).stdout)
     assert status["settings"]["cpu_target"] == {"value": "x86-64-v3", "origin": "env GKX_JAX_CACHE_CPU_TARGET",
                                                 "effective": "x86-64-v3"}
+    # A warm bundle of the target's entries: loaded under the target, "another CPU" without it.
+    bundle = str(tmp_path / "warm.tar")
+    assert venv.cli("export", bundle, env=env).returncode == 0
+    imported = {}
+    for name, extra in (("target", V3), ("host", {})):
+        proc = venv.cli("--json", "import", bundle, env={"GKX_JAX_CACHE_DIR": str(tmp_path / f"i-{name}"), **extra})
+        assert proc.returncode == 0, proc.stderr
+        imported[name] = json.loads(proc.stdout)
+    assert imported["target"]["entries"] > 0 and imported["target"]["other_cpu"] == 0, imported
+    assert imported["host"]["other_cpu"] == imported["target"]["entries"], imported
 
 
 @needs_unshare

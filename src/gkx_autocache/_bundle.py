@@ -244,8 +244,9 @@ def check_member(member: tarfile.TarInfo, files: dict[str, tuple[int, str]]) -> 
 
 
 def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256: str | None = None,
-                  force: bool = False, shared: bool = False, cap: int = 0) -> Imported:
+                  force: bool = False, shared: bool = False, cap: int = 0, loads: tuple[str, ...] = ()) -> Imported:
     """Merge the bundle's entries into ``version_dir``. Raises Refused, having written nothing.
+    ``loads``: the ISAs in keys this host loads (its own, and its ``cpu_target``'s); its own alone by default.
 
     The archive is opened once: ``--sha256`` checks the very bytes that are then read (by path
     twice, someone who can write its folder could swap it between the check and the import)."""
@@ -260,10 +261,10 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
                 first = next(members)
                 if first is not None and first[1].name == MANIFEST:
                     manifest = read_manifest(*first)
-                    return _merge(members, manifest, True, version_dir, env, force, shared, cap)
+                    return _merge(members, manifest, True, version_dir, env, force, shared, cap, loads)
                 manifest = _manifest_last(first, members, version_dir, cap)
             with _members(source) as members:  # the earlier layout: read again, now with its manifest
-                return _merge(members, manifest, False, version_dir, env, force, shared, cap)
+                return _merge(members, manifest, False, version_dir, env, force, shared, cap, loads)
         except _Unreadable as exc:
             raise Refused(f"the archive is damaged: {exc}") from None
         except (tarfile.TarError, ValueError, OverflowError, RecursionError) as exc:  # a PAX size of 40 digits...
@@ -390,7 +391,7 @@ def _manifest_last(first: Member | None, members: Iterator[Member | None], versi
 
 
 def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_read: bool, version_dir: str,
-           env: dict[str, Any], force: bool, shared: bool, cap: int) -> Imported:
+           env: dict[str, Any], force: bool, shared: bool, cap: int, loads: tuple[str, ...] = ()) -> Imported:
     """Check, stage and then place every member after the manifest: at most as many as it lists."""
     files: dict[str, tuple[int, str]] = manifest["files"]
     differences = check_environment(manifest, env)
@@ -446,11 +447,11 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
     done = Imported(entries=entries, present=len(skipped), files=placed, bytes=copied)
     records = manifest.get("records") or []
     isas = _index.isa_of_entries(records)
-    here = _isa.isa()
+    here = set(loads or (_isa.isa(),))
     for key in placed_keys:
         name, hex_ = _index.split_key(key)
         isa = isas.get(f"{name}-{hex_}")
-        done.other_cpu += isa is not None and isa != here
+        done.other_cpu += isa is not None and isa not in here
         done.unknown_cpu += isa is None
     wanted = {_index.split_key(k) for k in placed_keys}
     done.records = [r for r in records if not r.startswith("E\t") or tuple(r.split("\t")[1:3]) in wanted]

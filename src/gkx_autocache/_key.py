@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from gkx_autocache import _jax
+from gkx_autocache import _cpu_target, _jax
 from gkx_autocache._diagnostics import logger
 
 ISA_MARK = "gkx-autocache-isa="  # what the package's part of the hook's string ends with: the ISA
@@ -87,8 +87,6 @@ def package_part() -> str:
     """What the package adds to the hook's string: the host's ISA (a CPU key's, the ``cpu_target``
     where one is used), after a mark where this thread's compile has host callbacks that the
     package hands back (``_jax.handing_callbacks``)."""
-    from gkx_autocache import _cpu_target
-
     target = _cpu_target.active
     on_cpu = target.level is not None and seam is not None and getattr(seam.thread, "platform", None) == "cpu"
     return (CALLBACKS_MARK if _jax.handing_callbacks() else "") + (ISA_MARK + target.isa_text() if on_cpu else isa_suffix())

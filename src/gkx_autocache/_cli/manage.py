@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from gkx_autocache import _bundle, _cache, _entries, _settings
+from gkx_autocache import _bundle, _cache, _entries, _isa, _settings
 from gkx_autocache._cli import context as _context
 from gkx_autocache._cli.context import Context, load_context, refuse_skipped_dir
 from gkx_autocache._cli.output import FAILED, OK, USAGE, CliError, emit, progress
@@ -281,9 +281,11 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise CliError(f"{vdir} does not exist")
     if ctx.location is not None and not ctx.location.writable:
         raise CliError(f"{vdir} is read-only here: nothing imported")
+    target = _context.cpu_target(ctx.settings["cpu_target"])
     try:
         done = _bundle.import_bundle(archive, vdir, _environment(ctx), sha256=args.sha256, force=args.force,
-                                     shared=bool(ctx.settings["trust_shared"]), cap=ctx.settings["max_size"])
+                                     shared=bool(ctx.settings["trust_shared"]), cap=ctx.settings["max_size"],
+                                     loads=(_isa.isa(), *([target.isa_text()] if target.level else [])))
     except _bundle.Refused as exc:
         raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
     except OSError as exc:
