@@ -1035,13 +1035,15 @@ def measured(python: Path, code: list[str], env: dict[str, str]) -> dict[str, fl
             "hits": got["hits"], "requests": got["requests"]}
 
 
-def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | None = None) -> dict[str, Any]:
+def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | None = None,
+                http: bool = False) -> dict[str, Any]:
     """The figures of ``PAIR_FIGURES``, ``pairs`` alternated pairs each, rounds interleaved across
     figures, against moto on 127.0.0.1 (``delay``: through ``hostile.Proxy``, which waits that long
     before forwarding each request). A bucket is filled once by a writer's cold run (its entries,
     its manifest and its pack), which leaves that writer's local level warm; a plain local level is
     filled alongside. Every "fresh machine" run gets an empty local level of its own. One run of
-    each configuration before the pairs is not counted (the page cache, moto's first requests)."""
+    each configuration before the pairs is not counted (the page cache, moto's first requests).
+    ``http``: nginx with WebDAV (``tests/webdav.py``) as an HTTP cache in place of the bucket."""
     sys.path.insert(0, str(ROOT / "tests"))
     from hostile import Proxy
 
@@ -1049,22 +1051,33 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
         with_py = remote_venvs(work)[0]
     code = [str(work / "pairs-short.py")]
     Path(code[0]).write_text(SHORT)
-    server, s3 = moto(work)
-    proxy = Proxy(int(s3["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]), delay=delay)
-    try:
+    if http:
+        from webdav import Nginx
+
+        server: Any = Nginx(work / "nginx")
+        proxy = Proxy(server.port, delay=delay)
+        shared = server.url
+        base = base_env(HOME=str(work))
+        slow = {**base, "GKX_JAX_CACHE_SHARED": shared.replace(f":{server.port}/", f":{proxy.port}/")}
+        server_pid = server.process.pid
+    else:
+        server, s3 = moto(work)
+        proxy = Proxy(int(s3["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]), delay=delay)
+        shared = "s3://bench/pairs"
         base = base_env(HOME=str(work), **s3)
         slow = {**base, "AWS_ENDPOINT_URL": proxy.endpoint}
-        shared = "s3://bench/pairs"
+        server_pid = server.pid
+    try:
         writer = {"GKX_JAX_CACHE_DIR": str(work / "pairs-writer"), "GKX_JAX_CACHE_SHARED": shared}
         plain = {"GKX_JAX_CACHE_DIR": str(work / "pairs-plain")}
 
         def fresh(i: int | str) -> dict[str, str]:
-            return {**slow, "GKX_JAX_CACHE_DIR": str(work / f"pairs-fresh-{i}"), "GKX_JAX_CACHE_SHARED": shared}
+            return {"GKX_JAX_CACHE_SHARED": shared, **slow, "GKX_JAX_CACHE_DIR": str(work / f"pairs-fresh-{i}")}
 
         envs: dict[str, tuple[Any, Any]] = {
             "a": (lambda i: {**base, **writer}, lambda i: {**base, **plain}),
-            "a_slow": (lambda i: {**slow, **writer}, lambda i: {**slow, **plain}),
-            "b": (fresh, lambda i: {**slow, **writer}),
+            "a_slow": (lambda i: {**writer, **slow}, lambda i: {**slow, **plain}),
+            "b": (fresh, lambda i: {**writer, **slow}),
         }
         cold = measured(with_py, code, {**base, **writer})
         measured(with_py, code, {**base, **plain})
@@ -1072,22 +1085,25 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
             measured(with_py, code, a("warm-up"))
             measured(with_py, code, b("warm-up"))
         runs: dict[str, dict[str, list[dict[str, float]]]] = {name: {"A": [], "B": []} for name in envs}
-        busy, own, started = machine_busy(), own_cpu(server.pid), time.perf_counter()
+        busy, own, started = machine_busy(), own_cpu(server_pid), time.perf_counter()
         for i in range(pairs):
             for name, (a, b) in envs.items():
                 for side, env in (("A", a), ("B", b)):
-                    before = cpu_secs(server.pid)
+                    before = cpu_secs(server_pid)
                     got = measured(with_py, code, env(i))
-                    got["server_cpu"] = cpu_secs(server.pid) - before
+                    got["server_cpu"] = cpu_secs(server_pid) - before
                     runs[name][side].append(got)
         elapsed = time.perf_counter() - started
-        others = max(machine_busy() - busy - (own_cpu(server.pid) - own), 0.0)
+        others = max(machine_busy() - busy - (own_cpu(server_pid) - own), 0.0)
         stats = json.loads(sh(str(with_py), "-m", "gkx_autocache", "--json", "stats", env=fresh(pairs - 1)).stdout)
     finally:
         proxy.close()
-        server.terminate()
-        server.wait(timeout=30)
-    results: dict[str, Any] = {"pairs": pairs, "delay_ms": delay * 1000, "entries": cold["requests"],
+        if http:
+            server.close()
+        else:
+            server.terminate()
+            server.wait(timeout=30)
+    results: dict[str, Any] = {"server": "nginx (HTTP)" if http else "moto (S3)", "pairs": pairs, "delay_ms": delay * 1000, "entries": cold["requests"],
                                "cold": cold["wall"], "figures": {}, "seconds_measured": elapsed,
                                "others_cpu": others, "cores": os.cpu_count()}
     for name, label, target, a_name, b_name in PAIR_FIGURES:

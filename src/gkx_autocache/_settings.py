@@ -177,18 +177,23 @@ def is_ci(env: Mapping[str, str] = os.environ) -> bool:
 _VAR = r"\$(?:(\w+)|\{([^}]*)\})"  # $NAME or ${NAME}
 
 
-def parse_dir(raw: Any, base: str | None, env: Mapping[str, str] = os.environ) -> str:
+def parse_dir(raw: Any, base: str | None, env: Mapping[str, str] = os.environ, http: bool = False) -> str:
     """A path with ``~`` and ``$VARS`` expanded (from ``env``), absolute against ``base``; a URL
-    verbatim. A ``$VAR`` that is not set, or a ``~user`` that does not exist, is a bad value, never
-    a literal directory of that name; so is a relative path when ``base`` is None (the current
-    directory was deleted)."""
+    verbatim (``http``: an HTTP(S) cache's too, which only ``shared`` takes). A ``$VAR`` that is not
+    set, or a ``~user`` that does not exist, is a bad value, never a literal directory of that name;
+    so is a relative path when ``base`` is None (the current directory was deleted)."""
+    schemes = ("s3", "gs", "http", "https") if http else ("s3", "gs")
+    said = "a gs://bucket, s3://bucket or https:// URL" if http else "a gs://bucket or s3://bucket URL"
     if not isinstance(raw, str) or not raw.strip():
-        raise BadValue(f"expected a directory path or a gs:// or s3:// URL, got {shown(raw)}")
+        raise BadValue(f"expected a directory path or {said}, got {shown(raw)}")
     text: str = raw.strip()
     if is_url(text):
         scheme, _, rest = text.partition("://")
-        if scheme.lower() not in ("s3", "gs") or not rest.strip("/"):
-            raise BadValue(f"expected a directory path or a gs://bucket or s3://bucket URL, got {shown(raw)}")
+        if scheme.lower() not in schemes or not rest.strip("/"):
+            raise BadValue(f"expected a directory path or {said}, got {shown(raw)}")
+        if scheme.lower() in ("http", "https") and "@" in rest.split("/", 1)[0]:  # never shown, so never in a URL
+            raise BadValue("credentials in the URL would be printed with it: give them in GKX_JAX_CACHE_SHARED_TOKEN "
+                           "or ~/.netrc")
         return text
     if "\0" in text:
         raise BadValue(f"a path cannot hold a NUL character, got {shown(raw)}")
@@ -306,7 +311,7 @@ def validate(key: str, raw: Any, base: str | None, env: Mapping[str, str] = os.e
     """Parse ``raw`` for ``key``; a relative ``dir`` or ``shared`` is taken against ``base`` (None:
     there is no current directory, and a relative value is a bad one). Raises BadValue."""
     if key in ("dir", "shared"):
-        return parse_dir(raw, base, env)
+        return parse_dir(raw, base, env, http=key == "shared")
     return KEYS[key].parse(raw)
 
 

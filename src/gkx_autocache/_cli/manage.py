@@ -68,6 +68,9 @@ def _shared(ctx: Context, command: str) -> str:
     if ctx.jax_version is None:
         raise CliError(ctx.why_no_dir())
     ctx.store_dir(f"{command} --shared")  # levels are the store's: none on Windows
+    if _levels.is_http(shared):
+        raise CliError(f"{command} --shared: {shared} is an HTTP cache, which cannot be listed: its server keeps it "
+                       "(bazel-remote evicts by itself; nginx: remove the files under its root)")
     return str(_levels.backend_for(shared, ctx.jax_version, bool(ctx.settings["trust_shared"])).where)
 
 

@@ -72,14 +72,14 @@ async def _read_range(fs: Any, path: str, start: int, end: int) -> bytes | None:
                                f"asked of {key.rsplit('/', 1)[-1]}")
         if have > asked:
             raise Refused(f"the shared entry sent more than the {asked} bytes of its range")
-        if ranged and (why := _wrong_range(str(resp.get("ContentRange")), start, end, have)):
+        if ranged and (why := wrong_range(str(resp.get("ContentRange")), start, end, have)):
             raise Refused(f"the shared entry sent {why}")
         return b"".join(chunks)
     finally:
         body.close()  # a body left unread is dropped with its connection, never read on
 
 
-def _wrong_range(content_range: str, start: int, end: int, have: int) -> str | None:
+def wrong_range(content_range: str, start: int, end: int, have: int) -> str | None:
     """Why a 206's ``Content-Range`` (``bytes first-last/total``) is not bytes ``start`` to ``end``
     (fewer only where the object ends there) with ``have`` bytes of body, or None."""
     import re

@@ -1,5 +1,5 @@
 """The shared level (SPEC §14): a second store behind the local one, in a bucket (``s3://``,
-``gs://``, through fsspec) or a directory (a team directory, or a read-only one baked into an
+``gs://``, through fsspec), an HTTP(S) cache or a directory (a team directory, or a read-only one baked into an
 image). The store asks it on a local miss and hands it each local write; it knows nothing of the
 CLI. Nothing here runs at interpreter start or on ``import jax`` beyond building the object: the
 first shared access is the first local miss. Here: reads, the upload queue and its worker, the
@@ -25,6 +25,7 @@ from gkx_autocache._shared import prefetch
 from gkx_autocache._shared.bucket import Bucket
 from gkx_autocache._shared.calls import FIRST_BLOCK, MAX_BLOCK, Progress, ShuttingDown, Stalled, bounded, describe
 from gkx_autocache._shared.directory import Directory
+from gkx_autocache._shared.http import HttpCache
 from gkx_autocache._shared.seal import Refused, head_problem, mac, make_seal, read_seal
 
 LIST_TTL = 60.0
@@ -256,7 +257,7 @@ class Level:
                     self._listing = names if isinstance(names, dict) else None
                     self._listed_at = time.monotonic()
                     if self.backend.kind == "bucket":
-                        self.count("shared", requests=1)
+                        self.count("shared", requests=1)  # (an HTTP cache's HEAD, where it has no listing)
                         self._sweep()
                     else:
                         self._listed_at = float("inf")  # a directory is never listed
@@ -612,7 +613,7 @@ def problem(settings: Any, location: Any) -> str | None:
         return "on Windows JAX's own cache serves the directory, and levels need gkx-autocache's store (POSIX-only)"
     if same_place(shared, location.root):
         return "it is the same directory as dir"
-    if is_url(shared):  # fsspec and its backend; not etils, which only JAX's own remote cache needs
+    if is_url(shared) and not is_http(shared):  # fsspec and its backend; not etils, which only JAX's own remote cache needs
         import importlib.util
 
         from gkx_autocache import _remote
@@ -642,10 +643,16 @@ def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str]
     return level, []
 
 
-def backend_for(shared: str, jax_version: str, team: bool) -> Bucket | Directory:
+def backend_for(shared: str, jax_version: str, team: bool) -> Bucket | HttpCache | Directory:
+    if is_http(shared):
+        return HttpCache(f"{shared.rstrip('/')}/{version_name(jax_version)}")
     if is_url(shared):
         return Bucket(f"{shared.rstrip('/')}/{version_name(jax_version)}")
     return Directory(shared, jax_version, team)
+
+
+def is_http(shared: str) -> bool:
+    return shared.split("://", 1)[0].lower() in ("http", "https") and "://" in shared
 
 
 def signing_key(env: Mapping[str, str]) -> bytes | None:

@@ -14,7 +14,8 @@ from gkx_autocache._diagnostics import human_bytes, plural
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, is_url, key_match
 from gkx_autocache._shared.bucket import NOT_LISTED
 from gkx_autocache._shared.calls import Progress, bounded, describe
-from gkx_autocache._shared.level import COUNTS, backend_for, problem, signing_key, uploads
+from gkx_autocache._shared.http import NO_LISTING
+from gkx_autocache._shared.level import COUNTS, backend_for, is_http, problem, signing_key, uploads
 
 
 def probe(backend: Any, timeout: float) -> dict[str, Any]:
@@ -26,7 +27,7 @@ def probe(backend: Any, timeout: float) -> dict[str, Any]:
         found: dict[str, Any] = {}
         if backend.kind == "bucket":
             names = backend.listing(progress)
-            if names == NOT_LISTED:  # it answered, and cannot say how many: never "more than 1000"
+            if names in (NOT_LISTED, NO_LISTING):  # it answered, and cannot say how many: never "more than 1000"
                 return {"entries": None, "listing": names}
             if isinstance(names, str):
                 return {"entries": names}
@@ -62,15 +63,17 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
              "trust": ("a team directory (trust_shared)" if getattr(location, "team", False) else
                        "not checked on Windows" if getattr(location, "kind", None) == _cache.STOCK else "private to you")}
     info: dict[str, Any] = {
-        "url": shared, "origin": settings.origin("shared"), "kind": "bucket" if is_url(shared) else "directory",
-        "trust": ("the bucket's access policy" if is_url(shared) else
+        "url": shared, "origin": settings.origin("shared"),
+        "kind": "http" if is_http(shared) else "bucket" if is_url(shared) else "directory",
+        "trust": ("the server's access control" if is_http(shared) else "the bucket's access policy" if is_url(shared) else
                   "a team directory (trust_shared)" if settings["trust_shared"] else "yours or root's, no one else's"),
         "writes": uploads(settings["shared_write"], env) or f"on (shared_write = {settings['shared_write']})",
         "timeout": settings["shared_timeout"],
         "signing": ("set (env GKX_JAX_CACHE_SIGNING_KEY): uploads are signed, unsigned entries never loaded"
                     if secret is not None else "not set: entries are neither signed nor checked"),
-        "cap": "none: the shared level is never pruned by itself; `gkx-autocache prune --shared` or a bucket "
-               "lifecycle rule keeps it",
+        "cap": ("none of the package's: the server's own (bazel-remote's --max_size), or remove files under its root"
+                if is_http(shared) else "none: the shared level is never pruned by itself; `gkx-autocache prune "
+                "--shared` or a bucket lifecycle rule keeps it"),
     }
     why = problem(settings, location) if location is not None else "no local level"
     if why is not None or jax_version is None:

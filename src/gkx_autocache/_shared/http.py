@@ -1,0 +1,288 @@
+"""The shared level in an HTTP(S) cache (``http://``, ``https://``; SPEC §14): the protocol ccache,
+sccache, Gradle and Bazel's remote caches speak, ``GET``, ``PUT`` and ``HEAD`` of whole objects, on
+the bucket's layout (``<url>/jax-<version>/<key>-cache``, its seal ``<key>-gkx-shared``, the
+programs' manifests and packs). nginx with WebDAV and Artifactory's generic repositories hold it as
+it is; bazel-remote's ``/ac/`` wants sha256 names (docs/levels.md). The standard library's
+``http.client`` only: a fresh machine imports no client library.
+
+Credentials: a bearer token from ``GKX_JAX_CACHE_SHARED_TOKEN``, else the host's ``~/.netrc``
+entry (basic); never printed, and never sent where a redirect leads to another origin (a read
+follows at most three redirects; an upload follows none). An HTTP cache cannot be listed: the
+level answers each lookup by its own requests, and heals nothing (its server keeps it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
+from gkx_autocache._shared.bucket import RangeIgnored, wrong_range
+from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, bounded
+from gkx_autocache._shared.seal import SEAL_LIMIT, Refused
+
+TOKEN_ENV = "GKX_JAX_CACHE_SHARED_TOKEN"
+REDIRECTS = 3
+POOL = 4  # idle connections kept for the next request
+PROBE = "gkx-autocache-probe"  # the name a HEAD asks for to see that the cache answers
+NO_LISTING = "not counted: an HTTP cache cannot be listed"
+
+
+class HttpError(OSError):
+    """The server answered with an error status; the message is one line, without credentials."""
+
+    def __init__(self, status: int, reason: str, url: str) -> None:
+        hint = (f" (credentials: {TOKEN_ENV}, or a ~/.netrc entry for the host)" if status in (401, 403) else
+                " (a redirect an upload does not follow)" if 300 <= status < 400 else "")
+        super().__init__(f"{url} answered {status} {reason}{hint}")
+        self.status = status
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def credentials(url: str, env: Any = os.environ) -> str | None:
+    """The ``Authorization`` header for the cache at ``url``: ``Bearer`` from ``TOKEN_ENV``, else
+    ``Basic`` from the host's ``~/.netrc`` entry; None without either."""
+    token = env.get(TOKEN_ENV, "")
+    if token:
+        return f"Bearer {token}"
+    import netrc
+
+    try:
+        found = netrc.netrc().authenticators(origin(url)[1])
+    except (OSError, netrc.NetrcParseError):  # no ~/.netrc, or one that does not parse: none
+        return None
+    if not found:
+        return None
+    import base64
+
+    login, _account, password = found
+    return "Basic " + base64.b64encode(f"{login}:{password or ''}".encode()).decode()
+
+
+class HttpCache:
+    """``http://`` and ``https://``: an object store (ranged reads, whole-object writes, packs read as
+    a stream), like a bucket, through one small pool of keep-alive connections."""
+
+    kind = "bucket"
+
+    def __init__(self, version_url: str, env: Any = os.environ) -> None:
+        self.where = version_url.rstrip("/")
+        self._auth = credentials(version_url, env)
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+
+    def forget(self) -> None:
+        """After ``fork``: the parent's connections are its own."""
+        self._idle = []
+        self._lock = threading.Lock()
+
+    def streams(self) -> bool:
+        return True
+
+    def prepare(self, progress: Progress, create: bool = True) -> bool:
+        return True  # whether the server takes writes is known at the first upload
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    def _connection(self, url: str) -> Any:
+        import http.client
+
+        scheme, host, port = origin(url)
+        if (scheme, host, port) == origin(self.where):
+            with self._lock:
+                if self._idle:
+                    return self._idle.pop()
+        if scheme == "https":
+            import ssl
+
+            return http.client.HTTPSConnection(host, port, context=ssl.create_default_context())
+        return http.client.HTTPConnection(host, port)
+
+    def _done(self, connection: Any, response: Any) -> None:
+        """A response read to its end: its connection serves the next request."""
+        response.close()
+        if response.will_close or connection.sock is None:
+            connection.close()
+            return
+        with self._lock:
+            if len(self._idle) < POOL:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def _request(self, method: str, name: str, headers: dict[str, str] | None = None,
+                 body: bytes | None = None) -> tuple[Any, Any]:
+        """``(connection, response)`` for ``method`` of ``name`` under the version URL, the headers
+        read. A read follows redirects (credentials only to this origin); an upload none."""
+        url = f"{self.where}/{name}"
+        for _hop in range(REDIRECTS + 1):
+            connection = self._connection(url)
+            sent = dict(headers or {})
+            if self._auth is not None and origin(url) == origin(self.where):
+                sent["Authorization"] = self._auth
+            parts = urlsplit(url)
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            try:
+                connection.request(method, path, body=body, headers=sent)
+                response = connection.getresponse()
+            except Exception:
+                connection.close()
+                raise
+            if response.status not in (301, 302, 303, 307, 308) or method not in ("GET", "HEAD"):
+                return connection, response
+            location = response.getheader("Location") or ""
+            response.read(64 << 10)
+            self._done(connection, response)
+            if not location:
+                break
+            url = urljoin(url, location)
+        raise HttpError(response.status, f"{response.reason} (more than {REDIRECTS} redirects, or none to follow)",
+                        f"{self.where}/{name}")
+
+    def _read(self, name: str, start: int, end: int) -> bytes | None:
+        """Bytes ``start`` to ``end`` of an object, None when it is not there; never more than asked
+        for is held (an endpoint that ignores ``Range`` raises RangeIgnored; a 206 that is not the
+        range asked, Refused), as a bucket's ``_read_range``."""
+        connection, response = self._request("GET", name, {"Range": f"bytes={start}-{end - 1}"})
+        try:
+            if response.status == 404:
+                response.read(64 << 10)
+                self._done(connection, response)
+                return None
+            if response.status not in (200, 206):
+                raise HttpError(response.status, response.reason, f"{self.where}/{name}")
+            asked = end - start
+            ranged = response.status == 206
+            length = response.length
+            if not ranged and (start > 0 or (length is not None and length > asked)):
+                raise RangeIgnored(f"the HTTP cache ignores Range: it answered a read of {human_bytes(asked)} of "
+                                   f"{name} with the whole object"
+                                   f"{f' ({human_bytes(length)})' if length is not None else ''}")
+            data: bytes = response.read(asked + 1)
+            if len(data) > asked:
+                raise Refused(f"the shared entry sent more than the {asked} bytes of its range")
+            if ranged and (why := wrong_range(str(response.getheader("Content-Range")), start, end, len(data))):
+                raise Refused(f"the shared entry sent {why}")
+            self._done(connection, response)
+            return data
+        except BaseException:
+            connection.close()
+            raise
+
+    def listing(self, progress: Progress) -> dict[str, int] | str:
+        """No listing: one ``HEAD`` of a name no entry has says whether the cache answers, and takes
+        these credentials (a 404 or a 200; a directory's own URL is no object to ask for)."""
+        connection, response = self._request("HEAD", PROBE)
+        response.read()
+        self._done(connection, response)
+        if response.status not in (200, 404):
+            raise HttpError(response.status, response.reason, f"{self.where}/{PROBE}")
+        progress.tick()
+        return NO_LISTING
+
+    def first(self, key: str, progress: Progress) -> tuple[bytes | None, bytes | None]:
+        """The seal and the entry's first block, asked at once (two connections)."""
+        box: dict[str, Any] = {}
+
+        def seal() -> None:
+            try:
+                box["seal"] = self._read(key + SEAL_SIDECAR, 0, SEAL_LIMIT)
+            except BaseException as exc:
+                box["error"] = exc
+
+        other = threading.Thread(target=seal, name="gkx-autocache-shared-seal", daemon=True)
+        other.start()
+        entry = self._read(key + ENTRY_SUFFIX, 0, FIRST_BLOCK)
+        other.join()
+        if "error" in box:
+            raise box["error"]
+        progress.tick()
+        return box["seal"], entry
+
+    def small(self, name: str, limit: int = SEAL_LIMIT) -> bytes:
+        return self._read(name, 0, limit) or b""
+
+    def block(self, key: str, start: int, end: int) -> bytes:
+        return self._read(key + ENTRY_SUFFIX, start, end) or b""
+
+    def size(self, key: str) -> int:
+        connection, response = self._request("HEAD", key + ENTRY_SUFFIX)
+        response.read()
+        self._done(connection, response)
+        if response.status != 200 or response.length is None and response.getheader("Content-Length") is None:
+            raise HttpError(response.status, response.reason, f"{self.where}/{key}{ENTRY_SUFFIX}")
+        return int(response.getheader("Content-Length") or 0)
+
+    def compile_secs(self, key: str) -> float | None:
+        return None  # carried by the seal
+
+    def write(self, name: str, data: bytes) -> None:
+        """One ``PUT`` of the whole bytes: the server stores the object whole or not at all."""
+        connection, response = self._request("PUT", name, {"Content-Type": "application/octet-stream"}, data)
+        response.read(64 << 10)
+        self._done(connection, response)
+        if response.status not in (200, 201, 204):
+            raise HttpError(response.status, response.reason, f"{self.where}/{name}")
+
+    def stream(self, name: str, timeout: float) -> Stream | None:
+        """An object as it arrives (a pack); None where it is not there."""
+        connection, response = self._request("GET", name)
+        if response.status == 404:
+            response.read(64 << 10)
+            self._done(connection, response)
+            return None
+        if response.status != 200:
+            connection.close()
+            raise HttpError(response.status, response.reason, f"{self.where}/{name}")
+        return Stream(connection, response, timeout)
+
+
+class Stream:
+    """A response body read in parts, each a bounded call (``take(n)``: its next ``n`` bytes, fewer
+    only at its end). Progress is ``PROGRESS`` bytes received: a byte-a-second drip stalls within
+    one timeout, as a bucket's ``Stream``."""
+
+    PART = 1 << 20
+    PROGRESS = 64 << 10
+
+    def __init__(self, connection: Any, response: Any, timeout: float) -> None:
+        self.connection = connection
+        self.response = response
+        self.timeout = timeout
+        self.held = b""
+        self.at = 0
+
+    def take(self, n: int) -> bytes:
+        if len(self.held) - self.at < n:
+            self.held, self.at = self.held[self.at:] + self._more(n - (len(self.held) - self.at)), 0
+        taken = self.held[self.at:self.at + n]
+        self.at += len(taken)
+        return taken
+
+    def _more(self, need: int) -> bytes:
+        def read(progress: Progress) -> bytes:
+            chunks, have, since = [], 0, 0
+            while have < need:
+                chunk = self.response.read1(min(max(need - have, self.PART), self.PROGRESS))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                have += len(chunk)
+                since += len(chunk)
+                if since >= self.PROGRESS:
+                    progress.tick()
+                    since = 0
+            return b"".join(chunks)
+
+        data: bytes = bounded(read, self.timeout)
+        return data
+
+    def close(self) -> None:
+        self.connection.close()  # a body left unread: the connection goes with it
