@@ -24,7 +24,8 @@ the wheel installed and one without), then measures, as medians of interleaved r
      50 ms added to each request by a delaying proxy on 127.0.0.1; and the levels' fixed costs on
      that short program, as alternated pairs (`level_pairs`; alone, in a few minutes:
      `benchmarks/pairs_levels.py`): a warm writer with a bucket against without, and a fresh
-     machine against a local warm run at 20 ms a request.
+     machine against a local warm run at 20 ms a request; the same pairs with an HTTP cache (nginx
+     with WebDAV) in place of the bucket.
 Prints a Markdown table and writes it, with every figure, as JSON. `--only startup` (or
 import_jax, workload, explain, cli, bookkeeping, levels; repeatable) measures those sections only;
 when --out already holds a run, its other sections are kept and the JSON records which were
@@ -1255,6 +1256,8 @@ def table(r: dict[str, Any]) -> str:
                         f"{f['prefetched']} ({f['prefetch_used']}, {f['prefetch_wasted_bytes']} B) |")
     if "pairs" in r:
         rows += ["", pairs_table(r["pairs"])]
+    if "pairs_http" in r:
+        rows += ["", "The same with an HTTP cache (nginx with WebDAV) in place of the bucket:", "", pairs_table(r["pairs_http"])]
     if "cli" in r:
         rows += ["", f"| CLI on {r['cli_entries']:,} entries | seconds |", "|---|---|"]
         rows += [f"| `gkx-autocache {c}` | {s:.2f} |" for c, s in r["cli"].items()]
@@ -1323,6 +1326,7 @@ def main(argv: list[str] | None = None) -> int:
             results["prefetch"] = (prefetch(work, (4,), (0.0, 0.02), {4: 1}) if quick
                                    else prefetch(work, (20, 500, "short"), (0.0, 0.02, 0.05), {20: 5, 500: 3, "short": 5}))
             results["pairs"] = level_pairs(work, 1 if quick else 9)
+            results["pairs_http"] = level_pairs(work, 1 if quick else 9, http=True)
     results["table"] = table(results)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(results["table"])

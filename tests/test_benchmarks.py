@@ -65,6 +65,11 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
     assert pairs["entries"] > 0 and all(f["hits_A"] == f["hits_B"] == pairs["entries"] for f in pairs["figures"].values())
     assert pairs["fresh machine's last run"]["prefetch_used"] > 0, pairs
     assert "| (b) a fresh machine / local warm, every request +20 ms (median of 1 pairs) |" in table
+    http = data["pairs_http"]  # the same against nginx as an HTTP cache (SPEC §14)
+    assert http["server"] == "nginx (HTTP)" and http["entries"] == pairs["entries"]
+    assert all(f["hits_A"] == f["hits_B"] == http["entries"] for f in http["figures"].values())
+    assert http["fresh machine's last run"]["prefetch_used"] > 0, http
+    assert "with an HTTP cache (nginx with WebDAV) in place of the bucket" in table
     assert "| cold against an empty bucket / no shared level |" in table
 
 
