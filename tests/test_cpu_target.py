@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import PROGRAM, Venv, autocache_warnings, run_program
@@ -30,7 +31,7 @@ def listed(vdir: Path) -> set[str]:
     return found
 
 
-def counts(proc: object) -> dict[str, float]:
+def counts(proc: object) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stderr  # type: ignore[attr-defined]
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[attr-defined,no-any-return]
 
@@ -54,8 +55,16 @@ def test_a_level_is_taken_only_where_this_host_and_this_xla_can_take_it() -> Non
     }
     for said, target in refusals.items():
         assert target.level is None and target.why_host is not None and said in target.why_host, (said, target.why_host)
-    assert _cpu_target.with_flag("--xla_foo=1", "x86-64-v2") == "--xla_foo=1 --xla_cpu_max_isa=SSE4_2"
-    assert _cpu_target.with_flag("--xla_cpu_max_isa=AVX2", "x86-64-v3") == "--xla_cpu_max_isa=AVX2"
+    environ = {"XLA_FLAGS": "--xla_foo=1"}
+    _cpu_target.add_flag("x86-64-v2", environ)
+    assert environ["XLA_FLAGS"] == "--xla_foo=1 --xla_cpu_max_isa=SSE4_2"
+    _cpu_target.add_flag("x86-64-v3", environ)  # once: a flag already there stays as it is
+    assert environ["XLA_FLAGS"] == "--xla_foo=1 --xla_cpu_max_isa=SSE4_2"
+    _cpu_target.release(environ)  # XLA has read it: a process started now never inherits it
+    assert environ == {"XLA_FLAGS": "--xla_foo=1"}
+    mine = {"XLA_FLAGS": "--xla_cpu_max_isa=AVX2"}
+    _cpu_target.release(mine)  # the user's own flag is theirs
+    assert mine == {"XLA_FLAGS": "--xla_cpu_max_isa=AVX2"}
 
 
 def test_a_bad_target_is_one_line_and_the_host_keys() -> None:
@@ -65,14 +74,24 @@ def test_a_bad_target_is_one_line_and_the_host_keys() -> None:
                                                  "x86-64-v2, x86-64-v3, x86-64-v4, got 'haswell'; fix or remove it"]
 
 
+def llvm_list(*plus: str) -> bytes:
+    """A target-feature list as XLA:CPU keeps it: every feature LLVM knows, on or off."""
+    off = [f"-pad{i}" for i in range(20)]
+    return ",".join([f"+{f}" for f in plus] + off).encode()
+
+
 def test_the_features_an_entry_lists_are_read_from_its_code() -> None:
-    payload = b"\x00junk+avx,+avx2,+sse2,+gfni,-avx512f,+x87\x00more" + b"\x7f+64bit,+sse2,+vaes\xff"
+    payload = b"\x00junk" + llvm_list("avx", "avx2", "sse2", "gfni", "x87") + b"\x00more\x7f" + llvm_list("64bit", "sse2", "vaes")
     assert _cpu_target.features_of(payload) == {"avx", "avx2", "sse2", "gfni", "x87", "64bit", "vaes"}
     assert _cpu_target.features_of(b"no list here") == frozenset()
+    assert _cpu_target.features_of(b"\x00+sse2,+amx-tile\x00") == frozenset()  # a short list: a user's constant
     target = _cpu_target.Target("x86-64-v3", "x86_64", frozenset(_cpu_target.LEVELS["x86-64-v3"][1]))
     why = target.foreign(payload)
     assert why is not None and "gfni, vaes" in why and "x86-64-v3" in why, why
-    assert target.foreign(b"+sse2,+avx2,+prefer-256-bit,+shstk\x00") is None  # tuning never restricts
+    assert target.foreign(llvm_list("sse2", "avx2", "prefer-256-bit", "shstk")) is None  # tuning never restricts
+    # Features no kernel flag shows (APX's parts, usermsr) are never held against an entry: only egpr says APX.
+    assert target.foreign(llvm_list("sse2", "avx2", "ndd", "ccmp", "usermsr")) is None
+    assert "egpr" in str(target.foreign(llvm_list("sse2", "egpr", "ndd")))
 
 
 def test_explain_names_the_target_of_a_cpu_miss() -> None:
@@ -165,3 +184,104 @@ def test_an_entry_that_lists_a_feature_the_reader_lacks_is_never_loaded(venv: Ve
     again = counts(on_cpu(venv, reader, "-c", PROGRAM, env=env))
     assert again["hits"] == 0 and again["result"] == first["result"]
     assert counts(venv.run("-c", PROGRAM, env=env))["hits"] == first["requests"]  # the writer's host loads them
+
+
+# -- what the attack found (2026-12-05) ----------------------------------------------------------------
+
+AVX2_PLAIN = {"gfni", "vaes", "vpclmulqdq"}  # an AVX2 CPU without AVX-512's generation of extras either
+
+ADOPTED = r"""
+import os, jax
+jax.config.update("jax_compilation_cache_dir", os.environ["ELSEWHERE"])
+""" + PROGRAM
+
+
+@needs_unshare
+@needs_avx512
+def test_where_jaxs_own_cache_serves_cpu_keys_keep_the_hosts_isa(venv: Venv, tmp_path: Path) -> None:
+    """A directory a framework sets after import jax that the store refuses (group-writable): JAX's
+    stock cache serves it and checks no feature, so its CPU keys hold the host's ISA even under the
+    target (one warning says the target is not used there), and another CPU loads none of them."""
+    elsewhere = tmp_path / "group"
+    elsewhere.mkdir()
+    elsewhere.chmod(0o775)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "ELSEWHERE": str(elsewhere), **V3}
+    out, err = run_program(venv, env=env, program=ADOPTED)
+    assert out["dir"] == str(elsewhere) and list(elsewhere.glob("jit_f-*")), err
+    other = counts(on_cpu(venv, cpuinfo_without(tmp_path, AVX512 | AVX2_PLAIN), "-c", ADOPTED, env=env))
+    assert other["hits"] == 0 and other["result"] == out["result"]
+
+
+LATE = r"""
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "GkxAutocacheFinder" and getattr(f, "__name__", "") != "GkxAutocacheFinder"]
+import jax
+jax.devices()  # XLA's backend starts, and reads XLA_FLAGS, before the package configures
+import gkx_autocache
+gkx_autocache.install()
+""" + PROGRAM
+
+REPLACED = r"""
+import os, jax
+os.environ["XLA_FLAGS"] = ""  # the program's own flags, after import jax: the cap is gone
+""" + PROGRAM
+
+
+@pytest.mark.parametrize("program", [LATE, REPLACED], ids=["backend started first", "XLA_FLAGS replaced"])
+def test_where_xla_did_not_take_the_cap_the_host_keys_and_it_is_said(venv: Venv, tmp_path: Path, program: str) -> None:
+    """The backend started before the package configured, or the program replaced XLA_FLAGS after
+    import jax: XLA builds for the host, so the target is not used (one warning naming why), and the
+    entries, which list AVX-512 code where the host has it, are keyed on the host."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
+    proc = venv.run("-c", program, env=env)
+    out = counts(proc)
+    said = autocache_warnings(proc.stderr)
+    assert len(said) == 1 and "cpu_target x86-64-v3 not used" in said[0], said
+    assert ("backend started" in said[0]) if program is LATE else ("did not take its cap" in said[0]), said
+    built = listed(tmp_path / "c" / VERSION_DIR)
+    assert built and (not AVX512 or {f for f in built if f.startswith("avx512")}), sorted(built)
+    index = "".join(p.read_text(errors="replace") for p in (tmp_path / "c" / VERSION_DIR).rglob("index*"))
+    assert "target=x86-64-v3" not in index and out["requests"] > 0
+
+
+CHILDREN = r"""
+import json, os, subprocess, sys
+early = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('XLA_FLAGS', ''))"],
+                       capture_output=True, text=True).stdout.strip()
+import jax, jax.numpy as jnp
+before = os.environ.get("XLA_FLAGS", "")
+float(jax.jit(lambda x: x * 2)(jnp.ones(3)).sum())
+after = os.environ.get("XLA_FLAGS", "")
+child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('XLA_FLAGS', ''))"],
+                       capture_output=True, text=True).stdout.strip()
+print(json.dumps({"early": early, "before": before, "after": after, "child": child}))
+"""
+
+
+def test_the_cap_leaves_xla_flags_once_xla_has_read_it(venv: Venv, tmp_path: Path) -> None:
+    """The cap is in XLA_FLAGS from import jax until the first compile (XLA's backend has read it
+    then), never after: a process started later (another Python, JAX 0.4.30, whose XLA stops on the
+    flag) does not inherit it; the user's own flags stay as they were."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "XLA_FLAGS": "--xla_cpu_enable_fast_math=false", **V3}
+    seen = counts(venv.run("-c", CHILDREN, env=env))
+    assert seen["early"] == "--xla_cpu_enable_fast_math=false"
+    assert seen["before"] == "--xla_cpu_enable_fast_math=false --xla_cpu_max_isa=AVX2", seen
+    assert seen["after"] == seen["child"] == "--xla_cpu_enable_fast_math=false", seen
+
+
+INHERITED = r"""
+import json, os, subprocess, sys
+import jax
+env = dict(os.environ, GKX_JAX_CACHE_CPU_TARGET="host", GKX_JAX_CACHE_DIR=os.environ["CHILD_DIR"])
+child = subprocess.run([sys.executable, "-c", "import os, jax; print(os.environ.get('XLA_FLAGS', ''))"],
+                       env=env, capture_output=True, text=True)
+print(json.dumps({"child": child.stdout.strip(), "rc": child.returncode}))
+"""
+
+
+def test_a_child_started_before_the_first_compile_decides_its_own_cap(venv: Venv, tmp_path: Path) -> None:
+    """A child started between import jax and the first compile inherits the cap in XLA_FLAGS; with
+    the package (and cpu_target = host) it takes it out before its XLA reads it."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "CHILD_DIR": str(tmp_path / "child"), **V3}
+    seen = counts(venv.run("-c", INHERITED, env=env))
+    assert seen["rc"] == 0 and seen["child"] == "", seen

@@ -33,7 +33,10 @@ def configure(jax: Any, env: Mapping[str, str] = os.environ) -> None:
 
 
 def _configure(jax: Any, env: Mapping[str, str]) -> None:
-    from gkx_autocache import _jax
+    from gkx_autocache import _cpu_target, _jax
+
+    if _cpu_target.ADDED in os.environ:  # a parent's cpu_target cap, inherited: this process decides its own
+        _cpu_target.strip_inherited()
 
     old = _jax.unsupported(str(getattr(jax, "__version__", "")))
     if old is not None:
@@ -53,9 +56,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         return
     from gkx_autocache import _key
 
-    if settings["cpu_target"] != "host":  # before XLA's backend starts: it reads XLA_FLAGS then
-        choose_cpu_target(settings["cpu_target"])
-    # Every CPU key of the process gets the host's ISA (or the target), whichever directory JAX uses (SPEC §15).
+    # Every CPU key of the process gets the host's ISA (or the cpu_target), whichever directory JAX uses (SPEC §15).
     unkeyed = _key.install(jax)
     if unkeyed:
         logger.debug("CPU entries are not keyed by ISA: %s", unkeyed)
@@ -71,6 +72,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             atexit.register(print, f"gkx-autocache: this run was uncached: {said}", file=sys.stderr, flush=True)
         return
     directory = location.version_dir
+    serves: Any = None  # where the store serves: whether it serves the directory JAX uses now (cpu_target)
     if location.kind == _cache.STOCK:  # Windows: said at every import jax, as status says it (issue 46)
         warn("dir:stock", _cache.STOCK_NOTE.format(dir=directory), silence=NOTED)
         unguarded = _jax.guard_stock(jax, directory)
@@ -118,6 +120,8 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         reason = _store.install(jax, directory, shared, recorder, writable=location.writable, levels=levels,
                                 follow=follow)
         recorder.store_serving = reason is None
+        if reason is None:
+            serves = functools.partial(_store.serving_now, config)
         callbacks = reason or _jax.serve_host_callbacks(  # before the other write seams: the one nearest JAX
             jax, lambda: _store.serving(str(config.jax_compilation_cache_dir)))
         if callbacks and not reason:
@@ -149,6 +153,8 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7); also where this
         # directory is read-only, as JAX may be given another one since (``follow_jax``).
         atexit.register(_stats.finish, recorder, cap if not reason else 0)
+    if settings["cpu_target"] != "host":  # before XLA's backend starts: it reads XLA_FLAGS then
+        choose_cpu_target(jax, settings["cpu_target"], serves)
     # The outermost seam on JAX's lookup: after the store's and the callbacks' (SPEC §7). XLA reads
     # XLA_FLAGS when its backend starts, which a program may set after import jax: read at the first lookup.
     asked: list[str | None] = []
@@ -168,17 +174,30 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
                          f"unread here ({unskipped}): set GKX_JAX_CACHE=0 while dumping")
 
 
-def choose_cpu_target(level: str) -> None:
+def choose_cpu_target(jax: Any, level: str, serves: Any) -> None:
     """Cap XLA's CPU code at ``level`` and key CPU entries on it, where this host and this XLA can
-    take it (``_cpu_target.choose``); else one warning, and the host's ISA keys them (SPEC §15)."""
+    take it (``_cpu_target.choose``) and the store serves (it checks each entry's features before
+    JAX loads it; ``serves``, None where it is not installed); else one warning, and the host's ISA
+    keys them (SPEC §15)."""
     from gkx_autocache import _cpu_target, _jax
 
-    target = _cpu_target.here(level, _jax.version_tuple(_jax.jaxlib_version()), os.environ.get("XLA_FLAGS", ""))
+    why = None
+    if serves is None:
+        why = (f"cpu_target {level} not used, gkx-autocache's store does not serve the cache here (only it checks an "
+               "entry's features before JAX loads it): CPU entries are keyed on this host's ISA")
+    elif _jax.backends_started(jax):
+        why = (f"cpu_target {level} not used, XLA's backend started before import jax finished, and it reads its "
+               "cap then: CPU entries are keyed on this host's ISA")
+    if why is not None:
+        warn("cpu_target", why)
+        return
+    target = _cpu_target.here(level, _jax.version_tuple(_jax.jaxlib_version()), os.environ.get("XLA_FLAGS", ""), serves)
     if target.why_host is not None:
         warn("cpu_target", target.why_host)
-    else:
-        os.environ["XLA_FLAGS"] = _cpu_target.with_flag(os.environ.get("XLA_FLAGS", ""), level)
-        logger.debug("cpu_target %s: XLA_FLAGS=%s", level, os.environ["XLA_FLAGS"])
+        return
+    _jax.exclude_xla_flag(_cpu_target.FLAG)  # the target is in the key's hook part; the flag leaves XLA_FLAGS
+    _cpu_target.add_flag(level)
+    logger.debug("cpu_target %s: XLA_FLAGS=%s", level, os.environ["XLA_FLAGS"])
     _cpu_target.active = target
 
 

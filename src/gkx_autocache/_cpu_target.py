@@ -25,7 +25,11 @@ the target needs jaxlib 0.8.2 or later. A leaf: stdlib only.
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+from collections.abc import Callable
+from typing import Any
 
 from gkx_autocache import _isa
 
@@ -44,26 +48,61 @@ NAMES = (HOST, *LEVELS)
 
 class Target:
     """What ``cpu_target`` came to in this process: the level CPU keys hold (None: the host's ISA),
-    the flag XLA was given, and why the host's ISA keys them where a level was asked for."""
+    this host's features (what an entry read here may list), why the host's ISA keys them where a
+    level was asked for, and ``serves()``: whether the directory JAX uses now is the store's, which
+    checks each entry's features before it is loaded (JAX's own cache checks nothing: there CPU
+    keys keep the host's ISA)."""
 
-    __slots__ = ("level", "machine", "host_features", "why_host")
+    __slots__ = ("level", "machine", "host_features", "why_host", "serves", "_lock", "_checked")
 
     def __init__(self, level: str | None, machine: str = "", host_features: frozenset[str] = frozenset(),
-                 why_host: str | None = None) -> None:
+                 why_host: str | None = None, serves: Callable[[], bool] = lambda: False) -> None:
         self.level = level
         self.machine = machine
-        self.host_features = host_features  # what an entry read here may list
+        self.host_features = host_features
         self.why_host = why_host
+        self.serves = serves
+        self._lock = threading.Lock()
+        self._checked = False
 
     def isa_text(self) -> str:
         """What a CPU key holds in place of the host's ISA: ``x86_64:target=x86-64-v3``."""
         return f"{self.machine}:{_isa.TARGET_MARK}{self.level}"
 
+    def keys(self, platform: str | None) -> bool:
+        """Whether a key for ``platform`` holds the level: a CPU key, where the store serves, once XLA
+        is known to have taken the cap (``took_cap``, at the first such key)."""
+        if self.level is None or platform != "cpu" or not self.serves():
+            return False
+        if not self._checked:
+            with self._lock:
+                if not self._checked:
+                    self._first_key()
+                    self._checked = True
+        return self.level is not None
+
+    def _first_key(self) -> None:
+        """At the first CPU key XLA's backend has read ``XLA_FLAGS``: the cap leaves them (children
+        never see it), and where XLA did not take it (its backend started before ``import jax``
+        ended, or ``XLA_FLAGS`` was replaced since) the host's ISA keys CPU entries, one warning."""
+        from gkx_autocache import _jax
+        from gkx_autocache._diagnostics import warn
+
+        release()
+        cap = LEVELS[str(self.level)][0]
+        if _jax.took_xla_flag(cap) is False:
+            self.why_host = (f"cpu_target {self.level} not used, XLA did not take its cap ({FLAG}={cap}): its backend "
+                             "started before gkx-autocache set it, or XLA_FLAGS was replaced after import jax; CPU "
+                             "entries are keyed on this host's ISA, as with cpu_target = host")
+            self.level = None
+            warn("cpu_target", self.why_host)
+
     def foreign(self, payload: bytes) -> str | None:
         """Why an entry (decompressed) must not run here: the features it lists that this host
-        lacks, or None."""
+        lacks, among those the kernel's flags can show (``_isa``'s tables: a newer feature neither
+        names is not held against an entry), or None."""
         listed = features_of(payload)
-        lacks = sorted(f for f in listed if not _isa.covers(self.host_features, f))
+        lacks = sorted(f for f in listed if f in _isa.KNOWN and not _isa.covers(self.host_features, f))
         if not lacks:
             return None
         return (f"built for {', '.join(lacks)}, which this CPU lacks (another host of cpu_target {self.level} "
@@ -71,7 +110,8 @@ class Target:
 
 
 NONE = Target(None)
-active = NONE  # set once, by ``choose`` on import jax
+active = NONE  # set once, by ``_configure.choose_cpu_target`` on import jax
+ADDED = "_GKX_AUTOCACHE_XLA_FLAG"  # the cap this package added to XLA_FLAGS, for a child to take out
 
 
 def features_of(payload: bytes) -> frozenset[str]:
@@ -79,14 +119,15 @@ def features_of(payload: bytes) -> frozenset[str]:
     ``+64bit,+adx,...,-amx-tile,...`` in its object code): found from ``+sse2,``, which every x86-64
     list has, without a pattern run over megabytes."""
     found: set[str] = set()
-    at = payload.find(b"+sse2,")
+    at = payload.find(b"+sse2,")  # (a list has dozens of names: fewer is other data, a constant of the user's)
     while at >= 0:
         start, end = at, at
         while start > 0 and payload[start - 1] in _LIST_BYTES:
             start -= 1
         while end < len(payload) and payload[end] in _LIST_BYTES:
             end += 1
-        for word in payload[start:end].split(b","):
+        words = payload[start:end].split(b",")
+        for word in words if len(words) >= MIN_LIST else ():
             word = word[word.rfind(b"+"):] if b"+" in word else b""  # a name holds no "+": the list's first, after text
             if _FEATURE.fullmatch(word[1:]):
                 found.add(word[1:].decode())
@@ -94,6 +135,7 @@ def features_of(payload: bytes) -> frozenset[str]:
     return frozenset(found)
 
 
+MIN_LIST = 16  # an x86-64 list names every feature LLVM knows, on or off: 200 and more
 _LIST_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789_.-+,")
 _FEATURE = re.compile(rb"[a-z0-9][a-z0-9_.-]*")
 
@@ -123,10 +165,38 @@ def choose(level: str, machine: str, features: list[str], unread: str | None, ja
     return Target(level, machine, have)
 
 
-def here(level: str, jaxlib: tuple[int, int, int] | None, xla_flags: str) -> Target:
+def here(level: str, jaxlib: tuple[int, int, int] | None, xla_flags: str,
+         serves: Callable[[], bool] = lambda: False) -> Target:
     """``choose`` for this host, its ISA read now."""
     machine, features, unread = _isa.read()
-    return choose(level, machine, features, unread, jaxlib, xla_flags)
+    target = choose(level, machine, features, unread, jaxlib, xla_flags)
+    target.serves = serves
+    return target
+
+
+def strip_inherited(environ: Any = os.environ) -> None:
+    """Take out of ``XLA_FLAGS`` the cap a parent process of this package added (it leaves them at its
+    first compile; a child started before that has it): this process decides its own."""
+    added = environ.pop(ADDED, None)
+    flags = environ.get("XLA_FLAGS", "")
+    if added and added in flags.split():
+        environ["XLA_FLAGS"] = " ".join(w for w in flags.split() if w != added)
+
+
+def add_flag(level: str, environ: Any = os.environ) -> None:
+    """The level's cap into ``XLA_FLAGS``, read by XLA when its backend starts (``release`` takes it out)."""
+    flags = environ.get("XLA_FLAGS", "")
+    if flag_in(flags) is None:
+        added = f"{FLAG}={LEVELS[level][0]}"
+        environ["XLA_FLAGS"] = f"{flags} {added}".strip()
+        environ[ADDED] = added
+
+
+def release(environ: Any = os.environ) -> None:
+    """XLA has read its flags: the cap this package added leaves ``XLA_FLAGS``, so that a process it
+    starts (another Python, another JAX: 0.4.30's XLA stops on the flag) never inherits it. JAX's key
+    leaves the flag out (``_jax.exclude_xla_flag``): keys stay the same."""
+    strip_inherited(environ)
 
 
 def flag_in(xla_flags: str) -> str | None:
@@ -139,8 +209,3 @@ def flag_in(xla_flags: str) -> str | None:
     return value
 
 
-def with_flag(xla_flags: str, level: str) -> str:
-    """``XLA_FLAGS`` with the level's cap (it is read by XLA when its backend starts)."""
-    if flag_in(xla_flags) is not None:
-        return xla_flags
-    return f"{xla_flags} {FLAG}={LEVELS[level][0]}".strip()

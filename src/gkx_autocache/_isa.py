@@ -89,6 +89,11 @@ ARM = {
 }
 
 
+# What the kernel's flags can show, under LLVM's names: a feature an entry lists outside it (a newer
+# extension, APX's ``ndd``, ``usermsr``) can be neither confirmed nor ruled out from the flags.
+KNOWN = frozenset(X86.values()) | frozenset(ARM.values()) | {"crc32"}
+
+
 def _first_block(path: str) -> list[str]:
     """The lines of the first processor's block: read until its blank line, no further."""
     lines: list[str] = []

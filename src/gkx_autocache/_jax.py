@@ -153,6 +153,37 @@ def key_platform(hashfn: Any) -> str | None:
         return None
 
 
+def exclude_xla_flag(flag: str) -> None:
+    """Leave ``flag`` out of the key's XLA-flags part, as JAX leaves its dump flags (its list,
+    ``xla_flags_to_exclude_from_cache_key``, is read at every key, JAX 0.4.30 to 0.12)."""
+    excluded = _attr(_loaded("cache_key"), "xla_flags_to_exclude_from_cache_key")
+    if isinstance(excluded, list) and flag not in excluded:
+        excluded.append(flag)
+
+
+def backends_started(jax: Any) -> bool:
+    """Whether XLA's backends have started (and read ``XLA_FLAGS``): ``xla_bridge._backends``."""
+    try:
+        from jax._src import xla_bridge
+
+        return bool(getattr(xla_bridge, "_backends", None))
+    except Exception:
+        return False
+
+
+def took_xla_flag(value: str) -> bool | None:
+    """Whether XLA's flags, as its backend read them, hold a string option of ``value`` (its
+    compile options' debug options, serialised: the Python binding exposes few fields); None where
+    that cannot be read."""
+    try:
+        from jax._src.lib import xla_client  # type: ignore[attr-defined]
+
+        serialized = xla_client.CompileOptions().SerializeAsString()
+    except Exception:
+        return None
+    return bytes([len(value)]) + value.encode() in serialized
+
+
 PARTS_CHANGED = "jax._src.cache_key._log_cache_key_hash(hash_obj, last_serialized, hashfn) is missing or has changed"
 
 

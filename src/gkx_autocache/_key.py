@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from gkx_autocache import _cpu_target, _jax
+from gkx_autocache import _cpu_target, _isa, _jax
 from gkx_autocache._diagnostics import logger
 
 ISA_MARK = "gkx-autocache-isa="  # what the package's part of the hook's string ends with: the ISA
@@ -59,8 +59,10 @@ class Seam:
             if hook is not self.hook:
                 self._noticed(hook)
                 thread.text = None  # the user's string is not known here
-                hash_obj.update(package_part().encode())  # the same key as the hook's own, chained
+                thread.part = package_part()
+                hash_obj.update(thread.part.encode())  # the same key as the hook's own, chained
             thread.last, thread.text = getattr(thread, "text", None), None
+            thread.last_part, thread.part = getattr(thread, "part", None), None
         if name == "custom_hook":
             self.thread.platform = None
         if self.listener is not None:
@@ -73,6 +75,10 @@ class Seam:
         logger.debug("%s was replaced by %s: the ISA is added by the seam", _jax.HOOK, self.replaced)
         if self.on_replaced is not None:
             self.on_replaced()
+
+    def targeted(self) -> bool:
+        """Whether this thread's last key holds a ``cpu_target`` (its entry's features are then checked)."""
+        return _isa.TARGET_MARK in (isa_of(getattr(self.thread, "last_part", None) or "") or "")
 
     def last(self) -> str | None:
         """What the hook part of this thread's last key hashed, where known (None where the user's own
@@ -88,8 +94,8 @@ def package_part() -> str:
     where one is used), after a mark where this thread's compile has host callbacks that the
     package hands back (``_jax.handing_callbacks``)."""
     target = _cpu_target.active
-    on_cpu = target.level is not None and seam is not None and getattr(seam.thread, "platform", None) == "cpu"
-    return (CALLBACKS_MARK if _jax.handing_callbacks() else "") + (ISA_MARK + target.isa_text() if on_cpu else isa_suffix())
+    keyed = seam is not None and target.keys(getattr(seam.thread, "platform", None))
+    return (CALLBACKS_MARK if _jax.handing_callbacks() else "") + (ISA_MARK + target.isa_text() if keyed else isa_suffix())
 
 
 def isa_suffix() -> str:
@@ -107,6 +113,11 @@ def isa_suffix() -> str:
             text = f"unknown:host={socket.gethostname()}"
         _suffix.append(ISA_MARK + text)
     return _suffix[0]
+
+
+def targeted() -> bool:
+    """Whether this thread's last key holds a ``cpu_target``."""
+    return seam is not None and seam.targeted()
 
 
 def without_callbacks(text: str) -> str:
@@ -136,8 +147,9 @@ def install(jax: Any) -> str | None:
             base = previous()
             if not isinstance(base, str):  # the user's hook: JAX says what is wrong with it, as before
                 return base  # type: ignore[no-any-return]
-            text = base + package_part()
-            current.thread.text = text
+            part = package_part()
+            text = base + part
+            current.thread.text, current.thread.part = text, part
             return text
 
         current.hook = custom_hook

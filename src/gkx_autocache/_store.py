@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gkx_autocache import _cpu_target, _files, _formats, _jax, _trust
+from gkx_autocache import _cpu_target, _files, _formats, _jax, _key, _trust
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._formats import SEAL_LIMIT, compile_secs_of, compression_of, sidecar_run
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, SEAL_SIDECAR, VERDICT_FILE
@@ -122,7 +122,7 @@ class Store:
         data = _files.read(path, check=trusted)
         why = refused[0] if refused else (self._unusable(path, data) if data is not None else None)
         if data is not None and why is None:
-            why = self._foreign(data)
+            why = self._foreign(data, landing=False)
         if data is not None and why is None:
             try:
                 os.utime(path)  # recency for pruning, on noatime mounts too
@@ -141,7 +141,7 @@ class Store:
             if not why or compression_of(data or b"") is None:  # another environment's entry is left alone
                 found = self._levels.get(key)
                 if found is not None and not isinstance(found, str):
-                    unusable = self._unusable_shared(found.data)
+                    unusable = self._unusable_shared(found.data, landing=False)
                     if unusable is None:
                         return self._serve_shared(key, found)
                     found = unusable
@@ -169,7 +169,7 @@ class Store:
     def _land(self, key: str, found: Any) -> tuple[bool, str | None]:
         """A prefetched entry (SPEC §14), checked as a shared hit is, then written into this level:
         ``(landed, why not)``, why None where this level took no write (disk full)."""
-        why = self._unusable_shared(found.data)
+        why = self._unusable_shared(found.data, landing=True)
         if why is not None:
             return False, why
         return self._backfill(key, found, record=False), None
@@ -214,8 +214,9 @@ class Store:
             key, landed = self._landed.popitem()
             self._recorder.put(key, *landed)
 
-    def _unusable_shared(self, data: bytes) -> str | None:
-        """Why a shared entry's bytes cannot be given to JAX (the checks a local entry gets)."""
+    def _unusable_shared(self, data: bytes, landing: bool) -> str | None:
+        """Why a shared entry's bytes cannot be given to JAX (the checks a local entry gets);
+        ``landing``: a prefetched entry, whose key this thread did not compute."""
         kind = compression_of(data)
         if kind not in (self._compression, None):
             return f"the shared entry is compressed with {kind}, this environment with {self._compression}"
@@ -224,14 +225,15 @@ class Store:
                 self._decompress(data)
             except Exception as exc:
                 return f"the shared entry does not decompress ({type(exc).__name__})"
-        return self._foreign(data)
+        return self._foreign(data, landing)
 
-    def _foreign(self, data: bytes) -> str | None:
+    def _foreign(self, data: bytes, landing: bool) -> str | None:
         """Under a ``cpu_target``, why an entry must not run on this CPU (it lists a feature this
-        host lacks: another host at the target wrote it), or None; one more decompression a hit,
-        only there (``_cpu_target``)."""
+        host lacks: another host at the target wrote it), or None. One more decompression a hit,
+        only for a key that holds the target (this thread's last), or a prefetched entry, which
+        may be one (``_cpu_target``)."""
         target = _cpu_target.active
-        if target.level is None:
+        if target.level is None or not (landing or _key.targeted()):
             return None
         try:
             payload = self._decompress(data)
@@ -378,6 +380,7 @@ class Store:
 
 
 _serving: Store | None = None  # the store JAX got for the package's directory, once it asked
+_own: str | None = None  # the package's own version directory (real path), once installed
 
 
 def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: bool = True,
@@ -387,6 +390,7 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
     ``follow(path)`` is told of every directory JAX sets up its cache in (at its first compile
     since the setting changed): it says whether the store serves it too, and whether it may be
     written (None: JAX's stock cache serves it), and moves the recorder there (``_adopted``)."""
+    global _own
     ours = os.path.realpath(version_dir)
     served: dict[str, bool] = {ours: writable}  # a directory the store serves -> whether it writes it
 
@@ -406,13 +410,24 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
                          check_payload=check_payload, levels=levels if mine else None)
         return _serving
 
-    return _jax.serve_store(jax, serves, make, _unloadable)
+    why = _jax.serve_store(jax, serves, make, _unloadable)
+    if why is None:
+        _own = ours
+    return why
 
 
 def serving(path: str) -> bool:
     """Whether the store serves ``path`` now (JAX's directory may have been set since)."""
     store = _serving
     return store is not None and os.path.realpath(store._path) == os.path.realpath(path)
+
+
+def serving_now(config: Any) -> bool:
+    """Whether the store serves the directory JAX's ``config`` names now (a framework may set
+    another): the package's own, or one the store was given since. (JAX computes a key before it
+    sets up its cache object at its first compile: the package's own directory is known before.)"""
+    path = str(config.jax_compilation_cache_dir)
+    return (_own is not None and os.path.realpath(path) == _own) or serving(path)
 
 
 def _unloadable(cache_key: str, exc: BaseException) -> bool:

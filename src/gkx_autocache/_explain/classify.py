@@ -401,10 +401,6 @@ def changed_part(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str,
             return {"cause": causes.CHANGED_CPU, "detail": f"built for another CPU: {_isa.difference(old, new)}{with_it}"}
     if first == "compile_options":
         return compile_options_change(before, after, with_it)
-    if first == "XLA flags" and "custom_hook" in changed and (target := _target_change(nearest, facts, evidence, before, after)):
-        rest = ", ".join(LABELS[p] for p in changed[1:] if p != "custom_hook")
-        return {"cause": causes.CHANGED_CPU, "detail": f"built for another CPU: {target} (XLA_FLAGS {before!r} -> "
-                                                       f"{after!r}){f' (and the {rest} with it)' if rest else ''}"}
     if first == "XLA flags":
         return {"cause": causes.CHANGED_XLA_FLAGS, "detail": f"XLA_FLAGS: {before!r} -> {after!r}{with_it}"}
     if before is None or after is None:
@@ -413,22 +409,6 @@ def changed_part(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str,
         return {"cause": causes.changed(label), "detail": f"{label} hashes differently, though it reads {after!r} both "
                                                        f"times{with_it}"}
     return {"cause": causes.changed(label), "detail": f"{label}: {before} -> {after}{with_it}"}
-
-
-def _target_change(nearest: Record, facts: Facts, evidence: Evidence, flags_before: str | None,
-                   flags_after: str | None) -> str | None:
-    """Where a ``cpu_target`` came or went (XLA's cap in XLA_FLAGS, the target in the key's hook
-    part, and nothing else in XLA_FLAGS): the two ISAs, as ``_isa.difference`` says them; else None."""
-    from gkx_autocache import _cpu_target
-
-    def uncapped(flags: str | None) -> list[str]:
-        return [w for w in (flags or "").split() if not w.startswith(_cpu_target.FLAG)]
-
-    hooks = evidence.readable("custom_hook", nearest.parts[PARTS.index("custom_hook")]), facts.readable.get("custom_hook")
-    old, new = (_key.isa_of(hook or "") for hook in hooks)
-    if old is None or new is None or uncapped(flags_before) != uncapped(flags_after) or _isa.TARGET_MARK not in old + new:
-        return None
-    return _isa.difference(old, new)
 
 
 def compile_options_change(before: str | None, after: str | None, with_it: str) -> dict[str, Any]:
