@@ -225,3 +225,141 @@ def test_the_version_directory_is_the_same_layout_as_a_buckets(venv: Venv, tmp_p
     """`<url>/jax-<version>/<key>-cache` and `<key>-gkx-shared`: what `status` and docs/levels.md say."""
     run_program(venv, env=http_env(nginx.url, tmp_path / "w"))
     assert all(name.startswith(f"{VERSION_DIR}/") for name in nginx.files()), nginx.files()
+
+
+# -- what the attack found (2026-12-05) ----------------------------------------------------------------
+
+
+class _KeepAlive(http.server.BaseHTTPRequestHandler):
+    """Another origin that keeps its connections (HTTP/1.1): what it is asked, with the headers."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        type(self).seen.append((self.command, dict(self.headers)))
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = do_PUT = _answer  # noqa: N815
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_connection_a_redirect_opened_elsewhere_is_never_used_for_the_cache(venv: Venv, tmp_path: Path) -> None:
+    """Reads of entries redirected to another origin that keeps its connections: the cache's
+    uploads and later reads still go to the cache, and the other origin never gets the token nor
+    an upload (a kept connection is kept only for the cache's own origin)."""
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeepAlive)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    port = other.server_address[1]
+    location = f"""
+        dav_methods PUT DELETE; create_full_put_path on; dav_access user:rw group:r all:r;
+        location ~ -cache$ {{ if ($request_method = GET) {{ return 302 http://127.0.0.1:{port}$request_uri; }} }}"""
+    cache = Nginx(tmp_path / "n", location=location)
+    try:
+        out, err = run_program(venv, env=http_env(cache.url, tmp_path / "a", GKX_JAX_CACHE_SHARED_TOKEN=TOKEN))
+    finally:
+        cache.close()
+        other.shutdown()
+        other.server_close()
+    assert _KeepAlive.seen and all(method == "GET" for method, _ in _KeepAlive.seen), _KeepAlive.seen
+    assert not any("Authorization" in headers for _, headers in _KeepAlive.seen), _KeepAlive.seen
+    assert len(entries(cache)) == out["requests"] and not warned(err), err  # every upload reached the cache
+
+
+def test_a_token_with_a_newline_is_used_stripped_or_never_shown(venv: Venv, tmp_path: Path) -> None:
+    """A token mounted from a file ends with a newline: it is stripped. One with a control character
+    inside cannot be sent: the level is off with one line that does not show it, anywhere."""
+    bearer = Nginx(tmp_path / "bearer", auth="bearer")
+    try:
+        out, err = run_program(venv, env=http_env(bearer.url, tmp_path / "a", GKX_JAX_CACHE_SHARED_TOKEN=TOKEN + "\n"))
+        assert not warned(err) and entries(bearer), err
+        env = http_env(bearer.url, tmp_path / "b", GKX_JAX_CACHE_SHARED_TOKEN="tok\ren-Zq8")
+        out, err = run_program(venv, env=env)
+    finally:
+        bearer.close()
+    (warning,) = warned(err)
+    assert "header is not valid" in warning and "en-Zq8" not in err, err
+    for command in (("status",), ("--json", "status"), ("explain",), ("--json", "explain")):
+        shown = venv.cli(*command, env=env)
+        assert "en-Zq8" not in shown.stdout + shown.stderr, command
+    assert not any("en-Zq8" in p.read_text(errors="replace") for p in (tmp_path / "b").rglob("*") if p.is_file())
+
+
+SLOW = r"""
+import json, time
+import jax, jax.numpy as jnp
+a = float(jax.jit(lambda x: jnp.sin(x).sum())(jnp.ones(8)))
+time.sleep(2.5)  # longer than the cache keeps an idle connection
+b = float(jax.jit(lambda x: jnp.cos(x).sum())(jnp.ones(8)))
+print(json.dumps({"result": a + b}))
+"""
+
+
+def test_a_connection_the_server_closed_meanwhile_is_tried_again_on_a_new_one(venv: Venv, tmp_path: Path) -> None:
+    """nginx closes a kept connection after its keepalive_timeout (75 s by default; 1 s here): the
+    next request on it is tried once on a new connection, and the level stays on."""
+    cache = Nginx(tmp_path / "n", http="keepalive_timeout 1s;")
+    try:
+        proc = venv.run("-c", SLOW, env=http_env(cache.url, tmp_path / "a"))
+    finally:
+        cache.close()
+    assert proc.returncode == 0 and not warned(proc.stderr), proc.stderr
+    assert "2 uploaded" in proc.stderr or len(entries(cache)) >= 2, proc.stderr
+
+
+class _Big404(http.server.BaseHTTPRequestHandler):
+    """A 404 with a 200 KiB body, kept alive: a client that reads a part of it must not reuse the connection."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = b"x" * (200 << 10)
+        self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_response_not_read_to_its_end_never_answers_the_next_request() -> None:
+    from gkx_autocache._shared.http import HttpCache
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Big404)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cache = HttpCache(f"http://127.0.0.1:{server.server_address[1]}/cache/{VERSION_DIR}", env={})
+        assert [cache.small("one"), cache.small("two"), cache.small("three")] == [b"", b"", b""]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_entry_without_its_seal_is_refused_without_a_key_too(venv: Venv, tmp_path: Path, nginx: Nginx) -> None:
+    """The package puts every entry of an HTTP cache there with its seal: one without (another's bytes
+    a server serves, a seal taken away) is refused by a reader without the key as well."""
+    cold, _ = run_program(venv, env=http_env(nginx.url, tmp_path / "w"))
+    drop_packs(nginx)
+    name = sorted(entries(nginx))[0]
+    (nginx.root / "cache" / name.replace("-cache", "-gkx-shared")).unlink()
+    env = http_env(nginx.url, tmp_path / "r")
+    out, err = run_program(venv, env=env)
+    assert report(err)["shared"] == out["requests"] - 1 and out["result"] == cold["result"], err
+    explained = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    (rejected,) = [g for g in explained["groups"] if g["cause"] == "rejected"]
+    assert "no seal" in rejected["functions"][0]["detail"], rejected
+
+
+def test_an_http_url_takes_no_query() -> None:
+    settings = _settings.resolve(env={"GKX_JAX_CACHE_SHARED": "https://c.example/jax?access_token=abc123"},
+                                 prefix="/nonexistent", user_file="/nonexistent")
+    (said,) = [m for _, m in settings.problems]
+    assert "takes no query" in said and "abc123" not in said and settings["shared"] is None, said

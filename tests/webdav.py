@@ -26,9 +26,9 @@ def nginx_binary() -> str | None:
 class Nginx:
     """nginx serving ``root`` over WebDAV at ``url``; ``auth``: None, ``"bearer"`` (``TOKEN``) or
     ``"basic"`` (``USER``/``PASSWORD``); ``location``: nginx lines that replace the WebDAV location
-    (a ``return 503``, a redirect)."""
+    (a ``return 503``, a redirect); ``http``: more lines for its ``http`` block (``keepalive_timeout 1s;``)."""
 
-    def __init__(self, base: Path, auth: str | None = None, location: str | None = None) -> None:
+    def __init__(self, base: Path, auth: str | None = None, location: str | None = None, http: str = "") -> None:
         binary = nginx_binary()
         if binary is None:
             if os.environ.get("CI"):
@@ -63,6 +63,7 @@ http {{
     access_log {base}/access.log;
     {temp}
     client_max_body_size 0;
+    {http}
     server {{
         listen 127.0.0.1:{self.port};
         root {self.root};

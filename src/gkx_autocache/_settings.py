@@ -194,6 +194,10 @@ def parse_dir(raw: Any, base: str | None, env: Mapping[str, str] = os.environ, h
         if scheme.lower() in ("http", "https") and "@" in rest.split("/", 1)[0]:  # never shown, so never in a URL
             raise BadValue("credentials in the URL would be printed with it: give them in GKX_JAX_CACHE_SHARED_TOKEN "
                            "or ~/.netrc")
+        if scheme.lower() in ("http", "https") and ("?" in rest or "#" in rest):  # names are added to its path
+            raise BadValue("an HTTP cache's URL takes no query or fragment (each object's name is added to its path; "
+                           "a token goes in GKX_JAX_CACHE_SHARED_TOKEN), got the URL up to its '?' or '#': "
+                           f"{shown(text.split('?', 1)[0].split('#', 1)[0])}")
         return text
     if "\0" in text:
         raise BadValue(f"a path cannot hold a NUL character, got {shown(raw)}")

@@ -70,7 +70,7 @@ def _shared(ctx: Context, command: str) -> str:
     ctx.store_dir(f"{command} --shared")  # levels are the store's: none on Windows
     if _levels.is_http(shared):
         raise CliError(f"{command} --shared: {shared} is an HTTP cache, which cannot be listed: its server keeps it "
-                       "(bazel-remote evicts by itself; nginx: remove the files under its root)")
+                       "(remove the files under its root there)")
     return str(_levels.backend_for(shared, ctx.jax_version, bool(ctx.settings["trust_shared"])).where)
 
 

@@ -35,8 +35,7 @@ class HttpError(OSError):
     """The server answered with an error status; the message is one line, without credentials."""
 
     def __init__(self, status: int, reason: str, url: str) -> None:
-        hint = (f" (credentials: {TOKEN_ENV}, or a ~/.netrc entry for the host)" if status in (401, 403) else
-                " (a redirect an upload does not follow)" if 300 <= status < 400 else "")
+        hint = f" (credentials: {TOKEN_ENV}, or a ~/.netrc entry for the host)" if status in (401, 403) else ""
         super().__init__(f"{url} answered {status} {reason}{hint}")
         self.status = status
 
@@ -49,7 +48,7 @@ def origin(url: str) -> tuple[str, str, int]:
 def credentials(url: str, env: Any = os.environ) -> str | None:
     """The ``Authorization`` header for the cache at ``url``: ``Bearer`` from ``TOKEN_ENV``, else
     ``Basic`` from the host's ``~/.netrc`` entry; None without either."""
-    token = env.get(TOKEN_ENV, "")
+    token = env.get(TOKEN_ENV, "").strip()  # a secret mounted from a file ends with a newline
     if token:
         return f"Bearer {token}"
     import netrc
@@ -66,11 +65,20 @@ def credentials(url: str, env: Any = os.environ) -> str | None:
     return "Basic " + base64.b64encode(f"{login}:{password or ''}".encode()).decode()
 
 
+def credentials_source(url: str, env: Any = os.environ) -> str:
+    """Where the credentials for ``url`` come from, for ``status`` (never their value)."""
+    auth = credentials(url, env)
+    if auth is None:
+        return "none (GKX_JAX_CACHE_SHARED_TOKEN unset, no ~/.netrc entry for the host)"
+    return f"a bearer token ({TOKEN_ENV})" if auth.startswith("Bearer ") else "basic, from ~/.netrc"
+
+
 class HttpCache:
     """``http://`` and ``https://``: an object store (ranged reads, whole-object writes, packs read as
     a stream), like a bucket, through one small pool of keep-alive connections."""
 
     kind = "bucket"
+    sealed = True  # the package writes every entry here with its seal (stock JAX cannot write here)
 
     def __init__(self, version_url: str, env: Any = os.environ) -> None:
         self.where = version_url.rstrip("/")
@@ -79,7 +87,10 @@ class HttpCache:
         self._lock = threading.Lock()
 
     def forget(self) -> None:
-        """After ``fork``: the parent's connections are its own."""
+        """After ``fork``: the parent's connections are its own (this process's copies are closed:
+        the parent's stay open)."""
+        for connection in self._idle:
+            connection.close()
         self._idle = []
         self._lock = threading.Lock()
 
@@ -91,24 +102,33 @@ class HttpCache:
 
     # -- requests ------------------------------------------------------------------------------------
 
-    def _connection(self, url: str) -> Any:
+    def _connection(self, url: str) -> tuple[Any, bool]:
+        """A connection to ``url``'s origin, and whether it was kept from an earlier request (only
+        the cache's own origin's are kept: ``_done``)."""
         import http.client
 
         scheme, host, port = origin(url)
         if (scheme, host, port) == origin(self.where):
             with self._lock:
                 if self._idle:
-                    return self._idle.pop()
+                    return self._idle.pop(), True
         if scheme == "https":
             import ssl
 
-            return http.client.HTTPSConnection(host, port, context=ssl.create_default_context())
-        return http.client.HTTPConnection(host, port)
+            return http.client.HTTPSConnection(host, port, context=ssl.create_default_context()), False
+        return http.client.HTTPConnection(host, port), False
 
     def _done(self, connection: Any, response: Any) -> None:
-        """A response read to its end: its connection serves the next request."""
+        """After a response: its connection serves the next request only where its body was read to
+        the end (unread bytes would be read as the next response) and it is the cache's own origin's
+        (a redirect's elsewhere never gets the next request, nor its credentials)."""
+        import http.client
+
+        whole = response.isclosed()  # http.client closes a response once its body is all read
         response.close()
-        if response.will_close or connection.sock is None:
+        scheme = "https" if isinstance(connection, http.client.HTTPSConnection) else "http"
+        ours = (scheme, str(connection.host).lower(), connection.port) == origin(self.where)
+        if not whole or not ours or response.will_close or connection.sock is None:
             connection.close()
             return
         with self._lock:
@@ -117,47 +137,71 @@ class HttpCache:
                 return
         connection.close()
 
+    def _send(self, url: str, method: str, headers: dict[str, str], body: bytes | None) -> tuple[Any, Any]:
+        """One request and its response's headers. A kept connection the server has closed since
+        (nginx closes idle ones after 75 s) is tried once more on a new one; a header the request
+        cannot hold is named, never shown (a token with a newline in it)."""
+        import http.client
+
+        parts = urlsplit(url)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        for attempt in range(2):
+            connection, kept = self._connection(url) if attempt == 0 else (self._fresh(url), False)
+            try:
+                connection.request(method, path, body=body, headers=headers)
+                return connection, connection.getresponse()
+            except ValueError:  # http.client's "Invalid header value b'...'" would print the credentials
+                connection.close()
+                raise OSError(f"{url}: a request header is not valid (a credential with a newline or another "
+                              "control character? it is not shown)") from None
+            except (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError,
+                    BrokenPipeError):
+                connection.close()
+                if not kept:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _fresh(self, url: str) -> Any:
+        with self._lock:
+            kept, self._idle = self._idle, []
+        for connection in kept:  # kept as long as the one that failed: as likely closed
+            connection.close()
+        return self._connection(url)[0]
+
     def _request(self, method: str, name: str, headers: dict[str, str] | None = None,
-                 body: bytes | None = None) -> tuple[Any, Any]:
-        """``(connection, response)`` for ``method`` of ``name`` under the version URL, the headers
-        read. A read follows redirects (credentials only to this origin); an upload none."""
+                 body: bytes | None = None) -> tuple[Any, Any, str]:
+        """``(connection, response, the URL that answered)`` for ``method`` of ``name`` under the
+        version URL, the headers read. A read follows redirects, the credentials only while they stay on the cache's origin,
+        never from https to http; an upload follows none."""
         url = f"{self.where}/{name}"
         for _hop in range(REDIRECTS + 1):
-            connection = self._connection(url)
             sent = dict(headers or {})
             if self._auth is not None and origin(url) == origin(self.where):
                 sent["Authorization"] = self._auth
-            parts = urlsplit(url)
-            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            try:
-                connection.request(method, path, body=body, headers=sent)
-                response = connection.getresponse()
-            except Exception:
-                connection.close()
-                raise
+            connection, response = self._send(url, method, sent, body)
             if response.status not in (301, 302, 303, 307, 308) or method not in ("GET", "HEAD"):
-                return connection, response
-            location = response.getheader("Location") or ""
+                return connection, response, url
+            location = urljoin(url, response.getheader("Location") or "")
             response.read(64 << 10)
             self._done(connection, response)
-            if not location:
-                break
-            url = urljoin(url, location)
-        raise HttpError(response.status, f"{response.reason} (more than {REDIRECTS} redirects, or none to follow)",
-                        f"{self.where}/{name}")
+            if origin(url)[0] == "https" and origin(location)[0] != "https":
+                raise HttpError(response.status, f"{response.reason} to {origin(location)[0]}:// (from https: not "
+                                                  "followed)", url)
+            url = location
+        raise HttpError(response.status, f"{response.reason} (more than {REDIRECTS} redirects: not followed)", url)
 
     def _read(self, name: str, start: int, end: int) -> bytes | None:
         """Bytes ``start`` to ``end`` of an object, None when it is not there; never more than asked
         for is held (an endpoint that ignores ``Range`` raises RangeIgnored; a 206 that is not the
         range asked, Refused), as a bucket's ``_read_range``."""
-        connection, response = self._request("GET", name, {"Range": f"bytes={start}-{end - 1}"})
+        connection, response, url = self._request("GET", name, {"Range": f"bytes={start}-{end - 1}"})
         try:
             if response.status == 404:
                 response.read(64 << 10)
                 self._done(connection, response)
                 return None
             if response.status not in (200, 206):
-                raise HttpError(response.status, response.reason, f"{self.where}/{name}")
+                raise HttpError(response.status, response.reason, url)
             asked = end - start
             ranged = response.status == 206
             length = response.length
@@ -179,11 +223,11 @@ class HttpCache:
     def listing(self, progress: Progress) -> dict[str, int] | str:
         """No listing: one ``HEAD`` of a name no entry has says whether the cache answers, and takes
         these credentials (a 404 or a 200; a directory's own URL is no object to ask for)."""
-        connection, response = self._request("HEAD", PROBE)
+        connection, response, url = self._request("HEAD", PROBE)
         response.read()
         self._done(connection, response)
         if response.status not in (200, 404):
-            raise HttpError(response.status, response.reason, f"{self.where}/{PROBE}")
+            raise HttpError(response.status, response.reason, url)
         progress.tick()
         return NO_LISTING
 
@@ -213,11 +257,11 @@ class HttpCache:
         return self._read(key + ENTRY_SUFFIX, start, end) or b""
 
     def size(self, key: str) -> int:
-        connection, response = self._request("HEAD", key + ENTRY_SUFFIX)
+        connection, response, url = self._request("HEAD", key + ENTRY_SUFFIX)
         response.read()
         self._done(connection, response)
-        if response.status != 200 or response.length is None and response.getheader("Content-Length") is None:
-            raise HttpError(response.status, response.reason, f"{self.where}/{key}{ENTRY_SUFFIX}")
+        if response.status != 200 or response.getheader("Content-Length") is None:
+            raise HttpError(response.status, response.reason, url)
         return int(response.getheader("Content-Length") or 0)
 
     def compile_secs(self, key: str) -> float | None:
@@ -225,22 +269,23 @@ class HttpCache:
 
     def write(self, name: str, data: bytes) -> None:
         """One ``PUT`` of the whole bytes: the server stores the object whole or not at all."""
-        connection, response = self._request("PUT", name, {"Content-Type": "application/octet-stream"}, data)
+        connection, response, url = self._request("PUT", name, {"Content-Type": "application/octet-stream"}, data)
         response.read(64 << 10)
         self._done(connection, response)
         if response.status not in (200, 201, 204):
-            raise HttpError(response.status, response.reason, f"{self.where}/{name}")
+            redirect = " (a redirect: an upload follows none)" if 300 <= response.status < 400 else ""
+            raise HttpError(response.status, f"{response.reason}{redirect}", url)
 
     def stream(self, name: str, timeout: float) -> Stream | None:
         """An object as it arrives (a pack); None where it is not there."""
-        connection, response = self._request("GET", name)
+        connection, response, url = self._request("GET", name)
         if response.status == 404:
             response.read(64 << 10)
             self._done(connection, response)
             return None
         if response.status != 200:
             connection.close()
-            raise HttpError(response.status, response.reason, f"{self.where}/{name}")
+            raise HttpError(response.status, response.reason, url)
         return Stream(connection, response, timeout)
 
 

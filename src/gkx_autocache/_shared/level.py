@@ -322,6 +322,9 @@ class Level:
         if raw_seal is None:
             if self._secret is not None:
                 raise Refused("not signed")
+            if getattr(self.backend, "sealed", False):  # an HTTP cache: each entry went up with its seal
+                raise Refused("no seal: gkx-autocache puts every entry of an HTTP cache there with one, so something "
+                              "else put this one")
             return None
         seal = read_seal(raw_seal, key, self.max_entry)
         if self._secret is not None and "hmac" not in seal:

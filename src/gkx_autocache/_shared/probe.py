@@ -71,10 +71,13 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
         "timeout": settings["shared_timeout"],
         "signing": ("set (env GKX_JAX_CACHE_SIGNING_KEY): uploads are signed, unsigned entries never loaded"
                     if secret is not None else "not set: entries are neither signed nor checked"),
-        "cap": ("none of the package's: the server's own (bazel-remote's --max_size), or remove files under its root"
-                if is_http(shared) else "none: the shared level is never pruned by itself; `gkx-autocache prune "
+        "cap": ("none of the package's: the server's own, or remove the files under its root" if is_http(shared) else "none: the shared level is never pruned by itself; `gkx-autocache prune "
                 "--shared` or a bucket lifecycle rule keeps it"),
     }
+    if is_http(shared):  # which credentials, never their value
+        from gkx_autocache._shared.http import credentials_source
+
+        info["credentials"] = credentials_source(shared, env)
     why = problem(settings, location) if location is not None else "no local level"
     if why is not None or jax_version is None:
         info["unused"] = why or "JAX is not installed"
@@ -136,6 +139,8 @@ def level_lines(levels: dict[str, Any]) -> list[str]:
         lines.append(f"           does not answer (in {found['secs']:.1f} s): {found['error']}")
     else:
         lines.append(f"           probe {found}")
+    if shared.get("credentials"):
+        lines.append(f"           credentials: {shared['credentials']}")
     lines += [f"           uploads: {shared['writes']}; timeout {shared['timeout']:g} s",
               f"           signing key: {shared['signing']}", f"           cap: {shared['cap']}"]
     return lines
