@@ -20,6 +20,7 @@ from urllib.parse import urljoin, urlsplit
 
 from gkx_autocache._diagnostics import human_bytes
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
+from gkx_autocache._shared import bucket
 from gkx_autocache._shared.bucket import RangeIgnored, wrong_range
 from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, bounded
 from gkx_autocache._shared.seal import SEAL_LIMIT, Refused
@@ -289,27 +290,15 @@ class HttpCache:
         return Stream(connection, response, timeout)
 
 
-class Stream:
-    """A response body read in parts, each a bounded call (``take(n)``: its next ``n`` bytes, fewer
-    only at its end). Progress is ``PROGRESS`` bytes received: a byte-a-second drip stalls within
-    one timeout, as a bucket's ``Stream``."""
-
-    PART = 1 << 20
-    PROGRESS = 64 << 10
+class Stream(bucket.Stream):
+    """A response body read in parts, each a bounded call: a bucket's ``Stream`` (``take(n)``, and
+    progress only every ``PROGRESS`` bytes, so a byte-a-second drip stalls within one timeout) over
+    ``http.client``'s response instead of aiobotocore's body."""
 
     def __init__(self, connection: Any, response: Any, timeout: float) -> None:
+        super().__init__(None, response, timeout)
         self.connection = connection
         self.response = response
-        self.timeout = timeout
-        self.held = b""
-        self.at = 0
-
-    def take(self, n: int) -> bytes:
-        if len(self.held) - self.at < n:
-            self.held, self.at = self.held[self.at:] + self._more(n - (len(self.held) - self.at)), 0
-        taken = self.held[self.at:self.at + n]
-        self.at += len(taken)
-        return taken
 
     def _more(self, need: int) -> bytes:
         def read(progress: Progress) -> bytes:
