@@ -42,6 +42,20 @@ def _read_exactly(sock: socket.socket, buffer: bytearray, n: int) -> bytes:
     return body
 
 
+def _relay(sock: socket.socket, buffer: bytearray, to: socket.socket, n: int) -> None:
+    """Send ``n`` bytes of a body from ``sock`` (after what ``buffer`` holds) to ``to`` as they come."""
+    while n:
+        if not buffer:
+            chunk = sock.recv(min(n, 65536))
+            if not chunk:
+                raise ConnectionError("closed in a body")
+            buffer += chunk
+        part = bytes(buffer[:n])
+        del buffer[:len(part)]
+        to.sendall(part)
+        n -= len(part)
+
+
 def _read_chunked(sock: socket.socket, buffer: bytearray) -> bytes:
     raw = b""
     while True:
@@ -171,6 +185,11 @@ class Proxy(_Listening):
                         if code >= 200:
                             break
                         client.sendall(rhead)
+                    if self.mode == "norange" and method == "GET" and code == 200 and "content-length" in rfields:
+                        # as a server that ignores Range: the head at once, then the whole body as it comes
+                        client.sendall(rhead)
+                        _relay(upstream, outbound, client, int(rfields["content-length"]))
+                        continue
                     rbody = _body(upstream, outbound, rfields, bodyless=method == "HEAD" or code in (204, 304))
                 finally:
                     with self._count:
