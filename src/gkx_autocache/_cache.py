@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from gkx_autocache import _files, _trust
+from gkx_autocache import _files, _mount, _trust
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import TAG, TAG_NAME, is_url, version_name
 
@@ -133,13 +133,14 @@ class Refused(Exception):
 
 
 class Prepared:
-    """A checked directory: its root, its version directory, and whether this process can write it.
-    A plain class: a NamedTuple costs ~0.3 ms to create, on the way of every `import jax`."""
+    """A checked directory: its root, its version directory, whether this process can write it, and
+    the bucket mount it lies on (``_mount``), if any. A plain class: a NamedTuple costs ~0.3 ms to
+    create, on the way of every `import jax`."""
 
-    __slots__ = ("root", "version_dir", "writable")
+    __slots__ = ("root", "version_dir", "writable", "mount")
 
-    def __init__(self, root: str, version_dir: str, writable: bool) -> None:
-        self.root, self.version_dir, self.writable = root, version_dir, writable
+    def __init__(self, root: str, version_dir: str, writable: bool, mount: _mount.Mount | None = None) -> None:
+        self.root, self.version_dir, self.writable, self.mount = root, version_dir, writable, mount
 
 
 def prepare(root: str, jax_version: str | None, shared: bool = False, create: bool = True) -> Prepared:
@@ -156,13 +157,16 @@ def prepare(root: str, jax_version: str | None, shared: bool = False, create: bo
     version_dir = os.path.join(root, version_name(jax_version)) if jax_version is not None else root
     if os.path.islink(version_dir):  # nothing of the package ever passes through a symlink below the root
         raise Refused(f"{version_dir} is a symlink; the package makes its version directories itself: remove the link")
+    mount = _mount.bucket_mount(root)
+    if mount is not None and (problem := mount.problem()):
+        raise Refused(problem)
     nearest = _nearest_existing(root)
     problem = _trust.ancestors_problem(root if nearest == root else os.path.join(nearest, "x"), shared)
     if problem:
         raise Refused(problem)
     created = False
     for path in dict.fromkeys((root, version_dir)):
-        if create and _make_dir(path, shared):
+        if create and _make_dir(path, shared, mount is not None):
             created = True
         if path == root and created and (problem := _trust.ancestors_problem(root, shared)):
             raise Refused(problem)  # again, now that they exist: one may have been swapped in meanwhile
@@ -175,9 +179,9 @@ def prepare(root: str, jax_version: str | None, shared: bool = False, create: bo
         if problem:
             raise Refused(problem if path == root else f"{version_dir}: {problem}")
     if create and (jax_version is not None or created) and not os.path.lexists(os.path.join(version_dir, TAG_NAME)):
-        _write_tag(version_dir)  # one someone else made (trusted, above) is the cache's all the same: pruning needs it
+        _write_tag(version_dir, mount is None)  # one someone else made (trusted, above) is the cache's all the same
     writable = os.access(version_dir if os.path.isdir(version_dir) else _nearest_existing(version_dir), os.W_OK)
-    return Prepared(root, version_dir, writable)
+    return Prepared(root, version_dir, writable, mount)
 
 
 LOCAL, REMOTE, OWN, STOCK = "local", "remote", "own", "stock"
@@ -201,13 +205,14 @@ class Location:
     """
 
     def __init__(self, kind: str | None = None, version_dir: str | None = None, root: str | None = None,
-                 writable: bool = False, rule: str = "", team: bool = False) -> None:
+                 writable: bool = False, rule: str = "", team: bool = False, mount: _mount.Mount | None = None) -> None:
         self.kind = kind
         self.version_dir = version_dir
         self.root = root
         self.writable = writable
         self.rule = rule  # how it was chosen, for `status`
         self.team = team  # a team directory (§8): group-writable entries and bookkeeping
+        self.mount = mount  # the bucket mount it lies on: written whole, no bookkeeping (``_mount``)
         self.served = kind == LOCAL  # the store serves it (the user's own JAX directory, where trusted, too)
         self.tried: list[tuple[str, str]] = []  # (root, why not)
         self.problems: list[tuple[str, str]] = []  # (cause, one-line message)
@@ -242,7 +247,7 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
             location.problems.append((f"dir:{own}", f"{rule}: {own} is not served by gkx-autocache's store, {exc}; "
                                                     "JAX's own cache reads it unchecked"))
             return location
-        found = Location(OWN, prepared.version_dir, prepared.root, prepared.writable, rule)
+        found = Location(OWN, prepared.version_dir, prepared.root, prepared.writable, rule, mount=prepared.mount)
         found.served = True
         return found
     explicit = settings["dir"]
@@ -267,7 +272,8 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
             else:
                 if not prepared.writable:
                     logger.debug("%s is read-only: entries are read, none are written", prepared.version_dir)
-                return Location(LOCAL, prepared.version_dir, prepared.root, prepared.writable, location.rule, shared)
+                return Location(LOCAL, prepared.version_dir, prepared.root, prepared.writable, location.rule, shared,
+                                prepared.mount)
         location.tried.append((explicit, why))
         location.problems.append((f"dir:{explicit}", f"{where}: dir {explicit} not used, {why}; running uncached"))
         return location
@@ -297,7 +303,7 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
             logger.debug("default directory %s refused: %s", root, exc)
             continue
         if prepared.writable:
-            found = Location(LOCAL, prepared.version_dir, prepared.root, True, rule, shared)
+            found = Location(LOCAL, prepared.version_dir, prepared.root, True, rule, shared, prepared.mount)
             found.tried = location.tried
             return found
         location.tried.append((root, "not writable"))
@@ -361,23 +367,23 @@ def _nearest_existing(path: str) -> str:
     return path
 
 
-def _make_dir(path: str, shared: bool) -> bool:
+def _make_dir(path: str, shared: bool, mounted: bool) -> bool:
     try:
-        return _files.make_dir(path, shared, TAG)
+        return _files.make_dir(path, shared, TAG, mounted)
     except FileExistsError:
         raise Refused(f"it cannot be created: {path} exists and is not a directory") from None
     except OSError as exc:
         raise Refused(f"it cannot be created: {exc.strerror} ({path})") from None
 
 
-def _write_tag(path: str) -> None:
+def _write_tag(path: str, chmod: bool) -> None:
     """Through a descriptor opened without following a link at any level: never into a
-    directory swapped in meanwhile."""
+    directory swapped in meanwhile. Without ``chmod`` (a bucket mount), in the mount's mode."""
     try:
         fd = _files.open_dir(path, search=True)
     except OSError:
         return
     try:
-        _files.write_new_at(TAG_NAME, TAG.encode("ascii"), fd)
+        _files.write_new_at(TAG_NAME, TAG.encode("ascii"), fd, chmod=chmod)
     finally:
         os.close(fd)

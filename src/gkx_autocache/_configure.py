@@ -10,7 +10,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from gkx_autocache import _cache, _settings
+from gkx_autocache import _cache, _mount, _settings
 from gkx_autocache._diagnostics import NOTED, logger, warn
 from gkx_autocache._formats import UNKEYED
 from gkx_autocache._layout import is_url
@@ -96,8 +96,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     from gkx_autocache._record import recorder as _stats
 
     # Bookkeeping (the ledger, the verdict, the cap) only where the package resolved a local
-    # directory it may write: a baked read-only cache is read and nothing else.
-    keeping = location.local and location.writable
+    # directory it may write: a baked read-only cache is read and nothing else, and a bucket
+    # mount (``_mount``) has no appends, locks or replaces to keep it with.
+    keeping = location.local and location.writable and location.mount is None
     recorder = _stats.start(settings, directory, ledger=keeping, remote=location.kind == _cache.REMOTE,
                             shared=location.team)
     levels = None
@@ -269,10 +270,10 @@ def replaced_hook() -> str | None:
 def xla_caches_for(settings: _settings.Settings, directory: str) -> str | None:
     """The value for ``jax_persistent_cache_enable_xla_caches``, or None to leave JAX's default.
 
-    XLA's C++ autotune cache cannot open gs:// or s3://, and without a GPU there is nothing for
-    it to cache, while its path would still enter the cache key.
+    XLA's C++ autotune cache cannot open gs:// or s3://, nor write on a bucket mount, and without
+    a GPU there is nothing for it to cache, while its path would still enter the cache key.
     """
-    if is_url(directory):
+    if is_url(directory) or _mount.bucket_mount(directory) is not None:  # (XLA writes a file, then renames it)
         return "none"
     value: str | None = settings["xla_caches"]
     if value is not None:

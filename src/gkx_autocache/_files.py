@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
+from gkx_autocache import _mount
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import LEDGER_DIR, META_DIR, TAG, TAG_NAME, VERSION_PREFIX, tmp_name
 
@@ -92,7 +93,7 @@ def read(path: str, limit: int = -1, check: Callable[[os.stat_result], str | Non
 
 
 @contextmanager
-def atomic(path: str, mode: int, follow: bool = False) -> Iterator[BinaryIO]:
+def atomic(path: str, mode: int, follow: bool = False, whole: bool = False) -> Iterator[BinaryIO]:
     """A file written beside ``path`` and renamed over it when the block ends: no reader ever
     sees a partial file, and a write that fails half-way (disk full, ``ulimit -f``, an exception)
     leaves nothing. The one way the package replaces a file. Raises OSError.
@@ -101,8 +102,15 @@ def atomic(path: str, mode: int, follow: bool = False) -> Iterator[BinaryIO]:
     renamed under that descriptor (SPEC §8, amended 2026-12-02): in a team directory a member may
     swap the version directory or ``.gkx-autocache`` for a symlink after it was checked, and a
     write by path would land in (or replace a file of) a directory of the victim's own. Only
-    ``follow`` (a path the user named, a bundle's archive) goes by the path as it is."""
+    ``follow`` (a path the user named, a bundle's archive) goes by the path as it is.
+
+    ``whole``: on a bucket mount (``_mount``), which has no rename and no chmod, the file is made
+    in one create under its own name, what was there deleted first: the object appears whole when
+    it is closed, and one that fails half-way is deleted."""
     folder, name = os.path.split(path if follow else os.path.abspath(path))
+    if whole:
+        yield from _whole(folder, name, mode)
+        return
     tmp = tmp_name(name, os.getpid(), threading.get_ident())
     dir_fd = None if follow else open_dir(folder, search=True)
     if follow:
@@ -124,6 +132,21 @@ def atomic(path: str, mode: int, follow: bool = False) -> Iterator[BinaryIO]:
             os.close(dir_fd)
 
 
+def _whole(folder: str, name: str, mode: int) -> Iterator[BinaryIO]:
+    dir_fd = open_dir(folder, search=True)
+    try:
+        _remove(name, dir_fd)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | BINARY, mode, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                yield f
+        except BaseException:
+            _remove(name, dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
+
+
 def _remove(name: str, dir_fd: int | None) -> None:
     try:
         os.unlink(name, dir_fd=dir_fd)
@@ -141,11 +164,11 @@ def open_in(folder: str, name: str, flags: int, mode: int) -> int:
         os.close(dir_fd)
 
 
-def write_atomic(path: str, data: bytes, mode: int) -> bool:
+def write_atomic(path: str, data: bytes, mode: int, whole: bool = False) -> bool:
     """``data`` into ``path`` through ``atomic``; False (and a DEBUG line) when it fails: the
     store's and the ledger's writes are bookkeeping, never an error of the user's run."""
     try:
-        with atomic(path, mode) as f:
+        with atomic(path, mode, whole=whole) as f:
             f.write(data)
         return True
     except OSError as exc:
@@ -240,7 +263,7 @@ def open_dir(path: str, dir_fd: int | None = None, search: bool = False) -> int:
 PATH = getattr(os, "O_PATH", os.O_RDONLY)
 
 
-def make_dir(path: str, shared: bool, tag: str | None = None) -> bool:
+def make_dir(path: str, shared: bool, tag: str | None = None, mounted: bool = False) -> bool:
     """Create ``path`` and missing parents with the package's mode whatever the umask; True when
     ``path`` itself was created here, and then ``tag`` written in it as its ``CACHEDIR.TAG``.
     Raises OSError; FileExistsError when a non-directory is in the way.
@@ -249,7 +272,8 @@ def make_dir(path: str, shared: bool, tag: str | None = None) -> bool:
     directory any member may rename what the victim just made and put a symlink there, so each
     directory is made under its parent's descriptor, opened without following a link, checked to
     be the one ``mkdir`` made (ours, no bits beyond 0700 and a team parent's setgid), and given
-    its mode and tag through its own descriptor."""
+    its mode and tag through its own descriptor. On a bucket mount (``mounted``), whose owners and
+    modes are the mount's, neither is checked nor set: the mount was checked (``_mount``)."""
     try:
         os.close(open_dir(path, search=True))
         return False
@@ -257,7 +281,7 @@ def make_dir(path: str, shared: bool, tag: str | None = None) -> bool:
         pass
     parent, name = os.path.split(path.rstrip("/"))
     if parent != path:
-        make_dir(parent, shared)
+        make_dir(parent, shared, mounted=mounted)
     parent_fd = open_dir(parent, search=True)
     try:
         try:
@@ -273,13 +297,14 @@ def make_dir(path: str, shared: bool, tag: str | None = None) -> bool:
         os.close(parent_fd)
     try:
         st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & ~0o2700:  # setgid: a team parent's
+        if not mounted and (st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & ~0o2700):  # setgid: a team parent's
             raise OSError(errno.EPERM, "replaced by someone else right after it was made", path)
         if any(not _ours(name) for name in os.listdir(fd)):  # a folder of the victim's own, swapped in
             raise OSError(errno.EPERM, "replaced by a directory holding files right after it was made", path)
-        os.fchmod(fd, dir_mode(shared))  # mkdir's mode is masked by the umask; fchmod's is not
+        if not mounted:
+            os.fchmod(fd, dir_mode(shared))  # mkdir's mode is masked by the umask; fchmod's is not
         if tag is not None:
-            write_new_at(TAG_NAME, tag.encode("ascii"), fd)
+            write_new_at(TAG_NAME, tag.encode("ascii"), fd, chmod=not mounted)
     finally:
         os.close(fd)
     logger.debug("created %s", path)
@@ -291,15 +316,17 @@ def _ours(name: str) -> bool:
     return name in (TAG_NAME, META_DIR, LEDGER_DIR) or name.startswith(VERSION_PREFIX)
 
 
-def write_new_at(name: str, data: bytes, dir_fd: int, mode: int = 0o644) -> bool:
+def write_new_at(name: str, data: bytes, dir_fd: int, mode: int = 0o644, chmod: bool = True) -> bool:
     """A new file ``name`` in the directory ``dir_fd`` holding ``data``; False when one is there
-    (whatever it is: never opened) or it cannot be written. Never through a symlink."""
+    (whatever it is: never opened) or it cannot be written. Never through a symlink. Without
+    ``chmod`` (a bucket mount), the mode is the mount's."""
     try:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | NONBLOCK, mode, dir_fd=dir_fd)
     except OSError:
         return False
     try:
-        os.fchmod(fd, mode)  # the open mode is masked by the umask: a 0600 tag is no team's
+        if chmod:
+            os.fchmod(fd, mode)  # the open mode is masked by the umask: a 0600 tag is no team's
         os.write(fd, data)
         return True
     except OSError:
@@ -312,6 +339,9 @@ def bookkeeping_dir(version_dir: str, shared: bool, *parts: str) -> str | None:
     """``<version dir>/.gkx-autocache[/parts]``, created with the cache's own mode (group members
     of a shared cache write their ledgers too), or None when it cannot be made or is a symlink."""
     path = os.path.join(version_dir, META_DIR, *parts)
+    if _mount.bucket_mount(version_dir) is not None:
+        logger.debug("%s is on a bucket mount: no bookkeeping", version_dir)
+        return None
     for level in range(len(parts) + 1):
         if os.path.islink(os.path.join(version_dir, META_DIR, *parts[:level])):
             logger.debug("%s is a symlink: no bookkeeping", path)

@@ -2,8 +2,9 @@
 
 JAX's format and key are kept, so stock JAX and this store read each other's directories. What
 changes: writes are atomic (a temporary file, then ``os.replace``, overwriting, which heals a bad
-entry); an entry that does not decompress is removed and costs one recompile, silently; an entry in
-another compression format is left alone; each hit records recency with ``os.utime`` (no lock);
+entry; on a bucket mount, one create: ``_mount``); an entry that does not decompress is removed
+and costs one recompile, silently; an entry in another compression format is left alone; each hit
+records recency with ``os.utime`` (no lock);
 the real compile time of each write is kept beside the entry (``<key>-gkx-compile``), so time saved
 is real for sub-second compiles; and every I/O failure is a miss and a DEBUG line, never a warning
 (users run their tests under ``-W error``).
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gkx_autocache import _cpu_target, _files, _formats, _jax, _key, _trust
+from gkx_autocache import _cpu_target, _files, _formats, _jax, _key, _mount, _trust
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._formats import SEAL_LIMIT, compile_secs_of, compression_of, sidecar_run
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, SEAL_SIDECAR, VERDICT_FILE
@@ -81,7 +82,7 @@ class Store:
     """JAX's ``CacheInterface``: ``get(key) -> bytes | None`` and ``put(key, bytes)``."""
 
     def __init__(self, path: str, *, compression: str, decompress: Any, shared: bool, recorder: Any,
-                 writable: bool = True, check_payload: bool = True, levels: Any = None) -> None:
+                 writable: bool = True, check_payload: bool = True, levels: Any = None, whole: bool = False) -> None:
         self._path = path  # JAX's VerificationCache reads this attribute
         self._levels = levels  # the shared level behind this one (SPEC §14), asked on a local miss
         self._landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet recorded: key -> (bytes, compile)
@@ -97,6 +98,7 @@ class Store:
         self._check_payload = check_payload  # decompress before serving (see `install`)
         self._file_mode = _files.file_mode(shared)
         self._writable = writable  # a baked cache, read-only for this user: hits only
+        self._whole = whole  # a bucket mount (``_mount``): each file made whole in one create, no times set
         self._shared = shared
         self._recorder = recorder
         self._misses = threading.local()  # key -> process CPU time at the miss, per thread
@@ -124,10 +126,11 @@ class Store:
         if data is not None and why is None:
             why = self._foreign(data, landing=False)
         if data is not None and why is None:
-            try:
-                os.utime(path)  # recency for pruning, on noatime mounts too
-            except OSError:
-                pass
+            if not self._whole:  # (a bucket mount keeps no recency: an entry's age is its write time)
+                try:
+                    os.utime(path)  # recency for pruning, on noatime mounts too
+                except OSError:
+                    pass
             compile_secs, _, by = self._compile_secs(key, data)
             if (landed := self._landed.pop(key, None)) is not None:  # recorded here, where its lookup's facts are
                 self._recorder.put(key, *landed)
@@ -206,7 +209,7 @@ class Store:
             if self._levels is not None and self._levels.signs:
                 _files.remove(path)  # (bytes it did not vouch for replaced the entry: never a stale seal)
             return 0
-        return len(seal) if _files.write_atomic(path, seal, self._file_mode) else 0
+        return len(seal) if _files.write_atomic(path, seal, self._file_mode, self._whole) else 0
 
     def _record_landed(self) -> None:
         """At exit: the prefetched entries no lookup used, recorded as written (the cap's account)."""
@@ -251,7 +254,7 @@ class Store:
         if existing is not None and compression_of(existing) not in (self._compression, None):
             return False
         try:
-            with _files.atomic(path, self._file_mode) as f:
+            with _files.atomic(path, self._file_mode, whole=self._whole) as f:
                 f.write(found.data)
         except OSError as exc:  # disk full: served without the backfill
             logger.debug("cannot write %s: %s", path, exc)
@@ -260,9 +263,9 @@ class Store:
         if found.compile_secs is not None:
             sidecar_path = os.path.join(self._path, key + COMPILE_SIDECAR)
             sidecar = _formats.sidecar(found.compile_secs)
-            if _files.write_atomic(sidecar_path, sidecar, self._file_mode):
+            if _files.write_atomic(sidecar_path, sidecar, self._file_mode, self._whole):
                 written += len(sidecar)
-                if found.written:
+                if found.written and not self._whole:
                     try:
                         os.utime(sidecar_path, (found.written, found.written))
                     except OSError:
@@ -355,7 +358,7 @@ class Store:
             logger.debug("%s belongs to another environment's format: not overwritten", path)
             return
         try:
-            with _files.atomic(path, self._file_mode) as f:
+            with _files.atomic(path, self._file_mode, whole=self._whole) as f:
                 f.write(value)
         except OSError as exc:  # disk full, a name too long for the file system: said, not "new" every run
             logger.debug("cannot write %s: %s", path, exc)
@@ -365,7 +368,7 @@ class Store:
         compile_secs = max(compile_clock() - started, 0.0) if started is not None else 0.0
         if started is not None:
             sidecar = _formats.sidecar(compile_secs, self._recorder.run.id)
-            if _files.write_atomic(os.path.join(self._path, key + COMPILE_SIDECAR), sidecar, self._file_mode):
+            if _files.write_atomic(os.path.join(self._path, key + COMPILE_SIDECAR), sidecar, self._file_mode, self._whole):
                 written += len(sidecar)
         seal, now = None, time.time()
         if self._levels is not None:  # what this process compiled, its key vouches for: kept beside it
@@ -407,7 +410,8 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
         mine = real == ours
         _serving = Store(real, compression=compression_of(sample) or "zlib", decompress=decompress,
                          shared=shared and mine, recorder=recorder, writable=served[os.path.realpath(path)],
-                         check_payload=check_payload, levels=levels if mine else None)
+                         check_payload=check_payload, levels=levels if mine else None,
+                         whole=_mount.bucket_mount(real) is not None)
         return _serving
 
     why = _jax.serve_store(jax, serves, make, _unloadable)

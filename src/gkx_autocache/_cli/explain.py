@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gkx_autocache import _adopted, _settings
+from gkx_autocache import _adopted, _mount, _settings
 from gkx_autocache._cli.context import load_context
 from gkx_autocache._cli.output import OK, USAGE, CliError, emit, local_time
 from gkx_autocache._diagnostics import plural
@@ -36,7 +36,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if data["unavailable"]:
         lines.append(f"explanations unavailable here: {data['unavailable']}")
     last = data["last_run"]
-    if last is None:
+    if last is None and ctx.location is not None and ctx.location.mount is not None:
+        lines.append(_mount.UNKEPT.format(dir=vdir))
+    elif last is None:
         lines.append(f"no run has recorded its use of {vdir} since the last reset")
     else:
         counts = [plural(last["hits"], "hit"), plural(last["misses"], "miss", "misses") + _show.by_cause(last["misses_by_cause"])]

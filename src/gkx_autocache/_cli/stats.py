@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gkx_autocache import _adopted, _cache
+from gkx_autocache import _adopted, _cache, _mount
 from gkx_autocache._cli.context import load_context
 from gkx_autocache._cli.output import OK, emit, local_time
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural
@@ -35,6 +35,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return OK
     if stats is None and ctx.location is not None and ctx.location.kind == _cache.OWN and not ctx.location.local:
         emit(args, _cache.NOT_KEPT.format(dir=vdir), data)
+        return OK
+    if stats is None and ctx.location is not None and ctx.location.mount is not None:
+        emit(args, _mount.UNKEPT.format(dir=vdir), data)
         return OK
     if stats is None:
         emit(args, f"none yet: no process has used {vdir}", data)

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from gkx_autocache import _adopted, _cache, _entries, _jax, _settings, _store
+from gkx_autocache import _adopted, _cache, _entries, _jax, _mount, _settings, _store
 from gkx_autocache._cli.context import Context, cpu_target, distribution_version, hook_live, load_context, start_files
 from gkx_autocache._cli.output import OK, emit
 from gkx_autocache._cli.stats import stats_line
@@ -100,6 +100,8 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
                              writable=location.writable, trusted=True if location.local else None,
                              exists=is_url(vdir) or os.path.isdir(vdir))
             store = _store_verdict(location)
+            if location.mount is not None:
+                directory["mount"] = location.mount.describe()
             if location.kind == _cache.LOCAL and (moved := _adopted.moved_since(vdir)) is not None:
                 directory["moved"] = moved
             if location.kind == _cache.STOCK:
@@ -231,6 +233,9 @@ def _store_verdict(location: _cache.Location) -> dict[str, Any]:
     if location.kind == _cache.STOCK:
         return {"store": "jax", "reason": "on Windows the package's store is not used (it is POSIX-only)"}
     assert location.version_dir is not None
+    if location.mount is not None:
+        return {"store": None, "reason": "a bucket mount keeps no records (each run's report line names the "
+                                         "directory its store served)"}
     return _store.read_verdict(location.version_dir) or {"store": None, "reason": "no process has configured JAX with it yet"}
 
 
@@ -265,6 +270,8 @@ def text(data: dict[str, Any]) -> str:
         if directory["root"]:
             lines.append(f"  root     {directory['root']}")
         lines.append(f"  version  {directory['version_dir']}  ({state}{'' if directory['exists'] else ', not created yet'})")
+        if directory.get("mount"):
+            lines.append(f"  mount    {directory['mount']}")
     if directory.get("moved"):
         moved = directory["moved"]
         lines.append(f"  moved    JAX's directory is {moved['dir']}, set by {moved['by']} "
@@ -274,12 +281,13 @@ def text(data: dict[str, Any]) -> str:
         lines.append(f"  refused  {refused['path']}: {refused['why']}")
     store = data["store"]
     if store:
-        served = STORES.get(store["store"], store["store"] or "not recorded yet")
+        served = STORES.get(store["store"], store["store"] or ("not recorded" if directory.get("mount") else "not recorded yet"))
         lines.append(f"  store    {served}{': ' + store['reason'] if store.get('reason') else ''}")
     if (features_text := features_line(data.get("features"))) is not None:
         lines.append(features_text)
     for version in data["versions_present"]:
-        mark = "" if not version["installed"] else (" (this JAX's)" if directory.get("kind") == _cache.STOCK else
+        mark = "" if not version["installed"] else (" (this JAX's)" if directory.get("kind") == _cache.STOCK
+                                                    or directory.get("mount") else
                                                     " (this JAX's: allocated blocks, what max_size caps)")
         lines.append(f"  {version['version']:<18} {plural(version['entries'], 'entry', 'entries'):>13}  "
                      f"{human_bytes(version['bytes']):>10} on disk{mark}")
@@ -304,6 +312,8 @@ def text(data: dict[str, Any]) -> str:
         lines.append(f"stats       {_cache.NOT_KEPT.format(dir=directory['version_dir'])}")
     elif directory.get("kind") == _cache.STOCK:
         lines.append("stats       not kept on Windows: JAX's own cache keeps no records")
+    elif directory.get("mount"):
+        lines.append(f"stats       {_mount.UNKEPT.format(dir=directory['version_dir'])}")
     elif not directory["version_dir"]:
         lines.append("stats       none: no directory is used here" + ("" if data["settings"]["enabled"]["value"]
                                                                       else " (the cache is disabled)"))

@@ -1,6 +1,7 @@
 """The shared level in a directory: a team directory (``trust_shared``) or a read-only one baked
 into an image, trusted by the rules of §8 before it is read; each entry read after its seal is
-admitted, and written by a temporary file and a rename. Design: docs/how-it-works.md.
+admitted, and written by a temporary file and a rename (on a bucket mount, ``_mount``, whole in one
+create). Design: docs/how-it-works.md.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Directory:
         self.where = os.path.join(root, version_name(jax_version))
         self.jax_version = jax_version
         self.team = team
+        self.whole = False  # a bucket mount (``_mount``): each file made whole in one create
 
     def forget(self) -> None:
         pass
@@ -66,6 +68,7 @@ class Directory:
             raise FileNotFoundError(errno.ENOENT, f"{prepared.version_dir} does not exist"
                                                   f"{' and cannot be created here' if create else ''}")
         self.where = prepared.version_dir
+        self.whole = prepared.mount is not None
         progress.tick()
         return prepared.writable
 
@@ -145,6 +148,7 @@ class Directory:
         return read_compile_secs(os.path.join(self.where, key + COMPILE_SIDECAR))
 
     def write(self, name: str, data: bytes) -> None:
-        """A temporary file and a rename: never a partial file under the entry's name."""
-        with _files.atomic(os.path.join(self.where, name), _files.file_mode(self.team)) as f:
+        """A temporary file and a rename (on a bucket mount, one create: an object appears whole
+        when it is closed): never a partial file under the entry's name."""
+        with _files.atomic(os.path.join(self.where, name), _files.file_mode(self.team), whole=self.whole) as f:
             f.write(data)
