@@ -576,8 +576,8 @@ def test_a_parent_swapped_in_while_creating_is_refused(tmp_path: Path, monkeypat
     sticky.chmod(0o1777)
     real = _files.make_dir
 
-    def racing(path: str, shared: bool, tag: str | None = None) -> bool:
-        created = real(path, shared, tag)
+    def racing(path: str, shared: bool, tag: str | None = None, mounted: bool = False) -> bool:
+        created = real(path, shared, tag, mounted)
         if path == str(sticky / "x"):
             os.chown(path, 4242, 4242)
             os.chmod(path, 0o777)
