@@ -446,16 +446,16 @@ def test_manifest_keys_are_entry_names_and_a_signature_is_checked() -> None:
 
     good = "jit_f-" + "ab" * 32
     data = prefetch.encode([(good, 10), ("../x-" + "ab" * 32, 10), ("a/b-" + "ab" * 32, 5), (good + "x", 3)], "p", None)
-    assert prefetch.decode(data, None) == ([(good, 10)], 0)
+    assert prefetch.decode(data, None) == ([(good, 10)], 0, None)
     signed = prefetch.encode([(good, 10)], "p", b"k", packed=1)
-    assert prefetch.decode(signed, b"k") == ([(good, 10)], 1)
+    assert prefetch.decode(signed, b"k") == ([(good, 10)], 1, None)
     for secret, body in ((b"other", signed), (b"k", data)):
         with pytest.raises(ValueError, match="not signed"):
             prefetch.decode(body, secret)
     with pytest.raises(ValueError, match="longer"):
         prefetch.decode(b" " * prefetch.MANIFEST_LIMIT, None)
     hidden = prefetch.encode([("." + good[1:], 10), (good, 10)], "p", None)
-    assert prefetch.decode(hidden, None) == ([(good, 10)], 0)  # a hidden file would be outside the cap and prune
+    assert prefetch.decode(hidden, None) == ([(good, 10)], 0, None)  # a hidden file would be outside the cap and prune
     with pytest.raises(ValueError, match="another program"):
         prefetch.decode(data, None, "q")  # copied under another program's name
     bad_mac = json.loads(signed)

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from gkx_autocache import _entries, _files, _isa
+from gkx_autocache import _autotune, _entries, _files, _isa
 from gkx_autocache._diagnostics import human_bytes, one_line, shown
 from gkx_autocache._explain import index as _index
 from gkx_autocache._layout import ENTRY_SUFFIX, key_match, tmp_name
@@ -114,6 +114,10 @@ def _export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
                 item["used"] = round(unit.last_used, 3)  # its recency travels: a foreign entry stays old
             listed.append(item)
             paths.append(path)
+    tuned = _autotune.local(version_dir, team=True)  # XLA's GPU autotune results travel too (``_autotune``)
+    for name, data in tuned:
+        listed.append({"name": f"{_autotune.FOLDER}/{name}", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        paths.append(os.path.join(version_dir, _autotune.FOLDER, name))
     # What each entry's key was made of (SPEC §13.1: bundles carry the records of their entries), so
     # that a miss after the import is explained, and its ISA is known (SPEC §15).
     records = _index.lines_of(version_dir, [u.key for u in units])
@@ -235,12 +239,18 @@ def check_member(member: tarfile.TarInfo, files: dict[str, tuple[int, str]]) -> 
     if not member.isreg() or member.issparse():
         kind = "link" if member.issym() or member.islnk() else "directory" if member.isdir() else "special file"
         raise Refused(f"{shown(name)} is a {kind}; a bundle holds plain files only")
-    if "/" in name or "\\" in name or name.startswith(".") or key_match(name) is None:
+    if not autotune_member(name) and ("/" in name or "\\" in name or name.startswith(".") or key_match(name) is None):
         raise Refused(f"{shown(name)} is not the name of a cache entry or sidecar (it could escape the directory)")
     if name not in files:
         raise Refused(f"{shown(name)} is not listed in the manifest")
     if member.size != files[name][0]:
         raise Refused(f"{shown(name)} is {member.size} bytes, the manifest says {files[name][0]}")
+
+
+def autotune_member(name: str) -> bool:
+    """A GPU autotune result (``_autotune``): ``<its folder>/<a name XLA writes>``, nothing deeper."""
+    folder, _, base = name.partition("/")
+    return folder == _autotune.FOLDER and _autotune.is_name(base)
 
 
 def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256: str | None = None,
@@ -417,11 +427,16 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
                 raise Refused(f"{shown(member.name)} appears twice in the archive")
             seen.add(member.name)
             key = _key(member.name)
+            final = os.path.join(version_dir, member.name)
             if key in present:
                 skipped.add(key)
                 continue
-            final = os.path.join(version_dir, member.name)
-            tmp = os.path.join(version_dir, tmp_name(member.name, os.getpid(), threading.get_ident()))
+            if autotune_member(member.name) and os.path.lexists(final):
+                continue  # one fusion's result: the one here is as good
+            folder, base = os.path.split(final)
+            if autotune_member(member.name):
+                _files.make_dir(folder, shared)
+            tmp = os.path.join(folder, tmp_name(base, os.getpid(), threading.get_ident()))
             staged.append((tmp, final))
             _stage(tar, member, tmp, mode, files[member.name][1])
             entries += member.name.endswith(ENTRY_SUFFIX)

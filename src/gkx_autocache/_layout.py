@@ -43,6 +43,7 @@ COMPILE_SIDECAR = "-gkx-compile"
 SEAL_SIDECAR = "-gkx-shared"  # beside an entry of a shared level (SPEC §14), written before it
 MANIFEST_SUFFIX = "-gkx-manifest"  # in a shared level: the keys a program's run looked up (prefetch)
 PACK_SUFFIX = "-gkx-pack"  # beside a manifest in a bucket: the first of its entries, with their seals, in one object
+AUTOTUNE_SUFFIX = "-gkx-autotune"  # beside a manifest: XLA's GPU autotune results (``_autotune``), its SHA-256 in it
 META_DIR = ".gkx-autocache"
 LEDGER_DIR = "ledger"
 LEDGER_SUFFIX = ".jsonl"

@@ -75,10 +75,11 @@ class Level:
 
     def __init__(self, url: str, backend: Any, *, local: str, timeout: float, writes: str | None,
                  secret: bytes | None, max_entry: int = MAX_ENTRY, origin: str = "shared",
-                 queue_bytes: int = QUEUE_BYTES, cap: int = 0) -> None:
+                 queue_bytes: int = QUEUE_BYTES, cap: int = 0, local_team: bool = False) -> None:
         self.url = url  # as the user wrote it, for messages
         self.backend = backend
         self.local_dir = local
+        self.local_team = local_team  # the local level is a team directory (§8): group-writable files
         self.timeout = timeout
         self.writes = writes  # None: uploads on; else why not ("shared_write = never", ...)
         self._secret = secret
@@ -276,7 +277,14 @@ class Level:
 
     def get(self, key: str) -> Found | str | None:
         """The entry from the shared level (``Found``), why it must not be served (a string), or
-        None for a miss. Never raises."""
+        None for a miss. Never raises. Before a miss goes to XLA to compile, the GPU autotune
+        results of a prefetch (``_autotune``) are in place, or a timeout has passed."""
+        found = self._get(key)
+        if not isinstance(found, Found) and (ahead := self._prefetch) is not None:
+            ahead.tuned.wait(self.timeout)
+        return found
+
+    def _get(self, key: str) -> Found | str | None:
         ahead = self._prefetch
         if ahead is not None:
             ahead.take(key)  # this lookup's own: never the prefetch's too
@@ -642,7 +650,7 @@ def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str]
     level = Level(shared, backend, local=location.version_dir, timeout=settings["shared_timeout"],
                   writes=uploads(settings["shared_write"], env), secret=signing_key(env),
                   max_entry=min(cap, MAX_ENTRY) if cap else MAX_ENTRY,
-                  origin=settings.origin("shared_timeout"), cap=cap or 0)
+                  origin=settings.origin("shared_timeout"), cap=cap or 0, local_team=location.team)
     return level, []
 
 

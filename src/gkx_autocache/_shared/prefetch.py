@@ -34,9 +34,17 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gkx_autocache import _files, _jax
+from gkx_autocache import _autotune, _files, _jax
 from gkx_autocache._diagnostics import label, logger
-from gkx_autocache._layout import ENTRY_SUFFIX, MANIFEST_SUFFIX, META_DIR, PACK_SUFFIX, TMP_SUFFIX, key_match
+from gkx_autocache._layout import (
+    AUTOTUNE_SUFFIX,
+    ENTRY_SUFFIX,
+    MANIFEST_SUFFIX,
+    META_DIR,
+    PACK_SUFFIX,
+    TMP_SUFFIX,
+    key_match,
+)
 from gkx_autocache._shared import pack
 from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
 from gkx_autocache._shared.seal import Refused, head_problem
@@ -97,10 +105,18 @@ def manifest_name(program: str, part: str) -> str:
     return _hash(f"{program}\0{part}") + MANIFEST_SUFFIX
 
 
-def encode(keys: list[tuple[str, int]], program: str, secret: bytes | None, packed: int = 0) -> bytes:
-    """A manifest: ``keys`` in order, the first ``packed`` of them in its pack."""
-    body = {"v": 1, "program": program, "written": round(time.time(), 3), "keys": keys[:MANIFEST_KEYS],
-            "pack": packed}
+def autotune_name(manifest: str) -> str:
+    return manifest[: -len(MANIFEST_SUFFIX)] + AUTOTUNE_SUFFIX
+
+
+def encode(keys: list[tuple[str, int]], program: str, secret: bytes | None, packed: int = 0,
+           autotune: tuple[str, int] | None = None) -> bytes:
+    """A manifest: ``keys`` in order, the first ``packed`` of them in its pack; ``autotune``, the
+    SHA-256 and size of the GPU autotune object beside it (``_autotune``)."""
+    body: dict[str, Any] = {"v": 1, "program": program, "written": round(time.time(), 3), "keys": keys[:MANIFEST_KEYS],
+                            "pack": packed}
+    if autotune is not None:
+        body["autotune"] = list(autotune)
     if secret is not None:
         body["hmac"] = _mac(secret, body)
     return json.dumps(body, separators=(",", ":")).encode()
@@ -111,10 +127,12 @@ def _mac(secret: bytes, body: dict[str, Any]) -> str:
     return hmac.new(secret, json.dumps(signed, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256).hexdigest()
 
 
-def decode(data: bytes, secret: bytes | None, program: str | None = None) -> tuple[list[tuple[str, int]], int]:
-    """A manifest's keys, those that name an entry (no path, no separator, not hidden), and how
-    many of the first are in its pack; raises ValueError for one that is not a manifest (of
-    ``program``, where given), too long, or (with a signing key) not signed by it."""
+def decode(data: bytes, secret: bytes | None,
+           program: str | None = None) -> tuple[list[tuple[str, int]], int, tuple[str, int] | None]:
+    """A manifest's keys, those that name an entry (no path, no separator, not hidden), how many
+    of the first are in its pack, and its autotune object's ``(SHA-256, size)`` or None; raises
+    ValueError for one that is not a manifest (of ``program``, where given), too long, or (with a
+    signing key) not signed by it."""
     if len(data) >= MANIFEST_LIMIT:
         raise ValueError(f"longer than {MANIFEST_LIMIT >> 20} MiB")
     body = json.loads(data)
@@ -133,7 +151,13 @@ def decode(data: bytes, secret: bytes | None, program: str | None = None) -> tup
                 and (match := key_match(item[0] + ENTRY_SUFFIX)) and match[0] == item[0]):
             keys.append((item[0], item[1]))
     packed = body.get("pack")
-    return keys, packed if isinstance(packed, int) and not isinstance(packed, bool) and packed > 0 else 0
+    tuned = body.get("autotune")
+    autotune = None
+    if (isinstance(tuned, list) and len(tuned) == 2 and isinstance(tuned[0], str) and len(tuned[0]) == 64
+            and not tuned[0].strip("0123456789abcdef") and isinstance(tuned[1], int) and not isinstance(tuned[1], bool)
+            and 0 < tuned[1] <= _autotune.TOTAL_LIMIT + (64 << 10)):
+        autotune = (tuned[0], tuned[1])
+    return keys, packed if isinstance(packed, int) and not isinstance(packed, bool) and packed > 0 else 0, autotune
 
 
 def begin(level: Any, key: str) -> None:
@@ -286,8 +310,16 @@ def manifest_items(level: Any) -> list[tuple[str, bytes]]:
         data, packed = pack.build(_records(level, keys))
     inside = set(packed)
     keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
-    items = [(name, encode(keys, ident, level._secret, len(packed)))]
-    return [(pack.name_for(name), data), *items] if packed else items
+    items = []  # what the manifest names goes first: a reader that has the manifest finds them
+    if packed:
+        items.append((pack.name_for(name), data))
+    tuned = _autotune.local(level.local_dir, level.local_team, mine_only=True)  # (a key holder vouches for its own)
+    autotune = None
+    if tuned:
+        obj = _autotune.pack(tuned)
+        items.append((autotune_name(name), obj))
+        autotune = (_autotune.digest(obj), len(obj))
+    return [*items, (name, encode(keys, ident, level._secret, len(packed), autotune))]
 
 
 def _records(level: Any, keys: list[tuple[str, int]]) -> Iterator[tuple[str, bytes, bytes]]:
@@ -348,12 +380,15 @@ class Prefetch:
         self.signed = bool(getattr(level, "signs", False))  # a landed entry keeps its seal beside it
         self.reservation = Reservation(level.local_dir)  # this process's share of the room under the cap
         self.stopped = False
+        self.autotune: tuple[str, str, int] | None = None  # (object, SHA-256, size): its manifest's autotune results
+        self.tuned = threading.Event()  # they are in place (or there are none): a miss may go to XLA
 
     def start(self) -> None:
         try:
             threading.Thread(target=self._run, name="gkx-autocache-prefetch", daemon=True).start()
         except RuntimeError:  # the interpreter is exiting
             self.stopped = True
+            self.tuned.set()
 
     def _run(self) -> None:
         level = self.level
@@ -361,6 +396,7 @@ class Prefetch:
             if not level._ensure():
                 return
             keys, packed = self._manifests()
+            self._land_autotune()
             if not keys:
                 return
             local = level.local_dir
@@ -394,6 +430,30 @@ class Prefetch:
             self._spawn()
         except Exception as exc:  # pragma: no cover - nothing here may reach threading's excepthook
             logger.debug("prefetch stopped: %s", exc)
+        finally:
+            self.tuned.set()
+
+    def _land_autotune(self) -> None:
+        """This program's GPU autotune results, into the local level's folder before any miss is
+        compiled: read whole (bounded), checked against the SHA-256 its manifest holds (signed, with
+        a signing key), each file a name XLA writes; one that is there already is kept."""
+        if self.autotune is None or self.level.off is not None:
+            return
+        name, sha, size = self.autotune
+        level = self.level
+        try:
+            data = bounded(lambda progress: level.backend.small(name, size + 1), level.timeout)
+            level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
+            if len(data) != size or _autotune.digest(data) != sha:
+                raise ValueError("it does not match its manifest's SHA-256")
+            landed = _autotune.land(level.local_dir, _autotune.unpack(data), level.local_team)
+            logger.debug("prefetch: %d GPU autotune results landed", landed)
+        except ShuttingDown:
+            return
+        except ValueError as exc:  # this object's: the entries are fetched all the same
+            logger.debug("the autotune object %s is not used: %s", name, exc)
+        except Exception as exc:  # a stall or a refused connection turns the level off, as for an entry
+            self._failed(exc)
 
     def _spawn(self) -> None:
         """Workers for the keys pending, up to ``WORKERS`` at once."""
@@ -431,7 +491,7 @@ class Prefetch:
                     return [], packed
                 continue
             try:
-                keys, held = decode(data, level._secret, ident) if data else ([], 0)
+                keys, held, tuned = decode(data, level._secret, ident) if data else ([], 0, None)
             except Exception as exc:  # a hint: whatever is wrong with it, it is not used, and nothing else is wrong
                 logger.debug("the manifest %s is not used: %s", name, describe(exc))
                 continue
@@ -442,6 +502,8 @@ class Prefetch:
                 packed.update(key for key, _ in keys[:held])
             if name_part == part and (listed or not held):  # (a manifest whose pack is gone is written again)
                 self.own = keys
+            if name_part == part and tuned is not None:
+                self.autotune = (autotune_name(name), *tuned)
             for key, size in keys:
                 merged.setdefault(key, size)
         keys = list(merged.items())

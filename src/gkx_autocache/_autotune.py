@@ -1,0 +1,110 @@
+"""XLA's GPU autotune results, carried beside the entries (issue 47).
+
+Where a GPU plugin is installed, JAX has XLA keep the result of each fusion's autotuning in
+``<version dir>/xla_gpu_per_fusion_autotune_cache_dir/``: one small text file a fusion, named by the
+SHA-256 of its key (``<43 base64url characters>.textproto``), written in its ``tmp/`` and renamed
+(XLA: ``xla/service/gpu/autotuning/autotuner_util.cc``, ``xla/backends/autotuner/
+file_based_autotuner_cache.cc``). After an executable miss, autotuning is a large share of a GPU
+compile, and these files stayed on the machine that made them. The shared level carries them in
+one object beside each program's manifest (the manifest holds its SHA-256, so a signing key
+vouches for it); warm bundles carry them as members. A file is never replaced: one name is one
+fusion's key, and any result measured for it is valid. Only what XLA could have written is
+taken or placed: that name, a plain file, at most ``FILE_LIMIT`` bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import struct
+
+from gkx_autocache import _files, _mount, _trust
+
+FOLDER = "xla_gpu_per_fusion_autotune_cache_dir"  # JAX's name for it, under its cache directory
+_NAME = re.compile(r"[A-Za-z0-9_-]{43}\.textproto")
+FILE_LIMIT = 64 << 10  # one fusion's result is under 1 KiB
+TOTAL_LIMIT = 16 << 20  # the most one object or bundle carries: the newest first
+MAGIC = b"GKXTUNE1"
+HEAD = struct.Struct(">HI")  # a record: its name's length, its data's length
+
+
+def is_name(name: str) -> bool:
+    return _NAME.fullmatch(name) is not None
+
+
+def local(version_dir: str, team: bool = False, mine_only: bool = False) -> list[tuple[str, bytes]]:
+    """The results in ``version_dir``'s folder, newest first, up to ``TOTAL_LIMIT`` bytes: plain
+    files (never through a symlink) named as XLA names them, trusted as an entry is (``team``: in a
+    team directory), and with ``mine_only`` written by this user (a key holder vouches only for its own)."""
+    folder = os.path.join(version_dir, FOLDER)
+    try:
+        with os.scandir(folder) as found:
+            named = [(e.stat(follow_symlinks=False).st_mtime, e.name) for e in found if is_name(e.name)]
+    except OSError:
+        return []
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+
+    def trusted(st: os.stat_result) -> str | None:
+        if mine_only and uid is not None and st.st_uid != uid:
+            return "another user's"
+        return _trust.entry_problem(st, team) or ("too large" if st.st_size > FILE_LIMIT else None)
+
+    taken, total = [], 0
+    for _, name in sorted(named, reverse=True):
+        data = _files.read(os.path.join(folder, name), FILE_LIMIT + 1, check=trusted)
+        if data is None or not data or len(data) > FILE_LIMIT or total + len(data) > TOTAL_LIMIT:
+            continue
+        taken.append((name, data))
+        total += len(data)
+    return taken
+
+
+def pack(files: list[tuple[str, bytes]]) -> bytes:
+    """The object the shared level keeps: ``MAGIC``, then each file as a header, its name, its data."""
+    parts = [MAGIC]
+    for name, data in files:
+        raw = name.encode("ascii")
+        parts += [HEAD.pack(len(raw), len(data)), raw, data]
+    return b"".join(parts)
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def unpack(data: bytes) -> list[tuple[str, bytes]]:
+    """The files of an object ``pack`` made; raises ValueError for anything else (a bad name, a
+    record cut short, a file too large)."""
+    if not data.startswith(MAGIC):
+        raise ValueError("not an autotune object")
+    files, at = [], len(MAGIC)
+    while at < len(data):
+        if at + HEAD.size > len(data):
+            raise ValueError("a record's header cut short")
+        name_size, size = HEAD.unpack_from(data, at)
+        at += HEAD.size
+        name = data[at:at + name_size].decode("ascii", "replace")
+        if not is_name(name) or not 0 < size <= FILE_LIMIT or at + name_size + size > len(data):
+            raise ValueError("a record of a bad name or size")
+        at += name_size
+        files.append((name, data[at:at + size]))
+        at += size
+    return files
+
+
+def land(version_dir: str, files: list[tuple[str, bytes]], shared: bool) -> int:
+    """Write the results this directory lacks into its folder (made with the cache's mode); how
+    many were written. Never raises: a result that cannot be written is autotuned again."""
+    folder = os.path.join(version_dir, FOLDER)
+    whole = _mount.bucket_mount(version_dir) is not None
+    try:
+        _files.make_dir(folder, shared, mounted=whole)
+    except OSError:
+        return 0
+    written = 0
+    for name, data in files:
+        path = os.path.join(folder, name)
+        if is_name(name) and not os.path.lexists(path):
+            written += _files.write_atomic(path, data, _files.file_mode(shared), whole)
+    return written

@@ -1,0 +1,158 @@
+"""XLA's GPU autotune results travel with the entries (issue 47): by the shared level (an object beside
+each program's manifest, its SHA-256 in the manifest) and by warm bundles. No GPU here: the program
+writes them as XLA does (``<sha256 of its key, base64url>.textproto`` in JAX's folder, through its
+``tmp/`` and a rename), in XLA's text format, during its run."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import S3, Venv, run_program
+from test_activation import VERSION_DIR
+from test_levels import levels_env
+from webdav import Nginx
+
+from gkx_autocache import _autotune
+
+FOLDER = "xla_gpu_per_fusion_autotune_cache_dir"
+ON = {"GKX_JAX_CACHE_XLA_CACHES": FOLDER}  # as JAX's default is where a GPU plugin is installed
+
+# The writer's XLA tunes three fusions while it compiles; a reader compiles one function the writer
+# never did (a miss all the way down), and lists the folder right after: XLA would have read it then.
+PROGRAM = r"""
+import base64, hashlib, json, os
+import jax, jax.numpy as jnp
+folder = os.path.join(jax.config.jax_compilation_cache_dir, "xla_gpu_per_fusion_autotune_cache_dir")
+
+@jax.jit
+def f(x):
+    return jnp.tanh(x @ x.T).sum()
+result = float(f(jnp.ones((8, 8))))
+if os.environ["ROLE"] == "writer":
+    os.makedirs(os.path.join(folder, "tmp"), exist_ok=True)
+    for i in range(3):
+        key = f"CUDA: 9.0, Cores: 132|fusion.{i}|3"
+        name = base64.urlsafe_b64encode(hashlib.sha256(key.encode()).digest()).decode().rstrip("=") + ".textproto"
+        tmp = os.path.join(folder, "tmp", "tmp_per_fusion_cache_" + name)
+        with open(tmp, "w") as out:
+            out.write(f"scratch_bytes: 0\nrun_time {{\n  nanos: {20480 + i}\n}}\ntriton {{\n  block_m: 64\n  num_warps: 4\n}}\n")
+        os.rename(tmp, os.path.join(folder, name))
+else:
+    jax.jit(lambda x: jnp.cos(x) * 7)(jnp.ones(5)).block_until_ready()
+def read(name):
+    with open(os.path.join(folder, name), "rb") as f:
+        return f.read().hex()
+seen = {n: read(n) for n in sorted(os.listdir(folder)) if n.endswith(".textproto")} if os.path.isdir(folder) else {}
+print(json.dumps({"result": round(result, 4), "seen": seen}))
+"""
+
+
+def tuned(local: Path) -> dict[str, str]:
+    folder = local / VERSION_DIR / FOLDER
+    return {p.name: p.read_bytes().hex() for p in sorted(folder.glob("*.textproto"))} if folder.is_dir() else {}
+
+
+@pytest.fixture(params=["directory", "s3", "http"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The shared level's settings: a team directory, a bucket on moto's S3 server, or nginx's WebDAV."""
+    if request.param == "directory":
+        (tmp_path / "team").mkdir()
+        yield {"GKX_JAX_CACHE_SHARED": str(tmp_path / "team")}
+    elif request.param == "s3":
+        s3: S3 = request.getfixturevalue("s3")
+        env = levels_env(s3.env, s3.bucket, tmp_path / "unused")
+        yield {k: v for k, v in env.items() if k != "GKX_JAX_CACHE_DIR"}
+    else:
+        server = Nginx(tmp_path / "nginx")
+        try:
+            yield {"GKX_JAX_CACHE_SHARED": server.url}
+        finally:
+            server.close()
+
+
+def test_a_fresh_machine_gets_the_writers_autotune_results_before_its_first_compile(venv: Venv, tmp_path: Path,
+                                                                                    shared: dict[str, str]) -> None:
+    """The writer's three results reach a fresh machine byte for byte, in place before it compiles its
+    first miss, vouched for by the signing key through the manifest. (On JAX 0.10 the folder's path is
+    in every key, so the reader's entries miss: its results are what it gets.)"""
+    key = {"GKX_JAX_CACHE_SIGNING_KEY": "k" * 32, "GKX_JAX_CACHE_REPORT": "1", **ON, **shared}
+    writer, err = run_program(venv, "-W", "error", env={**key, "ROLE": "writer", "GKX_JAX_CACHE_DIR": str(tmp_path / "w")},
+                              program=PROGRAM)
+    written = tuned(tmp_path / "w")
+    assert len(written) == 3 and writer["seen"] == written, err
+    reader, err = run_program(venv, "-W", "error", env={**key, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "r")},
+                              program=PROGRAM)
+    assert reader["seen"] == written and reader["result"] == writer["result"], err  # listed right after its miss
+    assert tuned(tmp_path / "r") == written
+
+
+def test_autotune_results_the_key_never_vouched_for_are_not_landed(venv: Venv, tmp_path: Path) -> None:
+    """A bucket writer without the signing key swaps the autotune object (a result of its own under a
+    name a key holder wrote): it no longer matches the signed manifest, and nothing of it lands."""
+    team = tmp_path / "team"
+    team.mkdir()
+    key = {"GKX_JAX_CACHE_SIGNING_KEY": "k" * 32, "GKX_JAX_CACHE_SHARED": str(team), **ON}
+    run_program(venv, env={**key, "ROLE": "writer", "GKX_JAX_CACHE_DIR": str(tmp_path / "w")}, program=PROGRAM)
+    [obj] = list((team / VERSION_DIR).glob("*-gkx-autotune"))
+    files = _autotune.unpack(obj.read_bytes())
+    obj.write_bytes(_autotune.pack([(files[0][0], b"triton { block_m: 16 num_warps: 32 }\n"), *files[1:]]))
+    reader, err = run_program(venv, env={**key, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "r")},
+                              program=PROGRAM)
+    assert reader["seen"] == {} and tuned(tmp_path / "r") == {}, err
+
+
+def test_an_autotune_object_names_only_files_xla_writes() -> None:
+    """Unpacking refuses a record whose name is not one XLA writes (a path, another suffix) or whose
+    size is out of bounds; packing and unpacking are each other's inverse."""
+    name = base64.urlsafe_b64encode(hashlib.sha256(b"k").digest()).decode().rstrip("=") + ".textproto"
+    good = [(name, b"scratch_bytes: 0\n")]
+    assert _autotune.unpack(_autotune.pack(good)) == good
+    for bad in ("../" + name[3:], name.replace(".textproto", ".txt"), "tmp/" + name[4:], name[:-10] + "=.textproto"):
+        with pytest.raises(ValueError):
+            _autotune.unpack(_autotune.pack([(bad, b"x")]))
+    with pytest.raises(ValueError):
+        _autotune.unpack(_autotune.pack([(name, b"x" * (_autotune.FILE_LIMIT + 1))]))
+    with pytest.raises(ValueError):
+        _autotune.unpack(_autotune.pack(good)[:-5])  # a record cut short
+
+
+def test_a_warm_bundle_carries_autotune_results(venv: Venv, tmp_path: Path) -> None:
+    """``export`` takes the results with the entries and ``import`` places them (the ones there kept);
+    a bundle member under that folder with another name is refused, having written nothing."""
+    source = {"GKX_JAX_CACHE_DIR": str(tmp_path / "w"), **ON}
+    run_program(venv, env={**source, "ROLE": "writer"}, program=PROGRAM)
+    archive = tmp_path / "warm.tar.gz"
+    exported = venv.cli("--json", "export", str(archive), env=source)
+    assert exported.returncode == 0, exported.stderr
+    target = {"GKX_JAX_CACHE_DIR": str(tmp_path / "fresh")}
+    imported = venv.cli("import", str(archive), env=target)
+    assert imported.returncode == 0, imported.stderr
+    assert tuned(tmp_path / "fresh") == tuned(tmp_path / "w") and len(tuned(tmp_path / "w")) == 3
+    bad = tmp_path / "bad.tar"
+    name = f"{FOLDER}/../evil.textproto"
+    manifest = {"format": json.loads(_manifest_of(archive))["format"], "files": [
+        {"name": name, "size": 1, "sha256": hashlib.sha256(b"x").hexdigest()}]}
+    with tarfile.open(bad, "w") as tar:
+        for member, data in (("gkx-autocache-manifest.json", json.dumps(manifest).encode()), (name, b"x")):
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    refused = venv.cli("import", str(bad), "--force", env={"GKX_JAX_CACHE_DIR": str(tmp_path / "other")})
+    assert refused.returncode != 0 and "not the name of a cache entry" in refused.stderr, refused.stderr
+    assert not (tmp_path / "evil.textproto").exists() and not (tmp_path / "other" / VERSION_DIR / "evil.textproto").exists()
+    assert not os.path.isdir(tmp_path / "other" / VERSION_DIR / FOLDER)
+
+
+def _manifest_of(archive: Path) -> bytes:
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("gkx-autocache-manifest.json")
+        assert member is not None
+        return member.read()
