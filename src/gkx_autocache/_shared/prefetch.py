@@ -396,7 +396,9 @@ class Prefetch:
             if not level._ensure():
                 return
             keys, packed = self._manifests()
-            self._land_autotune()
+            if self.autotune is not None:
+                self._land_autotune()
+            self.tuned.set()  # (a miss waits for the manifest, read beside its own lookup, and any results it names)
             if not keys:
                 return
             local = level.local_dir
@@ -437,7 +439,8 @@ class Prefetch:
         """This program's GPU autotune results, into the local level's folder before any miss is
         compiled: read whole (bounded), checked against the SHA-256 its manifest holds (signed, with
         a signing key), each file a name XLA writes; one that is there already is kept."""
-        if self.autotune is None or self.level.off is not None:
+        assert self.autotune is not None
+        if self.level.off is not None:
             return
         name, sha, size = self.autotune
         level = self.level
