@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -246,7 +247,11 @@ def test_a_pytest_xdist_session_is_one_run_and_agrees_with_its_line(project: Pro
                                 env=project.env, cwd=str(project.folder), timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("gkx-autocache:")]
-        last = project.explain()["last_run"]
+        # pytest returns once its workers said they finished, which they say before their own exit
+        # (where each closes its ledger): a worker may still be writing when the session is over.
+        deadline = time.monotonic() + 60
+        while (last := project.explain()["last_run"])["processes"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert last["processes"] == 2, last
         hits = int(re.match(r"gkx-autocache: (\d+) hits?\b", line)[1])  # type: ignore[index]
         assert (hits, misses(line)) == (last["hits"], last["misses"]), (line, last)
