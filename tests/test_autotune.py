@@ -156,3 +156,68 @@ def _manifest_of(archive: Path) -> bytes:
         member = tar.extractfile("gkx-autocache-manifest.json")
         assert member is not None
         return member.read()
+
+
+def test_results_landed_without_a_key_are_never_vouched_for_by_one(venv: Venv, tmp_path: Path) -> None:
+    """A keyless run (a CI job whose secret was not passed) lands a keyless writer's results, made
+    read-only; the user's next run with the key and a miss does not sign them into its manifest, so
+    a fresh key holder gets none of them (a planted result would otherwise be laundered by the key)."""
+    team = tmp_path / "team"
+    team.mkdir()
+    env = {"GKX_JAX_CACHE_SHARED": str(team), **ON}
+    run_program(venv, env={**env, "ROLE": "writer", "GKX_JAX_CACHE_DIR": str(tmp_path / "attacker")}, program=PROGRAM)
+    victim = tmp_path / "victim"
+    keyless, err = run_program(venv, env={**env, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(victim)}, program=PROGRAM)
+    assert len(keyless["seen"]) == 3, err
+    assert {p.stat().st_mode & 0o777 for p in (victim / VERSION_DIR / FOLDER).glob("*.textproto")} == {0o400}
+    key = {**env, "GKX_JAX_CACHE_SIGNING_KEY": "k" * 32}
+    for obj in (team / VERSION_DIR).glob("*-gkx-*"):
+        obj.unlink()  # the victim's keyed run writes the program's manifest afresh
+    program = PROGRAM.replace("jnp.cos(x) * 7", "jnp.cos(x) * 8")  # one more miss: a manifest is written
+    run_program(venv, env={**key, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(victim)}, program=program)
+    fresh, err = run_program(venv, env={**key, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "fresh")},
+                             program=program)
+    assert fresh["seen"] == {} and tuned(tmp_path / "fresh") == {}, err
+
+
+def test_a_process_whose_xla_keeps_no_results_neither_waits_nor_lands(venv: Venv, tmp_path: Path) -> None:
+    """Without a GPU plugin (``xla_caches`` none: XLA reads no folder) a reader lands nothing, though
+    the program's manifest names results."""
+    team = tmp_path / "team"
+    team.mkdir()
+    env = {"GKX_JAX_CACHE_SHARED": str(team)}
+    run_program(venv, env={**env, **ON, "ROLE": "writer", "GKX_JAX_CACHE_DIR": str(tmp_path / "w")}, program=PROGRAM)
+    assert list((team / VERSION_DIR).glob("*-gkx-autotune"))
+    reader, err = run_program(venv, env={**env, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "r")},
+                              program=PROGRAM)
+    assert reader["seen"] == {} and not (tmp_path / "r" / VERSION_DIR / FOLDER).exists(), err
+
+
+def test_an_object_never_outgrows_what_a_reader_takes(tmp_path: Path) -> None:
+    """A folder of 20 000 results: the object of them stops at ``TOTAL_LIMIT``, records included,
+    newest first, and reads no file beyond."""
+    folder = tmp_path / FOLDER
+    folder.mkdir()
+    for i in range(20_000):
+        name = base64.urlsafe_b64encode(hashlib.sha256(str(i).encode()).digest()).decode().rstrip("=") + ".textproto"
+        (folder / name).write_bytes(b"x" * 300)
+    obj = _autotune.pack(_autotune.local(str(tmp_path)))
+    assert _autotune.TOTAL_LIMIT - 400 < len(obj) <= _autotune.TOTAL_LIMIT
+    assert len(_autotune.unpack(obj)) < 20_000
+
+
+def test_a_bundle_into_a_folder_that_is_a_symlink_imports_the_entries(venv: Venv, tmp_path: Path) -> None:
+    """The target's autotune folder is a symlink (to a big disk, or planted): its results are left
+    out, nothing is written through the link, and every entry is imported."""
+    source = {"GKX_JAX_CACHE_DIR": str(tmp_path / "w"), **ON}
+    run_program(venv, env={**source, "ROLE": "writer"}, program=PROGRAM)
+    archive = tmp_path / "warm.tar"
+    assert venv.cli("export", str(archive), env=source).returncode == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "t" / VERSION_DIR).mkdir(parents=True)
+    (tmp_path / "t" / VERSION_DIR / FOLDER).symlink_to(elsewhere)
+    imported = venv.cli("import", str(archive), env={"GKX_JAX_CACHE_DIR": str(tmp_path / "t")})
+    assert imported.returncode == 0, imported.stderr
+    assert list(elsewhere.iterdir()) == []
+    assert len(list((tmp_path / "t" / VERSION_DIR).glob("*-cache"))) == len(list((tmp_path / "w" / VERSION_DIR).glob("*-cache")))

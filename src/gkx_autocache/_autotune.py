@@ -9,7 +9,8 @@ compile, and these files stayed on the machine that made them. The shared level 
 one object beside each program's manifest (the manifest holds its SHA-256, so a signing key
 vouches for it); warm bundles carry them as members. A file is never replaced: one name is one
 fusion's key, and any result measured for it is valid. Only what XLA could have written is
-taken or placed: that name, a plain file, at most ``FILE_LIMIT`` bytes.
+taken or placed: that name, a plain file, at most ``FILE_LIMIT`` bytes. A result XLA wrote
+group-writable (a umask of 002) is not taken, as such an entry would not be.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import struct
 
 from gkx_autocache import _files, _mount, _trust
@@ -24,40 +26,66 @@ from gkx_autocache import _files, _mount, _trust
 FOLDER = "xla_gpu_per_fusion_autotune_cache_dir"  # JAX's name for it, under its cache directory
 _NAME = re.compile(r"[A-Za-z0-9_-]{43}\.textproto")
 FILE_LIMIT = 64 << 10  # one fusion's result is under 1 KiB
-TOTAL_LIMIT = 16 << 20  # the most one object or bundle carries: the newest first
+TOTAL_LIMIT = 4 << 20  # the most one object carries, records included (some 10 000 results): the newest first
 MAGIC = b"GKXTUNE1"
 HEAD = struct.Struct(">HI")  # a record: its name's length, its data's length
+UNVERIFIED = 0o400  # the mode of a result landed that no signing key checked: never vouched for by one
 
 
 def is_name(name: str) -> bool:
     return _NAME.fullmatch(name) is not None
 
 
-def local(version_dir: str, team: bool = False, mine_only: bool = False) -> list[tuple[str, bytes]]:
-    """The results in ``version_dir``'s folder, newest first, up to ``TOTAL_LIMIT`` bytes: plain
-    files (never through a symlink) named as XLA names them, trusted as an entry is (``team``: in a
-    team directory), and with ``mine_only`` written by this user (a key holder vouches only for its own)."""
-    folder = os.path.join(version_dir, FOLDER)
+def enabled(value: object) -> bool:
+    """Whether JAX's ``jax_persistent_cache_enable_xla_caches`` value has XLA keep these results."""
+    return value == "all" or FOLDER in str(value or "").split(",")
+
+
+def local(version_dir: str, team: bool = False, signing: bool = False) -> list[tuple[str, bytes]]:
+    """The results in ``version_dir``'s folder, newest first, while they fit ``TOTAL_LIMIT`` as an
+    object: plain files named as XLA names them, never through a symlink (the folder's own
+    included), trusted as an entry is (``team``: in a team directory). With ``signing`` (a key will
+    vouch for them), only this user's, and none landed unverified (``land``)."""
     try:
-        with os.scandir(folder) as found:
-            named = [(e.stat(follow_symlinks=False).st_mtime, e.name) for e in found if is_name(e.name)]
+        fd = _files.open_dir(os.path.join(os.path.abspath(version_dir), FOLDER))
     except OSError:
         return []
-    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    try:
+        with os.scandir(fd) as found:
+            named = sorted(((e.stat(follow_symlinks=False).st_mtime, e.name) for e in found if is_name(e.name)),
+                           reverse=True)
+        taken: list[tuple[str, bytes]] = []
+        room = TOTAL_LIMIT - len(MAGIC)
+        for _, name in named:
+            data = _read(name, fd, team, signing)
+            if data is None:
+                continue
+            room -= HEAD.size + len(name) + len(data)
+            if room < 0:
+                break
+            taken.append((name, data))
+        return taken
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
 
-    def trusted(st: os.stat_result) -> str | None:
-        if mine_only and uid is not None and st.st_uid != uid:
-            return "another user's"
-        return _trust.entry_problem(st, team) or ("too large" if st.st_size > FILE_LIMIT else None)
 
-    taken, total = [], 0
-    for _, name in sorted(named, reverse=True):
-        data = _files.read(os.path.join(folder, name), FILE_LIMIT + 1, check=trusted)
-        if data is None or not data or len(data) > FILE_LIMIT or total + len(data) > TOTAL_LIMIT:
-            continue
-        taken.append((name, data))
-        total += len(data)
-    return taken
+def _read(name: str, dir_fd: int, team: bool, signing: bool) -> bytes | None:
+    try:
+        fd = _files.open_regular(name, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        mine = not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+        if (_trust.entry_problem(st, team) or not 0 < st.st_size <= FILE_LIMIT
+                or (signing and (not mine or not st.st_mode & stat.S_IWUSR))):
+            return None
+        data = os.read(fd, FILE_LIMIT + 1)
+        return data if 0 < len(data) <= FILE_LIMIT else None
+    finally:
+        os.close(fd)
 
 
 def pack(files: list[tuple[str, bytes]]) -> bytes:
@@ -93,18 +121,21 @@ def unpack(data: bytes) -> list[tuple[str, bytes]]:
     return files
 
 
-def land(version_dir: str, files: list[tuple[str, bytes]], shared: bool) -> int:
+def land(version_dir: str, files: list[tuple[str, bytes]], shared: bool, verified: bool) -> int:
     """Write the results this directory lacks into its folder (made with the cache's mode); how
-    many were written. Never raises: a result that cannot be written is autotuned again."""
+    many were written. ``verified``: a signing key checked them; else each is made read-only
+    (``UNVERIFIED``), so that a later run with a key never vouches for it (``local``). Never
+    raises: a result that cannot be written is autotuned again."""
     folder = os.path.join(version_dir, FOLDER)
     whole = _mount.bucket_mount(version_dir) is not None
     try:
         _files.make_dir(folder, shared, mounted=whole)
     except OSError:
         return 0
+    mode = _files.file_mode(shared) if verified else UNVERIFIED | (0o040 if shared else 0)
     written = 0
     for name, data in files:
         path = os.path.join(folder, name)
         if is_name(name) and not os.path.lexists(path):
-            written += _files.write_atomic(path, data, _files.file_mode(shared), whole)
+            written += _files.write_atomic(path, data, mode, whole)
     return written

@@ -433,10 +433,7 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
                 continue
             if autotune_member(member.name) and os.path.lexists(final):
                 continue  # one fusion's result: the one here is as good
-            folder, base = os.path.split(final)
-            if autotune_member(member.name):
-                _files.make_dir(folder, shared)
-            tmp = os.path.join(folder, tmp_name(base, os.getpid(), threading.get_ident()))
+            tmp = os.path.join(version_dir, tmp_name(os.path.basename(final), os.getpid(), threading.get_ident()))
             staged.append((tmp, final))
             _stage(tar, member, tmp, mode, files[member.name][1])
             entries += member.name.endswith(ENTRY_SUFFIX)
@@ -445,7 +442,15 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
         if missing:
             raise Refused(f"{len(missing)} files of the manifest are missing, such as {shown(sorted(missing)[0])}")
         # Two phases, not _files.atomic per member: no member appears until every one has passed.
+        left_out = 0
         for tmp, final in staged:
+            if os.path.dirname(final) != version_dir:  # an autotune result: its folder is made now
+                try:
+                    _files.make_dir(os.path.dirname(final), shared)
+                except OSError:  # (a symlink there): left out, autotuned again; the entries go on
+                    _files.remove(tmp)
+                    left_out += 1
+                    continue
             os.replace(tmp, final)
             when = manifest["used"].get(os.path.basename(final))
             if when is not None:  # its recency as it was: an entry of another CPU must not push ours out
@@ -453,7 +458,7 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
                     os.utime(final, (when, when), follow_symlinks=False)
                 except (OSError, NotImplementedError):
                     pass
-        placed = len(staged)
+        placed = len(staged) - left_out
         placed_keys = [_key(os.path.basename(final)) for _tmp, final in staged if final.endswith(ENTRY_SUFFIX)]
         staged.clear()
     finally:

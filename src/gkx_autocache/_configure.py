@@ -103,9 +103,11 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
                             shared=location.team)
     levels = None
     if settings["shared"] is not None:  # a second level behind this one (SPEC §14): objects only, no I/O here
+        from gkx_autocache import _autotune
         from gkx_autocache._shared import level as _levels
 
-        levels, problems = _levels.setup(settings, location, jax.__version__, env)
+        tunes = _autotune.enabled(getattr(config, "jax_persistent_cache_enable_xla_caches", None))
+        levels, problems = _levels.setup(settings, location, jax.__version__, env, tunes)
         for cause, message in problems:
             warn(cause, message)
     if location.local:

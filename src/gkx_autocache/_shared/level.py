@@ -75,11 +75,12 @@ class Level:
 
     def __init__(self, url: str, backend: Any, *, local: str, timeout: float, writes: str | None,
                  secret: bytes | None, max_entry: int = MAX_ENTRY, origin: str = "shared",
-                 queue_bytes: int = QUEUE_BYTES, cap: int = 0, local_team: bool = False) -> None:
+                 queue_bytes: int = QUEUE_BYTES, cap: int = 0, local_team: bool = False, tunes: bool = False) -> None:
         self.url = url  # as the user wrote it, for messages
         self.backend = backend
         self.local_dir = local
         self.local_team = local_team  # the local level is a team directory (§8): group-writable files
+        self.tunes = tunes  # XLA keeps GPU autotune results in the local level (``_autotune``): they travel
         self.timeout = timeout
         self.writes = writes  # None: uploads on; else why not ("shared_write = never", ...)
         self._secret = secret
@@ -635,9 +636,11 @@ def problem(settings: Any, location: Any) -> str | None:
     return None
 
 
-def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str]) -> tuple[Level | None, list[tuple[str, str]]]:
+def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str],
+          tunes: bool = False) -> tuple[Level | None, list[tuple[str, str]]]:
     """The shared level for this process, or None; and the problems worth a warning (each one
-    line: the run goes on with the local level). Builds objects only: no I/O."""
+    line: the run goes on with the local level). Builds objects only: no I/O. ``tunes``: XLA keeps
+    GPU autotune results in the local level (``_autotune``)."""
     shared = settings["shared"]
     if shared is None or not location.version_dir:
         return None, []
@@ -650,7 +653,7 @@ def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str]
     level = Level(shared, backend, local=location.version_dir, timeout=settings["shared_timeout"],
                   writes=uploads(settings["shared_write"], env), secret=signing_key(env),
                   max_entry=min(cap, MAX_ENTRY) if cap else MAX_ENTRY,
-                  origin=settings.origin("shared_timeout"), cap=cap or 0, local_team=location.team)
+                  origin=settings.origin("shared_timeout"), cap=cap or 0, local_team=location.team, tunes=tunes)
     return level, []
 
 

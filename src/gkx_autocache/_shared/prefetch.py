@@ -155,7 +155,7 @@ def decode(data: bytes, secret: bytes | None,
     autotune = None
     if (isinstance(tuned, list) and len(tuned) == 2 and isinstance(tuned[0], str) and len(tuned[0]) == 64
             and not tuned[0].strip("0123456789abcdef") and isinstance(tuned[1], int) and not isinstance(tuned[1], bool)
-            and 0 < tuned[1] <= _autotune.TOTAL_LIMIT + (64 << 10)):
+            and 0 < tuned[1] <= _autotune.TOTAL_LIMIT):
         autotune = (tuned[0], tuned[1])
     return keys, packed if isinstance(packed, int) and not isinstance(packed, bool) and packed > 0 else 0, autotune
 
@@ -297,12 +297,17 @@ def manifest_items(level: Any) -> list[tuple[str, bytes]]:
             or not level.counts["local"]["misses"] or level._worker is None or level._forked_child):
         return []
     keys = list(level._seen.items())
-    own = level._prefetch.own if level._prefetch is not None else None
+    ahead = level._prefetch
+    own = ahead.own if ahead is not None else None
+    tuned = _autotune.local(level.local_dir, level.local_team, signing=level._secret is not None) if level.tunes else []
+    obj = _autotune.pack(tuned) if tuned else b""
+    autotune = (_autotune.digest(obj), len(obj)) if tuned else None
     if own is not None:
         last = max((at for at, (key, _) in enumerate(own) if key in level._seen), default=-1)
         keys = (keys + [item for item in own[last + 1:] if item[0] not in level._seen])[:MANIFEST_KEYS]
-        if {key for key, _ in keys} == {key for key, _ in own}:
-            return []
+        said = ahead.autotune[1:] if ahead is not None and ahead.autotune is not None else None
+        if {key for key, _ in keys} == {key for key, _ in own} and (autotune is None or autotune == said):
+            return []  # (results it read and did not get, or new ones, are written again)
     ident, part, _, _ = program()
     name = manifest_name(ident, part)
     data, packed = b"", list[str]()
@@ -310,16 +315,11 @@ def manifest_items(level: Any) -> list[tuple[str, bytes]]:
         data, packed = pack.build(_records(level, keys))
     inside = set(packed)
     keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
-    items = []  # what the manifest names goes first: a reader that has the manifest finds them
-    if packed:
-        items.append((pack.name_for(name), data))
-    tuned = _autotune.local(level.local_dir, level.local_team, mine_only=True)  # (a key holder vouches for its own)
-    autotune = None
-    if tuned:
-        obj = _autotune.pack(tuned)
+    items = [(pack.name_for(name), data)] if packed else []  # the pack first: a reader of the manifest finds it
+    items.append((name, encode(keys, ident, level._secret, len(packed), autotune)))
+    if autotune is not None:  # after the manifest, which an exit's one timeout must not lose to it
         items.append((autotune_name(name), obj))
-        autotune = (_autotune.digest(obj), len(obj))
-    return [*items, (name, encode(keys, ident, level._secret, len(packed), autotune))]
+    return items
 
 
 def _records(level: Any, keys: list[tuple[str, int]]) -> Iterator[tuple[str, bytes, bytes]]:
@@ -382,6 +382,8 @@ class Prefetch:
         self.stopped = False
         self.autotune: tuple[str, str, int] | None = None  # (object, SHA-256, size): its manifest's autotune results
         self.tuned = threading.Event()  # they are in place (or there are none): a miss may go to XLA
+        if not level.tunes:  # XLA keeps no autotune results in this process: no lookup waits for any
+            self.tuned.set()
 
     def start(self) -> None:
         try:
@@ -392,13 +394,16 @@ class Prefetch:
 
     def _run(self) -> None:
         level = self.level
+        tuning = False  # a thread lands the autotune results, and sets ``tuned`` when it is done
         try:
             if not level._ensure():
                 return
             keys, packed = self._manifests()
-            if self.autotune is not None:
-                self._land_autotune()
-            self.tuned.set()  # (a miss waits for the manifest, read beside its own lookup, and any results it names)
+            if self.autotune is not None and level.tunes:  # beside the entries' prefetch, not before it
+                threading.Thread(target=self._land_autotune, name="gkx-autocache-prefetch", daemon=True).start()
+                tuning = True
+            else:
+                self.tuned.set()  # (a miss waited for the manifest, read beside its own lookup)
             if not keys:
                 return
             local = level.local_dir
@@ -433,15 +438,16 @@ class Prefetch:
         except Exception as exc:  # pragma: no cover - nothing here may reach threading's excepthook
             logger.debug("prefetch stopped: %s", exc)
         finally:
-            self.tuned.set()
+            if not tuning:
+                self.tuned.set()
 
     def _land_autotune(self) -> None:
         """This program's GPU autotune results, into the local level's folder before any miss is
-        compiled: read whole (bounded), checked against the SHA-256 its manifest holds (signed, with
-        a signing key), each file a name XLA writes; one that is there already is kept."""
+        compiled (a miss waits for them, at most one ``shared_timeout``): read whole (at most
+        ``_autotune.TOTAL_LIMIT``), checked against the SHA-256 its manifest holds (signed, with a
+        signing key), each file a name XLA writes; one that is there already is kept. Whatever goes
+        wrong (a slow link included) costs these results only, never the level."""
         assert self.autotune is not None
-        if self.level.off is not None:
-            return
         name, sha, size = self.autotune
         level = self.level
         try:
@@ -449,14 +455,13 @@ class Prefetch:
             level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
             if len(data) != size or _autotune.digest(data) != sha:
                 raise ValueError("it does not match its manifest's SHA-256")
-            landed = _autotune.land(level.local_dir, _autotune.unpack(data), level.local_team)
+            verified = level._secret is not None  # (decode refused a manifest the key did not sign)
+            landed = _autotune.land(level.local_dir, _autotune.unpack(data), level.local_team, verified)
             logger.debug("prefetch: %d GPU autotune results landed", landed)
-        except ShuttingDown:
-            return
-        except ValueError as exc:  # this object's: the entries are fetched all the same
-            logger.debug("the autotune object %s is not used: %s", name, exc)
-        except Exception as exc:  # a stall or a refused connection turns the level off, as for an entry
-            self._failed(exc)
+        except Exception as exc:
+            logger.debug("the autotune object %s is not used: %s", name, describe(exc))
+        finally:
+            self.tuned.set()
 
     def _spawn(self) -> None:
         """Workers for the keys pending, up to ``WORKERS`` at once."""
