@@ -245,6 +245,7 @@ class _Level:
 
     def __init__(self, local: Path) -> None:
         self.local_dir, self.max_entry, self.timeout, self._closed, self.off = str(local), 1 << 30, 5.0, False, None
+        self.tunes = False  # XLA keeps no GPU autotune results here
         self.counted: dict[str, float] = {}
 
     def count(self, level: str, **add: float) -> None:
