@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
 import os
 import shutil
 import stat
@@ -35,9 +36,12 @@ SEMANTICS = ("mountpoint", "gcsfuse")
 MOUNT_OPTIONS = {"mountpoint": {"fsname": "mountpoint-s3"}, "gcsfuse": {"subtype": "gcsfuse", "fsname": "team-bucket"}}
 
 
-def serve(backing: str, mountpoint: str, semantics: str, uid: int, gid: int) -> None:
+def serve(backing: str, mountpoint: str, semantics: str, uid: int, gid: int, options: dict[str, object]) -> None:
     import mfusepy as fuse  # type: ignore[import-untyped]
 
+    options = {k: v for k, v in {**MOUNT_OPTIONS[semantics], "allow_other": True, "default_permissions": True,
+                                 **options}.items() if v is not None}  # (None: an option left out)
+    file_mode, dir_mode = int(options.pop("file_mode", 0o644)), int(options.pop("dir_mode", 0o755))  # type: ignore[call-overload]
     staging = os.path.join(backing, ".staging")
     os.makedirs(staging, exist_ok=True)
     numbers = itertools.count()
@@ -59,10 +63,14 @@ def serve(backing: str, mountpoint: str, semantics: str, uid: int, gid: int) -> 
         def getattr(self, path: str, fh: int | None = None) -> dict[str, int | float]:
             being = self._writing(path)
             st = os.fstat(being[1]) if being else os.lstat(self._real(path))
-            kind, mode = (stat.S_IFDIR, 0o755) if stat.S_ISDIR(st.st_mode) else (stat.S_IFREG, 0o644)
+            kind, mode = ((stat.S_IFDIR, dir_mode) if stat.S_ISDIR(st.st_mode) else
+                          (stat.S_IFLNK, 0o777) if stat.S_ISLNK(st.st_mode) else (stat.S_IFREG, file_mode))
             return {"st_mode": kind | mode, "st_uid": uid, "st_gid": gid, "st_size": st.st_size, "st_nlink": 1,
                     "st_blocks": -(-st.st_size // 512),
                     "st_mtime": st.st_mtime, "st_atime": st.st_mtime, "st_ctime": st.st_mtime}
+
+        def readlink(self, path: str) -> str:  # an object a bucket writer made to look like a link
+            return os.readlink(self._real(path))
 
         def readdir(self, path: str, fh: int) -> list[str]:
             names = [n for n in os.listdir(self._real(path)) if not (path == "/" and n == ".staging")]
@@ -169,8 +177,7 @@ def serve(backing: str, mountpoint: str, semantics: str, uid: int, gid: int) -> 
             return {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
                                                  "f_files", "f_ffree", "f_favail", "f_namemax")}
 
-    fuse.FUSE(Bucket(), mountpoint, foreground=True, nothreads=False, allow_other=True, default_permissions=False,
-              **MOUNT_OPTIONS[semantics])
+    fuse.FUSE(Bucket(), mountpoint, foreground=True, nothreads=False, **options)
 
 
 def mounted_at(mountpoint: str) -> str | None:
@@ -198,10 +205,12 @@ class Mounted:
     """A bucket mount at ``mountpoint`` over ``backing``, served by a child process; ``user_id`` is
     who mounted it as the kernel records it (``user_id=`` in mountinfo): the test process's by
     default, another uid to play a mount someone else made (its real uid; it keeps root's
-    effective uid, so that it may still mount)."""
+    effective uid, so that it may still mount). ``options`` replace the semantics' own mount options
+    (``allow_other`` and ``default_permissions`` on, as gcsfuse and Mountpoint mount; ``subtype``,
+    ``fsname``) and set ``file_mode`` and ``dir_mode``, the modes every file and directory shows."""
 
     def __init__(self, backing: Path, mountpoint: Path, semantics: str, uid: int | None = None, gid: int | None = None,
-                 user_id: int | None = None) -> None:
+                 user_id: int | None = None, options: dict[str, object] | None = None) -> None:
         assert semantics in SEMANTICS
         missing = unavailable()
         if missing is not None:
@@ -214,7 +223,7 @@ class Mounted:
         backing.mkdir(parents=True, exist_ok=True)
         mountpoint.mkdir(parents=True, exist_ok=True)
         args = [sys.executable, __file__, str(backing), str(mountpoint), semantics,
-                str(os.getuid() if uid is None else uid), str(os.getgid() if gid is None else gid)]
+                str(os.getuid() if uid is None else uid), str(os.getgid() if gid is None else gid), json.dumps(options or {})]
         become = None if user_id is None else (lambda: os.setresuid(user_id, 0, 0))
         self.log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(args, stderr=self.log, preexec_fn=become)
@@ -244,4 +253,4 @@ class Mounted:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    serve(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), json.loads(sys.argv[6]))

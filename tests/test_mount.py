@@ -87,7 +87,58 @@ def test_a_mount_made_by_someone_else_is_refused_whatever_owner_it_shows(venv: V
         env = {"GKX_JAX_CACHE_DIR": str(mounted.mountpoint / "jax"), "GKX_JAX_CACHE_REPORT": "1"}
         out, err = run_program(venv, env=env)
         said = warnings(err)
-        assert len(said) == 1 and "made by uid 12345" in said[0] and "mount the bucket yourself" in said[0], err
+        assert len(said) == 1 and "made by uid 12345" in said[0] and "mount it yourself" in said[0], err
         assert out["hits"] == 0 and mounted.objects() == [], mounted.objects()
+    finally:
+        mounted.close()
+
+
+@pytest.mark.parametrize("case", ["no-default-permissions", "another-users-sshfs", "group-writable-files",
+                                  "symlink-in-the-bucket"])
+def test_a_mount_whose_modes_cannot_be_trusted_is_refused_with_one_warning(venv: Venv, tmp_path: Path,
+                                                                          case: str) -> None:
+    """Refused, the run finishing uncached with one warning that says why: a mount open to every user
+    (allow_other) whose modes the kernel does not check (no default_permissions: rclone's default);
+    a FUSE mount of any type (here sshfs's) another user made; a bucket mount whose files all show a
+    group-writable mode (``--file-mode=664``: each entry would be refused, run after run); a symlink
+    inside the bucket (an object anyone who can write it made) on the way to ``dir``."""
+    options: dict[str, dict[str, object]] = {
+        "no-default-permissions": {"default_permissions": None},
+        "another-users-sshfs": {"subtype": "sshfs"},
+        "group-writable-files": {"file_mode": 0o664},
+        "symlink-in-the-bucket": {},
+    }
+    mounted = Mounted(tmp_path / "objects", tmp_path / "mnt", "gcsfuse",
+                      user_id=12345 if case == "another-users-sshfs" else None, options=options[case])
+    try:
+        target = mounted.mountpoint / "jax"
+        if case == "symlink-in-the-bucket":
+            (tmp_path / "mine").mkdir()
+            (mounted.backing / "planted").symlink_to(tmp_path / "mine")
+            target = mounted.mountpoint / "planted"
+        out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(target), "GKX_JAX_CACHE_REPORT": "1"})
+        said = warnings(err)
+        why = {"no-default-permissions": "without default_permissions", "another-users-sshfs": "made by uid 12345",
+               "group-writable-files": "show mode 0664", "symlink-in-the-bucket": "a symlink inside a"}[case]
+        assert len(said) == 1 and why in said[0], err
+        assert out["hits"] == 0 and not [o for o in mounted.objects() if o.endswith("-cache")], mounted.objects()
+        assert not list((tmp_path / "mine").rglob("*-cache")) if case == "symlink-in-the-bucket" else True
+    finally:
+        mounted.close()
+
+
+def test_a_bucket_a_csi_driver_mounts_is_known_by_its_plain_fuse_type(venv: Venv, tmp_path: Path) -> None:
+    """GKE's Cloud Storage FUSE CSI driver mounts with the type plain ``fuse`` and the bucket's name as
+    source: a bucket mount all the same (written whole, served warm), where a file system mounted
+    with a subtype (sshfs, JuiceFS) is left as it is."""
+    mounted = Mounted(tmp_path / "objects", tmp_path / "mnt", "gcsfuse", options={"subtype": None, "fsname": "team-bucket"})
+    try:
+        env = {"GKX_JAX_CACHE_DIR": str(mounted.mountpoint / "jax"), "GKX_JAX_CACHE_REPORT": "1"}
+        cold, err = run_program(venv, "-W", "error", env=env)
+        assert not warnings(err) and len([o for o in mounted.objects() if o.endswith("-cache")]) == cold["requests"]
+        warm, err = run_program(venv, "-W", "error", env=env)
+        assert warm["hits"] == warm["requests"] == cold["requests"], err
+        status = json.loads(venv.cli("--json", "status", env=env).stdout)
+        assert "a bucket (team-bucket), fuse" in status["directory"]["mount"], status["directory"]
     finally:
         mounted.close()

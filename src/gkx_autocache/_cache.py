@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -151,15 +152,16 @@ def prepare(root: str, jax_version: str | None, shared: bool = False, create: bo
     key, so two spellings of one directory would never hit each other. With ``create=False``
     (the CLI) nothing is created, and a missing directory is judged by where it would be made.
     """
-    if (planted := _trust.links_problem(root)) is not None:
+    if (planted := _trust.links_problem(root) or _mount.link_problem(root)) is not None:
         raise Refused(planted)
     root = os.path.realpath(os.path.abspath(root))
     version_dir = os.path.join(root, version_name(jax_version)) if jax_version is not None else root
     if os.path.islink(version_dir):  # nothing of the package ever passes through a symlink below the root
         raise Refused(f"{version_dir} is a symlink; the package makes its version directories itself: remove the link")
-    mount = _mount.bucket_mount(root)
-    if mount is not None and (problem := mount.problem()):
+    fuse = _mount.fuse_mount(root)
+    if fuse is not None and (problem := fuse.problem()):
         raise Refused(problem)
+    mount = fuse if fuse is not None and fuse.tool is not None else None  # a bucket: files written whole
     nearest = _nearest_existing(root)
     problem = _trust.ancestors_problem(root if nearest == root else os.path.join(nearest, "x"), shared)
     if problem:
@@ -180,6 +182,8 @@ def prepare(root: str, jax_version: str | None, shared: bool = False, create: bo
             raise Refused(problem if path == root else f"{version_dir}: {problem}")
     if create and (jax_version is not None or created) and not os.path.lexists(os.path.join(version_dir, TAG_NAME)):
         _write_tag(version_dir, mount is None)  # one someone else made (trusted, above) is the cache's all the same
+    if mount is not None and (problem := _mount_files_problem(version_dir, shared)):
+        raise Refused(problem)
     writable = os.access(version_dir if os.path.isdir(version_dir) else _nearest_existing(version_dir), os.W_OK)
     return Prepared(root, version_dir, writable, mount)
 
@@ -365,6 +369,21 @@ def _nearest_existing(path: str) -> str:
             break
         path = parent
     return path
+
+
+def _mount_files_problem(version_dir: str, shared: bool) -> str | None:
+    """On a bucket mount, why the files it makes (of the mode its options give every file, as its
+    tag shows) could not be trusted as entries, or None: else each entry written would be refused
+    when read, run after run."""
+    try:
+        st = os.lstat(os.path.join(version_dir, TAG_NAME))
+    except OSError:
+        return None  # (a read-only mount: nothing is written there)
+    why = _trust.entry_problem(st, shared)
+    if why is None:
+        return None
+    return (f"the files of this bucket mount show mode {stat.S_IMODE(st.st_mode):04o}, so each entry would be refused "
+            f"({why}); mount it with a file mode of 0644, or 0660 and trust_shared for a team")
 
 
 def _make_dir(path: str, shared: bool, mounted: bool) -> bool:

@@ -8,15 +8,18 @@ there the package writes each file whole in one create (``_files.atomic``), sets
 time (recency: none, an entry's age is its write time), and keeps no bookkeeping (ledgers, index,
 verdict, the cap's prune need appends, locks and replaces): the bucket's lifecycle rule is the cap.
 
-Known by the file system type Linux records for the mount (``/proc/self/mountinfo``), read once a
-path. Trust (docs/trust.md): the owners and modes such a mount shows are whatever its mounter asked
-for, so the mounter (the kernel's ``user_id``) must be the user or root; past that the usual rules
-read what the mount shows, and who may write the bucket is the bucket's access policy.
+Known by the file system type and source Linux records for the mount (``/proc/self/mountinfo``).
+Trust (docs/trust.md): the owners and modes a FUSE mount shows are whatever its mounter asked for,
+so for any FUSE mount the mounter (the kernel's ``user_id``) must be the user or root, and those
+modes must be enforced (``default_permissions``, or no ``allow_other``); past that the usual rules
+read what the mount shows, the mode its files get included, and who may write the bucket is the
+bucket's access policy.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 
 # How each tool's mounts show in mountinfo: the type fuse.<subtype> -> the tool
 BUCKETS = {
@@ -29,7 +32,11 @@ BUCKETS = {
     "fuse.blobfuse": "BlobFuse",
     "fuse.rclone": "rclone mount",
 }
-SOURCES = {"mountpoint-s3": "Mountpoint for S3"}  # type plain ``fuse`` (no subtype): the source names the tool
+# The type plain ``fuse`` (no subtype): Mountpoint for S3, and the buckets Kubernetes' CSI drivers mount
+# (GKE's Cloud Storage FUSE driver: its source is the bucket's name). The tools that mount POSIX file
+# systems through FUSE name a subtype (sshfs, JuiceFS, fuse-overlayfs, lxcfs...): those are left as they are.
+SOURCES = {"mountpoint-s3": "Mountpoint for S3"}
+CHECKS_ITSELF = {"fuse.s3fs"}  # checks permissions itself, so it is mounted without default_permissions
 CANNOT = ("no rename, chmod or recency there: each file is written whole in one create, and no bookkeeping is kept "
           "(no cap kept at exit, no stats or explanations: the bucket's lifecycle rule is its cap, or `gkx-autocache "
           "prune`, oldest written first)")
@@ -37,23 +44,34 @@ UNKEPT = "not kept: {dir} is on a bucket mount, which keeps no records (each run
 
 
 class Mount:
-    """A bucket mount: where (``point``), what (``tool``, from mountinfo's type and source), and who
-    mounted it (``mounter``: the kernel's ``user_id``, None where it does not say)."""
+    """A FUSE mount: where (``point``), its type, source and super options as mountinfo gives them,
+    and the bucket tool it is (``tool``), or None for a FUSE file system that is not a bucket."""
 
-    __slots__ = ("point", "fstype", "tool", "mounter")
+    __slots__ = ("point", "fstype", "source", "options", "tool")
 
-    def __init__(self, point: str, fstype: str, tool: str, mounter: int | None) -> None:
-        self.point, self.fstype, self.tool, self.mounter = point, fstype, tool, mounter
+    def __init__(self, point: str, fstype: str, source: str, options: str) -> None:
+        self.point, self.fstype, self.source, self.options = point, fstype, source, options.split(",")
+        self.tool = BUCKETS.get(fstype) or ((SOURCES.get(source) or f"a bucket ({source})") if fstype == "fuse" else None)
+
+    @property
+    def mounter(self) -> int | None:
+        """Who mounted it (the kernel's ``user_id``), None where it does not say."""
+        return next((int(o[8:]) for o in self.options if o.startswith("user_id=") and o[8:].isdigit()), None)
 
     def problem(self) -> str | None:
-        """Why the mount must not be trusted, or None: someone else mounted it, and chose what
-        owners and modes it shows."""
-        uid = os.getuid()
-        if self.mounter in (uid, 0):
-            return None
-        who = "an unknown user" if self.mounter is None else f"uid {self.mounter}"
-        return (f"it is on a {self.tool} mount ({self.point}) made by {who}, not you or root: the mounter chooses the "
-                "owners and modes it shows; mount the bucket yourself")
+        """Why the mount must not be trusted, or None. Its mounter chose the owners and modes it
+        shows, so the mounter must be you or root; and those modes are enforced only where the
+        kernel checks them (``default_permissions``) or no one else may enter (no ``allow_other``)."""
+        what = f"{self.tool or self.fstype} mount ({self.point})"
+        if self.mounter not in (os.getuid(), 0):
+            who = "an unknown user" if self.mounter is None else f"uid {self.mounter}"
+            return (f"it is on a {what} made by {who}, not you or root: the mounter chooses the owners and modes it "
+                    "shows; mount it yourself")
+        if "allow_other" in self.options and "default_permissions" not in self.options \
+                and self.fstype not in CHECKS_ITSELF:
+            return (f"it is on a {what} with allow_other and without default_permissions: every user of this machine "
+                    "may write it, whatever modes it shows; mount it with -o default_permissions")
+        return None
 
     def describe(self) -> str:
         return f"a bucket mount ({self.tool}, {self.fstype}, at {self.point}): {CANNOT}"
@@ -63,26 +81,50 @@ class Mount:
 _table: list[tuple[str, str, str, str]] | None = None
 
 
-def bucket_mount(path: str) -> Mount | None:
-    """The bucket mount ``path`` lies on (it need not exist yet), or None: not Linux, not a
-    bucket mount. Mounts are read once a process (they do not move under a running program)."""
-    global _table
-    if _table is None:
-        _table = _read()
-    real = os.path.realpath(path) if _table else ""
+def fuse_mount(path: str) -> Mount | None:
+    """The FUSE mount ``path`` lies on (it need not exist yet), or None. Mounts are read once a
+    process (they do not move under a running program); a machine without FUSE costs one read."""
+    table = _mounts()
+    real = os.path.realpath(path) if table else ""
     best = None
-    for mount in _table:  # the last of the longest: a mount over another hides it
+    for mount in table:  # the last of the longest: a mount over another hides it
         point = mount[0]
         if (real == point or real.startswith(point.rstrip("/") + "/")) and (best is None or len(point) >= len(best[0])):
             best = mount
-    if best is None:
+    if best is None or not (best[1] == "fuse" or best[1].startswith(("fuse.", "fuseblk"))):
         return None
-    point, fstype, source, options = best
-    tool = BUCKETS.get(fstype) or (SOURCES.get(source) if fstype == "fuse" else None)
-    if tool is None:
+    return Mount(*best)
+
+
+def bucket_mount(path: str) -> Mount | None:
+    """The bucket mount ``path`` lies on, or None."""
+    mount = fuse_mount(path)
+    return mount if mount is not None and mount.tool is not None else None
+
+
+def link_problem(path: str) -> str | None:
+    """Why a symlink on the way to ``path`` (as written) must not be followed, or None: one inside a
+    bucket mount is an object whoever can write the bucket made, and chooses where the cache goes."""
+    if not _mounts():
         return None
-    mounter = next((int(o[8:]) for o in options.split(",") if o.startswith("user_id=") and o[8:].isdigit()), None)
-    return Mount(point, fstype, tool, mounter)
+    current = ""
+    for part in os.path.abspath(path).split(os.sep)[1:]:
+        current = f"{current}{os.sep}{part}"
+        try:
+            link = stat.S_ISLNK(os.lstat(current).st_mode)
+        except OSError:
+            return None
+        if link and (mount := bucket_mount(os.path.dirname(current))) is not None:
+            return (f"{current} is a symlink inside a {mount.tool} mount: whoever can write the bucket chose where it "
+                    "points; name the directory itself")
+    return None
+
+
+def _mounts() -> list[tuple[str, str, str, str]]:
+    global _table
+    if _table is None:
+        _table = _read()
+    return _table
 
 
 def _read() -> list[tuple[str, str, str, str]]:
