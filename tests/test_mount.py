@@ -54,6 +54,8 @@ def test_a_bucket_mount_as_dir_is_written_whole_served_and_healed(venv: Venv, bu
     assert tool in status["directory"]["mount"] and "written whole in one create" in status["directory"]["mount"]
     text = venv.cli("status", env=env).stdout
     assert f"mount    a bucket mount ({tool}" in text and "is on a bucket mount, which keeps no records" in text, text
+    for command in ("stats", "explain"):  # said in --json too, not the "none yet" of a directory never used
+        assert json.loads(venv.cli("--json", command, env=env).stdout)["kept"] is False, command
     pruned = venv.cli("prune", env={**env, "GKX_JAX_CACHE_MAX_SIZE": "1K"})  # by hand: no cap is kept at exit
     assert pruned.returncode == 0 and "removed" in pruned.stdout, pruned.stderr
     assert len([o for o in bucket.objects() if o.endswith("-cache")]) < len(names), bucket.objects()

@@ -38,6 +38,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     last = data["last_run"]
     if last is None and ctx.location is not None and ctx.location.mount is not None:
         lines.append(_mount.UNKEPT.format(dir=vdir))
+        data["kept"] = False
     elif last is None:
         lines.append(f"no run has recorded its use of {vdir} since the last reset")
     else:

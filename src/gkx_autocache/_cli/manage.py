@@ -91,11 +91,12 @@ def cmd_clear(args: argparse.Namespace) -> int:
     if args.all_versions and ctx.root:
         targets = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d)] or targets
     _confirm(args, ", ".join(targets))
+    kept = ctx.location is None or ctx.location.mount is None  # a bucket mount keeps no totals to reset
     for vdir in targets:
         if os.path.isdir(vdir):  # one never used has nothing to remove (a URL is always tagged)
             _require_tag(vdir)
-        _carry_out(args, _entries.plan_clear(vdir), {"totals_reset": not args.dry_run})
-        if not args.dry_run:  # a fresh start: the totals of what was cleared go too
+        _carry_out(args, _entries.plan_clear(vdir), {"totals_reset": kept and not args.dry_run})
+        if kept and not args.dry_run:  # a fresh start: the totals of what was cleared go too
             _reset.reset(vdir, bool(ctx.settings["trust_shared"]), forget=True)
             if not args.json:
                 print(f"stats of {vdir} reset")

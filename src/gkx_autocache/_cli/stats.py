@@ -37,7 +37,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         emit(args, _cache.NOT_KEPT.format(dir=vdir), data)
         return OK
     if stats is None and ctx.location is not None and ctx.location.mount is not None:
-        emit(args, _mount.UNKEPT.format(dir=vdir), data)
+        emit(args, _mount.UNKEPT.format(dir=vdir), {**data, "kept": False})
         return OK
     if stats is None:
         emit(args, f"none yet: no process has used {vdir}", data)
