@@ -53,7 +53,7 @@ for i in range(tries):
     try:
         prepared = _cache.prepare(os.path.join(team, f"c{i}"), "0.0.0", shared=True)
         _files.bookkeeping_dir(prepared.version_dir, True, "ledger")
-    except _cache.Refused:
+    except _cache.DirectoryRefused:
         refused += 1
     if os.stat(private).st_mode & 0o7777 != 0o700 or os.listdir(private):
         changed = i + 1

@@ -380,7 +380,7 @@ def test_the_earlier_layout_is_read_up_to_its_stated_member_cap(tmp_path: Path, 
         done = _bundle.import_bundle(str(archive), str(target), _here())
         assert done.files == members and sorted(p.name for p in target.iterdir()) == sorted(n for n, _ in files)
     else:
-        with pytest.raises(_bundle.Refused, match="more than 3 members before its manifest"):
+        with pytest.raises(_bundle.BundleRefused, match="more than 3 members before its manifest"):
             _bundle.import_bundle(str(archive), str(target), _here())
         assert list(target.iterdir()) == []
 

@@ -1136,7 +1136,7 @@ def test_a_206_whose_content_range_is_not_the_range_asked_is_refused(content_ran
         async def _call_s3(self, op: str, **kwargs: Any) -> dict[str, Any]:
             return {"Body": _Body(obj[first:last + 1]), "ContentRange": content_range, "ContentLength": last + 1 - first}
 
-    with pytest.raises((_seal.Refused, OSError)):
+    with pytest.raises((_seal.EntryRefused, OSError)):
         got = asyncio.run(_bucket._read_range(FS(), "bucket/team/k-cache", 4096, 8192))
         assert got == obj[4096:8192]  # (never reached where it is refused)
         print(len(got), "bytes of", content_range, "taken for bytes 4096-8191")
@@ -1195,14 +1195,14 @@ def test_an_unsigned_seal_says_who_uploaded_it_and_a_wrong_signature_says_so() -
     """K5: a seal without a signature is `not signed`, uploaded by a process without the key; one
     whose signature does not match names another key or an alteration: two causes, two fixes."""
     from gkx_autocache._shared import level as _levels
-    from gkx_autocache._shared.seal import Refused, make_seal
+    from gkx_autocache._shared.seal import EntryRefused, make_seal
 
     level = _levels.Level("/nowhere", None, local="/nowhere", timeout=1.0, writes="x", secret=KEY_A.encode())
     data = b"\x78\x9c" + b"a" * 10
     for raw, said in ((make_seal(GOOD, data, None, 1.0, None), "not signed: a process without the signing key uploaded it"),
                       (make_seal(GOOD, data, None, 1.0, KEY_B.encode()),
                        "not signed: its signature does not match (another key, or altered)")):
-        with pytest.raises(Refused) as refused:
+        with pytest.raises(EntryRefused) as refused:
             level._admit(GOOD, raw)
         assert str(refused.value) == said
 

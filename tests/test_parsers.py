@@ -121,14 +121,14 @@ def test_bundle_manifests(manifest: bytes) -> None:
     try:
         tar = tar_with(manifest, [])
         read = _bundle.read_manifest(tar, tar.getmember(_bundle.MANIFEST))
-    except _bundle.Refused as exc:
+    except _bundle.BundleRefused as exc:
         one_line(str(exc))
         return
     for name, (size, digest) in read["files"].items():
         assert isinstance(name, str) and isinstance(size, int) and size >= 0 and isinstance(digest, str)
     try:
         _bundle.check_room(read["files"], "/tmp", 10**9)
-    except _bundle.Refused as exc:
+    except _bundle.BundleRefused as exc:
         one_line(str(exc))
 
 
@@ -140,7 +140,7 @@ def test_bundle_member_names(name: str) -> None:
     info.size = 1
     try:
         _bundle.check_member(info, {name: (1, "0" * 64)})
-    except _bundle.Refused as exc:
+    except _bundle.BundleRefused as exc:
         one_line(str(exc))
         return
     from gkx_autocache._layout import key_match
@@ -238,7 +238,7 @@ def test_whole_bundles(tmp_path_factory: Any, archive: bytes) -> None:
     environment = {"jax": None, "jaxlib": None, "system": None, "machine": None}
     try:
         done = _bundle.import_bundle(str(path), str(target), environment, force=True)
-    except _bundle.Refused as exc:
+    except _bundle.BundleRefused as exc:
         one_line(str(exc))
         assert list(target.iterdir()) == []
         return

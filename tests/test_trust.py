@@ -337,7 +337,7 @@ def test_a_directory_swapped_for_a_symlink_after_mkdir_is_never_chmod_ed_or_tagg
         _cache.prepare(str(root), "0.0.0", shared=True)
         if component in ("bookkeeping", "ledger"):
             _files.bookkeeping_dir(str(vdir), True, *(["ledger"] if component == "ledger" else []))
-    except _cache.Refused:
+    except _cache.DirectoryRefused:
         pass  # refusing the swapped directory is right too
     finally:
         active.clear()
@@ -506,7 +506,7 @@ def test_a_private_directory_of_the_victim_swapped_in_after_mkdir_is_never_made_
     monkeypatch.setattr(os, "mkdir", mkdir)
     try:
         _cache.prepare(str(root), "0.0.0", shared=True)
-    except _cache.Refused:
+    except _cache.DirectoryRefused:
         pass  # refusing is right
     monkeypatch.undo()
     assert stat.S_IMODE(root.stat().st_mode) == 0o700

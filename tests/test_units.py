@@ -149,7 +149,7 @@ def test_shared_mode_creates_setgid_group_directories(tmp_path: Path) -> None:
     prepared = _cache.prepare(str(team / "cache"), "1.0", shared=True)
     for p in (team / "cache", Path(prepared.version_dir)):
         assert stat.S_IMODE(p.stat().st_mode) == 0o2770
-    with pytest.raises(_cache.Refused, match="group can write"):
+    with pytest.raises(_cache.DirectoryRefused, match="group can write"):
         _cache.prepare(str(team), "1.0", shared=False)
 
 
@@ -165,13 +165,13 @@ def test_shared_mode_accepts_a_teammates_group_directory(tmp_path: Path) -> None
     os.chown(vdir, 4242, os.getgid())
     vdir.chmod(0o2770)
     assert _cache.prepare(str(team), "1.0", shared=True).version_dir == str(vdir)
-    with pytest.raises(_cache.Refused, match="owned by uid 4242"):
+    with pytest.raises(_cache.DirectoryRefused, match="owned by uid 4242"):
         _cache.prepare(str(team), "1.0", shared=False)
     team.chmod(0o2750)  # a teammate's directory the group cannot write: theirs alone
-    with pytest.raises(_cache.Refused, match="owned by uid 4242"):
+    with pytest.raises(_cache.DirectoryRefused, match="owned by uid 4242"):
         _cache.prepare(str(team), "1.0", shared=True)
     team.chmod(0o2777)
-    with pytest.raises(_cache.Refused, match="others can write"):
+    with pytest.raises(_cache.DirectoryRefused, match="others can write"):
         _cache.prepare(str(team), "1.0", shared=True)
 
 
@@ -188,11 +188,11 @@ def test_untrusted_directories_are_refused(tmp_path: Path, setup, reason: str) -
     bad = tmp_path / "bad"
     bad.mkdir(mode=0o700)
     setup(bad)
-    with pytest.raises(_cache.Refused, match=reason):
+    with pytest.raises(_cache.DirectoryRefused, match=reason):
         _cache.prepare(str(bad), "1.0")
     link = tmp_path / "link"
     link.symlink_to(bad)
-    with pytest.raises(_cache.Refused, match=reason):  # judged by its target
+    with pytest.raises(_cache.DirectoryRefused, match=reason):  # judged by its target
         _cache.prepare(str(link), "1.0")
 
 
@@ -201,7 +201,7 @@ def test_ancestor_writable_by_others_without_sticky_is_refused(tmp_path: Path) -
     parent = tmp_path / "open"
     parent.mkdir()
     parent.chmod(0o777)
-    with pytest.raises(_cache.Refused, match="parent"):
+    with pytest.raises(_cache.DirectoryRefused, match="parent"):
         _cache.prepare(str(parent / "cache"), "1.0")
     parent.chmod(0o1777)
     assert _cache.prepare(str(parent / "cache"), "1.0").writable
@@ -243,7 +243,7 @@ def test_select_over_removes_least_recent_first() -> None:
 
 def test_remove_files_refuses_untagged_directory(tmp_path: Path) -> None:
     (tmp_path / f"jit_f-{'a' * 64}-cache").write_bytes(b"x")
-    with pytest.raises(_entries.Refused):
+    with pytest.raises(_entries.RemovalRefused):
         _entries.remove_files(str(tmp_path), [str(tmp_path / f"jit_f-{'a' * 64}-cache")])
     assert (tmp_path / f"jit_f-{'a' * 64}-cache").exists()
 
@@ -584,7 +584,7 @@ def test_a_parent_swapped_in_while_creating_is_refused(tmp_path: Path, monkeypat
         return created
 
     monkeypatch.setattr(_files, "make_dir", racing)
-    with pytest.raises(_cache.Refused, match=f"its parent {sticky / 'x'}"):
+    with pytest.raises(_cache.DirectoryRefused, match=f"its parent {sticky / 'x'}"):
         _cache.prepare(str(sticky / "x" / "cache"), "1.0")
 
 
@@ -592,7 +592,7 @@ def test_the_root_is_not_called_its_own_parent(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     root.mkdir()
     root.chmod(0o770)
-    with pytest.raises(_cache.Refused) as info:
+    with pytest.raises(_cache.DirectoryRefused) as info:
         _cache.prepare(str(root), "1.0")
     assert str(info.value).startswith("its group can write to it"), info.value
 

@@ -53,7 +53,7 @@ EARLIER_LAYOUT_MEMBERS = 100_000  # members read before a manifest written last 
 EXPORT_TRIES = 3
 
 
-class Refused(Exception):
+class BundleRefused(Exception):
     """The bundle is not imported; the message says why, in one line."""
 
 
@@ -156,7 +156,7 @@ class Imported:
 def read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, Any]:
     """The manifest ``member`` of ``tar``, checked: every file once, with a sane size and a sha256."""
     if not member.isreg() or member.issparse() or member.size > MANIFEST_LIMIT:
-        raise Refused(f"{MANIFEST} is not a plain file of sensible size")
+        raise BundleRefused(f"{MANIFEST} is not a plain file of sensible size")
     stream = tar.extractfile(member)
     try:
         manifest = json.loads(_read_all(stream, member.size) if stream else b"")
@@ -164,15 +164,15 @@ def read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, An
         if not isinstance(listed, list):
             raise TypeError("files is not a list")
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise Refused(f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})") from None
+        raise BundleRefused(f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})") from None
     if manifest.get("format") != FORMAT:
-        raise Refused(f"bundle format {shown(manifest.get('format'))}, this gkx-autocache reads format {FORMAT}")
+        raise BundleRefused(f"bundle format {shown(manifest.get('format'))}, this gkx-autocache reads format {FORMAT}")
     files: dict[str, tuple[int, str]] = {}
     used: dict[str, float] = {}
     for item in listed:
         name, size, digest = _listed(item)
         if name in files:
-            raise Refused(f"{MANIFEST} lists {shown(name)} twice")
+            raise BundleRefused(f"{MANIFEST} lists {shown(name)} twice")
         files[name] = (size, digest)
         when = item.get("used")
         if isinstance(when, (int, float)) and not isinstance(when, bool) and 0 < when < 1e11:
@@ -180,7 +180,7 @@ def read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, An
     records = manifest.get("records", [])
     if not isinstance(records, list) or len(records) > 4 * len(files) + 10_000 or \
             not all(isinstance(r, str) and len(r) <= 1 << 16 and "\n" not in r for r in records):
-        raise Refused(f"{MANIFEST} has records that are not index lines")
+        raise BundleRefused(f"{MANIFEST} has records that are not index lines")
     manifest["files"], manifest["used"], manifest["records"] = files, used, records
     return dict(manifest)
 
@@ -188,14 +188,14 @@ def read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, An
 def _listed(item: Any) -> tuple[str, int, str]:
     """One file of the manifest: a name, a size (a whole number of bytes, not absurd) and a sha256."""
     if not isinstance(item, dict):
-        raise Refused(f"{MANIFEST} lists {shown(item)}, not a file")
+        raise BundleRefused(f"{MANIFEST} lists {shown(item)}, not a file")
     name, size, digest = item.get("name"), item.get("size"), item.get("sha256")
     if not isinstance(name, str):
-        raise Refused(f"{MANIFEST} lists a file without a name")
+        raise BundleRefused(f"{MANIFEST} lists a file without a name")
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_MEMBER:
-        raise Refused(f"{MANIFEST} gives {shown(name)} the size {str(size)[:40]}, not a byte count")
+        raise BundleRefused(f"{MANIFEST} gives {shown(name)} the size {str(size)[:40]}, not a byte count")
     if not isinstance(digest, str) or len(digest) != 64:
-        raise Refused(f"{MANIFEST} gives {shown(name)} no sha256")
+        raise BundleRefused(f"{MANIFEST} gives {shown(name)} no sha256")
     return name, size, digest.lower()
 
 
@@ -224,7 +224,7 @@ def check_room(files: dict[str, tuple[int, str]], version_dir: str, cap: int) ->
     total = sum(size for size, _ in files.values())
     for limit, what in room(version_dir, cap):
         if total > limit:
-            raise Refused(f"it declares {human_bytes(total)}, more than {what}")
+            raise BundleRefused(f"it declares {human_bytes(total)}, more than {what}")
 
 
 def check_environment(manifest: dict[str, Any], env: dict[str, Any]) -> list[str]:
@@ -238,13 +238,13 @@ def check_member(member: tarfile.TarInfo, files: dict[str, tuple[int, str]]) -> 
     name = member.name
     if not member.isreg() or member.issparse():
         kind = "link" if member.issym() or member.islnk() else "directory" if member.isdir() else "special file"
-        raise Refused(f"{shown(name)} is a {kind}; a bundle holds plain files only")
+        raise BundleRefused(f"{shown(name)} is a {kind}; a bundle holds plain files only")
     if not autotune_member(name) and ("/" in name or "\\" in name or name.startswith(".") or key_match(name) is None):
-        raise Refused(f"{shown(name)} is not the name of a cache entry or sidecar (it could escape the directory)")
+        raise BundleRefused(f"{shown(name)} is not the name of a cache entry or sidecar (it could escape the directory)")
     if name not in files:
-        raise Refused(f"{shown(name)} is not listed in the manifest")
+        raise BundleRefused(f"{shown(name)} is not listed in the manifest")
     if member.size != files[name][0]:
-        raise Refused(f"{shown(name)} is {member.size} bytes, the manifest says {files[name][0]}")
+        raise BundleRefused(f"{shown(name)} is {member.size} bytes, the manifest says {files[name][0]}")
 
 
 def autotune_member(name: str) -> bool:
@@ -255,7 +255,7 @@ def autotune_member(name: str) -> bool:
 
 def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256: str | None = None,
                   force: bool = False, shared: bool = False, cap: int = 0, loads: tuple[str, ...] = ()) -> Imported:
-    """Merge the bundle's entries into ``version_dir``. Raises Refused, having written nothing.
+    """Merge the bundle's entries into ``version_dir``. Raises BundleRefused, having written nothing.
     ``loads``: the ISAs in keys this host loads (its own, and its ``cpu_target``'s); its own alone by default.
 
     The archive is opened once: ``--sha256`` checks the very bytes that are then read (by path
@@ -265,7 +265,7 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
             expected = sha256.strip().lower().removeprefix("sha256:")
             actual = _digest(source)
             if actual != expected:
-                raise Refused(f"the archive's sha256 is {actual}, not {shown(expected)}")
+                raise BundleRefused(f"the archive's sha256 is {actual}, not {shown(expected)}")
         try:
             with _members(source) as members:
                 first = next(members)
@@ -276,9 +276,9 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
             with _members(source) as members:  # the earlier layout: read again, now with its manifest
                 return _merge(members, manifest, False, version_dir, env, force, shared, cap, loads)
         except _Unreadable as exc:
-            raise Refused(f"the archive is damaged: {exc}") from None
+            raise BundleRefused(f"the archive is damaged: {exc}") from None
         except (tarfile.TarError, ValueError, OverflowError, RecursionError) as exc:  # a PAX size of 40 digits...
-            raise Refused(f"the archive is damaged ({shown(str(exc))})") from None
+            raise BundleRefused(f"the archive is damaged ({shown(str(exc))})") from None
 
 
 Member = tuple[tarfile.TarFile, tarfile.TarInfo]
@@ -354,7 +354,7 @@ def _members(source: IO[bytes]) -> Iterator[Iterator[Member | None]]:
     try:
         tar: tarfile.TarFile = tarfile.open(fileobj=reader, mode="r:")  # type: ignore[call-overload]  # duck-typed file
     except (tarfile.TarError, ValueError, OverflowError, RecursionError):
-        raise Refused("not a readable archive (a tar, as export writes)") from None
+        raise BundleRefused("not a readable archive (a tar, as export writes)") from None
 
     def each() -> Iterator[Member | None]:
         while True:
@@ -363,7 +363,7 @@ def _members(source: IO[bytes]) -> Iterator[Iterator[Member | None]]:
             reader.budget = None
             tar.members.clear()  # type: ignore[attr-defined]
             if tar.pax_headers:  # global ones, kept for the rest of the archive
-                raise Refused("it holds a global PAX header; gkx-autocache writes none")
+                raise BundleRefused("it holds a global PAX header; gkx-autocache writes none")
             yield (tar, member) if member is not None else None
             if member is None:
                 return
@@ -390,14 +390,14 @@ def _manifest_last(first: Member | None, members: Iterator[Member | None], versi
             return read_manifest(tar, member)
         count += 1
         if count > EARLIER_LAYOUT_MEMBERS:
-            raise Refused(f"more than {EARLIER_LAYOUT_MEMBERS} members before its manifest (a bundle whose manifest "
+            raise BundleRefused(f"more than {EARLIER_LAYOUT_MEMBERS} members before its manifest (a bundle whose manifest "
                           f"comes last, as before gkx-autocache wrote it first, is read up to that many)")
         total += max(member.size, 0)
         for limit, what in limits:
             if total > limit:
-                raise Refused(f"its members hold more than {what}")
+                raise BundleRefused(f"its members hold more than {what}")
         item = next(members)
-    raise Refused(f"no {MANIFEST}: not a gkx-autocache bundle")
+    raise BundleRefused(f"no {MANIFEST}: not a gkx-autocache bundle")
 
 
 def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_read: bool, version_dir: str,
@@ -406,7 +406,7 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
     files: dict[str, tuple[int, str]] = manifest["files"]
     differences = check_environment(manifest, env)
     if differences and not force:
-        raise Refused(f"made for {', '.join(differences)}; its entries would never be hit here (--force to import anyway)")
+        raise BundleRefused(f"made for {', '.join(differences)}; its entries would never be hit here (--force to import anyway)")
     check_room(files, version_dir, cap)
     present = {u.key for u in _entries.scan(version_dir).units.values() if u.has_entry}
     mode = _files.file_mode(shared)
@@ -424,7 +424,7 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
             # refused (unlisted, or twice), so what is read is bounded by the manifest (SPEC §8).
             check_member(member, files)
             if member.name in seen:
-                raise Refused(f"{shown(member.name)} appears twice in the archive")
+                raise BundleRefused(f"{shown(member.name)} appears twice in the archive")
             seen.add(member.name)
             key = _key(member.name)
             final = os.path.join(version_dir, member.name)
@@ -440,7 +440,7 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
             copied += member.size
         missing = set(files) - seen
         if missing:
-            raise Refused(f"{len(missing)} files of the manifest are missing, such as {shown(sorted(missing)[0])}")
+            raise BundleRefused(f"{len(missing)} files of the manifest are missing, such as {shown(sorted(missing)[0])}")
         # Two phases, not _files.atomic per member: no member appears until every one has passed.
         left_out = 0
         for tmp, final in staged:
@@ -487,7 +487,7 @@ def _stage(tar: tarfile.TarFile, member: tarfile.TarInfo, tmp: str, mode: int, e
     """Copy one member to ``tmp``, checking its sha256 against the manifest on the way."""
     source = tar.extractfile(member)
     if source is None:
-        raise Refused(f"{shown(member.name)} cannot be read")
+        raise BundleRefused(f"{shown(member.name)} cannot be read")
     digest = hashlib.sha256()
     left = member.size
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _files.NOFOLLOW, mode)
@@ -498,4 +498,4 @@ def _stage(tar: tarfile.TarFile, member: tarfile.TarInfo, tmp: str, mode: int, e
             digest.update(chunk)
             out.write(chunk)
     if digest.hexdigest() != expected:
-        raise Refused(f"{shown(member.name)} does not match its sha256 in the manifest: the bundle is corrupt")
+        raise BundleRefused(f"{shown(member.name)} does not match its sha256 in the manifest: the bundle is corrupt")

@@ -129,7 +129,7 @@ def home() -> str | None:
     return found if os.path.isabs(found) else None
 
 
-class Refused(Exception):
+class DirectoryRefused(Exception):
     """The directory cannot hold the cache; the message says why, in words for the user."""
 
 
@@ -146,44 +146,44 @@ class Prepared:
 
 def prepare(root: str, jax_version: str | None, shared: bool = False, create: bool = True) -> Prepared:
     """Create (if needed) and check ``root/jax-<version>``; with no version, ``root`` itself (a
-    directory someone else gave JAX, ``_adopted``), tagged only where created. Raises Refused.
+    directory someone else gave JAX, ``_adopted``), tagged only where created. Raises DirectoryRefused.
 
     ``root`` is made canonical first: where XLA's GPU caches are on, the path enters JAX's cache
     key, so two spellings of one directory would never hit each other. With ``create=False``
     (the CLI) nothing is created, and a missing directory is judged by where it would be made.
     """
     if (planted := _trust.links_problem(root) or _mount.link_problem(root)) is not None:
-        raise Refused(planted)
+        raise DirectoryRefused(planted)
     root = os.path.realpath(os.path.abspath(root))
     version_dir = os.path.join(root, version_name(jax_version)) if jax_version is not None else root
     if os.path.islink(version_dir):  # nothing of the package ever passes through a symlink below the root
-        raise Refused(f"{version_dir} is a symlink; the package makes its version directories itself: remove the link")
+        raise DirectoryRefused(f"{version_dir} is a symlink; the package makes its version directories itself: remove the link")
     fuse = _mount.fuse_mount(root)
     if fuse is not None and (problem := fuse.problem()):
-        raise Refused(problem)
+        raise DirectoryRefused(problem)
     mount = fuse if fuse is not None and fuse.tool is not None else None  # a bucket: files written whole
     nearest = _nearest_existing(root)
     problem = _trust.ancestors_problem(root if nearest == root else os.path.join(nearest, "x"), shared)
     if problem:
-        raise Refused(problem)
+        raise DirectoryRefused(problem)
     created = False
     for path in dict.fromkeys((root, version_dir)):
         if create and _make_dir(path, shared, mount is not None):
             created = True
         if path == root and created and (problem := _trust.ancestors_problem(root, shared)):
-            raise Refused(problem)  # again, now that they exist: one may have been swapped in meanwhile
+            raise DirectoryRefused(problem)  # again, now that they exist: one may have been swapped in meanwhile
         if not create and not os.path.lexists(path):
             parent = _nearest_existing(path)
             if not os.access(parent, os.W_OK | os.X_OK):  # the run would fail to make it: said as the run says it
-                raise Refused(f"it cannot be created: {os.strerror(errno.EACCES)} ({path})")
+                raise DirectoryRefused(f"it cannot be created: {os.strerror(errno.EACCES)} ({path})")
             continue
         problem = _trust.directory_problem(path, shared)
         if problem:
-            raise Refused(problem if path == root else f"{version_dir}: {problem}")
+            raise DirectoryRefused(problem if path == root else f"{version_dir}: {problem}")
     if create and (jax_version is not None or created) and not os.path.lexists(os.path.join(version_dir, TAG_NAME)):
         _write_tag(version_dir, mount is None)  # one someone else made (trusted, above) is the cache's all the same
     if mount is not None and (problem := _mount_files_problem(version_dir, shared)):
-        raise Refused(problem)
+        raise DirectoryRefused(problem)
     writable = os.access(version_dir if os.path.isdir(version_dir) else _nearest_existing(version_dir), os.W_OK)
     return Prepared(root, version_dir, writable, mount)
 
@@ -245,7 +245,7 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
             return Location(OWN, own, writable=is_url(own) or os.access(own, os.W_OK), rule=rule)
         try:
             prepared = prepare(own, None, create=create)
-        except Refused as exc:
+        except DirectoryRefused as exc:
             location = Location(OWN, own, writable=os.access(own, os.W_OK), rule=rule)
             location.tried.append((own, str(exc)))
             location.problems.append((f"dir:{own}", f"{rule}: {own} is not served by gkx-autocache's store, {exc}; "
@@ -271,7 +271,7 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
         else:
             try:
                 prepared = prepare(explicit, jax_version, shared, create)
-            except Refused as exc:
+            except DirectoryRefused as exc:
                 why = str(exc)
             else:
                 if not prepared.writable:
@@ -302,7 +302,7 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
         shared = team(settings, root)
         try:
             prepared = prepare(root, jax_version, shared, create)
-        except Refused as exc:
+        except DirectoryRefused as exc:
             location.tried.append((root, str(exc)))
             logger.debug("default directory %s refused: %s", root, exc)
             continue
@@ -390,9 +390,9 @@ def _make_dir(path: str, shared: bool, mounted: bool) -> bool:
     try:
         return _files.make_dir(path, shared, TAG, mounted)
     except FileExistsError:
-        raise Refused(f"it cannot be created: {path} exists and is not a directory") from None
+        raise DirectoryRefused(f"it cannot be created: {path} exists and is not a directory") from None
     except OSError as exc:
-        raise Refused(f"it cannot be created: {exc.strerror} ({path})") from None
+        raise DirectoryRefused(f"it cannot be created: {exc.strerror} ({path})") from None
 
 
 def _write_tag(path: str, chmod: bool) -> None:

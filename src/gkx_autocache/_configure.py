@@ -244,7 +244,7 @@ def follow_jax(settings: _settings.Settings, location: _cache.Location, recorder
         return None
     try:
         prepared = _cache.prepare(path, None)
-    except _cache.Refused as exc:
+    except _cache.DirectoryRefused as exc:
         warn(f"adopt:{path}", f"{path} (set by {by}) is not served by gkx-autocache's store, {exc}; JAX's own "
                               "cache reads it unchecked")
         return None

@@ -39,7 +39,7 @@ def on_disk(st: os.stat_result) -> int:
 STALE_VERSION_SECS = 30 * 86400.0
 
 
-class Refused(Exception):
+class RemovalRefused(Exception):
     """Nothing is removed; the message says why, in words for the user."""
 
 
@@ -319,7 +319,7 @@ def remove_files(version_dir: str, paths: list[str]) -> Removed:
     """Unlink the given files of a tagged version directory (entries, sidecars, temporaries, and
     bookkeeping under ``.gkx-autocache``). Every directory on the way is opened without following
     a symlink, so nothing outside the cache is touched, whatever was planted or renamed. Raises
-    Refused for an untagged directory or one reached through a symlink. On a bucket, deletes
+    RemovalRefused for an untagged directory or one reached through a symlink. On a bucket, deletes
     objects named like entries, sidecars or ledgers."""
     if is_url(version_dir):
         from gkx_autocache import _remote
@@ -328,11 +328,11 @@ def remove_files(version_dir: str, paths: list[str]) -> Removed:
     try:
         top = _files.open_dir(version_dir)
     except OSError as exc:
-        raise Refused(f"{version_dir} cannot be opened without following a symlink ({exc.strerror}): "
+        raise RemovalRefused(f"{version_dir} cannot be opened without following a symlink ({exc.strerror}): "
                       "nothing removed") from None
     try:
         if not _tagged(top):
-            raise Refused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
+            raise RemovalRefused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
         by_folder: dict[str, list[str]] = {}
         inside = version_dir.rstrip("/") + "/"
         for path in paths:
@@ -371,16 +371,16 @@ def _unlink_in(top: int, version_dir: str, folder: str, names: list[str]) -> Rem
 
 def remove_empty_dirs(version_dir: str, paths: list[str]) -> list[str]:
     """Remove the given directories of a tagged version directory if they are empty (``rmdir``
-    neither follows a symlink nor removes what is inside); the paths left. Raises Refused."""
+    neither follows a symlink nor removes what is inside); the paths left. Raises RemovalRefused."""
     try:
         top = _files.open_dir(version_dir)
     except OSError as exc:
-        raise Refused(f"{version_dir} cannot be opened without following a symlink ({exc.strerror}): "
+        raise RemovalRefused(f"{version_dir} cannot be opened without following a symlink ({exc.strerror}): "
                       "nothing removed") from None
     left = []
     try:
         if not _tagged(top):
-            raise Refused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
+            raise RemovalRefused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
         for path in paths:
             folder, name = os.path.split(path)
             if folder != version_dir.rstrip("/") or name in ("", ".", ".."):
@@ -539,7 +539,7 @@ def plan_prune(version_dir: str, cap: int, older_than: float | None = None) -> R
 
 
 def execute(removal: Removal) -> Removed:
-    """Remove what ``removal`` lists. Raises Refused."""
+    """Remove what ``removal`` lists. Raises RemovalRefused."""
     if not removal.files:
         return Removed()
     return remove_files(removal.version_dir, removal.files)

@@ -26,7 +26,7 @@ def _carry_out(args: argparse.Namespace, removal: _entries.Removal, extra: dict[
     if not args.dry_run:
         try:
             done = _entries.execute(removal)
-        except _entries.Refused as exc:
+        except _entries.RemovalRefused as exc:
             raise CliError(str(exc)) from None
         if done.failed:  # never claim a removal that did not happen (a read-only cache)
             raise CliError(f"removed {done.files} of {len(removal.files)} files from {removal.version_dir}; {done.why()}")
@@ -207,7 +207,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         try:
             done = _entries.remove_files(vdir, doomed)
             left = _entries.remove_empty_dirs(vdir, result.doomed_dirs)
-        except _entries.Refused as exc:
+        except _entries.RemovalRefused as exc:
             raise CliError(str(exc)) from None
         if done.failed:
             raise CliError(f"verify --repair: {done.why()}")
@@ -290,7 +290,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         done = _bundle.import_bundle(archive, vdir, _environment(ctx), sha256=args.sha256, force=args.force,
                                      shared=bool(ctx.settings["trust_shared"]), cap=ctx.settings["max_size"],
                                      loads=(_isa.isa(), *([target.isa_text()] if target.level else [])))
-    except _bundle.Refused as exc:
+    except _bundle.BundleRefused as exc:
         raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
     except OSError as exc:
         raise CliError(f"{args.file}: {exc.strerror or exc}; nothing imported") from None

@@ -14,7 +14,7 @@ from gkx_autocache._diagnostics import logger
 from gkx_autocache._explain import causes
 from gkx_autocache._explain import index as _index
 from gkx_autocache._explain.classify import classify
-from gkx_autocache._explain.facts import HELPER_PLACE, HEX, Facts, measure
+from gkx_autocache._explain.facts import HELPER_PLACE, PART_DIGITS, Facts, measure
 from gkx_autocache._explain.index import Evidence
 from gkx_autocache._layout import ENTRY_SUFFIX, function_name
 from gkx_autocache._record import ledger as _ledger
@@ -118,7 +118,7 @@ class Explainer:
         if pending.facts is None:
             if not pending.parts:
                 return None
-            pending.facts = measure(pending.parts, pending.computation.hex()[:HEX], getattr(pending, "hook", None),
+            pending.facts = measure(pending.parts, pending.computation.hex()[:PART_DIGITS], getattr(pending, "hook", None),
                                     function_name(key))
             pending.parts = None  # what the put needs is measured: the functions can go
         facts: Facts = pending.facts

@@ -16,8 +16,8 @@ from gkx_autocache import _jax, _key
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._key import PARTS
 
-HEX = 16  # a part's hash, shortened: enough to tell parts apart, small to keep
-NO_HOOK = hashlib.sha256(b"").hexdigest()[:HEX]  # the hook part of a key made without one (stock JAX)
+PART_DIGITS = 16  # a part's hash, shortened: enough to tell parts apart, small to keep
+NO_HOOK = hashlib.sha256(b"").hexdigest()[:PART_DIGITS]  # the hook part of a key made without one (stock JAX)
 UNKNOWN_PLACE = "?"
 HELPER_PLACE = "jax"  # JAX's own helpers: a name JAX jits, with no frame of that function in the module
 # jax.config values that cannot change what is compiled: the cache's own settings, logs and printing.
@@ -32,7 +32,7 @@ CONFIG_IGNORED = ("jax_compilation_cache", "jax_persistent_cache", "jax_enable_c
 class Facts(NamedTuple):
     """What a key was made of, as far as a person can act on it (measured on a miss only)."""
 
-    parts: dict[str, str]  # part -> its own hash (HEX digits)
+    parts: dict[str, str]  # part -> its own hash (PART_DIGITS digits)
     readable: dict[str, str]  # part -> what its hash stands for
     signature: str  # the module's inputs: "f32[8,8], i32[]"
     place: str  # "model/core.py:step"; HELPER_PLACE; UNKNOWN_PLACE
@@ -72,7 +72,7 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
                 hashfn(fresh)
                 if part == "custom_hook":  # a user's hook replaced the package's: the seam adds the ISA
                     fresh.update(_key.package_part().encode())
-            hashes[part] = fresh.hexdigest()[:HEX]
+            hashes[part] = fresh.hexdigest()[:PART_DIGITS]
             if raw is not None:
                 if len(_OPTIONS_HASH) >= 256:
                     _OPTIONS_HASH.clear()

@@ -35,10 +35,10 @@ from gkx_autocache._formats import sidecar_run
 from gkx_autocache._key import PARTS
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, INDEX_FILE, META_DIR, function_name
 
-HEX = 64  # digits of a key kept: all of them
+KEY_DIGITS = 64  # digits of a key kept: all of them
 REMOVED_SECS = 30 * 86400.0  # how long a removed key is remembered (for `evicted`)
 MAX_REMOVED = 10_000  # ...and how many at least (more where the directory holds more entries)
-READ_LIMIT = 256 << 20  # the most read of an index (about 1.7 million entries)
+INDEX_READ_LIMIT = 256 << 20  # the most read of an index (about 1.7 million entries)
 
 
 def digest(text: str, n: int = 10) -> str:
@@ -48,7 +48,7 @@ def digest(text: str, n: int = 10) -> str:
 def split_key(key: str) -> tuple[str, str]:
     """``jit_f-<64 hex>`` -> ``("jit_f", "<first 20 hex>")``."""
     name = function_name(key)
-    return name, key[len(name) + 1:len(name) + 1 + HEX]
+    return name, key[len(name) + 1:len(name) + 1 + KEY_DIGITS]
 
 
 class Record(NamedTuple):
@@ -249,7 +249,7 @@ def _read_lines(path: str, evidence: Evidence) -> None:
     except OSError:
         return
     try:
-        left, tail = READ_LIMIT, b""
+        left, tail = INDEX_READ_LIMIT, b""
         while left > 0:
             chunk = os.read(fd, min(CHUNK, left))
             if not chunk:
@@ -261,7 +261,7 @@ def _read_lines(path: str, evidence: Evidence) -> None:
             for line in data.decode("utf-8", "replace").split("\n"):
                 evidence._line(line)
         if left <= 0:
-            logger.debug("%s is larger than %d bytes: read in part", path, READ_LIMIT)
+            logger.debug("%s is larger than %d bytes: read in part", path, INDEX_READ_LIMIT)
         elif tail:
             evidence._line(tail.decode("utf-8", "replace"))  # a last line without its newline (torn)
     except OSError as exc:
@@ -343,7 +343,7 @@ def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: 
     it holds after. ``pending``: the ``E`` lines of live processes' ledgers, not folded yet, whose
     tables are kept (a process appends a table line only where the index lacked it)."""
     now = time.time() if now is None else now
-    data = _files.read(index_path(version_dir), READ_LIMIT)
+    data = _files.read(index_path(version_dir), INDEX_READ_LIMIT)
     if data is None:
         return 0
     entries: dict[tuple[str, str], str] = {}
@@ -392,7 +392,7 @@ def lines_of(version_dir: str, keys: list[str]) -> list[str]:
     """The index lines of these entries (the latest ``E`` line of each, and the table lines they
     refer to), for a bundle to carry."""
     wanted = {split_key(key) for key in keys}
-    data = _files.read(index_path(version_dir), READ_LIMIT) or b""
+    data = _files.read(index_path(version_dir), INDEX_READ_LIMIT) or b""
     entries: dict[tuple[str, str], str] = {}
     tables: dict[tuple[str, str], str] = {}
     for line in data.decode("utf-8", "replace").split("\n"):

@@ -21,7 +21,7 @@ from gkx_autocache import _files
 from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX, META_DIR, NO_FLOCK_FILE, function_name, is_url
 
 LIVE_LIMIT = 1 << 20  # a process begins a new ledger past this
-READ_LIMIT = 16 << 20  # the most read of one ledger (a hostile one: the rest is said to be skipped)
+LEDGER_READ_LIMIT = 16 << 20  # the most read of one ledger (a hostile one: the rest is said to be skipped)
 TALLY_SECS = 2.0
 STALE_SECS = 86400.0  # another host's ledger, untouched this long, is finished (where flock fails)
 LOCK_STALE_SECS = 600.0  # a fold.lock this old was left by a process that died folding
@@ -298,7 +298,7 @@ class Ledger:
         self.ended = False
         self.disk = 0  # the bytes on disk its writes added (entries and sidecars)
         self.mtime = 0.0
-        self.skipped = 0  # bytes beyond READ_LIMIT: said, not dropped silently
+        self.skipped = 0  # bytes beyond LEDGER_READ_LIMIT: said, not dropped silently
         self.size = 0
         self.tally: dict[str, Any] | None = None  # its last tally (cumulative: what repeated)
         self.counted = 0  # records before this one were made before the last reset (``since``)
@@ -385,10 +385,10 @@ def read_ledger(path: str) -> Ledger:
         data = _remote.read_bytes(path) or b""
     else:
         stat_seen: list[os.stat_result] = []
-        data = _files.read(path, READ_LIMIT, check=lambda st: stat_seen.append(st)) or b""
+        data = _files.read(path, LEDGER_READ_LIMIT, check=lambda st: stat_seen.append(st)) or b""
         if stat_seen:
             ledger.mtime, ledger.size = stat_seen[0].st_mtime, stat_seen[0].st_size
-            ledger.skipped = max(stat_seen[0].st_size - READ_LIMIT, 0)
+            ledger.skipped = max(stat_seen[0].st_size - LEDGER_READ_LIMIT, 0)
     tally: dict[str, Any] | None = None
     for line in data.splitlines():
         record = parse_record(line)

@@ -12,7 +12,7 @@ from gkx_autocache import _jax
 from gkx_autocache._diagnostics import human_bytes
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
 from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, bounded, refused
-from gkx_autocache._shared.seal import SEAL_LIMIT, Refused
+from gkx_autocache._shared.seal import SEAL_LIMIT, EntryRefused
 
 LIST_LIMIT = 1000  # one S3 listing page
 NOT_LISTED = "not counted: this filesystem cannot list a bounded page"
@@ -48,7 +48,7 @@ async def _read_range(fs: Any, path: str, start: int, end: int) -> bytes | None:
     """Bytes ``start`` to ``end`` of an S3 object, None when it is not there. The body is read as a
     stream and stopped at the length asked for: s3fs's ``_cat_file`` reads whatever it is sent, so
     an endpoint that ignores ``Range`` would have a whole object (1 GB) held for a 4 KiB read.
-    Raises RangeIgnored (the whole object, 200), Refused (a 206 longer than its range)."""
+    Raises RangeIgnored (the whole object, 200), EntryRefused (a 206 longer than its range)."""
     bucket, key = path.split("/", 1)
     try:
         resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
@@ -71,9 +71,9 @@ async def _read_range(fs: Any, path: str, start: int, end: int) -> bytes | None:
             raise RangeIgnored(f"the bucket's endpoint ignores Range: it sent more than the {human_bytes(asked)} "
                                f"asked of {key.rsplit('/', 1)[-1]}")
         if have > asked:
-            raise Refused(f"the shared entry sent more than the {asked} bytes of its range")
+            raise EntryRefused(f"the shared entry sent more than the {asked} bytes of its range")
         if ranged and (why := wrong_range(str(resp.get("ContentRange")), start, end, have)):
-            raise Refused(f"the shared entry sent {why}")
+            raise EntryRefused(f"the shared entry sent {why}")
         return b"".join(chunks)
     finally:
         body.close()  # a body left unread is dropped with its connection, never read on

@@ -14,14 +14,14 @@ from gkx_autocache import _files, _trust
 from gkx_autocache._diagnostics import human_bytes
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, version_name
 from gkx_autocache._shared.calls import FIRST_BLOCK, Progress
-from gkx_autocache._shared.seal import SEAL_LIMIT, Refused, head_problem
+from gkx_autocache._shared.seal import SEAL_LIMIT, EntryRefused, head_problem
 
 
 def _read_exactly(fd: int, size: int, progress: Progress) -> bytes:
     """``size`` bytes of the file, by blocks (each one progress), and not one more: a file that
     grew or shrank while it was read is refused."""
     if size <= 0:  # no first block to check: an empty file is no executable
-        raise Refused("the shared entry is empty")
+        raise EntryRefused("the shared entry is empty")
     chunks: list[bytes] = []
     left = size
     while left > 0:
@@ -29,12 +29,12 @@ def _read_exactly(fd: int, size: int, progress: Progress) -> bytes:
         if not chunk:
             break
         if not chunks and (why := head_problem(chunk)):
-            raise Refused(why)
+            raise EntryRefused(why)
         chunks.append(chunk)
         left -= len(chunk)
         progress.tick()
     if left or os.read(fd, 1):
-        raise Refused("the shared entry changed size while it was read")
+        raise EntryRefused("the shared entry changed size while it was read")
     return b"".join(chunks)
 
 
@@ -62,7 +62,7 @@ class Directory:
         try:
             prepared = _cache.prepare(self.root, self.jax_version, self.team,
                                       create=create and os.access(self.root, os.W_OK))
-        except _cache.Refused as exc:
+        except _cache.DirectoryRefused as exc:
             raise PermissionError(errno.EACCES, str(exc)) from None
         if not os.path.isdir(prepared.version_dir):
             raise FileNotFoundError(errno.ENOENT, f"{prepared.version_dir} does not exist"
@@ -77,22 +77,22 @@ class Directory:
 
     def _open(self, name: str) -> tuple[int, os.stat_result] | None:
         """A descriptor of the file and its ``fstat``, never through a symlink, only if its owner and
-        mode may be trusted; None when it is not there. Raises Refused."""
+        mode may be trusted; None when it is not there. Raises EntryRefused."""
         try:
             fd = _files.open_regular(os.path.join(self.where, name))
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
             if exc.errno == errno.ELOOP:
-                raise Refused("the shared entry is a symlink: never read") from None
+                raise EntryRefused("the shared entry is a symlink: never read") from None
             if exc.errno in (errno.EACCES, errno.EPERM, errno.EINVAL):
-                raise Refused(f"the shared entry cannot be read ({exc.strerror})") from None
+                raise EntryRefused(f"the shared entry cannot be read ({exc.strerror})") from None
             raise
         st = os.fstat(fd)
         why = _trust.entry_problem(st, self.team)
         if why:
             os.close(fd)
-            raise Refused(f"the shared entry: {why}")
+            raise EntryRefused(f"the shared entry: {why}")
         return fd, st
 
     def small(self, name: str, limit: int = SEAL_LIMIT) -> bytes:
@@ -130,7 +130,7 @@ class Directory:
             size, exact = admit(raw_seal)
             if st.st_size != size if exact else st.st_size > size:
                 said = f"its seal says {size} bytes" if exact else f"the most read of one entry is {human_bytes(size)}"
-                raise Refused(f"the shared entry has {st.st_size} bytes where {said}")
+                raise EntryRefused(f"the shared entry has {st.st_size} bytes where {said}")
             return _read_exactly(fd, st.st_size, progress)
         finally:
             os.close(fd)

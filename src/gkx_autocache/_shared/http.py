@@ -23,7 +23,7 @@ from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
 from gkx_autocache._shared import bucket
 from gkx_autocache._shared.bucket import RangeIgnored, wrong_range
 from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, bounded
-from gkx_autocache._shared.seal import SEAL_LIMIT, Refused
+from gkx_autocache._shared.seal import SEAL_LIMIT, EntryRefused
 
 TOKEN_ENV = "GKX_JAX_CACHE_SHARED_TOKEN"
 REDIRECTS = 3
@@ -194,7 +194,7 @@ class HttpCache:
     def _read(self, name: str, start: int, end: int) -> bytes | None:
         """Bytes ``start`` to ``end`` of an object, None when it is not there; never more than asked
         for is held (an endpoint that ignores ``Range`` raises RangeIgnored; a 206 that is not the
-        range asked, Refused), as a bucket's ``_read_range``."""
+        range asked, EntryRefused), as a bucket's ``_read_range``."""
         connection, response, url = self._request("GET", name, {"Range": f"bytes={start}-{end - 1}"})
         try:
             if response.status == 404:
@@ -212,9 +212,9 @@ class HttpCache:
                                    f"{f' ({human_bytes(length)})' if length is not None else ''}")
             data: bytes = response.read(asked + 1)
             if len(data) > asked:
-                raise Refused(f"the shared entry sent more than the {asked} bytes of its range")
+                raise EntryRefused(f"the shared entry sent more than the {asked} bytes of its range")
             if ranged and (why := wrong_range(str(response.getheader("Content-Range")), start, end, len(data))):
-                raise Refused(f"the shared entry sent {why}")
+                raise EntryRefused(f"the shared entry sent {why}")
             self._done(connection, response)
             return data
         except BaseException:

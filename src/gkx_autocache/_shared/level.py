@@ -26,7 +26,7 @@ from gkx_autocache._shared.bucket import Bucket
 from gkx_autocache._shared.calls import FIRST_BLOCK, MAX_BLOCK, Progress, ShuttingDown, Stalled, bounded, describe
 from gkx_autocache._shared.directory import Directory
 from gkx_autocache._shared.http import HttpCache
-from gkx_autocache._shared.seal import Refused, head_problem, mac, make_seal, read_seal
+from gkx_autocache._shared.seal import EntryRefused, head_problem, mac, make_seal, read_seal
 
 LIST_TTL = 60.0
 QUEUE_BYTES = 256 << 20  # entries waiting to be uploaded, held in memory
@@ -305,7 +305,7 @@ class Level:
         except ShuttingDown:  # a compile while the interpreter exits: a miss, nothing wrong with the level
             self.count("shared", misses=1)
             return None
-        except Refused as exc:
+        except EntryRefused as exc:
             self.count("shared", rejected=1, misses=1)
             logger.debug("shared entry %s not served: %s", key, exc)
             return str(exc)
@@ -327,23 +327,23 @@ class Level:
     def _admit(self, key: str, raw_seal: bytes | None) -> dict[str, Any] | None:
         """The entry's seal, checked for shape and, with a signing key, its HMAC: all before the
         entry is read beyond its first block. None for an unsealed entry a keyless reader takes.
-        Raises Refused."""
+        Raises EntryRefused."""
         if raw_seal is None:
             if self._secret is not None:
-                raise Refused("not signed")
+                raise EntryRefused("not signed")
             if getattr(self.backend, "sealed", False):  # an HTTP cache: each entry went up with its seal
-                raise Refused("no seal: gkx-autocache puts every entry of an HTTP cache there with one, so something "
+                raise EntryRefused("no seal: gkx-autocache puts every entry of an HTTP cache there with one, so something "
                               "else put this one")
             return None
         seal = read_seal(raw_seal, key, self.max_entry)
         if self._secret is not None and "hmac" not in seal:
-            raise Refused("not signed: a process without the signing key uploaded it")
+            raise EntryRefused("not signed: a process without the signing key uploaded it")
         if self._secret is not None and not hmac.compare_digest(seal["hmac"], mac(self._secret, seal)):
-            raise Refused("not signed: its signature does not match (another key, or altered)")
+            raise EntryRefused("not signed: its signature does not match (another key, or altered)")
         return seal
 
     def _fetch(self, key: str, progress: Progress, most: int | None = None) -> Found | None:
-        """The entry, checked (raises Refused); ``most``: a prefetch's bound, beyond which the entry
+        """The entry, checked (raises EntryRefused); ``most``: a prefetch's bound, beyond which the entry
         is left to its lookup (raises TooLarge)."""
         backend = self.backend
         seal: dict[str, Any] | None = None
@@ -373,22 +373,22 @@ class Level:
             elif not exact:
                 size = len(data)
             if size > self.max_entry:
-                raise Refused(f"the shared entry has {human_bytes(size)}, more than the most read of one entry "
+                raise EntryRefused(f"the shared entry has {human_bytes(size)}, more than the most read of one entry "
                               f"({human_bytes(self.max_entry)})")
             if why := head_problem(data):
-                raise Refused(why)
+                raise EntryRefused(why)
             if most is not None and size > most:
                 raise prefetch.TooLarge(key)
             data = self._rest(key, data, size, progress)
             if len(data) != size:
-                raise Refused(f"the shared entry sent {len(data)} bytes where {size} were expected (a partial body or a wrong size)")
+                raise EntryRefused(f"the shared entry sent {len(data)} bytes where {size} were expected (a partial body or a wrong size)")
         return self.found(key, seal, data, raw)
 
     def found(self, key: str, seal: dict[str, Any] | None, data: bytes, raw_seal: bytes | None = None) -> Found:
         """The entry, its bytes checked against its seal (``_admit``'s, read from ``raw_seal``);
-        raises Refused. The seal is kept with it only where this process's key verified it."""
+        raises EntryRefused. The seal is kept with it only where this process's key verified it."""
         if seal is not None and not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(seal["sha256"])):
-            raise Refused("the shared entry's bytes do not match its seal (SHA-256)")
+            raise EntryRefused("the shared entry's bytes do not match its seal (SHA-256)")
         compile_secs = seal.get("compile") if seal is not None else None
         if compile_secs is None:
             compile_secs = self.backend.compile_secs(key)
@@ -421,7 +421,7 @@ class Level:
             return None
         try:
             seal = self._admit(key, raw_seal)
-        except Refused:
+        except EntryRefused:
             return None
         if seal is None or seal["bytes"] != len(data):
             return None
@@ -440,7 +440,7 @@ class Level:
             chunk = self.backend.block(key, have, min(have + block, size))
             self.count("shared", requests=1)  # (a bucket's: a directory's entry is read whole)
             if len(chunk) != min(block, size - have):  # an object shorter or longer than its seal says
-                raise Refused(f"the shared entry sent {len(chunk)} bytes for a range of {min(block, size - have)}")
+                raise EntryRefused(f"the shared entry sent {len(chunk)} bytes for a range of {min(block, size - have)}")
             progress.tick()
             chunks.append(chunk)
             have += len(chunk)

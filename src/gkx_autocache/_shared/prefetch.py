@@ -47,7 +47,7 @@ from gkx_autocache._layout import (
 )
 from gkx_autocache._shared import pack
 from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
-from gkx_autocache._shared.seal import Refused, head_problem
+from gkx_autocache._shared.seal import EntryRefused, head_problem
 
 WORKERS = 8  # fetches at a time: a 20 ms round trip then costs a lookup 2.5 ms of it
 BUDGET = 1 << 30  # the most a prefetch lands, where the cap leaves more room
@@ -610,7 +610,7 @@ class Prefetch:
         except ShuttingDown:
             self.stopped = True
             return
-        except Refused as exc:
+        except EntryRefused as exc:
             self.refused[key] = str(exc)
             return
         except TooLarge:
@@ -715,17 +715,17 @@ class Prefetch:
         try:
             seal = level._admit(key, raw_seal)
             if seal is None or seal["bytes"] != size:
-                raise Refused("the pack's record and its seal give different sizes")
-        except Refused as exc:
+                raise EntryRefused("the pack's record and its seal give different sizes")
+        except EntryRefused as exc:
             reader.skip(size)
             logger.debug("the pack's record of %s is not used: %s", key, exc)
             return True
         data = reader.body(size)
         try:
             if why := head_problem(data):
-                raise Refused(why)
+                raise EntryRefused(why)
             found = level.found(key, seal, data, raw_seal)
-        except Refused as exc:
+        except EntryRefused as exc:
             logger.debug("the pack's record of %s is not used: %s", key, exc)
             return True
         level.count("shared", bytes_read=size, read_secs=time.perf_counter() - started, reads=1)

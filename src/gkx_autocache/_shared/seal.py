@@ -1,5 +1,5 @@
 """Seals of shared entries (``<key>-gkx-shared``): written beside each entry, with a signing key
-an HMAC-SHA256 over them; read back checked for shape. Refused: an entry there that must not be
+an HMAC-SHA256 over them; read back checked for shape. EntryRefused: an entry there that must not be
 served. Design: docs/how-it-works.md.
 """
 
@@ -12,12 +12,12 @@ from typing import Any
 
 from gkx_autocache._formats import MAX_COMPILE_SECS, SEAL_LIMIT, compression_of
 
-__all__ = ["SEAL_LIMIT", "Refused", "head_problem", "mac", "make_seal", "read_seal"]
+__all__ = ["SEAL_LIMIT", "EntryRefused", "head_problem", "mac", "make_seal", "read_seal"]
 SEAL_FORMAT = 1
 DOMAIN = b"gkx-autocache shared entry v1\0"
 
 
-class Refused(Exception):
+class EntryRefused(Exception):
     """The entry is there but must not be served: a miss, named ``rejected: <why>``."""
 
 
@@ -44,22 +44,22 @@ def make_seal(key: str, data: bytes, compile_secs: float | None, written: float,
 
 def read_seal(raw: bytes, key: str, limit: int) -> dict[str, Any]:
     """The seal's fields, checked for shape (a bucket or a team member can write anything there).
-    Raises Refused."""
+    Raises EntryRefused."""
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
-        raise Refused("the shared entry's seal is not valid JSON") from None
+        raise EntryRefused("the shared entry's seal is not valid JSON") from None
     if not isinstance(body, dict) or body.get("format") != SEAL_FORMAT:
-        raise Refused("the shared entry's seal is of an unknown format")
+        raise EntryRefused("the shared entry's seal is of an unknown format")
     size, digest = body.get("bytes"), body.get("sha256")
     if body.get("key") != key:
-        raise Refused("the shared entry's seal names another key")
+        raise EntryRefused("the shared entry's seal names another key")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= limit:
-        raise Refused(f"the shared entry's seal gives an impossible size ({str(size)[:40]})")
+        raise EntryRefused(f"the shared entry's seal gives an impossible size ({str(size)[:40]})")
     if not _hex64(digest):
-        raise Refused("the shared entry's seal has no SHA-256")
+        raise EntryRefused("the shared entry's seal has no SHA-256")
     if "hmac" in body and not _hex64(body["hmac"]):  # compare_digest raises on a non-ASCII string
-        raise Refused("the shared entry's seal has a malformed signature")
+        raise EntryRefused("the shared entry's seal has a malformed signature")
     for name, most in (("compile", MAX_COMPILE_SECS), ("written", 1e11)):  # a claim beyond them is no figure
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
