@@ -74,65 +74,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- the other commands, each from its module, imported when it runs ------------------------------
 
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from gkx_autocache._cli import status
-
-    return status.cmd_status(args)
-
-
-def cmd_stats(args: argparse.Namespace) -> int:
-    from gkx_autocache._cli import stats
-
-    return stats.cmd_stats(args)
+ELSEWHERE = {  # command -> (its module in _cli, its function)
+    "status": ("status", "cmd_status"), "stats": ("stats", "cmd_stats"), "explain": ("explain", "cmd_explain"),
+    "ci-key": ("ci", "cmd_ci_key"), "clear": ("manage", "cmd_clear"), "prune": ("manage", "cmd_prune"),
+    "verify": ("manage", "cmd_verify"), "export": ("manage", "cmd_export"), "import": ("manage", "cmd_import"),
+    "config": ("config", "cmd_config"),
+}
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
-    from gkx_autocache._cli import explain
+def elsewhere(command: str) -> Callable[[argparse.Namespace], int]:
+    """The function of ``command``, importing its module only when it runs."""
+    module, function = ELSEWHERE[command]
 
-    return explain.cmd_explain(args)
+    def run(args: argparse.Namespace) -> int:
+        import importlib
 
+        return int(getattr(importlib.import_module(f"gkx_autocache._cli.{module}"), function)(args))
 
-def cmd_ci_key(args: argparse.Namespace) -> int:
-    from gkx_autocache._cli import ci
-
-    return ci.cmd_ci_key(args)
-
-
-def cmd_clear(args: argparse.Namespace) -> int:
-    from gkx_autocache._cli import manage
-
-    return manage.cmd_clear(args)
-
-
-def cmd_prune(args: argparse.Namespace) -> int:
-    from gkx_autocache._cli import manage
-
-    return manage.cmd_prune(args)
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from gkx_autocache._cli import manage
-
-    return manage.cmd_verify(args)
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from gkx_autocache._cli import manage
-
-    return manage.cmd_export(args)
-
-
-def cmd_import(args: argparse.Namespace) -> int:
-    from gkx_autocache._cli import manage
-
-    return manage.cmd_import(args)
-
-
-def cmd_config(args: argparse.Namespace) -> int:
-    from gkx_autocache._cli import config
-
-    return config.cmd_config(args)
+    return run
 
 
 # -- the parser -----------------------------------------------------------------------------------
@@ -151,24 +110,24 @@ def build_parser() -> Parser:
         sub.set_defaults(func=func)
         return sub
 
-    add("status", cmd_status, "versions, hook, settings with origins, directory, store, stats (the default)").add_argument(
+    add("status", elsewhere("status"), "versions, hook, settings with origins, directory, store, stats (the default)").add_argument(
         "--no-probe", action="store_true", help="do not ask the shared level whether it answers")
     add("dir", cmd_dir, "print the version directory, bare")
-    stats = add("stats", cmd_stats, "hits, misses by cause, time saved across processes")
+    stats = add("stats", elsewhere("stats"), "hits, misses by cause, time saved across processes")
     stats.add_argument("--reset", action="store_true", help="start the totals again from zero")
     stats.add_argument("--written", action="store_true",
                        help="print only how many entries were written since the last reset (for CI: save when not 0)")
-    explain = add("explain", cmd_explain, "why the last run's compiles missed or were not cached, then older ones")
+    explain = add("explain", elsewhere("explain"), "why the last run's compiles missed or were not cached, then older ones")
     explain.add_argument("--since", metavar="AGE", help="only what happened in the last AGE (30m, 12h, 2d)")
     explain.add_argument("--function", metavar="NAME", help="only this function (step, or jit_step)")
     explain.add_argument("--all", action="store_true", help="every function of each cause (else the first few)")
-    add("ci-key", cmd_ci_key, "a key for a CI cache: changes whenever the entries could stop being valid")
-    clear = add("clear", cmd_clear, "remove every entry (a fresh start: the stats and the history of misses too)")
+    add("ci-key", elsewhere("ci-key"), "a key for a CI cache: changes whenever the entries could stop being valid")
+    clear = add("clear", elsewhere("clear"), "remove every entry (a fresh start: the stats and the history of misses too)")
     clear.add_argument("--all-versions", action="store_true", help="every JAX version's directory, not only this one's")
     clear.add_argument("--dry-run", action="store_true", help="say what would be removed, and remove nothing")
     clear.add_argument("--yes", action="store_true", help="do not ask")
     clear.add_argument("--shared", action="store_true", help="the shared level's entries, not the local level's")
-    prune = add("prune", cmd_prune, "remove least recently used entries, and say what remains")
+    prune = add("prune", elsewhere("prune"), "remove least recently used entries, and say what remains")
     prune.add_argument("--max-size", metavar="SIZE", help="keep the directory under SIZE (default: max_size)")
     prune.add_argument("--older-than", metavar="AGE", help="remove entries unused for AGE (30d, 12h)")
     prune.add_argument("--stale-versions", action="store_true",
@@ -176,9 +135,9 @@ def build_parser() -> Parser:
     prune.add_argument("--dry-run", action="store_true", help="say what would be removed, and remove nothing")
     prune.add_argument("--shared", action="store_true",
                        help="the shared level (it has no cap of its own: give --max-size or --older-than)")
-    add("verify", cmd_verify, "read back every entry; --repair removes the bad ones").add_argument(
+    add("verify", elsewhere("verify"), "read back every entry; --repair removes the bad ones").add_argument(
         "--repair", action="store_true", help="remove the corrupt entries, orphan sidecars and stale temporaries found")
-    config = add("config", cmd_config, "show or edit the settings files (actions: list, get, set, unset)")
+    config = add("config", elsewhere("config"), "show or edit the settings files (actions: list, get, set, unset)")
     actions = config.add_subparsers(dest="action", metavar="ACTION", required=True)
     where = Parser(add_help=False)
     group = where.add_mutually_exclusive_group()
@@ -197,9 +156,9 @@ def build_parser() -> Parser:
     setter.add_argument("key", help=f"one of: {keys}")
     setter.add_argument("value", help="the value, as you would write it (5GiB, $SCRATCH/jax, true)")
     action("unset", "remove a setting from a settings file").add_argument("key", help=f"one of: {keys}")
-    add("export", cmd_export, "write the entries to one archive (a warm bundle)").add_argument(
+    add("export", elsewhere("export"), "write the entries to one archive (a warm bundle)").add_argument(
         "file", help="the archive to write (a tar)")
-    bundle_in = add("import", cmd_import, "merge a warm bundle's entries into the cache")
+    bundle_in = add("import", elsewhere("import"), "merge a warm bundle's entries into the cache")
     bundle_in.add_argument("file", help="the archive to read")
     bundle_in.add_argument("--sha256", metavar="HASH", help="refuse unless the archive has this sha256 (from its author)")
     bundle_in.add_argument("--force", action="store_true", help="import a bundle made for another JAX or platform")
@@ -222,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         args.command = "version"
         return cmd_version(args)
     if args.command is None:
-        args.command, args.func = "status", cmd_status
+        args.command, args.func = "status", elsewhere("status")
     try:
         return int(args.func(args))
     except CliError as exc:
