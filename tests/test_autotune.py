@@ -221,3 +221,30 @@ def test_a_bundle_into_a_folder_that_is_a_symlink_imports_the_entries(venv: Venv
     assert imported.returncode == 0, imported.stderr
     assert list(elsewhere.iterdir()) == []
     assert len(list((tmp_path / "t" / VERSION_DIR).glob("*-cache"))) == len(list((tmp_path / "w" / VERSION_DIR).glob("*-cache")))
+
+
+def test_landed_results_make_the_object_they_came_from(tmp_path: Path) -> None:
+    """Results landed (written in the object's order: their times reversed) make the same object
+    again, so a fresh machine's run does not upload it anew."""
+    source = tmp_path / "a"
+    (source / FOLDER).mkdir(parents=True)
+    for i in range(5):
+        name = base64.urlsafe_b64encode(hashlib.sha256(bytes([i])).digest()).decode().rstrip("=") + ".textproto"
+        (source / FOLDER / name).write_bytes(b"scratch_bytes: %d\n" % i)
+        os.utime(source / FOLDER / name, (1000 + i, 1000 + i))
+    obj = _autotune.pack(_autotune.local(str(source)))
+    assert _autotune.land(str(tmp_path / "b"), _autotune.unpack(obj), shared=False, verified=True) == 5
+    assert _autotune.pack(_autotune.local(str(tmp_path / "b"))) == obj
+
+
+def test_a_run_without_results_of_its_own_keeps_the_writers_object_named(venv: Venv, tmp_path: Path) -> None:
+    """A run whose XLA keeps no results (no GPU plugin) that writes the program's manifest (a new
+    miss) names the writer's object still: the next fresh machine gets the results."""
+    team = tmp_path / "team"
+    team.mkdir()
+    env = {"GKX_JAX_CACHE_SHARED": str(team)}
+    run_program(venv, env={**env, **ON, "ROLE": "writer", "GKX_JAX_CACHE_DIR": str(tmp_path / "w")}, program=PROGRAM)
+    run_program(venv, env={**env, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "cpu")}, program=PROGRAM)
+    fresh, err = run_program(venv, env={**env, **ON, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "r")},
+                             program=PROGRAM)
+    assert len(fresh["seen"]) == 3 and fresh["seen"] == tuned(tmp_path / "w"), err

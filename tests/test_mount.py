@@ -144,3 +144,52 @@ def test_a_bucket_a_csi_driver_mounts_is_known_by_its_plain_fuse_type(venv: Venv
         assert "a bucket (team-bucket), fuse" in status["directory"]["mount"], status["directory"]
     finally:
         mounted.close()
+
+
+def test_the_mount_a_path_is_on_is_read_where_the_directory_is_chosen(tmp_path: Path) -> None:
+    """In-process, as a framework naming a directory after ``import jax``: a mount made after the
+    mounts were first read is seen (another user's: refused); a mount made over an older one, which
+    hides it, is the one a path is on; a symlink of yours pointing into the bucket, to a link the
+    bucket holds, is refused; a bucket whose ``CACHEDIR.TAG`` is a folder (hiding the mode files
+    get) is refused."""
+    import subprocess
+
+    from gkx_autocache import _cache, _mount
+
+    _mount.fuse_mount(str(tmp_path))  # the mounts, read before any of these is made
+    late = Mounted(tmp_path / "late-objects", tmp_path / "late", "gcsfuse", user_id=12345)
+    try:
+        with pytest.raises(_cache.DirectoryRefused, match="made by uid 12345"):
+            _cache.prepare(str(late.mountpoint / "jax"), "1.0")
+    finally:
+        late.close()
+    hidden = tmp_path / "over"
+    (hidden / "older").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(hidden / "older")], check=True)
+    try:
+        over = Mounted(tmp_path / "over-objects", hidden, "gcsfuse", user_id=12345, options={"nonempty": True})
+        try:
+            with pytest.raises(_cache.DirectoryRefused, match="made by uid 12345"):
+                _cache.prepare(str(hidden / "older" / "jax"), "1.0")
+        finally:
+            over.close()
+    finally:
+        subprocess.run(["umount", "-l", str(hidden / "older")], check=False)
+    bucket = Mounted(tmp_path / "objects", tmp_path / "mnt", "gcsfuse")
+    try:
+        (tmp_path / "victim").mkdir()
+        (bucket.backing / "x").symlink_to(tmp_path / "victim")
+        (tmp_path / "mine").symlink_to(bucket.mountpoint / "x")
+        with pytest.raises(_cache.DirectoryRefused, match="a symlink inside a"):
+            _cache.prepare(str(tmp_path / "mine" / "cache"), "1.0")
+        assert list((tmp_path / "victim").iterdir()) == []
+    finally:
+        bucket.close()
+    tagged = Mounted(tmp_path / "t-objects", tmp_path / "t", "gcsfuse", options={"file_mode": 0o664})
+    try:
+        (tagged.backing / "jax" / "jax-1.0" / "CACHEDIR.TAG").mkdir(parents=True)
+        (tagged.backing / "jax" / "CACHEDIR.TAG").mkdir()
+        with pytest.raises(_cache.DirectoryRefused, match="is not a file"):
+            _cache.prepare(str(tagged.mountpoint / "jax"), "1.0")
+    finally:
+        tagged.close()

@@ -42,8 +42,8 @@ def enabled(value: object) -> bool:
 
 
 def local(version_dir: str, team: bool = False, signing: bool = False) -> list[tuple[str, bytes]]:
-    """The results in ``version_dir``'s folder, newest first, while they fit ``TOTAL_LIMIT`` as an
-    object: plain files named as XLA names them, never through a symlink (the folder's own
+    """The results in ``version_dir``'s folder, the newest while they fit ``TOTAL_LIMIT`` as an
+    object, in the order of their names: plain files named as XLA names them, never through a symlink (the folder's own
     included), trusted as an entry is (``team``: in a team directory). With ``signing`` (a key will
     vouch for them), only this user's, and none landed unverified (``land``)."""
     try:
@@ -64,7 +64,7 @@ def local(version_dir: str, team: bool = False, signing: bool = False) -> list[t
             if room < 0:
                 break
             taken.append((name, data))
-        return taken
+        return sorted(taken)  # by name: the same results make the same object, whatever their times
     except OSError:
         return []
     finally:

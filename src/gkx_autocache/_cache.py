@@ -152,13 +152,13 @@ def prepare(root: str, jax_version: str | None, shared: bool = False, create: bo
     key, so two spellings of one directory would never hit each other. With ``create=False``
     (the CLI) nothing is created, and a missing directory is judged by where it would be made.
     """
+    fuse = _mount.fuse_mount(root, fresh=True)  # (the mounts read again: a framework may name one mounted since)
     if (planted := _trust.links_problem(root) or _mount.link_problem(root)) is not None:
         raise DirectoryRefused(planted)
     root = os.path.realpath(os.path.abspath(root))
     version_dir = os.path.join(root, version_name(jax_version)) if jax_version is not None else root
     if os.path.islink(version_dir):  # nothing of the package ever passes through a symlink below the root
         raise DirectoryRefused(f"{version_dir} is a symlink; the package makes its version directories itself: remove the link")
-    fuse = _mount.fuse_mount(root)
     if fuse is not None and (problem := fuse.problem()):
         raise DirectoryRefused(problem)
     mount = fuse if fuse is not None and fuse.tool is not None else None  # a bucket: files written whole
@@ -379,6 +379,8 @@ def _mount_files_problem(version_dir: str, shared: bool) -> str | None:
         st = os.lstat(os.path.join(version_dir, TAG_NAME))
     except OSError:
         return None  # (a read-only mount: nothing is written there)
+    if not stat.S_ISREG(st.st_mode):  # (a folder of that name in the bucket would hide the mode files get)
+        return f"its {TAG_NAME} is not a file: the mode the mount gives files cannot be seen"
     why = _trust.entry_problem(st, shared)
     if why is None:
         return None

@@ -77,23 +77,39 @@ class Mount:
         return f"a bucket mount ({self.tool}, {self.fstype}, at {self.point}): {CANNOT}"
 
 
-# (point, type, source, super options) of each mount, read once a process where any is FUSE
-_table: list[tuple[str, str, str, str]] | None = None
+# (point, device "major:minor", type, source, super options) of each mount, where any is FUSE
+_table: list[tuple[str, str, str, str, str]] | None = None
 
 
-def fuse_mount(path: str) -> Mount | None:
-    """The FUSE mount ``path`` lies on (it need not exist yet), or None. Mounts are read once a
-    process (they do not move under a running program); a machine without FUSE costs one read."""
-    table = _mounts()
-    real = os.path.realpath(path) if table else ""
-    best = None
-    for mount in table:  # the last of the longest: a mount over another hides it
-        point = mount[0]
-        if (real == point or real.startswith(point.rstrip("/") + "/")) and (best is None or len(point) >= len(best[0])):
-            best = mount
-    if best is None or not (best[1] == "fuse" or best[1].startswith(("fuse.", "fuseblk"))):
+def fuse_mount(path: str, fresh: bool = False) -> Mount | None:
+    """The FUSE mount ``path`` lies on (it need not exist yet), or None: the mount of the device its
+    nearest existing directory is on (a mount made over an older one hides it; the longest mount
+    point alone would find the hidden one). Mounts are read once a process, and again with
+    ``fresh`` (where a directory is chosen: a framework may name one mounted since); a machine
+    without FUSE costs one read."""
+    global _table
+    if _table is None or fresh:
+        _table = _read()
+    if not _table:
         return None
-    return Mount(*best)
+    real = os.path.realpath(path)
+    nearest = real
+    while True:
+        try:
+            dev = os.stat(nearest).st_dev
+            break
+        except OSError:
+            if os.path.dirname(nearest) == nearest:
+                return None
+            nearest = os.path.dirname(nearest)
+    device = f"{os.major(dev)}:{os.minor(dev)}"
+    same = [mount for mount in _table if mount[1] == device]  # (a bind mount shows the device elsewhere too)
+    over = [mount for mount in same if real == mount[0] or real.startswith(mount[0].rstrip("/") + "/")]
+    best = max(reversed(over), key=lambda mount: len(mount[0])) if over else (same[-1] if same else None)
+    if best is None or not (best[2] == "fuse" or best[2].startswith(("fuse.", "fuseblk"))):
+        return None
+    point, _, fstype, source, options = best
+    return Mount(point, fstype, source, options)
 
 
 def bucket_mount(path: str) -> Mount | None:
@@ -103,31 +119,41 @@ def bucket_mount(path: str) -> Mount | None:
 
 
 def link_problem(path: str) -> str | None:
-    """Why a symlink on the way to ``path`` (as written) must not be followed, or None: one inside a
-    bucket mount is an object whoever can write the bucket made, and chooses where the cache goes."""
-    if not _mounts():
+    """Why a symlink on the way to ``path`` must not be followed, or None: one inside a bucket mount
+    is an object whoever can write the bucket made, and chooses where the cache goes. Each link is
+    followed as the kernel would (one of yours may point into the bucket, to one of its links)."""
+    if not _table:
         return None
-    current = ""
-    for part in os.path.abspath(path).split(os.sep)[1:]:
-        current = f"{current}{os.sep}{part}"
+    pending = os.path.abspath(path).split(os.sep)[1:]
+    current, hops = "", 0
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        here = f"{current}{os.sep}{part}"
         try:
-            link = stat.S_ISLNK(os.lstat(current).st_mode)
+            link = stat.S_ISLNK(os.lstat(here).st_mode)
         except OSError:
-            return None
-        if link and (mount := bucket_mount(os.path.dirname(current))) is not None:
-            return (f"{current} is a symlink inside a {mount.tool} mount: whoever can write the bucket chose where it "
+            return None  # not made yet: nothing below it is a link
+        if not link:
+            current = here
+            continue
+        if (mount := bucket_mount(current or os.sep)) is not None:
+            return (f"{here} is a symlink inside a {mount.tool} mount: whoever can write the bucket chose where it "
                     "points; name the directory itself")
+        hops += 1
+        if hops > 40:
+            return None  # a loop: the directory cannot be made, which says so
+        target = os.readlink(here)
+        pending = target.split(os.sep) + pending
+        current = "" if target.startswith(os.sep) else current
     return None
 
 
-def _mounts() -> list[tuple[str, str, str, str]]:
-    global _table
-    if _table is None:
-        _table = _read()
-    return _table
-
-
-def _read() -> list[tuple[str, str, str, str]]:
+def _read() -> list[tuple[str, str, str, str, str]]:
     try:
         with open("/proc/self/mountinfo", "rb") as f:
             data = f.read()
@@ -143,7 +169,7 @@ def _read() -> list[tuple[str, str, str, str]]:
         except (IndexError, ValueError):
             continue
         if len(rest) >= 3:
-            table.append((point, rest[0], _unescape(rest[1]), rest[2]))
+            table.append((point, fields[2], rest[0], _unescape(rest[1]), rest[2]))
     return table
 
 

@@ -301,13 +301,15 @@ def manifest_items(level: Any) -> list[tuple[str, bytes]]:
     own = ahead.own if ahead is not None else None
     tuned = _autotune.local(level.local_dir, level.local_team, signing=level._secret is not None) if level.tunes else []
     obj = _autotune.pack(tuned) if tuned else b""
-    autotune = (_autotune.digest(obj), len(obj)) if tuned else None
+    said = ahead.autotune[1:] if ahead is not None and ahead.autotune is not None else None
+    # A process with no results of its own to vouch for (its XLA keeps none, its landing failed, or
+    # they are another run's) names the object its manifest named: it never drops a writer's.
+    autotune = (_autotune.digest(obj), len(obj)) if tuned else said
     if own is not None:
         last = max((at for at, (key, _) in enumerate(own) if key in level._seen), default=-1)
         keys = (keys + [item for item in own[last + 1:] if item[0] not in level._seen])[:MANIFEST_KEYS]
-        said = ahead.autotune[1:] if ahead is not None and ahead.autotune is not None else None
-        if {key for key, _ in keys} == {key for key, _ in own} and (autotune is None or autotune == said):
-            return []  # (results it read and did not get, or new ones, are written again)
+        if {key for key, _ in keys} == {key for key, _ in own} and autotune == said:
+            return []  # (new results are written again)
     ident, part, _, _ = program()
     name = manifest_name(ident, part)
     data, packed = b"", list[str]()
@@ -317,7 +319,7 @@ def manifest_items(level: Any) -> list[tuple[str, bytes]]:
     keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
     items = [(pack.name_for(name), data)] if packed else []  # the pack first: a reader of the manifest finds it
     items.append((name, encode(keys, ident, level._secret, len(packed), autotune)))
-    if autotune is not None:  # after the manifest, which an exit's one timeout must not lose to it
+    if tuned and autotune != said:  # after the manifest, which an exit's one timeout must not lose to it
         items.append((autotune_name(name), obj))
     return items
 
