@@ -666,6 +666,10 @@ def test_a_dripping_pack_stalls_within_one_timeout() -> None:
 
 # -- what a prefetch lands stays under the cap, on disk (L5), and an early stop keeps the manifest (L6) --
 
+def on_disk_file(path: Path) -> int:
+    return path.lstat().st_blocks * 512
+
+
 def on_disk(folder: Path) -> int:
     """Bytes allocated, as `du` counts them."""
     return sum(p.lstat().st_blocks * 512 for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
@@ -678,7 +682,11 @@ def test_two_fresh_programs_prefetching_together_stay_under_the_cap_on_disk(venv
     both manifests, look up two entries each, and end without their exit prune (``os._exit``, as
     a kill would): what is on disk, entries, sidecars and bookkeeping in whole blocks, stays under
     the cap (128 % and 135 % before: an entry was charged its bytes and 4 KiB, the bookkeeping
-    nothing, and each process the whole room)."""
+    nothing, and each process the whole room). The four entries the runs looked up themselves are
+    their own writes (backfills), outside the prefetch's room, as a compile's would be: the exit
+    prune keeps the cap for those, and a kill leaves them; they are allowed for, at most the four
+    largest units. (One run in a few reached 121 %: a reservation seen between its creation and
+    its lock was counted as a dead one's, and both processes took the whole room.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     # Two programs: the same code run from two working directories (a manifest each; no pytest-xdist
@@ -701,7 +709,9 @@ def test_two_fresh_programs_prefetching_together_stay_under_the_cap_on_disk(venv
     used = on_disk(vdir)
     print(f"{used} bytes on disk under a cap of {cap}, {len(list(vdir.glob('*-cache')))} entries")
     assert len(list(vdir.glob("*-cache"))) > 4, "nothing prefetched"
-    assert used <= cap, (used, cap)
+    units = sorted((sum(on_disk_file(p) for p in vdir.glob(entry.name[:-len("-cache")] + "-*"))
+                    for entry in vdir.glob("*-cache")), reverse=True)
+    assert used <= cap + sum(units[:4]), (used, cap, units[:4])
 
 
 @pytest.mark.once  # the same on every JAX line: the first Python's
