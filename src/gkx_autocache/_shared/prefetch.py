@@ -207,9 +207,7 @@ class Reservation:
         the budget. Where the bookkeeping cannot hold a reservation, what the others left."""
         budget = min(wanted, room // parts)
         name = f"{RESERVED}{os.getpid()}.{max(budget, 0)}{TMP_SUFFIX}"
-        # Made under another name, locked, then renamed: a reservation another process sees is held
-        # already (seen between its creation and its lock, it was taken for a dead one's, and both
-        # processes took the whole room: 121 % of the cap, once in a few runs).
+        # Made under another name, locked, then renamed: one another process sees is held already.
         staged = f"{RESERVED}{os.getpid()}.new{TMP_SUFFIX}"
         if budget <= 0 or not _files.claim(self.meta, staged, stale=0):
             return budget - self._taken(None)
