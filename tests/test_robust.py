@@ -158,6 +158,30 @@ def test_a_forked_child_keeps_its_own_ledger(venv: Venv, tmp_path: Path) -> None
     assert stats["writes"] == child.count("put") + parent.count("put") and not list((tmp_path / "c" / VERSION_DIR / ".gkx-autocache" / "ledger").iterdir())
 
 
+WARM_FORK = r'''
+import json, os, sys
+import jax, jax.numpy as jnp
+fs = [jax.jit(lambda v, i=i: jnp.sin(v) * i + jnp.cos(v) ** i) for i in range(1, 5)]
+parent = [float(f(jnp.ones(16)).sum()) for f in fs]
+pid = os.fork()
+if pid == 0:  # exits normally: the at-exit hooks, then the interpreter's finalisation
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+print(json.dumps({"parent": parent, "child": os.waitstatus_to_exitcode(status)}))
+'''
+
+
+def test_a_warm_run_s_forked_child_exits(venv: Venv, tmp_path: Path) -> None:
+    """A child forked after a warm run (every function served from the cache) and exiting normally
+    exits: JAX's backend is never destroyed in a forked child (its thread pool's threads are not
+    there: the child hung in ``~PjRtClient`` for ever, or crashed in it, stock JAX's own cache too)."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    for run in ("cold", "warm", "warm again"):
+        proc = venv.run("-c", WARM_FORK, env=env, timeout=120)
+        assert proc.returncode == 0, (run, proc.stderr[-2000:])
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["child"] == 0, run
+
+
 LATE_FORK = r'''
 import json, os
 pid = os.fork()

@@ -171,6 +171,22 @@ def backends_started(jax: Any) -> bool:
         return False
 
 
+def keep_backends() -> None:
+    """In a forked child (``os.register_at_fork``): JAX's backends are never destroyed. Their thread
+    pools' threads were not forked, and destroying one waits on them for ever: a child that exits
+    normally after a warm run hangs in ``~PjRtClient`` (stock JAX's own cache too, JAX 0.10 and
+    0.12; JAX warns that fork is unsafe). One reference each that nothing owns; the child's memory
+    is its parent's anyway."""
+    xla_bridge = sys.modules.get("jax._src.xla_bridge")
+    backends = getattr(xla_bridge, "_backends", None)
+    if not isinstance(backends, dict) or not backends:
+        return
+    import ctypes
+
+    for backend in list(backends.values()):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(backend))
+
+
 def took_xla_flag(value: str) -> bool | None:
     """Whether XLA's flags, as its backend read them, hold a string option of ``value`` (its
     compile options' debug options, serialised: the Python binding exposes few fields); None where
