@@ -308,9 +308,9 @@ def test_a_manifest_that_cannot_be_used_costs_no_more_than_no_manifest(venv: Ven
         planted_manifest(s3, b"\x00" * 100_000)
     else:
         body = read_manifest(s3)
-        from gkx_autocache._shared import prefetch
+        from gkx_autocache._shared import manifest
 
-        planted_manifest(s3, prefetch.encode([tuple(k) for k in body["keys"]], body["program"], KEY_B.encode()))
+        planted_manifest(s3, manifest.encode([tuple(k) for k in body["keys"]], body["program"], KEY_B.encode()))
     env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never", **signing)
     out, err = run_many(venv, env, n=6)
     assert out["hits"] == out["requests"] == cold["requests"] and not autocache_warnings(err), err
@@ -443,32 +443,32 @@ def test_a_warm_local_run_asks_the_bucket_for_no_manifest(venv: Venv, tmp_path: 
 
 
 def test_manifest_keys_are_entry_names_and_a_signature_is_checked() -> None:
-    from gkx_autocache._shared import prefetch
+    from gkx_autocache._shared import manifest
 
     good = "jit_f-" + "ab" * 32
-    data = prefetch.encode([(good, 10), ("../x-" + "ab" * 32, 10), ("a/b-" + "ab" * 32, 5), (good + "x", 3)], "p", None)
-    assert prefetch.decode(data, None) == ([(good, 10)], 0, None)
-    signed = prefetch.encode([(good, 10)], "p", b"k", packed=1)
-    assert prefetch.decode(signed, b"k") == ([(good, 10)], 1, None)
+    data = manifest.encode([(good, 10), ("../x-" + "ab" * 32, 10), ("a/b-" + "ab" * 32, 5), (good + "x", 3)], "p", None)
+    assert manifest.decode(data, None) == ([(good, 10)], 0, None)
+    signed = manifest.encode([(good, 10)], "p", b"k", packed=1)
+    assert manifest.decode(signed, b"k") == ([(good, 10)], 1, None)
     for secret, body in ((b"other", signed), (b"k", data)):
         with pytest.raises(ValueError, match="not signed"):
-            prefetch.decode(body, secret)
+            manifest.decode(body, secret)
     with pytest.raises(ValueError, match="longer"):
-        prefetch.decode(b" " * prefetch.MANIFEST_LIMIT, None)
-    hidden = prefetch.encode([("." + good[1:], 10), (good, 10)], "p", None)
-    assert prefetch.decode(hidden, None) == ([(good, 10)], 0, None)  # a hidden file would be outside the cap and prune
+        manifest.decode(b" " * manifest.MANIFEST_LIMIT, None)
+    hidden = manifest.encode([("." + good[1:], 10), (good, 10)], "p", None)
+    assert manifest.decode(hidden, None) == ([(good, 10)], 0, None)  # a hidden file would be outside the cap and prune
     with pytest.raises(ValueError, match="another program"):
-        prefetch.decode(data, None, "q")  # copied under another program's name
+        manifest.decode(data, None, "q")  # copied under another program's name
     bad_mac = json.loads(signed)
     bad_mac["hmac"] = "\u00e9" * 64  # compare_digest raises TypeError on a non-ASCII string
     with pytest.raises(ValueError, match="not signed"):
-        prefetch.decode(json.dumps(bad_mac).encode(), b"k")
+        manifest.decode(json.dumps(bad_mac).encode(), b"k")
 
 
 def test_a_manifest_names_the_program_and_never_shows_its_arguments(tmp_path: Path) -> None:
     """`python -c` programs are told apart by their code (with combined flags too); arguments that
     are paths (a Jupyter kernel's connection file) do not make a new manifest each run."""
-    probe = "from gkx_autocache._shared import prefetch; print(prefetch.program()[0])"
+    probe = "from gkx_autocache._shared import manifest; print(manifest.program()[0])"
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # not a worker's
 
@@ -482,23 +482,23 @@ def test_a_manifest_names_the_program_and_never_shows_its_arguments(tmp_path: Pa
     script.write_text(probe + "\n")
     assert ident(str(script), "-f", "/run/a-1.json") == ident(str(script), "-f", "/run/b-2.json")
     assert ident(str(script), "--config", "a") != ident(str(script), "--config", "b")
-    data = subprocess.run([sys.executable, "-c", "from gkx_autocache._shared import prefetch as p; "
+    data = subprocess.run([sys.executable, "-c", "from gkx_autocache._shared import manifest as p; "
                            "print(p.encode([], p.program()[0], None).decode())", "--secret=hunter2"],
                           capture_output=True, text=True, check=True, env=env).stdout
     assert "hunter2" not in data
 
 
 def test_pytest_xdist_workers_read_their_siblings_manifests(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gkx_autocache._shared import prefetch
+    from gkx_autocache._shared import manifest
 
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
-    ident, part, index, count = prefetch.program()
+    ident, part, index, count = manifest.program()
     assert (part, index, count) == ("gw1", 1, 3) and len(ident) == 32
-    names = {prefetch.manifest_name(ident, f"gw{i}") for i in range(3)}
+    names = {manifest.manifest_name(ident, f"gw{i}") for i in range(3)}
     assert len(names) == 3 and all(n.endswith("-gkx-manifest") for n in names)
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "many")
-    assert prefetch.program()[1:] == ("", 0, 1)
+    assert manifest.program()[1:] == ("", 0, 1)
 
 
 # -- a signing key vouches only for what it checked (SPEC §8 / §14, amended 2026-12-04) ---------------
@@ -686,7 +686,10 @@ def test_two_fresh_programs_prefetching_together_stay_under_the_cap_on_disk(venv
     their own writes (backfills), outside the prefetch's room, as a compile's would be: the exit
     prune keeps the cap for those, and a kill leaves them; they are allowed for, at most the four
     largest units. (One run in a few reached 121 %: a reservation seen between its creation and
-    its lock was counted as a dead one's, and both processes took the whole room.)"""
+    its lock was counted as a dead one's, and both processes took the whole room. Then, with the
+    S3 client of its own, 115-121 % in 2 of 6: one process's first lookup hit what the other had
+    landed, so its prefetch began after the other was killed, whose landings no ledger held yet;
+    they are now recorded as they land.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     # Two programs: the same code run from two working directories (a manifest each; no pytest-xdist

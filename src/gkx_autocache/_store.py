@@ -133,7 +133,7 @@ class Store:
                     pass
             compile_secs, _, by = self._compile_secs(key, data)
             if (landed := self._landed.pop(key, None)) is not None:  # recorded here, where its lookup's facts are
-                self._recorder.put(key, *landed)
+                self._recorder.put(key, *landed, landed=True)
             self._recorder.hit(key, len(data), compile_secs, by)
             self._served.key = key
             if self._levels is not None:  # a writer's hit may heal the bucket (queued, off the compile path)
@@ -215,7 +215,7 @@ class Store:
         """At exit: the prefetched entries no lookup used, recorded as written (the cap's account)."""
         while self._landed:
             key, landed = self._landed.popitem()
-            self._recorder.put(key, *landed)
+            self._recorder.put(key, *landed, landed=True)
 
     def _unusable_shared(self, data: bytes, landing: bool) -> str | None:
         """Why a shared entry's bytes cannot be given to JAX (the checks a local entry gets);
@@ -273,6 +273,7 @@ class Store:
         if record:
             self._recorder.put(key, written, found.compile_secs or 0.0)
         else:
+            self._recorder.landed(written)
             self._landed[key] = (written, found.compile_secs or 0.0)
         return True
 

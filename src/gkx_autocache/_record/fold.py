@@ -133,6 +133,15 @@ def read_summary(version_dir: str) -> Summary:
         return Summary()
 
 
+def unfolded_disk(version_dir: str) -> int:
+    """The bytes the ledgers no fold has taken yet say their processes added: a live process's, and
+    a killed one's until the next fold. On disk, and outside the summary's size."""
+    summary = read_summary(version_dir)
+    already = set(summary.folded)
+    return sum(_ledger.read_ledger(path).disk for path in _ledger.ledger_files(version_dir)
+               if os.path.basename(path) not in already)
+
+
 def _write_summary(version_dir: str, summary: Summary, shared: bool) -> bool:
     data = json.dumps(summary.to_json(), separators=(",", ":")).encode()
     return _files.write_atomic(summary_path(version_dir), data, _files.file_mode(shared))

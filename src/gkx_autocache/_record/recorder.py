@@ -177,11 +177,18 @@ class Recorder:
         except Exception as exc:
             logger.debug("the miss of %s not recorded: %s", key, exc)
 
-    def put(self, key: str, nbytes: int, compile_secs: float) -> None:
+    def _disk(self, nbytes: int) -> int:
+        return -(-nbytes // self._block) * self._block + self._block  # the entry and its sidecar, in whole blocks
+
+    def landed(self, nbytes: int) -> None:
+        """A prefetched entry landed: its blocks on disk, at once (the cap's account; a killed
+        process's landings count until the next fold), its ``put`` later (``put(landed=True)``)."""
+        self._record({"e": "added", "disk": self._disk(nbytes)})
+
+    def put(self, key: str, nbytes: int, compile_secs: float, landed: bool = False) -> None:
         self._pending.hit = None  # an entry read but not loadable is compiled and written again
         self._settle()
-        block = self._block
-        disk = -(-nbytes // block) * block + block  # the entry and its sidecar, in whole blocks
+        disk = 0 if landed else self._disk(nbytes)  # (a landing's blocks were counted as it landed)
         record: dict[str, Any] = {"e": "put", "key": key, "bytes": nbytes, "disk": disk,
                                   "compile": round(compile_secs, 6), "t": round(time.time(), 3)}
         if self.explainer is not None:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from gkx_autocache import _jax
 from gkx_autocache._diagnostics import human_bytes, logger, warn
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, is_url, version_name
-from gkx_autocache._shared import prefetch
+from gkx_autocache._shared import manifest, prefetch
 from gkx_autocache._shared.bucket import Bucket
 from gkx_autocache._shared.calls import FIRST_BLOCK, MAX_BLOCK, Progress, ShuttingDown, Stalled, bounded, describe
 from gkx_autocache._shared.directory import Directory
@@ -147,7 +147,7 @@ class Level:
             self._heal(key)
 
     def _saw(self, key: str, nbytes: int) -> None:
-        if self.writes is None and len(self._seen) < prefetch.MANIFEST_KEYS:
+        if self.writes is None and len(self._seen) < manifest.MANIFEST_KEYS:
             self._seen.setdefault(key, nbytes)
 
     def _heal(self, key: str) -> None:
@@ -561,14 +561,14 @@ class Level:
             if self.landed_unused is not None:
                 self.landed_unused()
         try:
-            manifest = prefetch.manifest_items(self)
+            objects = prefetch.manifest_items(self)
         except Exception as exc:  # pragma: no cover - never costs the exit
             logger.debug("no manifest: %s", exc)
-            manifest = []
+            objects = []
         with self._lock:
             self._heals.clear()  # (a later run that misses heals them)
-            if manifest and self.off is None:
-                self._queue.extend(Item(name, data, None, None, 0.0, heal=False, manifest=True) for name, data in manifest)
+            if objects and self.off is None:
+                self._queue.extend(Item(name, data, None, None, 0.0, heal=False, manifest=True) for name, data in objects)
                 self._changed.notify_all()
             self._closed = True
             while self._pending() and self.off is None:
