@@ -9,6 +9,7 @@ install of the package stays inert there.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -16,7 +17,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -265,14 +265,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+SERVER_KEYS: dict[str, tuple[str, str]] = {}  # endpoint -> the access key its server checks signatures with
+
+
 @dataclass
 class S3:
     endpoint: str
     bucket: str
 
     @property
+    def keys(self) -> tuple[str, str]:
+        return SERVER_KEYS.get(self.endpoint, ("testing", "testing"))
+
+    @property
     def env(self) -> dict[str, str]:
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.keys[0], "AWS_SECRET_ACCESS_KEY": self.keys[1],
                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
                 "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
 
@@ -280,7 +287,7 @@ class S3:
         import boto3
 
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+                            aws_access_key_id=self.keys[0], aws_secret_access_key=self.keys[1])
 
     def objects(self, prefix: str = "") -> dict[str, int]:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
@@ -289,23 +296,37 @@ class S3:
 
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[str]:
-    """moto's S3 server on a free port of 127.0.0.1, for the module's tests."""
+    """moto's S3 server on a free port of 127.0.0.1, for the module's tests. It checks every
+    request's signature, as S3 does: its first three requests (unchecked) make an IAM user, its
+    access key and a policy that lets it do anything; every later request must be signed with that
+    key (``S3.env``), or it is refused (403 SignatureDoesNotMatch, InvalidAccessKeyId)."""
+    import boto3
+
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                urllib.request.urlopen(endpoint, timeout=2).close()
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()  # a request would count
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("moto's S3 server did not start") from None
                 time.sleep(0.2)
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
+                           aws_secret_access_key="setup")
+        iam.create_user(UserName="gkx")
+        made = iam.create_access_key(UserName="gkx")["AccessKey"]
+        iam.put_user_policy(UserName="gkx", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        SERVER_KEYS[endpoint] = (made["AccessKeyId"], made["SecretAccessKey"])
         yield endpoint
     finally:
+        SERVER_KEYS.pop(endpoint, None)
         server.terminate()
         server.wait(timeout=30)
 

@@ -67,9 +67,10 @@ def bounded(func: Callable[[Progress], Any], timeout: float) -> Any:
 
 
 def describe(exc: BaseException) -> str:
-    """An error of the shared level in one short line; a refused connection names its endpoint."""
+    """An error of the shared level in one short line; a refused connection names its endpoint
+    (botocore's error keeps it in ``kwargs``; ``http.py`` sets ``endpoint``)."""
     if refused(exc):
-        url = str((getattr(exc, "kwargs", None) or {}).get("endpoint_url") or "")
+        url = str(getattr(exc, "endpoint", None) or (getattr(exc, "kwargs", None) or {}).get("endpoint_url") or "")
         where = "/".join(url.split("/", 3)[:3]) if "://" in url else "the endpoint"
         return f"the connection was refused by {where} (nothing listens there: a server stopped, or a wrong endpoint)"
     text = " ".join(str(exc).split())

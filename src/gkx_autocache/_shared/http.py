@@ -35,8 +35,9 @@ NO_LISTING = "not counted: an HTTP cache cannot be listed"
 class HttpError(OSError):
     """The server answered with an error status; the message is one line, without credentials."""
 
-    def __init__(self, status: int, reason: str, url: str) -> None:
-        hint = f" (credentials: {TOKEN_ENV}, or a ~/.netrc entry for the host)" if status in (401, 403) else ""
+    def __init__(self, status: int, reason: str, url: str,
+                 credentials: str = f"{TOKEN_ENV}, or a ~/.netrc entry for the host") -> None:
+        hint = f" (credentials: {credentials})" if status in (401, 403) else ""
         super().__init__(f"{url} answered {status} {reason}{hint}")
         self.status = status
 
@@ -81,8 +82,12 @@ class HttpCache:
     kind = "bucket"
     sealed = True  # the package writes every entry here with its seal (stock JAX cannot write here)
 
+    said = "the HTTP cache"  # in messages
+    cafile: str | None = None  # the certificates https is checked against (None: the system's, or SSL_CERT_FILE)
+
     def __init__(self, version_url: str, env: Any = os.environ) -> None:
         self.where = version_url.rstrip("/")
+        self.base = self.where  # what requests go to (a bucket's differs from its s3:// name: ``s3.py``)
         self._auth = credentials(version_url, env)
         self._idle: list[Any] = []
         self._lock = threading.Lock()
@@ -109,14 +114,15 @@ class HttpCache:
         import http.client
 
         scheme, host, port = origin(url)
-        if (scheme, host, port) == origin(self.where):
+        if (scheme, host, port) == origin(self.base):
             with self._lock:
                 if self._idle:
                     return self._idle.pop(), True
         if scheme == "https":
             import ssl
 
-            return http.client.HTTPSConnection(host, port, context=ssl.create_default_context()), False
+            context = ssl.create_default_context(cafile=self.cafile)
+            return http.client.HTTPSConnection(host, port, context=context), False
         return http.client.HTTPConnection(host, port), False
 
     def _done(self, connection: Any, response: Any) -> None:
@@ -128,7 +134,7 @@ class HttpCache:
         whole = response.isclosed()  # http.client closes a response once its body is all read
         response.close()
         scheme = "https" if isinstance(connection, http.client.HTTPSConnection) else "http"
-        ours = (scheme, str(connection.host).lower(), connection.port) == origin(self.where)
+        ours = (scheme, str(connection.host).lower(), connection.port) == origin(self.base)
         if not whole or not ours or response.will_close or connection.sock is None:
             connection.close()
             return
@@ -151,6 +157,10 @@ class HttpCache:
             try:
                 connection.request(method, path, body=body, headers=headers)
                 return connection, connection.getresponse()
+            except ConnectionRefusedError as exc:  # named with its endpoint (``calls.describe``)
+                connection.close()
+                exc.endpoint = f"{parts.scheme}://{parts.netloc}"  # type: ignore[attr-defined]
+                raise
             except ValueError:  # http.client's "Invalid header value b'...'" would print the credentials
                 connection.close()
                 raise OSError(f"{url}: a request header is not valid (a credential with a newline or another "
@@ -174,10 +184,10 @@ class HttpCache:
         """``(connection, response, the URL that answered)`` for ``method`` of ``name`` under the
         version URL, the headers read. A read follows redirects, the credentials only while they stay on the cache's origin,
         never from https to http; an upload follows none."""
-        url = f"{self.where}/{name}"
+        url = f"{self.base}/{name}"
         for _hop in range(REDIRECTS + 1):
             sent = dict(headers or {})
-            if self._auth is not None and origin(url) == origin(self.where):
+            if self._auth is not None and origin(url) == origin(self.base):
                 sent["Authorization"] = self._auth
             connection, response = self._send(url, method, sent, body)
             if response.status not in (301, 302, 303, 307, 308) or method not in ("GET", "HEAD"):
@@ -202,12 +212,12 @@ class HttpCache:
                 self._done(connection, response)
                 return None
             if response.status not in (200, 206):
-                raise HttpError(response.status, response.reason, url)
+                raise self._error(response, url)
             asked = end - start
             ranged = response.status == 206
             length = response.length
             if not ranged and (start > 0 or (length is not None and length > asked)):
-                raise RangeIgnored(f"the HTTP cache ignores Range: it answered a read of {human_bytes(asked)} of "
+                raise RangeIgnored(f"{self.said} ignores Range: it answered a read of {human_bytes(asked)} of "
                                    f"{name} with the whole object"
                                    f"{f' ({human_bytes(length)})' if length is not None else ''}")
             data: bytes = response.read(asked + 1)
@@ -221,6 +231,10 @@ class HttpCache:
             connection.close()
             raise
 
+    def _error(self, response: Any, url: str, more: str = "") -> OSError:
+        """The error a response that is not the one asked for stands for, in one line."""
+        return HttpError(response.status, f"{response.reason}{more}", url)
+
     def listing(self, progress: Progress) -> dict[str, int] | str:
         """No listing: one ``HEAD`` of a name no entry has says whether the cache answers, and takes
         these credentials (a 404 or a 200; a directory's own URL is no object to ask for)."""
@@ -228,7 +242,7 @@ class HttpCache:
         response.read()
         self._done(connection, response)
         if response.status not in (200, 404):
-            raise HttpError(response.status, response.reason, url)
+            raise self._error(response, url)
         progress.tick()
         return NO_LISTING
 
@@ -262,7 +276,7 @@ class HttpCache:
         response.read()
         self._done(connection, response)
         if response.status != 200 or response.getheader("Content-Length") is None:
-            raise HttpError(response.status, response.reason, url)
+            raise self._error(response, url)
         return int(response.getheader("Content-Length") or 0)
 
     def compile_secs(self, key: str) -> float | None:
@@ -271,11 +285,12 @@ class HttpCache:
     def write(self, name: str, data: bytes) -> None:
         """One ``PUT`` of the whole bytes: the server stores the object whole or not at all."""
         connection, response, url = self._request("PUT", name, {"Content-Type": "application/octet-stream"}, data)
+        if response.status not in (200, 201, 204):
+            error = self._error(response, url, " (a redirect: an upload follows none)" if 300 <= response.status < 400 else "")
+            connection.close()
+            raise error
         response.read(64 << 10)
         self._done(connection, response)
-        if response.status not in (200, 201, 204):
-            redirect = " (a redirect: an upload follows none)" if 300 <= response.status < 400 else ""
-            raise HttpError(response.status, f"{response.reason}{redirect}", url)
 
     def stream(self, name: str, timeout: float) -> Stream | None:
         """An object as it arrives (a pack); None where it is not there."""
@@ -285,8 +300,9 @@ class HttpCache:
             self._done(connection, response)
             return None
         if response.status != 200:
+            error = self._error(response, url)
             connection.close()
-            raise HttpError(response.status, response.reason, url)
+            raise error
         return Stream(connection, response, timeout)
 
 
@@ -319,4 +335,5 @@ class Stream(bucket.Stream):
         return data
 
     def close(self) -> None:
+        self.response.close()  # where the server closes after each response, the response holds the socket
         self.connection.close()  # a body left unread: the connection goes with it

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from gkx_autocache import _jax
 from gkx_autocache._diagnostics import human_bytes, logger, warn
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, is_url, version_name
-from gkx_autocache._shared import manifest, prefetch
+from gkx_autocache._shared import manifest, prefetch, s3
 from gkx_autocache._shared.bucket import Bucket
 from gkx_autocache._shared.calls import FIRST_BLOCK, MAX_BLOCK, Progress, ShuttingDown, Stalled, bounded, describe
 from gkx_autocache._shared.directory import Directory
@@ -639,8 +639,9 @@ def problem(settings: Any, location: Any) -> str | None:
 def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str],
           tunes: bool = False) -> tuple[Level | None, list[tuple[str, str]]]:
     """The shared level for this process, or None; and the problems worth a warning (each one
-    line: the run goes on with the local level). Builds objects only: no I/O. ``tunes``: XLA keeps
-    GPU autotune results in the local level (``_autotune``)."""
+    line: the run goes on with the local level). Builds objects only, and makes no request (an S3
+    level reads ``~/.aws`` where the environment has no keys). ``tunes``: XLA keeps GPU autotune
+    results in the local level (``_autotune``)."""
     shared = settings["shared"]
     if shared is None or not location.version_dir:
         return None, []
@@ -648,7 +649,7 @@ def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str]
     why = problem(settings, location)
     if why is not None:
         return None, [(f"shared:{shared}", f"{where}: shared {shared} not used, {why}; running with the local level only")]
-    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]))
+    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env)
     cap = settings["max_size"]
     level = Level(shared, backend, local=location.version_dir, timeout=settings["shared_timeout"],
                   writes=uploads(settings["shared_write"], env), secret=signing_key(env),
@@ -657,11 +658,17 @@ def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str]
     return level, []
 
 
-def backend_for(shared: str, jax_version: str, team: bool) -> Bucket | HttpCache | Directory:
+def backend_for(shared: str, jax_version: str, team: bool,
+                env: Mapping[str, str] = os.environ) -> Bucket | HttpCache | Directory:
+    """The level's storage: an HTTP cache, an S3 bucket spoken directly where its keys are static
+    (``s3.py``), another bucket through fsspec, or a directory."""
+    version_url = f"{shared.rstrip('/')}/{version_name(jax_version)}"
     if is_http(shared):
-        return HttpCache(f"{shared.rstrip('/')}/{version_name(jax_version)}")
+        return HttpCache(version_url)
+    if is_url(shared) and shared.lower().startswith("s3://") and not isinstance(found := s3.keys(env), str):
+        return s3.S3(version_url, found)
     if is_url(shared):
-        return Bucket(f"{shared.rstrip('/')}/{version_name(jax_version)}")
+        return Bucket(version_url)
     return Directory(shared, jax_version, team)
 
 

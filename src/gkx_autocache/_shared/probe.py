@@ -78,11 +78,17 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
         from gkx_autocache._shared.http import credentials_source
 
         info["credentials"] = credentials_source(shared, env)
+    elif shared.lower().startswith("s3://"):  # which client, and its keys' source (never their value)
+        from gkx_autocache._shared import s3
+
+        found = s3.keys(env)
+        info["credentials"] = (f"s3fs's own ({found})" if isinstance(found, str) else
+                               f"{found.source}, signed here (no client library)")
     why = problem(settings, location) if location is not None else "no local level"
     if why is not None or jax_version is None:
         info["unused"] = why or "JAX is not installed"
         return {"local": local, "shared": info}
-    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]))
+    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env)
     info["version_dir"] = backend.where
     info["probe"] = probe(backend, settings["shared_timeout"]) if probing else "skipped (--no-probe)"
     if secret is None and isinstance(info["probe"], dict) and info["probe"].get("signed"):

@@ -1,0 +1,240 @@
+"""The shared level in an S3 bucket spoken directly: an HTTP cache's requests (``http.py``: ranged
+reads, whole-object ``PUT``s, packs read as a stream) signed with AWS Signature Version 4, and one
+bounded ``ListObjectsV2`` page. It serves where the credentials are static keys (the environment's,
+or a profile's in ``~/.aws``) and every setting that could change a request is one it reads; anything
+else (a role, SSO, a credential process, instance metadata, a proxy, fsspec's own S3 settings) is
+s3fs's (``bucket.py``), as before. A fresh machine then imports no client library: s3fs, aiobotocore
+and botocore cost about 0.6 s and 35 MiB before the first request (issue 42).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+from urllib.parse import quote, unquote, urlsplit
+
+from gkx_autocache._shared.bucket import LIST_LIMIT
+from gkx_autocache._shared.calls import Progress
+from gkx_autocache._shared.http import HttpCache, HttpError
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+ERROR_LIMIT = 64 << 10  # an error's XML body: a few hundred bytes
+LISTING_LIMIT = 4 << 20  # a page of 1000 names
+ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+# settings that change how a request is made or where it goes, which this client does not read
+NOT_READ_ENVS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "AWS_USE_FIPS_ENDPOINT",
+                 "AWS_USE_DUALSTACK_ENDPOINT", "AWS_S3_USE_ARN_REGION", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+REGION = re.compile(r"[a-z]{2}(?:-[a-z0-9]+){1,4}")  # eu-west-1, us-gov-east-1: never a host of another name
+ROLES = ("role_arn", "web_identity_token_file", "sso_start_url", "sso_session", "credential_process",
+         "credential_source", "services", "s3")
+
+
+class Keys(NamedTuple):
+    """What signs a request, and where it goes."""
+
+    access: str
+    secret: str
+    token: str | None
+    region: str
+    endpoint: str | None  # scheme://host[:port], None for AWS's own
+    source: str  # for ``status``: where the keys were read (never their value)
+    cafile: str | None = None  # AWS_CA_BUNDLE, or the profile's ca_bundle
+
+
+def keys(env: Mapping[str, str] = os.environ) -> Keys | str:
+    """The static keys and settings for a direct client, or why s3fs is used instead. Reads the
+    environment as botocore does, then the shared credentials and config files (their profile
+    only); nothing is fetched."""
+    if any(k.startswith("FSSPEC_S3") for k in env) or _fsspec_config(env):
+        return "fsspec has S3 settings of its own"
+    if setting := next((k for k in NOT_READ_ENVS if env.get(k)), None):
+        return f"{setting} is set"
+    if env.get("AWS_WEB_IDENTITY_TOKEN_FILE") and not env.get("AWS_ACCESS_KEY_ID"):
+        return "a web identity role"
+    profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
+    config = _section(env.get("AWS_CONFIG_FILE") or "~/.aws/config",
+                      profile if profile == "default" else f"profile {profile}")
+    if config is None:
+        return "~/.aws/config does not parse"
+    endpoint = next((env[k] for k in ENDPOINT_ENVS if env.get(k)), None) or config.get("endpoint_url")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or config.get("region") or "us-east-1"
+    if endpoint is not None and (urlsplit(endpoint).scheme not in ("http", "https") or not urlsplit(endpoint).hostname):
+        return f"the endpoint {endpoint!r} is not an http(s) URL"
+    origin = endpoint.rstrip("/") if endpoint else None
+    cafile = env.get("AWS_CA_BUNDLE") or config.get("ca_bundle") or None
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        return Keys(env["AWS_ACCESS_KEY_ID"].strip(), env["AWS_SECRET_ACCESS_KEY"].strip(),
+                    (env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN") or "").strip() or None,
+                    region, origin, "the environment's keys (AWS_ACCESS_KEY_ID)", cafile)
+    if role := next((k for k in ROLES if k in config), None):
+        return f"the profile {profile!r} has {role}"
+    credentials = _section(env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials", profile)
+    if credentials is None:
+        return "~/.aws/credentials does not parse"
+    for found, where in ((credentials, "~/.aws/credentials"), (config, "~/.aws/config")):
+        if found.get("aws_access_key_id") and found.get("aws_secret_access_key"):
+            return Keys(found["aws_access_key_id"], found["aws_secret_access_key"],
+                        found.get("aws_session_token") or found.get("aws_security_token"), region, origin,
+                        f"the profile {profile!r} in {where}", cafile)
+    return "no static keys (the environment, ~/.aws): a role or instance credentials"
+
+
+def _section(path: str, name: str) -> dict[str, str] | None:
+    """One section of an AWS ini file: empty where the file or the section is not there, None
+    where the file does not parse."""
+    import configparser
+
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(os.path.expanduser(path), encoding="utf-8")
+    except (configparser.Error, UnicodeDecodeError):
+        return None
+    return {k: v.strip() for k, v in parser.items(name)} if parser.has_section(name) else {}
+
+
+def _fsspec_config(env: Mapping[str, str]) -> bool:
+    """Whether fsspec's configuration folder says anything of S3 (s3fs would act on it)."""
+    folder = env.get("FSSPEC_CONFIG_DIR") or os.path.expanduser("~/.config/fsspec")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            with open(os.path.join(folder, name), "rb") as f:
+                if b"s3" in f.read(1 << 20):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+class S3(HttpCache):
+    """``s3://bucket/prefix``, through ``http.py``'s pool of keep-alive connections: AWS's own
+    endpoint by its virtual host (``bucket.s3.region.amazonaws.com``), another (MinIO, moto, R2)
+    by path (``endpoint/bucket/...``)."""
+
+    said = "the bucket's endpoint"
+    sealed = False  # stock JAX writes entries here without a seal (a ``dir = s3://`` user)
+
+    def __init__(self, version_url: str, found: Keys) -> None:
+        super().__init__(version_url, env={})  # no bearer token or ~/.netrc entry: each request is signed
+        self._keys = found
+        self.cafile = found.cafile
+        self.bucket, _, self.prefix = version_url[len("s3://"):].rstrip("/").partition("/")
+        self.region = found.region
+        self._aim()
+
+    def _aim(self) -> None:
+        """Where requests go, for the region as it is now known."""
+        if self._keys.endpoint is not None:
+            self.root = f"{self._keys.endpoint}/{quote(self.bucket)}"
+        elif "." not in self.bucket and self.bucket == self.bucket.lower():  # the certificate covers one label
+            self.root = f"https://{self.bucket}.s3.{self.region}.amazonaws.com"
+        else:
+            self.root = f"https://s3.{self.region}.amazonaws.com/{quote(self.bucket)}"
+        self.base = f"{self.root}/{quote(self.prefix)}" if self.prefix else self.root
+        with self._lock:  # another host: a kept connection would carry the request elsewhere
+            kept, self._idle = self._idle, []
+        for connection in kept:
+            connection.close()
+
+    def _request(self, method: str, name: str, headers: dict[str, str] | None = None,
+                 body: bytes | None = None, query: str = "") -> tuple[Any, Any, str]:
+        """``method`` of ``name`` under the version prefix (``query`` of the bucket itself), signed;
+        no redirect followed. A bucket in another region than the one configured says so
+        (``x-amz-bucket-region``): the request is made once more there."""
+        for _attempt in range(2):
+            url = f"{self.root}{'' if urlsplit(self.root).path else '/'}?{query}" if query else f"{self.base}/{quote(name)}"
+            sent = sign(method, url, dict(headers or {}), body, self._keys, self.region)
+            connection, response = self._send(url, method, sent, body)
+            moved = response.getheader("x-amz-bucket-region") or ""
+            if response.status not in (301, 307, 400) or not REGION.fullmatch(moved) or moved == self.region:
+                return connection, response, url
+            response.read(ERROR_LIMIT)
+            connection.close()
+            self.region = moved
+            if self._keys.endpoint is None:
+                self._aim()
+        return connection, response, url
+
+    def _error(self, response: Any, url: str, more: str = "") -> OSError:
+        """S3's error in one line: its code and message from the XML body."""
+        code = message = ""
+        if response.status >= 400 and response.getheader("Content-Type", "").endswith("xml"):
+            text = response.read(ERROR_LIMIT).decode("utf-8", "replace")
+            code, message = _tag(text, "Code"), _tag(text, "Message")
+        name = unquote(url[len(self.base):].split("?")[0]) if url.startswith(self.base + "/") else ""
+        return HttpError(response.status, f"{code or response.reason}{f' ({message})' if message else ''}{more}",
+                         self.where + name, credentials=self._keys.source)
+
+    def listing(self, progress: Progress) -> dict[str, int] | str:
+        """``{name: bytes}`` directly under the version prefix from one page (``LIST_LIMIT`` names),
+        or "more than …" where the page does not hold them all. Raises on errors (a bucket that
+        does not exist, keys it refuses)."""
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        query = f"delimiter=%2F&list-type=2&max-keys={LIST_LIMIT}&prefix={quote(prefix, safe='-_.~')}"
+        connection, response, url = self._request("GET", "", query=query)
+        if response.status != 200:
+            error = self._error(response, url)
+            connection.close()
+            raise error
+        text = response.read(LISTING_LIMIT + 1)
+        if len(text) > LISTING_LIMIT:
+            connection.close()
+            raise HttpError(200, f"a listing longer than {LISTING_LIMIT} bytes (not read)", url)
+        self._done(connection, response)
+        progress.tick()
+        return _names(text.decode("utf-8", "replace"), prefix)
+
+
+def _tag(text: str, name: str) -> str:
+    found = re.search(rf"<{name}>([^<]{{0,300}})</{name}>", text)
+    return " ".join(found[1].split()) if found else ""
+
+
+def _names(text: str, prefix: str) -> dict[str, int] | str:
+    """A ``ListObjectsV2`` page's objects directly under ``prefix``, by name, with their sizes; or
+    why the page is not the whole listing."""
+    import html
+
+    if "<ListBucketResult" not in text:
+        raise HttpError(200, "an answer that is not a listing", prefix or "/")
+    if re.search(r"<IsTruncated>\s*true\s*</IsTruncated>", text):
+        return f"more than {LIST_LIMIT}"
+    names: dict[str, int] = {}
+    for block in re.findall(r"<Contents>(.*?)</Contents>", text, re.S):
+        key, size = html.unescape(_tag(block, "Key")), _tag(block, "Size")
+        if key.startswith(prefix) and "/" not in key[len(prefix):] and key[len(prefix):]:
+            names[key[len(prefix):]] = int(size) if size.isdigit() else 0
+    return names
+
+
+def sign(method: str, url: str, headers: dict[str, str], body: bytes | None, found: Keys, region: str,
+         now: float | None = None) -> dict[str, str]:
+    """``headers`` with AWS Signature Version 4's (``Authorization``, ``x-amz-date``,
+    ``x-amz-content-sha256``, the session token). ``url``'s path and query are as they will be
+    sent: already quoted, the query's names in order."""
+    parts = urlsplit(url)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    payload = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256
+    signed = {"host": parts.netloc, "x-amz-content-sha256": payload, "x-amz-date": stamp}
+    if found.token:
+        signed["x-amz-security-token"] = found.token
+    names = ";".join(sorted(signed))
+    canonical = "\n".join([method, parts.path or "/", parts.query,
+                           "".join(f"{k}:{signed[k]}\n" for k in sorted(signed)), names, payload])
+    scope = f"{stamp[:8]}/{region}/s3/aws4_request"
+    to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+    key = f"AWS4{found.secret}".encode()
+    for part in (stamp[:8], region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    out = {**headers, **{"Host" if k == "host" else k: v for k, v in signed.items()}}  # sent as signed
+    out["Authorization"] = f"AWS4-HMAC-SHA256 Credential={found.access}/{scope}, SignedHeaders={names}, Signature={signature}"
+    return out

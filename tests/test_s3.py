@@ -1,0 +1,234 @@
+"""The S3 level's own client (``_shared/s3.py``, issue 42): requests signed as botocore signs them,
+checked by a server that verifies signatures (conftest's moto); the settings that choose it over
+s3fs; a bucket in another region; and s3fs where the keys are not static (a credential process),
+run for real. Every other S3 test (test_levels, test_prefetch, test_autotune) goes through this
+client, against the same signature-checking server."""
+
+from __future__ import annotations
+
+import calendar
+import http.server
+import json
+import stat
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import S3, Venv, run_program
+from test_levels import levels_env, report
+
+from gkx_autocache._shared import s3 as client
+from gkx_autocache._shared.bucket import Bucket
+from gkx_autocache._shared.calls import Progress
+from gkx_autocache._shared.http import HttpError
+from gkx_autocache._shared.level import backend_for
+
+SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
+NO_FILES = {"AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+
+
+@pytest.mark.parametrize(("method", "url", "body", "token"), [
+    ("GET", "https://bkt.s3.eu-west-1.amazonaws.com/te%20am%2Bx/jax-0.4.30/abc-cache", None, None),
+    ("PUT", "http://127.0.0.1:9000/bkt/p/jax-0.4.30/abc-gkx-shared", b"{\"seal\": 1}", "FwoGZX/session+token=="),
+    ("GET", "http://127.0.0.1:9000/bkt?delimiter=%2F&list-type=2&max-keys=1000&prefix=p%2Fjax-0.4.30%2F", None, None),
+    ("HEAD", "https://s3.us-east-1.amazonaws.com/my.dotted.bucket/abc-cache", None, None),
+])
+def test_each_request_is_signed_as_botocore_signs_it(method: str, url: str, body: bytes | None,
+                                                     token: str | None) -> None:
+    """The same request, signed by botocore's S3 signer and by ours at the same second, carries the
+    same ``Authorization`` and payload hash (a path with quoted characters, a query, a session
+    token, a body)."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    keys = client.Keys("AKIDEXAMPLE", SECRET, token, "eu-west-1", None, "test")
+    theirs = AWSRequest(method=method, url=url, data=body or b"", headers={})
+    S3SigV4Auth(Credentials(keys.access, keys.secret, keys.token), "s3", keys.region).add_auth(theirs)
+    now = calendar.timegm(time.strptime(theirs.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
+    ours = client.sign(method, url, {}, body, keys, keys.region, now)
+    assert ours["Authorization"] == theirs.headers["Authorization"]
+    assert ours["x-amz-content-sha256"] == theirs.headers["X-Amz-Content-SHA256"]
+    assert ours.get("x-amz-security-token") == (token and theirs.headers["X-Amz-Security-Token"])
+
+
+def test_a_bucket_is_read_and_written_signed_and_a_wrong_secret_is_one_line(s3: S3) -> None:
+    """Against a server that checks signatures: a listing, a write, the first reads, a range and a
+    stream all pass with the keys; with a wrong secret the server refuses, and the error is one line
+    that names S3's code and where the keys came from, never the secret."""
+    found = client.keys(s3.env)
+    assert isinstance(found, client.Keys)
+    level = backend_for(f"s3://{s3.bucket}/te am+x", "0.4.30", False, s3.env)
+    assert isinstance(level, client.S3)
+    assert level.listing(Progress()) == {}
+    level.write("abc-cache", b"x" * 3000)
+    level.write("abc-gkx-shared", b"seal")
+    assert level.listing(Progress()) == {"abc-cache": 3000, "abc-gkx-shared": 4}
+    assert s3.objects() == {"te am+x/jax-0.4.30/abc-cache": 3000, "te am+x/jax-0.4.30/abc-gkx-shared": 4}
+    assert level.first("abc", Progress()) == (b"seal", b"x" * 3000)
+    assert level.block("abc", 10, 20) == b"x" * 10 and level.size("abc") == 3000 and level.small("none") == b""
+    stream = level.stream("abc-cache", 5)
+    assert stream is not None and stream.take(5000) == b"x" * 3000
+    stream.close()
+    assert level.stream("none", 5) is None
+    level.forget()  # its kept connections closed (a level lives as long as its process)
+    wrong = client.S3(f"s3://{s3.bucket}/team/jax-0.4.30", found._replace(secret="not the secret"))
+    with pytest.raises(HttpError) as caught:
+        wrong.listing(Progress())
+    text = str(caught.value)
+    assert "403 SignatureDoesNotMatch" in text and "AWS_ACCESS_KEY_ID" in text and "\n" not in text, text
+    assert found.secret not in text and "not the secret" not in text
+    with pytest.raises(HttpError, match="404 NoSuchBucket"):
+        client.S3("s3://no-such-bucket/team/jax-0.4.30", found).listing(Progress())
+
+
+class Moved(http.server.BaseHTTPRequestHandler):
+    """A bucket in eu-west-1, asked in us-east-1 first: S3's 301 naming the region, then the listing."""
+
+    seen: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802
+        scope = self.headers["Authorization"].split("Credential=", 1)[1].split(",", 1)[0]
+        type(self).seen.append(scope.split("/")[2])
+        if "/eu-west-1/" not in scope:
+            self.send_response(301)
+            self.send_header("x-amz-bucket-region", "eu-west-1")
+            self.send_header("Content-Type", "application/xml")
+            body = b"<Error><Code>PermanentRedirect</Code><Message>elsewhere</Message></Error>"
+        else:
+            self.send_response(200)
+            body = (b"<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/jax-1/k-cache</Key>"
+                    b"<Size>7</Size></Contents><Contents><Key>p/jax-1/deeper/x</Key><Size>1</Size></Contents>"
+                    b"</ListBucketResult>")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def moved() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Moved)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Moved.seen = []
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_bucket_in_another_region_is_asked_again_there(moved: str) -> None:
+    keys = client.Keys("AKID", SECRET, None, "us-east-1", moved, "test")
+    level = client.S3("s3://bkt/p/jax-1", keys)
+    assert level.listing(Progress()) == {"k-cache": 7}
+    assert Moved.seen == ["us-east-1", "eu-west-1"] and level.region == "eu-west-1"
+    assert level.listing(Progress()) == {"k-cache": 7} and Moved.seen[2:] == ["eu-west-1"]  # remembered
+    level.forget()
+
+
+def test_a_region_a_server_names_is_taken_only_where_it_is_one() -> None:
+    """A region header that is not a region's name (a proxy's ``evil.example/``) is no redirect: the
+    host requests go to is never built from it."""
+    keys = client.Keys("AKID", SECRET, None, "us-east-1", None, "test")
+    level = client.S3("s3://bkt/p/jax-1", keys)
+    for bad in ("evil.example/", "us-east-1.evil.example", "", "EU-WEST-1", "x" * 80):
+        assert client.REGION.fullmatch(bad) is None, bad
+    for good in ("eu-west-1", "us-gov-east-1", "ap-southeast-5", "cn-north-1"):
+        assert client.REGION.fullmatch(good), good
+    assert level.base == "https://bkt.s3.us-east-1.amazonaws.com/p/jax-1"
+
+
+def test_a_listing_page_is_read_by_its_names() -> None:
+    """Names directly under the prefix, quoted characters unquoted; a deeper name or another
+    prefix's left out; a truncated page is "more than"; a page that is no listing raises."""
+    page = ("<ListBucketResult><IsTruncated>false</IsTruncated>"
+            "<Contents><Key>p/jax-1/a&amp;b-cache</Key><Size>5</Size></Contents>"
+            "<Contents><Key>p/jax-1/sub/c-cache</Key><Size>1</Size></Contents>"
+            "<Contents><Key>q/jax-1/d-cache</Key><Size>1</Size></Contents>"
+            "<CommonPrefixes><Prefix>p/jax-1/sub/</Prefix></CommonPrefixes></ListBucketResult>")
+    assert client._names(page, "p/jax-1/") == {"a&b-cache": 5}
+    assert client._names(page.replace(">false<", ">true<"), "p/jax-1/") == "more than 1000"
+    with pytest.raises(HttpError, match="not a listing"):
+        client._names("<html>a captive portal</html>", "p/jax-1/")
+
+
+def test_aws_own_endpoint_is_reached_by_the_bucket_s_virtual_host() -> None:
+    keys = client.Keys("AKID", SECRET, None, "eu-west-1", None, "test")
+    assert client.S3("s3://bkt/a b/jax-1", keys).base == "https://bkt.s3.eu-west-1.amazonaws.com/a%20b/jax-1"
+    assert client.S3("s3://my.bkt/p/jax-1", keys).base == "https://s3.eu-west-1.amazonaws.com/my.bkt/p/jax-1"
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_settings_that_choose_the_client(tmp_path: Path) -> None:
+    """Static keys (the environment's, a profile's in either file) get this client, the region and
+    endpoint read as botocore reads them; anything this client does not read goes to s3fs, with the
+    reason ``status`` shows."""
+    env = {**NO_FILES, "AWS_ACCESS_KEY_ID": " AKID ", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION_TOKEN": "tok",
+           "AWS_ENDPOINT_URL_S3": "http://minio:9000/", "AWS_ENDPOINT_URL": "http://other", "AWS_REGION": "eu-north-1",
+           "FSSPEC_CONFIG_DIR": str(tmp_path / "none"), "AWS_CA_BUNDLE": "/etc/team-ca.pem"}
+    found = client.keys(env)
+    assert isinstance(found, client.Keys)
+    assert (found.access, found.token, found.region, found.endpoint) == ("AKID", "tok", "eu-north-1", "http://minio:9000")
+    assert client.S3("s3://b/p", found).cafile == "/etc/team-ca.pem"
+    credentials = write(tmp_path / "credentials", f"[default]\naws_access_key_id = A1\naws_secret_access_key = {SECRET}\n"
+                                                  f"[work]\naws_access_key_id = A2\naws_secret_access_key = {SECRET}\n")
+    config = write(tmp_path / "config", "[default]\nregion = ap-south-1\n[profile work]\nendpoint_url = https://r2.example\n"
+                                        "[profile role]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n"
+                                        "[profile proc]\ncredential_process = /bin/echo\n"
+                                        "[profile inline]\naws_access_key_id = A3\naws_secret_access_key = s\n"
+                                        "[profile nested]\ns3 =\n  addressing_style = virtual\n")
+    files = {"AWS_SHARED_CREDENTIALS_FILE": credentials, "AWS_CONFIG_FILE": config,
+             "FSSPEC_CONFIG_DIR": str(tmp_path / "none")}
+    default = client.keys(files)
+    assert isinstance(default, client.Keys) and (default.access, default.region, default.endpoint) == ("A1", "ap-south-1", None)
+    work = client.keys({**files, "AWS_PROFILE": "work"})
+    assert isinstance(work, client.Keys) and (work.access, work.region, work.endpoint) == ("A2", "us-east-1", "https://r2.example")
+    inline = client.keys({**files, "AWS_PROFILE": "inline"})
+    assert isinstance(inline, client.Keys) and inline.access == "A3" and "~/.aws/config" in inline.source
+    for extra, why in [({"AWS_PROFILE": "role"}, "has role_arn"), ({"AWS_PROFILE": "proc"}, "has credential_process"),
+                       ({"AWS_PROFILE": "nested"}, "has s3"), ({"AWS_PROFILE": "nobody"}, "no static keys"),
+                       ({"HTTPS_PROXY": "http://proxy:3128"}, "HTTPS_PROXY is set"),
+                       ({"FSSPEC_S3_ENDPOINT_URL": "http://x"}, "fsspec has S3 settings"),
+                       ({"AWS_ENDPOINT_URL": "minio:9000"}, "not an http(s) URL")]:
+        said = client.keys({**files, **extra})
+        assert isinstance(said, str) and why in said, (extra, said)
+        assert isinstance(backend_for("s3://b/p", "0.4.30", False, {**files, **extra}), Bucket)
+    (tmp_path / "fsspec").mkdir()
+    write(tmp_path / "fsspec" / "conf.json", json.dumps({"s3": {"client_kwargs": {"endpoint_url": "http://x"}}}))
+    assert "fsspec has S3 settings" in str(client.keys({**files, "FSSPEC_CONFIG_DIR": str(tmp_path / "fsspec")}))
+    write(tmp_path / "broken", "[default\nregion")
+    assert "does not parse" in str(client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "broken")}))
+
+
+def test_keys_from_a_credential_process_go_through_s3fs_for_real(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """A profile whose keys come from a credential process (botocore runs it; this client does
+    not): the level goes through s3fs, a writer's entries reach a fresh reader, and ``status`` names
+    the client and why."""
+    access, secret = s3.keys
+    process = tmp_path / "keys.py"
+    process.write_text(f"import json\nprint(json.dumps({{'Version': 1, 'AccessKeyId': {access!r}, "
+                       f"'SecretAccessKey': {secret!r}}}))\n")
+    process.chmod(stat.S_IRWXU)
+    config = write(tmp_path / "config", f"[profile team]\ncredential_process = {sys.executable} {process}\n")
+    env = {k: v for k, v in s3.env.items() if not k.startswith("AWS_ACCESS_KEY_ID") and k != "AWS_SECRET_ACCESS_KEY"}
+    env.update(AWS_CONFIG_FILE=config, AWS_PROFILE="team")
+    cold, err = run_program(venv, env=levels_env(env, s3.bucket, tmp_path / "w"))
+    assert cold["requests"] >= 2 and report(err)["misses"] == cold["requests"], err
+    fresh, err = run_program(venv, env=levels_env(env, s3.bucket, tmp_path / "r"))
+    assert fresh["hits"] == fresh["requests"] and report(err)["shared"] == cold["requests"], err
+    shared = json.loads(venv.cli("--json", "status", env=levels_env(env, s3.bucket, tmp_path / "r")).stdout)["levels"]["shared"]
+    assert shared["credentials"] == "s3fs's own (the profile 'team' has credential_process)", shared
+    assert shared["probe"]["answers"] is True and shared["probe"]["entries"] == cold["requests"]
+    direct = json.loads(venv.cli("--json", "status", env=levels_env(s3.env, s3.bucket, tmp_path / "r")).stdout)
+    assert direct["levels"]["shared"]["credentials"].endswith("signed here (no client library)"), direct
