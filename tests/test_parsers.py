@@ -168,7 +168,8 @@ names_like_keys = st.builds(
 @SETTINGS
 @given(name=names_like_keys | st.text(max_size=90) | st.just(f"jit_a\u200db-{'a' * 64}-cache"))  # an invisible joiner
 def test_key_names_read_alike_on_the_fast_path(name: str) -> None:
-    """``key_match`` decides the two common names without the pattern: it must agree with it."""
+    """``key_match`` decides the two common names by a shorter pattern (``common_name``, all that ``count``
+    asks of them): it must agree with the full one."""
     import re
 
     from gkx_autocache._layout import _KEY, key_match

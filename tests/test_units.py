@@ -236,6 +236,29 @@ def test_scan_groups_sidecars_and_skips_links_and_strangers(tmp_path: Path) -> N
     assert [os.path.basename(p) for p in found.links] == [f"jit_h-{'c' * 64}-cache"]
 
 
+def test_count_takes_what_scan_takes(tmp_path: Path) -> None:
+    """count(), status's fast path, counts the entries and bytes scan() and the bookkeeping come to:
+    no link, FIFO, folder or stranger named like an entry, whatever way its name is read."""
+    hex_ = "a" * 64
+    taken = [f"jit_f-{hex_}-cache", f"jit_f-{hex_}-gkx-compile", f"jit_g-{hex_}-atime", f"jit_\u00e9-{hex_}-cache",
+             ".jit_f.tmp"]
+    for name in taken:
+        (tmp_path / name).write_bytes(b"x" * 5000)
+    for name in ("notes.txt", ".hidden", f"a b-{hex_}-cache", f"jit_h-{'A' * 64}-cache", f"jit_a\u200db-{hex_}-cache",
+                 f"-{hex_}-cache", f"jit_i-{hex_}-cache.bak"):
+        (tmp_path / name).write_bytes(b"not ours")
+    (tmp_path / f"jit_j-{hex_}-cache").symlink_to(tmp_path / f"jit_f-{hex_}-cache")
+    os.mkfifo(tmp_path / f"jit_k-{hex_}-cache")
+    (tmp_path / f"jit_l-{hex_}-cache").mkdir()
+    (tmp_path / ".gkx-autocache" / "ledger").mkdir(parents=True)
+    (tmp_path / ".gkx-autocache" / "ledger" / "1-2.jsonl").write_bytes(b"{}\n")
+    found = _entries.scan(str(tmp_path))
+    top = sum(u.bytes for u in found.units.values()) + sum(t[1] for t in found.temporary)
+    assert found.entries == 2 and len(found.temporary) == 1
+    assert _entries.count(str(tmp_path)) == (found.entries, top + _entries.bookkeeping_bytes(str(tmp_path)))
+    assert top == sum(_entries.on_disk(os.lstat(tmp_path / name)) for name in taken)
+
+
 def test_select_over_removes_least_recent_first() -> None:
     units = [_entries.Unit(k, bytes=10, last_used=t, has_entry=True) for k, t in (("a", 3), ("b", 1), ("c", 2))]
     assert [u.key for u in _entries.select_over(units, 15)] == ["b", "c"]

@@ -22,6 +22,7 @@ from gkx_autocache._layout import (
     META_DIR,
     TAG_NAME,
     VERSION_PREFIX,
+    common_name,
     is_own_tag,
     is_temporary,
     is_url,
@@ -145,34 +146,47 @@ def count(version_dir: str) -> tuple[int, int]:
         return found.entries, found.bytes
     if os.name == "nt":  # a directory has no descriptor there: JAX's own files, by name (_cache.windows)
         return _count_by_path(version_dir)
-    entries = total = 0
     try:
         fd = os.open(version_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
         return 0, 0
-    try:  # names, then one lstat each relative to the directory: the cheapest way in Python
-        for name in os.listdir(fd):
-            if name[0] == ".":
-                if not is_temporary(name):
-                    continue
-                entry = False
-            else:
-                match = key_match(name)
-                if match is None:
-                    continue
-                entry = match[1] == ENTRY_SUFFIX
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                total += on_disk(st)
-                entries += entry
+    try:
+        entries, total = _count_in(fd)
     except OSError:
         return 0, 0
     finally:
         os.close(fd)
     return entries, total + bookkeeping_bytes(version_dir)
+
+
+def _count_in(fd: int) -> tuple[int, int]:
+    # Names, then one lstat each relative to the directory: the cheapest way in Python (scandir's
+    # DirEntry objects cost more than they save). The common names take one C call; the rest,
+    # key_match. 100 000 entries (200 000 files): lstat 0.5 s (0.4 s in the kernel), listdir 0.1 s,
+    # the names 0.1 s (docs/benchmarks.md).
+    common = common_name()
+    stat_at = os.stat
+    entries = blocks = 0
+    for name in os.listdir(fd):
+        if common(name) is not None:
+            entry = name.endswith(ENTRY_SUFFIX)
+        elif name[0] == ".":
+            if not is_temporary(name):
+                continue
+            entry = False
+        else:
+            match = key_match(name)
+            if match is None:
+                continue
+            entry = match[1] == ENTRY_SUFFIX
+        try:
+            st = stat_at(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            blocks += st.st_blocks
+            entries += entry
+    return entries, blocks * 512
 
 
 def _count_by_path(version_dir: str) -> tuple[int, int]:

@@ -29,6 +29,10 @@ from __future__ import annotations
 
 import re
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 TARGET = "jax"  # the module whose import configures the cache (``__init__`` and the .pth line keep copies)
 FINDER = "GkxAutocacheFinder"  # the finder's name, the package's class and the .pth line's function alike
 VERSION_PREFIX = "jax-"
@@ -72,24 +76,36 @@ def is_own_tag(data: bytes) -> bool:
     return data == TAG.encode()
 
 
+# The two names that make up nearly all of a cache: an ASCII identifier, a sha256 in hex, and the
+# entry's or its compile-time sidecar's suffix; what the pattern takes among them (the tests check).
+_COMMON = rf"[A-Za-z_][A-Za-z0-9_]*-[0-9a-f]{{64}}(?:{ENTRY_SUFFIX}|{COMPILE_SIDECAR})"
 _compiled: list[re.Pattern[str]] = []
-_HEX = "0123456789abcdef"
+
+
+def _patterns() -> list[re.Pattern[str]]:
+    if not _compiled:
+        _compiled.extend((re.compile(_KEY), re.compile(_COMMON)))
+    return _compiled
+
+
+def common_name() -> Callable[[str], re.Match[str] | None]:
+    """The test, one C call, for the two common names (``jit_f-<64 hex>-cache``, ``-gkx-compile``):
+    a name it matches is one ``key_match`` takes, so a loop over a whole directory needs nothing
+    more for them (``count``)."""
+    return _patterns()[1].fullmatch
 
 
 def key_match(name: str) -> tuple[str, str] | None:
     """``(key, suffix)`` of an entry or a sidecar, else None: the whole name, printable, with no
-    separator or white space (a bundle's member name is outside input). The two names that make
-    up nearly all of a cache (``jit_f-<64 hex>-cache``, ``-gkx-compile``) are read without the
-    pattern: 200 000 regular expressions were a third of ``status`` and ``prune`` on 100 000
-    entries. The tests check that both ways agree."""
-    suffix = ENTRY_SUFFIX if name.endswith(ENTRY_SUFFIX) else COMPILE_SIDECAR if name.endswith(COMPILE_SIDECAR) else ""
-    if suffix and name.isascii():  # non-ASCII names (3.13's identifiers take invisible joiners): the pattern
-        end = len(name) - len(suffix)
-        if end > 65 and name[end - 65] == "-" and not name[end - 64:end].strip(_HEX) and name[:end - 65].isidentifier():
-            return name[:end], suffix
-    if not _compiled:
-        _compiled.append(re.compile(_KEY))
-    match = _compiled[0].fullmatch(name) if name.isprintable() else None
+    separator or white space (a bundle's member name is outside input). The two common names are
+    read by the shorter pattern first: 200 000 full patterns were a third of ``status`` and
+    ``prune`` on 100 000 entries. The tests check that both ways agree."""
+    patterns = _patterns()
+    if patterns[1].fullmatch(name) is not None:
+        suffix = ENTRY_SUFFIX if name.endswith(ENTRY_SUFFIX) else COMPILE_SIDECAR
+        return name[:-len(suffix)], suffix
+    # Non-ASCII names (3.13's identifiers take invisible joiners) and the rare suffixes: the pattern.
+    match = patterns[0].fullmatch(name) if name.isprintable() else None
     return (match["key"], match["suffix"]) if match else None
 
 
