@@ -33,7 +33,7 @@ def configure(jax: Any, env: Mapping[str, str] = os.environ) -> None:
 
 
 def _configure(jax: Any, env: Mapping[str, str]) -> None:
-    from gkx_autocache import _cpu_target, _jax
+    from gkx_autocache import _cpu_target, _fork, _jax
 
     if _cpu_target.ADDED in os.environ:  # a parent's cpu_target cap, inherited: this process decides its own
         _cpu_target.strip_inherited()
@@ -72,8 +72,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             atexit.register(print, f"gkx-autocache: this run was uncached: {said}", file=sys.stderr, flush=True)
         return
     directory = location.version_dir
-    if hasattr(os, "register_at_fork"):  # a warm run's forked child would hang at its exit (JAX's own cache too)
-        os.register_at_fork(after_in_child=_jax.keep_backends)
+    _fork.in_child(_jax.keep_backends)  # a warm run's forked child would hang at its exit (JAX's own cache too)
     serves: Any = None  # where the store serves: whether it serves the directory JAX uses now (cpu_target)
     if location.kind == _cache.STOCK:  # Windows: said at every import jax, as status says it (issue 46)
         warn("dir:stock", _cache.STOCK_NOTE.format(dir=directory), silence=NOTED)

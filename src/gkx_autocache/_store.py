@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gkx_autocache import _cpu_target, _files, _formats, _jax, _key, _mount, _trust
+from gkx_autocache import _cpu_target, _files, _fork, _formats, _jax, _key, _mount, _trust
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._formats import SEAL_LIMIT, compile_secs_of, compression_of, sidecar_run
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, SEAL_SIDECAR, VERDICT_FILE
@@ -86,8 +86,8 @@ class Store:
         self._path = path  # JAX's VerificationCache reads this attribute
         self._levels = levels  # the shared level behind this one (SPEC §14), asked on a local miss
         self._landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet recorded: key -> (bytes, compile)
-        if levels is not None and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._landed.clear)  # the parent's: it records them
+        if levels is not None:
+            _fork.in_child(self._landed.clear)  # the parent's: it records them
         if levels is not None and writable:
             levels.land = self._land  # a prefetched entry lands as a backfill
             levels.landed_unused = self._record_landed

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from gkx_autocache import _files
+from gkx_autocache import _files, _fork
 from gkx_autocache._diagnostics import label, logger, warn
 from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX
 from gkx_autocache._record import ledger as _ledger
@@ -105,8 +105,7 @@ class Recorder:
         self._tally_at = 0.0
         self._written = 0
         self._block = 4096
-        if hasattr(os, "register_at_fork"):  # also without a ledger: JAX may be given a writable directory since (move)
-            os.register_at_fork(after_in_child=self._forked)
+        _fork.in_child(self._forked)  # also without a ledger: JAX may be given a writable directory since (move)
 
     @property
     def writes(self) -> int:

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from gkx_autocache import _jax
+from gkx_autocache import _fork, _jax
 from gkx_autocache._diagnostics import human_bytes, logger, warn
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, is_url, version_name
 from gkx_autocache._shared import manifest, prefetch, s3
@@ -105,8 +105,7 @@ class Level:
         self._healed: set[str] = set()  # keys queued to heal the bucket, once each
         self._to_heal: list[str] = []  # local hits before a miss took the listing: checked when one does
         self._reset_threads()
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forked)
+        _fork.in_child(self._forked)
 
     def _reset_threads(self) -> None:
         self._lock = threading.Lock()
