@@ -520,7 +520,7 @@ def _removal(version_dir: str, units: list[Unit], temporary: list[tuple[str, int
 def compile_secs(unit: Unit) -> float:
     """What the unit's entry cost to compile, from its sidecar (0 where there is none: written by
     stock JAX, or on a bucket). About 3 us a unit: 0.3 s for 100 000."""
-    from gkx_autocache._store import read_compile_secs
+    from gkx_autocache._formats import read_compile_secs
 
     for path in unit.files:
         if path.endswith(COMPILE_SIDECAR) and not is_url(path):

@@ -1,12 +1,15 @@
-"""The package's small on-disk formats, read and written as bytes (a leaf: no I/O here): the
-compile-time sidecar beside an entry (``<key>-gkx-compile``), the store's verdict
-(``.gkx-autocache/store.json``) and the entry's compression, told by its magic bytes.
+"""The package's small on-disk formats as bytes: the compile-time sidecar beside an entry
+(``<key>-gkx-compile``; also read from its file here, the one way every module reads it), the
+store's verdict (``.gkx-autocache/store.json``) and the entry's compression, told by its magic bytes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
+
+from gkx_autocache import _files
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_COMPILE_SECS = 86400.0 * 7  # a sidecar claiming more was not written by a compile
@@ -45,6 +48,25 @@ def sidecar_run(data: bytes | None) -> str:
     run = (data or b"").partition(b" ")[2].decode("ascii", "replace")
     start, _, pid = run.partition("-")
     return run if len(run) <= 40 and pid.isdigit() and start.replace(".", "", 1).isdigit() else ""
+
+
+def read_compile_secs(sidecar: str) -> float | None:
+    """The compile time a ``-gkx-compile`` sidecar records, or None when there is none (or it is
+    not a plausible number: a group member of a team cache can write anything there)."""
+    return read_sidecar(sidecar)[0]
+
+
+def read_sidecar(sidecar: str) -> tuple[float | None, float, str]:
+    """``(compile seconds or None, when the entry was written, the run that wrote it or "")``: the
+    sidecar is written with its entry and never touched after (hits touch the entry, for recency),
+    so its mtime is the entry's write time; 0.0 when there is no sidecar."""
+    written: list[float] = []
+
+    def when(st: os.stat_result) -> None:
+        written.append(st.st_mtime)
+
+    data = _files.read(sidecar, 64, check=lambda st: when(st))
+    return compile_secs_of(data), (written[0] if written else 0.0), sidecar_run(data)
 
 
 def verdict(store: str, reason: str | None, explain: str | None, isa: str | None,

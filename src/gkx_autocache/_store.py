@@ -30,7 +30,7 @@ from typing import Any
 
 from gkx_autocache import _cpu_target, _files, _fork, _formats, _jax, _key, _mount, _trust
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._formats import SEAL_LIMIT, compile_secs_of, compression_of, sidecar_run
+from gkx_autocache._formats import SEAL_LIMIT, compression_of, read_sidecar
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, SEAL_SIDECAR, VERDICT_FILE
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -57,25 +57,6 @@ def compile_clock() -> float:
         except (OSError, IndexError, ValueError):
             continue
     return total
-
-
-def read_compile_secs(sidecar: str) -> float | None:
-    """The compile time a ``-gkx-compile`` sidecar records, or None when there is none (or it is
-    not a plausible number: a group member of a team cache can write anything there)."""
-    return read_sidecar(sidecar)[0]
-
-
-def read_sidecar(sidecar: str) -> tuple[float | None, float, str]:
-    """``(compile seconds or None, when the entry was written, the run that wrote it or "")``: the
-    sidecar is written with its entry and never touched after (hits touch the entry, for recency),
-    so its mtime is the entry's write time; 0.0 when there is no sidecar."""
-    written: list[float] = []
-
-    def when(st: os.stat_result) -> None:
-        written.append(st.st_mtime)
-
-    data = _files.read(sidecar, 64, check=lambda st: when(st))
-    return compile_secs_of(data), (written[0] if written else 0.0), sidecar_run(data)
 
 
 class Store:

@@ -143,7 +143,7 @@ class Directory:
 
     def compile_secs(self, key: str) -> float | None:
         """From the store's own sidecar: a directory baked from a local level has no seals."""
-        from gkx_autocache._store import read_compile_secs
+        from gkx_autocache._formats import read_compile_secs
 
         return read_compile_secs(os.path.join(self.where, key + COMPILE_SIDECAR))
 

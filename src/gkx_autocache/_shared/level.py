@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from gkx_autocache import _fork, _jax
+from gkx_autocache import _fork, _formats, _jax
 from gkx_autocache._diagnostics import human_bytes, logger, warn
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, is_url, version_name
 from gkx_autocache._shared import manifest, prefetch, s3
@@ -528,7 +528,7 @@ class Level:
             self.backend.write(key + SEAL_SIDECAR, sealed)  # before the entry: a reader that sees it sees its seal
             progress.tick()
             if self.backend.kind == "directory" and compile_secs is not None:
-                self.backend.write(key + COMPILE_SIDECAR, f"{compile_secs:.6f}".encode())
+                self.backend.write(key + COMPILE_SIDECAR, _formats.sidecar(compile_secs))
             self.backend.write(key + ENTRY_SUFFIX, data)
             progress.tick()
 
