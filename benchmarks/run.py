@@ -508,7 +508,7 @@ def prune_at_exit(with_py: Path, entries: int, work: Path) -> float:
 INDEX_LOAD = r"""
 import json, sys, time
 from gkx_autocache._explain import classify as _explain
-from gkx_autocache._explain import index as _index
+from gkx_autocache._record import index as _index
 vdir, key, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 evidence = _index.load(vdir)  # warm the file cache once: the figure is the work, not the disk
 times = []
@@ -561,7 +561,7 @@ sys.stdin.readline()
 
 OTHER = r"""
 import json, sys, time
-from gkx_autocache._explain import index as _index
+from gkx_autocache._record import index as _index
 from gkx_autocache._record import recorder as _stats
 vdir = sys.argv[1]
 started = time.perf_counter()

@@ -339,7 +339,7 @@ def test_clear_while_a_process_runs_is_a_fresh_start(project: Project) -> None:
     the entries `clear` removed do not come back, so the next run's misses are not "evicted:
     removed outside gkx-autocache (by hand, or another tool)"; what it wrote after the clear is
     recorded (with the index tables it gave before the clear)."""
-    from gkx_autocache._explain import index as _index
+    from gkx_autocache._record import index as _index
 
     live = Live(project)
     assert project.venv.cli("clear", "--yes", env=project.env).returncode == 0
@@ -451,7 +451,7 @@ def test_a_planted_removal_time_of_infinity_neither_breaks_compaction_nor_explai
     (meta / "index").write_text("X\tjit_f\t" + "1" * 20 + "\tinf\tprune\nX\tjit_g\t" + "2" * 20 + "\t1e308\tprune\n")
     out = script(r"""
 import sys, time
-from gkx_autocache._explain import index as _index
+from gkx_autocache._record import index as _index
 from gkx_autocache._explain import classify as _explain
 vdir = sys.argv[1]
 _index.compact(vdir, set(), False)
@@ -469,7 +469,7 @@ def test_each_miss_does_not_parse_the_whole_index_of_its_name_again(monkeypatch:
     from gkx_autocache import _key
     from gkx_autocache._explain import classify as _explain
     from gkx_autocache._explain import facts as _facts
-    from gkx_autocache._explain import index as _index
+    from gkx_autocache._record import index as _index
 
     parts = dict.fromkeys(_key.PARTS, "a" * 16)
     evidence = _index.Evidence()
@@ -604,7 +604,7 @@ def test_the_first_miss_reads_a_large_index_without_holding_it_thrice(tmp_path: 
     (meta / "index").write_text(line * (40_000_000 // len(line)))
     out = script(r"""
 import sys
-from gkx_autocache._explain import index as _index
+from gkx_autocache._record import index as _index
 def peak():  # this process's own peak (ru_maxrss keeps the forking parent's across exec)
     with open("/proc/self/status") as f:
         return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) * 1024
@@ -630,7 +630,7 @@ import json, os, sys
 from gkx_autocache import _key
 from gkx_autocache._explain import explainer as _explain
 from gkx_autocache._explain import facts as _facts
-from gkx_autocache._explain import index as _index
+from gkx_autocache._record import index as _index
 from gkx_autocache._record import ledger as _ledger
 from gkx_autocache._record import recorder as _stats
 _ledger.LIVE_LIMIT = 20_000
@@ -711,7 +711,7 @@ def test_first_compile_text_does_not_claim_a_30_day_horizon_the_index_no_longer_
     import time
 
     from gkx_autocache._explain import classify as _explain
-    from gkx_autocache._explain import index as _index
+    from gkx_autocache._record import index as _index
 
     evidence = _index.Evidence()
     evidence.version_dir = str(tmp_path / "jax-0.0.0")
@@ -788,7 +788,7 @@ def test_stats_reset_after_clear_while_a_process_runs_keeps_the_clear(project: P
 
 COMPACT_100MB = r"""
 import hashlib, json, os, resource, sys, time
-from gkx_autocache._explain import index as _index
+from gkx_autocache._record import index as _index
 vdir = sys.argv[1]
 path = _index.index_path(vdir)
 os.makedirs(os.path.dirname(path))
@@ -837,8 +837,8 @@ def test_an_index_cleared_and_made_again_on_the_inode_it_had_is_not_taken_for_th
 
     from gkx_autocache._explain import explainer as _explain
     from gkx_autocache._explain import facts as _facts
-    from gkx_autocache._explain import index as _index
     from gkx_autocache._key import PARTS
+    from gkx_autocache._record import index as _index
     from gkx_autocache._record.recorder import Run
 
     vdir = tmp_path / "v"

@@ -289,10 +289,10 @@ def test_without_a_cap_the_hourly_scan_compacts_the_index_and_keeps_live_tables(
     appended none of them: the index held them when it read it)."""
     import fcntl
 
-    from gkx_autocache._explain import index as _index
     from gkx_autocache._key import PARTS
     from gkx_autocache._layout import TAG
     from gkx_autocache._record import fold as _fold
+    from gkx_autocache._record import index as _index
     from gkx_autocache._record import ledger as _ledger
 
     vdir = tmp_path / VERSION_DIR

@@ -247,12 +247,12 @@ def test_a_run_where_every_lookup_hits_never_imports_the_explainer(venv: Venv, t
     run, three quarters without bytecode); a run with a miss does, and its miss has a cause."""
     env = cache(tmp_path, GKX_JAX_CACHE_REPORT="1")
     cold, err = run_program(venv, env=env, program=MODULES_AT_EXIT)
-    assert {"gkx_autocache._explain.classify", "gkx_autocache._explain.index"} <= modules_at_exit(err)
+    assert {"gkx_autocache._explain.classify", "gkx_autocache._record.index"} <= modules_at_exit(err)
     warm, err = run_program(venv, env=env, program=MODULES_AT_EXIT)
     (line,) = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:")]
     assert warm == cold and " 0 misses" in line and " 0 hits" not in line, line
     loaded = modules_at_exit(err)
-    assert not loaded & {"gkx_autocache._explain.classify", "gkx_autocache._explain.index"}, loaded
+    assert not loaded & {"gkx_autocache._explain.classify", "gkx_autocache._record.index"}, loaded
     assert "gkx_autocache._explain.seam" in loaded and "gkx_autocache._isa" in loaded, loaded
     _, err = run_program(venv, env={**env, "XLA_FLAGS": "--xla_cpu_enable_fast_math=true"}, program=MODULES_AT_EXIT)
     assert "gkx_autocache._explain.classify" in modules_at_exit(err)

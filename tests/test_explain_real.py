@@ -16,7 +16,7 @@ import pytest
 from conftest import Venv
 from test_activation import JAX_VERSION, VERSION_DIR
 
-from gkx_autocache._explain.causes import CHANGED_COMPUTATION
+from gkx_autocache._causes import CHANGED_COMPUTATION
 
 SHAPES = r"""
 import json, os

@@ -310,7 +310,7 @@ def test_a_real_run_where_the_isa_cannot_be_read_keys_its_entries_by_host(venv: 
     first = json.loads(proc.stdout.strip().splitlines()[-1])
     assert first["requests"] > 0
     index = cache / VERSION_DIR / ".gkx-autocache" / "index"
-    from gkx_autocache._explain import index as _index
+    from gkx_autocache._record import index as _index
 
     keyed = _index.isa_of_entries(index.read_text().splitlines())
     assert keyed, index.read_text()

@@ -119,9 +119,9 @@ def sources() -> dict[str, str]:
 
 
 def test_every_cause_is_named_once_with_its_fix() -> None:
-    """Cause names and reasons are `_explain.causes`' constants: no `{"cause": "<text>"}` elsewhere,
+    """Cause names and reasons are `_causes`' constants: no `{"cause": "<text>"}` elsewhere,
     and every cause and reason has its fix there (or one `fix_for` builds from a setting)."""
-    from gkx_autocache._explain import causes
+    from gkx_autocache import _causes as causes
     from gkx_autocache._explain.classify import LABELS
 
     literal = []

@@ -375,7 +375,7 @@ def test_bookkeeping_swapped_for_a_symlink_after_its_check_is_never_written_thro
     its `index` (a `.git` has one), `store.json` or ledger is replaced or appended to there. Every
     write into bookkeeping must go through the descriptor of the folder that was checked."""
     from gkx_autocache import _cache, _files, _store
-    from gkx_autocache._explain import index as _index
+    from gkx_autocache._record import index as _index
     from gkx_autocache._record import reset as _reset
 
     team = tmp_path / "team"

@@ -40,8 +40,8 @@ from typing import IO, Any
 
 from gkx_autocache import _autotune, _entries, _files, _isa
 from gkx_autocache._diagnostics import human_bytes, one_line, shown
-from gkx_autocache._explain import index as _index
 from gkx_autocache._layout import ENTRY_SUFFIX, key_match, tmp_name
+from gkx_autocache._record import index as _index
 
 MANIFEST = "gkx-autocache-manifest.json"
 FORMAT = 1

@@ -320,10 +320,10 @@ class Store:
             return 0.0, written, by
 
     def _uncached(self, key: str, reason: str, detail: str) -> None:
-        """A compile not written, and why (``reason``: its name in ``_explain.causes``, imported at the
+        """A compile not written, and why (``reason``: its name in ``_causes``, imported at the
         first write: a run where every lookup hits has none; never raising, the files may be gone)."""
         try:
-            from gkx_autocache._explain import causes
+            from gkx_autocache import _causes as causes
 
             self._recorder.uncached(key, getattr(causes, reason), detail)
         except Exception as exc:

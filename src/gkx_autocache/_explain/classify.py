@@ -9,14 +9,14 @@ import os
 import time
 from typing import Any
 
+from gkx_autocache import _causes as causes
 from gkx_autocache import _isa, _key
 from gkx_autocache._diagnostics import plural
-from gkx_autocache._explain import causes
-from gkx_autocache._explain import index as _index
 from gkx_autocache._explain.facts import HELPER_PLACE, NO_HOOK, UNKNOWN_PLACE, Facts
-from gkx_autocache._explain.index import Evidence, Record
 from gkx_autocache._key import PARTS
 from gkx_autocache._layout import ENTRY_SUFFIX, VERSION_PREFIX, function_name
+from gkx_autocache._record import index as _index
+from gkx_autocache._record.index import Evidence, Record
 
 LABELS = {"computation": "computation", "jax_lib version": "jaxlib", "backend version": "backend",
           "XLA flags": "XLA_FLAGS", "compile_options": "compile options", "accelerator_config": "devices",

@@ -9,15 +9,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from gkx_autocache import _causes as causes
 from gkx_autocache import _key
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._explain import causes
-from gkx_autocache._explain import index as _index
 from gkx_autocache._explain.classify import classify
 from gkx_autocache._explain.facts import HELPER_PLACE, PART_DIGITS, Facts, measure
-from gkx_autocache._explain.index import Evidence
 from gkx_autocache._layout import ENTRY_SUFFIX, function_name
+from gkx_autocache._record import index as _index
 from gkx_autocache._record import ledger as _ledger
+from gkx_autocache._record.index import Evidence
 
 if TYPE_CHECKING:
     from gkx_autocache._record.recorder import Run

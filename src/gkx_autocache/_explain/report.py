@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gkx_autocache import _cache, _settings, _store
-from gkx_autocache._explain import causes
+from gkx_autocache import _causes as causes
 from gkx_autocache._layout import function_name
 from gkx_autocache._record import ledger as _ledger
 from gkx_autocache._record import show as _show

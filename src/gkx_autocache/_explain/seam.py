@@ -123,7 +123,7 @@ def install(jax: Any, recorder: Any, version_dir: str, load: Any = None,
                 if jax.config.jax_compilation_cache_dir != version_dir:
                     return  # the user's code chose another directory: its compiles are not ours to count
                 if reason is None and recorder.writes == before and recorder.store_serving:
-                    from gkx_autocache._explain import causes
+                    from gkx_autocache import _causes as causes
 
                     minimum = jax.config.jax_persistent_cache_min_entry_size_bytes
                     origin = _origin(origins, "min_entry_size_bytes", minimum)
@@ -156,7 +156,7 @@ def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any, backen
     """Why JAX will not write this compile, by JAX's own rules, before it decides: a reason, its
     detail, where a threshold came from, and who put host callbacks there."""
     try:
-        from gkx_autocache._explain import causes  # at the first compile: a run where every lookup hits has none
+        from gkx_autocache import _causes as causes  # at the first compile: a run where every lookup hits has none
 
         if jax.process_index() != 0:
             return causes.NOT_PROCESS_0, f"process {jax.process_index()}: only process 0 of a multi-process run writes"

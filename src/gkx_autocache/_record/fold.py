@@ -205,7 +205,7 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
             if record["e"] in ("miss", "uncached"):
                 _remember(recent, {**record, "run": ledger.run})
     if lines:  # a run where every lookup hit has none: the index module is not even imported
-        from gkx_autocache._explain import index as _index
+        from gkx_autocache._record import index as _index
 
         _index.append(version_dir, lines, shared)
     summary.recent = list(recent.values())
@@ -239,7 +239,7 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool, pend
     used first. The bookkeeping is charged at most ``BOOKKEEPING_SHARE`` of the cap, so a small cap
     still holds entries."""
     from gkx_autocache import _entries
-    from gkx_autocache._explain import index as _index
+    from gkx_autocache._record import index as _index
 
     found = _entries.scan(version_dir)
     stale = [t for t in found.temporary if time.time() - t[2] > _entries.STALE_TMP_SECS]  # writers killed mid-write

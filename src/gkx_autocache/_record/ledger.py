@@ -353,7 +353,7 @@ class Ledger:
             if kind in ("put", "index") and record.get("rec"):
                 lines.extend(str(record["rec"]).split("\n"))
             elif kind == "evicted" and record.get("key"):
-                from gkx_autocache._explain import index as _index
+                from gkx_autocache._record import index as _index
 
                 lines.extend(_index.removed_lines([record["key"]], record.get("reason") or "prune", record.get("t")))
         return lines

@@ -169,7 +169,7 @@ class Recorder:
     def _known_miss(self, key: str, cause: str, detail: str) -> None:
         self._pending.hit = None
         try:
-            from gkx_autocache._explain import causes  # the package's files may be gone mid-run: never raise here
+            from gkx_autocache import _causes as causes  # the package's files may be gone mid-run: never raise here
 
             self._settle({"e": "miss", "key": key, "cause": getattr(causes, cause), "detail": detail,
                           "t": round(time.time(), 3)})
@@ -212,7 +212,7 @@ class Recorder:
         if by:  # the library that put host callbacks there (the fix names its own switch)
             record["by"] = by
         try:
-            from gkx_autocache._explain import causes  # the package's files may be gone mid-run: never raise here
+            from gkx_autocache import _causes as causes  # the package's files may be gone mid-run: never raise here
 
             if waiting is not None and waiting.get("cause") not in (None, causes.NEW):
                 record["cause"], record["change"] = waiting["cause"], waiting.get("detail", "")

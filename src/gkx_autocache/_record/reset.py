@@ -21,7 +21,7 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     process keeps its ledger (deleting it would lose what it records next). The count of files
     folded or removed. Raises OSError when a fold in progress holds the lock past a few seconds."""
     from gkx_autocache import _entries
-    from gkx_autocache._explain import index as _index
+    from gkx_autocache._record import index as _index
 
     files = _ledger.ledger_files(version_dir)
     if is_url(version_dir):
@@ -67,7 +67,7 @@ def _command_ledger(version_dir: str, records: list[dict[str, Any]], shared: boo
 def _to_index(version_dir: str, lines: list[str], shared: bool) -> bool:
     """Append a command's index lines at once, under the lock (waiting a little), so that the next
     miss knows them; False when the lock cannot be had (then a ledger carries them)."""
-    from gkx_autocache._explain import index as _index
+    from gkx_autocache._record import index as _index
 
     lock = _locks._lock(version_dir, shared, wait=5.0)
     if lock is None:
@@ -83,7 +83,7 @@ def record_evicted(version_dir: str, keys: list[str], reason: str, shared: bool)
     named ``evicted`` with who removed them."""
     if not keys:
         return
-    from gkx_autocache._explain import index as _index
+    from gkx_autocache._record import index as _index
 
     now = round(time.time(), 3)
     if not _to_index(version_dir, _index.removed_lines(keys, reason, now), shared):
