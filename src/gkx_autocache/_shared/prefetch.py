@@ -326,10 +326,9 @@ class Prefetch:
                 listed = listing.get(key + ENTRY_SUFFIX) if listing is not None else size
                 if listed and not os.path.exists(os.path.join(local, key + ENTRY_SUFFIX)):
                     wanted.append((key, min(size, listed) if listing is None else listed))  # the listing's size, where it has one
-            if level.cap:  # the room under the cap, less what unfolded ledgers added (a killed fresh process's
-                from gkx_autocache._record import (
-                    fold,  # landing), shared with other fresh processes: what is wanted of it
-                )
+            if level.cap:  # the room under the cap, less what unfolded ledgers added (a killed fresh
+                # process's landing), shared with other fresh processes: what is wanted of it
+                from gkx_autocache._record import fold
 
                 need = sum(cost(size, self.signed) for key, size in wanted)
                 room = self.budget - fold.unfolded_disk(local)
