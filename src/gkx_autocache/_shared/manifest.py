@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from gkx_autocache import _autotune
 from gkx_autocache._diagnostics import label
@@ -23,10 +23,19 @@ MANIFEST_KEYS = 20_000  # the most a writer lists
 XDIST_WORKERS = 32  # the most sibling workers' manifests a pytest-xdist worker reads
 
 
-def program() -> tuple[str, str, int, int]:
-    """``(this program, this process's part of it, its index, how many parts)``: a pytest-xdist
-    worker is ``gw<n>`` of its session's ``PYTEST_XDIST_WORKER_COUNT``, any other process the one
-    part of its program."""
+class Program(NamedTuple):
+    """This program (its hashed identity), this process's part of it, the part's position, and how
+    many parts there are: a pytest-xdist worker is ``gw<n>`` of its session's
+    ``PYTEST_XDIST_WORKER_COUNT``, any other process the one part of its program."""
+
+    ident: str
+    part: str
+    position: int  # (not ``index``: a tuple has one)
+    parts: int
+
+
+def program() -> Program:
+    """This process's program and part (``Program``)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     try:
         count = min(max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1), XDIST_WORKERS)
@@ -34,8 +43,8 @@ def program() -> tuple[str, str, int, int]:
     except ValueError:
         worker = ""
     if not worker or index >= count:
-        return identity(), "", 0, 1
-    return identity(), worker, index, count
+        return Program(identity(), "", 0, 1)
+    return Program(identity(), worker, index, count)
 
 
 def identity() -> str:

@@ -333,7 +333,7 @@ class Prefetch:
                 need = sum(cost(size, self.signed) for key, size in wanted)
                 room = self.budget - fold.unfolded_disk(local)
                 logger.debug("prefetch: %d bytes of room, %d wanted", room, need)
-                self.budget = self.reservation.take(need, room, program()[3])
+                self.budget = self.reservation.take(need, room, program().parts)
                 if self.budget <= 0:
                     logger.debug("prefetch: no room under the cap (other fresh processes took it)")
                     return
