@@ -23,7 +23,7 @@ from test_levels import levels_env, report
 
 from gkx_autocache._shared import s3 as client
 from gkx_autocache._shared.bucket import Bucket
-from gkx_autocache._shared.calls import Progress
+from gkx_autocache._shared.calls import Progress, describe
 from gkx_autocache._shared.http import HttpError
 from gkx_autocache._shared.level import backend_for
 
@@ -159,6 +159,89 @@ def test_a_listing_page_is_read_by_its_names() -> None:
         client._names("<html>a captive portal</html>", "p/jax-1/")
 
 
+class Throttled(http.server.BaseHTTPRequestHandler):
+    """S3 asking to be asked again (503 SlowDown) ``slow`` times, then the listing."""
+
+    slow = 2
+    seen = 0
+
+    def do_GET(self) -> None:  # noqa: N802
+        type(self).seen += 1
+        if type(self).seen <= type(self).slow:
+            self.send_response(503)
+            self.send_header("Content-Type", "application/xml")
+            body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+        else:
+            self.send_response(200)
+            body = b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("slow", [2, 9])
+def test_a_slow_down_is_asked_again_then_named(slow: int) -> None:
+    """A 503 SlowDown (S3 throttling many workers on one prefix) is asked again after a backoff,
+    as botocore does, rather than turning the level off; one that goes on is named in one line."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Throttled)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Throttled.slow, Throttled.seen = slow, 0
+    keys = client.Keys("AKID", SECRET, None, "us-east-1", f"http://127.0.0.1:{server.server_address[1]}", "test")
+    level = client.S3("s3://bkt/p/jax-1", keys)
+    try:
+        if slow <= len(client.BACKOFF):
+            assert level.listing(Progress()) == {} and Throttled.seen == slow + 1
+        else:
+            with pytest.raises(HttpError, match="503 SlowDown"):
+                level.listing(Progress())
+            assert Throttled.seen == len(client.BACKOFF) + 1
+    finally:
+        level.forget()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_certificate_that_does_not_verify_is_named_so(tmp_path: Path) -> None:
+    """An https endpoint whose certificate this machine does not trust: the error is the
+    certificate's, not "a request header is not valid" (ssl's error is a ValueError too)."""
+    import ssl
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1",
+                    "-keyout", str(tmp_path / "k.pem"), "-out", str(tmp_path / "c.pem")], check=True, capture_output=True)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Throttled)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Throttled.slow, Throttled.seen = 0, 0
+    keys = client.Keys("AKID", SECRET, None, "us-east-1", f"https://127.0.0.1:{server.server_address[1]}", "test")
+    try:
+        with pytest.raises(ssl.SSLCertVerificationError) as caught:
+            client.S3("s3://bkt/p/jax-1", keys).listing(Progress())
+        said = describe(caught.value)
+        assert "certificate" in said and "request header" not in said, said
+        trusted = client.S3("s3://bkt/p/jax-1", keys._replace(cafile=str(tmp_path / "c.pem")))
+        assert trusted.listing(Progress()) == {}  # AWS_CA_BUNDLE's certificates are the ones checked
+        trusted.forget()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_listing_keeps_long_keys_and_their_white_space() -> None:
+    """S3's keys are up to 1024 bytes and may hold any white space; a size that is not ASCII
+    digits is no size (``int("²")`` raises)."""
+    prefix = "p" * 900 + "  a\tb/jax-1/"
+    page = ("<ListBucketResult><IsTruncated>false</IsTruncated>"
+            f"<Contents><Key>{prefix}k-cache</Key><Size>7</Size></Contents>"
+            f"<Contents><Key>{prefix}j-cache</Key><Size>\u00b2</Size></Contents></ListBucketResult>")
+    assert client._names(page, prefix) == {"k-cache": 7, "j-cache": 0}
+
+
 def test_aws_own_endpoint_is_reached_by_the_bucket_s_virtual_host() -> None:
     keys = client.Keys("AKID", SECRET, None, "eu-west-1", None, "test")
     assert client.S3("s3://bkt/a b/jax-1", keys).base == "https://bkt.s3.eu-west-1.amazonaws.com/a%20b/jax-1"
@@ -175,11 +258,12 @@ def test_the_settings_that_choose_the_client(tmp_path: Path) -> None:
     endpoint read as botocore reads them; anything this client does not read goes to s3fs, with the
     reason ``status`` shows."""
     env = {**NO_FILES, "AWS_ACCESS_KEY_ID": " AKID ", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION_TOKEN": "tok",
-           "AWS_ENDPOINT_URL_S3": "http://minio:9000/", "AWS_ENDPOINT_URL": "http://other", "AWS_REGION": "eu-north-1",
-           "FSSPEC_CONFIG_DIR": str(tmp_path / "none"), "AWS_CA_BUNDLE": "/etc/team-ca.pem"}
+           "AWS_ENDPOINT_URL_S3": "HTTP://MinIO:80/", "AWS_ENDPOINT_URL": "http://other", "AWS_REGION": "ap-east-1",
+           "AWS_DEFAULT_REGION": "eu-north-1", "FSSPEC_CONFIG_DIR": str(tmp_path / "none"),
+           "AWS_CA_BUNDLE": "/etc/team-ca.pem"}
     found = client.keys(env)
-    assert isinstance(found, client.Keys)
-    assert (found.access, found.token, found.region, found.endpoint) == ("AKID", "tok", "eu-north-1", "http://minio:9000")
+    assert isinstance(found, client.Keys)  # (botocore reads no AWS_REGION; it sends the host in lower case, no default port)
+    assert (found.access, found.token, found.region, found.endpoint) == ("AKID", "tok", "eu-north-1", "http://minio")
     assert client.S3("s3://b/p", found).cafile == "/etc/team-ca.pem"
     credentials = write(tmp_path / "credentials", f"[default]\naws_access_key_id = A1\naws_secret_access_key = {SECRET}\n"
                                                   f"[work]\naws_access_key_id = A2\naws_secret_access_key = {SECRET}\n")
@@ -187,7 +271,12 @@ def test_the_settings_that_choose_the_client(tmp_path: Path) -> None:
                                         "[profile role]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n"
                                         "[profile proc]\ncredential_process = /bin/echo\n"
                                         "[profile inline]\naws_access_key_id = A3\naws_secret_access_key = s\n"
-                                        "[profile nested]\ns3 =\n  addressing_style = virtual\n")
+                                        "[profile nested]\ns3 =\n  addressing_style = virtual\n"
+                                        "[profile fips]\naws_access_key_id = A4\naws_secret_access_key = s\nuse_fips_endpoint = true\n"
+                                        "[profile dual]\nuse_dualstack_endpoint = true\n"
+                                        "[profile ignore]\nendpoint_url = http://minio\nignore_configured_endpoint_urls = true\n"
+                                        "[profile china]\nregion = cn-north-1\n"
+                                        "[profile output]\noutput = json\nregion = eu-west-3\n")
     files = {"AWS_SHARED_CREDENTIALS_FILE": credentials, "AWS_CONFIG_FILE": config,
              "FSSPEC_CONFIG_DIR": str(tmp_path / "none")}
     default = client.keys(files)
@@ -197,7 +286,11 @@ def test_the_settings_that_choose_the_client(tmp_path: Path) -> None:
     inline = client.keys({**files, "AWS_PROFILE": "inline"})
     assert isinstance(inline, client.Keys) and inline.access == "A3" and "~/.aws/config" in inline.source
     for extra, why in [({"AWS_PROFILE": "role"}, "has role_arn"), ({"AWS_PROFILE": "proc"}, "has credential_process"),
-                       ({"AWS_PROFILE": "nested"}, "has s3"), ({"AWS_PROFILE": "nobody"}, "no static keys"),
+                       ({"AWS_PROFILE": "nested"}, "has s3"), ({"AWS_PROFILE": "nobody"}, "in neither ~/.aws file"),
+                       ({"AWS_PROFILE": "fips"}, "has use_fips_endpoint"), ({"AWS_PROFILE": "dual"}, "use_dualstack"),
+                       ({"AWS_PROFILE": "ignore"}, "has ignore_configured_endpoint_urls"),
+                       ({"AWS_PROFILE": "china"}, "outside AWS's main partition"),
+                       ({"AWS_ACCESS_KEY_ID": "A5"}, "not set together"),
                        ({"HTTPS_PROXY": "http://proxy:3128"}, "HTTPS_PROXY is set"),
                        ({"FSSPEC_S3_ENDPOINT_URL": "http://x"}, "fsspec has S3 settings"),
                        ({"AWS_ENDPOINT_URL": "minio:9000"}, "not an http(s) URL")]:
@@ -207,6 +300,21 @@ def test_the_settings_that_choose_the_client(tmp_path: Path) -> None:
     (tmp_path / "fsspec").mkdir()
     write(tmp_path / "fsspec" / "conf.json", json.dumps({"s3": {"client_kwargs": {"endpoint_url": "http://x"}}}))
     assert "fsspec has S3 settings" in str(client.keys({**files, "FSSPEC_CONFIG_DIR": str(tmp_path / "fsspec")}))
+    # AWS_DEFAULT_PROFILE before AWS_PROFILE, as botocore; a profile's own settings from its config
+    chosen = client.keys({**files, "AWS_DEFAULT_PROFILE": "work", "AWS_PROFILE": "inline"})
+    assert isinstance(chosen, client.Keys) and (chosen.access, chosen.endpoint) == ("A2", "https://r2.example")
+    output = client.keys({**files, "AWS_PROFILE": "output", "AWS_ACCESS_KEY_ID": "A6", "AWS_SECRET_ACCESS_KEY": "s"})
+    assert isinstance(output, client.Keys) and output.region == "eu-west-3"  # (the CLI's own settings change no request)
+    # the credentials file holding more than keys (botocore merges it over the config): s3fs's
+    write(tmp_path / "credentials2", f"[default]\naws_access_key_id = A1\naws_secret_access_key = {SECRET}\n"
+                                     "endpoint_url = http://minio\n")
+    assert "has endpoint_url" in str(client.keys({**files, "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials2")}))
+    # [profile default] is the default profile too; with [default] beside it, botocore takes one by order
+    write(tmp_path / "config2", "[profile default]\nendpoint_url = http://minio:9000\n")
+    aimed = client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "config2")})
+    assert isinstance(aimed, client.Keys) and aimed.endpoint == "http://minio:9000"
+    write(tmp_path / "config3", "[default]\nregion = eu-west-1\n[profile default]\nendpoint_url = http://minio:9000\n")
+    assert "both [profile default] and [default]" in str(client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "config3")}))
     write(tmp_path / "broken", "[default\nregion")
     assert "does not parse" in str(client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "broken")}))
 

@@ -161,8 +161,10 @@ class HttpCache:
                 connection.close()
                 exc.endpoint = f"{parts.scheme}://{parts.netloc}"  # type: ignore[attr-defined]
                 raise
-            except ValueError:  # http.client's "Invalid header value b'...'" would print the credentials
+            except ValueError as exc:  # http.client's "Invalid header value b'...'" would print the credentials
                 connection.close()
+                if isinstance(exc, OSError):  # a certificate that does not verify (ssl's error is both)
+                    raise
                 raise OSError(f"{url}: a request header is not valid (a credential with a newline or another "
                               "control character? it is not shown)") from None
             except (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError,

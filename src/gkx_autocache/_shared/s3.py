@@ -28,10 +28,20 @@ LISTING_LIMIT = 4 << 20  # a page of 1000 names
 ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 # settings that change how a request is made or where it goes, which this client does not read
 NOT_READ_ENVS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "AWS_USE_FIPS_ENDPOINT",
-                 "AWS_USE_DUALSTACK_ENDPOINT", "AWS_S3_USE_ARN_REGION", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+                 "AWS_USE_DUALSTACK_ENDPOINT", "AWS_S3_USE_ARN_REGION", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+                 "AWS_S3_DISABLE_MULTIREGION_ACCESS_POINTS")
+# what a profile may hold for this client to serve it: what it reads, and what changes no request
+# of its own (the CLI's output, botocore's retries and checksums); anything else (a role, SSO, a
+# credential process, FIPS, dual-stack, nested ``s3 =`` settings) is s3fs's
+CONFIG_READ = frozenset({"region", "endpoint_url", "ca_bundle", "aws_access_key_id", "aws_secret_access_key",
+                         "aws_session_token", "aws_security_token", "output", "cli_pager", "cli_timestamp_format",
+                         "cli_binary_format", "cli_auto_prompt", "cli_history", "max_attempts", "retry_mode",
+                         "parameter_validation", "tcp_keepalive", "request_checksum_calculation",
+                         "response_checksum_validation", "metadata_service_timeout", "metadata_service_num_attempts"})
+CREDENTIALS_READ = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "aws_security_token"})
 REGION = re.compile(r"[a-z]{2}(?:-[a-z0-9]+){1,4}")  # eu-west-1, us-gov-east-1: never a host of another name
-ROLES = ("role_arn", "web_identity_token_file", "sso_start_url", "sso_session", "credential_process",
-         "credential_source", "services", "s3")
+BACKOFF = (0.1, 0.4, 1.2)  # seconds before asking again after a 5xx (S3's SlowDown): within shared_timeout
+OTHER_PARTITIONS = ("cn-", "us-iso", "eusc-")  # amazonaws.com.cn, c2s.ic.gov, amazonaws.eu: s3fs knows them
 
 
 class Keys(NamedTuple):
@@ -47,35 +57,42 @@ class Keys(NamedTuple):
 
 
 def keys(env: Mapping[str, str] = os.environ) -> Keys | str:
-    """The static keys and settings for a direct client, or why s3fs is used instead. Reads the
-    environment as botocore does, then the shared credentials and config files (their profile
-    only); nothing is fetched."""
+    """The static keys and settings for a direct client, or why s3fs is used instead: the
+    environment as botocore reads it (``AWS_DEFAULT_PROFILE`` before ``AWS_PROFILE``, the region
+    from ``AWS_DEFAULT_REGION``, the environment's keys before a profile's), then the profile in
+    the shared credentials and config files; a setting this client does not read sends the level
+    to s3fs, never to another place. Nothing is fetched."""
     if any(k.startswith("FSSPEC_S3") for k in env) or _fsspec_config(env):
         return "fsspec has S3 settings of its own"
     if setting := next((k for k in NOT_READ_ENVS if env.get(k)), None):
         return f"{setting} is set"
+    if bool(env.get("AWS_ACCESS_KEY_ID")) != bool(env.get("AWS_SECRET_ACCESS_KEY")):
+        return "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set together"
     if env.get("AWS_WEB_IDENTITY_TOKEN_FILE") and not env.get("AWS_ACCESS_KEY_ID"):
         return "a web identity role"
-    profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
-    config = _section(env.get("AWS_CONFIG_FILE") or "~/.aws/config",
-                      profile if profile == "default" else f"profile {profile}")
-    if config is None:
-        return "~/.aws/config does not parse"
+    named = env.get("AWS_DEFAULT_PROFILE") or env.get("AWS_PROFILE")
+    profile = named or "default"
+    config_file = env.get("AWS_CONFIG_FILE") or "~/.aws/config"
+    config = _section(config_file, f"profile {profile}", "default" if profile == "default" else None)
+    credentials = _section(env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials", profile)
+    if isinstance(config, str) or isinstance(credentials, str):
+        return str(config if isinstance(config, str) else credentials)
+    if named and not config and not credentials:
+        return f"the profile {profile!r} is in neither ~/.aws file"
+    if unread := sorted(set(config) - CONFIG_READ) or sorted(set(credentials) - CREDENTIALS_READ):
+        return f"the profile {profile!r} has {unread[0]}"
     endpoint = next((env[k] for k in ENDPOINT_ENVS if env.get(k)), None) or config.get("endpoint_url")
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or config.get("region") or "us-east-1"
-    if endpoint is not None and (urlsplit(endpoint).scheme not in ("http", "https") or not urlsplit(endpoint).hostname):
-        return f"the endpoint {endpoint!r} is not an http(s) URL"
-    origin = endpoint.rstrip("/") if endpoint else None
+    region = env.get("AWS_DEFAULT_REGION") or config.get("region") or "us-east-1"
+    origin = _origin(endpoint) if endpoint else None
+    if endpoint and origin is None:
+        return f"the endpoint {endpoint!r} is not an http(s) URL of a host"
+    if origin is None and (not REGION.fullmatch(region) or region.startswith(OTHER_PARTITIONS)):
+        return f"the region {region!r} is outside AWS's main partition"
     cafile = env.get("AWS_CA_BUNDLE") or config.get("ca_bundle") or None
-    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+    if env.get("AWS_ACCESS_KEY_ID"):
         return Keys(env["AWS_ACCESS_KEY_ID"].strip(), env["AWS_SECRET_ACCESS_KEY"].strip(),
                     (env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN") or "").strip() or None,
                     region, origin, "the environment's keys (AWS_ACCESS_KEY_ID)", cafile)
-    if role := next((k for k in ROLES if k in config), None):
-        return f"the profile {profile!r} has {role}"
-    credentials = _section(env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials", profile)
-    if credentials is None:
-        return "~/.aws/credentials does not parse"
     for found, where in ((credentials, "~/.aws/credentials"), (config, "~/.aws/config")):
         if found.get("aws_access_key_id") and found.get("aws_secret_access_key"):
             return Keys(found["aws_access_key_id"], found["aws_secret_access_key"],
@@ -84,17 +101,41 @@ def keys(env: Mapping[str, str] = os.environ) -> Keys | str:
     return "no static keys (the environment, ~/.aws): a role or instance credentials"
 
 
-def _section(path: str, name: str) -> dict[str, str] | None:
-    """One section of an AWS ini file: empty where the file or the section is not there, None
-    where the file does not parse."""
+def _origin(endpoint: str) -> str | None:
+    """``scheme://host[:port]`` as botocore sends it (the host in lower case, a default port
+    left out: what the ``Host`` header and the signature carry), or None for no http(s) URL of a
+    host. A path in the endpoint is kept."""
+    parts = urlsplit(endpoint.strip())
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if scheme not in ("http", "https") or not parts.hostname or parts.username or parts.query or parts.fragment:
+        return None
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    default = 443 if scheme == "https" else 80
+    return f"{scheme}://{host}{f':{port}' if port not in (None, default) else ''}{parts.path.rstrip('/')}"
+
+
+def _section(path: str, name: str, plain: str | None = None) -> dict[str, str] | str:
+    """A profile's section of an AWS ini file (``name``, or ``plain``: the config file's
+    ``[default]`` beside ``[profile default]``; both there is one botocore reads by their order,
+    not this client); empty where the file or the section is not there; why not, where the file
+    does not parse."""
     import configparser
 
     parser = configparser.RawConfigParser()
     try:
         parser.read(os.path.expanduser(path), encoding="utf-8")
     except (configparser.Error, UnicodeDecodeError):
-        return None
-    return {k: v.strip() for k, v in parser.items(name)} if parser.has_section(name) else {}
+        return f"{path} does not parse"
+    found = [section for section in (name, plain) if section and parser.has_section(section)]
+    if len(found) > 1:
+        return f"{path} has both [{found[0]}] and [{found[1]}]"
+    return {k: v.strip() for k, v in parser.items(found[0])} if found else {}
 
 
 def _fsspec_config(env: Mapping[str, str]) -> bool:
@@ -125,20 +166,21 @@ class S3(HttpCache):
     def __init__(self, version_url: str, found: Keys) -> None:
         super().__init__(version_url, env={})  # no bearer token or ~/.netrc entry: each request is signed
         self._keys = found
-        self.cafile = found.cafile
+        self.cafile = found.cafile or _certifi()
         self.bucket, _, self.prefix = version_url[len("s3://"):].rstrip("/").partition("/")
-        self.region = found.region
-        self._aim()
+        self._aim(found.region)
 
-    def _aim(self) -> None:
-        """Where requests go, for the region as it is now known."""
+    def _aim(self, region: str) -> None:
+        """Where requests go, for the region as it is now known: ``(region, root, base)`` set at
+        once (the prefetch's threads read them together)."""
         if self._keys.endpoint is not None:
-            self.root = f"{self._keys.endpoint}/{quote(self.bucket)}"
+            root = f"{self._keys.endpoint}/{quote(self.bucket)}"
         elif "." not in self.bucket and self.bucket == self.bucket.lower():  # the certificate covers one label
-            self.root = f"https://{self.bucket}.s3.{self.region}.amazonaws.com"
+            root = f"https://{self.bucket}.s3.{region}.amazonaws.com"
         else:
-            self.root = f"https://s3.{self.region}.amazonaws.com/{quote(self.bucket)}"
-        self.base = f"{self.root}/{quote(self.prefix)}" if self.prefix else self.root
+            root = f"https://s3.{region}.amazonaws.com/{quote(self.bucket)}"
+        self.aimed = (region, root, f"{root}/{quote(self.prefix)}" if self.prefix else root)
+        self.region, self.root, self.base = self.aimed
         with self._lock:  # another host: a kept connection would carry the request elsewhere
             kept, self._idle = self._idle, []
         for connection in kept:
@@ -149,18 +191,22 @@ class S3(HttpCache):
         """``method`` of ``name`` under the version prefix (``query`` of the bucket itself), signed;
         no redirect followed. A bucket in another region than the one configured says so
         (``x-amz-bucket-region``): the request is made once more there."""
-        for _attempt in range(2):
-            url = f"{self.root}{'' if urlsplit(self.root).path else '/'}?{query}" if query else f"{self.base}/{quote(name)}"
-            sent = sign(method, url, dict(headers or {}), body, self._keys, self.region)
+        moved_once = False
+        for attempt in range(len(BACKOFF) + 2):
+            region, root, base = self.aimed
+            url = f"{root}{'' if urlsplit(root).path else '/'}?{query}" if query else f"{base}/{quote(name)}"
+            sent = sign(method, url, dict(headers or {}), body, self._keys, region)
             connection, response = self._send(url, method, sent, body)
             moved = response.getheader("x-amz-bucket-region") or ""
-            if response.status not in (301, 307, 400) or not REGION.fullmatch(moved) or moved == self.region:
+            if response.status in (301, 307, 400) and REGION.fullmatch(moved) and moved != region and not moved_once:
+                moved_once = True
+                self._aim(moved)
+            elif response.status in (500, 502, 503, 504) and attempt < len(BACKOFF):
+                time.sleep(BACKOFF[attempt])  # S3 asks to be asked again (SlowDown): as botocore does
+            else:
                 return connection, response, url
             response.read(ERROR_LIMIT)
             connection.close()
-            self.region = moved
-            if self._keys.endpoint is None:
-                self._aim()
         return connection, response, url
 
     def _error(self, response: Any, url: str, more: str = "") -> OSError:
@@ -193,6 +239,16 @@ class S3(HttpCache):
         return _names(text.decode("utf-8", "replace"), prefix)
 
 
+def _certifi() -> str | None:
+    """certifi's bundle where it is installed: the certificates botocore, and so s3fs, trust."""
+    try:
+        import certifi
+    except ImportError:
+        return None
+    where: str = certifi.where()
+    return where
+
+
 def _tag(text: str, name: str) -> str:
     found = re.search(rf"<{name}>([^<]{{0,300}})</{name}>", text)
     return " ".join(found[1].split()) if found else ""
@@ -209,9 +265,11 @@ def _names(text: str, prefix: str) -> dict[str, int] | str:
         return f"more than {LIST_LIMIT}"
     names: dict[str, int] = {}
     for block in re.findall(r"<Contents>(.*?)</Contents>", text, re.S):
-        key, size = html.unescape(_tag(block, "Key")), _tag(block, "Size")
-        if key.startswith(prefix) and "/" not in key[len(prefix):] and key[len(prefix):]:
-            names[key[len(prefix):]] = int(size) if size.isdigit() else 0
+        key = re.search(r"<Key>([^<]{1,3100})</Key>", block)  # S3's keys: 1024 bytes, escaped; whitespace kept
+        size = re.search(r"<Size>\s*([0-9]{1,15})\s*</Size>", block)
+        name = html.unescape(key[1])[len(prefix):] if key and html.unescape(key[1]).startswith(prefix) else ""
+        if name and "/" not in name:
+            names[name] = int(size[1]) if size else 0
     return names
 
 
