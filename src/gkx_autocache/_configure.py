@@ -108,7 +108,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         from gkx_autocache._shared import level as _levels
 
         tunes = _autotune.enabled(getattr(config, "jax_persistent_cache_enable_xla_caches", None))
-        levels, problems = _levels.setup(settings, location, jax.__version__, env, tunes)
+        max_size = settings["max_size"]
+        room = functools.partial(prefetch_room, directory, max_size) if max_size else None
+        levels, problems = _levels.setup(settings, location, jax.__version__, env, tunes, room)
         for cause, message in problems:
             warn(cause, message)
     if location.local:
@@ -176,6 +178,13 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     if unskipped is not None and (dump := dump_asked(env)) is not None:
         warn("xla:dump", f"{dump} asks for an XLA dump, which a cache hit skips, and the cache cannot be left "
                          f"unread here ({unskipped}): set GKX_JAX_CACHE=0 while dumping")
+
+
+def prefetch_room(version_dir: str, cap: int, unfolded: bool) -> int:
+    """``fold.prefetch_room``, its module loaded at a prefetch's start, not on ``import jax``."""
+    from gkx_autocache._record import fold
+
+    return fold.prefetch_room(version_dir, cap, unfolded)
 
 
 def choose_cpu_target(jax: Any, level: str, serves: Any) -> None:

@@ -133,6 +133,14 @@ def read_summary(version_dir: str) -> Summary:
         return Summary()
 
 
+def prefetch_room(version_dir: str, cap: int, unfolded: bool = False) -> int:
+    """The bytes a prefetch may land under ``cap``: the fold's target less the summary's size and
+    the bookkeeping's share (the ledger and the index grow as entries land); with ``unfolded``,
+    less what the ledgers no fold has taken yet added too (it reads them: off the compile path)."""
+    room = int(cap * PRUNE_TO) - read_summary(version_dir).size - int(cap * BOOKKEEPING_SHARE)
+    return room - unfolded_disk(version_dir) if unfolded else room
+
+
 def unfolded_disk(version_dir: str) -> int:
     """The bytes the ledgers no fold has taken yet say their processes added: a live process's, and
     a killed one's until the next fold. On disk, and outside the summary's size."""

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from gkx_autocache import _fork, _formats, _jax
@@ -75,7 +75,8 @@ class Level:
 
     def __init__(self, url: str, backend: Any, *, local: str, timeout: float, writes: str | None,
                  secret: bytes | None, max_entry: int = MAX_ENTRY, origin: str = "shared",
-                 queue_bytes: int = QUEUE_BYTES, cap: int = 0, local_team: bool = False, tunes: bool = False) -> None:
+                 queue_bytes: int = QUEUE_BYTES, room: Callable[[bool], int] | None = None, local_team: bool = False,
+                 tunes: bool = False) -> None:
         self.url = url  # as the user wrote it, for messages
         self.backend = backend
         self.local_dir = local
@@ -87,7 +88,7 @@ class Level:
         self.max_entry = max_entry
         self.origin = origin
         self.queue_bytes = queue_bytes
-        self.cap = cap  # the local level's: a prefetch stays under it
+        self.room = room  # the room under the local level's cap (``fold.prefetch_room``): a prefetch stays in it
         self.land: Any = None  # the store's, for a prefetched entry (set where the local level takes writes)
         self.landed_unused: Any = None  # the store's, at exit: records the prefetched entries no lookup used
         self.read_local: Any = None  # the store's: a local entry and the seal it may be uploaded with, or None
@@ -635,12 +636,13 @@ def problem(settings: Any, location: Any) -> str | None:
     return None
 
 
-def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str],
-          tunes: bool = False) -> tuple[Level | None, list[tuple[str, str]]]:
+def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str], tunes: bool = False,
+          room: Callable[[bool], int] | None = None) -> tuple[Level | None, list[tuple[str, str]]]:
     """The shared level for this process, or None; and the problems worth a warning (each one
     line: the run goes on with the local level). Builds objects only, and makes no request (an S3
     level reads ``~/.aws`` where the environment has no keys). ``tunes``: XLA keeps GPU autotune
-    results in the local level (``_autotune``)."""
+    results in the local level (``_autotune``); ``room``, the room a prefetch has under the local
+    cap (None: no cap)."""
     shared = settings["shared"]
     if shared is None or not location.version_dir:
         return None, []
@@ -653,7 +655,7 @@ def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str]
     level = Level(shared, backend, local=location.version_dir, timeout=settings["shared_timeout"],
                   writes=uploads(settings["shared_write"], env), secret=signing_key(env),
                   max_entry=min(cap, MAX_ENTRY) if cap else MAX_ENTRY,
-                  origin=settings.origin("shared_timeout"), cap=cap or 0, local_team=location.team, tunes=tunes)
+                  origin=settings.origin("shared_timeout"), room=room, local_team=location.team, tunes=tunes)
     return level, []
 
 

@@ -72,12 +72,7 @@ def begin(level: Any, key: str) -> None:
             level._start_worker()
     if level.land is None:  # the local level takes no writes: nothing can land
         return
-    budget = BUDGET
-    if level.cap:  # the room under the cap, less the bookkeeping's share (the ledger and the index grow as entries land)
-        from gkx_autocache._record import fold
-
-        bookkeeping = int(level.cap * fold.BOOKKEEPING_SHARE)
-        budget = min(budget, int(level.cap * fold.PRUNE_TO) - fold.read_summary(level.local_dir).size - bookkeeping)
+    budget = BUDGET if level.room is None else min(BUDGET, level.room(False))  # the room under the local cap
     if budget <= 0:
         return
     ahead = Prefetch(level, level.land, budget)
@@ -326,12 +321,10 @@ class Prefetch:
                 listed = listing.get(key + ENTRY_SUFFIX) if listing is not None else size
                 if listed and not os.path.exists(os.path.join(local, key + ENTRY_SUFFIX)):
                     wanted.append((key, min(size, listed) if listing is None else listed))  # the listing's size, where it has one
-            if level.cap:  # the room under the cap, less what unfolded ledgers added (a killed fresh
-                # process's landing), shared with other fresh processes: what is wanted of it
-                from gkx_autocache._record import fold
-
+            if level.room is not None:  # the room under the cap, less what unfolded ledgers added (a killed
+                # fresh process's landing), shared with other fresh processes: what is wanted of it
                 need = sum(cost(size, self.signed) for key, size in wanted)
-                room = self.budget - fold.unfolded_disk(local)
+                room = min(self.budget, level.room(True))
                 logger.debug("prefetch: %d bytes of room, %d wanted", room, need)
                 self.budget = self.reservation.take(need, room, program().parts)
                 if self.budget <= 0:
