@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT, Venv, make_venv, public_tmp, run_program
 from test_activation import VERSION_DIR
 
+from gkx_autocache import _context
 from gkx_autocache._cli import ci as _ci
-from gkx_autocache._cli import context as _context
 
 
 def test_a_restored_directory_gives_hits_in_a_fresh_venv_at_another_path(venv: Venv, wheel: Path) -> None:

@@ -847,7 +847,7 @@ def test_a_planted_sparse_entry_costs_a_reader_neither_memory_nor_time(tmp_path:
 def test_the_fix_for_a_shared_entry_not_signed_is_true_for_shared_write(write: str, ci: str, uploads: bool) -> None:
     """`rejected: not signed` promises a signed replacement upload only where this setting makes
     one (``always``; ``ci`` with CI set); elsewhere it says the shared entry stays, and who replaces it."""
-    from gkx_autocache._cli import context as _context
+    from gkx_autocache import _context
     from gkx_autocache._explain import report as _report
 
     env = {"GKX_JAX_CACHE_SHARED": "s3://b/team", "GKX_JAX_CACHE_SHARED_WRITE": write, **({"CI": ci} if ci else {})}

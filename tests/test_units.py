@@ -399,7 +399,7 @@ def test_hook_is_not_live_when_opted_out(monkeypatch: pytest.MonkeyPatch) -> Non
     enough when GKX_JAX_CACHE says off, or when the target is imported already (a finder put in
     place after it never fires)."""
     from gkx_autocache import _layout
-    from gkx_autocache._cli.context import hook_live
+    from gkx_autocache._context import hook_live
 
     name = f"standin_{os.getpid()}_never_imported"
     monkeypatch.setattr(_layout, "TARGET", name)
@@ -765,9 +765,10 @@ def test_a_jax_older_than_0_4_30_is_left_as_it_is(version: str, supported: bool,
 def test_status_names_what_this_jax_line_gives(verdict: dict[str, Any], line: str | None) -> None:
     """SPEC §16: `status` names each feature a JAX line gives, and why one is missing, by name, in one
     line (from what the last process that configured JAX here found)."""
+    from gkx_autocache import _status
     from gkx_autocache._cli import status
 
-    assert status.features_line(status.features(verdict)) == line
+    assert status.features_line(_status.features(verdict)) == line
 
 
 def test_a_settings_file_owned_by_another_says_a_fix_its_reader_can_do(tmp_path: Path) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gkx_autocache._cli import context as _context
-from gkx_autocache._cli import stats as _stats_cli
-from gkx_autocache._cli import status as _status
-from gkx_autocache._cli.output import JSON_VERSION
+from gkx_autocache import _context, _status
+from gkx_autocache._context import JSON_VERSION
 from gkx_autocache._explain import report as _report
 from gkx_autocache._record import recorder as _stats
+from gkx_autocache._record import show as _show
 
 
 class AutocacheError(Exception):
@@ -58,11 +57,9 @@ def stats() -> dict[str, Any]:
     the package did not configure JAX here: JAX not imported yet, or the cache off)."""
 
     def build() -> dict[str, Any]:
-        data = _stats_cli.stats_data(_directory())
+        data = _show.stats_data(_directory())
         recorder = _stats.recorder
         if recorder is not None and recorder.store_serving:
-            from gkx_autocache._record import show as _show
-
             data["process"] = _show.totals_dict(recorder.totals)
         else:
             data["process"] = None

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from gkx_autocache._cli import context as _context
+from gkx_autocache import _context
 from gkx_autocache._cli.output import OK, emit
 
 

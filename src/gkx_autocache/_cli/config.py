@@ -8,8 +8,8 @@ import os
 import sys
 
 from gkx_autocache import _policy, _settings
-from gkx_autocache._cli.context import load_context
 from gkx_autocache._cli.output import OK, USAGE, CliError, emit
+from gkx_autocache._context import load_context
 from gkx_autocache._diagnostics import one_line, shown
 
 

@@ -7,8 +7,8 @@ import argparse
 from typing import Any
 
 from gkx_autocache import _adopted, _mount, _settings
-from gkx_autocache._cli.context import load_context
 from gkx_autocache._cli.output import OK, USAGE, CliError, emit, local_time
+from gkx_autocache._context import load_context
 from gkx_autocache._diagnostics import plural
 from gkx_autocache._explain import report as _report
 from gkx_autocache._record import ledger as _ledger

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from gkx_autocache import _settings
-from gkx_autocache._cli.context import NoDirectory, distribution_version, load_context, skipped_dir
 from gkx_autocache._cli.output import FAILED, JSON_VERSION, OK, USAGE, CliError, emit
+from gkx_autocache._context import NoDirectory, distribution_version, load_context, skipped_dir
 from gkx_autocache._diagnostics import one_line
 
 
@@ -39,7 +39,7 @@ def cmd_version(args: argparse.Namespace) -> int:
              (("gkx-autocache", "gkx-autocache"), ("jax", "jax"), ("jaxlib", "jaxlib"))}
     found["python"] = sys.version.split()[0]
     line = "  ".join(f"{name} {version or '(not installed)'}" for name, version in found.items())
-    from gkx_autocache._cli import status as _status
+    from gkx_autocache import _status
 
     try:
         features, said = _status.line_features(load_context())

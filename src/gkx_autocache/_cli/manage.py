@@ -10,10 +10,9 @@ import os
 import sys
 from typing import Any
 
-from gkx_autocache import _bundle, _cache, _entries, _isa, _settings
-from gkx_autocache._cli import context as _context
-from gkx_autocache._cli.context import Context, load_context, refuse_skipped_dir
+from gkx_autocache import _bundle, _cache, _context, _entries, _isa, _settings
 from gkx_autocache._cli.output import FAILED, OK, USAGE, CliError, emit, progress
+from gkx_autocache._context import Context, load_context, refuse_skipped_dir
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural, shown
 from gkx_autocache._layout import key_match
 from gkx_autocache._record import reset as _reset

@@ -8,16 +8,10 @@ import json
 import sys
 from typing import Any
 
+from gkx_autocache._context import JSON_VERSION as JSON_VERSION  # (the commands' names for them)
+from gkx_autocache._context import CliError as CliError
+
 OK, FAILED, USAGE = 0, 1, 2
-JSON_VERSION = 2  # 2: misses and compiles not cached are two counts (misses_by_cause, not_cached_by_reason)
-
-
-class CliError(Exception):
-    """A failure to report as one line; ``code`` is the exit status."""
-
-    def __init__(self, message: str, code: int = FAILED) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def emit(args: argparse.Namespace, human: str, data: dict[str, Any]) -> None:

@@ -7,8 +7,8 @@ import argparse
 from typing import Any
 
 from gkx_autocache import _adopted, _cache, _mount
-from gkx_autocache._cli.context import load_context
 from gkx_autocache._cli.output import OK, emit, local_time
+from gkx_autocache._context import load_context
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural
 from gkx_autocache._record import reset as _reset
 from gkx_autocache._record import show as _show
@@ -24,7 +24,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         removed = _reset.reset(vdir, bool(ctx.settings["trust_shared"]))
         emit(args, f"stats reset ({plural(removed, 'ledger')} folded and removed)", {"reset": True, "removed": removed})
         return OK
-    data = stats_data(vdir)
+    data = _show.stats_data(vdir)
     if args.written:  # bare, for a CI step's output: save the cache only when this run wrote entries
         written = data["stats"]["writes"] if data["stats"] else 0
         emit(args, str(written), {"dir": vdir, "written": written})
@@ -53,20 +53,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
                      f"{'' if f['cached'] else '  (not cached: compiled on every run)'}" for f in data["top_functions"])
     emit(args, "\n".join(lines), data)
     return OK
-
-
-def stats_data(vdir: str) -> dict[str, Any]:
-    """What ``stats --json`` prints (less its version and command): the totals since the last reset,
-    live processes included (None when there are none), and the costliest functions."""
-    reading = _show.Reading(vdir)
-    totals = reading.totals()
-    reset_at = reading.summary.reset_at if reading.summary else 0.0
-    if totals is None or (totals.empty and reset_at):
-        return {"dir": vdir, "stats": None, "levels": None, "top_functions": [], "reset_at": reset_at or None}
-    top = [{"name": n, "compile_secs": round(s, 3), "helper": h, "cached": c} for n, s, h, c in _show.top_functions(totals)]
-    stats = _show.totals_dict(totals)  # (its levels also at the top of the object: SPEC §14)
-    return {"dir": vdir, "stats": stats, "levels": stats["levels"], "top_functions": top,
-            "reset_at": reset_at or None}
 
 
 def stats_line(t: dict[str, Any]) -> str:

@@ -176,3 +176,17 @@ def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float, bool
     costs = sorted(((name, cost[0], name in t.helpers, cost[1] > 0) for name, cost in t.functions.items()),
                    key=lambda kv: -kv[1])
     return sorted(costs[:n], key=lambda kv: kv[2])
+
+
+def stats_data(vdir: str) -> dict[str, Any]:
+    """What ``stats --json`` prints (less its version and command): the totals since the last reset,
+    live processes included (None when there are none), and the costliest functions."""
+    reading = Reading(vdir)
+    totals = reading.totals()
+    reset_at = reading.summary.reset_at if reading.summary else 0.0
+    if totals is None or (totals.empty and reset_at):
+        return {"dir": vdir, "stats": None, "levels": None, "top_functions": [], "reset_at": reset_at or None}
+    top = [{"name": n, "compile_secs": round(s, 3), "helper": h, "cached": c} for n, s, h, c in top_functions(totals)]
+    stats = totals_dict(totals)  # (its levels also at the top of the object: SPEC §14)
+    return {"dir": vdir, "stats": stats, "levels": stats["levels"], "top_functions": top,
+            "reset_at": reset_at or None}

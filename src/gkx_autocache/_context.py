@@ -1,6 +1,7 @@
-"""What every command starts from: the settings as a process of this environment resolves them,
-the installed JAX, the directory and its kind (``Context``); and where the start-up hook stands.
-Never imports ``jax``."""
+"""What every command and the Python API start from: the settings as a process of this
+environment resolves them, the installed JAX, the directory and its kind (``Context``), where the
+start-up hook stands; the one failure a command raises (``CliError``) and the version of the JSON
+documents. Never imports ``jax``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ import types
 from typing import NamedTuple
 
 from gkx_autocache import _cache, _cpu_target, _layout, _settings
-from gkx_autocache._cli.output import CliError
+
+JSON_VERSION = 2  # the JSON documents' (commands' and the API's); 2: misses and compiles not cached are two counts
+
+
+class CliError(Exception):
+    """A failure to report as one line; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:  # 1: the CLI's FAILED
+        super().__init__(message)
+        self.code = code
 
 
 class NoDirectory(Exception):
