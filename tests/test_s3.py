@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from conftest import S3, Venv, run_program
@@ -293,7 +294,12 @@ def test_the_settings_that_choose_the_client(tmp_path: Path) -> None:
                        ({"AWS_ACCESS_KEY_ID": "A5"}, "not set together"),
                        ({"HTTPS_PROXY": "http://proxy:3128"}, "HTTPS_PROXY is set"),
                        ({"FSSPEC_S3_ENDPOINT_URL": "http://x"}, "fsspec has S3 settings"),
-                       ({"AWS_ENDPOINT_URL": "minio:9000"}, "not an http(s) URL")]:
+                       ({"AWS_ENDPOINT_URL": "minio:9000"}, "not a plain http(s) URL"),
+                       ({"AWS_ENDPOINT_URL": "http://[::1"}, "not a plain http(s) URL"),
+                       ({"AWS_ENDPOINT_URL": "http://ex\uff03ample.com"}, "not a plain http(s) URL"),
+                       ({"AWS_ENDPOINT_URL": "http://minio/a%20b"}, "not a plain http(s) URL"),
+                       ({"HTTPS_Proxy": "http://proxy:3128"}, "HTTPS_Proxy is set"),
+                       ({"AWS_DEFAULT_REGION": "eu-isoe-west-1"}, "outside AWS's main partition")]:
         said = client.keys({**files, **extra})
         assert isinstance(said, str) and why in said, (extra, said)
         assert isinstance(backend_for("s3://b/p", "0.4.30", False, {**files, **extra}), Bucket)
@@ -314,9 +320,93 @@ def test_the_settings_that_choose_the_client(tmp_path: Path) -> None:
     aimed = client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "config2")})
     assert isinstance(aimed, client.Keys) and aimed.endpoint == "http://minio:9000"
     write(tmp_path / "config3", "[default]\nregion = eu-west-1\n[profile default]\nendpoint_url = http://minio:9000\n")
-    assert "both [profile default] and [default]" in str(client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "config3")}))
+    later = client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "config3")})  # the later section, as botocore
+    assert isinstance(later, client.Keys) and (later.region, later.endpoint) == ("us-east-1", "http://minio:9000")
     write(tmp_path / "broken", "[default\nregion")
     assert "does not parse" in str(client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "broken")}))
+
+
+def botocore_says(env: dict[str, str], bucket: str) -> tuple[str, str, str | None, str]:
+    """What botocore (s3fs's client) does with these settings: the key it signs with, the region,
+    the token, and the host of the URL it sends a listing to (caught before it is sent)."""
+    import os
+
+    import botocore.session
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        session = botocore.session.Session()
+        credentials = session.get_credentials()
+        client = session.create_client("s3")
+        sent: list[Any] = []
+
+        def catch(request: Any, **kwargs: Any) -> Any:
+            sent.append(request)
+            raise RuntimeError("caught")
+
+        client.meta.events.register_first("before-send.s3.ListObjectsV2", catch)
+        with pytest.raises(RuntimeError, match="caught"):
+            client.list_objects_v2(Bucket=bucket, Prefix="p/")
+        frozen = credentials.get_frozen_credentials()
+        auth = sent[0].headers["Authorization"].decode()
+        return frozen.access_key, auth.split("/")[2], frozen.token, sent[0].url.split("/")[2]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.mark.parametrize("case", ["quoted", "spaced", "empty_config", "vars", "tokens", "long_bucket", "underscore"])
+def test_the_direct_client_goes_where_botocore_goes(tmp_path: Path, case: str) -> None:
+    """Settings read as botocore reads them (a second attack's cases): profile sections named by a
+    shell split, an empty or ``$VAR`` file path, the security token before the session token, a
+    bucket that is no DNS label addressed by path. Where the direct client serves, it signs with
+    the key and for the region botocore would, and sends to the same host."""
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True)
+    config, credentials = home / ".aws" / "config", home / ".aws" / "credentials"
+    credentials.write_text("[default]\naws_access_key_id = FKEY\naws_secret_access_key = s\n"
+                           "[foo]\naws_access_key_id = FOO\naws_secret_access_key = s\n")
+    config.write_text("[default]\nregion = eu-west-1\n[profile \"foo\"]\nregion = ap-south-1\n")
+    env = {"HOME": str(home), "AWS_EC2_METADATA_DISABLED": "true", "FSSPEC_CONFIG_DIR": str(tmp_path / "none")}
+    bucket = "bkt"
+    if case == "quoted":
+        env["AWS_PROFILE"] = "foo"
+    elif case == "spaced":
+        config.write_text("[default]\nregion = eu-west-1\n[profile  foo]\nregion = ap-south-1\n")
+        env["AWS_PROFILE"] = "foo"
+    elif case == "empty_config":
+        env["AWS_CONFIG_FILE"] = ""
+    elif case == "vars":
+        env["AWS_CONFIG_FILE"] = "$HOME/.aws/config"
+    elif case == "tokens":
+        credentials.write_text("[default]\naws_access_key_id = FKEY\naws_secret_access_key = s\n"
+                               "aws_session_token = SESS\naws_security_token = SEC\n")
+    elif case == "long_bucket":
+        bucket = "b" * 64
+    elif case == "underscore":
+        bucket = "my_bucket"
+    ours = client.keys(env, bucket)
+    assert isinstance(ours, client.Keys), ours
+    key, region, token, host = botocore_says(env, bucket)
+    level = client.S3(f"s3://{bucket}/p/jax-1", ours)
+    assert (ours.access, ours.region, ours.token) == (key, region, token)
+    assert urlsplit(level.root).netloc.replace(".s3.amazonaws.com", f".s3.{region}.amazonaws.com") == host.replace(
+        "s3.amazonaws.com", f"s3.{region}.amazonaws.com"), (level.root, host)
+
+
+def test_a_setting_file_that_is_no_regular_file_is_skipped_never_read(tmp_path: Path) -> None:
+    """A FIFO, a device or a folder as a config file is skipped, as botocore skips it (a FIFO read
+    would hang ``import jax``; ``/dev/zero`` would fill memory)."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero", str(tmp_path)):
+        env = {"AWS_CONFIG_FILE": path, "AWS_SHARED_CREDENTIALS_FILE": path, "AWS_ACCESS_KEY_ID": "A",
+               "AWS_SECRET_ACCESS_KEY": "s", "FSSPEC_CONFIG_DIR": str(tmp_path)}
+        assert isinstance(client.keys(env), client.Keys), path
 
 
 def test_keys_from_a_credential_process_go_through_s3fs_for_real(venv: Venv, tmp_path: Path, s3: S3) -> None:

@@ -165,6 +165,8 @@ class HttpCache:
                 connection.close()
                 if isinstance(exc, OSError):  # a certificate that does not verify (ssl's error is both)
                     raise
+                if "header" not in str(exc).lower():  # a URL http.client or the IDNA codec refuses
+                    raise OSError(f"{url}: not a URL this client can ask ({type(exc).__name__})") from None
                 raise OSError(f"{url}: a request header is not valid (a credential with a newline or another "
                               "control character? it is not shown)") from None
             except (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError,

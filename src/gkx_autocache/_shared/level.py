@@ -666,7 +666,8 @@ def backend_for(shared: str, jax_version: str, team: bool,
     version_url = f"{shared.rstrip('/')}/{version_name(jax_version)}"
     if is_http(shared):
         return HttpCache(version_url)
-    if is_url(shared) and shared.lower().startswith("s3://") and not isinstance(found := s3.keys(env), str):
+    if (is_url(shared) and shared.lower().startswith("s3://")
+            and not isinstance(found := s3.keys(env, shared[5:].split("/", 1)[0]), str)):
         return s3.S3(version_url, found)
     if is_url(shared):
         return Bucket(version_url)

@@ -81,7 +81,7 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
     elif shared.lower().startswith("s3://"):  # which client, and its keys' source (never their value)
         from gkx_autocache._shared import s3
 
-        found = s3.keys(env)
+        found = s3.keys(env, shared[5:].split("/", 1)[0])
         info["credentials"] = (f"s3fs's own ({found})" if isinstance(found, str) else
                                f"{found.source}, signed here (no client library)")
     why = problem(settings, location) if location is not None else "no local level"

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import os
 import re
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -27,9 +28,9 @@ ERROR_LIMIT = 64 << 10  # an error's XML body: a few hundred bytes
 LISTING_LIMIT = 4 << 20  # a page of 1000 names
 ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 # settings that change how a request is made or where it goes, which this client does not read
-NOT_READ_ENVS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "AWS_USE_FIPS_ENDPOINT",
-                 "AWS_USE_DUALSTACK_ENDPOINT", "AWS_S3_USE_ARN_REGION", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
-                 "AWS_S3_DISABLE_MULTIREGION_ACCESS_POINTS")
+NOT_READ_ENVS = ("AWS_USE_FIPS_ENDPOINT", "AWS_USE_DUALSTACK_ENDPOINT", "AWS_S3_USE_ARN_REGION",
+                 "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "AWS_S3_DISABLE_MULTIREGION_ACCESS_POINTS")
+PROXY_ENVS = ("http_proxy", "https_proxy", "all_proxy")  # any case, as urllib reads them
 # what a profile may hold for this client to serve it: what it reads, and what changes no request
 # of its own (the CLI's output, botocore's retries and checksums); anything else (a role, SSO, a
 # credential process, FIPS, dual-stack, nested ``s3 =`` settings) is s3fs's
@@ -39,9 +40,13 @@ CONFIG_READ = frozenset({"region", "endpoint_url", "ca_bundle", "aws_access_key_
                          "parameter_validation", "tcp_keepalive", "request_checksum_calculation",
                          "response_checksum_validation", "metadata_service_timeout", "metadata_service_num_attempts"})
 CREDENTIALS_READ = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "aws_security_token"})
+FILE_LIMIT = 1 << 20  # an AWS ini file longer than this is s3fs's to read
 REGION = re.compile(r"[a-z]{2}(?:-[a-z0-9]+){1,4}")  # eu-west-1, us-gov-east-1: never a host of another name
+# AWS's main partition and GovCloud, whose hosts are ``amazonaws.com`` (botocore's pattern); China,
+# the ISO partitions and the European sovereign cloud have domains of their own: s3fs's
+MAIN_PARTITION = re.compile(r"(?:us|eu|ap|sa|ca|me|af|il|mx)-[a-z]+-\d+|us-gov-[a-z]+-\d+")
+VIRTUAL_HOST = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")  # a bucket that is one DNS label: its own host
 BACKOFF = (0.1, 0.4, 1.2)  # seconds before asking again after a 5xx (S3's SlowDown): within shared_timeout
-OTHER_PARTITIONS = ("cn-", "us-iso", "eusc-")  # amazonaws.com.cn, c2s.ic.gov, amazonaws.eu: s3fs knows them
 
 
 class Keys(NamedTuple):
@@ -51,91 +56,148 @@ class Keys(NamedTuple):
     secret: str
     token: str | None
     region: str
-    endpoint: str | None  # scheme://host[:port], None for AWS's own
+    endpoint: str | None  # scheme://host[:port][/path], None for AWS's own
     source: str  # for ``status``: where the keys were read (never their value)
-    cafile: str | None = None  # AWS_CA_BUNDLE, or the profile's ca_bundle
+    cafile: str | None = None  # AWS_CA_BUNDLE, the profile's ca_bundle, or REQUESTS_CA_BUNDLE
 
 
-def keys(env: Mapping[str, str] = os.environ) -> Keys | str:
-    """The static keys and settings for a direct client, or why s3fs is used instead: the
-    environment as botocore reads it (``AWS_DEFAULT_PROFILE`` before ``AWS_PROFILE``, the region
-    from ``AWS_DEFAULT_REGION``, the environment's keys before a profile's), then the profile in
-    the shared credentials and config files; a setting this client does not read sends the level
-    to s3fs, never to another place. Nothing is fetched."""
+def keys(env: Mapping[str, str] = os.environ, bucket: str = "") -> Keys | str:
+    """The static keys and settings for a direct client of ``bucket``, or why s3fs is used instead:
+    the environment and the profile as botocore reads them (``AWS_DEFAULT_PROFILE`` before
+    ``AWS_PROFILE``; the region from ``AWS_DEFAULT_REGION``, not ``AWS_REGION``; the environment's
+    keys before a profile's; profile sections named as botocore names them, the later one winning);
+    a setting this client does not read sends the level to s3fs, never to another place. Nothing is
+    fetched; never raises."""
+    try:
+        return _keys(env, bucket)
+    except Exception as exc:  # never the user's import: s3fs reads what this did not
+        return f"the settings could not be read here ({type(exc).__name__})"
+
+
+def _keys(env: Mapping[str, str], bucket: str) -> Keys | str:
     if any(k.startswith("FSSPEC_S3") for k in env) or _fsspec_config(env):
         return "fsspec has S3 settings of its own"
+    if setting := next((k for k in env if k.lower() in PROXY_ENVS and env[k]), None):
+        return f"{setting} is set"
     if setting := next((k for k in NOT_READ_ENVS if env.get(k)), None):
         return f"{setting} is set"
+    if sys.platform in ("darwin", "win32") and _system_proxy():
+        return "the system has a proxy"
+    if bucket.endswith("--x-s3") or bucket.startswith("arn:"):
+        return "a directory bucket or an access point"
     if bool(env.get("AWS_ACCESS_KEY_ID")) != bool(env.get("AWS_SECRET_ACCESS_KEY")):
         return "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set together"
     if env.get("AWS_WEB_IDENTITY_TOKEN_FILE") and not env.get("AWS_ACCESS_KEY_ID"):
         return "a web identity role"
     named = env.get("AWS_DEFAULT_PROFILE") or env.get("AWS_PROFILE")
     profile = named or "default"
-    config_file = env.get("AWS_CONFIG_FILE") or "~/.aws/config"
-    config = _section(config_file, f"profile {profile}", "default" if profile == "default" else None)
-    credentials = _section(env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials", profile)
+    config = _profiles(env.get("AWS_CONFIG_FILE", "~/.aws/config"), env, prefixed=True)
+    credentials = _profiles(env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"), env, prefixed=False)
     if isinstance(config, str) or isinstance(credentials, str):
         return str(config if isinstance(config, str) else credentials)
-    if named and not config and not credentials:
+    mine, keyed = config.get(profile), credentials.get(profile)
+    if named and mine is None and keyed is None:
         return f"the profile {profile!r} is in neither ~/.aws file"
-    if unread := sorted(set(config) - CONFIG_READ) or sorted(set(credentials) - CREDENTIALS_READ):
+    mine, keyed = mine or {}, keyed or {}
+    if unread := sorted(set(mine) - CONFIG_READ) or sorted(set(keyed) - CREDENTIALS_READ):
         return f"the profile {profile!r} has {unread[0]}"
-    endpoint = next((env[k] for k in ENDPOINT_ENVS if env.get(k)), None) or config.get("endpoint_url")
-    region = env.get("AWS_DEFAULT_REGION") or config.get("region") or "us-east-1"
+    endpoint = next((env[k] for k in ENDPOINT_ENVS if env.get(k)), None) or mine.get("endpoint_url")
+    region = env.get("AWS_DEFAULT_REGION") or mine.get("region") or "us-east-1"
     origin = _origin(endpoint) if endpoint else None
     if endpoint and origin is None:
-        return f"the endpoint {endpoint!r} is not an http(s) URL of a host"
-    if origin is None and (not REGION.fullmatch(region) or region.startswith(OTHER_PARTITIONS)):
+        return f"the endpoint {endpoint!r} is not a plain http(s) URL of a host"
+    if origin is None and not MAIN_PARTITION.fullmatch(region):
         return f"the region {region!r} is outside AWS's main partition"
-    cafile = env.get("AWS_CA_BUNDLE") or config.get("ca_bundle") or None
+    cafile = env.get("AWS_CA_BUNDLE") or mine.get("ca_bundle") or env.get("REQUESTS_CA_BUNDLE") or None
     if env.get("AWS_ACCESS_KEY_ID"):
-        return Keys(env["AWS_ACCESS_KEY_ID"].strip(), env["AWS_SECRET_ACCESS_KEY"].strip(),
-                    (env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN") or "").strip() or None,
+        token = next((env[k] for k in ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN") if env.get(k)), "")
+        return Keys(env["AWS_ACCESS_KEY_ID"].strip(), env["AWS_SECRET_ACCESS_KEY"].strip(), token.strip() or None,
                     region, origin, "the environment's keys (AWS_ACCESS_KEY_ID)", cafile)
-    for found, where in ((credentials, "~/.aws/credentials"), (config, "~/.aws/config")):
-        if found.get("aws_access_key_id") and found.get("aws_secret_access_key"):
-            return Keys(found["aws_access_key_id"], found["aws_secret_access_key"],
-                        found.get("aws_session_token") or found.get("aws_security_token"), region, origin,
+    for found, where in ((keyed, "~/.aws/credentials"), (mine, "~/.aws/config")):
+        if "aws_access_key_id" in found:  # (the first file that names a key is botocore's, empty or not)
+            if not (found["aws_access_key_id"] and found.get("aws_secret_access_key")):
+                return f"the profile {profile!r} in {where} has a key without its secret"
+            token = next((found[k] for k in ("aws_security_token", "aws_session_token") if k in found), "")
+            return Keys(found["aws_access_key_id"], found["aws_secret_access_key"], token or None, region, origin,
                         f"the profile {profile!r} in {where}", cafile)
     return "no static keys (the environment, ~/.aws): a role or instance credentials"
 
 
 def _origin(endpoint: str) -> str | None:
-    """``scheme://host[:port]`` as botocore sends it (the host in lower case, a default port
-    left out: what the ``Host`` header and the signature carry), or None for no http(s) URL of a
-    host. A path in the endpoint is kept."""
-    parts = urlsplit(endpoint.strip())
-    scheme = parts.scheme.lower()
+    """``scheme://host[:port][/path]`` as botocore sends it (the host in lower case, a default
+    port left out: what the ``Host`` header and the signature carry), or None for no plain http(s)
+    URL of a host (a path only of unreserved characters)."""
     try:
-        port = parts.port
-    except ValueError:
+        parts = urlsplit(endpoint.strip())
+        scheme, port, host = parts.scheme.lower(), parts.port, parts.hostname
+    except ValueError:  # an unclosed IPv6 bracket, a port that is no number, NFKC's refusals
         return None
-    if scheme not in ("http", "https") or not parts.hostname or parts.username or parts.query or parts.fragment:
+    if (scheme not in ("http", "https") or not host or parts.username or parts.query or parts.fragment
+            or not re.fullmatch(r"[A-Za-z0-9._~/-]*", parts.path) or not re.fullmatch(r"[A-Za-z0-9.:-]+", host)):
         return None
-    host = parts.hostname.lower()
-    if ":" in host:
-        host = f"[{host}]"
+    host = f"[{host.lower()}]" if ":" in host else host.lower()
     default = 443 if scheme == "https" else 80
     return f"{scheme}://{host}{f':{port}' if port not in (None, default) else ''}{parts.path.rstrip('/')}"
 
 
-def _section(path: str, name: str, plain: str | None = None) -> dict[str, str] | str:
-    """A profile's section of an AWS ini file (``name``, or ``plain``: the config file's
-    ``[default]`` beside ``[profile default]``; both there is one botocore reads by their order,
-    not this client); empty where the file or the section is not there; why not, where the file
-    does not parse."""
+def _profiles(setting: str, env: Mapping[str, str], prefixed: bool) -> dict[str, dict[str, str]] | str:
+    """An AWS ini file's profiles by name, as botocore reads them: the path's variables and ``~``
+    expanded, an empty setting no file, a path that is no regular file skipped; in the config
+    file (``prefixed``) ``[default]`` and ``[profile <name>]`` (split as a shell splits it: two
+    words), a later section of one name taking its place. Why not, where the file does not parse
+    or is too long."""
+    if not setting:
+        return {}
+    path = _expand(setting, env)
+    if not os.path.isfile(path):  # no file, a folder, a FIFO, a device: botocore reads none of them
+        return {}
+    if os.path.getsize(path) > FILE_LIMIT:
+        return f"{setting} is longer than {FILE_LIMIT >> 20} MiB"
     import configparser
 
     parser = configparser.RawConfigParser()
     try:
-        parser.read(os.path.expanduser(path), encoding="utf-8")
+        parser.read(path, encoding="utf-8")
     except (configparser.Error, UnicodeDecodeError):
-        return f"{path} does not parse"
-    found = [section for section in (name, plain) if section and parser.has_section(section)]
-    if len(found) > 1:
-        return f"{path} has both [{found[0]}] and [{found[1]}]"
-    return {k: v.strip() for k, v in parser.items(found[0])} if found else {}
+        return f"{setting} does not parse"
+    found: dict[str, dict[str, str]] = {}
+    for section in parser.sections():
+        name: str | None = section
+        if prefixed and section != "default":
+            name = _profile_name(section)
+        if name is not None:
+            found[name] = {k: v for k, v in parser.items(section)}
+    return found
+
+
+def _expand(path: str, env: Mapping[str, str]) -> str:
+    """``os.path.expandvars`` then ``expanduser`` (botocore's order), read from ``env``."""
+    path = re.sub(r"\$(\w+)|\$\{([^}]*)\}", lambda m: env.get(m[1] or m[2], m[0]), path)
+    if path == "~" or path.startswith("~/"):
+        home = env.get("HOME") or os.path.expanduser("~")
+        return home + path[1:]
+    return os.path.expanduser(path)
+
+
+def _profile_name(section: str) -> str | None:
+    """``[profile <name>]``'s name as botocore's ``shlex`` split gives it, or None for a section
+    that names no profile."""
+    if not section.startswith("profile"):
+        return None
+    import shlex
+
+    try:
+        words = shlex.split(section)
+    except ValueError:
+        return None
+    return words[1] if len(words) == 2 else None
+
+
+def _system_proxy() -> bool:
+    """Whether macOS's or Windows' own settings name a proxy (urllib reads them, and botocore)."""
+    import urllib.request
+
+    return bool(urllib.request.getproxies())
 
 
 def _fsspec_config(env: Mapping[str, str]) -> bool:
@@ -146,9 +208,12 @@ def _fsspec_config(env: Mapping[str, str]) -> bool:
     except OSError:
         return False
     for name in names:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):  # (a FIFO would hang the read)
+            continue
         try:
-            with open(os.path.join(folder, name), "rb") as f:
-                if b"s3" in f.read(1 << 20):
+            with open(path, "rb") as f:
+                if b"s3" in f.read(FILE_LIMIT):
                     return True
         except OSError:
             continue
@@ -175,7 +240,7 @@ class S3(HttpCache):
         once (the prefetch's threads read them together)."""
         if self._keys.endpoint is not None:
             root = f"{self._keys.endpoint}/{quote(self.bucket)}"
-        elif "." not in self.bucket and self.bucket == self.bucket.lower():  # the certificate covers one label
+        elif VIRTUAL_HOST.fullmatch(self.bucket):  # one DNS label (the certificate covers one): its own host
             root = f"https://{self.bucket}.s3.{region}.amazonaws.com"
         else:
             root = f"https://s3.{region}.amazonaws.com/{quote(self.bucket)}"
@@ -191,23 +256,24 @@ class S3(HttpCache):
         """``method`` of ``name`` under the version prefix (``query`` of the bucket itself), signed;
         no redirect followed. A bucket in another region than the one configured says so
         (``x-amz-bucket-region``): the request is made once more there."""
-        moved_once = False
-        for attempt in range(len(BACKOFF) + 2):
+        moved_once, retries = False, 0
+        while True:
             region, root, base = self.aimed
             url = f"{root}{'' if urlsplit(root).path else '/'}?{query}" if query else f"{base}/{quote(name)}"
             sent = sign(method, url, dict(headers or {}), body, self._keys, region)
             connection, response = self._send(url, method, sent, body)
             moved = response.getheader("x-amz-bucket-region") or ""
-            if response.status in (301, 307, 400) and REGION.fullmatch(moved) and moved != region and not moved_once:
+            if (response.status in (301, 307, 400) and moved != region and not moved_once
+                    and (MAIN_PARTITION if self._keys.endpoint is None else REGION).fullmatch(moved)):
                 moved_once = True
                 self._aim(moved)
-            elif response.status in (500, 502, 503, 504) and attempt < len(BACKOFF):
-                time.sleep(BACKOFF[attempt])  # S3 asks to be asked again (SlowDown): as botocore does
+            elif response.status in (500, 502, 503, 504) and retries < len(BACKOFF):
+                time.sleep(BACKOFF[retries])  # S3 asks to be asked again (SlowDown): as botocore does
+                retries += 1
             else:
                 return connection, response, url
             response.read(ERROR_LIMIT)
             connection.close()
-        return connection, response, url
 
     def _error(self, response: Any, url: str, more: str = "") -> OSError:
         """S3's error in one line: its code and message from the XML body."""
