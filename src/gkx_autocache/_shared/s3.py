@@ -231,9 +231,21 @@ class S3(HttpCache):
     def __init__(self, version_url: str, found: Keys) -> None:
         super().__init__(version_url, env={})  # no bearer token or ~/.netrc entry: each request is signed
         self._keys = found
-        self.cafile = found.cafile or _certifi()
         self.bucket, _, self.prefix = version_url[len("s3://"):].rstrip("/").partition("/")
         self._aim(found.region)
+
+    @property
+    def region(self) -> str:
+        return self.aimed[0]
+
+    @property
+    def root(self) -> str:
+        return self.aimed[1]
+
+    @property
+    def cafile(self) -> str | None:  # type: ignore[override]
+        """Read at the first https connection, not on ``import jax`` (certifi's import: 7.5 ms)."""
+        return self._keys.cafile or _certifi()
 
     def _aim(self, region: str) -> None:
         """Where requests go, for the region as it is now known: ``(region, root, base)`` set at
@@ -245,7 +257,7 @@ class S3(HttpCache):
         else:
             root = f"https://s3.{region}.amazonaws.com/{quote(self.bucket)}"
         self.aimed = (region, root, f"{root}/{quote(self.prefix)}" if self.prefix else root)
-        self.region, self.root, self.base = self.aimed
+        self.base = self.aimed[2]  # (``http.py``'s name for where requests go)
         with self._lock:  # another host: a kept connection would carry the request elsewhere
             kept, self._idle = self._idle, []
         for connection in kept:
@@ -333,7 +345,8 @@ def _names(text: str, prefix: str) -> dict[str, int] | str:
     for block in re.findall(r"<Contents>(.*?)</Contents>", text, re.S):
         key = re.search(r"<Key>([^<]{1,3100})</Key>", block)  # S3's keys: 1024 bytes, escaped; whitespace kept
         size = re.search(r"<Size>\s*([0-9]{1,15})\s*</Size>", block)
-        name = html.unescape(key[1])[len(prefix):] if key and html.unescape(key[1]).startswith(prefix) else ""
+        full = html.unescape(key[1]) if key else ""
+        name = full[len(prefix):] if full.startswith(prefix) else ""
         if name and "/" not in name:
             names[name] = int(size[1]) if size else 0
     return names
