@@ -714,8 +714,8 @@ def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: P
     """Entries and seals a group member or a bucket could plant are refused one by one, each a
     `rejected` miss with its reason (or served, where only a figure in the seal is absurd); none
     turns the level off, hangs, or raises."""
-    from gkx_autocache._shared import level as _levels
     from gkx_autocache._shared import seal as _seal
+    from gkx_autocache._shared.reads import Found
 
     secret = b"k" if spoil in ("moved signed seal", "a non-ASCII signature") else None
     level, vdir = hostile_level(tmp_path, secret)
@@ -751,7 +751,7 @@ def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: P
     got = level.get(GOOD)
     assert time.monotonic() - started < 3 and level.off is None
     if spoil == "a compile time of a century":
-        assert isinstance(got, _levels.Found) and got.data == data and got.compile_secs is None
+        assert isinstance(got, Found) and got.data == data and got.compile_secs is None
     else:
         assert isinstance(got, str) and got, got
         assert level.snapshot()["shared"]["rejected"] == 1
@@ -1194,16 +1194,16 @@ def test_a_local_entry_is_uploaded_only_with_the_seal_its_key_vouched_for(tmp_pa
 def test_an_unsigned_seal_says_who_uploaded_it_and_a_wrong_signature_says_so() -> None:
     """K5: a seal without a signature is `not signed`, uploaded by a process without the key; one
     whose signature does not match names another key or an alteration: two causes, two fixes."""
-    from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared.reads import Reader
     from gkx_autocache._shared.seal import EntryRefused, make_seal
 
-    level = _levels.Level("/nowhere", None, local="/nowhere", timeout=1.0, writes="x", secret=KEY_A.encode())
+    reader = Reader(None, secret=KEY_A.encode(), max_entry=1 << 30, timeout=1.0, count=lambda **numbers: None)
     data = b"\x78\x9c" + b"a" * 10
     for raw, said in ((make_seal(GOOD, data, None, 1.0, None), "not signed: a process without the signing key uploaded it"),
                       (make_seal(GOOD, data, None, 1.0, KEY_B.encode()),
                        "not signed: its signature does not match (another key, or altered)")):
         with pytest.raises(EntryRefused) as refused:
-            level._admit(GOOD, raw)
+            reader.admit(GOOD, raw)
         assert str(refused.value) == said
 
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -241,19 +242,39 @@ def test_a_pack_holds_its_records_in_order_up_to_its_limit() -> None:
 
 
 class _Level:
-    """What ``Prefetch`` reads of its level, for driving ``_unpack`` without a bucket."""
+    """What ``Prefetch`` reads of its level (``prefetch.Level``), for driving it without a bucket."""
 
     def __init__(self, local: Path) -> None:
-        self.local_dir, self.max_entry, self.timeout, self._closed, self.off = str(local), 1 << 30, 5.0, False, None
+        self.local_dir, self.local_team, self.timeout = str(local), False, 5.0
+        self.off: tuple[str, float] | None = None
+        self.room: Callable[[bool], int] | None = None
+        self.backend, self.closed, self.listing = None, False, None
         self.tunes = False  # XLA keeps no GPU autotune results here
         self.counted: dict[str, float] = {}
+
+    def ensure(self, quiet: bool = False) -> bool:
+        return True
 
     def count(self, level: str, **add: float) -> None:
         for name, n in add.items():
             self.counted[name] = self.counted.get(name, 0) + n
 
-    def _admit(self, key: str, raw_seal: bytes) -> dict[str, Any]:
-        return dict(json.loads(raw_seal))
+    def turn_off(self, why: str, timed_out: bool = False) -> None:
+        self.off = (why, 0.0)
+
+
+def _reader() -> Any:
+    """A reader that takes any seal as it is (its shape is ``seal``'s tests'), bytes unchecked."""
+    from gkx_autocache._shared.reads import Found, Reader
+
+    class Unchecked(Reader):
+        def admit(self, key: str, raw_seal: bytes | None) -> dict[str, Any] | None:
+            return dict(json.loads(raw_seal or b"{}"))
+
+        def found(self, key: str, seal: dict[str, Any] | None, data: bytes, raw_seal: bytes | None = None) -> Found:
+            return Found(data, None, 0.0)
+
+    return Unchecked(None, secret=None, max_entry=1 << 30, timeout=5.0, count=lambda **numbers: None)
 
 
 def test_a_hostile_pack_is_read_no_further_than_a_writer_packs_and_a_cut_record_goes_to_the_workers(
@@ -272,7 +293,7 @@ def test_a_hostile_pack_is_read_no_further_than_a_writer_packs_and_a_cut_record_
 
         return pack.Reader(take)
 
-    ahead = prefetch.Prefetch(_Level(tmp_path), lambda key, found: (True, None), 1 << 30)
+    ahead = prefetch.Prefetch(_Level(tmp_path), _reader(), lambda key, found: (True, None), 1 << 30)
     wanted = "jit_w-" + "cd" * 32
     ahead.packed[wanted] = 10
     junk = pack.build([(f"jit_j-{i:064x}", b'{"bytes":1}', b"x") for i in range(30_000)])[0]
@@ -600,7 +621,7 @@ def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it
     import threading
 
     from gkx_autocache._shared import prefetch
-    from gkx_autocache._shared.level import Found
+    from gkx_autocache._shared.reads import Found
 
     level = _Level(tmp_path)
     level.timeout = 0.5
@@ -609,7 +630,7 @@ def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it
         landed.append(key)
         return True, None
 
-    ahead = prefetch.Prefetch(level, land, 1 << 30)
+    ahead = prefetch.Prefetch(level, _reader(), land, 1 << 30)
     key = "jit_w-" + "cd" * 32
     with ahead.lock:
         event = ahead.flight[key] = threading.Event()

@@ -26,7 +26,7 @@ from gkx_autocache._shared import s3 as client
 from gkx_autocache._shared.bucket import Bucket
 from gkx_autocache._shared.calls import Progress, describe
 from gkx_autocache._shared.http import HttpError
-from gkx_autocache._shared.level import backend_for
+from gkx_autocache._shared.setup import backend_for
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
 NO_FILES = {"AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}

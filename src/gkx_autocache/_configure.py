@@ -105,12 +105,12 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     levels = None
     if settings["shared"] is not None:  # a second level behind this one (SPEC §14): objects only, no I/O here
         from gkx_autocache import _autotune
-        from gkx_autocache._shared import level as _levels
+        from gkx_autocache._shared import setup as _levels
 
         tunes = _autotune.enabled(getattr(config, "jax_persistent_cache_enable_xla_caches", None))
         max_size = settings["max_size"]
         room = functools.partial(prefetch_room, directory, max_size) if max_size else None
-        levels, problems = _levels.setup(settings, location, jax.__version__, env, tunes, room)
+        levels, problems = _levels.level_for(settings, location, jax.__version__, env, tunes, room)
         for cause, message in problems:
             warn(cause, message)
     if location.local:

@@ -85,6 +85,11 @@ class Store:
         self._misses = threading.local()  # key -> process CPU time at the miss, per thread
         self._served = threading.local()  # the key whose bytes this thread was last given
 
+    @property
+    def path(self) -> str:
+        """The version directory it serves (real path)."""
+        return self._path
+
     def _entry(self, key: str) -> str:
         return os.path.join(self._path, key + ENTRY_SUFFIX)
 
@@ -405,7 +410,7 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
 def serving(path: str) -> bool:
     """Whether the store serves ``path`` now (JAX's directory may have been set since)."""
     store = _serving
-    return store is not None and os.path.realpath(store._path) == os.path.realpath(path)
+    return store is not None and os.path.realpath(store.path) == os.path.realpath(path)
 
 
 def serving_now(config: Any) -> bool:

@@ -59,7 +59,7 @@ def _require_tag(vdir: str) -> None:
 
 def _shared(ctx: Context, command: str) -> str:
     """The shared level's version directory (SPEC §14), for ``--shared``."""
-    from gkx_autocache._shared import level as _levels
+    from gkx_autocache._shared import setup as _levels
 
     shared = ctx.settings["shared"]
     if shared is None:

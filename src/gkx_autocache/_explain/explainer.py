@@ -103,6 +103,10 @@ class Explainer:
             logger.debug("ingredients of %s not kept: %s", key, exc)
             return {}
 
+    def after_fork(self) -> None:
+        """A lock another thread of the parent held at the fork stays held in the child."""
+        self._lock = threading.Lock()
+
     def forget_given(self) -> None:
         """This process begins another ledger (or, forked, its own): give the tables again."""
         with self._lock:

@@ -89,7 +89,7 @@ class Watch:
         """A lock another thread of the parent held at the fork stays held in the child."""
         self._lock = threading.Lock()
         if self._explainer is not None:
-            self._explainer._lock = threading.Lock()
+            self._explainer.after_fork()
 
     def explainer(self) -> Any:
         """The explainer, made at the first question."""

@@ -103,9 +103,9 @@ class Evidence:
 
     def add(self, lines: list[str]) -> None:
         for line in lines:
-            self._line(line)
+            self.line(line)
 
-    def _line(self, line: str) -> None:
+    def line(self, line: str) -> None:
         kind, _, rest = line.partition("\t")
         if kind == "E":
             name, _, fields = rest.partition("\t")
@@ -259,11 +259,11 @@ def _read_lines(path: str, evidence: Evidence) -> None:
             end = data.rfind(b"\n") + 1
             data, tail = data[:end], data[end:]
             for line in data.decode("utf-8", "replace").split("\n"):
-                evidence._line(line)
+                evidence.line(line)
         if left <= 0:
             logger.debug("%s is larger than %d bytes: read in part", path, INDEX_READ_LIMIT)
         elif tail:
-            evidence._line(tail.decode("utf-8", "replace"))  # a last line without its newline (torn)
+            evidence.line(tail.decode("utf-8", "replace"))  # a last line without its newline (torn)
     except OSError as exc:
         logger.debug("cannot read %s: %s", path, exc)
     finally:

@@ -457,7 +457,7 @@ class Recorder:
                 "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
                 "tracing_secs": t.tracing_secs,
                 "levels": self.levels.snapshot() if self.levels is not None else {},
-                "shared": ({"url": self.levels.url, "signed": self.levels._secret is not None}
+                "shared": ({"url": self.levels.url, "signed": self.levels.signs}
                            if self.levels is not None else None)}
 
 

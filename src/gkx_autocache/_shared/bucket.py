@@ -5,6 +5,7 @@ Design: docs/how-it-works.md.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,9 @@ def _no_retry_when_refused(caught_exception: BaseException | None = None, **kwar
     return False if refused(caught_exception) else None
 
 
+_hooked_clients: weakref.WeakSet[Any] = weakref.WeakSet()  # s3fs's clients, each hooked once
+
+
 async def _hooked(fs: Any, path: str) -> None:
     """Register ``_no_retry_when_refused`` on s3fs's client for ``path``'s bucket, once."""
     get_s3 = getattr(fs, "get_s3", None)
@@ -39,9 +43,9 @@ async def _hooked(fs: Any, path: str) -> None:
         return
     await fs.set_session()
     client = await get_s3(path.split("/", 1)[0])
-    if not getattr(client, "_gkx_refusal", False):
+    if client not in _hooked_clients:
         client.meta.events.register_first("needs-retry.s3", _no_retry_when_refused)
-        client._gkx_refusal = True
+        _hooked_clients.add(client)
 
 
 async def _read_range(fs: Any, path: str, start: int, end: int) -> bytes | None:

@@ -9,24 +9,20 @@ the listing, healing, seals, uploads, ``fork``): docs/how-it-works.md.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
+import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from gkx_autocache import _fork, _formats, _jax
-from gkx_autocache._diagnostics import human_bytes, logger, warn
-from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, is_url, version_name
-from gkx_autocache._shared import manifest, prefetch, s3
-from gkx_autocache._shared.bucket import Bucket
-from gkx_autocache._shared.calls import FIRST_BLOCK, MAX_BLOCK, Progress, ShuttingDown, Stalled, bounded, describe
-from gkx_autocache._shared.directory import Directory
-from gkx_autocache._shared.http import HttpCache
-from gkx_autocache._shared.seal import EntryRefused, head_problem, mac, make_seal, read_seal
+from gkx_autocache import _autotune, _fork, _formats, _jax
+from gkx_autocache._diagnostics import logger, warn
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, PACK_SUFFIX, SEAL_SIDECAR
+from gkx_autocache._shared import manifest, pack, prefetch
+from gkx_autocache._shared.calls import Progress, ShuttingDown, Stalled, bounded, describe
+from gkx_autocache._shared.reads import Found, Reader
+from gkx_autocache._shared.seal import EntryRefused
 
 LIST_TTL = 60.0
 QUEUE_BYTES = 256 << 20  # entries waiting to be uploaded, held in memory
@@ -52,19 +48,6 @@ class Item(NamedTuple):
     manifest: bool
 
 
-class Found:
-    """A shared entry, checked: its bytes, compile time, write time, and its seal where this
-    process verified it under its signing key (kept beside the local copy: what vouches for it)."""
-
-    __slots__ = ("data", "compile_secs", "written", "seal")
-
-    def __init__(self, data: bytes, compile_secs: float | None, written: float, seal: bytes | None = None) -> None:
-        self.data = data
-        self.compile_secs = compile_secs
-        self.written = written
-        self.seal = seal
-
-
 def zero() -> dict[str, float]:
     return dict.fromkeys(COUNTS, 0)
 
@@ -84,8 +67,8 @@ class Level:
         self.tunes = tunes  # XLA keeps GPU autotune results in the local level (``_autotune``): they travel
         self.timeout = timeout
         self.writes = writes  # None: uploads on; else why not ("shared_write = never", ...)
-        self._secret = secret
-        self.max_entry = max_entry
+        self.reader = Reader(backend, secret=secret, max_entry=max_entry, timeout=timeout,
+                             count=functools.partial(self.count, "shared"))
         self.origin = origin
         self.queue_bytes = queue_bytes
         self.room = room  # the room under the local level's cap (``fold.prefetch_room``): a prefetch stays in it
@@ -190,9 +173,26 @@ class Level:
                 return
             self._prefetch_tried = True
         try:
-            prefetch.begin(self, key)
+            self._begin(key)
         except Exception as exc:  # no thread (RLIMIT_NPROC), the package's files gone: no prefetch
             logger.debug("no prefetch: %s", describe(exc))
+
+    def _begin(self, key: str) -> None:
+        """The upload worker of a writer, and the prefetch where entries can land."""
+        if self.off is not None or self._closed:
+            return
+        if self.writes is None and _jax.process_id() == 0:
+            with self._lock:
+                self._start_worker()
+        if self.land is None:  # the local level takes no writes: nothing can land
+            return
+        budget = prefetch.BUDGET if self.room is None else min(prefetch.BUDGET, self.room(False))  # under the cap
+        if budget <= 0:
+            return
+        ahead = prefetch.Prefetch(self, self.reader, self.land, budget)
+        ahead.asked.add(key)  # this lookup's: fetched by it
+        self._prefetch = ahead
+        ahead.start()
 
     def before_lookup(self, key: str) -> None:
         """A lookup about to read the local level: a prefetch of its key in flight is waited for."""
@@ -218,6 +218,17 @@ class Level:
         why, when = self.off
         return f"{why} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}"
 
+    @property
+    def closed(self) -> bool:
+        """At exit: nothing more is fetched or queued."""
+        return self._closed
+
+    @property
+    def listing(self) -> dict[str, int] | None:
+        """A bucket's version prefix as last listed (object name -> bytes), or None (a directory, an
+        HTTP cache, a listing beyond one page, or not listed yet)."""
+        return self._listing
+
     def turn_off(self, why: str, timed_out: bool = False) -> None:
         """The first stall or error: the level is off for the rest of the process, one warning."""
         with self._lock:
@@ -240,7 +251,7 @@ class Level:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def _ensure(self, quiet: bool = False) -> bool:
+    def ensure(self, quiet: bool = False) -> bool:
         """Prepare the level (trust, the version directory) and list a bucket's version prefix, once
         (and the listing again after LIST_TTL); whether it is usable. ``quiet``: for healing alone
         (a run of local hits), a failure stops the healing with a debug line and leaves the level
@@ -292,7 +303,7 @@ class Level:
             if (why := ahead.refused.pop(key, None)) is not None:
                 self.count("shared", rejected=1, misses=1)  # the prefetch read it: refused, not read twice
                 return why
-        if self.off is not None or not self._ensure():
+        if self.off is not None or not self.ensure():
             self.count("shared", misses=1)
             return None
         listing = self._listing
@@ -301,7 +312,7 @@ class Level:
             return None
         started = time.perf_counter()
         try:
-            found: Found | None = bounded(lambda progress: self._fetch(key, progress), self.timeout)
+            found: Found | None = bounded(lambda progress: self.reader.fetch(key, progress), self.timeout)
         except ShuttingDown:  # a compile while the interpreter exits: a miss, nothing wrong with the level
             self.count("shared", misses=1)
             return None
@@ -323,130 +334,6 @@ class Level:
         self.count("shared", hits=1, bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
         self._saw(key, len(found.data))
         return found
-
-    def _admit(self, key: str, raw_seal: bytes | None) -> dict[str, Any] | None:
-        """The entry's seal, checked for shape and, with a signing key, its HMAC: all before the
-        entry is read beyond its first block. None for an unsealed entry a keyless reader takes.
-        Raises EntryRefused."""
-        if raw_seal is None:
-            if self._secret is not None:
-                raise EntryRefused("not signed")
-            if getattr(self.backend, "sealed", False):  # an HTTP cache: each entry went up with its seal
-                raise EntryRefused("no seal: gkx-autocache puts every entry of an HTTP cache there with one, so something "
-                              "else put this one")
-            return None
-        seal = read_seal(raw_seal, key, self.max_entry)
-        if self._secret is not None and "hmac" not in seal:
-            raise EntryRefused("not signed: a process without the signing key uploaded it")
-        if self._secret is not None and not hmac.compare_digest(seal["hmac"], mac(self._secret, seal)):
-            raise EntryRefused("not signed: its signature does not match (another key, or altered)")
-        return seal
-
-    def _fetch(self, key: str, progress: Progress, most: int | None = None) -> Found | None:
-        """The entry, checked (raises EntryRefused); ``most``: a prefetch's bound, beyond which the entry
-        is left to its lookup (raises TooLarge)."""
-        backend = self.backend
-        seal: dict[str, Any] | None = None
-        raw: bytes | None = None
-
-        def admit(raw_seal: bytes | None) -> tuple[int, bool]:
-            nonlocal seal, raw
-            seal, raw = self._admit(key, raw_seal), raw_seal
-            return (seal["bytes"], True) if seal is not None else (self.max_entry, False)
-
-        if backend.kind == "directory":
-            data = backend.read(key, progress, admit)
-            if data is None:
-                return None
-            if most is not None and len(data) > most:
-                raise prefetch.TooLarge(key)
-        else:
-            raw_seal, data = backend.first(key, progress)
-            self.count("shared", requests=2)  # (to a bucket, where each is a round trip's worth)
-            if data is None:
-                return None
-            size, exact = admit(raw_seal)
-            if not exact and len(data) == FIRST_BLOCK:
-                size = backend.size(key)  # unsealed (stock JAX wrote it) and longer than one block
-                self.count("shared", requests=1)
-                progress.tick()
-            elif not exact:
-                size = len(data)
-            if size > self.max_entry:
-                raise EntryRefused(f"the shared entry has {human_bytes(size)}, more than the most read of one entry "
-                              f"({human_bytes(self.max_entry)})")
-            if why := head_problem(data):
-                raise EntryRefused(why)
-            if most is not None and size > most:
-                raise prefetch.TooLarge(key)
-            data = self._rest(key, data, size, progress)
-            if len(data) != size:
-                raise EntryRefused(f"the shared entry sent {len(data)} bytes where {size} were expected (a partial body or a wrong size)")
-        return self.found(key, seal, data, raw)
-
-    def found(self, key: str, seal: dict[str, Any] | None, data: bytes, raw_seal: bytes | None = None) -> Found:
-        """The entry, its bytes checked against its seal (``_admit``'s, read from ``raw_seal``);
-        raises EntryRefused. The seal is kept with it only where this process's key verified it."""
-        if seal is not None and not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(seal["sha256"])):
-            raise EntryRefused("the shared entry's bytes do not match its seal (SHA-256)")
-        compile_secs = seal.get("compile") if seal is not None else None
-        if compile_secs is None:
-            compile_secs = self.backend.compile_secs(key)
-        written = float(seal.get("written") or 0.0) if seal is not None else 0.0
-        return Found(data, compile_secs, written, raw_seal if seal is not None and self._secret is not None else None)
-
-    # -- what this process's key vouches for -------------------------------------------------------
-
-    @property
-    def signs(self) -> bool:
-        return self._secret is not None
-
-    def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None:
-        """The seal for bytes this process compiled, signed with its key, where it uploads (None
-        without a key, or where it never uploads: then nothing it wrote is healed or packed by it):
-        kept beside the local entry, it is what healing and packs upload, never a seal made later."""
-        if self._secret is None or self.writes is not None:
-            return None
-        return make_seal(key, data, compile_secs, written, self._secret)
-
-    def seal_for(self, key: str, data: bytes, raw_seal: bytes | None, compile_secs: float | None,
-                 written: float) -> bytes | None:
-        """The seal a local entry may be uploaded with (healing, a pack), or None. With a signing
-        key: only the seal kept beside it, verified now under this key against these bytes (a team
-        member's swapped file, a keyless backfill or a seal of another key vouch for nothing).
-        Without one: an unsigned seal, as every keyless upload has."""
-        if self._secret is None:
-            return make_seal(key, data, compile_secs, written or time.time(), None)
-        if raw_seal is None:
-            return None
-        try:
-            seal = self._admit(key, raw_seal)
-        except EntryRefused:
-            return None
-        if seal is None or seal["bytes"] != len(data):
-            return None
-        return raw_seal if hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(seal["sha256"])) else None
-
-    def _rest(self, key: str, data: bytes, size: int, progress: Progress) -> bytes:
-        """The rest of an entry after its first block, by ranged requests that grow with the rate
-        measured (to what arrives in a quarter of the timeout), each one progress."""
-        if len(data) >= size or self.backend.kind != "bucket" or len(data) < FIRST_BLOCK:
-            return data  # all there, or the object ended early: a partial body, refused by the caller
-        chunks = [data]
-        have = len(data)
-        block = FIRST_BLOCK
-        while have < size:
-            started = time.monotonic()
-            chunk = self.backend.block(key, have, min(have + block, size))
-            self.count("shared", requests=1)  # (a bucket's: a directory's entry is read whole)
-            if len(chunk) != min(block, size - have):  # an object shorter or longer than its seal says
-                raise EntryRefused(f"the shared entry sent {len(chunk)} bytes for a range of {min(block, size - have)}")
-            progress.tick()
-            chunks.append(chunk)
-            have += len(chunk)
-            rate = len(chunk) / max(time.monotonic() - started, 1e-3)
-            block = int(min(max(rate * self.timeout / 4, FIRST_BLOCK), MAX_BLOCK))
-        return b"".join(chunks)
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -503,11 +390,11 @@ class Level:
     def _upload(self, item: Item) -> None:
         key, data, seal = item.name, item.data, item.seal
         if item.manifest:
-            prefetch.upload_manifest(self, key, data)
+            self._upload_manifest(key, data)
             return
         if item.heal and not self._healing:
             return
-        if not self._ensure(quiet=item.heal):
+        if not self.ensure(quiet=item.heal):
             return
         if item.heal:
             if self._listing is None or key + ENTRY_SUFFIX in self._listing or self.read_local is None:
@@ -523,7 +410,7 @@ class Level:
                 self._heals.clear()
             return
         compile_secs = item.compile_secs
-        sealed = seal if seal is not None else make_seal(key, data, compile_secs, item.written, self._secret)
+        sealed = seal if seal is not None else self.reader.seal(key, data, compile_secs, item.written)
 
         def upload(progress: Progress) -> None:
             self.backend.write(key + SEAL_SIDECAR, sealed)  # before the entry: a reader that sees it sees its seal
@@ -561,7 +448,7 @@ class Level:
             if self.landed_unused is not None:
                 self.landed_unused()
         try:
-            objects = prefetch.manifest_items(self)
+            objects = self._manifest_items()
         except Exception as exc:  # pragma: no cover - never costs the exit
             logger.debug("no manifest: %s", exc)
             objects = []
@@ -592,111 +479,83 @@ class Level:
             except Exception as exc:
                 logger.debug("per-level numbers not recorded: %s", exc)
 
+    def _manifest_items(self) -> list[tuple[str, bytes]]:
+        """At exit, a writer's run that missed locally: its manifest and (to a bucket) its pack, as
+        ``(object name, bytes)`` for the upload queue, for the next fresh runs of this program. Its
+        keys come first, then those of the manifest it read that come after the last one it looked
+        up: a run stopped early looked up a prefix of them, and must not cut a 154-key manifest to 5;
+        keys it passed over belong to an earlier version of the program, and are dropped. None when
+        that is what it read."""
+        seen = self._seen
+        if (self.writes is not None or self.off is not None or not seen or _jax.process_id() != 0
+                or not self.counts["local"]["misses"] or self._worker is None or self._forked_child):
+            return []
+        keys = list(seen.items())
+        ahead = self._prefetch
+        own = ahead.own if ahead is not None else None
+        tuned = _autotune.local(self.local_dir, self.local_team, signing=self.reader.signs) if self.tunes else []
+        obj = _autotune.pack(tuned) if tuned else b""
+        said = ahead.autotune[1:] if ahead is not None and ahead.autotune is not None else None
+        # A process with no results of its own to vouch for (its XLA keeps none, its landing failed, or
+        # they are another run's) names the object its manifest named: it never drops a writer's.
+        autotune = (_autotune.digest(obj), len(obj)) if tuned else said
+        if own is not None:
+            last = max((at for at, (key, _) in enumerate(own) if key in seen), default=-1)
+            keys = (keys + [item for item in own[last + 1:] if item[0] not in seen])[:manifest.MANIFEST_KEYS]
+            if {key for key, _ in keys} == {key for key, _ in own} and autotune == said:
+                return []  # (new results are written again)
+        ident, part, _, _ = manifest.program()
+        name = manifest.manifest_name(ident, part)
+        data, packed = b"", list[str]()
+        if self.backend.kind == "bucket" and self.read_local is not None and self.backend.streams():  # (not gcsfs)
+            data, packed = pack.build(self._records(keys))
+        inside = set(packed)
+        keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
+        items = [(pack.name_for(name), data)] if packed else []  # the pack first: a reader of the manifest finds it
+        items.append((name, self.reader.signed_manifest(keys, ident, len(packed), autotune)))
+        if tuned and autotune != said:  # after the manifest, which an exit's one timeout must not lose to it
+            items.append((manifest.autotune_name(name), obj))
+        return items
 
-# -- settings into a level ----------------------------------------------------------------------
+    def _records(self, keys: list[tuple[str, int]]) -> Iterator[tuple[str, bytes, bytes]]:
+        """The pack's records: each entry of ``keys`` this level holds with a seal it may be uploaded
+        with (``Reader.seal_for``: with a key, only the one kept beside it, verified), until their sizes
+        as looked up fill the pack (nothing beyond it is read)."""
+        room = pack.LIMIT
+        for key, size in keys:
+            room -= size + pack.HEAD.size + len(key) + 512  # (a seal: about 300 bytes; ``build`` has the last word)
+            if room < 0:
+                return
+            if (local := self.read_local(key)) is not None:
+                data, seal = local
+                yield key, seal, data
 
-
-def uploads(setting: str, env: Mapping[str, str]) -> str | None:
-    """None when this process uploads, else why not, per ``shared_write``."""
-    from gkx_autocache._settings import is_ci
-
-    if setting == "never":
-        return "shared_write = never"
-    if setting == "ci" and not is_ci(env):
-        return "shared_write = ci, and CI is not set to a true value here"
-    return None
-
-
-def same_place(shared: str, local_root: str | None) -> bool:
-    return local_root is not None and not is_url(shared) and os.path.realpath(shared) == os.path.realpath(local_root)
-
-
-def problem(settings: Any, location: Any) -> str | None:
-    """Why the ``shared`` setting cannot be used with this local level, or None."""
-    from gkx_autocache import _cache
-
-    shared = settings["shared"]
-    if location.kind == _cache.REMOTE:
-        return ("dir is itself a bucket (JAX's stock cache serves it, uncapped); set dir to a local directory to "
-                "keep a local level in front of the bucket")
-    if location.kind == _cache.OWN:
-        return "JAX's own setting chose the directory (JAX's stock cache serves it)"
-    if location.kind == _cache.STOCK:
-        return "on Windows JAX's own cache serves the directory, and levels need gkx-autocache's store (POSIX-only)"
-    if same_place(shared, location.root):
-        return "it is the same directory as dir"
-    if is_url(shared) and not is_http(shared):  # fsspec and its backend; not etils, which only JAX's own remote cache needs
-        import importlib.util
-
-        from gkx_autocache import _remote
-
-        missing = [name for name in ("fsspec", _remote.BACKENDS[_remote.scheme(shared)])
-                   if importlib.util.find_spec(name) is None]
-        return f"{', '.join(missing)} not installed: pip install '{_remote.EXTRA}'" if missing else None
-    return None
-
-
-def setup(settings: Any, location: Any, jax_version: str, env: Mapping[str, str], tunes: bool = False,
-          room: Callable[[bool], int] | None = None) -> tuple[Level | None, list[tuple[str, str]]]:
-    """The shared level for this process, or None; and the problems worth a warning (each one
-    line: the run goes on with the local level). Builds objects only, and makes no request (an S3
-    level reads ``~/.aws`` where the environment has no keys). ``tunes``: XLA keeps GPU autotune
-    results in the local level (``_autotune``); ``room``, the room a prefetch has under the local
-    cap (None: no cap)."""
-    shared = settings["shared"]
-    if shared is None or not location.version_dir:
-        return None, []
-    where = settings.origin("shared")
-    why = problem(settings, location)
-    if why is not None:
-        return None, [(f"shared:{shared}", f"{where}: shared {shared} not used, {why}; running with the local level only")]
-    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env)
-    cap = settings["max_size"]
-    level = Level(shared, backend, local=location.version_dir, timeout=settings["shared_timeout"],
-                  writes=uploads(settings["shared_write"], env), secret=signing_key(env),
-                  max_entry=min(cap, MAX_ENTRY) if cap else MAX_ENTRY,
-                  origin=settings.origin("shared_timeout"), room=room, local_team=location.team, tunes=tunes)
-    return level, []
-
-
-def backend_for(shared: str, jax_version: str, team: bool,
-                env: Mapping[str, str] = os.environ) -> Bucket | HttpCache | Directory:
-    """The level's storage: an HTTP cache, an S3 bucket spoken directly where its keys are static
-    (``s3.py``), another bucket through fsspec, or a directory."""
-    version_url = f"{shared.rstrip('/')}/{version_name(jax_version)}"
-    if is_http(shared):
-        return HttpCache(version_url)
-    if (is_url(shared) and shared.lower().startswith("s3://")
-            and not isinstance(found := s3.keys(env, shared[5:].split("/", 1)[0]), str)):
-        return s3.S3(version_url, found)
-    if is_url(shared):
-        return Bucket(version_url)
-    return Directory(shared, jax_version, team)
-
-
-def is_http(shared: str) -> bool:
-    return shared.split("://", 1)[0].lower() in ("http", "https") and "://" in shared
-
-
-def signing_key(env: Mapping[str, str]) -> bytes | None:
-    from gkx_autocache import _settings
-
-    return _settings.signing_key(env)
-
-
-def at_exit(level: Level, recorder: Any) -> None:
-    """Finish the uploads while thread pools still take work (s3fs and gcsfs need them; by the
-    time ``atexit`` runs, ``concurrent.futures`` refuses new futures), and before the ledger is
-    closed. ``threading._register_atexit`` hooks run last-registered first, before ``atexit``."""
-    import concurrent.futures.thread  # noqa: F401  (registers its hook before ours)
-
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is not None:
-            register(level.finish, recorder)
+    def _upload_manifest(self, name: str, data: bytes) -> None:
+        """The upload worker's, at exit: one write, bounded like an upload; a failure is a debug line."""
+        try:
+            try:
+                bounded(lambda progress: self.backend.write(name, data), self.timeout)
+            except ShuttingDown:  # at exit: ``finish``'s deadline bounds the worker
+                self.backend.write(name, data)
+        except Exception as exc:  # of no use to this run
+            logger.debug("the manifest %s is not written: %s", name, describe(exc))
+            if name.endswith(PACK_SUFFIX):
+                with self._lock:
+                    self._queue = deque(item for item in self._queue if not item.manifest)
             return
-    except RuntimeError:  # already shutting down
-        return
-    import atexit
+        self.count("shared", requests=1 if self.backend.kind == "bucket" else 0)
 
-    atexit.register(level.finish, recorder)
+    # -- what this process's key vouches for (``reads.Reader``) ------------------------------------
+
+    @property
+    def signs(self) -> bool:
+        return self.reader.signs
+
+    def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None:
+        """``Reader.vouch``, where this process uploads (else None: then nothing it wrote is healed or
+        packed by it)."""
+        return None if self.writes is not None else self.reader.vouch(key, data, compile_secs, written)
+
+    def seal_for(self, key: str, data: bytes, raw_seal: bytes | None, compile_secs: float | None,
+                 written: float) -> bytes | None:
+        return self.reader.seal_for(key, data, raw_seal, compile_secs, written)

@@ -26,16 +26,14 @@ import functools
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from gkx_autocache import _autotune, _files, _jax
+from gkx_autocache import _autotune, _files
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import (
     ENTRY_SUFFIX,
     META_DIR,
-    PACK_SUFFIX,
     TMP_SUFFIX,
 )
 from gkx_autocache._shared import pack
@@ -44,11 +42,10 @@ from gkx_autocache._shared.manifest import (
     MANIFEST_KEYS,
     MANIFEST_LIMIT,
     autotune_name,
-    decode,
-    encode,
     manifest_name,
     program,
 )
+from gkx_autocache._shared.reads import Reader, TooLarge
 from gkx_autocache._shared.seal import EntryRefused, head_problem
 
 WORKERS = 8  # fetches at a time: a 20 ms round trip then costs a lookup 2.5 ms of it
@@ -56,29 +53,6 @@ BUDGET = 1 << 30  # the most a prefetch lands, where the cap leaves more room
 IN_FLIGHT = 256 << 20  # the most bytes fetched at once, held in memory (GPU entries can be large)
 BLOCK = 4096  # the unit a file takes on disk: an entry's last block and each sidecar are charged whole
 RESERVED = ".prefetch."  # in the bookkeeping: ``.prefetch.<pid>.<bytes>.tmp``, the room a live prefetch took
-
-
-class TooLarge(Exception):
-    """A prefetch's entry larger than its bounds leave: its lookup reads it."""
-
-
-def begin(level: Any, key: str) -> None:
-    """At ``level``'s first local miss (``key``'s): the upload worker of a writer (at exit it takes
-    the manifest; Python 3.12 starts no thread there), and the prefetch where entries can land."""
-    if level.off is not None or level._closed:
-        return
-    if level.writes is None and _jax.process_id() == 0:
-        with level._lock:
-            level._start_worker()
-    if level.land is None:  # the local level takes no writes: nothing can land
-        return
-    budget = BUDGET if level.room is None else min(BUDGET, level.room(False))  # the room under the local cap
-    if budget <= 0:
-        return
-    ahead = Prefetch(level, level.land, budget)
-    ahead.asked.add(key)  # this lookup's: fetched by it
-    level._prefetch = ahead
-    ahead.start()
 
 
 def cost(size: int, signed: bool) -> int:
@@ -192,72 +166,29 @@ def _digits(text: str) -> bool:
     return 0 < len(text) <= 15 and text.isascii() and text.isdigit()
 
 
-def manifest_items(level: Any) -> list[tuple[str, bytes]]:
-    """At exit, a writer's run that missed locally: its manifest and (to a bucket) its pack, as
-    ``(object name, bytes)`` for the upload queue, for the next fresh runs of this program. Its
-    keys come first, then those of the manifest it read that come after the last one it looked
-    up: a run stopped early looked up a prefix of them, and must not cut a 154-key manifest to 5;
-    keys it passed over belong to an earlier version of the program, and are dropped. None when
-    that is what it read."""
-    if (level.writes is not None or level.off is not None or not level._seen or _jax.process_id() != 0
-            or not level.counts["local"]["misses"] or level._worker is None or level._forked_child):
-        return []
-    keys = list(level._seen.items())
-    ahead = level._prefetch
-    own = ahead.own if ahead is not None else None
-    tuned = _autotune.local(level.local_dir, level.local_team, signing=level._secret is not None) if level.tunes else []
-    obj = _autotune.pack(tuned) if tuned else b""
-    said = ahead.autotune[1:] if ahead is not None and ahead.autotune is not None else None
-    # A process with no results of its own to vouch for (its XLA keeps none, its landing failed, or
-    # they are another run's) names the object its manifest named: it never drops a writer's.
-    autotune = (_autotune.digest(obj), len(obj)) if tuned else said
-    if own is not None:
-        last = max((at for at, (key, _) in enumerate(own) if key in level._seen), default=-1)
-        keys = (keys + [item for item in own[last + 1:] if item[0] not in level._seen])[:MANIFEST_KEYS]
-        if {key for key, _ in keys} == {key for key, _ in own} and autotune == said:
-            return []  # (new results are written again)
-    ident, part, _, _ = program()
-    name = manifest_name(ident, part)
-    data, packed = b"", list[str]()
-    if level.backend.kind == "bucket" and level.read_local is not None and level.backend.streams():  # (not gcsfs)
-        data, packed = pack.build(_records(level, keys))
-    inside = set(packed)
-    keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
-    items = [(pack.name_for(name), data)] if packed else []  # the pack first: a reader of the manifest finds it
-    items.append((name, encode(keys, ident, level._secret, len(packed), autotune)))
-    if tuned and autotune != said:  # after the manifest, which an exit's one timeout must not lose to it
-        items.append((autotune_name(name), obj))
-    return items
+class Level(Protocol):
+    """What a prefetch reads of its shared level (``level.Level``): where entries land, its
+    bounds, its listing, its off-switch and its numbers."""
 
+    backend: Any
+    local_dir: str
+    local_team: bool
+    tunes: bool
+    timeout: float
+    room: Callable[[bool], int] | None  # the room under the local cap (None: no cap)
+    off: tuple[str, float] | None
 
-def _records(level: Any, keys: list[tuple[str, int]]) -> Iterator[tuple[str, bytes, bytes]]:
-    """The pack's records: each entry of ``keys`` this level holds with a seal it may be uploaded
-    with (``Level.seal_for``: with a key, only the one kept beside it, verified), until their sizes
-    as looked up fill the pack (nothing beyond it is read)."""
-    room = pack.LIMIT
-    for key, size in keys:
-        room -= size + pack.HEAD.size + len(key) + 512  # (a seal: about 300 bytes; ``build`` has the last word)
-        if room < 0:
-            return
-        if (local := level.read_local(key)) is not None:
-            data, seal = local
-            yield key, seal, data
+    @property
+    def closed(self) -> bool: ...
 
+    @property
+    def listing(self) -> dict[str, int] | None: ...
 
-def upload_manifest(level: Any, name: str, data: bytes) -> None:
-    """The upload worker's, at exit: one write, bounded like an upload; a failure is a debug line."""
-    try:
-        try:
-            bounded(lambda progress: level.backend.write(name, data), level.timeout)
-        except ShuttingDown:  # at exit: ``finish``'s deadline bounds the worker
-            level.backend.write(name, data)
-    except Exception as exc:  # of no use to this run
-        logger.debug("the manifest %s is not written: %s", name, describe(exc))
-        if name.endswith(PACK_SUFFIX):
-            with level._lock:
-                level._queue = deque(item for item in level._queue if not item.manifest)
-        return
-    level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
+    def ensure(self, quiet: bool = False) -> bool: ...
+
+    def count(self, level: str, **add: float) -> None: ...
+
+    def turn_off(self, why: str, timed_out: bool = False) -> None: ...
 
 
 class Prefetch:
@@ -265,8 +196,10 @@ class Prefetch:
     landed. ``land(key, found)`` is the store's: ``(landed, why not)``, why None where the local
     level could not take it (disk full), which ends the prefetch."""
 
-    def __init__(self, level: Any, land: Callable[[str, Any], tuple[bool, str | None]], budget: int) -> None:
+    def __init__(self, level: Level, reader: Reader, land: Callable[[str, Any], tuple[bool, str | None]],
+                 budget: int) -> None:
         self.level = level
+        self.reader = reader
         self.land = land
         self.budget = budget
         self.lock = threading.Lock()
@@ -285,7 +218,7 @@ class Prefetch:
         self.landing = 0  # files being written: exit waits for these, never for the network
         self.abandoned: set[str] = set()  # in flight past a lookup's wait: its lookup read it, never landed here
         self.from_pack: set[str] = set()  # the keys in flight that a pack's record holds
-        self.signed = bool(getattr(level, "signs", False))  # a landed entry keeps its seal beside it
+        self.signed = reader.signs  # a landed entry keeps its seal beside it
         self.reservation = Reservation(level.local_dir)  # this process's share of the room under the cap
         self.stopped = False
         self.autotune: tuple[str, str, int] | None = None  # (object, SHA-256, size): its manifest's autotune results
@@ -304,7 +237,7 @@ class Prefetch:
         level = self.level
         tuning = False  # a thread lands the autotune results, and sets ``tuned`` when it is done
         try:
-            if not level._ensure():
+            if not level.ensure():
                 return
             keys, packed = self._manifests()
             if self.autotune is not None and level.tunes:  # beside the entries' prefetch, not before it
@@ -315,7 +248,7 @@ class Prefetch:
             if not keys:
                 return
             local = level.local_dir
-            listing = level._listing
+            listing = level.listing
             wanted = []  # (filtered outside the lock: a lookup never waits on these stats)
             for key, size in keys:
                 listed = listing.get(key + ENTRY_SUFFIX) if listing is not None else size
@@ -366,7 +299,7 @@ class Prefetch:
             level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
             if len(data) != size or _autotune.digest(data) != sha:
                 raise ValueError("it does not match its manifest's SHA-256")
-            verified = level._secret is not None  # (decode refused a manifest the key did not sign)
+            verified = self.reader.signs  # (decode refused a manifest the key did not sign)
             landed = _autotune.land(level.local_dir, _autotune.unpack(data), level.local_team, verified)
             logger.debug("prefetch: %d GPU autotune results landed", landed)
         except Exception as exc:
@@ -395,7 +328,7 @@ class Prefetch:
         parts = [part] if count == 1 else [f"gw{i}" for i in range(count)]
         merged: dict[str, int] = {}
         packed: set[str] = set()
-        listing = level._listing
+        listing = level.listing
         for name_part in parts:
             name = manifest_name(ident, name_part)
             if listing is not None and name not in listing:
@@ -410,7 +343,7 @@ class Prefetch:
                     return [], packed
                 continue
             try:
-                keys, held, tuned = decode(data, level._secret, ident) if data else ([], 0, None)
+                keys, held, tuned = self.reader.manifest(data, ident) if data else ([], 0, None)
             except Exception as exc:  # a hint: whatever is wrong with it, it is not used, and nothing else is wrong
                 logger.debug("the manifest %s is not used: %s", name, describe(exc))
                 continue
@@ -452,7 +385,7 @@ class Prefetch:
     def _next(self) -> tuple[str, int, threading.Event] | None:
         level = self.level
         with self.lock:
-            while self.pending and not (self.stopped or level._closed or level.off is not None):
+            while self.pending and not (self.stopped or level.closed or level.off is not None):
                 key = next(iter(self.pending))
                 size = self.pending[key]
                 if self.spent + cost(size, self.signed) > self.budget:
@@ -517,7 +450,7 @@ class Prefetch:
         with self.lock:
             most = min(self.budget - self.spent, IN_FLIGHT - self.holding) + size
         try:
-            found = bounded(lambda progress: level._fetch(key, progress, most), level.timeout)
+            found = bounded(lambda progress: self.reader.fetch(key, progress, most), level.timeout)
         except ShuttingDown:
             self.stopped = True
             return
@@ -538,7 +471,7 @@ class Prefetch:
         """``found``, checked by its fetch, into the local level by the store's backfill."""
         level = self.level
         with self.lock:
-            if self.stopped or level._closed or key in self.abandoned:
+            if self.stopped or level.closed or key in self.abandoned:
                 return
             self.landing += 1
         try:
@@ -584,9 +517,9 @@ class Prefetch:
         a writer packs is read: ``pack.LIMIT`` bytes, ``MANIFEST_KEYS`` records."""
         level = self.level
         for _ in range(MANIFEST_KEYS):
-            if not self.packed or self.stopped or level._closed or level.off is not None:
+            if not self.packed or self.stopped or level.closed or level.off is not None:
                 return
-            if (record := reader.next(min(level.max_entry, pack.LIMIT))) is None:
+            if (record := reader.next(min(self.reader.max_entry, pack.LIMIT))) is None:
                 return
             key, raw_seal, size = record
             if reader.consumed + size > pack.LIMIT:
@@ -624,7 +557,7 @@ class Prefetch:
         level = self.level
         started = time.perf_counter()
         try:
-            seal = level._admit(key, raw_seal)
+            seal = self.reader.admit(key, raw_seal)
             if seal is None or seal["bytes"] != size:
                 raise EntryRefused("the pack's record and its seal give different sizes")
         except EntryRefused as exc:
@@ -635,7 +568,7 @@ class Prefetch:
         try:
             if why := head_problem(data):
                 raise EntryRefused(why)
-            found = level.found(key, seal, data, raw_seal)
+            found = self.reader.found(key, seal, data, raw_seal)
         except EntryRefused as exc:
             logger.debug("the pack's record of %s is not used: %s", key, exc)
             return True

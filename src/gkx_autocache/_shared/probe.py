@@ -15,7 +15,8 @@ from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, is_url, key_match
 from gkx_autocache._shared.bucket import NOT_LISTED
 from gkx_autocache._shared.calls import Progress, bounded, describe
 from gkx_autocache._shared.http import NO_LISTING
-from gkx_autocache._shared.level import COUNTS, backend_for, is_http, problem, signing_key, uploads
+from gkx_autocache._shared.level import COUNTS
+from gkx_autocache._shared.setup import backend_for, is_http, problem, signing_key, uploads
 
 
 def probe(backend: Any, timeout: float) -> dict[str, Any]:
