@@ -14,7 +14,7 @@ from typing import Any, cast
 import pytest
 
 import gkx_autocache
-from gkx_autocache import _cache, _entries, _policy, _settings, _trust
+from gkx_autocache import _cache, _entries, _policy, _settings, _trust, _userdirs
 from gkx_autocache._layout import TAG_NAME
 
 
@@ -515,8 +515,8 @@ def test_user_dirs_match_platformdirs(monkeypatch: pytest.MonkeyPatch, xdg: str 
             monkeypatch.delenv(variable, raising=False)
         else:
             monkeypatch.setenv(variable, xdg)
-    assert _cache.user_dir("cache", "gkx") == platformdirs.user_cache_dir("gkx")
-    assert _cache.user_dir("config", "gkx-autocache") == platformdirs.user_config_dir("gkx-autocache")
+    assert _userdirs.user_dir("cache", "gkx") == platformdirs.user_cache_dir("gkx")
+    assert _userdirs.user_dir("config", "gkx-autocache") == platformdirs.user_config_dir("gkx-autocache")
     assert _policy.user_path() == os.path.join(platformdirs.user_config_dir("gkx-autocache"), "config.toml")
 
 
@@ -556,7 +556,7 @@ def test_a_user_the_password_database_does_not_know_gets_a_folder_in_the_tempora
     else:
         monkeypatch.setenv("HOME", home)
     monkeypatch.chdir(tmp_path)
-    assert _cache.user_dir("cache", "gkx") is None and _cache.user_dir("config", "gkx-autocache") is None
+    assert _userdirs.user_dir("cache", "gkx") is None and _userdirs.user_dir("config", "gkx-autocache") is None
     settings = _settings.resolve({}, str(tmp_path / "env"), cwd=str(tmp_path))
     assert settings.problems == [] and list(settings.files) == [str(tmp_path / "env" / "gkx-autocache.toml")]
     scratch = tmp_path / "tmp"
@@ -584,9 +584,9 @@ def test_a_platformdirs_that_takes_a_relative_xdg_value_is_not_followed(monkeypa
     monkeypatch.setitem(sys.modules, "platformdirs", stand_in)
     monkeypatch.setattr(sys, "platform", "darwin")
     monkeypatch.setenv("HOME", "/Users/someone")
-    assert _cache.user_dir(kind, "gkx") == os.path.join("/Users/someone", default, "gkx")
+    assert _userdirs.user_dir(kind, "gkx") == os.path.join("/Users/someone", default, "gkx")
     stand_in.user_cache_dir = stand_in.user_config_dir = lambda app: f"/abs/{app}"  # type: ignore[attr-defined]
-    assert _cache.user_dir(kind, "gkx") == "/abs/gkx"
+    assert _userdirs.user_dir(kind, "gkx") == "/abs/gkx"
 
 
 def test_a_parent_swapped_in_while_creating_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

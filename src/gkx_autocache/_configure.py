@@ -100,8 +100,6 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     # directory it may write: a baked read-only cache is read and nothing else, and a bucket
     # mount (``_mount``) has no appends, locks or replaces to keep it with.
     keeping = location.local and location.writable and location.mount is None
-    recorder = _stats.start(settings, directory, ledger=keeping, remote=location.kind == _cache.REMOTE,
-                            shared=location.team)
     levels = None
     if settings["shared"] is not None:  # a second level behind this one (SPEC §14): objects only, no I/O here
         from gkx_autocache import _autotune
@@ -113,14 +111,19 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         levels, problems = _levels.level_for(settings, location, jax.__version__, env, tunes, room)
         for cause, message in problems:
             warn(cause, message)
+    set_by = None  # who gave JAX its own directory (``_adopted``)
+    if location.local and location.kind == _cache.OWN:
+        from gkx_autocache import _adopted
+
+        set_by = _adopted.who(directory, env.get("JAX_COMPILATION_CACHE_DIR"))
+    recorder = _stats.start(settings, directory, ledger=keeping, remote=location.kind == _cache.REMOTE,
+                            shared=location.team, levels=levels, set_by=set_by)
     if location.local:
         shared = location.team
         # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
         cap = settings["max_size"] if location.kind == _cache.LOCAL or settings.origin("max_size") != "default" else 0
         from gkx_autocache import _adopted
 
-        if location.kind == _cache.OWN:
-            recorder.set_by = _adopted.who(directory, env.get("JAX_COMPILATION_CACHE_DIR"))
         _adopted.watch(config)
         follow = functools.partial(follow_jax, settings, location, recorder, env)
         reason = _store.install(jax, directory, shared, recorder, writable=location.writable, levels=levels,
@@ -135,7 +138,6 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
         elif levels is not None:
-            recorder.levels = levels
             _levels.at_exit(levels, recorder)
             unwritten = _jax.rank_local_writes(jax, directory) if location.writable else None
             if unwritten:

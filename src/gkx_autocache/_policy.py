@@ -31,7 +31,7 @@ def policy_path(prefix: str = sys.prefix) -> str:
 
 def user_path() -> str | None:
     """The user's config file; None for a user without a home: then there is none."""
-    from gkx_autocache._cache import user_dir
+    from gkx_autocache._userdirs import user_dir
 
     folder = user_dir("config", "gkx-autocache")
     return None if folder is None else os.path.join(folder, "config.toml")

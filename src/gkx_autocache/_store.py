@@ -69,11 +69,8 @@ class Store:
         self._landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet recorded: key -> (bytes, compile)
         if levels is not None:
             _fork.in_child(self._landed.clear)  # the parent's: it records them
-        if levels is not None and writable:
-            levels.land = self._land  # a prefetched entry lands as a backfill
-            levels.landed_unused = self._record_landed
         if levels is not None:
-            levels.read_local = self._uploadable
+            levels.attach(self)  # a prefetched entry lands as a backfill; healing and packs read its entries
         self._compression = compression
         self._decompress = decompress
         self._check_payload = check_payload  # decompress before serving (see `install`)
@@ -84,6 +81,11 @@ class Store:
         self._recorder = recorder
         self._misses = threading.local()  # key -> process CPU time at the miss, per thread
         self._served = threading.local()  # the key whose bytes this thread was last given
+
+    @property
+    def writable(self) -> bool:
+        """Whether it takes writes (a baked cache, read-only for this user, serves hits only)."""
+        return self._writable
 
     @property
     def path(self) -> str:
@@ -155,7 +157,7 @@ class Store:
         self._served.key = key
         return bytes(found.data)
 
-    def _land(self, key: str, found: Any) -> tuple[bool, str | None]:
+    def land(self, key: str, found: Any) -> tuple[bool, str | None]:
         """A prefetched entry (SPEC §14), checked as a shared hit is, then written into this level:
         ``(landed, why not)``, why None where this level took no write (disk full)."""
         why = self._unusable_shared(found.data, landing=True)
@@ -163,7 +165,7 @@ class Store:
             return False, why
         return self._backfill(key, found, record=False), None
 
-    def _uploadable(self, key: str) -> tuple[bytes, bytes] | None:
+    def uploadable(self, key: str) -> tuple[bytes, bytes] | None:
         """A writer's entry to heal the shared level with or to pack (SPEC §14), read as a hit
         reads it (trusted, in this environment's compression), and the seal it may go with
         (``Level.seal_for``: with a signing key, only the seal kept beside it, verified now against
@@ -197,7 +199,7 @@ class Store:
             return 0
         return len(seal) if _files.write_atomic(path, seal, self._file_mode, self._whole) else 0
 
-    def _record_landed(self) -> None:
+    def record_landed(self) -> None:
         """At exit: the prefetched entries no lookup used, recorded as written (the cap's account)."""
         while self._landed:
             key, landed = self._landed.popitem()

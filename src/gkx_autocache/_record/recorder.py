@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from gkx_autocache import _files, _fork
 from gkx_autocache._diagnostics import label, logger, warn
@@ -74,11 +74,23 @@ def module_name(traced: str) -> str:
     return traced if not traced or traced.startswith(("jit_", "pmap_", "xla_pmap_")) else f"jit_{traced}"
 
 
+class Levels(Protocol):
+    """What the recorder reports of the shared level (``_shared.level.Level``)."""
+
+    url: str
+
+    @property
+    def signs(self) -> bool: ...
+
+    def snapshot(self) -> dict[str, dict[str, float]]: ...
+
+
 class Recorder:
     """This process's counters and ledger file. Every method swallows its own errors: it runs
     inside JAX's compile path, where an exception would fail the user's ``jit`` call."""
 
-    def __init__(self, directory: str, ledger: bool, shared: bool = False, run: Run | None = None) -> None:
+    def __init__(self, directory: str, ledger: bool, shared: bool = False, run: Run | None = None,
+                 levels: Levels | None = None, set_by: str | None = None) -> None:
         self.directory = directory
         self.shared = shared
         self.requests = 0
@@ -87,9 +99,9 @@ class Recorder:
         self.totals = _ledger.Totals()  # everything this process counted
         self.store_serving = False  # set once the store serves the directory: then its counts are true
         self.explainer: Any = None  # names each miss's cause (SPEC §13), when JAX's key parts can be read
-        self.levels: Any = None  # the shared level and both levels' numbers (SPEC §14), when one is set
+        self.levels = levels  # the shared level and both levels' numbers (SPEC §14), when one is set
         self.run = run or Run(f"{time.time():.3f}-{os.getpid()}", time.time())  # begin() changes it
-        self.set_by: str | None = None  # who gave JAX this directory, where it was not the package (``move``)
+        self.set_by = set_by  # who gave JAX this directory, where it was not the package (``move``)
         self.cap: int | None = None  # the cap of a directory moved to, where not the package's own
         self.given = directory  # the directory as JAX was given it (a framework's may be relative)
         self._keeps_ledger = ledger
@@ -464,14 +476,16 @@ class Recorder:
 recorder: Recorder | None = None
 
 
-def start(settings: Any, directory: str, ledger: bool, remote: bool = False, shared: bool = False) -> Recorder:
+def start(settings: Any, directory: str, ledger: bool, remote: bool = False, shared: bool = False,
+          levels: Levels | None = None, set_by: str | None = None) -> Recorder:
     """Listen to JAX's cache events; with ``report``, print one line at exit. A remote directory
     gets this process's sums as one ledger object at exit. ``shared``: the directory is a team's
-    (``trust_shared`` may be the shared level's alone, SPEC §14)."""
+    (``trust_shared`` may be the shared level's alone, SPEC §14); ``levels``, the shared level
+    whose numbers it reports; ``set_by``, who gave JAX the directory where it was not the package."""
     global recorder
     import jax.monitoring
 
-    recorder = Recorder(directory, ledger, shared=shared, run=begin_run())
+    recorder = Recorder(directory, ledger, shared=shared, run=begin_run(), levels=levels, set_by=set_by)
     jax.monitoring.register_event_listener(recorder.on_event)
     jax.monitoring.register_event_duration_secs_listener(recorder.on_duration)
     if remote:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from gkx_autocache import _autotune, _fork, _formats, _jax
 from gkx_autocache._diagnostics import logger, warn
@@ -52,6 +52,23 @@ def zero() -> dict[str, float]:
     return dict.fromkeys(COUNTS, 0)
 
 
+class Local(Protocol):
+    """What the shared level asks of the local level in front of it (``_store.Store``)."""
+
+    @property
+    def writable(self) -> bool: ...
+
+    def land(self, key: str, found: Found) -> tuple[bool, str | None]:
+        """A prefetched entry, checked as a shared hit is, written: ``(landed, why not)``, why None
+        where the local level took no write (disk full)."""
+
+    def record_landed(self) -> None:
+        """At exit: the prefetched entries no lookup used, recorded as written."""
+
+    def uploadable(self, key: str) -> tuple[bytes, bytes] | None:
+        """A local entry and the seal it may be uploaded with (healing, a pack), or None."""
+
+
 class Level:
     """The shared level of this process: reads, the upload queue and its worker, the seals, the
     off-switch, and the numbers of both levels (the store reports its local hits and misses)."""
@@ -72,9 +89,7 @@ class Level:
         self.origin = origin
         self.queue_bytes = queue_bytes
         self.room = room  # the room under the local level's cap (``fold.prefetch_room``): a prefetch stays in it
-        self.land: Any = None  # the store's, for a prefetched entry (set where the local level takes writes)
-        self.landed_unused: Any = None  # the store's, at exit: records the prefetched entries no lookup used
-        self.read_local: Any = None  # the store's: a local entry and the seal it may be uploaded with, or None
+        self.local: Local | None = None  # the local level in front of this one, once JAX made it (``attach``)
         self._prefetch: prefetch.Prefetch | None = None  # the Prefetch of this process, from its first local miss on
         self._prefetch_tried = False
         self._seen: dict[str, int] = {}  # the keys this run looked up (hits and writes): its manifest
@@ -108,6 +123,11 @@ class Level:
         self._prefetch, self._prefetch_tried = None, True  # the parent's threads are not here; its prefetch lands still
         self._seen = {}
         self._forked_child = True  # its run is part of its parent's: no manifest of its own
+
+    def attach(self, local: Local) -> None:
+        """The local level in front of this one, once JAX has made it (at its first compile): where a
+        prefetched entry lands, and what healing and packs read."""
+        self.local = local
 
     # -- counting --------------------------------------------------------------------------------
 
@@ -184,12 +204,12 @@ class Level:
         if self.writes is None and _jax.process_id() == 0:
             with self._lock:
                 self._start_worker()
-        if self.land is None:  # the local level takes no writes: nothing can land
+        if self.local is None or not self.local.writable:  # the local level takes no writes: nothing can land
             return
         budget = prefetch.BUDGET if self.room is None else min(prefetch.BUDGET, self.room(False))  # under the cap
         if budget <= 0:
             return
-        ahead = prefetch.Prefetch(self, self.reader, self.land, budget)
+        ahead = prefetch.Prefetch(self, self.reader, self.local.land, budget)
         ahead.asked.add(key)  # this lookup's: fetched by it
         self._prefetch = ahead
         ahead.start()
@@ -397,9 +417,9 @@ class Level:
         if not self.ensure(quiet=item.heal):
             return
         if item.heal:
-            if self._listing is None or key + ENTRY_SUFFIX in self._listing or self.read_local is None:
+            if self._listing is None or key + ENTRY_SUFFIX in self._listing or self.local is None:
                 return  # the bucket has it, or there is no listing to tell
-            local = self.read_local(key)
+            local = self.local.uploadable(key)
             if local is None:  # gone, another user's, or not vouched for by this key: never signed here
                 return
             data, seal = local
@@ -445,8 +465,8 @@ class Level:
             wasted = self._prefetch.stop(min(1.0, self.timeout))
             if wasted:
                 self.count("shared", prefetch_wasted_bytes=wasted)
-            if self.landed_unused is not None:
-                self.landed_unused()
+            if self.local is not None and self.local.writable:
+                self.local.record_landed()
         try:
             objects = self._manifest_items()
         except Exception as exc:  # pragma: no cover - never costs the exit
@@ -507,7 +527,7 @@ class Level:
         ident, part, _, _ = manifest.program()
         name = manifest.manifest_name(ident, part)
         data, packed = b"", list[str]()
-        if self.backend.kind == "bucket" and self.read_local is not None and self.backend.streams():  # (not gcsfs)
+        if self.backend.kind == "bucket" and self.local is not None and self.backend.streams():  # (not gcsfs)
             data, packed = pack.build(self._records(keys))
         inside = set(packed)
         keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
@@ -522,11 +542,12 @@ class Level:
         with (``Reader.seal_for``: with a key, only the one kept beside it, verified), until their sizes
         as looked up fill the pack (nothing beyond it is read)."""
         room = pack.LIMIT
+        assert self.local is not None
         for key, size in keys:
             room -= size + pack.HEAD.size + len(key) + 512  # (a seal: about 300 bytes; ``build`` has the last word)
             if room < 0:
                 return
-            if (local := self.read_local(key)) is not None:
+            if (local := self.local.uploadable(key)) is not None:
                 data, seal = local
                 yield key, seal, data
 
