@@ -26,12 +26,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from gkx_autocache import _cpu_target, _files, _fork, _formats, _jax, _key, _mount, _trust
+from gkx_autocache import _files, _fork, _formats, _jax, _mount
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._formats import SEAL_LIMIT, compression_of, read_sidecar
-from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, SEAL_SIDECAR, VERDICT_FILE
+from gkx_autocache._formats import compression_of
+from gkx_autocache._layout import META_DIR, VERDICT_FILE
+from gkx_autocache._local import LocalLevel
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -59,25 +60,89 @@ def compile_clock() -> float:
     return total
 
 
+class SharedLevel(Protocol):
+    """What the store asks of the shared level behind the local one (``_shared.level.Level``)."""
+
+    @property
+    def off_note(self) -> str | None: ...
+
+    @property
+    def signs(self) -> bool: ...
+
+    def attach(self, local: Any) -> None: ...
+
+    def before_lookup(self, key: str) -> None: ...
+
+    def local_hit(self, nbytes: int, secs: float, key: str | None = None) -> None: ...
+
+    def local_miss(self, key: str = "") -> None: ...
+
+    def get(self, key: str) -> Any: ...
+
+    def count(self, level: str, **add: float) -> None: ...
+
+    def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None: ...
+
+    def seal_for(self, key: str, data: bytes, raw_seal: bytes | None, compile_secs: float | None,
+                 written: float) -> bytes | None: ...
+
+    def put(self, key: str, data: bytes, compile_secs: float | None, seal: bytes | None = None,
+            written: float = 0.0) -> None: ...
+
+
+class Unshared:
+    """No shared level behind the local one: every question answered as a level that has nothing."""
+
+    off_note: str | None = None
+    signs = False
+
+    def attach(self, local: Any) -> None:
+        pass
+
+    def before_lookup(self, key: str) -> None:
+        pass
+
+    def local_hit(self, nbytes: int, secs: float, key: str | None = None) -> None:
+        pass
+
+    def local_miss(self, key: str = "") -> None:
+        pass
+
+    def get(self, key: str) -> Any:
+        return None
+
+    def count(self, level: str, **add: float) -> None:
+        pass
+
+    def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None:
+        return None
+
+    def seal_for(self, key: str, data: bytes, raw_seal: bytes | None, compile_secs: float | None,
+                 written: float) -> bytes | None:
+        return None
+
+    def put(self, key: str, data: bytes, compile_secs: float | None, seal: bytes | None = None,
+            written: float = 0.0) -> None:
+        pass
+
+
 class Store:
-    """JAX's ``CacheInterface``: ``get(key) -> bytes | None`` and ``put(key, bytes)``."""
+    """JAX's ``CacheInterface``: ``get(key) -> bytes | None`` and ``put(key, bytes)``. It asks the
+    local level (``_local``), then the shared level behind it (``Unshared`` where none is set),
+    times each compile that follows a miss, and tells the recorder what happened."""
 
     def __init__(self, path: str, *, compression: str, decompress: Any, shared: bool, recorder: Any,
-                 writable: bool = True, check_payload: bool = True, levels: Any = None, whole: bool = False) -> None:
+                 writable: bool = True, check_payload: bool = True, levels: SharedLevel | None = None,
+                 whole: bool = False) -> None:
         self._path = path  # JAX's VerificationCache reads this attribute
-        self._levels = levels  # the shared level behind this one (SPEC §14), asked on a local miss
+        self._local = LocalLevel(path, compression=compression, decompress=decompress, shared=shared,
+                                 writable=writable, check_payload=check_payload, whole=whole,
+                                 signs=levels is not None and levels.signs)
+        self._levels: SharedLevel = levels if levels is not None else Unshared()  # asked on a local miss (SPEC §14)
         self._landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet recorded: key -> (bytes, compile)
         if levels is not None:
             _fork.in_child(self._landed.clear)  # the parent's: it records them
-        if levels is not None:
             levels.attach(self)  # a prefetched entry lands as a backfill; healing and packs read its entries
-        self._compression = compression
-        self._decompress = decompress
-        self._check_payload = check_payload  # decompress before serving (see `install`)
-        self._file_mode = _files.file_mode(shared)
-        self._writable = writable  # a baked cache, read-only for this user: hits only
-        self._whole = whole  # a bucket mount (``_mount``): each file made whole in one create, no times set
-        self._shared = shared
         self._recorder = recorder
         self._misses = threading.local()  # key -> process CPU time at the miss, per thread
         self._served = threading.local()  # the key whose bytes this thread was last given
@@ -85,64 +150,41 @@ class Store:
     @property
     def writable(self) -> bool:
         """Whether it takes writes (a baked cache, read-only for this user, serves hits only)."""
-        return self._writable
+        return self._local.writable
 
     @property
     def path(self) -> str:
         """The version directory it serves (real path)."""
         return self._path
 
-    def _entry(self, key: str) -> str:
-        return os.path.join(self._path, key + ENTRY_SUFFIX)
-
     def get(self, key: str) -> bytes | None:
-        path = self._entry(key)
-        refused: list[str] = []
-        started = 0.0
-        if self._levels is not None:
-            self._levels.before_lookup(key)  # its prefetch, if in flight, lands first
-            started = time.perf_counter()
-
-        def trusted(st: os.stat_result) -> str | None:  # one fstat: an entry is code
-            why = _trust.entry_problem(st, self._shared)
-            if why:
-                refused.append(why)
-            return why
-
-        data = _files.read(path, check=trusted)
-        why = refused[0] if refused else (self._unusable(path, data) if data is not None else None)
+        levels = self._levels
+        levels.before_lookup(key)  # its prefetch, if in flight, lands first
+        started = time.perf_counter()
+        data, why = self._local.read(key)
         if data is not None and why is None:
-            why = self._foreign(data, landing=False)
-        if data is not None and why is None:
-            if not self._whole:  # (a bucket mount keeps no recency: an entry's age is its write time)
-                try:
-                    os.utime(path)  # recency for pruning, on noatime mounts too
-                except OSError:
-                    pass
-            compile_secs, _, by = self._compile_secs(key, data)
+            compile_secs, _, by = self._local.compile_secs(key, data)
             if (landed := self._landed.pop(key, None)) is not None:  # recorded here, where its lookup's facts are
                 self._recorder.put(key, *landed, landed=True)
             self._recorder.hit(key, len(data), compile_secs, by)
             self._served.key = key
-            if self._levels is not None:  # a writer's hit may heal the bucket (queued, off the compile path)
-                self._levels.local_hit(len(data), time.perf_counter() - started, key)
+            levels.local_hit(len(data), time.perf_counter() - started, key)  # a writer's hit may heal the bucket
             return data
-        if self._levels is not None:
-            self._levels.local_miss(key)
-            if not why or compression_of(data or b"") is None:  # another environment's entry is left alone
-                found = self._levels.get(key)
-                if found is not None and not isinstance(found, str):
-                    unusable = self._unusable_shared(found.data, landing=False)
-                    if unusable is None:
-                        return self._serve_shared(key, found)
-                    found = unusable
-                if found is not None:
-                    why = found
+        levels.local_miss(key)
+        if not why or compression_of(data or b"") is None:  # another environment's entry is left alone
+            found = levels.get(key)
+            if found is not None and not isinstance(found, str):
+                unusable = self._local.unusable_shared(found.data, landing=False)
+                if unusable is None:
+                    return self._serve_shared(key, found)
+                found = unusable
+            if found is not None:
+                why = found
         self._missed(key)
         if why:  # the entry was there but cannot be used: named, not "evicted" on every run
             self._recorder.rejected(key, why)
-        elif self._levels is not None and self._levels.off_note is not None:
-            self._recorder.miss(key, shared_off=self._levels.off_note)
+        elif levels.off_note is not None:
+            self._recorder.miss(key, shared_off=levels.off_note)
         else:
             self._recorder.miss(key)
         return None
@@ -151,53 +193,25 @@ class Store:
         """A shared hit: written into this level first (the backfill, atomic) where this level takes
         writes, so that the next run reads it here; served either way (a read-only or full local
         level serves it without the backfill)."""
-        if self._writable and self._backfill(key, found):
+        if self._local.writable and self._backfill(key, found):
             self._levels.count("shared", backfills=1)
         self._recorder.hit(key, len(found.data), found.compile_secs or 0.0)  # another run's compile
         self._served.key = key
         return bytes(found.data)
 
+    # -- what the shared level asks of this one (``_shared.level.Local``) ----------------------------
+
     def land(self, key: str, found: Any) -> tuple[bool, str | None]:
         """A prefetched entry (SPEC §14), checked as a shared hit is, then written into this level:
         ``(landed, why not)``, why None where this level took no write (disk full)."""
-        why = self._unusable_shared(found.data, landing=True)
+        why = self._local.unusable_shared(found.data, landing=True)
         if why is not None:
             return False, why
         return self._backfill(key, found, record=False), None
 
     def uploadable(self, key: str) -> tuple[bytes, bytes] | None:
-        """A writer's entry to heal the shared level with or to pack (SPEC §14), read as a hit
-        reads it (trusted, in this environment's compression), and the seal it may go with
-        (``Level.seal_for``: with a signing key, only the seal kept beside it, verified now against
-        these bytes); else None."""
-        def signable(st: os.stat_result) -> str | None:  # in a team directory, only what this user wrote
-            mine = not self._shared or not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
-            return _trust.entry_problem(st, self._shared) or (None if mine else "another user's")
-
-        data = _files.read(self._entry(key), check=signable)
-        if data is None or compression_of(data) != self._compression:
-            return None
-        kept = _files.read(self._seal(key), SEAL_LIMIT, check=signable) if self._levels.signs else None
-        # The compile time as recorded (0.0 is a time: a compile the clock's ticks could not see), else none.
-        compile_secs, written = None, 0.0
-        if kept is None:
-            compile_secs, written, _ = read_sidecar(os.path.join(self._path, key + COMPILE_SIDECAR))
-        seal = self._levels.seal_for(key, data, kept, compile_secs, written)
-        return (data, seal) if seal is not None else None
-
-    def _seal(self, key: str) -> str:
-        """The seal kept beside a local entry (``<key>-gkx-shared``), where a signing key vouched for
-        its bytes: this process's compile, or a shared entry verified under the key."""
-        return os.path.join(self._path, key + SEAL_SIDECAR)
-
-    def _keep_seal(self, key: str, seal: bytes | None) -> int:
-        """Write (or, with none, remove) the seal beside a local entry just written; its bytes."""
-        path = self._seal(key)
-        if seal is None:
-            if self._levels is not None and self._levels.signs:
-                _files.remove(path)  # (bytes it did not vouch for replaced the entry: never a stale seal)
-            return 0
-        return len(seal) if _files.write_atomic(path, seal, self._file_mode, self._whole) else 0
+        """A writer's entry to heal the shared level with or to pack, and its seal (``LocalLevel.uploadable``)."""
+        return self._local.uploadable(key, self._levels.seal_for)
 
     def record_landed(self) -> None:
         """At exit: the prefetched entries no lookup used, recorded as written (the cap's account)."""
@@ -205,65 +219,30 @@ class Store:
             key, landed = self._landed.popitem()
             self._recorder.put(key, *landed, landed=True)
 
-    def _unusable_shared(self, data: bytes, landing: bool) -> str | None:
-        """Why a shared entry's bytes cannot be given to JAX (the checks a local entry gets);
-        ``landing``: a prefetched entry, whose key this thread did not compute."""
-        kind = compression_of(data)
-        if kind not in (self._compression, None):
-            return f"the shared entry is compressed with {kind}, this environment with {self._compression}"
-        if self._check_payload:
-            try:
-                self._decompress(data)
-            except Exception as exc:
-                return f"the shared entry does not decompress ({type(exc).__name__})"
-        return self._foreign(data, landing)
-
-    def _foreign(self, data: bytes, landing: bool) -> str | None:
-        """Under a ``cpu_target``, why an entry must not run on this CPU (it lists a feature this
-        host lacks: another host at the target wrote it), or None. One more decompression a hit,
-        only for a key that holds the target (this thread's last), or a prefetched entry, which
-        may be one (``_cpu_target``)."""
-        target = _cpu_target.active
-        if target.level is None or not (landing or _key.targeted()):
-            return None
-        try:
-            payload = self._decompress(data)
-        except Exception:
-            return None  # JAX's loading meets it, as any entry that does not decompress
-        return target.foreign(payload)
-
     def _backfill(self, key: str, found: Any, record: bool = True) -> bool:
         """Write a shared hit into this level, with its compile time (dated when it was written, so
         that it counts as an earlier run's entry); whether it was written. Counted as a write: the
         cap's account and the explanations' index see the entry like any other (a prefetch's,
         ``record`` False, is recorded at its lookup, whose thread holds the facts the index needs)."""
-        path = self._entry(key)
-        existing = _files.read(path, limit=4)
-        if existing is not None and compression_of(existing) not in (self._compression, None):
+        local = self._local
+        if local.other_format(key):
             return False
         try:
-            with _files.atomic(path, self._file_mode, whole=self._whole) as f:
-                f.write(found.data)
+            local.write(key, found.data)
         except OSError as exc:  # disk full: served without the backfill
-            logger.debug("cannot write %s: %s", path, exc)
+            logger.debug("cannot write %s: %s", local.entry(key), exc)
             return False
-        written = len(found.data) + self._keep_seal(key, found.seal)
+        written = len(found.data) + local.keep_seal(key, found.seal)
         if found.compile_secs is not None:
-            sidecar_path = os.path.join(self._path, key + COMPILE_SIDECAR)
-            sidecar = _formats.sidecar(found.compile_secs)
-            if _files.write_atomic(sidecar_path, sidecar, self._file_mode, self._whole):
-                written += len(sidecar)
-                if found.written and not self._whole:
-                    try:
-                        os.utime(sidecar_path, (found.written, found.written))
-                    except OSError:
-                        pass
+            written += local.write_sidecar(key, found.compile_secs, dated=found.written)
         if record:
             self._recorder.put(key, written, found.compile_secs or 0.0)
         else:
             self._recorder.landed(written)
             self._landed[key] = (written, found.compile_secs or 0.0)
         return True
+
+    # -- the compile that follows a miss ---------------------------------------------------------
 
     def _missed(self, key: str) -> None:
         """Start the clock of the compile that follows a miss on this thread (see ``compile_clock``)."""
@@ -283,48 +262,11 @@ class Store:
         self._served.key = None
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         logger.debug("%s-cache could not be loaded (%s): it will be compiled again and replaced", key, reason)
-        data = _files.read(self._entry(key))
-        corrupt = False
-        if data is not None:
-            try:
-                self._decompress(data)
-            except Exception:
-                corrupt = True
-                if self._writable:
-                    _files.remove(self._entry(key))
+        corrupt = self._local.remove_corrupt(key)
         what = ("corrupt entry: it does not decompress" if corrupt
                 else "an entry JAX could not load (it decompresses, but does not deserialise)")
         self._missed(key)
         self._recorder.rejected(key, f"{what}; compiled again and replaced ({reason})"[:400])
-
-    def _unusable(self, path: str, data: bytes) -> str | None:
-        """Why these bytes cannot be given to JAX, or None. Where the loading guard is installed
-        (``_loading_guard``), bytes that do not decompress are JAX's failure to load them, a miss
-        like any other, and decompressing them here first would double the cost of every hit."""
-        kind = compression_of(data)
-        if kind not in (self._compression, None):
-            logger.debug("%s is in another compression format: a miss, left alone", path)
-            return f"written by an environment that compresses with {kind}: left alone"
-        if not self._check_payload:
-            return None
-        try:
-            self._decompress(data)
-        except Exception as exc:
-            logger.debug("%s is corrupt (%s): removed, it will be compiled again", path, exc)
-            if self._writable:
-                _files.remove(path)
-            return f"does not decompress ({type(exc).__name__}): compiled again and replaced"
-        return None
-
-    def _compile_secs(self, key: str, data: bytes) -> tuple[float, float, str]:
-        """What the entry cost to compile, when it was written (0.0: unknown) and by which run ("")."""
-        recorded, written, by = read_sidecar(os.path.join(self._path, key + COMPILE_SIDECAR))
-        if recorded is not None:
-            return recorded, written, by
-        try:  # JAX's own record: whole seconds, in the first 4 bytes of the payload
-            return float(int.from_bytes(self._decompress(data)[:4], "big")), written, by
-        except Exception:
-            return 0.0, written, by
 
     def _uncached(self, key: str, reason: str, detail: str) -> None:
         """A compile not written, and why (``reason``: its name in ``_causes``, imported at the
@@ -338,34 +280,28 @@ class Store:
 
     def put(self, key: str, value: bytes) -> None:
         started = getattr(self._misses, "keys", {}).pop(key, None)
-        if not self._writable:
+        local = self._local
+        if not local.writable:
             self._uncached(key, "READ_ONLY", "this user cannot write the cache (a baked image)")
             return
-        path = self._entry(key)
-        existing = _files.read(path, limit=4)
-        if existing is not None and compression_of(existing) not in (self._compression, None):
-            logger.debug("%s belongs to another environment's format: not overwritten", path)
+        if local.other_format(key):
+            logger.debug("%s belongs to another environment's format: not overwritten", local.entry(key))
             return
         try:
-            with _files.atomic(path, self._file_mode, whole=self._whole) as f:
-                f.write(value)
+            local.write(key, value)
         except OSError as exc:  # disk full, a name too long for the file system: said, not "new" every run
-            logger.debug("cannot write %s: %s", path, exc)
+            logger.debug("cannot write %s: %s", local.entry(key), exc)
             self._uncached(key, "WRITE_FAILED", exc.strerror or str(exc))
             return
         written = len(value)
         compile_secs = max(compile_clock() - started, 0.0) if started is not None else 0.0
         if started is not None:
-            sidecar = _formats.sidecar(compile_secs, self._recorder.run.id)
-            if _files.write_atomic(os.path.join(self._path, key + COMPILE_SIDECAR), sidecar, self._file_mode, self._whole):
-                written += len(sidecar)
-        seal, now = None, time.time()
-        if self._levels is not None:  # what this process compiled, its key vouches for: kept beside it
-            seal = self._levels.vouch(key, value, compile_secs if started is not None else None, now)
-            written += self._keep_seal(key, seal)
+            written += local.write_sidecar(key, compile_secs, by=self._recorder.run.id)
+        now = time.time()  # what this process compiled, its key vouches for: kept beside it
+        seal = self._levels.vouch(key, value, compile_secs if started is not None else None, now)
+        written += local.keep_seal(key, seal)
         self._recorder.put(key, written, compile_secs)
-        if self._levels is not None:  # queued: the upload leaves the compile path
-            self._levels.put(key, value, compile_secs if started is not None else None, seal, now)
+        self._levels.put(key, value, compile_secs if started is not None else None, seal, now)  # queued: off the compile path
 
 
 # -- installing the store into JAX ------------------------------------------------------------

@@ -1,0 +1,195 @@
+"""The local level (SPEC §7): the entries of the version directory the store serves, in JAX's
+format. One trusted read (no link followed, its owner and mode checked), one check of whether
+bytes may be given to JAX (this environment's compression; they decompress, where JAX's loading is
+not guarded; under a ``cpu_target``, no feature this host lacks), and one write path: the entry
+atomically, then its compile-time sidecar and the seal kept beside it. The store (``_store``)
+decides what to read and write, and counts it; the shared level reads entries to upload here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from gkx_autocache import _cpu_target, _files, _formats, _key, _trust
+from gkx_autocache._diagnostics import logger
+from gkx_autocache._formats import SEAL_LIMIT, compression_of, read_sidecar
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR
+
+
+class LocalLevel:
+    """The version directory's entries, for one compression format (``decompress``'s)."""
+
+    def __init__(self, path: str, *, compression: str, decompress: Callable[[bytes], Any], shared: bool,
+                 writable: bool, check_payload: bool, whole: bool, signs: bool) -> None:
+        self.path = path
+        self.compression = compression
+        self.writable = writable  # a baked cache, read-only for this user: hits only
+        self._decompress = decompress
+        self._check_payload = check_payload  # decompress before serving (``_store.install``)
+        self._shared = shared  # a team directory (§8): group-writable files
+        self._file_mode = _files.file_mode(shared)
+        self._whole = whole  # a bucket mount (``_mount``): each file made whole in one create, no times set
+        self._signs = signs  # a signing key keeps a seal beside each entry it vouches for
+
+    def entry(self, key: str) -> str:
+        return os.path.join(self.path, key + ENTRY_SUFFIX)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def read(self, key: str) -> tuple[bytes | None, str | None]:
+        """The entry's bytes and why they must not be given to JAX (None: a hit, its recency set);
+        ``(None, None)`` where there is none."""
+        path = self.entry(key)
+        refused: list[str] = []
+
+        def trusted(st: os.stat_result) -> str | None:  # one fstat: an entry is code
+            why = _trust.entry_problem(st, self._shared)
+            if why:
+                refused.append(why)
+            return why
+
+        data = _files.read(path, check=trusted)
+        why = refused[0] if refused else (self._unusable(path, data) if data is not None else None)
+        if data is not None and why is None:
+            why = self.foreign(data, landing=False)
+        if data is not None and why is None and not self._whole:  # (a bucket mount keeps no recency)
+            try:
+                os.utime(path)  # recency for pruning, on noatime mounts too
+            except OSError:
+                pass
+        return data, why
+
+    def _unusable(self, path: str, data: bytes) -> str | None:
+        """Why these bytes cannot be given to JAX, or None. Where the loading guard is installed
+        (``_loading_guard``), bytes that do not decompress are JAX's failure to load them, a miss
+        like any other, and decompressing them here first would double the cost of every hit."""
+        kind = compression_of(data)
+        if kind not in (self.compression, None):
+            logger.debug("%s is in another compression format: a miss, left alone", path)
+            return f"written by an environment that compresses with {kind}: left alone"
+        if not self._check_payload:
+            return None
+        try:
+            self._decompress(data)
+        except Exception as exc:
+            logger.debug("%s is corrupt (%s): removed, it will be compiled again", path, exc)
+            if self.writable:
+                _files.remove(path)
+            return f"does not decompress ({type(exc).__name__}): compiled again and replaced"
+        return None
+
+    def unusable_shared(self, data: bytes, landing: bool) -> str | None:
+        """Why a shared entry's bytes cannot be given to JAX (the checks a local entry gets);
+        ``landing``: a prefetched entry, whose key this thread did not compute."""
+        kind = compression_of(data)
+        if kind not in (self.compression, None):
+            return f"the shared entry is compressed with {kind}, this environment with {self.compression}"
+        if self._check_payload:
+            try:
+                self._decompress(data)
+            except Exception as exc:
+                return f"the shared entry does not decompress ({type(exc).__name__})"
+        return self.foreign(data, landing)
+
+    def foreign(self, data: bytes, landing: bool) -> str | None:
+        """Under a ``cpu_target``, why an entry must not run on this CPU (it lists a feature this
+        host lacks: another host at the target wrote it), or None. One more decompression a hit,
+        only for a key that holds the target (this thread's last), or a prefetched entry, which
+        may be one (``_cpu_target``)."""
+        target = _cpu_target.active
+        if target.level is None or not (landing or _key.targeted()):
+            return None
+        try:
+            payload = self._decompress(data)
+        except Exception:
+            return None  # JAX's loading meets it, as any entry that does not decompress
+        return target.foreign(payload)
+
+    def decompresses(self, data: bytes) -> bool:
+        try:
+            self._decompress(data)
+        except Exception:
+            return False
+        return True
+
+    def compile_secs(self, key: str, data: bytes) -> tuple[float, float, str]:
+        """What the entry cost to compile, when it was written (0.0: unknown) and by which run ("")."""
+        recorded, written, by = read_sidecar(os.path.join(self.path, key + COMPILE_SIDECAR))
+        if recorded is not None:
+            return recorded, written, by
+        try:  # JAX's own record: whole seconds, in the first 4 bytes of the payload
+            return float(int.from_bytes(self._decompress(data)[:4], "big")), written, by
+        except Exception:
+            return 0.0, written, by
+
+    def uploadable(self, key: str, seal_for: Callable[..., bytes | None]) -> tuple[bytes, bytes] | None:
+        """A writer's entry to heal the shared level with or to pack (SPEC §14), read as a hit
+        reads it (trusted, in this environment's compression), and the seal it may go with
+        (``seal_for``, the shared level's: with a signing key, only the seal kept beside it,
+        verified now against these bytes); else None."""
+        def signable(st: os.stat_result) -> str | None:  # in a team directory, only what this user wrote
+            mine = not self._shared or not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+            return _trust.entry_problem(st, self._shared) or (None if mine else "another user's")
+
+        data = _files.read(self.entry(key), check=signable)
+        if data is None or compression_of(data) != self.compression:
+            return None
+        kept = _files.read(self._seal(key), SEAL_LIMIT, check=signable) if self._signs else None
+        # The compile time as recorded (0.0 is a time: a compile the clock's ticks could not see), else none.
+        compile_secs, written = None, 0.0
+        if kept is None:
+            compile_secs, written, _ = read_sidecar(os.path.join(self.path, key + COMPILE_SIDECAR))
+        seal = seal_for(key, data, kept, compile_secs, written)
+        return (data, seal) if seal is not None else None
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def other_format(self, key: str) -> bool:
+        """Whether the entry there belongs to another environment's compression: never overwritten."""
+        existing = _files.read(self.entry(key), limit=4)
+        return existing is not None and compression_of(existing) not in (self.compression, None)
+
+    def write(self, key: str, data: bytes) -> None:
+        """The entry, atomically (a temporary file, then a replace, which heals a bad one); raises
+        OSError (disk full, a name too long for the file system)."""
+        with _files.atomic(self.entry(key), self._file_mode, whole=self._whole) as f:
+            f.write(data)
+
+    def write_sidecar(self, key: str, compile_secs: float, by: str = "", dated: float = 0.0) -> int:
+        """The compile time beside the entry (``dated``: when another run wrote it); its bytes, 0
+        where it could not be written."""
+        path = os.path.join(self.path, key + COMPILE_SIDECAR)
+        sidecar = _formats.sidecar(compile_secs, by)
+        if not _files.write_atomic(path, sidecar, self._file_mode, self._whole):
+            return 0
+        if dated and not self._whole:
+            try:
+                os.utime(path, (dated, dated))
+            except OSError:
+                pass
+        return len(sidecar)
+
+    def _seal(self, key: str) -> str:
+        """The seal kept beside a local entry (``<key>-gkx-shared``), where a signing key vouched for
+        its bytes: this process's compile, or a shared entry verified under the key."""
+        return os.path.join(self.path, key + SEAL_SIDECAR)
+
+    def keep_seal(self, key: str, seal: bytes | None) -> int:
+        """Write (or, with none, remove) the seal beside a local entry just written; its bytes."""
+        path = self._seal(key)
+        if seal is None:
+            if self._signs:
+                _files.remove(path)  # (bytes it did not vouch for replaced the entry: never a stale seal)
+            return 0
+        return len(seal) if _files.write_atomic(path, seal, self._file_mode, self._whole) else 0
+
+    def remove_corrupt(self, key: str) -> bool:
+        """Whether the entry there does not decompress; removed where this level takes writes."""
+        data = _files.read(self.entry(key))
+        if data is None or self.decompresses(data):
+            return False
+        if self.writable:
+            _files.remove(self.entry(key))
+        return True
