@@ -1,0 +1,173 @@
+"""The lookup chain in one process (issue 43's in-process ring): the store, its local level and a
+shared level on a directory in ``tmp_path``, with prefetch and signing; a backend that fails for
+the off-switch. No virtual environment and no JAX: the store is driven as JAX drives it (``get``,
+then ``put`` after a miss), with zlib entries. What needs a real interpreter (JAX's seams, exit
+hooks, a fresh machine's process) stays in the venv tests (test_levels.py, test_prefetch.py)."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gkx_autocache._diagnostics import AutocacheWarning
+from gkx_autocache._shared.directory import Directory
+from gkx_autocache._shared.level import Level
+from gkx_autocache._store import Store
+
+
+class Told:
+    """What the store tells its recorder (``_record.recorder.Recorder``), in order."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[Any, ...]] = []
+        self.run = type("Run", (), {"id": "1796000000.000-1"})()
+
+    def hit(self, key: str, nbytes: int, compile_secs: float, by: str = "") -> None:
+        self.said.append(("hit", key))
+
+    def miss(self, key: str, shared_off: str | None = None) -> None:
+        self.said.append(("miss", key, shared_off))
+
+    def rejected(self, key: str, reason: str) -> None:
+        self.said.append(("rejected", key, reason))
+
+    def put(self, key: str, nbytes: int, compile_secs: float, landed: bool = False) -> None:
+        self.said.append(("landed" if landed else "put", key))
+
+    def landed(self, nbytes: int) -> None:
+        pass
+
+    def uncached(self, key: str, reason: str, detail: str = "", *rest: Any, **more: Any) -> None:
+        self.said.append(("uncached", key, reason))
+
+
+def key(n: int) -> str:
+    return f"jit_f{n}-{n:064x}"
+
+
+def entry(n: int) -> bytes:
+    return zlib.compress(b"an executable %d " % n * 50)
+
+
+class Machine:
+    """One process on one machine: its local level, its store, its shared level, its recorder."""
+
+    def __init__(self, shared: Path, local: Path, secret: bytes | None = None, backend: Any = None) -> None:
+        local.mkdir(parents=True, exist_ok=True)
+        self.local = local
+        self.told = Told()
+        self.level = Level(str(shared), backend or Directory(str(shared), "0.0.0", team=False), local=str(local),
+                           timeout=5.0, writes=None, secret=secret)
+        self.store = Store(str(local), compression="zlib", decompress=zlib.decompress, shared=False,
+                           recorder=self.told, levels=self.level)
+
+    def compile(self, n: int) -> bytes | None:
+        """What JAX does for one ``jit``: look up, and write what it compiled after a miss."""
+        found = self.store.get(key(n))
+        if found is None:
+            self.store.put(key(n), entry(n))
+        return found
+
+    def shared(self, kind: str) -> dict[str, float]:
+        return self.level.snapshot()[kind]
+
+
+@pytest.fixture
+def team(tmp_path: Path) -> Path:
+    root = tmp_path / "team"
+    (root / "jax-0.0.0").mkdir(parents=True, mode=0o700)
+    root.chmod(0o700)
+    return root
+
+
+def test_a_write_goes_up_and_a_fresh_machine_is_served_and_keeps_it(tmp_path: Path, team: Path) -> None:
+    writer = Machine(team, tmp_path / "a")
+    assert writer.compile(1) is None
+    writer.level.finish()
+    up = team / "jax-0.0.0"
+    assert (up / f"{key(1)}-cache").read_bytes() == entry(1) and (up / f"{key(1)}-gkx-shared").exists()
+    assert writer.shared("shared")["uploads"] == 1
+
+    fresh = Machine(team, tmp_path / "b")
+    assert fresh.compile(1) == entry(1)
+    assert (tmp_path / "b" / f"{key(1)}-cache").read_bytes() == entry(1)  # the backfill
+    assert (tmp_path / "b" / f"{key(1)}-gkx-compile").exists()  # with the writer's compile time
+    assert fresh.told.said == [("put", key(1)), ("hit", key(1))]  # counted as a write, then served
+    assert fresh.shared("shared")["hits"] == fresh.shared("shared")["backfills"] == 1
+    assert fresh.compile(1) == entry(1) and fresh.shared("local")["hits"] == 1  # then local
+
+
+def test_a_key_holder_refuses_what_a_keyless_writer_uploaded(tmp_path: Path, team: Path) -> None:
+    writer = Machine(team, tmp_path / "a")
+    writer.compile(1)
+    writer.level.finish()
+    reader = Machine(team, tmp_path / "b", secret=b"the team's key")
+    assert reader.compile(1) is None
+    assert ("rejected", key(1), "not signed: a process without the signing key uploaded it") in reader.told.said
+    assert (tmp_path / "b" / f"{key(1)}-cache").read_bytes() == entry(1)  # compiled again
+    kept = (tmp_path / "b" / f"{key(1)}-gkx-shared").read_bytes()  # its own compile, signed by its key
+    assert b'"hmac"' in kept and kept != (team / "jax-0.0.0" / f"{key(1)}-gkx-shared").read_bytes()
+
+
+def test_a_signed_entry_keeps_its_seal_beside_the_local_copy(tmp_path: Path, team: Path) -> None:
+    writer = Machine(team, tmp_path / "a", secret=b"k")
+    writer.compile(1)
+    writer.level.finish()
+    reader = Machine(team, tmp_path / "b", secret=b"k")
+    assert reader.compile(1) == entry(1)
+    kept = (tmp_path / "b" / f"{key(1)}-gkx-shared").read_bytes()
+    assert kept == (team / "jax-0.0.0" / f"{key(1)}-gkx-shared").read_bytes()  # what vouches for it, kept
+    assert reader.store.uploadable(key(1)) == (entry(1), kept)  # healing and packs upload that seal only
+
+
+class Refusing(Directory):
+    """A shared directory whose every read fails, as a revoked credential does."""
+
+    def listing(self, *progress: Any) -> Any:
+        raise PermissionError(13, "Permission denied", self.where)
+
+
+def test_a_failing_shared_level_turns_off_once_and_each_miss_says_so(tmp_path: Path, team: Path) -> None:
+    machine = Machine(team, tmp_path / "a", backend=Refusing(str(team), "0.0.0", team=False))
+    with pytest.warns(AutocacheWarning, match="is off for the rest of this process after PermissionError"):
+        assert machine.compile(1) is None
+    assert machine.compile(2) is None  # no second warning, no second request
+    misses = [said for said in machine.told.said if said[0] == "miss"]
+    assert [said[1] for said in misses] == [key(1), key(2)] and all("Permission denied" in str(said[2]) for said in misses)
+    assert machine.shared("shared")["errors"] == 1
+    assert (tmp_path / "a" / f"{key(2)}-cache").read_bytes() == entry(2)  # the local level goes on
+
+
+def test_a_fresh_machine_fetches_ahead_what_the_writer_s_run_looked_up(tmp_path: Path, team: Path) -> None:
+    writer = Machine(team, tmp_path / "a")
+    for n in range(6):
+        writer.compile(n)
+    writer.level.finish()  # the run missed locally: it leaves its manifest
+    assert any(path.name.endswith("-gkx-manifest") for path in (team / "jax-0.0.0").iterdir())
+
+    fresh = Machine(team, tmp_path / "b")
+    assert fresh.compile(0) == entry(0)  # the first miss: the lookup's own, and the prefetch begins
+    deadline = time.monotonic() + 30
+    while len(list((tmp_path / "b").glob("*-cache"))) < 6 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for n in range(1, 6):
+        assert fresh.compile(n) == entry(n)
+    shared = fresh.shared("shared")
+    assert shared["prefetched"] == shared["prefetch_used"] == 5, shared
+    assert [said for said in fresh.told.said if said[0] == "landed"] == [("landed", key(n)) for n in range(1, 6)]
+    fresh.level.finish()
+    assert fresh.shared("shared")["prefetch_wasted_bytes"] == 0
+
+
+def test_another_environment_s_entry_is_left_alone(tmp_path: Path, team: Path) -> None:
+    machine = Machine(team, tmp_path / "a")
+    zstd = b"\x28\xb5\x2f\xfd" + b"a zstd frame"
+    (tmp_path / "a" / f"{key(1)}-cache").write_bytes(zstd)
+    assert machine.compile(1) is None
+    assert ("rejected", key(1), "written by an environment that compresses with zstd: left alone") in machine.told.said
+    assert (tmp_path / "a" / f"{key(1)}-cache").read_bytes() == zstd  # not overwritten, nor asked of the bucket
+    assert machine.shared("shared")["misses"] == 0
