@@ -141,9 +141,9 @@ _FEATURE = re.compile(rb"[a-z0-9][a-z0-9_.-]*")
 
 
 def choose(level: str, machine: str, features: list[str], unread: str | None, jaxlib: tuple[int, int, int] | None,
-           xla_flags: str) -> Target:
+           xla_flags: str, serves: Callable[[], bool] = lambda: False) -> Target:
     """The target for this process: ``level`` where this host and this XLA can take it, else the
-    host's ISA with the reason (one line for a warning and ``status``)."""
+    host's ISA with the reason (one line for a warning and ``status``); ``serves``: ``Target``'s."""
     if level == HOST:
         return NONE
     have = frozenset(features)
@@ -161,17 +161,15 @@ def choose(level: str, machine: str, features: list[str], unread: str | None, ja
         why = f"XLA_FLAGS already sets {FLAG}={given}"
     if why is not None:
         return Target(None, machine, have, f"cpu_target {level} not used, {why}: CPU entries are keyed on this host's "
-                                           "ISA, as with cpu_target = host")
-    return Target(level, machine, have)
+                                           "ISA, as with cpu_target = host", serves)
+    return Target(level, machine, have, serves=serves)
 
 
 def here(level: str, jaxlib: tuple[int, int, int] | None, xla_flags: str,
          serves: Callable[[], bool] = lambda: False) -> Target:
     """``choose`` for this host, its ISA read now."""
     machine, features, unread = _isa.read()
-    target = choose(level, machine, features, unread, jaxlib, xla_flags)
-    target.serves = serves
-    return target
+    return choose(level, machine, features, unread, jaxlib, xla_flags, serves)
 
 
 def strip_inherited(environ: Any = os.environ) -> None:
