@@ -169,6 +169,44 @@ class Location:
         """A local directory the store serves, its records and explanations kept."""
         return self.served and self.version_dir is not None
 
+    @property
+    def packages(self) -> bool:
+        """The package's own choice of directory: capped at ``max_size`` by default."""
+        return self.kind == LOCAL
+
+    @property
+    def remote(self) -> bool:
+        """A bucket as JAX's own directory: JAX's stock cache, uncapped (SPEC §9)."""
+        return self.kind == REMOTE
+
+    @property
+    def users_own(self) -> bool:
+        """Chosen by the user's own JAX setting (SPEC §5): its thresholds are left as they are."""
+        return self.kind == OWN
+
+    @property
+    def stock(self) -> bool:
+        """On Windows: the directory the package chose, served by JAX's stock cache."""
+        return self.kind == STOCK
+
+    @property
+    def keeps_books(self) -> bool:
+        """Whether the ledger, the verdict and the cap are kept here: a local directory the package
+        resolved and may write, not on a bucket mount (which has no appends, locks or replaces)."""
+        return self.local and self.writable and self.mount is None
+
+    @property
+    def stock_reason(self) -> str | None:
+        """Why JAX's stock cache, not the package's store, serves it (as ``status`` says it), or None."""
+        if self.users_own and not self.local:
+            return ("the directory is the user's own (JAX_COMPILATION_CACHE_DIR), and not one gkx-autocache's store "
+                    "may serve")
+        if self.remote:
+            return "remote directories use JAX's stock cache, uncapped; their trust is the bucket's access policy"
+        if self.stock:
+            return "on Windows the package's store is not used (it is POSIX-only)"
+        return None
+
 
 def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bool = True) -> Location:
     """The version directory for JAX and its kind (SPEC §4, §5, §9): the one answer configuration

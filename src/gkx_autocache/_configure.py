@@ -64,7 +64,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     location = _cache.locate(settings, jax.__version__)
     for cause, message in location.problems:
         warn(cause, message)
-    if location.kind == _cache.REMOTE and _settings.signing_key(env) is not None:
+    if location.remote and _settings.signing_key(env) is not None:
         warn("signing:remote", _settings.remote_signing_note(str(settings["dir"])))
     if location.version_dir is None:
         if settings["report"] and location.problems:  # the run's line says it was uncached, and why
@@ -74,13 +74,13 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     directory = location.version_dir
     _fork.in_child(_jax.keep_backends)  # a warm run's forked child would hang at its exit (JAX's own cache too)
     serves: Any = None  # where the store serves: whether it serves the directory JAX uses now (cpu_target)
-    if location.kind == _cache.STOCK:  # Windows: said at every import jax, as status says it (issue 46)
+    if location.stock:  # Windows: said at every import jax, as status says it (issue 46)
         warn("dir:stock", _cache.STOCK_NOTE.format(dir=directory), silence=NOTED)
         unguarded = _jax.guard_stock(jax, directory)
         if unguarded:
             logger.debug("JAX's own errors reading and writing %s stay JAX's: %s", directory, unguarded)
     updates: dict[str, Any] = {}
-    if location.kind != _cache.OWN:  # the user's own directory is left as they set it
+    if not location.users_own:  # the user's own directory is left as they set it
         updates["jax_compilation_cache_dir"] = directory
     for key in ("min_compile_time_secs", "min_entry_size_bytes"):
         if not settings.from_jax(key):
@@ -96,10 +96,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     from gkx_autocache import _jax, _store
     from gkx_autocache._record import recorder as _stats
 
-    # Bookkeeping (the ledger, the verdict, the cap) only where the package resolved a local
-    # directory it may write: a baked read-only cache is read and nothing else, and a bucket
-    # mount (``_mount``) has no appends, locks or replaces to keep it with.
-    keeping = location.local and location.writable and location.mount is None
+    keeping = location.keeps_books  # a baked read-only cache is read and nothing else
     levels = None
     if settings["shared"] is not None:  # a second level behind this one (SPEC §14): objects only, no I/O here
         from gkx_autocache import _autotune
@@ -112,16 +109,16 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         for cause, message in problems:
             warn(cause, message)
     set_by = None  # who gave JAX its own directory (``_adopted``)
-    if location.local and location.kind == _cache.OWN:
+    if location.local and location.users_own:
         from gkx_autocache import _adopted
 
         set_by = _adopted.who(directory, env.get("JAX_COMPILATION_CACHE_DIR"))
-    recorder = _stats.start(settings, directory, ledger=keeping, remote=location.kind == _cache.REMOTE,
+    recorder = _stats.start(settings, directory, ledger=keeping, remote=location.remote,
                             shared=location.team, levels=levels, set_by=set_by)
     if location.local:
         shared = location.team
         # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
-        cap = settings["max_size"] if location.kind == _cache.LOCAL or settings.origin("max_size") != "default" else 0
+        cap = settings["max_size"] if location.packages or settings.origin("max_size") != "default" else 0
         from gkx_autocache import _adopted
 
         _adopted.watch(config)

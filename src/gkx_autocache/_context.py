@@ -42,7 +42,7 @@ class Context(NamedTuple):
         """The version directory, for a command that reads or writes the package's store: never
         on Windows, where JAX's own cache serves it (``_cache.windows``)."""
         vdir = self.version_dir
-        if self.location is not None and self.location.kind == _cache.STOCK:
+        if self.location is not None and self.location.stock:
             raise CliError(f"{command} needs gkx-autocache's store, and {_cache.STOCK_NOTE.format(dir=vdir)}")
         return vdir
 

@@ -91,9 +91,9 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
             store = _store_verdict(location)
             if location.mount is not None:
                 directory["mount"] = location.mount.describe()
-            if location.kind == _cache.LOCAL and (moved := _adopted.moved_since(vdir)) is not None:
+            if location.packages and (moved := _adopted.moved_since(vdir)) is not None:
                 directory["moved"] = moved
-            if location.kind == _cache.STOCK:
+            if location.stock:
                 attention.append(_cache.STOCK_NOTE.format(dir=vdir))
             if location.local and store.get("explain"):
                 attention.append(f"misses are not explained here: {store['explain']}")
@@ -102,7 +102,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
             if location.local and (note := _locks.flock_note(vdir)):
                 attention.append(note)
             try:  # a bucket may be unreachable from here: status still reports the rest
-                if location.local or location.kind == _cache.REMOTE:
+                if location.local or location.remote:
                     reading = _show.Reading(vdir)
                     totals = reading.totals()
                     reset_at = reading.summary.reset_at if reading.summary else 0.0
@@ -128,7 +128,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
     from gkx_autocache._shared import probe as _probe
 
     signing = "set (env GKX_JAX_CACHE_SIGNING_KEY)" if _settings.signing_key() else "not set"
-    if signing != "not set" and location is not None and location.kind == _cache.REMOTE:
+    if signing != "not set" and location is not None and location.remote:
         signing = ("set, but it protects nothing here: dir is a bucket, which JAX's stock cache reads without "
                    "checking signatures")
         attention.append(_settings.remote_signing_note(str(location.root)))
@@ -209,14 +209,8 @@ def features_said(found: dict[str, str | None], source: str = "as the last proce
 
 
 def _store_verdict(location: _cache.Location) -> dict[str, Any]:
-    if location.kind == _cache.OWN and not location.local:
-        return {"store": "jax", "reason": "the directory is the user's own (JAX_COMPILATION_CACHE_DIR), and not one "
-                                          "gkx-autocache's store may serve"}
-    if location.kind == _cache.REMOTE:
-        return {"store": "jax", "reason": "remote directories use JAX's stock cache, uncapped; "
-                                          "their trust is the bucket's access policy"}
-    if location.kind == _cache.STOCK:
-        return {"store": "jax", "reason": "on Windows the package's store is not used (it is POSIX-only)"}
+    if (reason := location.stock_reason) is not None:
+        return {"store": "jax", "reason": reason}
     assert location.version_dir is not None
     if location.mount is not None:
         return {"store": None, "reason": "a bucket mount keeps no records (each run's report line names the "

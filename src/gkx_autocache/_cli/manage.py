@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from gkx_autocache import _bundle, _cache, _context, _entries, _isa, _settings
+from gkx_autocache import _bundle, _context, _entries, _isa, _settings
 from gkx_autocache._cli.output import FAILED, OK, USAGE, CliError, emit, progress
 from gkx_autocache._context import Context, load_context, refuse_skipped_dir
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural, shown
@@ -83,7 +83,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
         _carry_out(args, _entries.plan_clear(vdir), {"shared": True})
         return OK
     refuse_skipped_dir(ctx, "clear")
-    if ctx.location is not None and ctx.location.kind == _cache.STOCK:
+    if ctx.location is not None and ctx.location.stock:
         every = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d)] if args.all_versions and ctx.root else []
         return _clear_stock(args, every or [ctx.version_dir])
     targets = [ctx.version_dir]
@@ -254,7 +254,7 @@ def _absolute(path: str) -> str:
 
 def _local(ctx: Context, command: str) -> str:
     vdir = ctx.store_dir(command)
-    if ctx.location is not None and ctx.location.kind == _cache.REMOTE:
+    if ctx.location is not None and ctx.location.remote:
         raise CliError(f"{command} works on local directories; {vdir} is remote (copy objects with your bucket's tools)")
     return vdir
 

@@ -33,7 +33,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if stats is None and data["reset_at"]:
         emit(args, f"no lookups in {vdir} since the last reset (stats --reset, {local_time(data['reset_at'])})", data)
         return OK
-    if stats is None and ctx.location is not None and ctx.location.kind == _cache.OWN and not ctx.location.local:
+    if stats is None and ctx.location is not None and ctx.location.users_own and not ctx.location.local:
         emit(args, _cache.NOT_KEPT.format(dir=vdir), data)
         return OK
     if stats is None and ctx.location is not None and ctx.location.mount is not None:

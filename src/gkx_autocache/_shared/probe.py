@@ -9,7 +9,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gkx_autocache import _cache
 from gkx_autocache._diagnostics import human_bytes, plural
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, is_url, key_match
 from gkx_autocache._shared.bucket import NOT_LISTED
@@ -62,7 +61,7 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
     secret = signing_key(env)
     local = {"dir": location.version_dir if location is not None else None,
              "trust": ("a team directory (trust_shared)" if getattr(location, "team", False) else
-                       "not checked on Windows" if getattr(location, "kind", None) == _cache.STOCK else "private to you")}
+                       "not checked on Windows" if getattr(location, "stock", False) else "private to you")}
     info: dict[str, Any] = {
         "url": shared, "origin": settings.origin("shared"),
         "kind": "http" if is_http(shared) else "bucket" if is_url(shared) else "directory",

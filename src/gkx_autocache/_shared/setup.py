@@ -36,15 +36,14 @@ def same_place(shared: str, local_root: str | None) -> bool:
 
 def problem(settings: Any, location: Any) -> str | None:
     """Why the ``shared`` setting cannot be used with this local level, or None."""
-    from gkx_autocache import _cache
 
     shared = settings["shared"]
-    if location.kind == _cache.REMOTE:
+    if location.remote:
         return ("dir is itself a bucket (JAX's stock cache serves it, uncapped); set dir to a local directory to "
                 "keep a local level in front of the bucket")
-    if location.kind == _cache.OWN:
+    if location.users_own:
         return "JAX's own setting chose the directory (JAX's stock cache serves it)"
-    if location.kind == _cache.STOCK:
+    if location.stock:
         return "on Windows JAX's own cache serves the directory, and levels need gkx-autocache's store (POSIX-only)"
     if same_place(shared, location.root):
         return "it is the same directory as dir"
