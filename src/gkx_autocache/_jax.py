@@ -572,6 +572,12 @@ def callbacks_by(callbacks: Any) -> str:
     return "jax"
 
 
+def part_values(hashfn: Any) -> dict[str, Any]:
+    """What one part of JAX's key hashed: the values its ``hashfn`` closes over (``cache_key.get``
+    builds each as a lambda over the module, the options, the backend...), by their names there."""
+    return dict(zip(hashfn.__code__.co_freevars, (c.cell_contents for c in hashfn.__closure__ or ()), strict=False))
+
+
 def _contents(cell: Any) -> Any:
     try:
         return cell.cell_contents

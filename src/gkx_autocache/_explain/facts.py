@@ -39,11 +39,6 @@ class Facts(NamedTuple):
     config: dict[str, str]  # jax.config values (less CONFIG_IGNORED)
 
 
-
-def _cells(hashfn: Any) -> dict[str, Any]:
-    return dict(zip(hashfn.__code__.co_freevars, (c.cell_contents for c in hashfn.__closure__ or ()), strict=False))
-
-
 def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, name: str) -> Facts:
     """Each part's own hash (the computation's was taken on the way: it is not hashed twice), the
     readable values, the input signature, the place and the config."""
@@ -51,7 +46,7 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
     readable: dict[str, str] = {}
     signature, place = "?", UNKNOWN_PLACE
     for part, hashfn in parts:
-        cells = _cells(hashfn)
+        cells = _jax.part_values(hashfn)
         if part == PARTS[0]:
             module = cells.get("module")
             if module is not None:
