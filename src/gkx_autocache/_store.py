@@ -26,13 +26,46 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from gkx_autocache import _files, _fork, _formats, _jax, _mount
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._formats import compression_of
 from gkx_autocache._layout import META_DIR, VERDICT_FILE
 from gkx_autocache._local import LocalLevel
+
+if TYPE_CHECKING:  # (a type only: nothing to compile on import jax)
+    from typing import Protocol
+
+    class SharedLevel(Protocol):
+        """What the store asks of the shared level behind the local one (``_shared.level.Level``)."""
+
+        @property
+        def off_note(self) -> str | None: ...
+
+        @property
+        def signs(self) -> bool: ...
+
+        def attach(self, local: Any) -> None: ...
+
+        def before_lookup(self, key: str) -> None: ...
+
+        def local_hit(self, nbytes: int, secs: float, key: str | None = None) -> None: ...
+
+        def local_miss(self, key: str = "") -> None: ...
+
+        def get(self, key: str) -> Any: ...
+
+        def count(self, level: str, **add: float) -> None: ...
+
+        def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None: ...
+
+        def seal_for(self, key: str, data: bytes, raw_seal: bytes | None, compile_secs: float | None,
+                     written: float) -> bytes | None: ...
+
+        def put(self, key: str, data: bytes, compile_secs: float | None, seal: bytes | None = None,
+                written: float = 0.0) -> None: ...
+
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -58,36 +91,6 @@ def compile_clock() -> float:
         except (OSError, IndexError, ValueError):
             continue
     return total
-
-
-class SharedLevel(Protocol):
-    """What the store asks of the shared level behind the local one (``_shared.level.Level``)."""
-
-    @property
-    def off_note(self) -> str | None: ...
-
-    @property
-    def signs(self) -> bool: ...
-
-    def attach(self, local: Any) -> None: ...
-
-    def before_lookup(self, key: str) -> None: ...
-
-    def local_hit(self, nbytes: int, secs: float, key: str | None = None) -> None: ...
-
-    def local_miss(self, key: str = "") -> None: ...
-
-    def get(self, key: str) -> Any: ...
-
-    def count(self, level: str, **add: float) -> None: ...
-
-    def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None: ...
-
-    def seal_for(self, key: str, data: bytes, raw_seal: bytes | None, compile_secs: float | None,
-                 written: float) -> bytes | None: ...
-
-    def put(self, key: str, data: bytes, compile_secs: float | None, seal: bytes | None = None,
-            written: float = 0.0) -> None: ...
 
 
 class Unshared:

@@ -13,12 +13,25 @@ import os
 import sys
 import threading
 import time
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gkx_autocache import _files, _fork
 from gkx_autocache._diagnostics import label, logger, warn
 from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX
 from gkx_autocache._record import ledger as _ledger
+
+if TYPE_CHECKING:  # (a type only: nothing to compile on import jax)
+    from typing import Protocol
+
+    class Levels(Protocol):
+        """What the recorder reports of the shared level (``_shared.level.Level``)."""
+
+        url: str
+
+        @property
+        def signs(self) -> bool: ...
+
+        def snapshot(self) -> dict[str, dict[str, float]]: ...
 
 REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
 HITS = "/jax/compilation_cache/cache_hits"
@@ -72,17 +85,6 @@ def module_name(traced: str) -> str:
     if paren and rest.endswith(")"):
         return f"{head}_{rest[:-1]}"
     return traced if not traced or traced.startswith(("jit_", "pmap_", "xla_pmap_")) else f"jit_{traced}"
-
-
-class Levels(Protocol):
-    """What the recorder reports of the shared level (``_shared.level.Level``)."""
-
-    url: str
-
-    @property
-    def signs(self) -> bool: ...
-
-    def snapshot(self) -> dict[str, dict[str, float]]: ...
 
 
 class Recorder:
