@@ -13,22 +13,42 @@ import pytest
 from conftest import ROOT
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
-    """`benchmarks/run.py --quick`, once for this module: (its JSON, its printed table)."""
+def run(tmp_path_factory: pytest.TempPathFactory, *sections: str) -> tuple[dict[str, Any], str]:
+    """`benchmarks/run.py --quick` (its ``--only`` sections, all where none): its JSON, its printed table."""
     out = tmp_path_factory.mktemp("bench") / "results.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(out)],
+    only = [arg for section in sections for arg in ("--only", section)]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", *only, "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text()), proc.stdout
 
 
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """Every section, once for this module (four minutes on two cores)."""
+    return run(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def startup_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """The start-up section alone (20 seconds): what the package costs every process of this Python."""
+    return run(tmp_path_factory, "startup")
+
+
+def test_start_up_adds_no_module_and_no_collection(startup_run: tuple[dict[str, Any], str]) -> None:
+    """On every Python: `python -c pass` imports no module of the package; its collections are counted."""
+    data, table = startup_run
+    assert data["startup"]["extra_modules"] == []
+    assert all(n > 0 for n in data["startup"]["young_collections"].values())
+    assert "| young-generation garbage collections at start-up |" in table
+    assert "| modules added at start-up | none |" in table
+
+
+@pytest.mark.once  # the runner is this repository's tool; its figures are measured on one line
 def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> None:
     """`benchmarks/run.py --quick` builds its venvs, measures every section and writes the JSON."""
     data, table = quick_run
     assert data["startup"]["extra_modules"] == []
-    assert all(n > 0 for n in data["startup"]["young_collections"].values())
-    assert "| young-generation garbage collections at start-up |" in table
     assert set(data["startup_instructions"]) in ({"bytecode present", "bytecode absent", "reference lines"}, {"skipped"})
     assert set(data["workload"]) == {"no cache", "JAX stock cache, default thresholds", "JAX stock cache, thresholds 0",
                                      "gkx-autocache"}
@@ -37,7 +57,7 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
     assert set(data["cli"]) == {"status", "prune --dry-run --max-size 1MB", "prune --dry-run --older-than 1s", "verify",
                                 "status, after that run",
                                 "ordinary run, folding the ledgers at exit (extra seconds)"}
-    assert "| `import jax`, bytecode absent |" in table and "| modules added at start-up | none |" in table
+    assert "| `import jax`, bytecode absent |" in table
     book = data["bookkeeping"]
     assert 0 < book["index of 300 entries: bytes per entry"] < 1000 and book["index of 300 entries: first miss reads it and lists the directory"] > 0
     assert book["beside 1000 lookups: the live process's ledger (bytes)"] < 1 << 20
@@ -75,10 +95,11 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None,
                     reason="valgrind is not installed: benchmarks/run.py skips the instruction counts")
-def test_instruction_counts(quick_run: tuple[dict[str, Any], str]) -> None:
+def test_instruction_counts(startup_run: tuple[dict[str, Any], str]) -> None:
     """valgrind counts `python -c pass` with and without the package: the package adds the same, well
-    under 3 M instructions, with bytecode and without (a module imported from source adds over 10 M)."""
-    data, table = quick_run
+    under 3 M instructions, with bytecode and without (a module imported from source adds over 10 M);
+    on every Python, whose start-up differs."""
+    data, table = startup_run
     counts = data["startup_instructions"]
     added = {case: counts[case]["with"] - counts[case]["without"] for case in ("bytecode present", "bytecode absent")}
     assert all(30e6 < counts[case]["without"] < 100e6 for case in added), counts
