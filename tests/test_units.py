@@ -14,7 +14,7 @@ from typing import Any, cast
 import pytest
 
 import gkx_autocache
-from gkx_autocache import _cache, _entries, _policy, _settings, _trust, _userdirs
+from gkx_autocache import _cache, _entries, _policy, _remove, _settings, _trust, _userdirs
 from gkx_autocache._layout import TAG_NAME
 
 
@@ -256,7 +256,7 @@ def test_count_takes_what_scan_takes(tmp_path: Path) -> None:
     top = sum(u.bytes for u in found.units.values()) + sum(t[1] for t in found.temporary)
     assert found.entries == 2 and len(found.temporary) == 1
     assert _entries.count(str(tmp_path)) == (found.entries, top + _entries.bookkeeping_bytes(str(tmp_path)))
-    assert top == sum(_entries.on_disk(os.lstat(tmp_path / name)) for name in taken)
+    assert top == sum(_remove.on_disk(os.lstat(tmp_path / name)) for name in taken)
 
 
 def test_select_over_removes_least_recent_first() -> None:
@@ -266,8 +266,8 @@ def test_select_over_removes_least_recent_first() -> None:
 
 def test_remove_files_refuses_untagged_directory(tmp_path: Path) -> None:
     (tmp_path / f"jit_f-{'a' * 64}-cache").write_bytes(b"x")
-    with pytest.raises(_entries.RemovalRefused):
-        _entries.remove_files(str(tmp_path), [str(tmp_path / f"jit_f-{'a' * 64}-cache")])
+    with pytest.raises(_remove.RemovalRefused):
+        _remove.remove_files(str(tmp_path), [str(tmp_path / f"jit_f-{'a' * 64}-cache")])
     assert (tmp_path / f"jit_f-{'a' * 64}-cache").exists()
 
 

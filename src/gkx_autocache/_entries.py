@@ -1,10 +1,10 @@
 """The files of a version directory (SPEC §7, §8): scanning them into entries with their sidecars,
-choosing what to prune, and removing, for the CLI, the at-exit prune and bundles. Only files named
-like entries, sidecars, temporary files or the package's bookkeeping are touched, only in a
-directory carrying the package's own tag, never through a symlink at any level; on a bucket, only
-objects named like entries, sidecars and ledgers.
+choosing what to prune, what ``clear`` removes, verifying, for the CLI, the at-exit prune and
+bundles; the removing itself is ``_remove``'s (only files named like entries, sidecars, temporary
+files or the package's bookkeeping, only in a directory carrying the package's own tag, never
+through a symlink).
 
-Not imported on ``import jax``.
+Not imported on ``import jax``, nor at an exit that only folds its ledger.
 """
 
 from __future__ import annotations
@@ -23,28 +23,19 @@ from gkx_autocache._layout import (
     TAG_NAME,
     VERSION_PREFIX,
     common_name,
-    is_own_tag,
     is_temporary,
     is_url,
     key_match,
 )
+from gkx_autocache._remove import Removed, on_disk, remove_files, tagged
 
 STALE_TMP_SECS = 3600.0
 
 
-def on_disk(st: os.stat_result) -> int:
-    """A file's bytes as ``du`` counts them: its allocated blocks (an 8-byte sidecar takes a 4 KiB
-    block). The cap, ``status`` and ``prune`` all count this way (SPEC §10)."""
-    blocks = getattr(st, "st_blocks", None)
-    return blocks * 512 if blocks is not None else st.st_size
 STALE_VERSION_SECS = 30 * 86400.0
 
 
-class RemovalRefused(Exception):
-    """Nothing is removed; the message says why, in words for the user."""
-
-
-# Plain classes, not dataclasses or NamedTuples: every process that folds its ledger at exit imports
+# Plain classes, not dataclasses or NamedTuples: an exit that scans (hourly, or over the cap) imports
 # this module, and four dataclasses cost 2 ms there (a NamedTuple ~0.3 ms).
 
 
@@ -260,157 +251,6 @@ def select_over(units: list[Unit], target: int) -> list[Unit]:
 # -- removing: only in a tagged directory, never through a symlink --------------------------------
 
 
-def has_tag(version_dir: str) -> bool:
-    """Whether ``version_dir`` carries the package's own ``CACHEDIR.TAG``, reached without
-    following a symlink at any level, so that its entries may be deleted. An object store has no
-    directory to tag: there the version prefix and the entry names are what is recognised, so a
-    URL counts as tagged."""
-    if is_url(version_dir):
-        return True
-    if os.name == "nt":  # no directory descriptors there (_cache.windows): by path
-        data = _files.read(os.path.join(version_dir, TAG_NAME), 4096)
-        return data is not None and is_own_tag(data)
-    try:
-        fd = _files.open_dir(version_dir)
-    except OSError:
-        return False
-    try:
-        return _tagged(fd)
-    finally:
-        os.close(fd)
-
-
-def _tagged(dir_fd: int) -> bool:
-    """The package's own tag in the directory, or in its bookkeeping folder: a directory that
-    existed before the store served it (one a framework gave JAX, ``_adopted``) gets no tag of its
-    own, which would hide it from backups, but the folder the package made in it has one."""
-    if _tag_in(dir_fd):
-        return True
-    try:  # a tag of the directory's own that is not the package's (a FIFO, another tool's): not a cache of ours
-        os.stat(TAG_NAME, dir_fd=dir_fd, follow_symlinks=False)
-        return False
-    except OSError:
-        pass
-    try:
-        meta = os.open(META_DIR, os.O_RDONLY | _files.DIRECTORY | _files.NOFOLLOW, dir_fd=dir_fd)
-    except OSError:
-        return False
-    try:
-        return _tag_in(meta)
-    finally:
-        os.close(meta)
-
-
-def _tag_in(dir_fd: int) -> bool:
-    try:
-        tag = _files.open_regular(TAG_NAME, dir_fd=dir_fd)
-    except OSError:
-        return False
-    with os.fdopen(tag, "rb") as f:
-        try:
-            return is_own_tag(f.read(4096))
-        except OSError:
-            return False
-
-
-class Removed:
-    """What a removal did: files and bytes removed, and the paths that could not be."""
-
-    __slots__ = ("files", "bytes", "failed")
-
-    def __init__(self, files: int = 0, bytes: int = 0, failed: tuple[str, ...] = ()) -> None:
-        self.files, self.bytes, self.failed = files, bytes, failed
-
-    def __add__(self, other: object) -> Removed:
-        assert isinstance(other, Removed)
-        return Removed(self.files + other.files, self.bytes + other.bytes, self.failed + other.failed)
-
-    def why(self) -> str:
-        return f"{len(self.failed)} files could not be removed, such as {self.failed[0]}" if self.failed else ""
-
-
-def remove_files(version_dir: str, paths: list[str]) -> Removed:
-    """Unlink the given files of a tagged version directory (entries, sidecars, temporaries, and
-    bookkeeping under ``.gkx-autocache``). Every directory on the way is opened without following
-    a symlink, so nothing outside the cache is touched, whatever was planted or renamed. Raises
-    RemovalRefused for an untagged directory or one reached through a symlink. On a bucket, deletes
-    objects named like entries, sidecars or ledgers."""
-    if is_url(version_dir):
-        from gkx_autocache import _remote
-
-        return Removed(_remote.remove(version_dir, paths))
-    try:
-        top = _files.open_dir(version_dir)
-    except OSError as exc:
-        raise RemovalRefused(f"{version_dir} cannot be opened without following a symlink ({exc.strerror}): "
-                      "nothing removed") from None
-    try:
-        if not _tagged(top):
-            raise RemovalRefused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
-        by_folder: dict[str, list[str]] = {}
-        inside = version_dir.rstrip("/") + "/"
-        for path in paths:
-            if path.startswith(inside) and "/../" not in path and not path.endswith("/.."):
-                folder, name = os.path.split(path[len(inside):])
-                by_folder.setdefault(folder, []).append(name)
-        return sum((_unlink_in(top, version_dir, f, names) for f, names in by_folder.items()), Removed())
-    finally:
-        os.close(top)
-
-
-def _unlink_in(top: int, version_dir: str, folder: str, names: list[str]) -> Removed:
-    try:
-        fd = _files.open_dir(folder, dir_fd=top) if folder else top
-    except OSError:
-        return Removed(failed=tuple(os.path.join(version_dir, folder, n) for n in names))
-    files = freed = 0
-    failed = []
-    try:
-        for name in names:
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if not stat.S_ISDIR(st.st_mode):
-                    os.unlink(name, dir_fd=fd)  # unlink never follows a symlink
-                    files += 1
-                    freed += on_disk(st)
-            except FileNotFoundError:
-                continue  # gone already (another process pruned it)
-            except OSError:
-                failed.append(os.path.join(version_dir, folder, name))
-    finally:
-        if fd != top:
-            os.close(fd)
-    return Removed(files, freed, tuple(failed))
-
-
-def remove_empty_dirs(version_dir: str, paths: list[str]) -> list[str]:
-    """Remove the given directories of a tagged version directory if they are empty (``rmdir``
-    neither follows a symlink nor removes what is inside); the paths left. Raises RemovalRefused."""
-    try:
-        top = _files.open_dir(version_dir)
-    except OSError as exc:
-        raise RemovalRefused(f"{version_dir} cannot be opened without following a symlink ({exc.strerror}): "
-                      "nothing removed") from None
-    left = []
-    try:
-        if not _tagged(top):
-            raise RemovalRefused(f"{version_dir} has no gkx-autocache {TAG_NAME}: nothing removed")
-        for path in paths:
-            folder, name = os.path.split(path)
-            if folder != version_dir.rstrip("/") or name in ("", ".", ".."):
-                left.append(path)
-                continue
-            try:
-                os.rmdir(name, dir_fd=top)
-            except FileNotFoundError:
-                continue
-            except OSError:
-                left.append(path)
-    finally:
-        os.close(top)
-    return left
-
-
 def version_dirs(root: str) -> list[str]:
     """The ``jax-*`` directories under ``root``; a symlink named like one is not one."""
     if is_url(root):
@@ -473,7 +313,7 @@ def remove_version_dir(version_dir: str) -> None:
     try:
         vfd = os.open(name, os.O_RDONLY | _files.DIRECTORY | _files.NOFOLLOW, dir_fd=root)
         try:
-            if not _tagged(vfd):
+            if not tagged(vfd):
                 return
             shutil.rmtree(META_DIR, ignore_errors=True, dir_fd=vfd)  # refuses a symlink, never follows one
             os.unlink(TAG_NAME, dir_fd=vfd)

@@ -346,7 +346,7 @@ def bookkeeping_dir(version_dir: str, shared: bool, *parts: str) -> str | None:
         if os.path.islink(os.path.join(version_dir, META_DIR, *parts[:level])):
             logger.debug("%s is a symlink: no bookkeeping", path)
             return None
-    try:  # tagged where made: a directory someone else gave JAX is known by it (``_entries.has_tag``)
+    try:  # tagged where made: a directory someone else gave JAX is known by it (``_remove.has_tag``)
         make_dir(os.path.join(version_dir, META_DIR), shared, TAG)
         make_dir(path, shared)
     except OSError as exc:

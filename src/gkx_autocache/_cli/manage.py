@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from gkx_autocache import _bundle, _context, _entries, _isa, _settings
+from gkx_autocache import _bundle, _context, _entries, _isa, _remove, _settings
 from gkx_autocache._cli.output import FAILED, OK, USAGE, CliError, emit, progress
 from gkx_autocache._context import Context, load_context, refuse_skipped_dir
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural, shown
@@ -25,7 +25,7 @@ def _carry_out(args: argparse.Namespace, removal: _entries.Removal, extra: dict[
     if not args.dry_run:
         try:
             done = _entries.execute(removal)
-        except _entries.RemovalRefused as exc:
+        except _remove.RemovalRefused as exc:
             raise CliError(str(exc)) from None
         if done.failed:  # never claim a removal that did not happen (a read-only cache)
             raise CliError(f"removed {done.files} of {len(removal.files)} files from {removal.version_dir}; {done.why()}")
@@ -49,8 +49,8 @@ def _carry_out(args: argparse.Namespace, removal: _entries.Removal, extra: dict[
 
 
 def _require_tag(vdir: str) -> None:
-    """A cache is recognised by its tag before anything is deleted (see ``_entries.has_tag``)."""
-    if _entries.has_tag(vdir):
+    """A cache is recognised by its tag before anything is deleted (see ``_remove.has_tag``)."""
+    if _remove.has_tag(vdir):
         return
     if not os.path.isdir(vdir):
         raise CliError(f"{vdir} does not exist: nothing to remove")
@@ -84,11 +84,11 @@ def cmd_clear(args: argparse.Namespace) -> int:
         return OK
     refuse_skipped_dir(ctx, "clear")
     if ctx.location is not None and ctx.location.stock:
-        every = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d)] if args.all_versions and ctx.root else []
+        every = [d for d in _entries.version_dirs(ctx.root) if _remove.has_tag(d)] if args.all_versions and ctx.root else []
         return _clear_stock(args, every or [ctx.version_dir])
     targets = [ctx.version_dir]
     if args.all_versions and ctx.root:
-        targets = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d)] or targets
+        targets = [d for d in _entries.version_dirs(ctx.root) if _remove.has_tag(d)] or targets
     _confirm(args, ", ".join(targets))
     kept = ctx.location is None or ctx.location.mount is None  # a bucket mount keeps no totals to reset
     for vdir in targets:
@@ -160,7 +160,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     stale: list[str] = []
     if args.stale_versions and ctx.root:
         installed = os.path.basename(vdir)
-        stale = [d for d in _entries.version_dirs(ctx.root) if _entries.has_tag(d) and _entries.stale(d, installed)]
+        stale = [d for d in _entries.version_dirs(ctx.root) if _remove.has_tag(d) and _entries.stale(d, installed)]
     plan = _entries.plan_prune(vdir, cap, older)
     _carry_out(args, plan, {"max_size": cap, "stale_versions": stale}, remains=True)
     if not args.dry_run and os.path.isdir(vdir):  # their next miss is then named "evicted"
@@ -204,9 +204,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.repair and (doomed or result.doomed_dirs):
         _require_tag(vdir)
         try:
-            done = _entries.remove_files(vdir, doomed)
-            left = _entries.remove_empty_dirs(vdir, result.doomed_dirs)
-        except _entries.RemovalRefused as exc:
+            done = _remove.remove_files(vdir, doomed)
+            left = _remove.remove_empty_dirs(vdir, result.doomed_dirs)
+        except _remove.RemovalRefused as exc:
             raise CliError(str(exc)) from None
         if done.failed:
             raise CliError(f"verify --repair: {done.why()}")

@@ -232,9 +232,9 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
         if zero:
             raise OSError(f"stats not reset: {summary_path(version_dir)} cannot be written")
         return 0
-    from gkx_autocache import _entries
+    from gkx_autocache import _remove
 
-    removed = _entries.remove_files(version_dir, done)
+    removed = _remove.remove_files(version_dir, done)
     if removed.failed or len(done) > 64:  # the names of removed ledgers never come back (pid and ns):
         summary.folded = [os.path.basename(p) for p in removed.failed]  # a few may stay listed, which
         _write_summary(version_dir, summary, shared)  # saves a second write at most exits
@@ -246,20 +246,20 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool, pend
     processes' index lines, refer to); above the cap (0: none), prune to 90 % of it, least recently
     used first. The bookkeeping is charged at most ``BOOKKEEPING_SHARE`` of the cap, so a small cap
     still holds entries."""
-    from gkx_autocache import _entries
+    from gkx_autocache import _entries, _remove
     from gkx_autocache._record import index as _index
 
     found = _entries.scan(version_dir)
     stale = [t for t in found.temporary if time.time() - t[2] > _entries.STALE_TMP_SECS]  # writers killed mid-write
     if stale:
-        _entries.remove_files(version_dir, [t[0] for t in stale])
+        _remove.remove_files(version_dir, [t[0] for t in stale])
         found.temporary = [t for t in found.temporary if t not in stale]
     entries = found.bytes
     bookkeeping = _entries.bookkeeping_bytes(version_dir)
     charged = min(bookkeeping, max(int(cap * BOOKKEEPING_SHARE), BOOKKEEPING_FLOOR))
     if cap and entries + charged > cap:
         removed = _entries.select_over(list(found.units.values()), max(int(cap * PRUNE_TO) - charged, 0))
-        freed = _entries.remove_files(version_dir, [p for u in removed for p in u.files]).bytes
+        freed = _remove.remove_files(version_dir, [p for u in removed for p in u.files]).bytes
         entries -= sum(u.bytes for u in removed) if freed else 0
         for unit in removed:
             found.units.pop(unit.key, None)

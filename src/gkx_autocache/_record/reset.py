@@ -20,12 +20,12 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     (``clear``, a fresh start), the summary, the index and the finished ledgers go. A running
     process keeps its ledger (deleting it would lose what it records next). The count of files
     folded or removed. Raises OSError when a fold in progress holds the lock past a few seconds."""
-    from gkx_autocache import _entries
+    from gkx_autocache import _remove
     from gkx_autocache._record import index as _index
 
     files = _ledger.ledger_files(version_dir)
     if is_url(version_dir):
-        return _entries.remove_files(version_dir, files).files
+        return _remove.remove_files(version_dir, files).files
     extra = [_fold.summary_path(version_dir), _index.index_path(version_dir)]
     present = [p for p in [*files, *extra] if os.path.lexists(p)]
     if not present:
@@ -44,7 +44,7 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
                 done.append(path)
             else:
                 fresh.offsets[os.path.basename(path)] = ledger.offset(forget=True)
-        removed = _entries.remove_files(version_dir, [*done, *extra])
+        removed = _remove.remove_files(version_dir, [*done, *extra])
         if removed.failed:
             raise OSError(f"stats not reset: {removed.why()}")
         if fresh.offsets:
