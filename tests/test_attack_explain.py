@@ -365,7 +365,7 @@ def script(source: str, *args: str) -> str:
     return proc.stdout
 
 
-NO_FLOCK = "_ledger._flock = lambda fd, blocking=False: None  # Lustre, NFS without locks\n"
+NO_FLOCK = "_ledger.take_flock = lambda fd, blocking=False: None  # Lustre, NFS without locks\n"
 
 
 def test_without_flock_a_ledger_being_begun_is_not_taken_for_a_finished_one(tmp_path: Path) -> None:
@@ -559,10 +559,10 @@ def stat(path, *args, **kwargs):
     found = real_stat(path, *args, **kwargs)
     if path == "fold.lock" and not began:  # the other process takes over between our stat and our rename
         began.append(1)
-        taken.append(_locks._lock(vdir, False))
+        taken.append(_locks.acquire(vdir, False))
     return found
 os.stat = stat
-mine = _locks._lock(vdir, False)
+mine = _locks.acquire(vdir, False)
 os.stat = real_stat
 print(taken[0], mine)
 """, str(vdir))
@@ -671,7 +671,7 @@ meta = os.path.join(sys.argv[1], ".gkx-autocache")
 os.makedirs(meta)
 with open(os.path.join(meta, "fold.lock"), "w") as f:
     f.write(f"{_ledger.host()} {sys.argv[2]} {time.time():.0f}\n")  # killed a moment ago, folding
-print(_locks._lock(sys.argv[1], False))
+print(_locks.acquire(sys.argv[1], False))
 """, str(vdir), gone.stdout.strip())
     assert out.strip() == "-1", out
 

@@ -150,6 +150,24 @@ def test_no_object_reads_another_s_private_names() -> None:
     assert not found, found
 
 
+def test_no_module_uses_another_module_s_private_names() -> None:
+    """A module's ``_name`` is its own: another module that needs it gets a public name (issue 43:
+    the bookkeeping's fold and reset called ``_locks._lock`` and ``_fold._fold``)."""
+    used = []
+    for module, text in sources().items():
+        tree = ast.parse(text)
+        own = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+               and node.module.startswith("gkx_autocache") for a in node.names if is_module(f"{node.module[14:]}.{a.name}".lstrip("."))}
+        used += [f"{module}:{node.lineno} {ast.unparse(node)}" for node in ast.walk(tree)
+                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in own
+                 and node.attr.startswith("_") and not node.attr.startswith("__")]
+        used += [f"{module}:{node.lineno} {a.name}" for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gkx_autocache")
+                 for a in node.names if a.name.startswith("_") and not a.name.startswith("__")
+                 and not is_module(f"{node.module[14:]}.{a.name}".lstrip("."))]
+    assert not used, used
+
+
 def test_the_private_name_finder_finds_one() -> None:
     """The check above can fail."""
     assert private_reads("import os\nclass A:\n    def f(self, level):\n        return level._queue, self._x, os._exit")\

@@ -52,9 +52,9 @@ class Summary:
         if not isinstance(data, dict) or data.get("format") not in (1, FORMAT):
             return summary
         summary.totals = Totals.from_json(data.get("totals"))
-        summary.size = _ledger._count(data.get("size")) or 0
-        summary.scanned_at = _ledger._number(data.get("scanned_at")) or 0.0
-        summary.reset_at = _ledger._number(data.get("reset_at")) or 0.0
+        summary.size = _ledger.as_count(data.get("size")) or 0
+        summary.scanned_at = _ledger.as_number(data.get("scanned_at")) or 0.0
+        summary.reset_at = _ledger.as_number(data.get("reset_at")) or 0.0
         folded = data.get("folded")
         summary.folded = [n for n in folded if isinstance(n, str)] if isinstance(folded, list) else []
         recent = data.get("recent")
@@ -72,8 +72,8 @@ class Summary:
 
 
 def _run_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    return {"start": _ledger._number(entry.get("start")) or 0.0, "end": _ledger._number(entry.get("end")) or 0.0,
-            "label": str(entry.get("label") or "")[:200], "processes": _ledger._count(entry.get("processes")) or 0,
+    return {"start": _ledger.as_number(entry.get("start")) or 0.0, "end": _ledger.as_number(entry.get("end")) or 0.0,
+            "label": str(entry.get("label") or "")[:200], "processes": _ledger.as_count(entry.get("processes")) or 0,
             "totals": Totals.from_json(entry.get("totals")).to_json(functions=False)}
 
 
@@ -150,7 +150,7 @@ def unfolded_disk(version_dir: str) -> int:
                if os.path.basename(path) not in already)
 
 
-def _write_summary(version_dir: str, summary: Summary, shared: bool) -> bool:
+def write_summary(version_dir: str, summary: Summary, shared: bool) -> bool:
     data = json.dumps(summary.to_json(), separators=(",", ":")).encode()
     return _files.write_atomic(summary_path(version_dir), data, _files.file_mode(shared))
 
@@ -163,21 +163,21 @@ def fold(version_dir: str, cap: int, shared: bool) -> None:
     directory under ``cap`` (0: no cap). At exit, under the non-blocking lock: a process that finds
     it taken skips (its ledger is folded by the next). Never raises."""
     try:
-        lock = _locks._lock(version_dir, shared)
+        lock = _locks.acquire(version_dir, shared)
     except Exception as exc:  # bookkeeping: never a failure at exit
         logger.debug("fold skipped: %s", exc)
         return
     if lock is None:
         return
     try:
-        _fold(version_dir, cap, shared)
+        fold_now(version_dir, cap, shared)
     except Exception as exc:
         logger.debug("fold failed: %s", exc)
     finally:
-        _locks._unlock(lock)
+        _locks.release(lock)
 
 
-def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
+def fold_now(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
     """Fold under the lock (see ``fold``); with ``zero``, then forget the totals, the recent
     misses and the runs, keeping the index and the size account. The count of ledgers folded."""
     summary = read_summary(version_dir)
@@ -228,7 +228,7 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
             logger.debug("not pruned: %s", exc)
             summary.scanned_at = time.time()
     summary.folded = [os.path.basename(p) for p in done]
-    if not _write_summary(version_dir, summary, shared):
+    if not write_summary(version_dir, summary, shared):
         if zero:
             raise OSError(f"stats not reset: {summary_path(version_dir)} cannot be written")
         return 0
@@ -237,7 +237,7 @@ def _fold(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
     removed = _remove.remove_files(version_dir, done)
     if removed.failed or len(done) > 64:  # the names of removed ledgers never come back (pid and ns):
         summary.folded = [os.path.basename(p) for p in removed.failed]  # a few may stay listed, which
-        _write_summary(version_dir, summary, shared)  # saves a second write at most exits
+        write_summary(version_dir, summary, shared)  # saves a second write at most exits
     return removed.files
 
 

@@ -45,11 +45,11 @@ _FIELDS = {**dict.fromkeys(("bytes", "hits", "misses", "own_hits", "uncached", "
            "reasons": "counts", "local": "level", "shared": "level", "traced": "seconds"}
 
 
-def _count(value: Any) -> int | None:
+def as_count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT else None
 
 
-def _number(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     number = float(value) if abs(value) < MAX_FLOAT * 10 else math.inf
@@ -59,9 +59,9 @@ def _number(value: Any) -> float | None:
 def _field(kind: str, value: Any) -> Any:
     """The value if it is well-formed for its kind of field, else None."""
     if kind == "count":
-        return _count(value)
+        return as_count(value)
     if kind == "number":
-        return _number(value)
+        return as_number(value)
     if kind in ("text", "long"):
         return value if isinstance(value, str) and len(value) <= (4096 if kind == "text" else 1 << 20) else None
     if kind == "flag":
@@ -69,10 +69,10 @@ def _field(kind: str, value: Any) -> Any:
     if kind == "level":  # a level's numbers (SPEC §14)
         return add_levels({}, {"_": value})["_"] if isinstance(value, dict) else None
     if kind == "seconds":  # a name -> seconds table
-        return ({k[:200]: n for k, v in list(value.items())[:MAX_TRACED] if isinstance(k, str) and (n := _number(v)) is not None}
+        return ({k[:200]: n for k, v in list(value.items())[:MAX_TRACED] if isinstance(k, str) and (n := as_number(v)) is not None}
                 if isinstance(value, dict) else None)
     if isinstance(value, dict):  # "counts": a name -> count table
-        return {k[:200]: n for k, v in list(value.items())[:1000] if isinstance(k, str) and (n := _count(v)) is not None}
+        return {k[:200]: n for k, v in list(value.items())[:1000] if isinstance(k, str) and (n := as_count(v)) is not None}
     return None
 
 
@@ -108,7 +108,7 @@ def add_levels(total: dict[str, dict[str, Any]], other: dict[str, Any], sign: in
             continue
         mine = total.setdefault(level, {})
         for name, n in counts.items():
-            if isinstance(name, str) and len(name) <= 32 and (good := _number(n)) is not None:
+            if isinstance(name, str) and len(name) <= 32 and (good := as_number(n)) is not None:
                 mine[name] = max(mine.get(name, 0) + sign * (n if isinstance(n, int) else good), 0)
     return total
 
@@ -261,11 +261,11 @@ class Totals:
         if not isinstance(data, dict):
             return totals
         for name in cls.COUNTS:
-            setattr(totals, name, _count(data.get(name)) or 0)
-        totals.saved_secs = _number(data.get("saved_secs")) or 0.0
-        totals.not_cached_secs = _number(data.get("not_cached_secs")) or 0.0
-        totals.reads_secs = _number(data.get("reads_secs")) or 0.0
-        totals.tracing_secs = _number(data.get("tracing_secs")) or 0.0
+            setattr(totals, name, as_count(data.get(name)) or 0)
+        totals.saved_secs = as_number(data.get("saved_secs")) or 0.0
+        totals.not_cached_secs = as_number(data.get("not_cached_secs")) or 0.0
+        totals.reads_secs = as_number(data.get("reads_secs")) or 0.0
+        totals.tracing_secs = as_number(data.get("tracing_secs")) or 0.0
         totals.traced = _field("seconds", data.get("traced")) or {}
         totals.causes = _field("counts", data.get("causes")) or {}
         totals.reasons = _field("counts", data.get("reasons")) or {}
@@ -275,7 +275,7 @@ class Totals:
         if isinstance(functions, dict):
             for name, cost in list(functions.items())[-MAX_FUNCTIONS:]:
                 if isinstance(name, str) and isinstance(cost, list) and len(cost) == 2:
-                    secs, writes = _number(cost[0]), _count(cost[1])
+                    secs, writes = as_number(cost[0]), as_count(cost[1])
                     if secs is not None and writes is not None:
                         totals.functions[name[:200]] = [secs, writes]
         helpers = data.get("helpers")
@@ -313,14 +313,14 @@ class Ledger:
         only what it records after this counts; with ``forget`` (a ``clear``) only that is indexed,
         and a ``stats --reset`` after a ``clear`` keeps what the clear forgot (``earlier``)."""
         forgotten = len(self.records) if forget else 0
-        if isinstance(earlier, dict) and (known := _count(earlier.get("forget_n"))) is not None:
+        if isinstance(earlier, dict) and (known := as_count(earlier.get("forget_n"))) is not None:
             forgotten = max(forgotten, known)
         return {"n": len(self.records), "tally": self.tally or {"e": "tally"}, "forget_n": forgotten}
 
     def since(self, offset: Any) -> None:
         """Count only what this ledger recorded after ``offset`` (see ``offset``); a malformed one
         (a hostile summary) counts everything."""
-        if not isinstance(offset, dict) or _count(offset.get("n")) is None:
+        if not isinstance(offset, dict) or as_count(offset.get("n")) is None:
             return
         before = parse_record(json.dumps(offset.get("tally"))) if isinstance(offset.get("tally"), dict) else None
         self.counted = min(offset["n"], len(self.records))
@@ -335,7 +335,7 @@ class Ledger:
                 earlier.add(before)
                 repeats.merge(earlier, -1)
             self.totals.merge(repeats)
-        forgotten = min(_count(offset.get("forget_n")) or 0, len(self.records))
+        forgotten = min(as_count(offset.get("forget_n")) or 0, len(self.records))
         if forgotten:  # ``clear``: what it wrote before is gone, and forgotten...
             # ...but for the tables its later entries' lines refer to (a process gives each once)
             self.tables = [line for r in self.records[:forgotten] if r["e"] in ("put", "index")
@@ -463,7 +463,7 @@ def alive(pid: int, started: int | None) -> bool:
     return True
 
 
-def _flock(fd: int, blocking: bool = False) -> bool | None:
+def take_flock(fd: int, blocking: bool = False) -> bool | None:
     """Take an exclusive flock: True, False when another holds it, None when flock does not work
     on this file system (Lustre, NFS without locks)."""
     import fcntl
@@ -491,7 +491,7 @@ def finished(ledger: Ledger) -> bool:
     except OSError:
         return False
     try:
-        free = _flock(fd)
+        free = take_flock(fd)
     finally:
         os.close(fd)
     if free is not None:

@@ -11,12 +11,12 @@ import time
 from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import EXCL_LOCK_FILE, LOCK_FILE, META_DIR, NO_FLOCK_FILE
-from gkx_autocache._record import ledger as _ledger  # read there at each call (_flock, host): tests replace them
+from gkx_autocache._record import ledger as _ledger  # read there at each call (take_flock, host): tests replace them
 
 
-def _lock(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
+def acquire(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
     """The bookkeeping lock, taken: a descriptor to close to let it go (-1 for the lock file of a
-    file system without flock, let go by ``_unlock``); None when another process holds it (after
+    file system without flock, let go by ``release``); None when another process holds it (after
     ``wait`` seconds) or it cannot be taken."""
     meta = _files.bookkeeping_dir(version_dir, shared)
     if meta is None:
@@ -43,7 +43,7 @@ def _lock(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
     deadline = time.monotonic() + wait
     try:
         while True:
-            taken = _ledger._flock(fd)
+            taken = _ledger.take_flock(fd)
             if taken is None:  # no flock here: the lock file instead
                 os.close(fd)
                 return _excl_lock(meta_fd, version_dir, shared, deadline)
@@ -124,7 +124,7 @@ def _holder_gone(meta_fd: int) -> bool:
 _excl_held: list[str] = []
 
 
-def _unlock(lock: int) -> None:
+def release(lock: int) -> None:
     if lock >= 0:
         os.close(lock)
     elif _excl_held:

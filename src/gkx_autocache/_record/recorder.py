@@ -361,7 +361,7 @@ class Recorder:
             try:
                 self._block = os.fstatvfs(fd).f_frsize or 4096
                 os.fchmod(fd, _files.file_mode(self.shared))  # the open mode is masked by the umask
-                locked = _ledger._flock(fd)
+                locked = _ledger.take_flock(fd)
                 if locked is None and _ledger.no_flock(self.directory, self.shared, "flock() fails here"):
                     warn(f"flock:{self.directory}", f"{self.directory}: this file system has no working flock "
                          "(Lustre, or NFS mounted without locks); gkx-autocache uses lock files and process ids "

@@ -30,12 +30,12 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     present = [p for p in [*files, *extra] if os.path.lexists(p)]
     if not present:
         return 0
-    lock = _locks._lock(version_dir, shared, wait=5.0)
+    lock = _locks.acquire(version_dir, shared, wait=5.0)
     if lock is None:
         raise OSError("the cache is busy (a process is folding its ledger, or the lock cannot be taken): try again")
     try:
         if not forget:
-            return _fold._fold(version_dir, 0, shared, zero=True)
+            return _fold.fold_now(version_dir, 0, shared, zero=True)
         fresh = _fold.Summary()  # a fresh start: a running process's records so far are forgotten too
         done = []
         for path in files:
@@ -49,10 +49,10 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
             raise OSError(f"stats not reset: {removed.why()}")
         if fresh.offsets:
             fresh.reset_at = time.time()
-            _fold._write_summary(version_dir, fresh, shared)
+            _fold.write_summary(version_dir, fresh, shared)
         return removed.files
     finally:
-        _locks._unlock(lock)
+        _locks.release(lock)
 
 
 def _command_ledger(version_dir: str, records: list[dict[str, Any]], shared: bool) -> None:
@@ -69,13 +69,13 @@ def _to_index(version_dir: str, lines: list[str], shared: bool) -> bool:
     miss knows them; False when the lock cannot be had (then a ledger carries them)."""
     from gkx_autocache._record import index as _index
 
-    lock = _locks._lock(version_dir, shared, wait=5.0)
+    lock = _locks.acquire(version_dir, shared, wait=5.0)
     if lock is None:
         return False
     try:
         return _index.append(version_dir, lines, shared)
     finally:
-        _locks._unlock(lock)
+        _locks.release(lock)
 
 
 def record_evicted(version_dir: str, keys: list[str], reason: str, shared: bool) -> None:
