@@ -114,7 +114,8 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
 
         set_by = _adopted.who(directory, env.get("JAX_COMPILATION_CACHE_DIR"))
     recorder = _stats.start(settings, directory, ledger=keeping, remote=location.remote,
-                            shared=location.team, levels=levels, set_by=set_by)
+                            shared=location.team, levels=levels, set_by=set_by,
+                            serving=_store.installed)
     if location.local:
         shared = location.team
         # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
@@ -125,7 +126,6 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         follow = functools.partial(follow_jax, settings, location, recorder, env)
         reason = _store.install(jax, directory, shared, recorder, writable=location.writable, levels=levels,
                                 follow=follow)
-        recorder.store_serving = reason is None
         if reason is None:
             serves = functools.partial(_store.serving_now, config)
         callbacks = reason or _jax.serve_host_callbacks(  # before the other write seams: the one nearest JAX

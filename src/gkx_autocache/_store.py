@@ -348,6 +348,11 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: b
     return why
 
 
+def installed() -> bool:
+    """Whether the store serves the package's own directory in this process (``install`` succeeded)."""
+    return _own is not None
+
+
 def serving(path: str) -> bool:
     """Whether the store serves ``path`` now (JAX's directory may have been set since)."""
     store = _serving

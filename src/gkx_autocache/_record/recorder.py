@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gkx_autocache import _files, _fork
@@ -92,20 +93,21 @@ class Recorder:
     inside JAX's compile path, where an exception would fail the user's ``jit`` call."""
 
     def __init__(self, directory: str, ledger: bool, shared: bool = False, run: Run | None = None,
-                 levels: Levels | None = None, set_by: str | None = None) -> None:
+                 levels: Levels | None = None, set_by: str | None = None,
+                 serving: Callable[[], bool] = lambda: False) -> None:
         self.directory = directory
         self.shared = shared
         self.requests = 0
         self.jax_hits = 0
         self.jax_saved_secs = 0.0  # JAX's own figure, whole-second compile times: for remote dirs
         self.totals = _ledger.Totals()  # everything this process counted
-        self.store_serving = False  # set once the store serves the directory: then its counts are true
         self.explainer: Any = None  # names each miss's cause (SPEC §13), when JAX's key parts can be read
         self.levels = levels  # the shared level and both levels' numbers (SPEC §14), when one is set
         self.run = run or Run(f"{time.time():.3f}-{os.getpid()}", time.time())  # begin() changes it
         self.set_by = set_by  # who gave JAX this directory, where it was not the package (``move``)
         self.cap: int | None = None  # the cap of a directory moved to, where not the package's own
         self.given = directory  # the directory as JAX was given it (a framework's may be relative)
+        self._serving = serving  # whether the store serves it (``_store.installed``)
         self._keeps_ledger = ledger
         self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
         self._lock = threading.Lock()
@@ -120,6 +122,12 @@ class Recorder:
         self._written = 0
         self._block = 4096
         _fork.in_child(self._forked)  # also without a ledger: JAX may be given a writable directory since (move)
+
+    @property
+    def store_serving(self) -> bool:
+        """Whether the package's store serves this process's directory: then its counts are true;
+        else JAX's stock cache does, and only JAX's events are counted."""
+        return self._serving()
 
     @property
     def writes(self) -> int:
@@ -479,15 +487,17 @@ recorder: Recorder | None = None
 
 
 def start(settings: Any, directory: str, ledger: bool, remote: bool = False, shared: bool = False,
-          levels: Levels | None = None, set_by: str | None = None) -> Recorder:
+          levels: Levels | None = None, set_by: str | None = None, serving: Callable[[], bool] = lambda: False) -> Recorder:
     """Listen to JAX's cache events; with ``report``, print one line at exit. A remote directory
     gets this process's sums as one ledger object at exit. ``shared``: the directory is a team's
     (``trust_shared`` may be the shared level's alone, SPEC §14); ``levels``, the shared level
-    whose numbers it reports; ``set_by``, who gave JAX the directory where it was not the package."""
+    whose numbers it reports; ``set_by``, who gave JAX the directory where it was not the package;
+    ``serving()``, whether the store serves it (asked, not told: it is installed after the recorder)."""
     global recorder
     import jax.monitoring
 
-    recorder = Recorder(directory, ledger, shared=shared, run=begin_run(), levels=levels, set_by=set_by)
+    recorder = Recorder(directory, ledger, shared=shared, run=begin_run(), levels=levels, set_by=set_by,
+                        serving=serving)
     jax.monitoring.register_event_listener(recorder.on_event)
     jax.monitoring.register_event_duration_secs_listener(recorder.on_duration)
     if remote:
