@@ -2,9 +2,11 @@
 ``gs://``, through fsspec), an HTTP(S) cache or a directory (a team directory, or a read-only one baked into an
 image). The store asks it on a local miss and hands it each local write; it knows nothing of the
 CLI. Nothing here runs at interpreter start or on ``import jax`` beyond building the object: the
-first shared access is the first local miss. Here: reads, the upload queue and its worker, the
-off-switch, the numbers of both levels, and the settings into a level. The design (bounded calls,
-the listing, healing, seals, uploads, ``fork``): docs/how-it-works.md.
+first shared access is the first local miss. Here: lookups and the listing, the upload queue and
+its worker (healing too), the off-switch, the numbers of both levels, and what a run leaves at exit
+(its manifest and pack). Reading one entry and the seals are ``reads``'; the settings into a level,
+``setup``'s. The design (bounded calls, the listing, healing, seals, uploads, ``fork``):
+docs/how-it-works.md.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class Level:
         self._listing: dict[str, int] | None = None
         self._listed_at = -LIST_TTL
         self._closed = False
-        self._healing = True  # off after a failure of the worker's own listing (quietly: see _ensure)
+        self._healing = True  # off after a failure of the worker's own listing (quietly: see ensure)
         self._healed: set[str] = set()  # keys queued to heal the bucket, once each
         self._to_heal: list[str] = []  # local hits before a miss took the listing: checked when one does
         self._reset_threads()

@@ -45,7 +45,7 @@ from gkx_autocache._shared.manifest import (
     manifest_name,
     program,
 )
-from gkx_autocache._shared.reads import Reader, TooLarge
+from gkx_autocache._shared.reads import Found, Reader, TooLarge
 from gkx_autocache._shared.seal import EntryRefused, head_problem
 
 WORKERS = 8  # fetches at a time: a 20 ms round trip then costs a lookup 2.5 ms of it
@@ -196,7 +196,7 @@ class Prefetch:
     landed. ``land(key, found)`` is the store's: ``(landed, why not)``, why None where the local
     level could not take it (disk full), which ends the prefetch."""
 
-    def __init__(self, level: Level, reader: Reader, land: Callable[[str, Any], tuple[bool, str | None]],
+    def __init__(self, level: Level, reader: Reader, land: Callable[[str, Found], tuple[bool, str | None]],
                  budget: int) -> None:
         self.level = level
         self.reader = reader
@@ -467,7 +467,7 @@ class Prefetch:
         level.count("shared", bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
         self._land(key, size, found)
 
-    def _land(self, key: str, size: int, found: Any) -> None:
+    def _land(self, key: str, size: int, found: Found) -> None:
         """``found``, checked by its fetch, into the local level by the store's backfill."""
         level = self.level
         with self.lock:
