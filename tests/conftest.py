@@ -336,3 +336,56 @@ def s3(s3_server: str) -> S3:
     store = S3(s3_server, f"gkx-{uuid.uuid4().hex[:12]}")
     store.client().create_bucket(Bucket=store.bucket)
     return store
+
+
+JAX_VERSION = __import__("importlib.metadata").metadata.version("jax")
+VERSION_DIR = f"jax-{JAX_VERSION}"
+
+
+class Project:
+    """A folder of module files and a cache beside it; runs and reads `explain`."""
+
+    def __init__(self, venv: Venv, base: Path) -> None:
+        self.venv = venv
+        self.folder = base / "proj"
+        self.folder.mkdir()
+        self.env = {"GKX_JAX_CACHE_DIR": str(base / "c"), "GKX_JAX_CACHE_REPORT": "1"}
+        self.vdir = base / "c" / VERSION_DIR
+
+    def write(self, name: str, source: str) -> None:
+        path = self.folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+
+    def run(self, script: str = "main.py", **extra: str) -> str:
+        """Run a script; its report line."""
+        proc = self.venv.run(str(self.folder / script), env={**self.env, **extra}, cwd=str(self.folder))
+        assert proc.returncode == 0, proc.stderr
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("gkx-autocache:")]
+        return line
+
+    def explain(self, *args: str) -> dict[str, Any]:
+        proc = self.venv.cli("--json", "explain", *args, env=self.env)
+        assert proc.returncode == 0, proc.stderr
+        data: dict[str, Any] = json.loads(proc.stdout)
+        assert data["unavailable"] is None, data
+        return data
+
+    def last(self) -> dict[str, dict[str, str]]:
+        """The last run's misses: {cause: {function: its latest detail}}."""
+        return causes(self.explain()["groups"])
+
+
+def causes(groups: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    return {g["cause"]: {f["name"]: f["detail"] for f in g["functions"]} for g in groups}
+
+
+@pytest.fixture
+def project(venv: Venv, tmp_path: Path) -> Project:
+    """A ``Project`` in ``tmp_path``, run in ``venv``."""
+    return Project(venv, tmp_path)
+
+
+def cache_files(vdir: Path) -> list[Path]:
+    """A version directory's entries (``-cache`` files), sorted."""
+    return sorted(p for p in vdir.iterdir() if p.name.endswith("-cache"))

@@ -9,11 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import JAX_VERSION as JAX_VERSION  # (other test modules import these two from here)
 from conftest import PROGRAM, ROOT, Venv, autocache_warnings, make_venv, public_tmp, run_program
+from conftest import VERSION_DIR as VERSION_DIR
 
-JAX_VERSION = __import__("importlib.metadata").metadata.version("jax")
 FINDER = "GkxAutocacheFinder"  # the finder's class name: the .pth line's class and the package's share it
-VERSION_DIR = f"jax-{JAX_VERSION}"
 
 
 def test_default_directory_thresholds_and_a_warm_second_process(venv: Venv) -> None:

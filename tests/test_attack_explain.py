@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import PEAK_RSS, Venv
-from test_explain_real import Project, causes
+from conftest import PEAK_RSS, Project, Venv, causes
 
 CONFIG_TOGGLE = r"""
 import json, os
@@ -22,11 +21,6 @@ def f(x):
     return jnp.sin(x) * K
 print(json.dumps({"result": float(f(jnp.arange(8.0)).sum())}))
 """
-
-
-@pytest.fixture
-def project(venv: Venv, tmp_path: Path) -> Project:
-    return Project(venv, tmp_path)
 
 
 def only(found: dict[str, dict[str, str]], function: str) -> tuple[str, str]:

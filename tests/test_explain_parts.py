@@ -8,15 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from conftest import Venv
-from test_explain_real import Project, causes
-
-
-@pytest.fixture
-def project(venv: Venv, tmp_path: Path) -> Project:
-    return Project(venv, tmp_path)
-
+from conftest import Project, Venv, causes
 
 SHARDED = r"""
 import json

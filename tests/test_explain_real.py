@@ -10,11 +10,10 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import Venv
-from test_activation import JAX_VERSION, VERSION_DIR
+from conftest import Project, Venv, causes
+from test_activation import JAX_VERSION
 
 from gkx_autocache._causes import CHANGED_COMPUTATION
 
@@ -40,49 +39,6 @@ def f(x):
 x = jnp.linspace(0.0, 1.0, 64).reshape(8, 8)
 print(json.dumps({"result": float(f(x).sum())}))
 """
-
-
-class Project:
-    """A folder of module files and a cache beside it; runs and reads `explain`."""
-
-    def __init__(self, venv: Venv, base: Path) -> None:
-        self.venv = venv
-        self.folder = base / "proj"
-        self.folder.mkdir()
-        self.env = {"GKX_JAX_CACHE_DIR": str(base / "c"), "GKX_JAX_CACHE_REPORT": "1"}
-        self.vdir = base / "c" / VERSION_DIR
-
-    def write(self, name: str, source: str) -> None:
-        path = self.folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(source)
-
-    def run(self, script: str = "main.py", **extra: str) -> str:
-        """Run a script; its report line."""
-        proc = self.venv.run(str(self.folder / script), env={**self.env, **extra}, cwd=str(self.folder))
-        assert proc.returncode == 0, proc.stderr
-        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("gkx-autocache:")]
-        return line
-
-    def explain(self, *args: str) -> dict[str, Any]:
-        proc = self.venv.cli("--json", "explain", *args, env=self.env)
-        assert proc.returncode == 0, proc.stderr
-        data: dict[str, Any] = json.loads(proc.stdout)
-        assert data["unavailable"] is None, data
-        return data
-
-    def last(self) -> dict[str, dict[str, str]]:
-        """The last run's misses: {cause: {function: its latest detail}}."""
-        return causes(self.explain()["groups"])
-
-
-def causes(groups: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
-    return {g["cause"]: {f["name"]: f["detail"] for f in g["functions"]} for g in groups}
-
-
-@pytest.fixture
-def project(venv: Venv, tmp_path: Path) -> Project:
-    return Project(venv, tmp_path)
 
 
 def misses(line: str) -> int:

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Venv
-from test_explain_real import Project, causes
+from conftest import Project, Venv, causes
 
 SWEEP = r"""
 import os, sys, time, pathlib
@@ -46,11 +45,6 @@ else:
     wait("b-compiled")  # alive while B trains: its ledger is not folded
 print(total)
 """
-
-
-@pytest.fixture
-def project(venv: Venv, tmp_path: Path) -> Project:
-    return Project(venv, tmp_path)
 
 
 def report_line(stderr: str) -> str:

@@ -11,15 +11,11 @@ import zlib
 from pathlib import Path
 
 import pytest
-from conftest import PROGRAM, Venv, autocache_warnings, run_program
+from conftest import PROGRAM, Venv, autocache_warnings, cache_files, run_program
 from test_activation import VERSION_DIR
 
 JAX_READ_ERROR = "Error reading persistent compilation cache entry"
 HUGE = "9" * 400
-
-
-def entries(vdir: Path) -> list[Path]:
-    return sorted(p for p in vdir.iterdir() if p.name.endswith("-cache"))
 
 
 def test_undeserialisable_entry_under_w_error_costs_one_recompile(venv: Venv, tmp_path: Path) -> None:
@@ -27,7 +23,7 @@ def test_undeserialisable_entry_under_w_error_costs_one_recompile(venv: Venv, tm
     -W error the run succeeds, with one recompile and no warning, and the entry is replaced."""
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
     cold, _ = run_program(venv, env=env)
-    victim = entries(tmp_path / "c" / VERSION_DIR)[0]
+    victim = cache_files(tmp_path / "c" / VERSION_DIR)[0]
     payload = zlib.decompress(victim.read_bytes())
     victim.write_bytes(zlib.compress(payload[:4] + b"\x07rotten executable\x00" * 16))
     after, err = run_program(venv, "-W", "error", "-X", "dev", env=env)

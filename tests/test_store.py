@@ -11,16 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROGRAM, Venv, autocache_warnings, run_program
+from conftest import PROGRAM, Venv, autocache_warnings, cache_files, run_program
 from test_activation import VERSION_DIR
 
 from gkx_autocache._layout import TAG
 
 JAX_READ_ERROR = "Error reading persistent compilation cache entry"
-
-
-def entries(vdir: Path) -> list[Path]:
-    return sorted(p for p in vdir.iterdir() if p.name.endswith("-cache"))
 
 
 def cache_env(root: Path, **extra: str) -> dict[str, str]:
@@ -47,7 +43,7 @@ def test_corrupt_entry_costs_one_recompile_then_hits(venv: Venv, tmp_path: Path,
     """A damaged entry: right result, exactly one recompile, no JAX warning; the next run hits."""
     env = cache_env(tmp_path / "c")
     cold, _ = run_program(venv, env=env)
-    victim = entries(tmp_path / "c" / VERSION_DIR)[0]
+    victim = cache_files(tmp_path / "c" / VERSION_DIR)[0]
     data = victim.read_bytes()
     victim.write_bytes({"truncate": data[: len(data) // 2], "zero": b"\0" * len(data),
                         "garbage": os.urandom(len(data))}[damage])
@@ -76,7 +72,7 @@ def test_an_entry_that_does_not_decompress_costs_one_recompile_whatever_jax_is_t
     env = cache_env(tmp_path / "c")
     jax_flags = {k: v for k, v in flags.items() if k.startswith("JAX_")}  # the cold run writes every entry
     cold, _ = run_program(venv, env={**env, **jax_flags}, program=program)
-    victim = entries(tmp_path / "c" / VERSION_DIR)[0]
+    victim = cache_files(tmp_path / "c" / VERSION_DIR)[0]
     victim.write_bytes(victim.read_bytes()[:40])
     for _ in range(2):
         out, err = run_program(venv, "-W", "error", env={**env, **flags}, program=program)
@@ -93,10 +89,10 @@ def test_failed_write_leaves_no_partial_entry(venv: Venv, tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     assert JAX_READ_ERROR not in proc.stderr
     compiles = json.loads(proc.stdout.strip().splitlines()[-1])["requests"]
-    assert len(entries(vdir)) < compiles  # some writes did fail half-way...
-    big = [p for p in entries(vdir) if p.stat().st_size >= 2048]
+    assert len(cache_files(vdir)) < compiles  # some writes did fail half-way...
+    big = [p for p in cache_files(vdir) if p.stat().st_size >= 2048]
     assert big == []  # ...and none left a truncated entry at the limit
-    for entry in entries(vdir):  # whatever was written is whole
+    for entry in cache_files(vdir):  # whatever was written is whole
         zlib.decompress(entry.read_bytes())
     assert not list(vdir.glob(".*"))  or [p.name for p in vdir.glob(".*")] == [".gkx-autocache"]
 
@@ -124,7 +120,7 @@ def test_w_error_with_corrupt_entry_and_unwritable_directory(venv: Venv) -> None
     """Under -W error: a corrupt entry in a directory the user cannot write, the run still succeeds."""
     root = venv.home / "ro-cache"
     cold, _ = run_program(venv, env=cache_env(root))
-    victim = entries(root / VERSION_DIR)[0]
+    victim = cache_files(root / VERSION_DIR)[0]
     victim.write_bytes(b"garbage" * 10)
     _give_to_nobody(root, writable=False)
     out, err = run_program(venv, "-W", "error", env=cache_env(root), user=65534)
@@ -152,7 +148,7 @@ def test_max_size_prunes_least_recently_used_at_exit(venv: Venv, tmp_path: Path)
     assert du(vdir) <= 0.9 * 160_000 + 4096, du(vdir)
     left = sorted(p.name for p in vdir.iterdir() if p.name.startswith("jit_old"))
     assert left == sorted(left)[-len(left):] and "jit_old9" in " ".join(left) and "jit_old0" not in " ".join(left)
-    assert any(p.name.startswith(("jit_f", "jit_g")) for p in entries(vdir))  # this run's entries kept
+    assert any(p.name.startswith(("jit_f", "jit_g")) for p in cache_files(vdir))  # this run's entries kept
 
 
 TIMED = PROGRAM.replace(
@@ -213,7 +209,7 @@ def test_guard_falls_back_to_jax_stock_cache(venv: Venv, tmp_path: Path) -> None
     env = cache_env(tmp_path / "c")
     cold, _ = run_program(venv, env=env, program=GUARD_TRIPPED)
     vdir = tmp_path / "c" / VERSION_DIR
-    assert entries(vdir) and not list(vdir.glob("*-gkx-compile"))
+    assert cache_files(vdir) and not list(vdir.glob("*-gkx-compile"))
     verdict = json.loads((vdir / ".gkx-autocache" / "store.json").read_text())
     assert verdict == {"store": "jax", "reason": "simulated: internals changed", "explain": "simulated: internals changed",
                        "isa": None, "callbacks": "simulated: internals changed"}
@@ -227,7 +223,7 @@ def test_symlinked_entry_is_never_read(venv: Venv, tmp_path: Path) -> None:
     """An entry replaced by a symlink (even to a valid entry) is a miss, and is not followed."""
     env = cache_env(tmp_path / "c")
     run_program(venv, env=env)
-    victim = entries(tmp_path / "c" / VERSION_DIR)[0]
+    victim = cache_files(tmp_path / "c" / VERSION_DIR)[0]
     good = tmp_path / "elsewhere"
     victim.rename(good)
     victim.symlink_to(good)
