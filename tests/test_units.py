@@ -6,6 +6,7 @@ import os
 import stat
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,6 +258,47 @@ def test_count_takes_what_scan_takes(tmp_path: Path) -> None:
     assert found.entries == 2 and len(found.temporary) == 1
     assert _entries.count(str(tmp_path)) == (found.entries, top + _entries.bookkeeping_bytes(str(tmp_path)))
     assert top == sum(_remove.on_disk(os.lstat(tmp_path / name)) for name in taken)
+
+
+def test_count_is_kept_until_the_directory_changes(tmp_path: Path) -> None:
+    """count() keeps its figures with the directory's inode and time, once the directory was quiet
+    (status on 100 000 entries); any entry added or removed, and it counts again. Kept nowhere when
+    the directory changed just now; a record of another time, garbage or a symlink is not read."""
+    hex_ = "b" * 64
+    vdir, meta = str(tmp_path), tmp_path / ".gkx-autocache"
+    meta.mkdir()
+    kept = meta / "count"
+
+    def add(name: str, size: int = 5000) -> None:
+        (tmp_path / name).write_bytes(b"x" * size)
+        past = time.time() - 60  # the directory as a while after its last write
+        os.utime(tmp_path, (past, past))
+
+    (tmp_path / f"jit_f-{hex_}-cache").write_bytes(b"x" * 5000)
+    first = _entries.count(vdir)
+    assert first[0] == 1 and not kept.exists()  # changed just now: counted, nothing kept
+    add(f"jit_g-{hex_}-cache")
+    second = _entries.count(vdir)
+    assert second[0] == 2 and kept.exists()
+    with open(tmp_path / f"jit_g-{hex_}-cache", "ab") as f:  # in place: the directory's time stays
+        f.write(b"y" * 100_000)
+    assert _entries.count(vdir) == second  # read from the record, not counted again
+    add(f"jit_h-{hex_}-cache")
+    third = _entries.count(vdir)
+    assert third[0] == 3 and third[1] > second[1] + 100_000
+    os.remove(tmp_path / f"jit_h-{hex_}-cache")
+    os.utime(tmp_path, (time.time() - 60,) * 2)
+    assert _entries.count(vdir)[0] == 2
+    st = os.stat(tmp_path)
+    for text in (f"{st.st_ino} {st.st_mtime_ns + 1} 7 7\n", "garbage\n", f"{st.st_ino} {st.st_mtime_ns} -7 7\n"):
+        kept.write_text(text)
+        assert _entries.count(vdir)[0] == 2
+    elsewhere = tmp_path.parent / "count-elsewhere"
+    elsewhere.write_text(f"{st.st_ino} {st.st_mtime_ns} 7 7\n")
+    kept.unlink()
+    kept.symlink_to(elsewhere)
+    assert _entries.count(vdir)[0] == 2  # the link not followed; replaced by the new record, never written through
+    assert elsewhere.read_text() == f"{st.st_ino} {st.st_mtime_ns} 7 7\n" and not kept.is_symlink()
 
 
 def test_select_over_removes_least_recent_first() -> None:

@@ -53,6 +53,7 @@ LEDGER_DIR = "ledger"
 LEDGER_SUFFIX = ".jsonl"
 VERDICT_FILE = "store.json"
 SUMMARY_FILE = "summary.json"
+COUNT_FILE = "count"  # the entries and bytes of the version directory, as of its modification time (``_entries.count``)
 LOCK_FILE = "prune.lock"
 EXCL_LOCK_FILE = "fold.lock"
 NO_FLOCK_FILE = "no-flock"
