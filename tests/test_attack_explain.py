@@ -629,8 +629,8 @@ from gkx_autocache._record import ledger as _ledger
 from gkx_autocache._record import recorder as _stats
 _ledger.LIVE_LIMIT = 20_000
 vdir = sys.argv[1]
-rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run())
-rec.explainer = ex = _explain.Explainer(vdir, load=_index.Evidence)
+ex = _explain.Explainer(vdir, load=_index.Evidence)
+rec = _stats.Recorder(vdir, ledger=True, run=_stats.begin_run(), explainer=ex)
 parts = dict.fromkeys(_key.PARTS, "a" * 16)
 for i in range(300):
     key = f"jit_g-{i:064x}"

@@ -174,6 +174,34 @@ def test_the_private_name_finder_finds_one() -> None:
         == {"level._queue"}
 
 
+# The collaborators the compile path's objects were given after construction before issue 43 (the
+# recorder's shared level and explainer, the key seam's listener, the shared level's callbacks into
+# the store, the cpu_target's check): each is now a constructor's argument. One wiring is left, and
+# is a method: the store ``attach``es itself to the shared level, as JAX makes the store at its first
+# compile, after the level exists.
+WIRED = {"explainer", "listener", "on_replaced", "levels", "land", "landed_unused", "read_local", "set_by",
+         "store_serving", "serves", "_queue", "_gkx_refusal"}
+
+
+def wirings(text: str) -> list[str]:
+    """``obj.name = ...`` of a name in WIRED, where ``obj`` is not ``self``, in any function."""
+    return [f"{node.lineno} {ast.unparse(target)}" for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Assign)
+            for target in node.targets if isinstance(target, ast.Attribute) and target.attr in WIRED
+            and not (isinstance(target.value, ast.Name) and target.value.id == "self")]
+
+
+def test_collaborators_are_given_at_construction() -> None:
+    """No object of the compile path is wired after it was made (issue 43: 13 such wirings)."""
+    found = {module: names for module, text in sources().items() if (names := wirings(text))}
+    assert not found, found
+
+
+def test_the_wiring_finder_finds_one() -> None:
+    """The check above can fail."""
+    assert wirings("def f(recorder, watch):\n    recorder.explainer = watch\n    self.levels = None\n")\
+        == ["2 recorder.explainer"]
+
+
 def test_cycle_finder_finds_a_circle() -> None:
     """The check above can fail."""
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

@@ -7,7 +7,7 @@ import functools
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gkx_autocache import _cache, _mount, _settings
@@ -55,9 +55,13 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         logger.debug("disabled by %s", settings.origin("enabled"))
         return
     from gkx_autocache import _key
+    from gkx_autocache._explain import seam as _explain_seam
 
     # Every CPU key of the process gets the host's ISA (or the cpu_target), whichever directory JAX uses (SPEC §15).
-    unkeyed = _key.install(jax)
+    # Its parts go to the watch, which explains misses once started (where the store serves, below).
+    watch = _explain_seam.Watch()
+    verdict = Verdict()
+    unkeyed = _key.install(jax, listener=watch, on_replaced=verdict.rewrite)
     if unkeyed:
         logger.debug("CPU entries are not keyed by ISA: %s", unkeyed)
 
@@ -115,7 +119,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         set_by = _adopted.who(directory, env.get("JAX_COMPILATION_CACHE_DIR"))
     recorder = _stats.start(settings, directory, ledger=keeping, remote=location.remote,
                             shared=location.team, levels=levels, set_by=set_by,
-                            serving=_store.installed)
+                            serving=_store.installed, explainer=watch)
     if location.local:
         shared = location.team
         # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
@@ -139,22 +143,14 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             unwritten = _jax.rank_local_writes(jax, directory) if location.writable else None
             if unwritten:
                 logger.debug("ranks other than 0 do not write their local level: %s", unwritten)
-        from gkx_autocache._explain import seam as _explain_seam
-
         thresholds = {k: (getattr(config, str(_settings.KEYS[k].jax_option), None), settings.origin(k))
                       for k in ("min_compile_time_secs", "min_entry_size_bytes")}
-        unexplained = reason or _explain_seam.install(jax, recorder, directory, origins=thresholds)
+        unexplained = reason or _explain_seam.install(jax, watch, recorder, directory, origins=thresholds)
         if unexplained:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:
-            def verdict() -> None:
-                isa = f"{UNKEYED}{unkeyed}" if unkeyed else replaced_hook()
-                _store.write_verdict(directory, "jax" if reason else "gkx-autocache", reason, shared,
-                                     explain=unexplained, isa=isa, callbacks=callbacks)
-
-            verdict()
-            if _key.seam is not None:
-                _key.seam.on_replaced = verdict
+            verdict.write(directory, "jax" if reason else "gkx-autocache", reason, shared, explain=unexplained,
+                          unkeyed=unkeyed, callbacks=callbacks)
         # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7); also where this
         # directory is read-only, as JAX may be given another one since (``follow_jax``).
         atexit.register(_stats.finish, recorder, cap if not reason else 0)
@@ -265,6 +261,30 @@ def follow_jax(settings: _settings.Settings, location: _cache.Location, recorder
         _store.write_verdict(prepared.version_dir, "gkx-autocache", None)
     logger.debug("JAX's directory is %s, set by %s: the store serves it", prepared.version_dir, by)
     return prepared.writable
+
+
+class Verdict:
+    """The directory's verdict file (``_store.write_verdict``): which store serves it, whether misses
+    are explained, what to know of the ISA in CPU keys. Written once those are known, and again
+    where the user's code replaces the package's key hook after ``import jax`` (the key's seam
+    calls ``rewrite``)."""
+
+    def __init__(self) -> None:
+        self._write: Callable[..., None] | None = None  # None: nothing written (a read-only directory)
+        self._unkeyed: str | None = None
+
+    def write(self, version_dir: str, store: str, reason: str | None, shared: bool, explain: str | None,
+              unkeyed: str | None, callbacks: str | None) -> None:
+        from gkx_autocache import _store
+
+        self._write = functools.partial(_store.write_verdict, version_dir, store, reason, shared, explain=explain,
+                                        callbacks=callbacks)
+        self._unkeyed = unkeyed
+        self.rewrite()
+
+    def rewrite(self) -> None:
+        if self._write is not None:
+            self._write(isa=f"{UNKEYED}{self._unkeyed}" if self._unkeyed else replaced_hook())
 
 
 def replaced_hook() -> str | None:

@@ -27,7 +27,8 @@ would break every ``jit``. The ISA is read once, at the first key, never at inte
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from gkx_autocache import _cpu_target, _isa, _jax
 from gkx_autocache._diagnostics import logger
@@ -39,15 +40,23 @@ PARTS = ("computation", "jax_lib version", "backend version", "XLA flags", "comp
          "compression", "custom_hook")
 
 
-class Seam:
-    """What the seam knows of the key being computed on each thread, and what it has noticed."""
+class Listener(Protocol):
+    """Who is handed every part (``_explain.seam.Watch``)."""
 
-    def __init__(self) -> None:
+    def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None: ...
+
+
+class Seam:
+    """What the seam knows of the key being computed on each thread, and what it has noticed.
+    ``listener`` is handed every part; ``on_replaced()`` is told once that the user's code replaced
+    the package's hook (status's verdict file says it)."""
+
+    def __init__(self, listener: Listener | None = None, on_replaced: Callable[[], None] | None = None) -> None:
         self.hook: Any = None  # the package's hook, once in place
         self.thread = threading.local()  # the hook text of the key being computed on this thread
-        self.listener: Any = None  # _explain_seam.Watch: on_part(hash_obj, name, hashfn), where installed
+        self.listener = listener
         self.replaced: str | None = None  # the user's hook that replaced the package's, once noticed
-        self.on_replaced: Any = None  # () -> None: tell status (the verdict file), once
+        self.on_replaced = on_replaced
         self.parts = False  # whether _log_cache_key_hash is wrapped: the parts are seen
 
     def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
@@ -134,13 +143,13 @@ def isa_of(text: str) -> str | None:
 seam: Seam | None = None
 
 
-def install(jax: Any) -> str | None:
-    """Put the package's hook in place (chaining the one set before) and wrap the parts' seam; return
-    why CPU entries are not keyed by ISA, or None. Idempotent."""
+def install(jax: Any, listener: Listener | None = None, on_replaced: Callable[[], None] | None = None) -> str | None:
+    """Put the package's hook in place (chaining the one set before) and wrap the parts' seam, which
+    hands them to ``listener``; return why CPU entries are not keyed by ISA, or None. Idempotent."""
     global seam
     if seam is not None:
         return None
-    current = Seam()
+    current = Seam(listener, on_replaced)
 
     def wrap(previous: Any) -> Any:
         def custom_hook() -> str:

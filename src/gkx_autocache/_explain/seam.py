@@ -21,18 +21,26 @@ if TYPE_CHECKING:
 
 class Watch:
     """The listener on the key's parts, and what the recorder asks: the cause of a miss, the index
-    lines of a written entry. Those questions go to the explainer, made at the first of them."""
+    lines of a written entry. Those questions go to the explainer, made at the first of them. Made
+    before the key's seam and the recorder, which are given it; it listens, and answers, once
+    ``install`` starts it (where explanations are available), and is silent before."""
 
-    def __init__(self, version_dir: str, load: Any = None) -> None:
-        self.version_dir = version_dir
-        self.load = load
+    def __init__(self) -> None:
+        self.version_dir: str | None = None  # whose evidence explains a miss; None: not started
+        self.load: Any = None
         self.thread = threading.local()  # the key being computed on this thread: its parts
         self._explainer: Any = None
         self._lock = threading.Lock()
 
+    def start(self, version_dir: str, load: Any = None) -> None:
+        """Explain the misses of ``version_dir``; ``load()`` reads its evidence, at the first miss."""
+        self.version_dir, self.load = version_dir, load
+
     # -- the seam: called for each part of each key -----------------------------------------------
 
     def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
+        if self.version_dir is None:
+            return
         pending = self.thread
         if name == PARTS[0]:
             pending.parts = [(name, hashfn)]
@@ -53,8 +61,9 @@ class Watch:
     def move(self, version_dir: str) -> None:
         """The recorder moved to another directory (``_adopted``): its records are the evidence now."""
         with self._lock:
-            self.version_dir = version_dir
-            self._explainer = None
+            if self.version_dir is not None:
+                self.version_dir = version_dir
+                self._explainer = None
 
     def forget(self) -> None:
         """The key was served: let go of its part functions now, while JAX still holds what they
@@ -66,6 +75,8 @@ class Watch:
 
     def cause(self, key: str, run: Run) -> dict[str, Any]:
         """``{"cause": ..., "detail": ...}`` for a miss of ``key`` in ``run``; never raises."""
+        if self.version_dir is None:
+            return {}
         try:
             explainer = self.explainer()
         except Exception as exc:  # an explanation must never cost a compile (nor the package's files gone)
@@ -75,6 +86,8 @@ class Watch:
 
     def ingredients(self, key: str, run: Run) -> dict[str, Any]:
         """A written entry's index lines, for its ledger record; never raises."""
+        if self.version_dir is None:
+            return {}
         try:
             return self.explainer().ingredients(key, run)  # type: ignore[no-any-return]
         except Exception:
@@ -95,23 +108,26 @@ class Watch:
         """The explainer, made at the first question."""
         with self._lock:
             if self._explainer is None:
+                assert self.version_dir is not None
                 from gkx_autocache._explain import explainer as _explain
 
                 self._explainer = _explain.Explainer(self.version_dir, self.load, thread=self.thread)
             return self._explainer
 
 
-def install(jax: Any, recorder: Any, version_dir: str, load: Any = None,
+def install(jax: Any, watch: Watch, recorder: Any, version_dir: str, load: Any = None,
             origins: dict[str, tuple[Any, str]] | None = None) -> str | None:
-    """Listen to the key's parts and wrap the write seam; return why explanations are unavailable
-    (nothing else changes). ``load()`` reads the directory's evidence, at the first miss;
+    """Wrap the write seam and start ``watch`` (the key's seam and the recorder hold it); return why
+    explanations are unavailable (nothing else changes). ``load()`` reads the directory's evidence,
+    at the first miss;
     ``origins``: the value applied and its source for each threshold (``min_compile_time_secs``),
     which an uncached compile names."""
     origins = origins or {}
     seam = _key.seam
     if seam is None or not seam.parts:
         return _jax.PARTS_CHANGED
-    watch = Watch(version_dir, load)
+    if seam.listener is not watch:  # installed before, by another (JAX's key seam is wrapped once a process)
+        return "the key's parts are handed to another listener"
 
     def wrap(write: Any) -> Any:
         def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
@@ -139,8 +155,7 @@ def install(jax: Any, recorder: Any, version_dir: str, load: Any = None,
     why = _jax.wrap_cache_write(wrap)
     if why is not None:
         return why
-    recorder.explainer = watch
-    seam.listener = watch
+    watch.start(version_dir, load)
     return None
 
 

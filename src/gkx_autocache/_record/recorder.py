@@ -34,6 +34,21 @@ if TYPE_CHECKING:  # (a type only: nothing to compile on import jax)
 
         def snapshot(self) -> dict[str, dict[str, float]]: ...
 
+    class Explains(Protocol):
+        """What the recorder asks of who explains its misses (``_explain.seam.Watch``)."""
+
+        def cause(self, key: str, run: Run) -> dict[str, Any]: ...
+
+        def ingredients(self, key: str, run: Run) -> dict[str, Any]: ...
+
+        def forget(self) -> None: ...
+
+        def forget_given(self) -> None: ...
+
+        def move(self, version_dir: str) -> None: ...
+
+        def after_fork(self) -> None: ...
+
 REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
 HITS = "/jax/compilation_cache/cache_hits"
 RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
@@ -94,14 +109,14 @@ class Recorder:
 
     def __init__(self, directory: str, ledger: bool, shared: bool = False, run: Run | None = None,
                  levels: Levels | None = None, set_by: str | None = None,
-                 serving: Callable[[], bool] = lambda: False) -> None:
+                 serving: Callable[[], bool] = lambda: False, explainer: Explains | None = None) -> None:
         self.directory = directory
         self.shared = shared
         self.requests = 0
         self.jax_hits = 0
         self.jax_saved_secs = 0.0  # JAX's own figure, whole-second compile times: for remote dirs
         self.totals = _ledger.Totals()  # everything this process counted
-        self.explainer: Any = None  # names each miss's cause (SPEC §13), when JAX's key parts can be read
+        self.explainer = explainer  # names each miss's cause (SPEC §13), where JAX's key parts can be read
         self.levels = levels  # the shared level and both levels' numbers (SPEC §14), when one is set
         self.run = run or Run(f"{time.time():.3f}-{os.getpid()}", time.time())  # begin() changes it
         self.set_by = set_by  # who gave JAX this directory, where it was not the package (``move``)
@@ -487,17 +502,19 @@ recorder: Recorder | None = None
 
 
 def start(settings: Any, directory: str, ledger: bool, remote: bool = False, shared: bool = False,
-          levels: Levels | None = None, set_by: str | None = None, serving: Callable[[], bool] = lambda: False) -> Recorder:
+          levels: Levels | None = None, set_by: str | None = None, serving: Callable[[], bool] = lambda: False,
+          explainer: Explains | None = None) -> Recorder:
     """Listen to JAX's cache events; with ``report``, print one line at exit. A remote directory
     gets this process's sums as one ledger object at exit. ``shared``: the directory is a team's
     (``trust_shared`` may be the shared level's alone, SPEC §14); ``levels``, the shared level
     whose numbers it reports; ``set_by``, who gave JAX the directory where it was not the package;
-    ``serving()``, whether the store serves it (asked, not told: it is installed after the recorder)."""
+    ``serving()``, whether the store serves it (asked, not told: it is installed after the recorder);
+    ``explainer``, who names a miss's cause (``_explain.seam.Watch``)."""
     global recorder
     import jax.monitoring
 
     recorder = Recorder(directory, ledger, shared=shared, run=begin_run(), levels=levels, set_by=set_by,
-                        serving=serving)
+                        serving=serving, explainer=explainer)
     jax.monitoring.register_event_listener(recorder.on_event)
     jax.monitoring.register_event_duration_secs_listener(recorder.on_duration)
     if remote:
