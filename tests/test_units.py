@@ -293,6 +293,11 @@ def test_count_is_kept_until_the_directory_changes(tmp_path: Path) -> None:
     for text in (f"{st.st_ino} {st.st_mtime_ns + 1} 7 7\n", "garbage\n", f"{st.st_ino} {st.st_mtime_ns} -7 7\n"):
         kept.write_text(text)
         assert _entries.count(vdir)[0] == 2
+    kept.write_text(f"{st.st_ino} {st.st_mtime_ns} 7 7\n")  # a team's member's record (chown: SPEC §12)
+    os.chown(kept, 54321, -1)
+    assert _entries.count(vdir)[0] == 2
+    kept.write_text(f"{st.st_ino} {st.st_mtime_ns} 7 7\n")  # the same, this user's own: believed
+    assert _entries.count(vdir)[0] == 7
     elsewhere = tmp_path.parent / "count-elsewhere"
     elsewhere.write_text(f"{st.st_ino} {st.st_mtime_ns} 7 7\n")
     kept.unlink()

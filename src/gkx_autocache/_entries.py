@@ -166,8 +166,12 @@ QUIET_SECS = 3.0
 
 
 def recorded(version_dir: str, now: os.stat_result) -> tuple[int, int] | None:
-    """The ``(entries, bytes)`` counted when the directory was as ``now`` is, or None."""
-    text = _files.read(os.path.join(version_dir, META_DIR, COUNT_FILE), 256)
+    """The ``(entries, bytes)`` counted when the directory was as ``now`` is, or None. Written by this
+    user or the directory's owner only: another member of a team's directory is not believed."""
+    def check(st: os.stat_result) -> str | None:
+        return None if st.st_uid in (os.getuid(), now.st_uid) else "written by another user"
+
+    text = _files.read(os.path.join(version_dir, META_DIR, COUNT_FILE), 256, check=check)
     words = text.split() if text is not None else []
     if len(words) != 4 or not all(w.isdigit() for w in words):
         return None
