@@ -260,50 +260,79 @@ def test_count_takes_what_scan_takes(tmp_path: Path) -> None:
     assert top == sum(_remove.on_disk(os.lstat(tmp_path / name)) for name in taken)
 
 
-def test_count_is_kept_until_the_directory_changes(tmp_path: Path) -> None:
-    """count() keeps its figures with the directory's inode and time, once the directory was quiet
-    (status on 100 000 entries); any entry added or removed, and it counts again. Kept nowhere when
-    the directory changed just now; a record of another time, garbage or a symlink is not read."""
+def test_count_is_kept_until_the_directory_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """count() keeps its figures with the directory's inode and change time, once the directory was
+    quiet (status on 100 000 entries); any entry added or removed, and it counts again, also where a
+    modification time was set back (``rsync -a``, ``touch -r``). Kept nowhere when the directory
+    changed just now; a record of another time, garbage, another user's or a symlink is not read."""
     hex_ = "b" * 64
     vdir, meta = str(tmp_path), tmp_path / ".gkx-autocache"
     meta.mkdir()
     kept = meta / "count"
-
-    def add(name: str, size: int = 5000) -> None:
-        (tmp_path / name).write_bytes(b"x" * size)
-        past = time.time() - 60  # the directory as a while after its last write
-        os.utime(tmp_path, (past, past))
-
     (tmp_path / f"jit_f-{hex_}-cache").write_bytes(b"x" * 5000)
     first = _entries.count(vdir)
     assert first[0] == 1 and not kept.exists()  # changed just now: counted, nothing kept
-    add(f"jit_g-{hex_}-cache")
+    monkeypatch.setattr(_entries, "QUIET_SECS", -60.0)  # from here on, as if all was written a minute ago
+    (tmp_path / f"jit_g-{hex_}-cache").write_bytes(b"x" * 5000)
     second = _entries.count(vdir)
     assert second[0] == 2 and kept.exists()
-    with open(tmp_path / f"jit_g-{hex_}-cache", "ab") as f:  # in place: the directory's time stays
+    with open(tmp_path / f"jit_g-{hex_}-cache", "ab") as f:  # in place: the directory's times stay
         f.write(b"y" * 100_000)
     assert _entries.count(vdir) == second  # read from the record, not counted again
-    add(f"jit_h-{hex_}-cache")
+    st = os.stat(tmp_path)
+    (tmp_path / f"jit_h-{hex_}-cache").write_bytes(b"x" * 5000)
+    os.utime(tmp_path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the modification time put back
     third = _entries.count(vdir)
     assert third[0] == 3 and third[1] > second[1] + 100_000
     os.remove(tmp_path / f"jit_h-{hex_}-cache")
-    os.utime(tmp_path, (time.time() - 60,) * 2)
     assert _entries.count(vdir)[0] == 2
     st = os.stat(tmp_path)
-    for text in (f"{st.st_ino} {st.st_mtime_ns + 1} 7 7\n", "garbage\n", f"{st.st_ino} {st.st_mtime_ns} -7 7\n"):
+    for text in (f"{st.st_ino} {st.st_ctime_ns + 1} 7 7\n", "garbage\n", f"{st.st_ino} {st.st_ctime_ns} -7 7\n"):
         kept.write_text(text)
         assert _entries.count(vdir)[0] == 2
-    kept.write_text(f"{st.st_ino} {st.st_mtime_ns} 7 7\n")  # a team's member's record (chown: SPEC §12)
+    kept.write_text(f"{st.st_ino} {st.st_ctime_ns} 7 7\n")  # a team's member's record (chown: SPEC §12)
     os.chown(kept, 54321, -1)
     assert _entries.count(vdir)[0] == 2
-    kept.write_text(f"{st.st_ino} {st.st_mtime_ns} 7 7\n")  # the same, this user's own: believed
+    kept.write_text(f"{st.st_ino} {st.st_ctime_ns} 7 7\n")  # the same, this user's own: believed
     assert _entries.count(vdir)[0] == 7
     elsewhere = tmp_path.parent / "count-elsewhere"
-    elsewhere.write_text(f"{st.st_ino} {st.st_mtime_ns} 7 7\n")
+    elsewhere.write_text(f"{st.st_ino} {st.st_ctime_ns} 7 7\n")
     kept.unlink()
     kept.symlink_to(elsewhere)
     assert _entries.count(vdir)[0] == 2  # the link not followed; replaced by the new record, never written through
-    assert elsewhere.read_text() == f"{st.st_ino} {st.st_mtime_ns} 7 7\n" and not kept.is_symlink()
+    assert elsewhere.read_text() == f"{st.st_ino} {st.st_ctime_ns} 7 7\n" and not kept.is_symlink()
+
+
+def test_count_is_not_kept_while_an_entry_is_written_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAX's own cache writes an entry in place: the directory's times change at its creation, not as
+    its bytes land. A count while one is being written is not kept (its file's change time is new)."""
+    (tmp_path / ".gkx-autocache").mkdir()
+    entry = tmp_path / f"jit_big-{'c' * 64}-cache"
+    with open(entry, "wb") as f:
+        f.write(b"x" * 4096)
+        f.flush()
+        time.sleep(2.5)
+        monkeypatch.setattr(_entries, "QUIET_SECS", 1.2)  # the directory quiet (2.5 s), the entry not (just now)
+        f.write(b"x" * 4096)
+        f.flush()
+        during = _entries.count(str(tmp_path))
+        f.write(b"x" * (1 << 20))
+    assert _entries.count(str(tmp_path))[1] >= during[1] + (1 << 20)
+    assert not (tmp_path / ".gkx-autocache" / "count").exists()
+
+
+def test_a_kept_count_does_not_make_an_old_version_directory_look_used(tmp_path: Path) -> None:
+    """status counts every version directory, writing its count: that is no use of the directory (an
+    old JAX's directory is still removed after 30 days unused, SPEC §8)."""
+    vdir = tmp_path / "jax-0.4.1"
+    (vdir / ".gkx-autocache").mkdir(parents=True)
+    (vdir / f"jit_f-{'d' * 64}-cache").write_bytes(b"x")
+    month = time.time() - 31 * 86400
+    for path in (vdir / f"jit_f-{'d' * 64}-cache", vdir / ".gkx-autocache"):
+        os.utime(path, (month, month))
+    assert _entries.stale(str(vdir), "jax-0.10.2")
+    (vdir / ".gkx-autocache" / "count").write_text("1 2 3 4\n")
+    assert _entries.stale(str(vdir), "jax-0.10.2")
 
 
 def test_select_over_removes_least_recent_first() -> None:

@@ -148,8 +148,9 @@ def count(version_dir: str) -> tuple[int, int]:
         counted = recorded(version_dir, before)
         if counted is None:
             started = time.time()
-            counted = _count_in(fd)
-            if os.fstat(fd).st_mtime_ns == before.st_mtime_ns and started - before.st_mtime > QUIET_SECS:
+            entries, total, newest = _count_in(fd)
+            counted = entries, total
+            if os.fstat(fd).st_ctime_ns == before.st_ctime_ns and started - max(before.st_ctime, newest) > QUIET_SECS:
                 _record(version_dir, before, counted)
     except OSError:
         return 0, 0
@@ -158,11 +159,12 @@ def count(version_dir: str) -> tuple[int, int]:
     return counted[0], counted[1] + bookkeeping_bytes(version_dir)
 
 
-# A count is kept with the directory's inode and modification time, which every entry's creation,
-# removal or rename changes. Kept only where the directory was quiet for QUIET_SECS before the count
-# began: a change after it then has a later time, also where a file system keeps times to 2 s (FAT).
-# An entry rewritten in place (same name, other size) is not seen; the store and JAX write by rename.
-QUIET_SECS = 3.0
+# A count is kept with the directory's inode and change time, which every entry's creation, removal
+# or rename changes, and which no one can set back (``touch``, ``rsync -a`` and ``tar`` restore a
+# modification time). Kept only where the directory and every file in it were quiet for QUIET_SECS
+# before the count began: a change after it has a later time (also where a file system keeps times
+# to 2 s), and an entry still being written in place (JAX's own cache writes so) is not kept half.
+QUIET_SECS = 10.0
 
 
 def recorded(version_dir: str, now: os.stat_result) -> tuple[int, int] | None:
@@ -175,25 +177,26 @@ def recorded(version_dir: str, now: os.stat_result) -> tuple[int, int] | None:
     words = text.split() if text is not None else []
     if len(words) != 4 or not all(w.isdigit() for w in words):
         return None
-    inode, mtime_ns, entries, total = map(int, words)
-    return (entries, total) if (inode, mtime_ns) == (now.st_ino, now.st_mtime_ns) else None
+    inode, ctime_ns, entries, total = map(int, words)
+    return (entries, total) if (inode, ctime_ns) == (now.st_ino, now.st_ctime_ns) else None
 
 
 def _record(version_dir: str, when: os.stat_result, counted: tuple[int, int]) -> None:
     meta = os.path.join(version_dir, META_DIR)
     if os.path.isdir(meta) and not os.path.islink(meta):  # never made here: status writes nothing else
         _files.write_atomic(os.path.join(meta, COUNT_FILE),
-                            f"{when.st_ino} {when.st_mtime_ns} {counted[0]} {counted[1]}\n".encode(), 0o644)
+                            f"{when.st_ino} {when.st_ctime_ns} {counted[0]} {counted[1]}\n".encode(), 0o644)
 
 
-def _count_in(fd: int) -> tuple[int, int]:
+def _count_in(fd: int) -> tuple[int, int, float]:
     # Names, then one lstat each relative to the directory: the cheapest way in Python (scandir's
     # DirEntry objects cost more than they save). The common names take one C call; the rest,
     # key_match. 100 000 entries (200 000 files): lstat 0.5 s (0.4 s in the kernel), listdir 0.1 s,
-    # the names 0.1 s (docs/benchmarks.md).
+    # the names 0.1 s (docs/benchmarks.md). Also the newest change time of a file counted.
     common = common_name()
     stat_at = os.stat
     entries = blocks = 0
+    newest = 0.0
     for name in os.listdir(fd):
         if common(name) is not None:
             entry = name.endswith(ENTRY_SUFFIX)
@@ -213,7 +216,9 @@ def _count_in(fd: int) -> tuple[int, int]:
         if stat.S_ISREG(st.st_mode):
             blocks += st.st_blocks
             entries += entry
-    return entries, blocks * 512
+            if st.st_ctime > newest:
+                newest = st.st_ctime
+    return entries, blocks * 512, newest
 
 
 def _count_by_path(version_dir: str) -> tuple[int, int]:
@@ -314,7 +319,7 @@ def last_used(version_dir: str) -> float:
         try:
             with os.scandir(folder) as items:
                 for item in items:
-                    if item.is_file(follow_symlinks=False):
+                    if item.is_file(follow_symlinks=False) and item.name != COUNT_FILE:  # (status writes it)
                         newest = max(newest, item.stat(follow_symlinks=False).st_mtime)
         except OSError:
             continue
