@@ -1207,14 +1207,47 @@ def test_an_unsigned_seal_says_who_uploaded_it_and_a_wrong_signature_says_so() -
         assert str(refused.value) == said
 
 
+def test_an_upload_the_worker_holds_when_the_level_turns_off_is_counted(tmp_path: Path) -> None:
+    """Another thread turns the level off (a lookup stalled) while the worker uploads: the entry in
+    flight and the queued ones are each counted, as dropped or uploaded, none lost between the two
+    (the level's switch and the uploads' queue are two objects: the switch is thrown in the queue's lock)."""
+    import threading
+
+    from gkx_autocache._shared import directory as _directory
+    from gkx_autocache._shared import level as _levels
+
+    gate, writing = threading.Event(), threading.Event()
+
+    class Gated(_directory.Directory):
+        def write(self, name: str, data: bytes) -> None:
+            writing.set()
+            gate.wait(10)
+            super().write(name, data)
+
+    level, _ = hostile_level(tmp_path)
+    level = _levels.Level(level.url, Gated(level.url, "0.0.0", team=False), local=str(tmp_path / "l"),
+                          timeout=20.0, writes=None, secret=None)
+    for i in range(5):
+        level.put(f"jit_f-{i:064x}", bytes([i]) * 1000, 0.5)
+    assert writing.wait(10)  # the worker writes the first
+    level.turn_off("a lookup timed out", timed_out=True)
+    gate.set()
+    time.sleep(0.3)  # the worker, if it took another, would have by now
+    counts = level.snapshot()["shared"]
+    assert counts["dropped"] == 5 and counts["uploads"] <= 1, counts
+
+
 def test_turning_off_counts_only_this_runs_own_uploads_as_dropped(tmp_path: Path) -> None:
     """A level turned off with this run's uploads queued behind entries to heal and its manifest:
     `dropped` counts this run's entries only (heals are dropped silently, a manifest is no entry)."""
-    from gkx_autocache._shared.level import Item
+    from gkx_autocache._shared.uploads import Item
 
     level, _ = hostile_level(tmp_path)
-    level._queue.extend([Item(f"jit_{i}-{'a' * 64}", b"x", None, None, 0.0, heal=False, manifest=False) for i in range(2)]
-                        + [Item("m-gkx-manifest", b"{}", None, None, 0.0, heal=False, manifest=True)])
-    level._heals.extend(Item(f"jit_h{i}-{'b' * 64}", b"", None, None, 0.0, heal=True, manifest=False) for i in range(500))
+    uploads = level.uploads
+    uploads._queue.extend([Item(f"jit_{i}-{'a' * 64}", b"x", None, None, 0.0, heal=False, manifest=False)
+                           for i in range(2)] + [Item("m-gkx-manifest", b"{}", None, None, 0.0, heal=False, manifest=True)])
+    uploads._heals.extend(Item(f"jit_h{i}-{'b' * 64}", b"", None, None, 0.0, heal=True, manifest=False) for i in range(500))
     level.turn_off("a test", timed_out=False)
-    assert level.counts["shared"]["dropped"] == 2 and not level._queue and not level._heals
+    assert level.counts["shared"]["dropped"] == 2 and not uploads._queue and not uploads._heals
+    level.turn_off("again", timed_out=False)  # once only
+    assert level.counts["shared"]["dropped"] == 2 and level.counts["shared"]["errors"] == 1

@@ -71,11 +71,11 @@ def upgrade_fix(ctx: Context, fix: str) -> str:
 def not_signed_fix(ctx: Context, env: Mapping[str, str]) -> str:
     """A shared entry without a valid signature for this key: compiled here, and replaced on the
     shared level only where ``shared_write`` uploads (``ci``: where CI is set, as here or not)."""
-    from gkx_autocache._shared.setup import uploads
+    from gkx_autocache._shared.setup import no_uploads
 
     write, origin = ctx.settings["shared_write"], ctx.settings.origin("shared_write")
     same_key = "every writer and reader of the shared level must use the same GKX_JAX_CACHE_SIGNING_KEY"
-    off = uploads(str(write), env)
+    off = no_uploads(str(write), env)
     if off is None:
         return (f"compiled here; this process uploads its signed replacement (shared_write = {write}, {origin}); "
                 f"{same_key}")

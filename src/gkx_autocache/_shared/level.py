@@ -2,10 +2,10 @@
 ``gs://``, through fsspec), an HTTP(S) cache or a directory (a team directory, or a read-only one baked into an
 image). The store asks it on a local miss and hands it each local write; it knows nothing of the
 CLI. Nothing here runs at interpreter start or on ``import jax`` beyond building the object: the
-first shared access is the first local miss. Here: lookups and the listing, the upload queue and
-its worker (healing too), the off-switch, the numbers of both levels, and what a run leaves at exit
-(its manifest and pack). Reading one entry and the seals are ``reads``'; the settings into a level,
-``setup``'s. The design (bounded calls, the listing, healing, seals, uploads, ``fork``):
+first shared access is the first local miss. Here: lookups and the listing, the off-switch, the
+numbers of both levels, and what a run leaves at exit (its manifest and pack). Reading one entry and
+the seals are ``reads``'; the upload queue, its worker and healing, ``uploads``'; the settings into a
+level, ``setup``'s. The design (bounded calls, the listing, healing, seals, uploads, ``fork``):
 docs/how-it-works.md.
 """
 
@@ -14,20 +14,19 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-from gkx_autocache import _autotune, _fork, _formats, _jax
+from gkx_autocache import _autotune, _fork, _jax
 from gkx_autocache._diagnostics import logger, warn
-from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, PACK_SUFFIX, SEAL_SIDECAR
+from gkx_autocache._layout import ENTRY_SUFFIX
 from gkx_autocache._shared import manifest, pack, prefetch
-from gkx_autocache._shared.calls import Progress, ShuttingDown, Stalled, bounded, describe
+from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe
 from gkx_autocache._shared.reads import Found, Reader
 from gkx_autocache._shared.seal import EntryRefused
+from gkx_autocache._shared.uploads import QUEUE_BYTES, Uploads
 
 LIST_TTL = 60.0
-QUEUE_BYTES = 256 << 20  # entries waiting to be uploaded, held in memory
 MAX_ENTRY = 8 << 30  # without a cap, the most read of one shared entry (a lying seal cannot ask for more)
 
 # The per-level numbers, the same names for both levels (SPEC §14). Summed over processes by the
@@ -35,19 +34,6 @@ MAX_ENTRY = 8 << 30  # without a cap, the most read of one shared entry (a lying
 COUNTS = ("hits", "misses", "backfills", "uploads", "errors", "timeouts", "rejected", "skipped", "dropped",
           "requests", "bytes_read", "bytes_written", "read_secs", "reads",
           "prefetched", "prefetched_bytes", "prefetch_used", "prefetch_wasted_bytes")
-HEAL_KEYS = 20_000  # the most local hits a run remembers for healing, until a miss takes the listing
-
-
-class Item(NamedTuple):
-    """One upload: an entry this run wrote, an entry to heal, or a manifest or its pack."""
-
-    name: str  # the entry's key, or the manifest's or pack's object name
-    data: bytes  # an entry to heal is read from the local level by the worker: b"" here
-    seal: bytes | None  # this run's entry's seal where its key signed it at the compile
-    compile_secs: float | None
-    written: float
-    heal: bool  # uploaded only where the listing lacks it, with the seal kept beside it locally
-    manifest: bool
 
 
 def zero() -> dict[str, float]:
@@ -72,8 +58,8 @@ class Local(Protocol):
 
 
 class Level:
-    """The shared level of this process: reads, the upload queue and its worker, the seals, the
-    off-switch, and the numbers of both levels (the store reports its local hits and misses)."""
+    """The shared level of this process: lookups, the listing, the off-switch, and the numbers of
+    both levels (the store reports its local hits and misses); its ``reader``, its ``uploads``."""
 
     def __init__(self, url: str, backend: Any, *, local: str, timeout: float, writes: str | None,
                  secret: bytes | None, max_entry: int = MAX_ENTRY, origin: str = "shared",
@@ -85,11 +71,9 @@ class Level:
         self.local_team = local_team  # the local level is a team directory (§8): group-writable files
         self.tunes = tunes  # XLA keeps GPU autotune results in the local level (``_autotune``): they travel
         self.timeout = timeout
-        self.writes = writes  # None: uploads on; else why not ("shared_write = never", ...)
         self.reader = Reader(backend, secret=secret, max_entry=max_entry, timeout=timeout,
                              count=functools.partial(self.count, "shared"))
         self.origin = origin
-        self.queue_bytes = queue_bytes
         self.room = room  # the room under the local level's cap (``fold.prefetch_room``): a prefetch stays in it
         self.local: Local | None = None  # the local level in front of this one, once JAX made it (``attach``)
         self._prefetch: prefetch.Prefetch | None = None  # the Prefetch of this process, from its first local miss on
@@ -101,25 +85,16 @@ class Level:
         self._prepared: bool | None = None  # None: not yet; else whether it may be written
         self._listing: dict[str, int] | None = None
         self._listed_at = -LIST_TTL
-        self._closed = False
-        self._healing = True  # off after a failure of the worker's own listing (quietly: see ensure)
-        self._healed: set[str] = set()  # keys queued to heal the bucket, once each
-        self._to_heal: list[str] = []  # local hits before a miss took the listing: checked when one does
-        self._reset_threads()
+        self._reset_locks()
+        self.uploads = Uploads(self, writes, queue_bytes)  # writes: None, uploads on; else why not
         _fork.in_child(self._forked)
 
-    def _reset_threads(self) -> None:
+    def _reset_locks(self) -> None:
         self._lock = threading.Lock()
         self._ready = threading.Lock()  # one thread prepares and lists; the others wait for it
-        self._changed = threading.Condition(self._lock)
-        self._queue: deque[Item] = deque()  # this run's entries, its manifest and pack
-        self._heals: deque[Item] = deque()  # entries to heal: only when the queue is empty, never at exit
-        self._queued = 0  # bytes in the queue and in flight
-        self._in_flight: Item | None = None  # the item the worker is uploading
-        self._worker: threading.Thread | None = None
 
     def _forked(self) -> None:
-        self._reset_threads()
+        self._reset_locks()
         self.counts = {"local": zero(), "shared": zero()}
         self.backend.forget()
         self._prefetch, self._prefetch_tried = None, True  # the parent's threads are not here; its prefetch lands still
@@ -149,37 +124,11 @@ class Level:
         self.count("local", hits=1, bytes_read=nbytes, read_secs=secs, reads=1)
         if key is not None:
             self._saw(key, nbytes)
-            self._heal(key)
+            self.uploads.heal(key)
 
     def _saw(self, key: str, nbytes: int) -> None:
-        if self.writes is None and len(self._seen) < manifest.MANIFEST_KEYS:
+        if self.uploads.writes is None and len(self._seen) < manifest.MANIFEST_KEYS:
             self._seen.setdefault(key, nbytes)
-
-    def _heal(self, key: str) -> None:
-        """A writer's local hit: uploaded where the bucket's listing lacks it (a warm local level
-        never reads the bucket, so nothing else would ever put an entry back that was lost there).
-        Only in a run that asks the bucket anyway: a hit before the first miss is remembered, and
-        checked when that miss takes the listing; a run of local hits costs no request, no import
-        and no thread (it cost a warm writer 1.29 x its run). The worker reads the entry and the
-        seal kept beside it; never a round trip here."""
-        if (self.writes is not None or self.off is not None or self._closed or not self._healing
-                or self.backend.kind != "bucket" or key in self._healed or _jax.process_id() != 0):
-            return
-        if self._listed_at == -LIST_TTL:  # not listed yet (or being listed now: ``_sweep`` follows)
-            if len(self._to_heal) < HEAL_KEYS:
-                self._to_heal.append(key)
-            return
-        listing = self._listing
-        if listing is None or key + ENTRY_SUFFIX in listing:
-            return
-        self._healed.add(key)
-        self._enqueue(Item(key, b"", None, None, 0.0, heal=True, manifest=False))
-
-    def _sweep(self) -> None:
-        """Once the listing is taken: the local hits before it, healed where it lacks them."""
-        waiting, self._to_heal = self._to_heal, []
-        for key in waiting:
-            self._heal(key)
 
     def local_miss(self, key: str = "") -> None:
         self.count("local", misses=1)
@@ -201,11 +150,10 @@ class Level:
 
     def _begin(self, key: str) -> None:
         """The upload worker of a writer, and the prefetch where entries can land."""
-        if self.off is not None or self._closed:
+        if self.off is not None or self.closed:
             return
-        if self.writes is None and _jax.process_id() == 0:
-            with self._lock:
-                self._start_worker()
+        if self.uploads.writes is None and _jax.process_id() == 0:
+            self.uploads.start()
         if self.local is None or not self.local.writable:  # the local level takes no writes: nothing can land
             return
         budget = prefetch.BUDGET if self.room is None else min(prefetch.BUDGET, self.room(False))  # under the cap
@@ -243,7 +191,23 @@ class Level:
     @property
     def closed(self) -> bool:
         """At exit: nothing more is fetched or queued."""
-        return self._closed
+        return self.uploads.closed
+
+    @property
+    def listed(self) -> bool:
+        """Whether the listing was taken (a directory and an HTTP cache: whether the level was
+        prepared), not only being taken now."""
+        return self._listed_at != -LIST_TTL
+
+    @property
+    def writable(self) -> bool:
+        """Whether the level, prepared, may be written (a shared directory may be read-only here)."""
+        return bool(self._prepared)
+
+    @property
+    def writes(self) -> str | None:
+        """None where this process uploads, else why not (``shared_write = never``, ...)."""
+        return self.uploads.writes
 
     @property
     def listing(self) -> dict[str, int] | None:
@@ -253,19 +217,14 @@ class Level:
 
     def turn_off(self, why: str, timed_out: bool = False) -> None:
         """The first stall or error: the level is off for the rest of the process, one warning."""
-        with self._lock:
+        def off() -> None:
+            self.off = (why, time.time())
+
+        with self._lock:  # (then the uploads' lock: never the other way round)
             if self.off is not None:
                 return
-            self.off = (why, time.time())
-            counts = self.counts["shared"]
-            counts["timeouts" if timed_out else "errors"] += 1
-            flying = self._in_flight
-            counts["dropped"] += sum(not item.manifest for item in self._queue) + bool(
-                flying is not None and not flying.heal and not flying.manifest)  # this run's own entries
-            self._queue.clear()
-            self._heals.clear()
-            self._queued = 0
-            self._changed.notify_all()
+            self.counts["shared"]["timeouts" if timed_out else "errors"] += 1
+            self.counts["shared"]["dropped"] += self.uploads.drop(off)  # this run's own entries
         fix = f"raise shared_timeout ({self.origin})" if timed_out else "check its endpoint and credentials"
         warn("shared:off", f"the shared level {self.url} is off for the rest of this process after {why}; the run "
                            f"goes on with the local level {self.local_dir}; fix: `gkx-autocache status` probes it, "
@@ -293,14 +252,13 @@ class Level:
                     self._listed_at = time.monotonic()
                     if self.backend.kind == "bucket":
                         self.count("shared", requests=1)  # (an HTTP cache's HEAD, where it has no listing)
-                        self._sweep()
+                        self.uploads.sweep()
                     else:
                         self._listed_at = float("inf")  # a directory is never listed
             except ShuttingDown:  # at exit: the listing stays as it is; nothing is wrong with the level
                 return self.off is None and self._prepared is not None
             except Exception as exc:
                 if quiet:
-                    self._healing = False
                     logger.debug("the shared level %s is not healed: %s", self.url, describe(exc))
                     return False
                 if isinstance(exc, Stalled):
@@ -364,100 +322,7 @@ class Level:
         """Queue the entry (just written to the local level, with ``seal`` where ``vouch`` made
         one) for upload; never blocks."""
         self._saw(key, len(data))
-        if self.writes is not None or self.off is not None or self._closed or _jax.process_id() != 0:
-            return
-        self._enqueue(Item(key, data, seal, compile_secs, written or time.time(), heal=False, manifest=False))
-
-    def _enqueue(self, item: Item) -> None:
-        with self._lock:
-            if self.off is not None:
-                return
-            if self._queued + len(item.data) > self.queue_bytes:
-                self.counts["shared"]["skipped"] += 1  # beyond the queue's bound: the compile path never waits
-                return
-            (self._heals if item.heal else self._queue).append(item)
-            self._queued += len(item.data)
-            self._start_worker()
-            self._changed.notify_all()
-
-    def _start_worker(self) -> None:
-        """Under the lock: the upload worker, once."""
-        if self._worker is None:
-            self._worker = threading.Thread(target=self._drain, name="gkx-autocache-upload", daemon=True)
-            self._worker.start()
-
-    def _pending(self) -> bool:
-        """Under the lock: whether an upload of this run's, its manifest or its pack is queued or in
-        flight (entries to heal are never waited for at exit)."""
-        flying = self._in_flight
-        return (flying is not None and not flying.heal) or any(not item.heal for item in self._queue)
-
-    def _drain(self) -> None:
-        """The upload worker: one entry at a time, each bounded like a read."""
-        while True:
-            with self._lock:
-                while not self._queue and (self._closed or not self._heals):
-                    self._changed.wait()
-                item = self._in_flight = (self._queue or self._heals).popleft()
-            try:
-                self._upload(item)
-            except BaseException:  # pragma: no cover - _upload never raises; nothing reaches excepthook
-                pass
-            finally:
-                with self._lock:
-                    self._in_flight = None
-                    self._queued = max(self._queued - len(item.data), 0) if self.off is None else 0
-                    self._changed.notify_all()
-
-    def _upload(self, item: Item) -> None:
-        key, data, seal = item.name, item.data, item.seal
-        if item.manifest:
-            self._upload_manifest(key, data)
-            return
-        if item.heal and not self._healing:
-            return
-        if not self.ensure(quiet=item.heal):
-            return
-        if item.heal:
-            if self._listing is None or key + ENTRY_SUFFIX in self._listing or self.local is None:
-                return  # the bucket has it, or there is no listing to tell
-            local = self.local.uploadable(key)
-            if local is None:  # gone, another user's, or not vouched for by this key: never signed here
-                return
-            data, seal = local
-        if not self._prepared:  # a read-only shared directory is never written
-            with self._lock:
-                self.writes = "the shared directory is read-only here"
-                self._queue.clear()
-                self._heals.clear()
-            return
-        compile_secs = item.compile_secs
-        sealed = seal if seal is not None else self.reader.seal(key, data, compile_secs, item.written)
-
-        def upload(progress: Progress) -> None:
-            self.backend.write(key + SEAL_SIDECAR, sealed)  # before the entry: a reader that sees it sees its seal
-            progress.tick()
-            if self.backend.kind == "directory" and compile_secs is not None:
-                self.backend.write(key + COMPILE_SIDECAR, _formats.sidecar(compile_secs))
-            self.backend.write(key + ENTRY_SUFFIX, data)
-            progress.tick()
-
-        try:
-            try:
-                bounded(upload, self.timeout)
-            except ShuttingDown:  # at exit this worker uploads itself: ``finish``'s deadline bounds it
-                upload(Progress())
-        except Stalled as exc:
-            self.turn_off(f"an upload made {exc}", timed_out=True)
-            return
-        except Exception as exc:
-            self.turn_off(describe(exc))
-            return
-        self.count("shared", uploads=1, bytes_written=len(data) + len(sealed),
-                   requests=2 if self.backend.kind == "bucket" else 0)
-        listing = self._listing
-        if listing is not None:
-            listing[key + ENTRY_SUFFIX] = len(data)
+        self.uploads.put(key, data, seal, compile_secs, written)
 
     def finish(self, recorder: Any = None) -> None:
         """At exit: what is pending gets one ``shared_timeout`` in all; the rest is dropped,
@@ -474,24 +339,9 @@ class Level:
         except Exception as exc:  # pragma: no cover - never costs the exit
             logger.debug("no manifest: %s", exc)
             objects = []
-        with self._lock:
-            self._heals.clear()  # (a later run that misses heals them)
-            if objects and self.off is None:
-                self._queue.extend(Item(name, data, None, None, 0.0, heal=False, manifest=True) for name, data in objects)
-                self._changed.notify_all()
-            self._closed = True
-            while self._pending() and self.off is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._changed.wait(left)
-            flying = self._in_flight
-            entries = [item for item in self._queue if not item.manifest]
-            own = len(entries) + (flying is not None and not flying.heal and not flying.manifest)
-            left_over = own if self.off is None else 0
-            self.counts["shared"]["dropped"] += left_over
-            self._queue.clear()
+        left_over = self.uploads.finish(objects, deadline)
         if left_over:
+            self.count("shared", dropped=left_over)
             warn("shared:exit", f"{left_over} uploads to the shared level {self.url} were dropped at exit: they did "
                                 f"not finish within shared_timeout ({self.timeout:g} s, {self.origin}); they are "
                                 "compiled again by a later run")
@@ -510,7 +360,7 @@ class Level:
         that is what it read."""
         seen = self._seen
         if (self.writes is not None or self.off is not None or not seen or _jax.process_id() != 0
-                or not self.counts["local"]["misses"] or self._worker is None or self._forked_child):
+                or not self.counts["local"]["misses"] or not self.uploads.started or self._forked_child):
             return []
         keys = list(seen.items())
         ahead = self._prefetch
@@ -552,21 +402,6 @@ class Level:
             if (local := self.local.uploadable(key)) is not None:
                 data, seal = local
                 yield key, seal, data
-
-    def _upload_manifest(self, name: str, data: bytes) -> None:
-        """The upload worker's, at exit: one write, bounded like an upload; a failure is a debug line."""
-        try:
-            try:
-                bounded(lambda progress: self.backend.write(name, data), self.timeout)
-            except ShuttingDown:  # at exit: ``finish``'s deadline bounds the worker
-                self.backend.write(name, data)
-        except Exception as exc:  # of no use to this run
-            logger.debug("the manifest %s is not written: %s", name, describe(exc))
-            if name.endswith(PACK_SUFFIX):
-                with self._lock:
-                    self._queue = deque(item for item in self._queue if not item.manifest)
-            return
-        self.count("shared", requests=1 if self.backend.kind == "bucket" else 0)
 
     # -- what this process's key vouches for (``reads.Reader``) ------------------------------------
 

@@ -15,7 +15,7 @@ from gkx_autocache._shared.bucket import NOT_LISTED
 from gkx_autocache._shared.calls import Progress, bounded, describe
 from gkx_autocache._shared.http import NO_LISTING
 from gkx_autocache._shared.level import COUNTS
-from gkx_autocache._shared.setup import backend_for, is_http, problem, signing_key, uploads
+from gkx_autocache._shared.setup import backend_for, is_http, no_uploads, problem, signing_key
 
 
 def probe(backend: Any, timeout: float) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
         "kind": "http" if is_http(shared) else "bucket" if is_url(shared) else "directory",
         "trust": ("the server's access control" if is_http(shared) else "the bucket's access policy" if is_url(shared) else
                   "a team directory (trust_shared)" if settings["trust_shared"] else "yours or root's, no one else's"),
-        "writes": uploads(settings["shared_write"], env) or f"on (shared_write = {settings['shared_write']})",
+        "writes": no_uploads(settings["shared_write"], env) or f"on (shared_write = {settings['shared_write']})",
         "timeout": settings["shared_timeout"],
         "signing": ("set (env GKX_JAX_CACHE_SIGNING_KEY): uploads are signed, unsigned entries never loaded"
                     if secret is not None else "not set: entries are neither signed nor checked"),

@@ -19,7 +19,7 @@ from gkx_autocache._shared.http import HttpCache
 from gkx_autocache._shared.level import MAX_ENTRY, Level
 
 
-def uploads(setting: str, env: Mapping[str, str]) -> str | None:
+def no_uploads(setting: str, env: Mapping[str, str]) -> str | None:
     """None when this process uploads, else why not, per ``shared_write``."""
     from gkx_autocache._settings import is_ci
 
@@ -75,7 +75,7 @@ def level_for(settings: Any, location: Any, jax_version: str, env: Mapping[str, 
     backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env)
     cap = settings["max_size"]
     level = Level(shared, backend, local=location.version_dir, timeout=settings["shared_timeout"],
-                  writes=uploads(settings["shared_write"], env), secret=signing_key(env),
+                  writes=no_uploads(settings["shared_write"], env), secret=signing_key(env),
                   max_entry=min(cap, MAX_ENTRY) if cap else MAX_ENTRY,
                   origin=settings.origin("shared_timeout"), room=room, local_team=location.team, tunes=tunes)
     return level, []
