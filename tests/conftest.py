@@ -145,6 +145,15 @@ def deps_without(base: Path, names: tuple[str, ...]) -> Path:
     return only
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that runs real JAX in a test venv checks what the JAX line does (the store, the levels,
+    explanations): marked ``line``, which .ci/run runs on the first Python of each JAX line (3.12
+    and 3.13 both run JAX 0.12). Unless marked ``every_python``: what it checks is the interpreter's."""
+    for item in items:
+        if "venv" in getattr(item, "fixturenames", ()) and item.get_closest_marker("every_python") is None:
+            item.add_marker(pytest.mark.line)
+
+
 def make_venv(base: Path, wheel: Path | None, *, deps: bool = True, editable: str | None = None,
               without: tuple[str, ...] = ()) -> Venv:
     path = base / "venv"

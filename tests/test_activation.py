@@ -13,6 +13,8 @@ from conftest import JAX_VERSION as JAX_VERSION  # (other test modules import th
 from conftest import PROGRAM, ROOT, Venv, autocache_warnings, make_venv, public_tmp, run_program
 from conftest import VERSION_DIR as VERSION_DIR
 
+pytestmark = pytest.mark.every_python  # the start-up hook: the interpreter's .pth and import machinery
+
 FINDER = "GkxAutocacheFinder"  # the finder's class name: the .pth line's class and the package's share it
 
 

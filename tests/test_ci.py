@@ -17,6 +17,8 @@ from test_activation import VERSION_DIR
 from gkx_autocache import _context
 from gkx_autocache._cli import ci as _ci
 
+pytestmark = pytest.mark.every_python  # .ci/run and the interpreter it is given
+
 
 def test_a_restored_directory_gives_hits_in_a_fresh_venv_at_another_path(venv: Venv, wheel: Path) -> None:
     """What actions/cache does: the version directory of one job, restored in a later job's fresh

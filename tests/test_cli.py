@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import Venv, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
 from gkx_autocache._cli import main as _cli
 from gkx_autocache._cli.output import JSON_VERSION
 from gkx_autocache._layout import TAG
+
+pytestmark = pytest.mark.every_python  # the command line: argparse's messages differ between Pythons
 
 DAY = 86400.0
 

@@ -10,11 +10,14 @@ import json
 import zlib
 from pathlib import Path
 
+import pytest
 from conftest import Venv, autocache_warnings, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
 from gkx_autocache._cli import main as _cli
 from gkx_autocache._cli.output import JSON_VERSION
+
+pytestmark = pytest.mark.every_python  # the command line: argparse's messages differ between Pythons
 
 
 def test_version_names_the_package_jax_jaxlib_and_python_without_importing_jax(venv: Venv) -> None:

@@ -8,7 +8,10 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import Venv, make_venv, public_tmp
+
+pytestmark = pytest.mark.every_python  # pytest's plugin hooks and xdist, as each Python runs them
 
 TESTS = '''
 import jax, jax.numpy as jnp, pytest

@@ -14,6 +14,8 @@ import pytest
 from conftest import PROGRAM, Venv, autocache_warnings, cache_files, run_program
 from test_activation import VERSION_DIR
 
+pytestmark = pytest.mark.every_python  # fork, -W error, exits and signals: the interpreter's
+
 JAX_READ_ERROR = "Error reading persistent compilation cache entry"
 HUGE = "9" * 400
 

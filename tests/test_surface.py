@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import Venv
+
+pytestmark = pytest.mark.every_python  # the public API as each interpreter imports it
 
 PROGRAM = "import jax, jax.numpy as jnp; print(float(jax.jit(lambda v: v * 2.0)(jnp.ones(3)).sum()))"
 
