@@ -55,7 +55,7 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
     assert data["workload"]["gkx-autocache"]["warm_hits"] == data["workload"]["gkx-autocache"]["warm_requests"] > 0
     assert data["workload"]["JAX stock cache, default thresholds"]["warm_hits"] == 0
     assert set(data["cli"]) == {"status", "prune --dry-run --max-size 1MB", "prune --dry-run --older-than 1s", "verify",
-                                "status, after that run",
+                                "status, again: the directory unchanged, its count kept", "status, after that run",
                                 "ordinary run, folding the ledgers at exit (extra seconds)"}
     assert "| `import jax`, bytecode absent |" in table
     book = data["bookkeeping"]
