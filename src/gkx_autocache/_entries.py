@@ -133,7 +133,7 @@ def count(version_dir: str) -> tuple[int, int]:
     """``(entries, bytes)`` of a version directory, where bytes are what the cap counts: entries,
     sidecars, temporary files and the package's bookkeeping. ``status``'s fast path: no grouping,
     one ``stat`` per file, and none at all where the directory has not changed since it was last
-    counted (``recorded``; 100 000 entries: see the README's benchmark table)."""
+    counted (``recorded``; 100 000 entries: docs/benchmarks.md, "The CLI on 100 000 entries")."""
     if is_url(version_dir):
         found = scan(version_dir)
         return found.entries, found.bytes

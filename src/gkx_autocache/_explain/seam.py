@@ -119,9 +119,8 @@ def install(jax: Any, watch: Watch, recorder: Any, version_dir: str, load: Any =
             origins: dict[str, tuple[Any, str]] | None = None) -> str | None:
     """Wrap the write seam and start ``watch`` (the key's seam and the recorder hold it); return why
     explanations are unavailable (nothing else changes). ``load()`` reads the directory's evidence,
-    at the first miss;
-    ``origins``: the value applied and its source for each threshold (``min_compile_time_secs``),
-    which an uncached compile names."""
+    at the first miss; ``origins``: the value applied and its source for each threshold
+    (``min_compile_time_secs``), which an uncached compile names."""
     origins = origins or {}
     seam = _key.seam
     if seam is None or not seam.parts:
