@@ -146,13 +146,13 @@ class Uploads:
             if not skipped:
                 (self._heals if item.heal else self._queue).append(item)
                 self._queued += len(item.data)
-                self.start_worker()
+                self._start_worker()
                 self._changed.notify_all()
         if skipped:
             self.level.count("shared", skipped=1)
 
-    def start_worker(self) -> None:
-        """The upload worker, once (under the lock, or where no other thread can start it)."""
+    def _start_worker(self) -> None:
+        """Under the lock: the upload worker, once."""
         if self._worker is None:
             self._worker = threading.Thread(target=self._drain, name="gkx-autocache-upload", daemon=True)
             self._worker.start()
@@ -160,7 +160,7 @@ class Uploads:
     def start(self) -> None:
         """A writer's first local miss: the worker now, for what it takes at exit."""
         with self._lock:
-            self.start_worker()
+            self._start_worker()
 
     def drop(self, turn_off: Callable[[], None]) -> int:
         """``turn_off()`` the level and drop everything queued, at once: the worker takes nothing
