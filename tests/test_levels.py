@@ -1236,6 +1236,19 @@ def test_an_upload_the_worker_holds_when_the_level_turns_off_is_counted(tmp_path
     counts = level.snapshot()["shared"]
     assert counts["dropped"] == 5 and counts["uploads"] <= 1, counts
 
+    # The instant between the switch and the drop: the worker takes nothing once the level is off.
+    gate.clear()
+    writing.clear()
+    level = _levels.Level(level.url, Gated(level.url, "0.0.0", team=False), local=str(tmp_path / "l"),
+                          timeout=20.0, writes=None, secret=None)
+    for i in range(5):
+        level.put(f"jit_g-{i:064x}", bytes([i]) * 1000, 0.5)
+    assert writing.wait(10)
+    level.off = ("a lookup timed out", time.time())  # thrown, not yet dropped
+    gate.set()
+    time.sleep(0.3)
+    assert level.uploads.drop(lambda: None) == 4  # the four queued, still there to count
+
 
 def test_turning_off_counts_only_this_runs_own_uploads_as_dropped(tmp_path: Path) -> None:
     """A level turned off with this run's uploads queued behind entries to heal and its manifest:

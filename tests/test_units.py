@@ -312,7 +312,7 @@ def test_count_is_not_kept_while_an_entry_is_written_in_place(tmp_path: Path, mo
         f.write(b"x" * 4096)
         f.flush()
         time.sleep(2.5)
-        monkeypatch.setattr(_entries, "QUIET_SECS", 1.2)  # the directory quiet (2.5 s), the entry not (just now)
+        monkeypatch.setattr(_entries, "QUIET_SECS", 2.0)  # the directory quiet (2.5 s), the entry not (just now)
         f.write(b"x" * 4096)
         f.flush()
         during = _entries.count(str(tmp_path))

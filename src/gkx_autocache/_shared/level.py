@@ -127,7 +127,7 @@ class Level:
             self.uploads.heal(key)
 
     def _saw(self, key: str, nbytes: int) -> None:
-        if self.uploads.writes is None and len(self._seen) < manifest.MANIFEST_KEYS:
+        if self.writes is None and len(self._seen) < manifest.MANIFEST_KEYS:
             self._seen.setdefault(key, nbytes)
 
     def local_miss(self, key: str = "") -> None:
@@ -152,7 +152,7 @@ class Level:
         """The upload worker of a writer, and the prefetch where entries can land."""
         if self.off is not None or self.closed:
             return
-        if self.uploads.writes is None and _jax.process_id() == 0:
+        if self.writes is None and _jax.process_id() == 0:
             self.uploads.start()
         if self.local is None or not self.local.writable:  # the local level takes no writes: nothing can land
             return
