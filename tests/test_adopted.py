@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Venv, autocache_warnings
+from conftest import COUNTING, Venv, autocache_warnings, run_program
 
 FRAMEWORK = r"""
 import os, sys
@@ -65,9 +65,9 @@ def test_a_directory_a_framework_sets_after_import_is_served_and_explained(venv:
     assert f"JAX's directory is {framework}, set by {line}" in status, status
 
 
-def test_a_framework_directory_others_can_write_stays_jaxs_and_is_said(venv: Venv, tmp_path: Path) -> None:
-    """Never trust a directory others can write (SPEC §8): JAX's own cache reads it, as the
-    framework asked, and one line says the package's store does not."""
+def test_a_framework_directory_others_can_write_is_left_unused_and_said(venv: Venv, tmp_path: Path) -> None:
+    """Never trust a directory others can write (SPEC §8, amended 2026-12-06): JAX sets up no cache
+    there (it reads and writes nothing), and one line says so, naming the framework's line."""
     (tmp_path / "train.py").write_text(FRAMEWORK)
     framework = tmp_path / "open"
     framework.mkdir()
@@ -77,7 +77,7 @@ def test_a_framework_directory_others_can_write_stays_jaxs_and_is_said(venv: Ven
     assert proc.returncode == 0, proc.stderr
     said = [w for w in autocache_warnings(proc.stderr) if "AutocacheWarning" in w]
     assert len(said) == 1 and "set by train.py:10" in said[0] and "others can write" in said[0], proc.stderr
-    assert not (framework / ".gkx-autocache").exists() and any(framework.iterdir())
+    assert not any(framework.iterdir())
 
 
 def test_the_cap_applies_to_a_framework_directory_only_where_max_size_is_set(venv: Venv, tmp_path: Path) -> None:
@@ -172,3 +172,69 @@ def test_a_pointer_to_a_directory_others_can_write_is_not_followed(venv: Venv, t
         status = venv.cli("status", env=env).stdout
         assert (f"JAX's directory is {target}" in status) == followed, status
         assert "\x1b" not in status and "\n  FAKE" not in status, status
+
+
+# Two functions of one signature: an attacker who swaps their entries in a directory JAX reads
+# swaps the victim's results (issue 57: what a planted entry does, without any code of his own).
+SWAPPABLE = r"""
+import json, os
+import jax, jax.numpy as jnp
+""" + COUNTING + r"""
+if os.environ.get("HOW") == "config.update":
+    jax.config.update("jax_compilation_cache_dir", os.environ["PLANTED"])
+
+@jax.jit
+def f(x):
+    return x + 1.0
+
+@jax.jit
+def g(x):
+    return x * 10.0
+
+x = jnp.ones(4)
+print(json.dumps({**counts, "f": float(f(x).sum()), "g": float(g(x).sum())}))
+"""
+
+
+def _plant(venv: Venv, planted: Path, owner: int, mode: int) -> None:
+    """Fill ``planted`` as its owner would (the same machine: the same keys), then swap the two
+    functions' entries and hand it to ``owner`` with ``mode``."""
+    import os
+
+    out, _ = run_program(venv, env={"JAX_COMPILATION_CACHE_DIR": str(planted), "HOW": "env"}, program=SWAPPABLE)
+    assert (out["f"], out["g"]) == (8.0, 40.0)
+    (f_entry,) = planted.glob("jit_f-*-cache")
+    (g_entry,) = planted.glob("jit_g-*-cache")
+    f_bytes = f_entry.read_bytes()
+    f_entry.write_bytes(g_entry.read_bytes())
+    g_entry.write_bytes(f_bytes)
+    for path in [planted, *planted.rglob("*")]:
+        os.lchown(path, owner, owner)
+        path.chmod(mode if path == planted or path.is_dir() else 0o644)
+
+
+@pytest.mark.parametrize("how", ["config.update", "env"])
+@pytest.mark.parametrize("who", ["another owner", "others can write"])
+def test_a_directory_jax_is_given_that_the_trust_rules_refuse_is_read_by_no_one(venv: Venv, tmp_path: Path,
+                                                                                how: str, who: str) -> None:
+    """Another user's directory (the tutorials' /tmp/jax_cache, made first by someone else), or one
+    others can write, given to JAX after import or in JAX_COMPILATION_CACHE_DIR: no entry of it is
+    loaded, under -W error too, and one line says so with a fix the user can make (SPEC §5/§8,
+    amended 2026-12-06). Until then JAX's stock cache read it, and the victim's results came out
+    swapped. `read_untrusted_dir` is the opt-in to JAX's unchecked reads there, and does what it says."""
+    planted = tmp_path / "jax_cache"
+    owner, mode = (1002, 0o755) if who == "another owner" else (0, 0o777)
+    _plant(venv, planted, owner, mode)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "HOW": how, "PLANTED": str(planted)}
+    if how == "env":
+        env["JAX_COMPILATION_CACHE_DIR"] = str(planted)
+    out, err = run_program(venv, "-W", "error", env=env, program=SWAPPABLE)
+    assert (out["f"], out["g"]) == (8.0, 40.0) and out["hits"] == 0, (out, err)
+    said = autocache_warnings(err)
+    assert len(said) == 1, err
+    assert str(planted) in said[0] and "reads no entry" in said[0] and "chmod" not in said[0], said
+    assert "read_untrusted_dir" in said[0] and "a directory of your own" in said[0], said
+    # The opt-in, named for what it does: JAX's own cache reads it, unchecked (and is fooled).
+    out, err = run_program(venv, env={**env, "GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"}, program=SWAPPABLE)
+    assert out["hits"] == 2 and (out["f"], out["g"]) == (40.0, 8.0), (out, err)
+    assert any("unchecked" in line for line in autocache_warnings(err)), err

@@ -64,7 +64,8 @@ def test_status_does_not_import_jax_and_reads_the_ledger(venv: Venv) -> None:
 
 def test_status_vouches_for_jax_own_directory_only_where_it_is_trusted(venv: Venv, tmp_path: Path) -> None:
     """The user's JAX_COMPILATION_CACHE_DIR is used as set: the store serves it where the trust
-    rules allow (SPEC §8); one others can write is JAX's stock cache's, unchecked, and said so."""
+    rules allow (SPEC §8); one others can write is read by no one, and said so (amended 2026-12-06),
+    unless read_untrusted_dir lets JAX's stock cache read it unchecked."""
     own = tmp_path / "own"
     data = status(venv, JAX_COMPILATION_CACHE_DIR=str(own))
     assert data["directory"]["version_dir"] == str(own) and data["directory"]["trusted"] is True
@@ -72,9 +73,12 @@ def test_status_vouches_for_jax_own_directory_only_where_it_is_trusted(venv: Ven
     open_to_all.mkdir()
     open_to_all.chmod(0o777)
     data = status(venv, JAX_COMPILATION_CACHE_DIR=str(open_to_all))
-    assert data["directory"]["trusted"] is None and data["store"]["store"] == "jax"
+    assert data["directory"]["trusted"] is None and data["store"]["store"] == "none"
     text = venv.cli("status", env={"JAX_COMPILATION_CACHE_DIR": str(open_to_all)}).stdout
-    assert "trust not checked" in text and "others can write to it" in text, text
+    assert "refused: no entry read" in text and "others can write to it" in text and "reads no entry" in text, text
+    unchecked = {"JAX_COMPILATION_CACHE_DIR": str(open_to_all), "GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"}
+    assert status(venv, **unchecked)["store"]["store"] == "jax"
+    assert "read unchecked" in venv.cli("status", env=unchecked).stdout
 
 
 def test_dir_prints_the_bare_version_directory(venv: Venv) -> None:

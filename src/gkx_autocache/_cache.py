@@ -75,6 +75,24 @@ def temp_root() -> str | None:
 class DirectoryRefused(Exception):
     """The directory cannot hold the cache; the message says why, in words for the user."""
 
+    @property
+    def cause(self) -> str:
+        """Why, without the trust rules' fix (``chmod o-w``, which is no fix for someone else's
+        directory)."""
+        return str(self).split("; ", 1)[0]
+
+
+def refused_note(what: str, refused: DirectoryRefused, unread: bool) -> str:
+    """The one warning for a directory JAX was given that the trust rules refuse (SPEC §5/§8, amended
+    2026-12-06): what happens instead, and a fix the user can make whoever owns it. ``unread``:
+    JAX reads no entry of it (the default); else ``read_untrusted_dir`` let JAX's own cache read it."""
+    if not unread:
+        return (f"{what} is not served by gkx-autocache's store, {refused.cause}; JAX's own cache reads it unchecked, "
+                "as read_untrusted_dir asks")
+    return (f"{what} is refused, {refused.cause}: JAX reads no entry from it and writes none, so those compiles are "
+            "not cached; give JAX a directory of your own (or leave jax_compilation_cache_dir unset: gkx-autocache's "
+            "own directory serves), or set read_untrusted_dir = true to let JAX's own cache read it unchecked")
+
 
 class Prepared:
     """A checked directory: its root, its version directory, whether this process can write it, and
@@ -161,6 +179,7 @@ class Location:
         self.team = team  # a team directory (§8): group-writable entries and bookkeeping
         self.mount = mount  # the bucket mount it lies on: written whole, no bookkeeping (``_mount``)
         self.served = kind == LOCAL  # the store serves it (the user's own JAX directory, where trusted, too)
+        self.refused = False  # the user's own JAX directory, refused by the trust rules: JAX reads none of it
         self.tried: list[tuple[str, str]] = []  # (root, why not)
         self.problems: list[tuple[str, str]] = []  # (cause, one-line message)
 
@@ -198,6 +217,8 @@ class Location:
     @property
     def stock_reason(self) -> str | None:
         """Why JAX's stock cache, not the package's store, serves it (as ``status`` says it), or None."""
+        if self.refused:
+            return "refused by the trust rules: JAX reads no entry from it and writes none (see attention)"
         if self.users_own and not self.local:
             return ("the directory is the user's own (JAX_COMPILATION_CACHE_DIR), and not one gkx-autocache's store "
                     "may serve")
@@ -229,8 +250,8 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
         except DirectoryRefused as exc:
             location = Location(OWN, own, writable=os.access(own, os.W_OK), rule=rule)
             location.tried.append((own, str(exc)))
-            location.problems.append((f"dir:{own}", f"{rule}: {own} is not served by gkx-autocache's store, {exc}; "
-                                                    "JAX's own cache reads it unchecked"))
+            location.refused = not settings["read_untrusted_dir"]
+            location.problems.append((f"dir:{own}", refused_note(f"{rule}: {own}", exc, location.refused)))
             return location
         found = Location(OWN, prepared.version_dir, prepared.root, prepared.writable, rule, mount=prepared.mount)
         found.served = True

@@ -70,10 +70,13 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         warn(cause, message)
     if location.remote and _settings.signing_key(env) is not None:
         warn("signing:remote", _settings.remote_signing_note(str(settings["dir"])))
-    if location.version_dir is None:
+    if location.version_dir is None or location.refused:
         if settings["report"] and location.problems:  # the run's line says it was uncached, and why
             said = location.problems[0][1].removesuffix("; running uncached")
             atexit.register(print, f"gkx-autocache: this run was uncached: {said}", file=sys.stderr, flush=True)
+        if location.version_dir is not None:  # the user's own, refused: thresholds as usual, no entry read
+            _set_thresholds(config, settings, location.version_dir)
+        guard_untrusted(jax, settings, env, None)
         return
     directory = location.version_dir
     _fork.in_child(_jax.keep_backends)  # a warm run's forked child would hang at its exit (JAX's own cache too)
@@ -83,19 +86,10 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         unguarded = _jax.guard_stock(jax, directory)
         if unguarded:
             logger.debug("JAX's own errors reading and writing %s stay JAX's: %s", directory, unguarded)
-    updates: dict[str, Any] = {}
     if not location.users_own:  # the user's own directory is left as they set it
-        updates["jax_compilation_cache_dir"] = directory
-    for key in ("min_compile_time_secs", "min_entry_size_bytes"):
-        if not settings.from_jax(key):
-            updates[_settings.KEYS[key].jax_option] = settings[key]  # type: ignore[index]
-    if not settings.from_jax("xla_caches") and hasattr(config, "jax_persistent_cache_enable_xla_caches"):
-        xla_caches = xla_caches_for(settings, directory)
-        if xla_caches is not None:
-            updates["jax_persistent_cache_enable_xla_caches"] = xla_caches
-    for option, value in updates.items():
-        config.update(option, value)
-        logger.debug("jax.config.update(%r, %r)", option, value)
+        config.update("jax_compilation_cache_dir", directory)
+        logger.debug("jax.config.update('jax_compilation_cache_dir', %r)", directory)
+    _set_thresholds(config, settings, directory)
 
     from gkx_autocache import _jax, _store
     from gkx_autocache._record import recorder as _stats
@@ -154,6 +148,8 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7); also where this
         # directory is read-only, as JAX may be given another one since (``follow_jax``).
         atexit.register(_stats.finish, recorder, cap if not reason else 0)
+    if not (location.local and serves is not None):  # JAX's stock cache serves: it must not read a refused directory
+        guard_untrusted(jax, settings, env, directory if location.local else None)
     if settings["cpu_target"] != "host":  # before XLA's backend starts: it reads XLA_FLAGS then
         choose_cpu_target(jax, settings["cpu_target"], serves)
     # The outermost seam on JAX's lookup: after the store's and the callbacks' (SPEC §7). XLA reads
@@ -173,6 +169,61 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     if unskipped is not None and (dump := dump_asked(env)) is not None:
         warn("xla:dump", f"{dump} asks for an XLA dump, which a cache hit skips, and the cache cannot be left "
                          f"unread here ({unskipped}): set GKX_JAX_CACHE=0 while dumping")
+
+
+def _set_thresholds(config: Any, settings: _settings.Settings, directory: str) -> None:
+    """JAX's two thresholds and its XLA caches, where the user's own JAX settings do not fix them."""
+    updates: dict[str, Any] = {}
+    for key in ("min_compile_time_secs", "min_entry_size_bytes"):
+        if not settings.from_jax(key):
+            updates[_settings.KEYS[key].jax_option] = settings[key]  # type: ignore[index]
+    if not settings.from_jax("xla_caches") and hasattr(config, "jax_persistent_cache_enable_xla_caches"):
+        xla_caches = xla_caches_for(settings, directory)
+        if xla_caches is not None:
+            updates["jax_persistent_cache_enable_xla_caches"] = xla_caches
+    for option, value in updates.items():
+        config.update(option, value)
+        logger.debug("jax.config.update(%r, %r)", option, value)
+
+
+def refuse(settings: _settings.Settings, path: str, by: str, refused: _cache.DirectoryRefused) -> str | None:
+    """A directory JAX was given that the trust rules refuse (SPEC §5/§8, amended 2026-12-06):
+    ``_store.REFUSED``, JAX reads no entry of it and writes none; or None, JAX's own cache reads it
+    unchecked, where ``read_untrusted_dir`` asks for that. Said once, with a fix the user can make."""
+    from gkx_autocache import _store
+
+    unread = not settings["read_untrusted_dir"]
+    warn(f"dir:{path}", _cache.refused_note(f"{path} (set by {by})", refused, unread))
+    return _store.REFUSED if unread else None
+
+
+def guard_untrusted(jax: Any, settings: _settings.Settings, env: Mapping[str, str], served: str | None) -> None:
+    """Where the store does not serve JAX's directory (it cannot here, or the package has none of
+    its own), JAX's stock cache would read any directory it is given: there, too, JAX sets up no
+    cache in one the trust rules refuse (``refuse``). ``served``: a directory already judged."""
+    from gkx_autocache import _adopted, _jax
+
+    if os.name == "nt":  # the trust rules are POSIX (Windows' stock cache: ``_cache.windows``)
+        return
+    _adopted.watch(jax.config)
+
+    def refused(path: str) -> bool:
+        if served is not None and os.path.realpath(path) == os.path.realpath(served):
+            return False
+        try:
+            _cache.prepare(path, None)
+        except _cache.DirectoryRefused as exc:
+            return refuse(settings, path, _adopted.who(path, env.get("JAX_COMPILATION_CACHE_DIR")), exc) is not None
+        except Exception as exc:  # never in the way of JAX's own set-up
+            logger.debug("%s not judged: %s", path, exc)
+        return False
+
+    why = _jax.refuse_file_caches(refused)
+    if why is not None and not settings["read_untrusted_dir"]:
+        logger.debug("a directory the trust rules refuse cannot be kept from JAX: %s", why)
+        dir_ = getattr(jax.config, "jax_compilation_cache_dir", None)
+        if dir_ and refused(str(dir_)):  # the one way left: JAX's cache off for this process
+            jax.config.update("jax_enable_compilation_cache", False)
 
 
 def prefetch_room(version_dir: str, cap: int, unfolded: bool) -> int:
@@ -231,12 +282,13 @@ def dump_asked(env: Mapping[str, str], argv: list[str] | None = None) -> str | N
 
 
 def follow_jax(settings: _settings.Settings, location: _cache.Location, recorder: Any, env: Mapping[str, str],
-               path: str) -> bool | None:
+               path: str) -> bool | str | None:
     """JAX sets up its cache in ``path``, at its first compile since the directory was set (SPEC
     §5, amended 2026-12-04): the package's own directory, or one a framework gave it after ``import
     jax``. The store serves the latter where it is local and may be trusted (``_cache.prepare``,
     the directory as it is), and the recorder moves there; the cap applies there only where
-    ``max_size`` was set. Whether it may be written, or None where JAX's stock cache serves it."""
+    ``max_size`` was set. Whether it may be written; None where JAX's stock cache serves it;
+    ``_store.REFUSED`` where the trust rules refuse it (``refuse``)."""
     from gkx_autocache import _adopted, _store
 
     assert location.version_dir is not None
@@ -250,9 +302,7 @@ def follow_jax(settings: _settings.Settings, location: _cache.Location, recorder
     try:
         prepared = _cache.prepare(path, None)
     except _cache.DirectoryRefused as exc:
-        warn(f"adopt:{path}", f"{path} (set by {by}) is not served by gkx-autocache's store, {exc}; JAX's own "
-                              "cache reads it unchecked")
-        return None
+        return refuse(settings, path, by, exc)
     cap = settings["max_size"] if settings.origin("max_size") != "default" else 0
     recorder.move(prepared.version_dir, prepared.writable, by, cap, given=path)
     if location.writable:

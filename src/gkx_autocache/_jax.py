@@ -233,10 +233,11 @@ def _store_problem(cc: Any) -> str | None:
     return None
 
 
-def serve_store(jax: Any, is_ours: Callable[[str], bool], make: Callable[[str, bytes, Any, bool], Any],
+def serve_store(jax: Any, is_ours: Callable[[str], bool | None], make: Callable[[str, bytes, Any, bool], Any],
                 unloadable: Callable[[str, BaseException], bool]) -> str | None:
     """Have JAX's ``get_file_cache(path)`` return ``make(path, sample, decompress, check_payload)`` for the
-    package's directory (``is_ours(path)``), and JAX's own object for any other; why not, or None.
+    package's directory (``is_ours(path)``), JAX's own object for any other, and no cache at all
+    where ``is_ours`` says None (a directory the trust rules refuse); why not, or None.
     ``sample`` is a payload as this JAX compresses it. Where ``get_executable_and_time`` can be
     guarded, an entry that does not load is a miss when ``unloadable(key, error)`` says so."""
     try:
@@ -253,7 +254,12 @@ def serve_store(jax: Any, is_ours: Callable[[str], bool], make: Callable[[str, b
     guarded = _guard_loading(cc, jax, unloadable)
 
     def get_file_cache(path: str) -> Any:
-        if not isinstance(path, str) or "://" in path or not is_ours(path):
+        if not isinstance(path, str) or "://" in path:
+            return original(path)
+        ours = is_ours(path)
+        if ours is None:  # JAX takes None as "no cache" (0.4.30 to 0.12): it reads and writes nothing there
+            return None
+        if not ours:
             return original(path)
         # The store checks that an entry decompresses before serving it wherever JAX would meet a
         # bad one outside the guard: JAX's VerificationCache decompresses what `get` returned, and
@@ -264,6 +270,26 @@ def serve_store(jax: Any, is_ours: Callable[[str], bool], make: Callable[[str, b
         if checked:
             return cc.VerificationCache(store), path
         return store, path
+
+    _patch(cc, "get_file_cache", get_file_cache)
+    return None
+
+
+def refuse_file_caches(refused: Callable[[str], bool]) -> str | None:
+    """Where the store does not serve: JAX sets up no cache in a local directory ``refused(path)``
+    names (the trust rules refuse it), so it reads and writes nothing there. Why not, or None."""
+    try:
+        from jax._src import compilation_cache as cc
+    except Exception as exc:  # pragma: no cover - a JAX without the module
+        return f"jax._src.compilation_cache cannot be imported ({exc})"
+    original = _attr(cc, "get_file_cache")
+    if original is None or parameters(original) != ["path"]:
+        return "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
+
+    def get_file_cache(path: str) -> Any:
+        if isinstance(path, str) and "://" not in path and refused(path):
+            return None
+        return original(path)
 
     _patch(cc, "get_file_cache", get_file_cache)
     return None

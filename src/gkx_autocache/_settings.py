@@ -270,6 +270,7 @@ KEYS = {
         Key("cpu_target", "GKX_JAX_CACHE_CPU_TARGET", None, "host", parse_cpu_target),
         Key("report", "GKX_JAX_CACHE_REPORT", None, False, parse_bool),
         Key("trust_shared", "GKX_JAX_CACHE_TRUST_SHARED", None, False, parse_bool),
+        Key("read_untrusted_dir", "GKX_JAX_CACHE_READ_UNTRUSTED_DIR", None, False, parse_bool),
         Key("shared", "GKX_JAX_CACHE_SHARED", None, None, lambda raw: raw),
         Key("shared_write", "GKX_JAX_CACHE_SHARED_WRITE", None, "always", parse_shared_write),
         Key("shared_timeout", "GKX_JAX_CACHE_SHARED_TIMEOUT", None, 10.0, parse_timeout),

@@ -82,6 +82,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
     location = ctx.location
     if location is not None:
         directory["refused"] = [{"path": root, "why": why} for root, why in location.tried]
+        directory["unread"] = location.refused  # JAX's own directory, refused: no entry of it is read
         attention.extend(message for _cause, message in location.problems)
         if location.version_dir:
             vdir = location.version_dir
@@ -210,7 +211,7 @@ def features_said(found: dict[str, str | None], source: str = "as the last proce
 
 def _store_verdict(location: _cache.Location) -> dict[str, Any]:
     if (reason := location.stock_reason) is not None:
-        return {"store": "jax", "reason": reason}
+        return {"store": "none" if location.refused else "jax", "reason": reason}
     assert location.version_dir is not None
     if location.mount is not None:
         return {"store": None, "reason": "a bucket mount keeps no records (each run's report line names the "

@@ -314,21 +314,27 @@ _serving: Store | None = None  # the store JAX got for the package's directory, 
 _own: str | None = None  # the package's own version directory (real path), once installed
 
 
+REFUSED = "refused"  # ``follow``'s word for a directory the trust rules refuse: JAX sets up no cache there
+
+
 def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: bool = True,
-            levels: Any = None, follow: Callable[[str], bool | None] | None = None) -> str | None:
+            levels: Any = None, follow: Callable[[str], bool | str | None] | None = None) -> str | None:
     """Serve ``version_dir`` through the store; return why not (JAX's stock cache then serves).
 
     ``follow(path)`` is told of every directory JAX sets up its cache in (at its first compile
     since the setting changed): it says whether the store serves it too, and whether it may be
-    written (None: JAX's stock cache serves it), and moves the recorder there (``_adopted``)."""
+    written (None: JAX's stock cache serves it; ``REFUSED``: no cache at all, JAX reads none of
+    it), and moves the recorder there (``_adopted``)."""
     global _own
     ours = os.path.realpath(version_dir)
     served: dict[str, bool] = {ours: writable}  # a directory the store serves -> whether it writes it
 
-    def serves(path: str) -> bool:
+    def serves(path: str) -> bool | None:
         real = os.path.realpath(path)
         said = follow(path) if follow is not None else None
-        if real != ours and said is not None:
+        if said == REFUSED:
+            return None
+        if real != ours and isinstance(said, bool):
             served[real] = said
         return real == ours or said is not None
 

@@ -25,7 +25,8 @@ def features_line(found: dict[str, str | None] | None) -> str | None:
     return None if found is None else f"  features {features_said(found)}"
 
 
-STORES = {"gkx-autocache": "the package's own (gkx-autocache; what it gives on this JAX: features)", "jax": "JAX's stock cache"}
+STORES = {"gkx-autocache": "the package's own (gkx-autocache; what it gives on this JAX: features)", "jax": "JAX's stock cache",
+          "none": "none"}
 
 
 def text(data: dict[str, Any]) -> str:
@@ -47,7 +48,7 @@ def text(data: dict[str, Any]) -> str:
     if directory["version_dir"]:
         kind = directory["kind"]
         trust = {_cache.LOCAL: "trusted", _cache.OWN: "trusted, yours: set by JAX's own setting" if directory["trusted"]
-                 else "trust not checked: not chosen by gkx-autocache",
+                 else "refused: no entry read" if directory.get("unread") else "not trusted: read unchecked (read_untrusted_dir)",
                  _cache.REMOTE: "remote: trust is the bucket's access policy",
                  _cache.STOCK: "trust not checked on Windows"}[kind]
         state = ("writable" if directory["writable"] else "read-only") + f", {trust}"
