@@ -177,3 +177,25 @@ def test_another_environment_s_entry_is_left_alone(tmp_path: Path, team: Path) -
     assert ("rejected", key(1), "written by an environment that compresses with zstd: left alone") in machine.told.said
     assert (tmp_path / "a" / f"{key(1)}-cache").read_bytes() == zstd  # not overwritten, nor asked of the bucket
     assert machine.shared("shared")["misses"] == 0
+
+
+def test_a_directory_that_becomes_anothers_mid_run_is_read_no_more(tmp_path: Path) -> None:
+    """The store checked its directory when JAX set it up; it is then given to another user (an
+    admin's chown), who may rename the entries in it, which are still yours: a swapped pair passes
+    every check of an entry's own owner and mode. Each lookup checks the directory's rules again
+    (one stat), and reads nothing of a directory that fails them (issue 57's attacks)."""
+    import os
+
+    local = tmp_path / "local"
+    local.mkdir(mode=0o700)
+    store = Store(str(local), compression="zlib", decompress=zlib.decompress, shared=False, recorder=Told())
+    assert store.get(key(1)) is None
+    store.put(key(1), entry(1))
+    assert store.get(key(1)) == entry(1)
+    os.chown(local, 1002, 1002)
+    assert store.get(key(1)) is None
+    os.chown(local, os.getuid(), os.getgid())
+    local.chmod(0o777)
+    assert store.get(key(1)) is None
+    local.chmod(0o700)
+    assert store.get(key(1)) == entry(1)

@@ -42,6 +42,10 @@ class LocalLevel:
         """The entry's bytes and why they must not be given to JAX (None: a hit, its recency set);
         ``(None, None)`` where there is none."""
         path = self.entry(key)
+        # The directory again (one stat): given to another user since it was checked (a chown), its
+        # entries, still yours, can be renamed by the new owner: a swapped pair passes every check below.
+        if (moved := _trust.directory_problem(self.path, self._shared)) is not None:
+            return None, f"its directory fails the trust rules now ({moved.split('; ', 1)[0]}): not read"
         refused: list[str] = []
 
         def trusted(st: os.stat_result) -> str | None:  # one fstat: an entry is code
