@@ -143,17 +143,30 @@ def test_a_framework_directory_that_existed_keeps_its_bookkeeping_folded_and_its
     """A directory that existed gets no tag of its own (it would hide it from backups), but the
     bookkeeping folder the package makes in it does: ledgers are folded and an explicit cap is kept
     (a review found every ledger kept for good, and max_size never applied there)."""
+    import os
+
     (tmp_path / "train.py").write_text(FRAMEWORK)
     framework = tmp_path / "existing"
     framework.mkdir(mode=0o700)
+    # What a folder named by mistake (`.`, a project's, one shared with another tool) holds: none of it
+    # the package's, all of it named like a cache's at a glance (issue 57's M: each of these was removed).
+    theirs = {".notes.tmp": b"a draft", ".jit_f.tmp": b"another tool's", "weights-" + "ab" * 32 + "-weights": b"w",
+              "model-" + "cd" * 32 + "-cache": b"not an executable", "model-" + "cd" * 32 + "-config": b"{}"}
+    ours = ".jit_g-" + "ef" * 32 + "-cache.4242.1.tmp"  # a writer of the package's, killed mid-write
+    for name, data in {**theirs, ours: b"half"}.items():
+        (framework / name).write_bytes(data)
+        os.utime(framework / name, (time.time() - 7200, time.time() - 7200))
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "FRAMEWORK_DIR": str(framework)}
     for _ in range(3):
         assert venv.run(str(tmp_path / "train.py"), env=env, cwd=str(tmp_path)).returncode == 0
     assert not (framework / "CACHEDIR.TAG").exists() and (framework / ".gkx-autocache" / "CACHEDIR.TAG").exists()
     assert len(list((framework / ".gkx-autocache" / "ledger").iterdir())) == 0
+    assert all((framework / name).exists() for name in theirs) and (framework / ours).exists()  # no cap: no sweep
     assert venv.run(str(tmp_path / "train.py"), env={**env, "GKX_JAX_CACHE_MAX_SIZE": "1"},
                     cwd=str(tmp_path)).returncode == 0
-    assert not any(p.name.endswith("-cache") for p in framework.iterdir())
+    assert not any(p.name.startswith("jit_") and p.name.endswith("-cache") for p in framework.iterdir())
+    assert all((framework / name).read_bytes() == data for name, data in theirs.items())
+    assert not (framework / ours).exists()  # its own temporary, by its own name pattern, under a cap
 
 
 def test_a_pointer_to_a_directory_others_can_write_is_not_followed(venv: Venv, tmp_path: Path) -> None:

@@ -111,7 +111,7 @@ def scan(version_dir: str) -> Scan:
     try:  # the bookkeeping's own temporaries: a summary whose writer was killed
         with os.scandir(os.path.join(version_dir, META_DIR)) as items:
             for item in items:
-                if is_temporary(item.name) and item.is_file(follow_symlinks=False):
+                if is_temporary(item.name, bookkeeping=True) and item.is_file(follow_symlinks=False):
                     st = item.stat(follow_symlinks=False)
                     result.temporary.append((item.path, on_disk(st), st.st_mtime))
     except OSError:
@@ -243,7 +243,7 @@ def bookkeeping_bytes(version_dir: str) -> int:
             with os.scandir(folder) as items:
                 for item in items:
                     try:
-                        if item.is_file(follow_symlinks=False) and not is_temporary(item.name):  # scan counts those
+                        if item.is_file(follow_symlinks=False) and not is_temporary(item.name, True):  # scan counts those
                             total += on_disk(item.stat(follow_symlinks=False))
                     except OSError:
                         continue
@@ -409,16 +409,52 @@ def compile_secs(unit: Unit) -> float:
     return 0.0
 
 
+def made_here(version_dir: str) -> bool:
+    """Whether the package made ``version_dir`` (its own tag at the top; a bucket's prefix counts):
+    a directory that existed before it served it (a framework's, the user's own JAX directory)
+    carries the tag only in its bookkeeping folder, and may hold files of other tools."""
+    if is_url(version_dir):
+        return True
+    from gkx_autocache._remove import tag_at_top
+
+    try:
+        fd = _files.open_dir(version_dir)
+    except OSError:
+        return False
+    try:
+        return tag_at_top(fd)
+    finally:
+        os.close(fd)
+
+
+def ours(version_dir: str, units: list[Unit], made: bool | None = None) -> list[Unit]:
+    """The units the package may remove (SPEC §7, amended 2026-12-06): in a directory it did not
+    make, only those whose entry carries JAX's format (a compressed frame: 4 bytes read), or that
+    have no entry (sidecars, JAX's ``-atime``). Another tool's ``model-<sha256>-cache`` stays."""
+    if made if made is not None else made_here(version_dir):
+        return units
+    from gkx_autocache._formats import compression_of
+
+    def jax_format(unit: Unit) -> bool:
+        entry = next((p for p in unit.files if p.endswith(ENTRY_SUFFIX)), None)
+        head = _files.read(entry, 4) if entry is not None else b""
+        return entry is None or (head is not None and compression_of(head) is not None)
+
+    return [u for u in units if not u.has_entry or jax_format(u)]
+
+
 def plan_clear(version_dir: str) -> Removal:
     found = scan(version_dir)
-    return _removal(version_dir, list(found.units.values()), found.temporary)
+    return _removal(version_dir, ours(version_dir, list(found.units.values())), found.temporary)
 
 
 def plan_prune(version_dir: str, cap: int, older_than: float | None = None) -> Removal:
     """Entries unused for ``older_than`` seconds, then the least recently used until the rest fits
-    in ``cap`` bytes (0: no cap), and temporary files left by processes that died writing."""
+    in ``cap`` bytes (0: no cap), and temporary files left by processes that died writing (in a
+    directory the package did not make, only under a cap)."""
     found = scan(version_dir)
-    units = list(found.units.values())
+    made = made_here(version_dir)
+    units = ours(version_dir, list(found.units.values()), made)
     now = time.time()
     chosen: list[Unit] = []
     rest: list[Unit] = []
@@ -427,7 +463,7 @@ def plan_prune(version_dir: str, cap: int, older_than: float | None = None) -> R
         (chosen if old else rest).append(unit)
     if cap:
         chosen += select_over(rest, cap)
-    stale_tmp = [t for t in found.temporary if now - t[2] > STALE_TMP_SECS]
+    stale_tmp = [t for t in found.temporary if now - t[2] > STALE_TMP_SECS] if made or cap else []
     removal = _removal(version_dir, chosen, stale_tmp)
     removal.before = (found.entries, found.bytes + bookkeeping_bytes(version_dir))  # what remains, without a recount
     return removal
@@ -499,7 +535,7 @@ def verify(version_dir: str, progress: Any = None) -> Verification:
     """Read back every entry of ``version_dir``."""
     found = scan(version_dir)
     corrupt, orphans = [], []
-    units = list(found.units.values())
+    units = ours(version_dir, list(found.units.values()))  # another tool's file of an entry's name is not one
     for i, unit in enumerate(units):
         if progress is not None and i % 1000 == 0:
             progress(f"verify: {i}/{len(units)} entries checked")

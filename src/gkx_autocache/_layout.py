@@ -60,7 +60,12 @@ NO_FLOCK_FILE = "no-flock"
 INDEX_FILE = "index"
 TMP_SUFFIX = ".tmp"
 
-_KEY = r"(?P<key>[^/\\\s]+-[0-9a-f]{64})(?P<suffix>-[A-Za-z0-9_-]+)"  # compiled on first use, not on import
+JAX_ATIME = "-atime"  # JAX's own LRU cache's access time beside an entry (its max_size)
+# Every suffix the package reads and removes: JAX's two and the package's own. A file beside them
+# with another suffix (a model's ``weights-<sha256>-weights``) is not the cache's: never touched.
+KNOWN_SUFFIXES = (ENTRY_SUFFIX, JAX_ATIME, COMPILE_SIDECAR, SEAL_SIDECAR, MANIFEST_SUFFIX, PACK_SUFFIX, AUTOTUNE_SUFFIX)
+_KEY = (r"(?P<key>[^/\\\s]+-[0-9a-f]{64})(?P<suffix>" + "|".join(KNOWN_SUFFIXES) + ")")  # compiled on first use
+_TMP = r"\.(?P<name>.+)\.\d+\.\d+" + re.escape(TMP_SUFFIX)  # ``tmp_name``'s: the name it replaces, a pid, a thread
 
 
 def version_name(jax_version: str) -> str:
@@ -85,7 +90,7 @@ _compiled: list[re.Pattern[str]] = []
 
 def _patterns() -> list[re.Pattern[str]]:
     if not _compiled:
-        _compiled.extend((re.compile(_KEY), re.compile(_COMMON)))
+        _compiled.extend((re.compile(_KEY), re.compile(_COMMON), re.compile(_TMP)))
     return _compiled
 
 
@@ -110,8 +115,14 @@ def key_match(name: str) -> tuple[str, str] | None:
     return (match["key"], match["suffix"]) if match else None
 
 
-def is_temporary(name: str) -> bool:
-    return name.startswith(".") and name.endswith(TMP_SUFFIX)
+def is_temporary(name: str, bookkeeping: bool = False) -> bool:
+    """Whether ``name`` is one of the package's own temporary files (``tmp_name``'s pattern, with
+    its pid and thread), of an entry or a sidecar (``bookkeeping``: of any file of the package's own
+    folder). Another tool's hidden ``.draft.tmp`` beside the cache is not."""
+    if not (name.startswith(".") and name.endswith(TMP_SUFFIX)):
+        return False
+    match = _patterns()[2].fullmatch(name)
+    return match is not None and (bookkeeping or key_match(match["name"]) is not None)
 
 
 def function_name(key: str) -> str:

@@ -65,6 +65,12 @@ def tagged(dir_fd: int) -> bool:
         os.close(meta)
 
 
+def tag_at_top(dir_fd: int) -> bool:
+    """The package's own tag in the directory itself: the package made it (``tagged`` takes the
+    bookkeeping folder's too)."""
+    return _tag_in(dir_fd)
+
+
 def _tag_in(dir_fd: int) -> bool:
     try:
         tag = _files.open_regular(TAG_NAME, dir_fd=dir_fd)

@@ -250,15 +250,17 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool, pend
     from gkx_autocache._record import index as _index
 
     found = _entries.scan(version_dir)
+    made = _entries.made_here(version_dir)  # else a directory that existed (a framework's): its other files stay
     stale = [t for t in found.temporary if time.time() - t[2] > _entries.STALE_TMP_SECS]  # writers killed mid-write
-    if stale:
+    if stale and (made or cap):
         _remove.remove_files(version_dir, [t[0] for t in stale])
         found.temporary = [t for t in found.temporary if t not in stale]
-    entries = found.bytes
+    units = _entries.ours(version_dir, list(found.units.values()), made or not cap)  # another tool's: not counted
+    entries = sum(u.bytes for u in units) + sum(t[1] for t in found.temporary)
     bookkeeping = _entries.bookkeeping_bytes(version_dir)
     charged = min(bookkeeping, max(int(cap * BOOKKEEPING_SHARE), BOOKKEEPING_FLOOR))
     if cap and entries + charged > cap:
-        removed = _entries.select_over(list(found.units.values()), max(int(cap * PRUNE_TO) - charged, 0))
+        removed = _entries.select_over(units, max(int(cap * PRUNE_TO) - charged, 0))
         freed = _remove.remove_files(version_dir, [p for u in removed for p in u.files]).bytes
         entries -= sum(u.bytes for u in removed) if freed else 0
         for unit in removed:
