@@ -42,8 +42,13 @@ def counts(proc: object) -> dict[str, Any]:
 def test_a_level_is_taken_only_where_this_host_and_this_xla_can_take_it() -> None:
     v3 = list(_cpu_target.LEVELS["x86-64-v3"][1])
     assert _cpu_target.choose("host", "x86_64", v3, None, (0, 10, 2), "") is _cpu_target.NONE
-    taken = _cpu_target.choose("x86-64-v3", "x86_64", [*v3, "gfni"], None, (0, 10, 2), "")
-    assert taken.level == "x86-64-v3" and taken.isa_text() == "x86_64:target=x86-64-v3" and taken.why_host is None
+    plain = _cpu_target.choose("x86-64-v3", "x86_64", [*v3, "rdseed", "aes", "avx512f", "amx-tile"], None, (0, 10, 2), "")
+    assert plain.isa_text() == "x86_64:target=x86-64-v3"  # what the cap turns off, and what only intrinsics emit
+    taken = _cpu_target.choose("x86-64-v3", "x86_64", [*v3, "gfni", "avxvnni", "rdseed"], None, (0, 10, 2), "")
+    assert taken.level == "x86-64-v3" and taken.why_host is None
+    assert taken.isa_text() == "x86_64:target=x86-64-v3,avxvnni,gfni"  # the key says what else XLA's code may use
+    assert _cpu_target.choose("x86-64-v4", "x86_64", [*_cpu_target.LEVELS["x86-64-v4"][1], "avx512vnni", "avx512vbmi"],
+                              None, (0, 10, 2), "").extras == ("avx512vbmi",)
     refusals = {
         "lacks avx2": _cpu_target.choose("x86-64-v3", "x86_64", [f for f in v3 if f != "avx2"], None, (0, 10, 2), ""),
         "lacks avx512f, avx512bw": _cpu_target.choose("x86-64-v4", "x86_64", v3, None, (0, 12, 0), ""),
@@ -87,16 +92,21 @@ def test_the_features_an_entry_lists_are_read_from_its_code() -> None:
     assert _cpu_target.features_of(b"\x00+sse2,+amx-tile\x00") == frozenset()  # a short list: a user's constant
     target = _cpu_target.Target("x86-64-v3", "x86_64", frozenset(_cpu_target.LEVELS["x86-64-v3"][1]))
     why = target.foreign(payload)
-    assert why is not None and "gfni, vaes" in why and "x86-64-v3" in why, why
+    assert why is not None and "built for gfni, which" in why and "x86-64-v3" in why, why  # (vaes: intrinsics only)
     assert target.foreign(llvm_list("sse2", "avx2", "prefer-256-bit", "shstk")) is None  # tuning never restricts
     # Features no kernel flag shows (APX's parts, usermsr) are never held against an entry: only egpr says APX.
     assert target.foreign(llvm_list("sse2", "avx2", "ndd", "ccmp", "usermsr")) is None
     assert "egpr" in str(target.foreign(llvm_list("sse2", "egpr", "ndd")))
+    # What only an intrinsic emits, and which a kernel may hide (rdseed on some AMD parts), is never held
+    # against an entry: the host that wrote it loads it (issue 57's H, an AMD EPYC VM).
+    assert target.foreign(llvm_list("sse2", "avx2", "rdseed", "adx", "sha", "aes", "vpclmulqdq")) is None
 
 
 def test_explain_names_the_target_of_a_cpu_miss() -> None:
     assert _isa.difference("x86_64:target=x86-64-v3", "x86_64:avx,avx2,sse2") == \
         "cpu_target x86-64-v3 -> a host's own ISA (cpu_target host)"
+    assert _isa.difference("x86_64:target=x86-64-v3,gfni", "x86_64:target=x86-64-v3,sse4a") == \
+        "cpu_target x86-64-v3: this CPU lacks gfni; has sse4a more"
     assert _isa.difference("x86_64:avx,sse2", "x86_64:target=x86-64-v4") == \
         "a host's own ISA (cpu_target host) -> cpu_target x86-64-v4"
 
@@ -140,6 +150,23 @@ def test_a_mixed_pair_shares_entries_under_a_target_and_none_without(venv: Venv,
 
 
 @needs_unshare
+def test_the_host_that_wrote_a_targets_entries_loads_them_though_its_kernel_hides_a_feature(venv: Venv,
+                                                                                           tmp_path: Path) -> None:
+    """An AMD EPYC VM lists avx512f and adx but not rdseed in /proc/cpuinfo (Linux hides it where it is
+    unreliable), while CPUID, which XLA reads, shows it: every entry lists +rdseed. Under x86-64-v3 its
+    warm run was `0 hits (8 rejected)`, "built for rdseed, which this CPU lacks", on every run (issue
+    57). Here: this machine with rdseed taken out of /proc/cpuinfo writes and reads its own entries."""
+    if "rdseed" not in host_flags():
+        pytest.skip("this host's CPU has no rdseed for its kernel to hide")
+    epyc = cpuinfo_without(tmp_path, {"rdseed"})
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
+    cold = counts(on_cpu(venv, epyc, "-c", PROGRAM, env=env))
+    assert "rdseed" in listed(tmp_path / "c" / VERSION_DIR)
+    warm = counts(on_cpu(venv, epyc, "-c", PROGRAM, env=env))
+    assert warm["hits"] == warm["requests"] == cold["requests"] > 0 and warm["result"] == cold["result"], warm
+
+
+@needs_unshare
 def test_a_host_below_the_target_loads_nothing_of_it_and_says_so(venv: Venv, tmp_path: Path) -> None:
     """A CPU without AVX2 under x86-64-v3: one warning, its own ISA keys its entries (uncapped), no
     entry of the target is loaded, `status` says why, and `explain` names the target."""
@@ -162,27 +189,33 @@ def test_a_host_below_the_target_loads_nothing_of_it_and_says_so(venv: Venv, tmp
 
 @needs_unshare
 def test_an_entry_that_lists_a_feature_the_reader_lacks_is_never_loaded(venv: Venv, tmp_path: Path) -> None:
-    """XLA's cap leaves on the host's features that are not newer than the level (gfni, vaes, sse4a on
-    an AVX-512 EPYC): a reader at the target without one of them compiles again (and replaces the
-    entry, which it can run), never loads it; `explain` names the feature."""
+    """XLA's cap leaves on the host's features that are not newer than the level (gfni, avxvnni here;
+    gfni, sse4a on an AVX-512 EPYC), and its code uses them (an int8 shift is GFNI's): the key says
+    so, so a reader at the target without one of them has another key, compiles its own, and never
+    loads the writer's; `explain` names the feature. An entry under its own key that lists it all
+    the same is refused, never loaded."""
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
     run_program(venv, env=env)
     vdir = tmp_path / "c" / VERSION_DIR
-    level = set(_cpu_target.LEVELS["x86-64-v3"][1])
+    level = set(_cpu_target.LEVELS["x86-64-v3"][1]) | _cpu_target.INSTRUCTION_ONLY
     kernel = {llvm: flag for flag, llvm in _isa.X86.items()}
-    extra = sorted(f for f in listed(vdir) if f not in level and f in kernel)
+    extra = sorted(f for f in listed(vdir) if f not in level and f in kernel and _cpu_target.xla_keeps(f, "AVX2"))
     if not extra:
-        pytest.skip("this host's capped entries list no feature beyond x86-64-v3")
+        pytest.skip("this host's capped entries list no feature beyond x86-64-v3 that XLA's code may use")
     reader = cpuinfo_without(tmp_path, {kernel[extra[0]]})
     first = counts(on_cpu(venv, reader, "-c", PROGRAM, env=env))
     assert first["hits"] == 0
     data = json.loads(venv.cli("--json", "explain", env=env).stdout)
-    rejected = {g["cause"]: g for g in data["groups"]}["rejected"]["functions"][0]["detail"]
-    assert f"built for {extra[0]}" in rejected and "which this CPU lacks" in rejected, rejected
-    # XLA reads CPUID, not /proc/cpuinfo: here the reader's own build lists the feature again, and it is
-    # refused again (a real host without it builds without it, and then loads its own entries).
+    changed = {g["cause"]: g for g in data["groups"]}["changed CPU"]["functions"][0]["detail"]
+    assert f"cpu_target x86-64-v3: this CPU lacks {extra[0]}" in changed, changed
+    # XLA reads CPUID, not /proc/cpuinfo: here the reader's own build lists the feature again, under
+    # the reader's key, and it is refused (a real host without it builds without it, and then loads its
+    # own entries; one whose kernel hides a feature its CPU has compiles again: slower, never unsafe).
     again = counts(on_cpu(venv, reader, "-c", PROGRAM, env=env))
     assert again["hits"] == 0 and again["result"] == first["result"]
+    data = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    rejected = {g["cause"]: g for g in data["groups"]}["rejected"]["functions"][0]["detail"]
+    assert f"built for {extra[0]}" in rejected and "which this CPU lacks" in rejected, rejected
     assert counts(venv.run("-c", PROGRAM, env=env))["hits"] == first["requests"]  # the writer's host loads them
 
 
@@ -199,13 +232,15 @@ jax.config.update("jax_compilation_cache_dir", os.environ["ELSEWHERE"])
 @needs_unshare
 @needs_avx512
 def test_where_jaxs_own_cache_serves_cpu_keys_keep_the_hosts_isa(venv: Venv, tmp_path: Path) -> None:
-    """A directory a framework sets after import jax that the store refuses (group-writable): JAX's
-    stock cache serves it and checks no feature, so its CPU keys hold the host's ISA even under the
-    target (one warning says the target is not used there), and another CPU loads none of them."""
+    """A directory a framework sets after import jax that the store refuses (group-writable), which
+    read_untrusted_dir lets JAX's stock cache read: it checks no feature, so its CPU keys hold the
+    host's ISA even under the target (one warning says the target is not used there), and another
+    CPU loads none of them."""
     elsewhere = tmp_path / "group"
     elsewhere.mkdir()
     elsewhere.chmod(0o775)
-    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "ELSEWHERE": str(elsewhere), **V3}
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "ELSEWHERE": str(elsewhere), **V3,
+           "GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"}
     out, err = run_program(venv, env=env, program=ADOPTED)
     assert out["dir"] == str(elsewhere) and list(elsewhere.glob("jit_f-*")), err
     other = counts(on_cpu(venv, cpuinfo_without(tmp_path, AVX512 | AVX2_PLAIN), "-c", ADOPTED, env=env))

@@ -7,14 +7,21 @@ above the target shares the entries.
 
 The cap leaves on every feature of the host that is not newer than it, read in XLA's
 ``cpu_features.cc`` (``ShouldEnableX86CpuFeature``) and measured here: an AVX2-capped entry written
-on an AMD EPYC lists no ``avx512*``, but still lists ``gfni``, ``vaes``, ``sse4a`` and ``clzero``.
-So a target is checked twice:
+on an AMD EPYC lists no ``avx512*``, but still lists ``gfni``, ``vaes``, ``sse4a`` and ``clzero``, and
+XLA's code uses some of them (an int8 shift under the AVX2 cap is ``vgf2p8affineqb``: GFNI, which a
+Haswell lacks). So the key says what else the code may need (``extras``: the features beyond the
+level that the cap leaves on and that LLVM emits without being asked, ``gfni``, ``avxvnni``,
+``sse4a``...), and a target is checked twice:
 
 - a host below the target (it lacks one of the level's features) never uses it: its CPU entries
   are keyed on its own ISA, uncapped, as without the setting, and one warning says so;
 - an entry read under a target is decompressed first and the features it lists (XLA's target
   features, ``+avx2,+gfni,...``) are checked against this host's: one that lists a feature this
-  host lacks is a miss, compiled again here and replaced, never loaded.
+  host lacks is a miss, compiled again here and replaced, never loaded. XLA lists every feature
+  CPUID shows, also those whose instructions only an intrinsic emits (``rdseed``, ``aes``, ``sha``),
+  which XLA's code never calls and which a kernel may hide (Linux hides ``rdseed`` on AMD parts
+  where it is unreliable): those are neither in the key nor held against an entry, so that an
+  entry loads on every host of its key, the host that wrote it included.
 
 Only CPU keys take the target: a GPU entry's host code may not be capped (``docs/isa.md``).
 The levels are the x86-64 psABI's. XLA also caps AArch64 (``NEON``, ``SVE``, ``SVE2``), but no
@@ -38,12 +45,46 @@ FLAG = "--xla_cpu_max_isa"
 SINCE = (0, 8, 2)  # the first jaxlib seen to list an entry's features (0.7.2 lists none)
 
 _V1 = ("64bit", "x87", "cmov", "cx8", "fxsr", "mmx", "sse", "sse2")
-_V2 = _V1 + ("cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3")
+_V2 = _V1 + ("cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3", "crc32")
 _V3 = _V2 + ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")
 _V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
 # level -> (XLA's cap, the LLVM features a host needs to run code built for it)
 LEVELS = {"x86-64-v2": ("SSE4_2", _V2), "x86-64-v3": ("AVX2", _V3), "x86-64-v4": ("AVX512", _V4)}
 NAMES = (HOST, *LEVELS)
+# Features whose instructions LLVM emits only for their own intrinsics, which XLA's code never calls
+# (random numbers, crypto, cache and system control). XLA lists them where CPUID shows them; code it
+# builds runs without them.
+INSTRUCTION_ONLY = frozenset({
+    "adx", "aes", "vaes", "pclmul", "vpclmulqdq", "rdrnd", "rdseed", "sha", "sha512", "sm3", "sm4", "prfchw",
+    "xsaveopt", "xsavec", "xsaves", "fsgsbase", "invpcid", "rtm", "hle", "mpx", "clflushopt", "clwb", "clzero",
+    "wbnoinvd", "rdpru", "rdpid", "pku", "waitpkg", "cldemote", "movdiri", "movdir64b", "enqcmd", "serialize",
+    "tsxldtrk", "pconfig", "sgx", "hreset", "uintr", "ptwrite", "cmpccxadd", "prefetchi", "raoint", "wrmsrns",
+    "mwaitx", "lwp", "kl", "widekl", "shstk", "crc32"})
+# The features XLA's cap turns off (``cpu_features.cc``'s ShouldEnableX86CpuFeature), newest last: a
+# level's cap turns off its own row's successors.
+_OFF_ABOVE: dict[str, Callable[[str], bool]] = {
+    "SSE4_2": lambda f: f.startswith("avx") or f in ("f16c", "vpclmulqdq", "vaes", "fma") or f.startswith("fma"),
+    "AVX2": lambda f: f.startswith("avx512") or f == "evex512",
+    "AVX512": lambda f: f == "avx512vnni",
+}
+_APX_AND_LATER = ("amx", "avx10.2", "egpr", "ndd", "ccmp", "nf", "zu", "ppx", "push2pop2", "movrs", "jmpabs")
+
+
+def xla_keeps(feature: str, cap: str) -> bool:
+    """Whether XLA's ``--xla_cpu_max_isa=cap`` leaves ``feature`` on (where the host has it)."""
+    order = list(_OFF_ABOVE)
+    for row in order[order.index(cap):]:
+        if _OFF_ABOVE[row](feature):
+            return False
+    return not (feature == "avx512bf16" or feature.startswith(_APX_AND_LATER))
+
+
+def extras(level: str, features: frozenset[str]) -> tuple[str, ...]:
+    """What code built under ``level`` on a host of ``features`` may use beyond the level: what the
+    cap leaves on, less what only an intrinsic emits (``INSTRUCTION_ONLY``) and tuning (sorted)."""
+    cap, needed = LEVELS[level]
+    return tuple(sorted(f for f in features if f not in needed and f not in INSTRUCTION_ONLY
+                        and not _isa.covers(frozenset(), f) and xla_keeps(f, cap)))
 
 
 class Target:
@@ -53,7 +94,7 @@ class Target:
     checks each entry's features before it is loaded (JAX's own cache checks nothing: there CPU
     keys keep the host's ISA)."""
 
-    __slots__ = ("level", "machine", "host_features", "why_host", "serves", "_lock", "_checked")
+    __slots__ = ("level", "machine", "host_features", "why_host", "serves", "extras", "_lock", "_checked")
 
     def __init__(self, level: str | None, machine: str = "", host_features: frozenset[str] = frozenset(),
                  why_host: str | None = None, serves: Callable[[], bool] = lambda: False) -> None:
@@ -62,12 +103,15 @@ class Target:
         self.host_features = host_features
         self.why_host = why_host
         self.serves = serves
+        self.extras = extras(level, host_features) if level is not None else ()
         self._lock = threading.Lock()
         self._checked = False
 
     def isa_text(self) -> str:
-        """What a CPU key holds in place of the host's ISA: ``x86_64:target=x86-64-v3``."""
-        return f"{self.machine}:{_isa.TARGET_MARK}{self.level}"
+        """What a CPU key holds in place of the host's ISA: the level, and what else XLA's code may
+        use here (``x86_64:target=x86-64-v3,avxvnni,gfni``): hosts of one level share entries where
+        those are the same."""
+        return ",".join((f"{self.machine}:{_isa.TARGET_MARK}{self.level}", *self.extras))
 
     def keys(self, platform: str | None) -> bool:
         """Whether a key for ``platform`` holds the level: a CPU key, where the store serves, once XLA
@@ -102,7 +146,8 @@ class Target:
         lacks, among those the kernel's flags can show (``_isa``'s tables: a newer feature neither
         names is not held against an entry), or None."""
         listed = features_of(payload)
-        lacks = sorted(f for f in listed if f in _isa.KNOWN and not _isa.covers(self.host_features, f))
+        lacks = sorted(f for f in listed if f in _isa.KNOWN and f not in INSTRUCTION_ONLY
+                       and not _isa.covers(self.host_features, f))
         if not lacks:
             return None
         return (f"built for {', '.join(lacks)}, which this CPU lacks (another host of cpu_target {self.level} "

@@ -289,6 +289,10 @@ def difference(before: str, after: str) -> str:
     if old[0] != new[0]:
         return f"{old[0]} -> {new[0]}"
     targets = [next((f for f in isa if f.startswith(TARGET_MARK)), None) for isa in (old[1], new[1])]
+    if targets[0] is not None and targets[0] == targets[1]:  # one level, other features XLA's code may use
+        lacks, adds = sorted(old[1] - new[1]), sorted(new[1] - old[1])
+        parts = ([f"this CPU lacks {', '.join(lacks)}"] if lacks else []) + ([f"has {', '.join(adds)} more"] if adds else [])
+        return f"cpu_target {targets[0].removeprefix(TARGET_MARK)}: {'; '.join(parts)}"
     if targets != [None, None]:  # one side keyed on a cpu_target: its entries are the target's
         named = [f"cpu_target {t.removeprefix(TARGET_MARK)}" if t else "a host's own ISA (cpu_target host)" for t in targets]
         return f"{named[0]} -> {named[1]}"
