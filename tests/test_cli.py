@@ -288,7 +288,7 @@ def test_another_tools_cachedir_tag_is_not_ours(venv: Venv, tmp_path: Path) -> N
     planted = _plant(vdir, 3)
     (vdir / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n"
                                        "# This file is a cache directory tag created by cargo.\n")
-    (vdir / f"jit_bad-{'e' * 64}-cache").write_bytes(b"not zlib")
+    (vdir / f"jit_bad-{'e' * 64}-cache").write_bytes(b"\x78\x9c" + b"a zlib header, then rot")  # corrupt, JAX's format
     env = {"GKX_JAX_CACHE_DIR": str(root)}
     for command in (["clear", "--yes"], ["prune", "--max-size", "1"], ["verify", "--repair"]):
         proc = venv.cli(*command, env=env)

@@ -226,14 +226,16 @@ def test_scan_groups_sidecars_and_skips_links_and_strangers(tmp_path: Path) -> N
     (tmp_path / f"{key}-cache").write_bytes(b"x" * 10)
     (tmp_path / f"{key}-gkx-compile").write_bytes(b"0.1")
     (tmp_path / f"jit_g-{'b' * 64}-atime").write_bytes(b"12345678")
-    (tmp_path / ".jit_f.tmp").write_bytes(b"partial")
+    (tmp_path / f".{key}-cache.4242.1.tmp").write_bytes(b"partial")
+    (tmp_path / ".jit_f.tmp").write_bytes(b"another tool's")  # not the package's pattern (pid, thread)
     (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / f"weights-{'d' * 64}-weights").write_text("a suffix the package does not know")
     (tmp_path / f"jit_h-{'c' * 64}-cache").symlink_to("/etc/passwd")
     found = _entries.scan(str(tmp_path))
     on_disk = sum(os.stat(p).st_blocks * 512 for p in found.units[key].files)  # as du counts: whole blocks
     assert found.entries == 1 and found.units[key].bytes == on_disk >= 13 and len(found.units[key].files) == 2
-    assert not found.units[f"jit_g-{'b' * 64}"].has_entry
-    assert [os.path.basename(t[0]) for t in found.temporary] == [".jit_f.tmp"]
+    assert not found.units[f"jit_g-{'b' * 64}"].has_entry and f"weights-{'d' * 64}" not in found.units
+    assert [os.path.basename(t[0]) for t in found.temporary] == [f".{key}-cache.4242.1.tmp"]
     assert [os.path.basename(p) for p in found.links] == [f"jit_h-{'c' * 64}-cache"]
 
 
@@ -242,11 +244,11 @@ def test_count_takes_what_scan_takes(tmp_path: Path) -> None:
     no link, FIFO, folder or stranger named like an entry, whatever way its name is read."""
     hex_ = "a" * 64
     taken = [f"jit_f-{hex_}-cache", f"jit_f-{hex_}-gkx-compile", f"jit_g-{hex_}-atime", f"jit_\u00e9-{hex_}-cache",
-             ".jit_f.tmp"]
+             f".jit_f-{hex_}-cache.77.3.tmp"]
     for name in taken:
         (tmp_path / name).write_bytes(b"x" * 5000)
     for name in ("notes.txt", ".hidden", f"a b-{hex_}-cache", f"jit_h-{'A' * 64}-cache", f"jit_a\u200db-{hex_}-cache",
-                 f"-{hex_}-cache", f"jit_i-{hex_}-cache.bak"):
+                 f"-{hex_}-cache", f"jit_i-{hex_}-cache.bak", ".jit_f.tmp", f"m-{hex_}-weights"):
         (tmp_path / name).write_bytes(b"not ours")
     (tmp_path / f"jit_j-{hex_}-cache").symlink_to(tmp_path / f"jit_f-{hex_}-cache")
     os.mkfifo(tmp_path / f"jit_k-{hex_}-cache")
@@ -893,3 +895,57 @@ def test_the_library_behind_host_callbacks_is_its_package_not_a_prefix() -> None
     assert _jax.callbacks_by([wrapped]) == "jax_md"
     assert _jax.callbacks_by([Hostile(), wrapped]) == "jax_md"
     assert _jax.callbacks_by([Hostile()]) == "jax"
+
+
+def _scratch_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A /tmp of the test's own (root's and sticky), which the package takes as the temporary directory."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    scratch.chmod(0o1777)
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    return scratch
+
+
+def test_a_temporary_folder_another_user_made_first_leads_to_a_private_one(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    """/tmp/gkx-<uid> is a name every local user knows: another who makes it first used to turn
+    caching off for the uid (refused, rightly). Now a second folder of an unguessable name, made
+    0700, serves, and the next run finds it again by its owner and mode, never a decoy of that
+    prefix another user made or one others could enter (issue 57's L9)."""
+    scratch = _scratch_tmp(monkeypatch, tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))  # no user cache either
+    (tmp_path / "file").write_text("in the way")
+    taken = scratch / f"gkx-{os.getuid()}"
+    taken.mkdir(mode=0o700)
+    os.chown(taken, 1002, 1002)
+    for name, owner, mode in (("aaaa", 1002, 0o700), ("bbbb", os.getuid(), 0o755)):  # decoys, sorted first
+        (scratch / f"gkx-{os.getuid()}-{name}").mkdir(mode=mode)
+        os.chown(scratch / f"gkx-{os.getuid()}-{name}", owner, owner)
+        (scratch / f"gkx-{os.getuid()}-{name}").chmod(mode)
+    settings = _settings.resolve({}, str(tmp_path / "env"), cwd=str(tmp_path))
+    first = _cache.locate(settings, "9.9.9", prefix=sys.base_prefix)
+    assert first.version_dir is not None and first.version_dir.startswith(str(scratch / f"gkx-{os.getuid()}-"))
+    assert "aaaa" not in first.version_dir and "bbbb" not in first.version_dir, first.version_dir
+    assert "uid 1002's" in first.rule, first.rule
+    private = Path(first.version_dir).parent.parent
+    assert (private.stat().st_mode & 0o777, private.stat().st_uid) == (0o700, os.getuid())
+    assert _cache.locate(settings, "9.9.9", prefix=sys.base_prefix).version_dir == first.version_dir
+    assert _cache.locate(settings, "9.9.9", prefix=sys.base_prefix, create=False).version_dir == first.version_dir
+
+
+def test_a_broken_user_cache_setting_that_moves_the_cache_to_the_temporary_directory_is_said(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An XDG_CACHE_HOME that cannot be used (a file, a typo): the cache moves to the temporary
+    directory, cleared at reboot, which the user may not know: one line says so and how to fix it
+    (issue 57); a user with no home at all is cached there silently, as before."""
+    _scratch_tmp(monkeypatch, tmp_path)
+    (tmp_path / "file").write_text("in the way")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    settings = _settings.resolve({}, str(tmp_path / "env"), cwd=str(tmp_path))
+    location = _cache.locate(settings, "9.9.9", prefix=sys.base_prefix)
+    assert location.version_dir is not None and "temporary" in location.rule
+    (said,) = [message for _cause, message in location.problems]
+    assert str(tmp_path / "file" / "gkx" / "jax") in said and "cleared at reboot" in said and "XDG_CACHE_HOME" in said

@@ -72,6 +72,46 @@ def temp_root() -> str | None:
     return os.path.join(folder, f"gkx-{os.getuid()}", "jax")
 
 
+def squatted(temp: str) -> int | None:
+    """The uid of someone else who made the user's folder of the temporary directory
+    (``/tmp/gkx-<uid>``) first, or None: its name is known to every local user, and refused once
+    made by another (SPEC §8), which would turn caching off for the uid."""
+    try:
+        st = os.lstat(os.path.dirname(temp))
+    except OSError:
+        return None
+    return st.st_uid if st.st_uid != os.getuid() else None
+
+
+def private_temp_root(temp: str, create: bool) -> str | None:
+    """The user's second folder there, ``gkx-<uid>-<random>`` (``mkdtemp``: 0700, a name no one
+    can guess), found again by the next run among the names of that prefix by its owner and mode,
+    which no one else can give a folder of theirs; None where there is none (``create`` False: the
+    commands make nothing) or it cannot be made."""
+    import tempfile
+
+    folder, base = os.path.split(os.path.dirname(temp))
+    prefix, uid = base + "-", os.getuid()
+    try:
+        names = sorted(name for name in os.listdir(folder) if name.startswith(prefix))
+    except OSError:
+        return None
+    for name in names:
+        try:
+            st = os.lstat(os.path.join(folder, name))
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and stat.S_IMODE(st.st_mode) == 0o700:
+            return os.path.join(folder, name, "jax")
+    if not create:
+        return None
+    try:
+        return os.path.join(tempfile.mkdtemp(prefix=prefix, dir=folder), "jax")
+    except OSError as exc:
+        logger.debug("no private folder in %s: %s", folder, exc)
+        return None
+
+
 class DirectoryRefused(Exception):
     """The directory cannot hold the cache; the message says why, in words for the user."""
 
@@ -299,6 +339,9 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
             why = "the user cache cannot be used" if user else "this user has no home directory"
             logger.debug("%s: the temporary directory's %s is next", why, temp)
             yield temp, f"default: the temporary directory, as {why}"
+            if (squatter := squatted(temp)) is not None and (second := private_temp_root(temp, create)) is not None:
+                yield second, (f"default: a private folder of the temporary directory, as {why} and "
+                               f"{os.path.dirname(temp)} is uid {squatter}'s")
 
     for root, rule in roots():
         shared = team(settings, root)
@@ -311,6 +354,12 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
         if prepared.writable:
             found = Location(LOCAL, prepared.version_dir, prepared.root, True, rule, shared, prepared.mount)
             found.tried = location.tried
+            user = user_root()
+            if "temporary directory" in rule and (broken := dict(location.tried).get(user or "")) is not None:
+                # Said: a cache setting the user may not know is broken, and a cache cleared at reboot.
+                found.problems.append(("dir:user-cache", f"the user cache {user} cannot be used, {broken}; caching in "
+                                                         f"{prepared.root} instead, which is cleared at reboot: fix "
+                                                         "XDG_CACHE_HOME (or HOME), or set GKX_JAX_CACHE_DIR"))
             return found
         location.tried.append((root, "not writable"))
         logger.debug("default directory %s is not writable", prepared.version_dir)
