@@ -10,6 +10,7 @@ EVICTED = "evicted"
 CANNOT_TELL = "cannot tell"  # with "by": what the evidence cannot tell apart (place, record, alias, lambda, jax)
 REJECTED = "rejected"  # the entry was there and could not be used
 NOT_READ = "not read: XLA dump"  # the process reads no entry: a hit would skip the dump it asks for
+NOT_READ_SUBSET = "not read: TPU device subset"  # a warm read there can crash the runtime (jax-ml/jax#38004)
 UNEXPLAINED = "unexplained"
 BEFORE_CPU_KEYING = "before CPU keying"
 CHANGED_COMPUTATION = "changed computation"
@@ -98,6 +99,9 @@ FIXES = {
     UNEXPLAINED: "JAX's key parts were not seen for this compile",
     NOT_READ: "expected while XLA_FLAGS asks for a dump: a hit would skip XLA and its dump, so the process reads no "
               "entry (it still writes them); the next run without the flag is served",
+    NOT_READ_SUBSET: "expected on TPU devices without device 0: a warm read there can crash the TPU runtime "
+                     "(jax-ml/jax#38004, open), so such lookups read no entry until a fixed libtpu is known; their "
+                     "compiles are still written, and a run whose devices include device 0 is served",
     NOT_PROCESS_0: "expected: only process 0 of a multi-process run writes (JAX's rule)",
     HOST_CALLBACKS: callbacks_fix(),
     READ_ONLY: "expected: the cache is read-only for you (a baked image)",

@@ -165,7 +165,16 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
                      silence=NOTED)
         return asked[0]
 
-    unskipped = _jax.skip_lookups(dumping, recorder.not_read)
+    def skipped(platform: str, devices: Callable[[], list[int]]) -> tuple[str, str] | None:
+        if (dump := dumping()) is not None:
+            return "NOT_READ", dump
+        if (subset := _jax.unsafe_subset(platform, devices)) is not None:
+            warn("tpu:subset", f"{subset}: such lookups read no cache entry until a fixed runtime is known; their "
+                               "compiles are still written", silence=NOTED)
+            return "NOT_READ_SUBSET", subset
+        return None
+
+    unskipped = _jax.skip_lookups(skipped, recorder.not_read)
     if unskipped is not None and (dump := dump_asked(env)) is not None:
         warn("xla:dump", f"{dump} asks for an XLA dump, which a cache hit skips, and the cache cannot be left "
                          f"unread here ({unskipped}): set GKX_JAX_CACHE=0 while dumping")

@@ -312,9 +312,11 @@ def _lookup_seam(cc: Any) -> Any:
     return original if original is not None and parameters(original)[:1] == ["cache_key"] and through_module else None
 
 
-def skip_lookups(skip: Callable[[], str | None], on_skip: Callable[[str, str], None]) -> str | None:
-    """Make a lookup a miss wherever ``skip()`` names why (an XLA dump is asked for: a hit would
-    skip XLA and its dump), telling ``on_skip(cache_key, why)``; JAX still writes. Why not, or None."""
+def skip_lookups(skip: Callable[[str, Callable[[], list[int]]], tuple[str, str] | None],
+                 on_skip: Callable[[str, str, str], None]) -> str | None:
+    """Make a lookup a miss wherever ``skip(platform, device_ids)`` names a cause and why (an XLA
+    dump is asked for: a hit would skip XLA and its dump; a TPU device subset without device 0),
+    telling ``on_skip(cache_key, cause, why)``; JAX still writes. Why not, or None."""
     try:
         from jax._src import compilation_cache as cc
     except Exception as exc:  # pragma: no cover - a JAX without the module
@@ -324,14 +326,51 @@ def skip_lookups(skip: Callable[[], str | None], on_skip: Callable[[str, str], N
         return LOOKUP_CHANGED
 
     def get_executable_and_time(cache_key: str, *args: Any, **kwargs: Any) -> Any:
-        why = skip()
-        if why is None:
+        try:
+            backend = args[1] if len(args) > 1 else kwargs.get("backend")
+            skipped = skip(str(getattr(backend, "platform", "")), lambda: lookup_devices(args, kwargs))
+        except Exception:  # never in the way of JAX's lookup
+            skipped = None
+        if skipped is None:
             return original(cache_key, *args, **kwargs)
-        on_skip(cache_key, why)
+        on_skip(cache_key, *skipped)
         return None, None
 
     _patch(cc, "get_executable_and_time", get_executable_and_time)
     return None
+
+
+def lookup_devices(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
+    """The ids of the devices a lookup's executable runs on: ``get_executable_and_time``'s
+    ``executable_devices`` (JAX 0.4.36 to 0.12, its fourth argument), else the compile options'
+    device assignment (``DeviceAssignment{... Computation0{2} Computation1{3}}``: 0.4.30 on)."""
+    import re
+
+    devices = args[2] if len(args) > 2 else kwargs.get("executable_devices")
+    if devices is not None:
+        return [int(d.id) for d in devices]
+    options: Any = args[0] if args else kwargs.get("compile_options")
+    assignment = str(options.executable_build_options.device_assignment)
+    return [int(n) for group in re.findall(r"\{([\d ,]+)\}", assignment) for n in re.findall(r"\d+", group)]
+
+
+# Platforms whose warm read of an executable for a device assignment without device 0 can halt the
+# runtime: jax-ml/jax#38004 (open; TPU v6e-4, JAX 0.8.1, libtpu 0.0.30: "Core halted unexpectedly");
+# sglang-jax turns its cache off there (its PR #1225). No libtpu is known to be fixed.
+SUBSET_PLATFORMS = ("tpu",)
+SUBSET_ISSUE = "jax-ml/jax#38004"
+
+
+def unsafe_subset(platform: str, devices: Callable[[], list[int]]) -> str | None:
+    """Why a lookup must not read an entry, as its executable runs on a device subset without
+    device 0 of a platform whose runtime that can crash (``SUBSET_PLATFORMS``), or None."""
+    if platform not in SUBSET_PLATFORMS:
+        return None
+    ids = devices()
+    if not ids or 0 in ids:
+        return None
+    return (f"{platform.upper()} devices {sorted(set(ids))[:8]} (without device 0): a warm read there can crash the "
+            f"{platform.upper()} runtime ({SUBSET_ISSUE})")
 
 
 def _guard_loading(cc: Any, jax: Any, unloadable: Callable[[str, BaseException], bool]) -> bool:

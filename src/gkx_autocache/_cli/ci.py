@@ -32,11 +32,35 @@ def accelerator_plugins() -> str:
     return ", ".join(sorted(found)) or "none"
 
 
+# What a TPU host says of its slice (Cloud TPU VMs and GKE set them; libtpu reads them): a v6e-1 CI
+# cache read by v6e-4 jobs, or the other way round, is another topology's.
+TPU_TOPOLOGY = ("TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY", "TPU_HOST_BOUNDS", "TPU_CHIPS_PER_HOST_BOUNDS",
+                "TPU_PROCESS_BOUNDS", "TPU_VISIBLE_CHIPS")
+
+
+def tpu_topology(env: Any, dev: str = "/dev") -> str | None:
+    """The TPU slice and the chips this host sees (``v5litepod-4 2x2 ...; 1 chip``: a one-chip
+    sandbox of a four-chip host), or None where neither is here (no part: other keys stay)."""
+    import re
+
+    said = [f"{name.removeprefix('TPU_').lower()}={env[name]}" for name in TPU_TOPOLOGY if env.get(name)]
+    chips = 0
+    for folder, pattern in ((dev, r"accel\d+"), (os.path.join(dev, "vfio"), r"\d+")):
+        try:
+            chips += sum(1 for name in os.listdir(folder) if re.fullmatch(pattern, name))
+        except OSError:
+            continue
+    if not said and not chips:
+        return None
+    return " ".join(said) + (f"; {chips} chip{'s' if chips != 1 else ''} here" if chips else "")
+
+
 def ci_key() -> tuple[str, dict[str, str]]:
     """A short key that changes whenever the entries could stop being valid, and no more often: the
     host's ISA (the instruction-set flags of the CPU, not every flag: microcode and hypervisor flags
     do not change what an entry runs on; the ``cpu_target`` where one is used), the Python minor version, JAX, jaxlib and accelerator
-    plugins, platform and machine, the compression library, XLA_FLAGS and LIBTPU_INIT_ARGS. And its parts."""
+    plugins, platform and machine, the compression library, XLA_FLAGS and LIBTPU_INIT_ARGS; on a TPU
+    host its topology. And its parts."""
     import hashlib
 
     from gkx_autocache import _isa, _settings
@@ -54,6 +78,8 @@ def ci_key() -> tuple[str, dict[str, str]]:
     }
     if os.environ.get("LIBTPU_INIT_ARGS"):  # in JAX's key on TPU, as XLA_FLAGS are (a part only where set:
         parts["libtpu_init_args"] = os.environ["LIBTPU_INIT_ARGS"]  # the keys of every other CI stay as they were)
+    if (topology := tpu_topology(os.environ)) is not None:
+        parts["tpu"] = topology
     digest = hashlib.sha256(json_dumps(parts).encode()).hexdigest()[:16]
     return f"{parts['jax']}-{digest}", parts
 

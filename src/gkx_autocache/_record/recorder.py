@@ -199,9 +199,10 @@ class Recorder:
         """The entry was there, but JAX could not load it: a miss."""
         self._known_miss(key, "REJECTED", reason)
 
-    def not_read(self, key: str, flag: str) -> None:
-        """A lookup this process skips, as an XLA dump is asked for (``flag``): a miss."""
-        self._known_miss(key, "NOT_READ", flag)
+    def not_read(self, key: str, cause: str, why: str) -> None:
+        """A lookup this process skips (``cause``, a name in ``_causes``): an XLA dump is asked for, or
+        a TPU device subset a warm read could crash; a miss."""
+        self._known_miss(key, cause, why)
 
     def _known_miss(self, key: str, cause: str, detail: str) -> None:
         self._pending.hit = None
