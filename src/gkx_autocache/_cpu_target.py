@@ -1,33 +1,21 @@
 """``cpu_target`` (SPEC §15): one CPU target for a mixed fleet, in place of each host's own ISA.
 
 XLA:CPU compiles for the host (``_isa``), so an AVX-512 runner and an AVX2 runner share no entry.
-XLA can cap what it builds (``--xla_cpu_max_isa``). Under a target such as ``x86-64-v3`` the
-package sets that cap, and CPU keys hold the target instead of the host's ISA, so every host at or
-above the target shares the entries.
+Under a target such as ``x86-64-v3`` the package caps what XLA builds (``--xla_cpu_max_isa``), and
+CPU keys hold the level and what else XLA's code may use on this host (``extras``: the cap turns
+off only what is newer than the level, and an int8 shift under the AVX2 cap is GFNI's), so hosts
+of one level and one generation share entries. A target is checked twice:
 
-The cap leaves on every feature of the host that is not newer than it, read in XLA's
-``cpu_features.cc`` (``ShouldEnableX86CpuFeature``) and measured here: an AVX2-capped entry written
-on an AMD EPYC lists no ``avx512*``, but still lists ``gfni``, ``vaes``, ``sse4a`` and ``clzero``, and
-XLA's code uses some of them (an int8 shift under the AVX2 cap is ``vgf2p8affineqb``: GFNI, which a
-Haswell lacks). So the key says what else the code may need (``extras``: the features beyond the
-level that the cap leaves on and that LLVM emits without being asked, ``gfni``, ``avxvnni``,
-``sse4a``...), and a target is checked twice:
+- a host below the target never uses it: its CPU entries are keyed on its own ISA, uncapped, as
+  without the setting, and one warning says so;
+- an entry read under a target is decompressed first and the features it lists are checked
+  against this host's: one that lists a feature this host lacks is a miss, compiled again and
+  replaced, never loaded; features whose instructions only an intrinsic emits (``rdseed``, which
+  a kernel may hide) are not held against it, so its writer loads it.
 
-- a host below the target (it lacks one of the level's features) never uses it: its CPU entries
-  are keyed on its own ISA, uncapped, as without the setting, and one warning says so;
-- an entry read under a target is decompressed first and the features it lists (XLA's target
-  features, ``+avx2,+gfni,...``) are checked against this host's: one that lists a feature this
-  host lacks is a miss, compiled again here and replaced, never loaded. XLA lists every feature
-  CPUID shows, also those whose instructions only an intrinsic emits (``rdseed``, ``aes``, ``sha``),
-  which XLA's code never calls and which a kernel may hide (Linux hides ``rdseed`` on AMD parts
-  where it is unreliable): those are neither in the key nor held against an entry, so that an
-  entry loads on every host of its key, the host that wrote it included.
-
-Only CPU keys take the target: a GPU entry's host code may not be capped (``docs/isa.md``).
-The levels are the x86-64 psABI's. XLA also caps AArch64 (``NEON``, ``SVE``, ``SVE2``), but no
-AArch64 host here could check it: not offered. Entries list their features from jaxlib 0.8.2
-(0.5.3 to 0.7.2 list none; 0.4.30's XLA does not know the flag and stops the process on it), so
-the target needs jaxlib 0.8.2 or later. A leaf: stdlib only.
+Only CPU keys take the target. x86-64 levels only (XLA's AArch64 caps could not be checked here).
+Entries list their features from jaxlib 0.8.2, so the target needs it. What was measured, and
+why: docs/isa.md. A leaf: stdlib only.
 """
 
 from __future__ import annotations
