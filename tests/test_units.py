@@ -949,3 +949,26 @@ def test_a_broken_user_cache_setting_that_moves_the_cache_to_the_temporary_direc
     assert location.version_dir is not None and "temporary" in location.rule
     (said,) = [message for _cause, message in location.problems]
     assert str(tmp_path / "file" / "gkx" / "jax") in said and "cleared at reboot" in said and "XDG_CACHE_HOME" in said
+
+
+def test_a_link_of_the_private_prefix_to_a_folder_of_yours_is_never_taken(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    """A decoy of the private temporary folder's prefix (issue 57's L9) that is a link another user
+    made to a 0700 folder of yours, sorted first: the owner and mode found are the folder's, but a
+    link is not a folder of the package's; a private one of its own is made, and found again."""
+    scratch = _scratch_tmp(monkeypatch, tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))  # no user cache either
+    (tmp_path / "file").write_text("in the way")
+    taken = scratch / f"gkx-{os.getuid()}"
+    taken.mkdir(mode=0o700)
+    os.chown(taken, 1002, 1002)
+    yours = tmp_path / "yours"
+    yours.mkdir(mode=0o700)
+    decoy = scratch / f"gkx-{os.getuid()}-0000"
+    decoy.symlink_to(yours)
+    os.lchown(decoy, 1002, 1002)
+    settings = _settings.resolve({}, str(tmp_path / "env"), cwd=str(tmp_path))
+    first = _cache.locate(settings, "9.9.9", prefix=sys.base_prefix)
+    assert first.version_dir is not None and not first.version_dir.startswith(str(decoy)), first.version_dir
+    assert not any(yours.iterdir())
+    assert _cache.locate(settings, "9.9.9", prefix=sys.base_prefix).version_dir == first.version_dir

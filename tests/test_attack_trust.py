@@ -1,0 +1,351 @@
+"""Attacks on issue 57's fixes (SPEC §5, §7, §8, §15, amended 2026-12-06), as another local user
+and a careful reviewer would make them: a directory JAX is given that is checked once and read by
+path afterwards, the run's line for a refused directory, removal in a directory the package did not
+make, and a CPU whose kernel hides a feature XLA's code uses. Each test fails where the attack
+works; those not fixed yet are strict xfails, their reason the finding."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from conftest import COUNTING, Venv, autocache_warnings, run_program
+from test_adopted import SWAPPABLE, _plant
+
+# The victim: the JAX guide's thresholds (every compile written), a cache directory given after
+# import, a first compile (JAX sets its cache up there, where the package checks it), then more
+# compiles after something changed what the name JAX holds leads to (THEN).
+VICTIM = r"""
+import json, os
+import jax, jax.numpy as jnp
+""" + COUNTING + r"""
+os.chdir(os.environ["FIRST_CWD"])
+jax.config.update("jax_compilation_cache_dir", os.environ["GIVEN"])
+
+@jax.jit
+def warm_up(x):
+    return x - 3.0
+
+warm_up(jnp.ones(4)).block_until_ready()  # JAX's cache is set up here, in the directory checked
+then = os.environ.get("THEN")
+if then == "chdir":  # the program moves on (a run folder, the temporary directory)
+    os.chdir(os.environ["LATER_CWD"])
+elif then == "repoint":  # what the other user, who owns the link on the way, does after the check
+    hop = os.environ["HOP"]
+    os.remove(hop)
+    os.symlink(os.environ["PLANTED"], hop)
+    os.lchown(hop, 1002, 1002)
+elif then == "chown":  # the directory is given to another user (an admin's chown), who renames what is in it
+    import glob
+    folder = os.path.abspath(os.environ["GIVEN"])
+    os.chown(folder, 1002, 1002)
+    (f_entry,), (g_entry,) = glob.glob(f"{folder}/jit_f-*-cache"), glob.glob(f"{folder}/jit_g-*-cache")
+    os.rename(f_entry, f"{folder}/swap")
+    os.rename(g_entry, f_entry)
+    os.rename(f"{folder}/swap", g_entry)
+
+@jax.jit
+def f(x):
+    return x + 1.0
+
+@jax.jit
+def g(x):
+    return x * 10.0
+
+x = jnp.ones(4)
+results = {"f": float(f(x).sum()), "g": float(g(x).sum())}  # before the counts are read
+print(json.dumps({**counts, **results}))
+"""
+THRESHOLDS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+
+
+def _swap_and_give(planted: Path, owner: int) -> None:
+    """Swap the entries of f and g in ``planted`` and give it all to ``owner``, 0755 (the tutorials'
+    /tmp/jax_cache, made first by someone else)."""
+    (f_entry,) = planted.glob("jit_f-*-cache")
+    (g_entry,) = planted.glob("jit_g-*-cache")
+    f_bytes = f_entry.read_bytes()
+    f_entry.write_bytes(g_entry.read_bytes())
+    g_entry.write_bytes(f_bytes)
+    for path in [planted, *planted.rglob("*")]:
+        os.lchown(path, owner, owner)
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding 1: where JAX's stock cache serves (the package's own directory unusable, a bucket as dir, the user's "
+    "jax_compilation_cache_max_size), refuse_file_caches checks the directory once and hands JAX the name as given: "
+    "a relative name is read in the next current directory, a link on the way is followed again at every read, "
+    "a directory given to another user since is read as before (the store checks it at each lookup, 2d66f39); "
+    "the other user's entries are loaded (results swapped), under -W error, nothing said"))
+@pytest.mark.parametrize("then", ["chdir", "repoint", "chown"])
+def test_a_directory_checked_for_jaxs_stock_cache_is_the_one_it_reads(venv: Venv, tmp_path: Path, then: str) -> None:
+    """The package checks a directory JAX is given when JAX sets its cache up there (issue 57's
+    critical): also where JAX's stock cache serves it, which reads each entry by the name it was
+    given. Another user who planted a swapped pair where that name leads later (a `jax_cache` in
+    the folder the program moves to; a link of his on the way, re-pointed after the check), or who
+    was given the directory since and renamed the victim's entries, must not swap the victim's
+    results. The package's own directory here is another user's: it runs uncached, and only the
+    guard stands between JAX and the planted entries (the user's jax_compilation_cache_max_size
+    does the same with filelock installed, which the test extra lacks)."""
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"  # where the other user waits (the temporary directory, a shared folder)
+    elsewhere.mkdir(mode=0o755)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 1002, 1002)
+    env = {**THRESHOLDS, "GKX_JAX_CACHE_DIR": str(theirs), "THEN": then}
+    if then == "chdir":
+        env.update(GIVEN="jax_cache", FIRST_CWD=str(victim), LATER_CWD=str(elsewhere))
+        planted = elsewhere / "jax_cache"
+        # The other user fills it as the victim's program would (the same name: the same keys).
+        run_program(venv, env={**env, "FIRST_CWD": str(elsewhere), "THEN": ""}, program=VICTIM)
+    elif then == "chown":
+        planted = victim / "jax_cache"
+        env.update(GIVEN=str(planted), FIRST_CWD=str(victim))
+        run_program(venv, env={**env, "THEN": ""}, program=VICTIM)  # the victim's own entries, as they were
+    else:
+        sticky = tmp_path / "tmp"
+        sticky.mkdir()
+        sticky.chmod(0o1777)
+        hop, planted = sticky / "cache", elsewhere / "jax_cache"
+        mine = tmp_path / "mine"  # the victim's own link to a name in the temporary directory
+        mine.symlink_to(hop)
+        env.update(GIVEN=str(mine), FIRST_CWD=str(victim), HOP=str(hop), PLANTED=str(planted))
+        hop.symlink_to(planted)
+        run_program(venv, env={**env, "THEN": ""}, program=VICTIM)
+        hop.unlink()
+        hop.symlink_to(victim)  # at the check: the link leads to the victim's own folder
+        os.lchown(hop, 1002, 1002)
+    if then != "chown":
+        _swap_and_give(planted, 1002)
+    out, err = run_program(venv, "-W", "error", env=env, program=VICTIM)
+    assert (out["f"], out["g"]) == (8.0, 40.0), (out, err)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding 2: where a refused directory is given after import and the store serves the package's own, the report "
+    "line counts JAX's compile requests as misses in the refused directory ('0 hits, 5 misses, ..., <refused>'): "
+    "no entry was looked up there; the JAX_COMPILATION_CACHE_DIR case says 'this run was uncached'"))
+def test_the_report_line_of_a_run_given_a_refused_directory_says_it_was_uncached(venv: Venv, tmp_path: Path) -> None:
+    """The run's line tells the truth: JAX had no cache in the refused directory, so nothing was
+    looked up or missed there; the line says the run was uncached, as it does where the refused
+    directory came from JAX_COMPILATION_CACHE_DIR."""
+    refused = tmp_path / "jax_cache"
+    refused.mkdir()
+    os.chown(refused, 1002, 1002)
+    env = {**THRESHOLDS, "GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "GKX_JAX_CACHE_REPORT": "1", "THEN": "",
+           "GIVEN": str(refused), "FIRST_CWD": str(tmp_path)}
+    out, err = run_program(venv, env=env, program=VICTIM)
+    assert out["hits"] == 0
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:") and str(refused) in ln
+               and "AutocacheWarning" not in ln and "refused, it is" not in ln]
+    assert "uncached" in line and " misses" not in line, line
+
+
+FRAMEWORK = r"""
+import os
+import jax, jax.numpy as jnp
+jax.config.update("jax_compilation_cache_dir", os.environ["FRAMEWORK_DIR"])  # a framework's setting, after import
+
+@jax.jit
+def step(x):
+    return jnp.tanh(x @ x.T).sum()
+
+print(float(step(jnp.ones((8, 8)))))
+"""
+HEX = "ab" * 32
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding 3: in a directory the package did not make, _entries.ours keeps every unit without an entry (a foreign "
+    "'<name>-<64 hex>-atime') and any '-cache' whose first bytes are a zlib or zstd frame, whoever owns it: both are "
+    "pruned under a cap"))
+@pytest.mark.parametrize("theirs", ["a note named -atime", "another user's zlib file named -cache"])
+def test_a_directory_the_package_did_not_make_keeps_what_it_cannot_have_written(venv: Venv, tmp_path: Path,
+                                                                               theirs: str) -> None:
+    """SPEC §7 (amended 2026-12-06): in a directory the package did not make it removes only what it
+    can show it wrote. A unit with no entry is no proof (another tool's `-atime`), and neither is a
+    compressed frame in a file another user owns (the package writes as this user; a framework's
+    folder is not a team cache)."""
+    framework = tmp_path / "existing"
+    framework.mkdir(mode=0o700)
+    if theirs == "a note named -atime":
+        name, data = f"notes-{HEX}-atime", b"another tool's access times"
+    else:
+        name, data = f"model-{HEX}-cache", zlib.compress(b"weights another user put here, compressed")
+    (framework / name).write_bytes(data)
+    if theirs != "a note named -atime":
+        os.chown(framework / name, 1002, 1002)
+    os.utime(framework / name, (time.time() - 7200, time.time() - 7200))  # the least recently used of all
+    (tmp_path / "train.py").write_text(FRAMEWORK)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "FRAMEWORK_DIR": str(framework)}
+    assert venv.run(str(tmp_path / "train.py"), env=env, cwd=str(tmp_path)).returncode == 0
+    proc = venv.run(str(tmp_path / "train.py"), env={**env, "GKX_JAX_CACHE_MAX_SIZE": "1"}, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert not any(p.name.startswith("jit_") and p.name.endswith("-cache") for p in framework.iterdir())  # the cap ran
+    assert (framework / name).read_bytes() == data
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding 5: verify --repair in a directory the package did not make removes a link, a FIFO and an entry-less "
+    "'-atime' file of another tool's named like entries: Verification.doomed takes scan's links and odd files "
+    "unfiltered, and ours() keeps units without an entry"))
+def test_verify_repair_in_a_directory_the_package_did_not_make_removes_only_its_own(tmp_path: Path) -> None:
+    """`verify --repair` in a framework's directory (tagged only in its bookkeeping folder): a
+    link, a FIFO, or an `-atime` note another tool keeps there under an entry's name is not the
+    package's to remove; corrupt entries of its own format still are."""
+    from gkx_autocache import _entries, _files
+
+    framework = tmp_path / "existing"
+    framework.mkdir(mode=0o700)
+    assert _files.bookkeeping_dir(str(framework), False) is not None  # what the store makes there
+    (framework / f"dataset-{HEX}-cache").symlink_to(tmp_path)
+    os.mkfifo(framework / f"pipe-{HEX}-cache")
+    (framework / f"notes-{HEX}-atime").write_bytes(b"another tool's")
+    (framework / f"jit_f-{'cd' * 32}-cache").write_bytes(zlib.compress(b"")[:-1])  # the package's format, corrupt
+    doomed = {os.path.basename(p) for p in _entries.verify(str(framework)).doomed}
+    assert f"jit_f-{'cd' * 32}-cache" in doomed
+    assert doomed == {f"jit_f-{'cd' * 32}-cache"}, doomed
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding 7: _trust.links_problem checks the links of the path as written, not those met while resolving it: "
+    "another user's link reached through one of yours is followed, so he chooses which of your folders is the "
+    "cache (docs: 'every symlink on the way must be yours or root's ... one planted in /tmp is refused')"))
+def test_another_users_link_reached_through_one_of_yours_is_refused_like_one_named_directly(venv: Venv,
+                                                                                          tmp_path: Path) -> None:
+    """A link of the user's own (`~/.jaxcache -> /tmp/cache`) to a name in a sticky folder that
+    another user made first, as a link to a folder of the user's: the same link named directly is
+    refused ("a symlink of uid 1002's"); reached through the user's own link it must be too."""
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    yours = tmp_path / "project"  # any folder of the user's: the other user chooses it
+    yours.mkdir(mode=0o700)
+    (sticky / "cache").symlink_to(yours)
+    os.lchown(sticky / "cache", 1002, 1002)
+    mine = tmp_path / "jaxcache"
+    mine.symlink_to(sticky / "cache")
+    (tmp_path / "train.py").write_text(FRAMEWORK)
+    proc = venv.run(str(tmp_path / "train.py"), env={"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"),
+                                                     "FRAMEWORK_DIR": str(mine)}, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    said = [w for w in autocache_warnings(proc.stderr) if "AutocacheWarning" in w]
+    assert len(said) == 1 and "symlink of uid 1002" in said[0], proc.stderr
+    assert not any(yours.iterdir())
+
+
+# What JAX hands XLA for a compile: the paths of XLA's own GPU caches (its kernel cache file, its
+# autotune results), which JAX puts under jax_compilation_cache_dir whenever the persistent cache is
+# on and a directory is set, whether or not it set up a cache object there.
+XLA_PATHS = r"""
+import json, os
+import jax, jax.numpy as jnp
+from jax._src import compiler
+
+seen = []
+original = compiler.get_compile_options
+
+def get_compile_options(*args, **kwargs):
+    options = original(*args, **kwargs)
+    debug = options.executable_build_options.debug_options
+    seen.extend(p for p in (debug.xla_gpu_kernel_cache_file, debug.xla_gpu_per_fusion_autotune_cache_dir) if p)
+    return options
+
+compiler.get_compile_options = get_compile_options
+if os.environ["HOW"] == "config.update":
+    jax.config.update("jax_compilation_cache_dir", os.environ["REFUSED"])
+jax.jit(lambda x: x + 1.0)(jnp.ones(3)).block_until_ready()
+jax.jit(lambda x: x * 2.0)(jnp.ones(3)).block_until_ready()
+print(json.dumps(sorted(set(seen))))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding 6: a refused directory is not read by JAX's cache object, but JAX still points XLA's own GPU caches "
+    "at it (is_persistent_cache_enabled only asks whether a directory is set): the kernel cache file (compiled "
+    "kernels, with xla_caches = all) and the autotune results (JAX's default on a GPU host) of another user"))
+@pytest.mark.parametrize("how", ["config.update", "env"])
+def test_xlas_own_caches_read_nothing_of_a_refused_directory(venv: Venv, tmp_path: Path, how: str) -> None:
+    """'Read by no one' (SPEC §5/§8, amended 2026-12-06) holds for XLA's GPU caches too: a kernel
+    cache file in another user's directory is code XLA loads (with `xla_caches = all`), and its
+    autotune results choose the kernels (JAX's default wherever a GPU plugin is installed). Here on a
+    CPU the compile options JAX hands XLA show where XLA would read."""
+    refused = tmp_path / "jax_cache"
+    refused.mkdir(mode=0o755)
+    os.chown(refused, 1002, 1002)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "GKX_JAX_CACHE_XLA_CACHES": "all", "HOW": how,
+           "REFUSED": str(refused)}
+    if how == "env":
+        env["JAX_COMPILATION_CACHE_DIR"] = str(refused)
+    proc = venv.run("-W", "error", "-c", XLA_PATHS, env=env)
+    assert proc.returncode == 0, proc.stderr
+    paths = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(autocache_warnings(proc.stderr)) == 1, proc.stderr
+    assert not [p for p in paths if p.startswith(str(refused))], paths
+
+
+# -- the attacks that held: each fails where it works (they did on 1531a79) ------------------------------
+
+FORKED = r"""
+import os, sys
+import jax
+pid = os.fork()  # after the package configured JAX, before any compile: the child sets its own directory
+if pid == 0:
+    os.environ["HOW"] = "config.update"
+    exec(compile(os.environ["SWAPPABLE"], "swappable", "exec"))
+    sys.stdout.flush()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("how", ["a forked child", "jax_compilation_cache_max_size, env",
+                                 "jax_compilation_cache_max_size, config.update"])
+def test_a_refused_directory_stays_unread_in_a_fork_and_where_the_store_does_not_serve(venv: Venv, tmp_path: Path,
+                                                                                       how: str) -> None:
+    """Issue 57's critical, attacked where the guard differs: a child forked after the package
+    configured JAX (it inherits the seams), and the user's own jax_compilation_cache_max_size (the
+    store does not serve: the guard on JAX's get_file_cache alone judges), under -W error."""
+    planted = tmp_path / "jax_cache"
+    _plant(venv, planted, 1002, 0o755)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "PLANTED": str(planted), "HOW": "config.update",
+           "SWAPPABLE": SWAPPABLE}
+    program = SWAPPABLE
+    if how == "a forked child":
+        program = FORKED
+    else:
+        env["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(1 << 30)
+        if how.endswith("env"):
+            env.update(JAX_COMPILATION_CACHE_DIR=str(planted), HOW="env")
+    out, err = run_program(venv, "-W", "error", env=env, program=program)
+    assert (out["f"], out["g"]) == (8.0, 40.0), (out, err)
+    said = autocache_warnings(err)
+    assert len(said) == 1 and "reads no entry" in said[0], err
+
+
+def test_a_refused_directory_stays_unread_where_the_package_has_no_directory_of_its_own(venv: Venv,
+                                                                                       tmp_path: Path) -> None:
+    """The package's own directory unusable (another user's `dir`: the run is uncached) and a refused
+    directory given after import: JAX's stock cache would serve it; the guard on get_file_cache
+    alone keeps it unread, under -W error. The opt-in shows the plant works (results swapped)."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 1002, 1002)
+    planted = tmp_path / "jax_cache"
+    env = {**THRESHOLDS, "GKX_JAX_CACHE_DIR": str(theirs), "GIVEN": str(planted), "FIRST_CWD": str(tmp_path),
+           "THEN": ""}
+    run_program(venv, env=env, program=VICTIM)  # filled as the victim's setup fills it: the same keys
+    _swap_and_give(planted, 1002)
+    out, err = run_program(venv, "-W", "error", env=env, program=VICTIM)
+    assert (out["f"], out["g"]) == (8.0, 40.0), (out, err)
+    assert any("reads no entry" in line for line in autocache_warnings(err)), err
+    out, err = run_program(venv, env={**env, "GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"}, program=VICTIM)
+    assert (out["f"], out["g"]) == (40.0, 8.0), (out, err)
