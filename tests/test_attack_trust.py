@@ -2,7 +2,7 @@
 and a careful reviewer would make them: a directory JAX is given that is checked once and read by
 path afterwards, the run's line for a refused directory, removal in a directory the package did not
 make, and a CPU whose kernel hides a feature XLA's code uses. Each test fails where the attack
-works; those not fixed yet are strict xfails, their reason the finding."""
+works (each failed on 767e416, the review's findings, before they were fixed)."""
 
 from __future__ import annotations
 
@@ -76,12 +76,6 @@ def _swap_and_give(planted: Path, owner: int) -> None:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 1: where JAX's stock cache serves (the package's own directory unusable, a bucket as dir, the user's "
-    "jax_compilation_cache_max_size), refuse_file_caches checks the directory once and hands JAX the name as given: "
-    "a relative name is read in the next current directory, a link on the way is followed again at every read, "
-    "a directory given to another user since is read as before (the store checks it at each lookup, 2d66f39); "
-    "the other user's entries are loaded (results swapped), under -W error, nothing said"))
 @pytest.mark.parametrize("then", ["chdir", "repoint", "chown"])
 def test_a_directory_checked_for_jaxs_stock_cache_is_the_one_it_reads(venv: Venv, tmp_path: Path, then: str) -> None:
     """The package checks a directory JAX is given when JAX sets its cache up there (issue 57's
@@ -128,10 +122,6 @@ def test_a_directory_checked_for_jaxs_stock_cache_is_the_one_it_reads(venv: Venv
     assert (out["f"], out["g"]) == (8.0, 40.0), (out, err)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 2: where a refused directory is given after import and the store serves the package's own, the report "
-    "line counts JAX's compile requests as misses in the refused directory ('0 hits, 5 misses, ..., <refused>'): "
-    "no entry was looked up there; the JAX_COMPILATION_CACHE_DIR case says 'this run was uncached'"))
 def test_the_report_line_of_a_run_given_a_refused_directory_says_it_was_uncached(venv: Venv, tmp_path: Path) -> None:
     """The run's line tells the truth: JAX had no cache in the refused directory, so nothing was
     looked up or missed there; the line says the run was uncached, as it does where the refused
@@ -162,10 +152,6 @@ print(float(step(jnp.ones((8, 8)))))
 HEX = "ab" * 32
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 3: in a directory the package did not make, _entries.ours keeps every unit without an entry (a foreign "
-    "'<name>-<64 hex>-atime') and any '-cache' whose first bytes are a zlib or zstd frame, whoever owns it: both are "
-    "pruned under a cap"))
 @pytest.mark.parametrize("theirs", ["a note named -atime", "another user's zlib file named -cache"])
 def test_a_directory_the_package_did_not_make_keeps_what_it_cannot_have_written(venv: Venv, tmp_path: Path,
                                                                                theirs: str) -> None:
@@ -192,10 +178,6 @@ def test_a_directory_the_package_did_not_make_keeps_what_it_cannot_have_written(
     assert (framework / name).read_bytes() == data
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 5: verify --repair in a directory the package did not make removes a link, a FIFO and an entry-less "
-    "'-atime' file of another tool's named like entries: Verification.doomed takes scan's links and odd files "
-    "unfiltered, and ours() keeps units without an entry"))
 def test_verify_repair_in_a_directory_the_package_did_not_make_removes_only_its_own(tmp_path: Path) -> None:
     """`verify --repair` in a framework's directory (tagged only in its bookkeeping folder): a
     link, a FIFO, or an `-atime` note another tool keeps there under an entry's name is not the
@@ -214,10 +196,6 @@ def test_verify_repair_in_a_directory_the_package_did_not_make_removes_only_its_
     assert doomed == {f"jit_f-{'cd' * 32}-cache"}, doomed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 7: _trust.links_problem checks the links of the path as written, not those met while resolving it: "
-    "another user's link reached through one of yours is followed, so he chooses which of your folders is the "
-    "cache (docs: 'every symlink on the way must be yours or root's ... one planted in /tmp is refused')"))
 def test_another_users_link_reached_through_one_of_yours_is_refused_like_one_named_directly(venv: Venv,
                                                                                           tmp_path: Path) -> None:
     """A link of the user's own (`~/.jaxcache -> /tmp/cache`) to a name in a sticky folder that
@@ -267,10 +245,6 @@ print(json.dumps(sorted(set(seen))))
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 6: a refused directory is not read by JAX's cache object, but JAX still points XLA's own GPU caches "
-    "at it (is_persistent_cache_enabled only asks whether a directory is set): the kernel cache file (compiled "
-    "kernels, with xla_caches = all) and the autotune results (JAX's default on a GPU host) of another user"))
 @pytest.mark.parametrize("how", ["config.update", "env"])
 def test_xlas_own_caches_read_nothing_of_a_refused_directory(venv: Venv, tmp_path: Path, how: str) -> None:
     """'Read by no one' (SPEC §5/§8, amended 2026-12-06) holds for XLA's GPU caches too: a kernel

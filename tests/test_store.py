@@ -252,11 +252,11 @@ def test_a_jax_before_0_9_1_is_served_by_the_store(monkeypatch: pytest.MonkeyPat
         made.append(args)
         return "store"
 
-    reason = _jax.serve_store(old, lambda path: path == str(tmp_path), make, lambda key, error: True)
-    assert reason is None
+    reason = _jax.serve_file_caches(old, lambda path: (path, "store"), make, lambda key, error: True, lambda path: None)
+    assert reason == (None, None)
     served: Any = cc.get_file_cache(str(tmp_path))
     assert served == ("store", str(tmp_path))
-    assert made and made[0][0] == str(tmp_path)
+    assert made and made[0][:2] == (str(tmp_path), True)
 
 
 BITS = r"""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gkx_autocache._diagnostics import logger, user_frame
@@ -23,10 +24,13 @@ POINTER_FILE = "moved.json"  # in the package's own directory's bookkeeping: whe
 _who: dict[str, str] = {}  # a directory, canonical -> who set it ("train.py:42")
 
 
-def watch(config: Any) -> None:
+def watch(config: Any, on_set: Callable[[str], None] | None = None) -> None:
     """Note who sets ``jax_compilation_cache_dir`` from now on: ``config.update`` wrapped on the
-    instance (``set_cache_dir`` calls it too)."""
+    instance, once (``set_cache_dir`` calls it too); ``on_set(path)`` is told of each new value,
+    once JAX has it."""
     original = config.update
+    if getattr(original, "__gkx_watch__", False):
+        return
 
     def update(name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
         if name == OPTION and isinstance(value, str) and value:
@@ -34,7 +38,15 @@ def watch(config: Any) -> None:
                 _who[value] = _who[os.path.realpath(value)] = caller()
             except Exception:  # never in the way of the user's setting
                 pass
-        return original(name, value, *args, **kwargs)
+        done = original(name, value, *args, **kwargs)
+        if name == OPTION and isinstance(value, str) and value and on_set is not None:
+            try:
+                on_set(value)
+            except Exception as exc:  # never in the way of the user's setting
+                logger.debug("%s=%r not judged: %s", OPTION, value, exc)
+        return done
+
+    update.__gkx_watch__ = True  # type: ignore[attr-defined]
 
     update.__wrapped__ = original  # type: ignore[attr-defined]
     try:  # a JAX whose config takes no attribute: the directory is still served, its setter unnamed

@@ -72,6 +72,15 @@ def temp_root() -> str | None:
     return os.path.join(folder, f"gkx-{os.getuid()}", "jax")
 
 
+def homeless() -> bool:
+    """Whether this user has no home of their own to cache in: ``docker run --user 12345`` sets
+    HOME to ``/``, and no XDG_CACHE_HOME; the temporary directory is then its cache, said by
+    ``status`` alone. (A broken XDG_CACHE_HOME, or a home that cannot be written, is said.)"""
+    from gkx_autocache._userdirs import home
+
+    return not os.path.isabs(os.environ.get("XDG_CACHE_HOME", "").strip()) and home() in (None, os.sep)
+
+
 def squatted(temp: str) -> int | None:
     """The uid of someone else who made the user's folder of the temporary directory
     (``/tmp/gkx-<uid>``) first, or None: its name is known to every local user, and refused once
@@ -355,7 +364,8 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
             found = Location(LOCAL, prepared.version_dir, prepared.root, True, rule, shared, prepared.mount)
             found.tried = location.tried
             user = user_root()
-            if "temporary directory" in rule and (broken := dict(location.tried).get(user or "")) is not None:
+            if "temporary directory" in rule and (broken := dict(location.tried).get(user or "")) is not None \
+                    and not homeless():
                 # Said: a cache setting the user may not know is broken, and a cache cleared at reboot.
                 found.problems.append(("dir:user-cache", f"the user cache {user} cannot be used, {broken}; caching in "
                                                          f"{prepared.root} instead, which is cleared at reboot: fix "

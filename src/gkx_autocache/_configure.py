@@ -13,7 +13,7 @@ from typing import Any
 from gkx_autocache import _cache, _mount, _settings
 from gkx_autocache._diagnostics import NOTED, logger, warn
 from gkx_autocache._formats import UNKEYED
-from gkx_autocache._layout import is_url
+from gkx_autocache._layout import META_DIR, is_url
 
 _lock = threading.Lock()
 _configured = False
@@ -70,13 +70,16 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         warn(cause, message)
     if location.remote and _settings.signing_key(env) is not None:
         warn("signing:remote", _settings.remote_signing_note(str(settings["dir"])))
+    xla_caches = XlaCaches(settings, config)  # never pointed at a directory the trust rules refuse
     if location.version_dir is None or location.refused:
         if settings["report"] and location.problems:  # the run's line says it was uncached, and why
             said = location.problems[0][1].removesuffix("; running uncached")
             atexit.register(print, f"gkx-autocache: this run was uncached: {said}", file=sys.stderr, flush=True)
         if location.version_dir is not None:  # the user's own, refused: thresholds as usual, no entry read
             _set_thresholds(config, settings, location.version_dir)
-        guard_untrusted(jax, settings, env, None)
+            xla_caches.judge(location.version_dir)
+        watch_dir(config, xla_caches)
+        route_only(jax, settings, env)
         return
     directory = location.version_dir
     _fork.in_child(_jax.keep_backends)  # a warm run's forked child would hang at its exit (JAX's own cache too)
@@ -90,6 +93,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         config.update("jax_compilation_cache_dir", directory)
         logger.debug("jax.config.update('jax_compilation_cache_dir', %r)", directory)
     _set_thresholds(config, settings, directory)
+    watch_dir(config, xla_caches)  # who sets the directory from now on, and XLA's caches kept out of a refused one
 
     from gkx_autocache import _jax, _store
     from gkx_autocache._record import recorder as _stats
@@ -118,12 +122,9 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         shared = location.team
         # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
         cap = settings["max_size"] if location.packages or settings.origin("max_size") != "default" else 0
-        from gkx_autocache import _adopted
-
-        _adopted.watch(config)
-        follow = functools.partial(follow_jax, settings, location, recorder, env)
-        reason = _store.install(jax, directory, shared, recorder, writable=location.writable, levels=levels,
-                                follow=follow)
+        routing = functools.partial(route, settings, location, recorder, env)
+        reason = _store.install(jax, directory, shared, recorder, levels, routing,
+                                functools.partial(recheck, location.version_dir if location.team else None))
         if reason is None:
             serves = functools.partial(_store.serving_now, config)
         callbacks = reason or _jax.serve_host_callbacks(  # before the other write seams: the one nearest JAX
@@ -146,12 +147,12 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             verdict.write(directory, "jax" if reason else "gkx-autocache", reason, shared, explain=unexplained,
                           unkeyed=unkeyed, callbacks=callbacks)
         # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7); also where this
-        # directory is read-only, as JAX may be given another one since (``follow_jax``).
+        # directory is read-only, as JAX may be given another one since (``route``).
         atexit.register(_stats.finish, recorder, cap if not reason else 0)
-    if not (location.local and serves is not None):  # JAX's stock cache serves: it must not read a refused directory
-        guard_untrusted(jax, settings, env, directory if location.local else None)
+    if not location.local and os.name != "nt":  # a bucket as dir: JAX's stock cache; a local one given later is judged
+        route_only(jax, settings, env)
     if settings["cpu_target"] != "host":  # before XLA's backend starts: it reads XLA_FLAGS then
-        choose_cpu_target(jax, settings["cpu_target"], serves)
+        choose_cpu_target(jax, settings["cpu_target"], serves, directory if location.local else None)
     # The outermost seam on JAX's lookup: after the store's and the callbacks' (SPEC §7). XLA reads
     # XLA_FLAGS when its backend starts, which a program may set after import jax: read at the first lookup.
     asked: list[str | None] = []
@@ -195,46 +196,6 @@ def _set_thresholds(config: Any, settings: _settings.Settings, directory: str) -
         logger.debug("jax.config.update(%r, %r)", option, value)
 
 
-def refuse(settings: _settings.Settings, path: str, by: str, refused: _cache.DirectoryRefused) -> str | None:
-    """A directory JAX was given that the trust rules refuse (SPEC §5/§8, amended 2026-12-06):
-    ``_store.REFUSED``, JAX reads no entry of it and writes none; or None, JAX's own cache reads it
-    unchecked, where ``read_untrusted_dir`` asks for that. Said once, with a fix the user can make."""
-    from gkx_autocache import _store
-
-    unread = not settings["read_untrusted_dir"]
-    warn(f"dir:{path}", _cache.refused_note(f"{path} (set by {by})", refused, unread))
-    return _store.REFUSED if unread else None
-
-
-def guard_untrusted(jax: Any, settings: _settings.Settings, env: Mapping[str, str], served: str | None) -> None:
-    """Where the store does not serve JAX's directory (it cannot here, or the package has none of
-    its own), JAX's stock cache would read any directory it is given: there, too, JAX sets up no
-    cache in one the trust rules refuse (``refuse``). ``served``: a directory already judged."""
-    from gkx_autocache import _adopted, _jax
-
-    if os.name == "nt":  # the trust rules are POSIX (Windows' stock cache: ``_cache.windows``)
-        return
-    _adopted.watch(jax.config)
-
-    def refused(path: str) -> bool:
-        if served is not None and os.path.realpath(path) == os.path.realpath(served):
-            return False
-        try:
-            _cache.prepare(path, None)
-        except _cache.DirectoryRefused as exc:
-            return refuse(settings, path, _adopted.who(path, env.get("JAX_COMPILATION_CACHE_DIR")), exc) is not None
-        except Exception as exc:  # never in the way of JAX's own set-up
-            logger.debug("%s not judged: %s", path, exc)
-        return False
-
-    why = _jax.refuse_file_caches(refused)
-    if why is not None and not settings["read_untrusted_dir"]:
-        logger.debug("a directory the trust rules refuse cannot be kept from JAX: %s", why)
-        dir_ = getattr(jax.config, "jax_compilation_cache_dir", None)
-        if dir_ and refused(str(dir_)):  # the one way left: JAX's cache off for this process
-            jax.config.update("jax_enable_compilation_cache", False)
-
-
 def prefetch_room(version_dir: str, cap: int, unfolded: bool) -> int:
     """``fold.prefetch_room``, its module loaded at a prefetch's start, not on ``import jax``."""
     from gkx_autocache._record import fold
@@ -242,7 +203,7 @@ def prefetch_room(version_dir: str, cap: int, unfolded: bool) -> int:
     return fold.prefetch_room(version_dir, cap, unfolded)
 
 
-def choose_cpu_target(jax: Any, level: str, serves: Any) -> None:
+def choose_cpu_target(jax: Any, level: str, serves: Any, directory: str | None = None) -> None:
     """Cap XLA's CPU code at ``level`` and key CPU entries on it, where this host and this XLA can
     take it (``_cpu_target.choose``) and the store serves (it checks each entry's features before
     JAX loads it; ``serves``, None where it is not installed); else one warning, and the host's ISA
@@ -266,6 +227,11 @@ def choose_cpu_target(jax: Any, level: str, serves: Any) -> None:
     _jax.exclude_xla_flag(_cpu_target.FLAG)  # the target is in the key's hook part; the flag leaves XLA_FLAGS
     _cpu_target.add_flag(level)
     logger.debug("cpu_target %s: XLA_FLAGS=%s", level, os.environ["XLA_FLAGS"])
+    if directory is not None:  # what an earlier run learned XLA's code uses here (``LocalLevel.learn_features``)
+        from gkx_autocache import _files, _trust
+
+        kept = _files.read(os.path.join(directory, META_DIR, target.learned_name()), 4096, check=_trust.entry_problem)
+        target.remember((kept or b"").decode("ascii", "replace").split())
     _cpu_target.active = target
 
 
@@ -290,36 +256,116 @@ def dump_asked(env: Mapping[str, str], argv: list[str] | None = None) -> str | N
     return None
 
 
-def follow_jax(settings: _settings.Settings, location: _cache.Location, recorder: Any, env: Mapping[str, str],
-               path: str) -> bool | str | None:
-    """JAX sets up its cache in ``path``, at its first compile since the directory was set (SPEC
-    §5, amended 2026-12-04): the package's own directory, or one a framework gave it after ``import
-    jax``. The store serves the latter where it is local and may be trusted (``_cache.prepare``,
-    the directory as it is), and the recorder moves there; the cap applies there only where
-    ``max_size`` was set. Whether it may be written; None where JAX's stock cache serves it;
-    ``_store.REFUSED`` where the trust rules refuse it (``refuse``)."""
+def route(settings: _settings.Settings, location: _cache.Location | None, recorder: Any, env: Mapping[str, str],
+          path: str) -> tuple[str, str] | None:
+    """What serves the directory JAX sets up its cache in (``_jax.serve_file_caches``), at its first
+    compile since the directory was set (SPEC §5, §8, amended 2026-12-04 and 2026-12-06):
+
+    - the package's own version directory: the store;
+    - one someone else gave JAX after ``import jax`` (a framework) or in JAX_COMPILATION_CACHE_DIR,
+      that may be trusted (``_cache.prepare``, the directory as it is): the store where it serves,
+      the recorder moving there (the cap applies only where ``max_size`` was set); else JAX's own
+      object, in the real path judged, checked again at each lookup;
+    - one the trust rules refuse: nothing at all (None): JAX reads no entry of it and writes none,
+      said once with a fix the user can make; unless ``read_untrusted_dir`` asks that JAX's own
+      cache read it unchecked."""
     from gkx_autocache import _adopted, _store
 
-    assert location.version_dir is not None
-    if os.path.realpath(path) == os.path.realpath(location.version_dir):
-        recorder.move(location.version_dir, location.writable, None, None)
-        return location.writable
+    own = location.version_dir if location is not None and location.local else None
+    if location is not None and own is not None and os.path.realpath(path) == os.path.realpath(own):
+        recorder.move(own, location.writable, None, None)
+        return os.path.realpath(own), "store" if location.writable else "store-read-only"
     by = _adopted.who(path, env.get("JAX_COMPILATION_CACHE_DIR"))
-    if is_url(path):
-        logger.debug("%s (set by %s) is a bucket: JAX's stock cache serves it", path, by)
-        return None
     try:
         prepared = _cache.prepare(path, None)
     except _cache.DirectoryRefused as exc:
-        return refuse(settings, path, by, exc)
+        unread = not settings["read_untrusted_dir"]
+        note = _cache.refused_note(f"{path} (set by {by})", exc, unread)
+        warn(f"dir:{path}", note)
+        if not unread:
+            return path, "unchecked"
+        if recorder is not None:  # the run's line: nothing was looked up there
+            recorder.refuse(path, f"{path} (set by {by}) is refused ({exc.cause}): JAX read no entry there")
+        return None
+    except Exception as exc:  # never in the way of JAX's own set-up: no cache there
+        logger.debug("%s (set by %s) not judged, so not used: %s", path, by, exc)
+        return None
+    real = prepared.version_dir
+    if location is None or own is None or not _store.installed():
+        logger.debug("JAX's directory is %s, set by %s: JAX's own cache serves it, checked at each lookup", real, by)
+        return real, "jax"
     cap = settings["max_size"] if settings.origin("max_size") != "default" else 0
-    recorder.move(prepared.version_dir, prepared.writable, by, cap, given=path)
+    recorder.move(real, prepared.writable, by, cap, given=path)
     if location.writable:
-        _adopted.point(location.version_dir, prepared.version_dir, by)
+        _adopted.point(own, real, by)
     if prepared.writable:
-        _store.write_verdict(prepared.version_dir, "gkx-autocache", None)
-    logger.debug("JAX's directory is %s, set by %s: the store serves it", prepared.version_dir, by)
-    return prepared.writable
+        _store.write_verdict(real, "gkx-autocache", None)
+    logger.debug("JAX's directory is %s, set by %s: the store serves it", real, by)
+    return real, "store" if prepared.writable else "store-read-only"
+
+
+def route_only(jax: Any, settings: _settings.Settings, env: Mapping[str, str]) -> None:
+    """Where the store serves no directory of the package's (it has none it may use, or it is a
+    bucket): JAX's stock cache serves any directory JAX is given, judged as ``route`` judges it, and
+    one the trust rules refuse gets no cache. Where that seam has changed, a refused directory JAX
+    has now turns its cache off for this process: the one way left to read none of it."""
+    from gkx_autocache import _jax
+
+    _, why = _jax.serve_file_caches(jax, functools.partial(route, settings, None, None, env), None,
+                                    lambda key, error: False, functools.partial(recheck, None))
+    if why is not None and not settings["read_untrusted_dir"]:
+        logger.debug("a directory the trust rules refuse cannot be kept from JAX: %s", why)
+        given = getattr(jax.config, "jax_compilation_cache_dir", None)
+        if given and not is_url(str(given)) and route(settings, None, None, env, str(given)) is None:
+            jax.config.update("jax_enable_compilation_cache", False)
+
+
+def watch_dir(config: Any, xla_caches: XlaCaches) -> None:
+    """From now on, who sets ``jax_compilation_cache_dir`` (``_adopted``), and XLA's caches judged
+    with it; not on Windows, where the trust rules do not run (``_cache.windows``)."""
+    if os.name != "nt":
+        from gkx_autocache import _adopted
+
+        _adopted.watch(config, on_set=xla_caches.judge)
+
+
+def recheck(team: str | None, real: str) -> str | None:
+    """Why JAX's own cache object must read and write nothing in ``real`` now (the directory rules,
+    one stat), or None; ``team``: the package's own version directory where it is a team directory."""
+    from gkx_autocache import _trust
+
+    return _trust.directory_problem(real, team is not None and os.path.realpath(team) == real)
+
+
+class XlaCaches:
+    """JAX puts XLA's own GPU caches (its autotune results, the kernel cache file: code) under the
+    cache directory whenever one is set, whether or not it set up a cache object there: for a
+    directory the trust rules refuse they are turned off (``none``), and back on as they were once a
+    directory that may be trusted is set. Judged when the directory is set (JAX builds a compile's
+    options, and these paths with them, before it sets up its cache object)."""
+
+    def __init__(self, settings: _settings.Settings, config: Any) -> None:
+        self._settings, self._config = settings, config
+        self._before: str | None = None  # what was turned off, to turn it back on
+
+    def judge(self, path: str) -> None:
+        option = "jax_persistent_cache_enable_xla_caches"
+        if is_url(path) or not hasattr(self._config, option) or self._settings["read_untrusted_dir"]:
+            return
+        try:
+            _cache.prepare(path, None, create=False)
+            refused = False
+        except _cache.DirectoryRefused:
+            refused = True
+        except Exception:
+            return
+        now = getattr(self._config, option)
+        if refused and now != "none":
+            self._before = now
+            self._config.update(option, "none")
+        elif not refused and self._before is not None and now == "none":
+            self._config.update(option, self._before)
+            self._before = None
 
 
 class Verdict:

@@ -82,7 +82,7 @@ class Target:
     checks each entry's features before it is loaded (JAX's own cache checks nothing: there CPU
     keys keep the host's ISA)."""
 
-    __slots__ = ("level", "machine", "host_features", "why_host", "serves", "extras", "_lock", "_checked")
+    __slots__ = ("level", "machine", "host_features", "why_host", "serves", "extras", "learned", "_lock", "_checked")
 
     def __init__(self, level: str | None, machine: str = "", host_features: frozenset[str] = frozenset(),
                  why_host: str | None = None, serves: Callable[[], bool] = lambda: False) -> None:
@@ -92,6 +92,7 @@ class Target:
         self.why_host = why_host
         self.serves = serves
         self.extras = extras(level, host_features) if level is not None else ()
+        self.learned: frozenset[str] = frozenset()  # what XLA's code uses here that the kernel's flags hide (``learn``)
         self._lock = threading.Lock()
         self._checked = False
 
@@ -134,12 +135,43 @@ class Target:
         lacks, among those the kernel's flags can show (``_isa``'s tables: a newer feature neither
         names is not held against an entry), or None."""
         listed = features_of(payload)
-        lacks = sorted(f for f in listed if f in _isa.KNOWN and f not in INSTRUCTION_ONLY
-                       and not _isa.covers(self.host_features, f))
+        have = self.host_features | self.learned
+        lacks = sorted(f for f in listed if f in _isa.KNOWN and f not in INSTRUCTION_ONLY and not _isa.covers(have, f))
         if not lacks:
             return None
         return (f"built for {', '.join(lacks)}, which this CPU lacks (another host of cpu_target {self.level} "
                 f"wrote it): compiled again here and replaced")
+
+
+    def learn(self, payload: bytes) -> tuple[str, ...]:
+        """An entry this process compiled (decompressed) lists what XLA's code may use on this CPU,
+        read from CPUID: a feature beyond the level the cap leaves on, that the kernel's flags do not
+        show (an older kernel than the CPU, ``clearcpuid``), is this host's all the same, or its own
+        entries would be refused here on every run. The features newly learned."""
+        have = self.host_features | self.learned
+        hidden = tuple(sorted(f for f in self._beyond(features_of(payload)) if f not in have))
+        self.learned = self.learned | frozenset(hidden)
+        return hidden
+
+    def remember(self, words: list[str]) -> None:
+        """What an earlier run on this host learned (``learn``), as it kept it: only features beyond
+        the level that the cap leaves on (a word of another kind, written by hand, is not taken)."""
+        self.learned = self.learned | frozenset(self._beyond(words))
+
+    def _beyond(self, features: Any) -> list[str]:
+        if self.level is None:
+            return []
+        cap, needed = LEVELS[self.level]
+        return [f for f in features if f in _isa.KNOWN and f not in needed and f not in INSTRUCTION_ONLY
+                and xla_keeps(f, cap)]
+
+    def learned_name(self) -> str:
+        """The file, in a version directory's bookkeeping, that keeps what this host learned, by its
+        kernel's view of the CPU (another host's view keeps its own)."""
+        import hashlib
+
+        seen = ",".join(sorted(self.host_features))
+        return f"cpu-{hashlib.sha256(f'{self.machine}:{self.level}:{seen}'.encode()).hexdigest()[:16]}"
 
 
 NONE = Target(None)

@@ -21,6 +21,7 @@ from gkx_autocache._layout import (
     ENTRY_SUFFIX,
     LEDGER_DIR,
     META_DIR,
+    OWN_SUFFIXES,
     TAG_NAME,
     VERSION_PREFIX,
     common_name,
@@ -43,7 +44,7 @@ STALE_VERSION_SECS = 30 * 86400.0
 class Unit:
     """One entry with its sidecars: pruned and cleared together."""
 
-    __slots__ = ("key", "files", "bytes", "last_used", "has_entry")
+    __slots__ = ("key", "files", "bytes", "last_used", "has_entry", "uids")
 
     def __init__(self, key: str, bytes: int = 0, last_used: float = 0.0, has_entry: bool = False) -> None:
         self.key = key
@@ -51,6 +52,7 @@ class Unit:
         self.bytes = bytes
         self.last_used = last_used
         self.has_entry = has_entry
+        self.uids: set[int] = set()  # who owns its files (none known on a bucket)
 
 
 class Scan:
@@ -105,6 +107,7 @@ def scan(version_dir: str) -> Scan:
                 unit = result.units[key] = Unit(key)
             unit.files.append(item.path)
             unit.bytes += on_disk(st)
+            unit.uids.add(st.st_uid)
             if suffix == ENTRY_SUFFIX:
                 unit.has_entry = True
                 unit.last_used = max(unit.last_used, st.st_atime, st.st_mtime)
@@ -429,18 +432,24 @@ def made_here(version_dir: str) -> bool:
 
 def ours(version_dir: str, units: list[Unit], made: bool | None = None) -> list[Unit]:
     """The units the package may remove (SPEC §7, amended 2026-12-06): in a directory it did not
-    make, only those whose entry carries JAX's format (a compressed frame: 4 bytes read), or that
-    have no entry (sidecars, JAX's ``-atime``). Another tool's ``model-<sha256>-cache`` stays."""
+    make, only what it can show it wrote: units of this user's files alone whose entry carries
+    JAX's format (a compressed frame: 4 bytes read), or that have no entry and only the package's
+    own sidecars. Another tool's ``model-<sha256>-cache`` or ``notes-<sha256>-atime`` stays."""
     if made if made is not None else made_here(version_dir):
         return units
     from gkx_autocache._formats import compression_of
 
-    def jax_format(unit: Unit) -> bool:
-        entry = next((p for p in unit.files if p.endswith(ENTRY_SUFFIX)), None)
-        head = _files.read(entry, 4) if entry is not None else b""
-        return entry is None or (head is not None and compression_of(head) is not None)
+    me = os.geteuid() if hasattr(os, "geteuid") else None
 
-    return [u for u in units if not u.has_entry or jax_format(u)]
+    def jax_format(unit: Unit) -> bool:
+        entry = next(p for p in unit.files if p.endswith(ENTRY_SUFFIX))
+        head = _files.read(entry, 4)
+        return head is not None and compression_of(head) is not None
+
+    def sidecars(unit: Unit) -> bool:
+        return all(p.endswith(OWN_SUFFIXES) for p in unit.files)
+
+    return [u for u in units if all(uid == me for uid in u.uids) and (jax_format(u) if u.has_entry else sidecars(u))]
 
 
 def plan_clear(version_dir: str) -> Removal:
@@ -508,10 +517,11 @@ def check_entry(path: str) -> str | None:
 
 
 class Verification:
-    """What ``verify`` found."""
+    """What ``verify`` found; in a directory the package did not make, links and other odd files
+    named like entries are listed, never removed (they are not the package's)."""
 
     def __init__(self, version_dir: str, checked: int, corrupt: list[tuple[Unit, str]], orphans: list[str],
-                 stale: list[str], links: list[str], not_regular: list[tuple[str, str]]) -> None:
+                 stale: list[str], links: list[str], not_regular: list[tuple[str, str]], made: bool = True) -> None:
         self.version_dir = version_dir
         self.checked = checked
         self.corrupt = corrupt
@@ -519,23 +529,25 @@ class Verification:
         self.stale = stale  # temporary files of processes that died writing
         self.links = links  # named like entries: never read
         self.not_regular = not_regular  # (path, kind) named like entries: never read
+        self.made = made  # the package made the directory (``made_here``)
 
     @property
     def doomed(self) -> list[str]:
         """What ``--repair`` unlinks (directories are ``doomed_dirs``: removed only when empty)."""
-        odd = [p for p, kind in self.not_regular if kind != "a directory"]
-        return [p for u, _ in self.corrupt for p in u.files] + self.orphans + self.stale + self.links + odd
+        odd = [p for p, kind in self.not_regular if kind != "a directory"] + self.links if self.made else []
+        return [p for u, _ in self.corrupt for p in u.files] + self.orphans + self.stale + odd
 
     @property
     def doomed_dirs(self) -> list[str]:
-        return [p for p, kind in self.not_regular if kind == "a directory"]
+        return [p for p, kind in self.not_regular if kind == "a directory"] if self.made else []
 
 
 def verify(version_dir: str, progress: Any = None) -> Verification:
     """Read back every entry of ``version_dir``."""
     found = scan(version_dir)
     corrupt, orphans = [], []
-    units = ours(version_dir, list(found.units.values()))  # another tool's file of an entry's name is not one
+    made = made_here(version_dir)
+    units = ours(version_dir, list(found.units.values()), made)  # another tool's file of an entry's name is not one
     for i, unit in enumerate(units):
         if progress is not None and i % 1000 == 0:
             progress(f"verify: {i}/{len(units)} entries checked")
@@ -550,4 +562,4 @@ def verify(version_dir: str, progress: Any = None) -> Verification:
         progress("")
     stale_tmp = [t[0] for t in found.temporary if time.time() - t[2] > STALE_TMP_SECS]
     return Verification(version_dir, len(units) - len(orphans), corrupt, orphans, stale_tmp, found.links,
-                        found.not_regular)
+                        found.not_regular, made)

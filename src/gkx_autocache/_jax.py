@@ -233,66 +233,87 @@ def _store_problem(cc: Any) -> str | None:
     return None
 
 
-def serve_store(jax: Any, is_ours: Callable[[str], bool | None], make: Callable[[str, bytes, Any, bool], Any],
-                unloadable: Callable[[str, BaseException], bool]) -> str | None:
-    """Have JAX's ``get_file_cache(path)`` return ``make(path, sample, decompress, check_payload)`` for the
-    package's directory (``is_ours(path)``), JAX's own object for any other, and no cache at all
-    where ``is_ours`` says None (a directory the trust rules refuse); why not, or None.
-    ``sample`` is a payload as this JAX compresses it. Where ``get_executable_and_time`` can be
-    guarded, an entry that does not load is a miss when ``unloadable(key, error)`` says so."""
+FILE_CACHE_CHANGED = "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
+
+
+def serve_file_caches(jax: Any, route: Callable[[str], tuple[str, str] | None],
+                      make: Callable[[str, bool, bytes, Any, bool], Any] | None,
+                      unloadable: Callable[[str, BaseException], bool],
+                      recheck: Callable[[str], str | None]) -> tuple[str | None, str | None]:
+    """JAX sets up its cache object through ``get_file_cache(path)`` (at its first compile since the
+    directory was set, 0.4.30 to 0.12). For a local directory, ``route(path)`` says what serves it:
+
+    - None: nothing; JAX takes None as "no cache" and reads and writes nothing there (a directory
+      the trust rules refuse);
+    - ``(real, "store")`` or ``(real, "store-read-only")``: the store, ``make(real, writable,
+      sample, decompress, check_payload)``, in the real path that was judged (``sample``: a payload
+      as this JAX compresses it); where the store cannot serve (or ``make`` is None), JAX's own
+      object as below;
+    - ``(real, "jax")``: JAX's own object in the real path judged, which reads and writes nothing
+      once ``recheck(real)`` names why (one stat a lookup: a directory given to another user since,
+      who may rename the entries in it); ``(path, "unchecked")``: JAX's own object, as JAX would.
+
+    Where ``get_executable_and_time`` can be guarded, an entry the store served that does not load
+    is a miss when ``unloadable(key, error)`` says so. ``(why the store does not serve, why no
+    directory is routed)``, each None where it does."""
     try:
         from jax._src import compilation_cache as cc
     except Exception as exc:  # pragma: no cover - a JAX without the module
-        return f"jax._src.compilation_cache cannot be imported ({exc})"
-    reason = _store_problem(cc)
-    if reason is None and jax.config.jax_compilation_cache_max_size != -1:
-        reason = "jax_compilation_cache_max_size is set by the user: JAX's own LRU cache serves"
-    if reason is not None:
-        return reason
-    sample = cc.compress_executable(b"gkx-autocache")
-    original = cc.get_file_cache
-    guarded = _guard_loading(cc, jax, unloadable)
+        why = f"jax._src.compilation_cache cannot be imported ({exc})"
+        return why, why
+    original = _attr(cc, "get_file_cache")
+    if original is None or parameters(original) != ["path"]:
+        return FILE_CACHE_CHANGED, FILE_CACHE_CHANGED
+    store_why = "the package has no directory of its own here" if make is None else _store_problem(cc)
+    if store_why is None and jax.config.jax_compilation_cache_max_size != -1:
+        store_why = "jax_compilation_cache_max_size is set by the user: JAX's own LRU cache serves"
+    sample = cc.compress_executable(b"gkx-autocache") if store_why is None else b""
+    guarded = store_why is None and _guard_loading(cc, jax, unloadable)
 
     def get_file_cache(path: str) -> Any:
         if not isinstance(path, str) or "://" in path:
             return original(path)
-        ours = is_ours(path)
-        if ours is None:  # JAX takes None as "no cache" (0.4.30 to 0.12): it reads and writes nothing there
+        routed = route(path)
+        if routed is None:
             return None
-        if not ours:
-            return original(path)
+        real, how = routed
+        if how == "unchecked":
+            return original(real)
+        if how == "jax" or store_why is not None:
+            found = original(real)
+            return None if found is None else (_Rechecked(found[0], real, recheck), found[1])
         # The store checks that an entry decompresses before serving it wherever JAX would meet a
         # bad one outside the guard: JAX's VerificationCache decompresses what `get` returned, and
         # `jax_raise_persistent_cache_errors` asks the guard to leave JAX's errors to JAX.
         checked = getattr(jax.config, "jax_compilation_cache_check_contents", False)  # 0.9.1+, as VerificationCache
         strict = checked or getattr(jax.config, "jax_raise_persistent_cache_errors", False)
-        store = make(path, sample, cc.decompress_executable, not guarded or bool(strict))
-        if checked:
-            return cc.VerificationCache(store), path
-        return store, path
+        assert make is not None
+        store = make(real, how == "store", sample, cc.decompress_executable, not guarded or bool(strict))
+        return (cc.VerificationCache(store) if checked else store), real
 
     _patch(cc, "get_file_cache", get_file_cache)
-    return None
+    return store_why, None
 
 
-def refuse_file_caches(refused: Callable[[str], bool]) -> str | None:
-    """Where the store does not serve: JAX sets up no cache in a local directory ``refused(path)``
-    names (the trust rules refuse it), so it reads and writes nothing there. Why not, or None."""
-    try:
-        from jax._src import compilation_cache as cc
-    except Exception as exc:  # pragma: no cover - a JAX without the module
-        return f"jax._src.compilation_cache cannot be imported ({exc})"
-    original = _attr(cc, "get_file_cache")
-    if original is None or parameters(original) != ["path"]:
-        return "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
+class _Rechecked:
+    """JAX's own cache object for a directory it may use only while the directory passes the trust
+    rules, asked at each lookup and write (``recheck``); the rest is the object's."""
 
-    def get_file_cache(path: str) -> Any:
-        if isinstance(path, str) and "://" not in path and refused(path):
+    def __init__(self, cache: Any, path: str, recheck: Callable[[str], str | None]) -> None:
+        self._cache, self._checked_path, self._recheck = cache, path, recheck
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cache, name)
+
+    def get(self, key: str) -> Any:
+        if (why := self._recheck(self._checked_path)) is not None:
+            logger.debug("%s is not read: %s", self._checked_path, why)
             return None
-        return original(path)
+        return self._cache.get(key)
 
-    _patch(cc, "get_file_cache", get_file_cache)
-    return None
+    def put(self, key: str, value: bytes) -> None:
+        if self._recheck(self._checked_path) is None:
+            self._cache.put(key, value)
 
 
 LOOKUP_CHANGED = "jax._src.compilation_cache.get_executable_and_time has changed"

@@ -63,7 +63,8 @@ TMP_SUFFIX = ".tmp"
 JAX_ATIME = "-atime"  # JAX's own LRU cache's access time beside an entry (its max_size)
 # Every suffix the package reads and removes: JAX's two and the package's own. A file beside them
 # with another suffix (a model's ``weights-<sha256>-weights``) is not the cache's: never touched.
-KNOWN_SUFFIXES = (ENTRY_SUFFIX, JAX_ATIME, COMPILE_SIDECAR, SEAL_SIDECAR, MANIFEST_SUFFIX, PACK_SUFFIX, AUTOTUNE_SUFFIX)
+OWN_SUFFIXES = (COMPILE_SIDECAR, SEAL_SIDECAR, MANIFEST_SUFFIX, PACK_SUFFIX, AUTOTUNE_SUFFIX)  # the package's alone
+KNOWN_SUFFIXES = (ENTRY_SUFFIX, JAX_ATIME, *OWN_SUFFIXES)
 _KEY = (r"(?P<key>[^/\\\s]+-[0-9a-f]{64})(?P<suffix>" + "|".join(KNOWN_SUFFIXES) + ")")  # compiled on first use
 _TMP = r"\.(?P<name>.+)\.\d+\.\d+" + re.escape(TMP_SUFFIX)  # ``tmp_name``'s: the name it replaces, a pid, a thread
 

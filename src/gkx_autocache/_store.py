@@ -9,7 +9,7 @@ the real compile time of each write is kept beside the entry (``<key>-gkx-compil
 is real for sub-second compiles; and every I/O failure is a miss and a DEBUG line, never a warning
 (users run their tests under ``-W error``).
 
-JAX's seams, patched by ``_jax.serve_store`` (if one changes, JAX's stock behaviour stays):
+JAX's seams, patched by ``_jax.serve_file_caches`` (if one changes, JAX's stock behaviour stays):
 - its cache module's ``get_file_cache(path)`` builds the cache object: for the directory
   the package resolved, it returns the store;
 - ``get_executable_and_time(cache_key, ...)`` decompresses and
@@ -297,6 +297,7 @@ class Store:
             self._uncached(key, "WRITE_FAILED", exc.strerror or str(exc))
             return
         written = len(value)
+        local.learn_features(value)  # (under a cpu_target: what XLA's code uses here)
         compile_secs = max(compile_clock() - started, 0.0) if started is not None else 0.0
         if started is not None:
             written += local.write_sidecar(key, compile_secs, by=self._recorder.run.id)
@@ -314,41 +315,26 @@ _serving: Store | None = None  # the store JAX got for the package's directory, 
 _own: str | None = None  # the package's own version directory (real path), once installed
 
 
-REFUSED = "refused"  # ``follow``'s word for a directory the trust rules refuse: JAX sets up no cache there
-
-
-def install(jax: Any, version_dir: str, shared: bool, recorder: Any, writable: bool = True,
-            levels: Any = None, follow: Callable[[str], bool | str | None] | None = None) -> str | None:
-    """Serve ``version_dir`` through the store; return why not (JAX's stock cache then serves).
-
-    ``follow(path)`` is told of every directory JAX sets up its cache in (at its first compile
-    since the setting changed): it says whether the store serves it too, and whether it may be
-    written (None: JAX's stock cache serves it; ``REFUSED``: no cache at all, JAX reads none of
-    it), and moves the recorder there (``_adopted``)."""
+def install(jax: Any, version_dir: str, shared: bool, recorder: Any, levels: Any,
+            route: Callable[[str], tuple[str, str] | None], recheck: Callable[[str], str | None]) -> str | None:
+    """Serve JAX's cache objects as ``route`` says (``_jax.serve_file_caches``): the store for the
+    package's own ``version_dir``, with the shared level ``levels`` behind it, and for a directory
+    someone else gave JAX that may be trusted; why the store does not serve (JAX's stock cache then
+    serves, checked at each lookup by ``recheck``), or None."""
     global _own
     ours = os.path.realpath(version_dir)
-    served: dict[str, bool] = {ours: writable}  # a directory the store serves -> whether it writes it
 
-    def serves(path: str) -> bool | None:
-        real = os.path.realpath(path)
-        said = follow(path) if follow is not None else None
-        if said == REFUSED:
-            return None
-        if real != ours and isinstance(said, bool):
-            served[real] = said
-        return real == ours or said is not None
-
-    def make(path: str, sample: bytes, decompress: Any, check_payload: bool) -> Store:
+    def make(real: str, writable: bool, sample: bytes, decompress: Any, check_payload: bool) -> Store:
         global _serving
-        real = os.path.realpath(path)  # as checked: JAX's own spelling may go through a link, or be relative
         mine = real == ours
         _serving = Store(real, compression=compression_of(sample) or "zlib", decompress=decompress,
-                         shared=shared and mine, recorder=recorder, writable=served[os.path.realpath(path)],
-                         check_payload=check_payload, levels=levels if mine else None,
-                         whole=_mount.bucket_mount(real) is not None)
+                         shared=shared and mine, recorder=recorder, writable=writable, check_payload=check_payload,
+                         levels=levels if mine else None, whole=_mount.bucket_mount(real) is not None)
         return _serving
 
-    why = _jax.serve_store(jax, serves, make, _unloadable)
+    why, unrouted = _jax.serve_file_caches(jax, route, make, _unloadable, recheck)
+    if unrouted is not None:
+        logger.debug("JAX's directories are not judged: %s", unrouted)
     if why is None:
         _own = ours
     return why

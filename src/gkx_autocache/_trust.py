@@ -59,22 +59,43 @@ def directory_problem(path: str, shared: bool = False) -> str | None:
 
 
 def links_problem(path: str) -> str | None:
-    """Why a symlink on the way to ``path`` (as written, before it is resolved) may have been put
-    there by someone else, or None: each must be yours or root's (an HPC home's ``/home/u ->
-    /gpfs/...`` is root's). A link another user planted in a sticky ``/tmp`` would choose where the
-    cache goes, and the checks of the resolved path would pass: it is in a directory of yours."""
+    """Why a symlink met on the way to ``path`` (resolved component by component, as the kernel
+    does) may have been put there by someone else, or None: each must be yours or root's (an HPC
+    home's ``/home/u -> /gpfs/...`` is root's). A link another user planted in a sticky ``/tmp``
+    would choose where the cache goes, and the checks of the resolved path would pass: it is in a
+    directory of yours. Also where your own link leads to his."""
     if not POSIX:
         return None
     uid = os.getuid()
-    current = ""
-    for part in os.path.abspath(path).split(os.sep)[1:]:
-        current = f"{current}{os.sep}{part}"
+    todo = os.path.abspath(path).split(os.sep)[1:]
+    current, hops = os.sep, 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        step = os.path.join(current, part)
         try:
-            st = os.lstat(current)
+            st = os.lstat(step)
         except OSError:
             return None  # not made yet: nothing below it is a link
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (uid, 0):
-            return f"{current} is a symlink of uid {st.st_uid}'s, not yours or root's; name the directory it points to"
+        if not stat.S_ISLNK(st.st_mode):
+            current = step
+            continue
+        if st.st_uid not in (uid, 0):
+            return f"{step} is a symlink of uid {st.st_uid}'s, not yours or root's; name the directory it points to"
+        hops += 1
+        try:
+            target = os.readlink(step)
+        except OSError as exc:
+            return f"{step} cannot be read ({exc.strerror})"
+        if hops > 40:
+            return f"{path} has too many symlinks on the way"
+        todo = target.split(os.sep) + todo
+        if os.path.isabs(target):
+            current = os.sep
     return None
 
 

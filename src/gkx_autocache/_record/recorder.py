@@ -122,6 +122,7 @@ class Recorder:
         self.set_by = set_by  # who gave JAX this directory, where it was not the package (``move``)
         self.cap: int | None = None  # the cap of a directory moved to, where not the package's own
         self.given = directory  # the directory as JAX was given it (a framework's may be relative)
+        self.unserved: dict[str, str] = {}  # a directory JAX was given that the trust rules refuse -> why (``refuse``)
         self._serving = serving  # whether the store serves it (``_store.installed``)
         self._keeps_ledger = ledger
         self._pending = threading.local()  # the entry just read on this thread, until JAX says it loaded
@@ -477,11 +478,21 @@ class Recorder:
         self._new_ledger()
         self.requests = self.jax_hits = 0
 
+    def refuse(self, path: str, note: str) -> None:
+        """JAX was given ``path``, which the trust rules refuse: it has no cache there (``note``: why,
+        as the warning said it), so nothing is looked up or missed there."""
+        self.unserved[path] = self.unserved[os.path.realpath(path)] = note
+
     def snapshot(self, used: str | None = None) -> dict[str, Any]:
         """This process's counts, as ``report`` and the pytest summary show them. ``used`` is the
         directory JAX uses now (the user's code may have chosen its own after ``import jax``):
-        the store's figures only when the store served it; JAX's own events otherwise."""
+        the store's figures only when the store served it; JAX's own events otherwise; that the
+        run was uncached where JAX had no cache there (a refused directory)."""
         used = self.directory if used is None else used
+        if (note := self.unserved.get(used)) is not None:
+            from gkx_autocache._record.show import empty
+
+            return {**empty(), "dirs": [used], "uncached": note}
         ours = self.store_serving and (used == self.given or os.path.realpath(used) == os.path.realpath(self.directory))
         used = self.directory if ours else used  # as the store resolved it (JAX's may be relative)
         t = self.totals

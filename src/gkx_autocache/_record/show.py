@@ -107,6 +107,8 @@ def summary_line(snap: dict[str, Any]) -> str:
     """``gkx-autocache: 1480 hits (1045 from earlier runs, 435 of this run's own compiles), 12
     misses (8 new, 3 changed XLA_FLAGS, 1 evicted), 1 not cached (host callbacks), 2.31 s compile
     CPU time avoided, ..., dir``. Misses and compiles not cached add up to the lookups not served."""
+    if snap.get("uncached"):  # JAX had no cache: a directory the trust rules refuse
+        return f"gkx-autocache: this run was uncached: {snap['uncached']}"
     hits = plural(snap["hits"], "hit")
     shared_level = (snap.get("levels") or {}).get("shared", {})
     shared, ahead = int(shared_level.get("hits", 0)), int(shared_level.get("prefetch_used", 0))
