@@ -229,20 +229,23 @@ def check(runs: list[list[list[Any]]]) -> dict[str, Any]:
     miss); and mismatches, one key with two different modules (the modules' canonical digests,
     what JAX's key hashes), which a shipped key must never have."""
     modules: dict[str, set[str]] = {}
+    names: dict[str, set[str]] = {}
     seen_in: dict[str, set[int]] = {}
     covered = total = 0
     for i, run in enumerate(runs):
-        for _name, key, digest in run:
+        for name, key, digest in run:
             total += 1
             if key is None:
                 continue
             covered += 1
             modules.setdefault(key, set()).add(digest)
+            names.setdefault(key, set()).add(name)
             seen_in.setdefault(key, set()).add(i)
     stable = sum(1 for i, run in enumerate(runs) if i for _n, key, _d in run if key is not None and min(seen_in[key]) < i)
     later = sum(len(run) for run in runs[1:])
     return {"lowerings": total, "covered": covered, "keys": len(modules),
             "mismatches": sum(1 for digests in modules.values() if len(digests) > 1),
+            "mismatched": [sorted(names[key]) for key, digests in modules.items() if len(digests) > 1],
             "later runs' lowerings": later, "found from an earlier run": stable}
 
 
@@ -282,6 +285,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--programs", default="", help="comma-separated names (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    parser.add_argument("--platform", default="cpu", help="JAX_PLATFORMS for the programs ('' for JAX's choice)")
     parser.add_argument("--prototype", action="store_true",
                         help="also time lowering_key.py's fingerprint before each lowering")
     parser.add_argument("--tests", type=Path, default=Path(".bench/src"),
@@ -306,7 +310,9 @@ def main() -> None:
                 cache = work / "cache"
                 shutil.rmtree(cache, ignore_errors=True)
                 env = {k: v for k, v in os.environ.items() if not k.startswith(("GKX_", "JAX_", "EQX_"))}
-                env.update(GKX_JAX_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu")
+                env.update(GKX_JAX_CACHE_DIR=str(cache))
+                if args.platform:
+                    env["JAX_PLATFORMS"] = args.platform
                 log = work / "prototype.jsonl"
                 if args.prototype:
                     env.update(GKX_BENCH_PROTOTYPE=str(HERE), GKX_BENCH_PROTOTYPE_LOG=str(log))
@@ -316,7 +322,7 @@ def main() -> None:
                     log.write_text("")
                     warm.append(run(python, program, env, work))
                     if args.prototype:
-                        lowerings.append([json.loads(line) for line in log.read_text().splitlines()])
+                        lowerings.append([[f"{name}: {n}", *rest] for n, *rest in map(json.loads, log.read_text().splitlines())])
                 row = {"jax": version, "program": name, "runs": args.runs,
                        "counts": {k: statistics.median(w["counts"][k] for w in warm) for k in warm[0]["counts"]
                                   if k != "uncovered"},
@@ -329,6 +335,8 @@ def main() -> None:
     if args.prototype:
         everything = check(lowerings)
         print(f"\nprototype key, all programs and runs together: {json.dumps(everything)}")
+        for names in everything["mismatched"]:
+            print(f"  one prototype key, two modules: {', '.join(names)}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     print("\nWall seconds (medians):\n")
