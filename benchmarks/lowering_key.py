@@ -1,6 +1,7 @@
 """A prototype of a key made before lowering (issue 62), for measuring only: what it costs to
 fingerprint a closed jaxpr by content (every equation's primitive, parameters, avals, context and
-name stack; constants by their bytes; sub-jaxprs recursively), and which programs it cannot cover.
+name stack; constants by their bytes; sub-jaxprs recursively) with lowering's other arguments and
+every effective ``jax.config`` value, and which programs it cannot cover.
 ``benchmarks/lowering.py --prototype`` computes it inside ``_cached_lowering_to_hlo``, before JAX
 lowers, and charges its time to its own part ("fingerprint"); nothing is looked up or skipped.
 
@@ -179,11 +180,22 @@ class Fingerprint:
         out.append(f"D{getattr(info, 'arg_names', None)!r}{getattr(info, 'result_paths', None)!r}")
 
 
+def configuration() -> tuple[tuple[str, Any], ...]:
+    """Every ``jax.config`` value as it is in effect on this thread (context managers included), and
+    JAX's version: lowering reads the configuration (``mlir.lower_fun`` traces rules again under it)."""
+    import jax
+    from jax._src import config
+
+    holders = config.config._value_holders
+    return (("jax", jax.__version__), *((name, holders[name].value) for name in sorted(holders)))
+
+
 def fingerprint(closed_jaxpr: Any, *rest: Any) -> str:
-    """sha256 of the closed jaxpr (a ClosedJaxpr on JAX 0.10, a Jaxpr with its consts on 0.12) and
-    the rest of lowering's arguments (by repr where they are not jaxprs)."""
+    """sha256 of the closed jaxpr (a ClosedJaxpr on JAX 0.10, a Jaxpr with its consts on 0.12), the
+    rest of lowering's arguments, and the configuration."""
     f = Fingerprint()
     f.add(closed_jaxpr)
     for r in rest:
         f.add(r)
+    f.add(configuration())
     return hashlib.sha256("\x00".join(f.out).encode()).hexdigest()
