@@ -313,3 +313,19 @@ def test_the_run_label_keeps_the_value_of_the_option_it_ends_with(monkeypatch: p
     assert _diagnostics.label() == "pytest -q -p no:cacheprovider"
     monkeypatch.setattr(sys, "argv", ["train.py", "--layers", "12", "--seq", "256"])
     assert _diagnostics.label() == "train.py --layers 12"
+
+
+def test_the_files_of_a_computation_are_read_without_waiting(tmp_path: Path) -> None:
+    """What a rerun compares reads the files the MLIR locations name, in the user's process at a
+    miss: a FIFO named like a source file (or a file gone) is not waited on, and an edit changes
+    the digest where a second read of the same file does not."""
+    from gkx_autocache._explain import facts
+
+    fifo, source = tmp_path / "model.py", tmp_path / "train.py"
+    os.mkfifo(fifo)
+    source.write_text("LR = 0.001\n")
+    first = facts.rerun_of("f32[8]", (str(fifo), str(source), str(tmp_path / "gone.py")), {})
+    assert first == facts.rerun_of("f32[8]", (str(fifo), str(source), str(tmp_path / "gone.py")), {})
+    source.write_text("LR = 0.0025\n")  # (another size: the digest is kept by path, time and size)
+    assert facts.rerun_of("f32[8]", (str(fifo), str(source), str(tmp_path / "gone.py")), {}) != first
+    assert facts.rerun_of("f32[9]", (str(source),), {}) != facts.rerun_of("f32[8]", (str(source),), {})

@@ -57,8 +57,8 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
     if ours and (found := upgraded(name, evidence, facts.place)) is not None:
         return found
     if ours and (facts.place == UNKNOWN_PLACE or not any(r.place == facts.place for r in recorded)):
-        return {"cause": causes.NEW, "detail": f"a further variant of {name} (inputs {inputs.shown(facts.signature)}): every entry of "
-                                          f"{name} here was written by this run"}
+        return {"cause": causes.NEW, "detail": f"a further variant of {name} (inputs {inputs.shown(facts.signature)}): "
+                                          f"every entry of {name} here was written by this run"}
     if facts.place == UNKNOWN_PLACE:
         where = "its code has no module to tell it by (a notebook cell, <stdin>, python -c)"
         return {"cause": causes.CANNOT_TELL, "by": "place",
@@ -102,7 +102,8 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
     if not earlier:
         shapes = sorted({r.signature for r in here})
         if facts.place == HELPER_PLACE:
-            return {"cause": causes.NEW, "detail": f"a further variant of JAX's own {name} (inputs {inputs.shown(facts.signature)})"}
+            return {"cause": causes.NEW,
+                    "detail": f"a further variant of JAX's own {name} (inputs {inputs.shown(facts.signature)})"}
         if facts.signature in shapes:
             return {"cause": causes.NEW, "detail": f"a further variant of {name} with inputs this run compiled it for "
                                               f"({inputs.shown(facts.signature)}): other static arguments or closed-over values"}
@@ -135,7 +136,8 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
     if facts.place == HELPER_PLACE:  # another use of JAX's own helper than its earlier entries
         if nearest.signature != facts.signature:
             return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs.change(nearest.signature, facts.signature)}
-        return {"cause": causes.CHANGED_COMPUTATION, "detail": f"same input shapes ({inputs.shown(facts.signature)}): {HELPER_SAME}"}
+        return {"cause": causes.CHANGED_COMPUTATION,
+                "detail": f"same input shapes ({inputs.shown(facts.signature)}): {HELPER_SAME}"}
     if facts.place.endswith("<lambda>"):  # every lambda of a file (or of one function in it) has one place
         file, _, where = facts.place.rpartition(":")
         inside = f" ({where.removesuffix('.<lambda>')})" if where != "<lambda>" else ""
@@ -143,7 +145,7 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
                 "detail": f"changed, or another lambda in {file}{inside}: lambdas have no name to tell them apart"}
     same_inputs = [r for r in earlier if r.signature == facts.signature]
     if same_inputs:
-        changed = constant_change(closest(same_inputs, facts), facts, evidence)
+        changed = constant_change(closest_constants(same_inputs, facts, evidence), facts, evidence)
         return {"cause": causes.CHANGED_COMPUTATION,
                 "detail": f"same input shapes ({inputs.shown(facts.signature)}): {changed or SAME_SHAPES}"}
     return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs.change(nearest.signature, facts.signature)}
@@ -166,11 +168,37 @@ def constant_change(nearest: Record, facts: Facts, evidence: Evidence) -> str | 
     if not (old["whole"] and new["whole"]) or before == after:
         return None
     pairs = _constant_pairs(before, after)
-    if not pairs or len(pairs) > 3:
-        return None
-    which = "a constant" if len(pairs) == 1 else f"{len(pairs)} constants"
-    return (f"{which} in its code changed, {'; '.join(pairs)} (a value written into the function or closed over: pass "
-            "it as an argument to keep one entry for every value)")
+    fix = "(a value written into the function or closed over: pass it as an argument to keep one entry for every value)"
+    if pairs and len(pairs) <= 3:
+        which = "a constant" if len(pairs) == 1 else f"{len(pairs)} constants"
+        return f"{which} in its code changed, {'; '.join(pairs)} {fix}"
+    return f"its constants changed, its operations did not: {_uses(before - after)} -> {_uses(after - before)} {fix}"
+
+
+def _uses(constants: Counter[str]) -> str:
+    said = [f"{value} ({uses} places)" if uses > 1 else value for value, uses in list(constants.items())[:4]]
+    return (", ".join(said) + _more(list(constants), 4)) or "none"
+
+
+def closest_constants(records: list[Record], facts: Facts, evidence: Evidence) -> Record:
+    """Of entries with this compile's inputs, the one whose computation differs least as its readable
+    value tells (its operations, then how many uses of constants differ; a weight decay changed
+    after a learning rate is one constant from the entry before both), the most recent among
+    equals; ``closest`` where that cannot be read."""
+    mine = _computation(facts.readable.get(PARTS[0]))
+    if mine is None:
+        return closest(records, facts)
+    ours = Counter(dict(mine["constants"]))
+    best: tuple[tuple[int, int, float], Record] | None = None
+    for r in sorted(records, key=lambda r: -r.written)[:TIED_COMPARED]:
+        theirs = _computation(evidence.readable(PARTS[0], r.parts[0]))
+        if theirs is None:
+            continue
+        constants = Counter(dict(theirs["constants"]))
+        rank = (int(theirs["ops"] != mine["ops"]), sum(((ours - constants) + (constants - ours)).values()), -r.written)
+        if best is None or rank < best[0]:
+            best = (rank, r)
+    return best[1] if best is not None else closest(records, facts)
 
 
 def _computation(readable: str | None) -> dict[str, Any] | None:
@@ -245,7 +273,7 @@ def _with_computation(nearest: Record, facts: Facts, evidence: Evidence, also: s
 
 def _options_follow(nearest: Record, facts: Facts, evidence: Evidence) -> bool:
     """Whether the compile options are the only other part that differs, and only in fields that
-    follow the computation's inputs and outputs (``FOLLOW_SHAPES``)."""
+    follow the computation (``FOLLOW_COMPUTATION``, ``FOLLOW_WIRE``)."""
     if [p for p in PRIORITY if _differs(nearest, facts, evidence, p)] != ["compile_options"]:
         return False
     before = evidence.readable("compile_options", nearest.parts[PARTS.index("compile_options")])
@@ -348,12 +376,10 @@ def closest(records: list[Record], facts: Facts) -> Record:
         ranked.append(((far + (r.parts[0] != ours[0]), -r.written, -i), r))  # later in the index: more recent
     best = min(ranked, key=lambda item: item[0])
     tied = sorted((item for item in ranked if item[0][0] == best[0][0]), key=lambda item: item[0])
-    if len(tied) == 1 or any(r.signature == facts.signature for _rank, r in tied[:1]):
-        return best[1]
-    same = next((r for _rank, r in tied if r.signature == facts.signature), None)
-    if same is not None:
-        return same
-    distance: dict[str, int] = {}
+    same = next((r for _rank, r in tied if r.signature == facts.signature), None)  # the most recent of these inputs
+    if len(tied) == 1 or same is not None:
+        return same or best[1]
+    distance: dict[str, tuple[int, int]] = {}
     for _rank, r in tied[:TIED_COMPARED]:
         if r.signature not in distance:
             distance[r.signature] = inputs.distance(r.signature, facts.signature)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
+import stat
+import struct
 import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -361,7 +364,7 @@ def computation_of(module: Any) -> str | None:
         text = _printed(value)
         match = _SCALAR.match(text or "")
         if match is not None:
-            number = _number(match[1]) + ("" if match[2] in PLAIN_DTYPES else f":{match[2]}")
+            number = _number(match[1], match[2] == "f32") + ("" if match[2] in PLAIN_DTYPES else f":{match[2]}")
             scalars[number] = scalars.get(number, 0) + uses
         elif text is not None:
             rest.update(f"\n{text} x{uses}".encode())
@@ -407,13 +410,21 @@ def _walk(module: Any, visit: Any) -> None:
     walk(lambda op: advance if visit(op) else stop)
 
 
-def _number(text: str) -> str:
-    """``2.000000e+00`` as ``2.0``; anything else as it is (a hex float, ``true``)."""
+def _number(text: str, single: bool = False) -> str:
+    """``2.000000e+00`` as ``2.0``; a float32 (``single``) by the fewest digits that read back as it
+    (``9.99999977E-3`` as ``0.01``); anything else as it is (a hex float, ``true``)."""
     try:
         value = float(text)
     except ValueError:
         return text.strip()[:24]
-    return repr(int(value)) if value.is_integer() and "e" not in text and "." not in text else repr(value)
+    if value.is_integer() and "e" not in text and "." not in text:
+        return repr(int(value))
+    if single and math.isfinite(value) and abs(value) < 3e38:
+        packed = struct.pack("<f", value)
+        for digits in range(1, 10):
+            if struct.pack("<f", float(f"{value:.{digits}g}")) == packed:
+                return repr(float(f"{value:.{digits}g}"))
+    return repr(value)
 
 
 _FRAME = re.compile(r'"([^"]+)"\("([^"]+)":(\d+)')
@@ -489,11 +500,18 @@ def _contents(file: str) -> str:
     if known not in _files_read:
         if len(_files_read) >= 1024:
             _files_read.clear()
-        try:
-            with open(file, "rb") as handle:
-                _files_read[known] = hashlib.sha256(handle.read(MAX_FILE)).hexdigest()
+        try:  # never blocks: a FIFO named like a source file is not read (nor waited on)
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except OSError:
             return ""
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return ""
+            _files_read[known] = hashlib.sha256(os.read(fd, MAX_FILE)).hexdigest()
+        except OSError:
+            return ""
+        finally:
+            os.close(fd)
     return _files_read[known]
 
 

@@ -112,10 +112,10 @@ def count_of(signature: str) -> int | None:
 
 
 def shown(signature: str) -> str:
-    """A kept signature as said in a sentence: a long one by its count and first avals."""
+    """A kept signature as said in a sentence: a long one by its count and first avals; none as none."""
     match = _KEPT.match(signature)
     if match is None:
-        return signature
+        return signature or "none"
     items = match[2].split(", ")
     more = len(items) - 3 + int(match[3] or 0)
     rest = f" and {more} more shape{'s' if more > 1 else ''}" if more > 0 else ""
@@ -144,14 +144,24 @@ def _dtype_dims(value: str) -> tuple[str, list[str]] | None:
     return match[1], match[2].split(",") if match[2] else []
 
 
-def distance(before: str, after: str) -> int:
-    """How many inputs differ between two kept signatures (added, removed or changed); large where
-    either cannot be read."""
+def distance(before: str, after: str) -> tuple[int, int]:
+    """How many inputs differ between two kept signatures in their shapes, then in their avals
+    (a dtype change alone is nearer than other shapes: float32 -> bfloat16 is told from the entry
+    of its own sizes); large where either cannot be read."""
     old, new = parse(before), parse(after)
     if old is None or new is None:
-        return 1 << 30
-    return max(sum((Counter(old.counts) - Counter(new.counts)).values()),
-               sum((Counter(new.counts) - Counter(old.counts)).values()))
+        return 1 << 30, 1 << 30
+
+    def apart(a: dict[str, int], b: dict[str, int]) -> int:
+        return max(sum((Counter(a) - Counter(b)).values()), sum((Counter(b) - Counter(a)).values()))
+
+    def shapes(counts: dict[str, int]) -> dict[str, int]:
+        found: Counter[str] = Counter()
+        for aval_, n in counts.items():
+            found[aval_[aval_.find("["):]] += n
+        return found
+
+    return apart(shapes(old.counts), shapes(new.counts)), apart(old.counts, new.counts)
 
 
 def change(before: str, after: str) -> str:
