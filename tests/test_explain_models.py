@@ -324,8 +324,8 @@ def test_the_files_of_a_computation_are_read_without_waiting(tmp_path: Path) -> 
     fifo, source = tmp_path / "model.py", tmp_path / "train.py"
     os.mkfifo(fifo)
     source.write_text("LR = 0.001\n")
-    first = facts.rerun_of("f32[8]", (str(fifo), str(source), str(tmp_path / "gone.py")), {})
-    assert first == facts.rerun_of("f32[8]", (str(fifo), str(source), str(tmp_path / "gone.py")), {})
+    first = facts.rerun_of("f32[8]", (str(fifo), str(source), str(tmp_path / "gone.py")))
+    assert first == facts.rerun_of("f32[8]", (str(fifo), str(source), str(tmp_path / "gone.py")))
     source.write_text("LR = 0.0025\n")  # (another size: the digest is kept by path, time and size)
-    assert facts.rerun_of("f32[8]", (str(fifo), str(source), str(tmp_path / "gone.py")), {}) != first
-    assert facts.rerun_of("f32[9]", (str(source),), {}) != facts.rerun_of("f32[8]", (str(source),), {})
+    assert facts.rerun_of("f32[8]", (str(fifo), str(source), str(tmp_path / "gone.py"))) != first
+    assert facts.rerun_of("f32[9]", (str(source),)) != facts.rerun_of("f32[8]", (str(source),))

@@ -88,8 +88,7 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
             readable[part] = value
     for part in PARTS:
         hashes.setdefault(part, "-")
-    config = _guarded(config_map, (), {})
-    return Facts(hashes, readable, signature, place, config, _guarded(rerun_of, (signature, files, config), ""))
+    return Facts(hashes, readable, signature, place, _guarded(config_map, (), {}), _guarded(rerun_of, (signature, files), ""))
 
 
 def _guarded(func: Any, args: Any, default: Any) -> Any:
@@ -474,16 +473,17 @@ _files_read: dict[tuple[str, int, int], str] = {}  # (path, mtime, size) -> the 
 _process: list[str] = []  # the command line and the environment, as a digest (once a process)
 
 
-def rerun_of(signature: str, files: tuple[str, ...], config: dict[str, str]) -> str:
+def rerun_of(signature: str, files: tuple[str, ...]) -> str:
     """What a run that changed nothing compiles alike: a digest of the inputs, the contents of the
-    files the computation's code is in (an edit between two runs changes one), ``jax.config``, the
-    command line and the environment. Two runs' misses of one function with one digest each
-    missed with nothing changed between them: a value that differs on every run is closed over."""
+    files the computation's code is in (an edit between two runs changes one), the command line
+    and the environment (which, with the files, set ``jax.config``). Two runs' misses of one
+    function with one digest each missed with nothing changed between them: a value that differs
+    on every run is closed over."""
     digest = hashlib.sha256()
     if not _process:
         env = sorted((k, v) for k, v in os.environ.items() if not k.startswith(VOLATILE_ENV))
         _process.append(hashlib.sha256(repr((sys.argv, env)).encode("utf-8", "surrogatepass")).hexdigest())
-    digest.update(f"{_process[0]}\n{signature}\n{sorted(config.items())}".encode("utf-8", "surrogatepass"))
+    digest.update(f"{_process[0]}\n{signature}".encode("utf-8", "surrogatepass"))
     for file in files[:64]:
         digest.update(f"\n{file}\n{_contents(file)}".encode("utf-8", "surrogatepass"))
     return digest.hexdigest()[:PART_DIGITS]

@@ -23,6 +23,8 @@ _AVAL = re.compile(r"^([a-z][a-z0-9_]*)\[([^\[\]]*)\]$")
 
 def _split(text: str) -> list[str]:
     """``text`` split at its commas outside brackets: ``tensor<8x8xf32>, tensor<2xcomplex<f64>>``."""
+    if text.count("<") == text.count("tensor<") and not any(c in text for c in "([{#"):
+        return [item.strip() for item in text.split(",") if item.strip()]  # no brackets nested (as most are)
     items, depth, start = [], 0, 0
     for at, char in enumerate(text):
         if char in "<([{":
