@@ -182,20 +182,21 @@ def _uses(constants: Counter[str]) -> str:
 
 def closest_constants(records: list[Record], facts: Facts, evidence: Evidence) -> Record:
     """Of entries with this compile's inputs, the one whose computation differs least as its readable
-    value tells (its operations, then how many uses of constants differ; a weight decay changed
-    after a learning rate is one constant from the entry before both), the most recent among
-    equals; ``closest`` where that cannot be read."""
+    value tells (its operations, then how many uses of constants differ, then how many values; a
+    weight decay changed after a learning rate is one constant from the entry before both), the
+    most recent among equals; ``closest`` where that cannot be read."""
     mine = _computation(facts.readable.get(PARTS[0]))
     if mine is None:
         return closest(records, facts)
     ours = Counter(dict(mine["constants"]))
-    best: tuple[tuple[int, int, float], Record] | None = None
+    best: tuple[tuple[int, int, int, float], Record] | None = None
     for r in sorted(records, key=lambda r: -r.written)[:TIED_COMPARED]:
         theirs = _computation(evidence.readable(PARTS[0], r.parts[0]))
         if theirs is None:
             continue
         constants = Counter(dict(theirs["constants"]))
-        rank = (int(theirs["ops"] != mine["ops"]), sum(((ours - constants) + (constants - ours)).values()), -r.written)
+        apart = (ours - constants) + (constants - ours)
+        rank = (int(theirs["ops"] != mine["ops"]), sum(apart.values()), len(apart), -r.written)
         if best is None or rank < best[0]:
             best = (rank, r)
     return best[1] if best is not None else closest(records, facts)

@@ -481,12 +481,37 @@ def rerun_of(signature: str, files: tuple[str, ...]) -> str:
     on every run is closed over."""
     digest = hashlib.sha256()
     if not _process:
-        env = sorted((k, v) for k, v in os.environ.items() if not k.startswith(VOLATILE_ENV))
-        _process.append(hashlib.sha256(repr((sys.argv, env)).encode("utf-8", "surrogatepass")).hexdigest())
+        _process.append(_program())
     digest.update(f"{_process[0]}\n{signature}".encode("utf-8", "surrogatepass"))
     for file in files[:64]:
         digest.update(f"\n{file}\n{_contents(file)}".encode("utf-8", "surrogatepass"))
     return digest.hexdigest()[:PART_DIGITS]
+
+
+MAX_MODULES = 5000  # the most module files stat-ed for a process's digest (once, at its first miss)
+
+
+def _program() -> str:
+    """A digest of what this process runs, once at its first miss: the command line, the
+    environment (less ``VOLATILE_ENV``), and each imported module's file by its size and time.
+    The locations of a deep call keep its last 10 frames only (``jax_traceback_in_locations_limit``):
+    a test file that set a tolerance may not be among them, and its edit is seen here."""
+    env = sorted((k, v) for k, v in os.environ.items() if not k.startswith(VOLATILE_ENV))
+    files = []
+    # The standard library and JAX itself do not change under a version directory (a JAX upgrade
+    # is another directory): 600 of a model's 700 modules, not stat-ed.
+    skip = tuple(os.path.dirname(getattr(sys.modules.get(name), "__file__", None) or "/nonexistent/x") + os.sep
+                 for name in ("os", "jax", "jaxlib"))
+    for module in list(sys.modules.values())[:MAX_MODULES]:
+        # (from the module's own dict: a module's __getattr__, a lazy loader's, may import on access)
+        path = getattr(module, "__dict__", {}).get("__file__")
+        if isinstance(path, str) and not path.startswith(skip):
+            try:
+                st = os.stat(path)
+            except (OSError, ValueError):
+                continue
+            files.append((path, st.st_size, st.st_mtime_ns))
+    return hashlib.sha256(repr((sys.argv, env, sorted(files))).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _contents(file: str) -> str:

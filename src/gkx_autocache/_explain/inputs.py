@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 WHOLE = 300  # a list of inputs up to this long is kept as it is
 SHAPES_KEPT = 64  # the distinct avals a longer list names, with their counts
-SHORT = 120  # two lists up to this long are shown whole, before and after
+SHORT, WHOLE_INPUTS = 120, 3  # two lists up to this long, of at most 3 inputs, are shown whole, before and after
 SHOWN = 4  # avals (or changes) named in a difference
 
 _COMPLEX = {"f32": "c64", "f64": "c128"}
@@ -169,9 +169,10 @@ def distance(before: str, after: str) -> tuple[int, int]:
 def change(before: str, after: str) -> str:
     """What differs between two kept signatures, as a person says it: both lists where short,
     else the difference (inputs added or removed, a dtype or a dimension changed, with counts)."""
-    if len(before) <= SHORT and len(after) <= SHORT and _KEPT.match(before) is None and _KEPT.match(after) is None:
-        return f"inputs {before} -> {after}"
     old, new = parse(before), parse(after)
+    if (old is not None and new is not None and max(old.total, new.total) <= WHOLE_INPUTS
+            and len(before) <= SHORT and len(after) <= SHORT and not _KEPT.match(before) and not _KEPT.match(after)):
+        return f"inputs {before} -> {after}"
     if old is None or new is None:
         return f"inputs {_unparsed(before) if old is None else shown(before)} -> " \
                f"{_unparsed(after) if new is None else shown(after)}"
