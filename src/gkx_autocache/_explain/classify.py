@@ -176,7 +176,8 @@ def constant_change(nearest: Record, facts: Facts, evidence: Evidence) -> str | 
 
 
 def _uses(constants: Counter[str]) -> str:
-    said = [f"{value} ({uses} places)" if uses > 1 else value for value, uses in list(constants.items())[:4]]
+    said = [value.partition(":")[0] + (f" ({uses} places)" if uses > 1 else "") for value, uses in
+            list(constants.items())[:4]]
     return (", ".join(said) + _more(list(constants), 4)) or "none"
 
 
@@ -226,9 +227,16 @@ def _constant_pairs(before: Counter[str], after: Counter[str]) -> list[str] | No
         other = next((v for v, n in added.items() if n == uses), None)
         if other is None:
             return None
-        pairs.append(f"{value} -> {other}" + (f" ({uses} places)" if uses > 1 else ""))
+        pairs.append(f"{_pair_of(value, other)}" + (f" ({uses} places)" if uses > 1 else ""))
         del added[other]
     return None if added else pairs
+
+
+def _pair_of(value: str, other: str) -> str:
+    """``100.0 -> 200.0``: a constant's dtype (``100.0:f64``) said only where it changed."""
+    one, _, dtype = value.partition(":")
+    two, _, other_dtype = other.partition(":")
+    return f"{one} -> {two}" if dtype == other_dtype else f"{value} -> {other}"
 
 
 def _other_parts_differ(nearest: Record, facts: Facts, evidence: Evidence) -> bool:
