@@ -14,7 +14,7 @@ from gkx_autocache import _causes as causes
 from gkx_autocache import _isa, _key
 from gkx_autocache._diagnostics import plural
 from gkx_autocache._explain import inputs
-from gkx_autocache._explain.facts import DEBUG_FOLLOWS, DEBUG_OPTIONS, HELPER_PLACE, NO_HOOK, UNKNOWN_PLACE, Facts
+from gkx_autocache._explain.facts import DEBUG_FOLLOWS, DEBUG_OPTIONS, HELPER_PLACE, NO_HOOK, UNKNOWN_PLACE, Facts, runs
 from gkx_autocache._key import PARTS
 from gkx_autocache._layout import ENTRY_SUFFIX, VERSION_PREFIX, function_name
 from gkx_autocache._record import index as _index
@@ -222,14 +222,14 @@ def _constant_pairs(before: Counter[str], after: Counter[str]) -> list[str] | No
     """Each constant that became another, used as many times (``2.0 -> 3.5 (5 places)``: one value
     used in a loop is one change); None where the difference is not values swapped for values."""
     removed, added = before - after, after - before
-    pairs = []
+    pairs: dict[str, int] = {}  # (the same change in two dtypes, 8 -> 9 in i32 and i64, is said once)
     for value, uses in list(removed.items()):
         other = next((v for v, n in added.items() if n == uses), None)
         if other is None:
             return None
-        pairs.append(f"{_pair_of(value, other)}" + (f" ({uses} places)" if uses > 1 else ""))
+        pairs[_pair_of(value, other)] = pairs.get(_pair_of(value, other), 0) + uses
         del added[other]
-    return None if added else pairs
+    return None if added else [pair + (f" ({uses} places)" if uses > 1 else "") for pair, uses in pairs.items()]
 
 
 def _pair_of(value: str, other: str) -> str:
@@ -550,7 +550,8 @@ def option_fields(before: str | None, after: str | None) -> list[str]:
 def _pair(before: Any, after: Any) -> str:
     """A field's values before and after; a long one's digest (``#0827376c8096``) only where its
     short form is the same both times."""
-    old, new = _short(before), _short(after)
+    old = _short(None if before is None else runs(str(before)))  # a list by its runs: [True x8]
+    new = _short(None if after is None else runs(str(after)))
     if old.split(" #")[0] != new.split(" #")[0]:
         old, new = old.split(" #")[0], new.split(" #")[0]
     return f"{old} -> {new}"

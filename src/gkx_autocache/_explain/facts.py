@@ -259,18 +259,24 @@ def bounded(text: str) -> str:
     if len(text) <= FIELD_KEPT:
         return text
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    if text.startswith("[") and text.endswith("]"):
-        runs: list[list[Any]] = []
-        for item in text[1:-1].split(", "):
-            if runs and runs[-1][0] == item:
-                runs[-1][1] += 1
-            else:
-                runs.append([item, 1])
-        short = "[" + ", ".join(f"{v} x{n}" if n > 1 else v for v, n in runs) + "]"
-        if len(short) <= FIELD_KEPT:
-            return f"{short} #{digest}"
+    short = runs(text)
+    if short != text and len(short) <= FIELD_KEPT:
+        return f"{short} #{digest}"
     head = text[:FIELD_KEPT].rsplit(", ", 1)[0] if ", " in text[:FIELD_KEPT] else text[:FIELD_KEPT]
     return f"{head}, ... ({len(text)} characters) #{digest}"
+
+
+def runs(text: str) -> str:
+    """A list as written by its runs (``[True x338]``); anything else as it is."""
+    if not (text.startswith("[") and text.endswith("]") and ", " in text):
+        return text
+    found: list[list[Any]] = []
+    for item in text[1:-1].split(", "):
+        if found and found[-1][0] == item:
+            found[-1][1] += 1
+        else:
+            found.append([item, 1])
+    return "[" + ", ".join(f"{v} x{n}" if n > 1 else v for v, n in found) + "]"
 
 
 class _Capture:
