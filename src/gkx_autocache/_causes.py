@@ -112,5 +112,6 @@ EVICTED_BY = {"max_size": "the cap is smaller than the working set: raise max_si
               "verify": "removed by gkx-autocache verify --repair because it did not load: nothing to fix",
               "outside": "someone or something outside gkx-autocache removed it (a person, a cleanup job, another "
                          "tool)"}
-EVERY_RUN = ("misses on every run: a value that differs on every run (a time, a seed, an id()) is closed over by the "
-             "function or passed as a static argument: pass it as an ordinary (traced) argument")
+EVERY_RUN = ("misses on every run, with nothing changed between the runs (its inputs, its files, the command line, the "
+             "environment): a value that differs on every run (a time, a seed, an id(), a random choice) is closed over "
+             "by the function or passed as a static argument: pass it as an ordinary (traced) argument, or fix it")

@@ -121,4 +121,10 @@ def label() -> str:
     orig = list(getattr(sys, "orig_argv", []))
     if script == "__main__.py" and "-m" in orig[1:]:
         script = orig[orig.index("-m", 1) + 1] if orig.index("-m", 1) + 1 < len(orig) else script
-    return " ".join([script, *argv[1:3]])[:120]
+    # Two arguments, and the value of an option that ends them (``pytest -q -p no:cacheprovider``).
+    shown = argv[1:3]
+    while shown and len(argv) > len(shown) + 1 and shown[-1].startswith("-") and "=" not in shown[-1] \
+            and not argv[len(shown) + 1].startswith("-") and len(shown) < 6:
+        shown = argv[1:len(shown) + 2]
+    text = " ".join([script, *shown])
+    return text if len(text) <= 120 else text[:117].rsplit(" ", 1)[0] + " ..."

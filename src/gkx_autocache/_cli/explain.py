@@ -69,12 +69,14 @@ def _rows(functions: list[dict[str, Any]], merge: bool) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for fn in functions:
         name = fn["name"] + (f" x{fn['count']}" if fn["count"] > 1 else "")
-        same = next((r for r in rows if merge and r["detail"] == fn["detail"] and r["helper"] == fn["helper"]
+        # Misses of one function that differ (several shapes) are not said as one: the latest, and how many kinds.
+        detail = f"{fn['changes']} different details, the latest: {fn['detail']}" if fn.get("changes") else fn["detail"]
+        same = next((r for r in rows if merge and r["detail"] == detail and r["helper"] == fn["helper"]
                      and not r.get("every_run") and not fn.get("every_run")), None)
         if same is not None:
             same["all"].append(name)
             continue
-        rows.append({"all": [name], "detail": fn["detail"], "helper": fn["helper"], "last": fn.get("last"),
+        rows.append({"all": [name], "detail": detail, "helper": fn["helper"], "last": fn.get("last"),
                      "every_run": fn.get("every_run")})
     for row in rows:
         names = row.pop("all")

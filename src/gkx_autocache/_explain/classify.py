@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from typing import Any
 
 from gkx_autocache import _causes as causes
 from gkx_autocache import _isa, _key
 from gkx_autocache._diagnostics import plural
-from gkx_autocache._explain.facts import HELPER_PLACE, NO_HOOK, UNKNOWN_PLACE, Facts
+from gkx_autocache._explain import inputs
+from gkx_autocache._explain.facts import DEBUG_FOLLOWS, DEBUG_OPTIONS, HELPER_PLACE, NO_HOOK, UNKNOWN_PLACE, Facts, runs
 from gkx_autocache._key import PARTS
 from gkx_autocache._layout import ENTRY_SUFFIX, VERSION_PREFIX, function_name
 from gkx_autocache._record import index as _index
@@ -52,9 +54,11 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
     # worker, a pool), by its record or its sidecar; not one another run wrote while this one ran
     # (a sweep's other job): the directory held none before, so whatever this compile is, it is new.
     ours = all(r.run == run for r in recorded) and all(evidence.written_by(k) == run for k in unrecorded)
+    if ours and (found := upgraded(name, evidence, facts.place)) is not None:
+        return found
     if ours and (facts.place == UNKNOWN_PLACE or not any(r.place == facts.place for r in recorded)):
-        return {"cause": causes.NEW, "detail": f"a further variant of {name} (inputs {facts.signature}): every entry of "
-                                          f"{name} here was written by this run"}
+        return {"cause": causes.NEW, "detail": f"a further variant of {name} (inputs {inputs.shown(facts.signature)}): "
+                                          f"every entry of {name} here was written by this run"}
     if facts.place == UNKNOWN_PLACE:
         where = "its code has no module to tell it by (a notebook cell, <stdin>, python -c)"
         return {"cause": causes.CANNOT_TELL, "by": "place",
@@ -93,15 +97,18 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
         return {"cause": causes.CANNOT_TELL, "by": "record",
                 "detail": f"new, or changed: {plural(len(before), 'older entry', 'older entries')} of {name} here "
                           f"{'has' if len(before) == 1 else 'have'} no record"}
+    if not earlier and (found := upgraded(name, evidence, facts.place)) is not None:
+        return found
     if not earlier:
         shapes = sorted({r.signature for r in here})
         if facts.place == HELPER_PLACE:
-            return {"cause": causes.NEW, "detail": f"a further variant of JAX's own {name} (inputs {facts.signature})"}
+            return {"cause": causes.NEW,
+                    "detail": f"a further variant of JAX's own {name} (inputs {inputs.shown(facts.signature)})"}
         if facts.signature in shapes:
             return {"cause": causes.NEW, "detail": f"a further variant of {name} with inputs this run compiled it for "
-                                              f"({facts.signature}): other static arguments or closed-over values"}
-        return {"cause": causes.NEW, "detail": f"new shape {facts.signature} (this run compiled {name} for "
-                                          f"{'; '.join(shapes[:3])}{_more(shapes, 3)})"}
+                                              f"({inputs.shown(facts.signature)}): other static arguments or closed-over values"}
+        return {"cause": causes.NEW, "detail": f"new shape {inputs.shown(facts.signature)} (this run compiled {name} for "
+                                          f"{'; '.join(map(inputs.shown, shapes[:3]))}{_more(shapes, 3)})"}
     # jax.config is named only where no earlier entry has this very jax.config: an entry with it
     # rules it out (its computation differs all the same), whichever variant was written last.
     alike = [r for r in earlier if r.config == facts.config]
@@ -128,8 +135,9 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
         return _with_computation(nearest, facts, evidence)
     if facts.place == HELPER_PLACE:  # another use of JAX's own helper than its earlier entries
         if nearest.signature != facts.signature:
-            return {"cause": causes.CHANGED_COMPUTATION, "detail": f"inputs {nearest.signature} -> {facts.signature}"}
-        return {"cause": causes.CHANGED_COMPUTATION, "detail": f"same input shapes ({facts.signature}): {HELPER_SAME}"}
+            return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs.change(nearest.signature, facts.signature)}
+        return {"cause": causes.CHANGED_COMPUTATION,
+                "detail": f"same input shapes ({inputs.shown(facts.signature)}): {HELPER_SAME}"}
     if facts.place.endswith("<lambda>"):  # every lambda of a file (or of one function in it) has one place
         file, _, where = facts.place.rpartition(":")
         inside = f" ({where.removesuffix('.<lambda>')})" if where != "<lambda>" else ""
@@ -137,32 +145,98 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
                 "detail": f"changed, or another lambda in {file}{inside}: lambdas have no name to tell them apart"}
     same_inputs = [r for r in earlier if r.signature == facts.signature]
     if same_inputs:
-        changed = constant_change(closest(same_inputs, facts), facts, evidence)
+        changed = constant_change(closest_constants(same_inputs, facts, evidence), facts, evidence)
         return {"cause": causes.CHANGED_COMPUTATION,
-                "detail": f"same input shapes ({facts.signature}): {changed or SAME_SHAPES}"}
-    return {"cause": causes.CHANGED_COMPUTATION, "detail": f"inputs {nearest.signature} -> {facts.signature}"}
+                "detail": f"same input shapes ({inputs.shown(facts.signature)}): {changed or SAME_SHAPES}"}
+    return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs.change(nearest.signature, facts.signature)}
 
 
 def constant_change(nearest: Record, facts: Facts, evidence: Evidence) -> str | None:
-    """Where the closest entry's scalar constants and this compile's differ in a few places only (a
-    ``t_final`` written into the code): which, before and after; else None."""
-    before = evidence.readable(PARTS[0], nearest.parts[0])
-    after = facts.readable.get(PARTS[0])
-    if before is None or after is None or before == after:
+    """What differs in a computation of the same inputs, as far as its readable value tells: its
+    operations (its code changed: a constant that changed as well is not the cause), or else its
+    constants, named before and after where they are the only difference (a ``t_final`` written
+    into the code, a learning rate); None where it cannot tell."""
+    old = _computation(evidence.readable(PARTS[0], nearest.parts[0]))
+    new = _computation(facts.readable.get(PARTS[0]))
+    if old is None or new is None:
         return None
-    old, new = before.split(", "), after.split(", ")
-    if len(old) != len(new):
+    before, after = Counter(dict(old["constants"])), Counter(dict(new["constants"]))
+    if old["ops"] != new["ops"]:
+        pairs = _constant_pairs(before, after)
+        also = f"; its constants differ too ({'; '.join(pairs)})" if pairs else ""
+        return f"its operations differ, not only its constants: {SAME_SHAPES}{also}"
+    if not (old["whole"] and new["whole"]) or before == after:
         return None
-    pairs: dict[str, int] = {}  # one value used in several places (in a loop) is one change
-    for a, b in zip(old, new, strict=True):
-        if a != b:
-            pairs[f"{a} -> {b}"] = pairs.get(f"{a} -> {b}", 0) + 1
-    if not pairs or len(pairs) > 3:
+    pairs = _constant_pairs(before, after)
+    fix = "(a value written into the function or closed over: pass it as an argument to keep one entry for every value)"
+    if pairs and len(pairs) <= 3:
+        which = "a constant" if len(pairs) == 1 else f"{len(pairs)} constants"
+        return f"{which} in its code changed, {'; '.join(pairs)} {fix}"
+    return f"its constants changed, its operations did not: {_uses(before - after)} -> {_uses(after - before)} {fix}"
+
+
+def _uses(constants: Counter[str]) -> str:
+    said = [value.partition(":")[0] + (f" ({uses} places)" if uses > 1 else "") for value, uses in
+            list(constants.items())[:4]]
+    return (", ".join(said) + _more(list(constants), 4)) or "none"
+
+
+def closest_constants(records: list[Record], facts: Facts, evidence: Evidence) -> Record:
+    """Of entries with this compile's inputs, the one whose computation differs least as its readable
+    value tells (its operations, then how many uses of constants differ, then how many values; a
+    weight decay changed after a learning rate is one constant from the entry before both), the
+    most recent among equals; ``closest`` where that cannot be read."""
+    mine = _computation(facts.readable.get(PARTS[0]))
+    if mine is None:
+        return closest(records, facts)
+    ours = Counter(dict(mine["constants"]))
+    best: tuple[tuple[int, int, int, float], Record] | None = None
+    for r in sorted(records, key=lambda r: -r.written)[:TIED_COMPARED]:
+        theirs = _computation(evidence.readable(PARTS[0], r.parts[0]))
+        if theirs is None:
+            continue
+        constants = Counter(dict(theirs["constants"]))
+        apart = (ours - constants) + (constants - ours)
+        rank = (int(theirs["ops"] != mine["ops"]), sum(apart.values()), len(apart), -r.written)
+        if best is None or rank < best[0]:
+            best = (rank, r)
+    return best[1] if best is not None else closest(records, facts)
+
+
+def _computation(readable: str | None) -> dict[str, Any] | None:
+    """A computation's readable value (``facts.computation_of``), or None (none, or an older one's)."""
+    try:
+        found = json.loads(readable or "")
+    except (ValueError, RecursionError):
         return None
-    which = "a constant" if len(pairs) == 1 else f"{len(pairs)} constants"
-    shown = "; ".join(f"{pair}{f' ({n} places)' if n > 1 else ''}" for pair, n in pairs.items())
-    return (f"{which} in its code changed, {shown} (a value written into the function or closed over: pass it "
-            "as an argument to keep one entry for every value)")
+    if not isinstance(found, dict) or not isinstance(found.get("constants"), list):
+        return None
+    try:
+        found["constants"] = [(str(value), int(uses)) for value, uses in found["constants"]]
+    except (TypeError, ValueError):
+        return None
+    return found
+
+
+def _constant_pairs(before: Counter[str], after: Counter[str]) -> list[str] | None:
+    """Each constant that became another, used as many times (``2.0 -> 3.5 (5 places)``: one value
+    used in a loop is one change); None where the difference is not values swapped for values."""
+    removed, added = before - after, after - before
+    pairs: dict[str, int] = {}  # (the same change in two dtypes, 8 -> 9 in i32 and i64, is said once)
+    for value, uses in list(removed.items()):
+        other = next((v for v, n in added.items() if n == uses), None)
+        if other is None:
+            return None
+        pairs[_pair_of(value, other)] = pairs.get(_pair_of(value, other), 0) + uses
+        del added[other]
+    return None if added else [pair + (f" ({uses} places)" if uses > 1 else "") for pair, uses in pairs.items()]
+
+
+def _pair_of(value: str, other: str) -> str:
+    """``100.0 -> 200.0``: a constant's dtype (``100.0:f64``) said only where it changed."""
+    one, _, dtype = value.partition(":")
+    two, _, other_dtype = other.partition(":")
+    return f"{one} -> {two}" if dtype == other_dtype else f"{value} -> {other}"
 
 
 def _other_parts_differ(nearest: Record, facts: Facts, evidence: Evidence) -> bool:
@@ -181,11 +255,14 @@ def _differs(nearest: Record, facts: Facts, evidence: Evidence, part: str) -> bo
     return before is None or after is None or _key.without_callbacks(before) != _key.without_callbacks(after)
 
 
-# Compile-options fields with one value per input or output of the computation: where only these
-# differ beside the computation, they changed because its inputs or outputs did (a saveat of 9 times
-# for 8, 14 layers for 12), and the computation is the cause.
-FOLLOW_SHAPES = ("allow_spmd_sharding_propagation_to_output", "allow_spmd_sharding_propagation_to_parameters",
-                 "argument_layouts", "result_layout")
+# Compile-options fields whose value follows the computation: one value per input or output (a
+# saveat of 9 times for 8, 14 layers for 12), or set by JAX from the module (xla_detailed_logging,
+# for a module of 10 operations or more: a float16 model converts more). Where only these differ
+# beside the computation, the computation is the cause. By name, and on the wire for a binding that
+# does not name them (argument_layouts #1, result_layout #3.2, the two sharding lists #3.12, #3.18).
+FOLLOW_COMPUTATION = ("allow_spmd_sharding_propagation_to_output", "allow_spmd_sharding_propagation_to_parameters",
+                      "argument_layouts", "result_layout", "debug_options.xla_detailed_logging")
+FOLLOW_WIRE = ("#1", "#3.2", "#3.12", "#3.18", *(f"{DEBUG_OPTIONS}.{n}" for n in DEBUG_FOLLOWS))
 
 
 def _with_computation(nearest: Record, facts: Facts, evidence: Evidence, also: str = "") -> dict[str, Any]:
@@ -193,24 +270,26 @@ def _with_computation(nearest: Record, facts: Facts, evidence: Evidence, also: s
     computation): every part that differs is named, the first as where the computation matches."""
     found = changed_part(nearest, facts, evidence)
     if found["cause"] == causes.CHANGED_COMPILE_OPTIONS and not also and _options_follow(nearest, facts, evidence):
-        shapes = (f"inputs {nearest.signature} -> {facts.signature}" if nearest.signature != facts.signature else
-                  f"same input shapes ({facts.signature}), other outputs")
+        shapes = (inputs.change(nearest.signature, facts.signature) if nearest.signature != facts.signature else
+                  f"same input shapes ({inputs.shown(facts.signature)}), other outputs")
         return {"cause": causes.CHANGED_COMPUTATION,
                 "detail": f"{shapes}: the compile options follow them ({found['detail']})"}
     sharded = (" (a computation sharded over the devices holds their number, or its code changed as well)"
                if nearest.parts[PARTS.index("accelerator_config")] != facts.parts["accelerator_config"] else "")
-    inputs = f", inputs {nearest.signature} -> {facts.signature}" if nearest.signature != facts.signature else ""
-    return {**found, "detail": f"{found['detail']}{also}; its computation differs too{inputs}{sharded}"}
+    changed = f", {inputs.change(nearest.signature, facts.signature)}" if nearest.signature != facts.signature else ""
+    return {**found, "detail": f"{found['detail']}{also}; its computation differs too{changed}{sharded}"}
 
 
 def _options_follow(nearest: Record, facts: Facts, evidence: Evidence) -> bool:
     """Whether the compile options are the only other part that differs, and only in fields that
-    follow the computation's inputs and outputs (``FOLLOW_SHAPES``)."""
+    follow the computation (``FOLLOW_COMPUTATION``, ``FOLLOW_WIRE``)."""
     if [p for p in PRIORITY if _differs(nearest, facts, evidence, p)] != ["compile_options"]:
         return False
-    named = option_fields(evidence.readable("compile_options", nearest.parts[PARTS.index("compile_options")]),
-                          facts.readable.get("compile_options"))
-    return bool(named) and all(k.removeprefix("executable_build_options.") in FOLLOW_SHAPES for k in named)
+    before = evidence.readable("compile_options", nearest.parts[PARTS.index("compile_options")])
+    after = facts.readable.get("compile_options")
+    named, wire = option_fields(before, after), wire_fields(before, after)
+    return (bool(named or wire) and all(k.removeprefix("executable_build_options.") in FOLLOW_COMPUTATION for k in named)
+            and all(k in FOLLOW_WIRE or k.startswith("#1.") for k in wire))
 
 
 def differences(nearest: Record, facts: Facts, evidence: Evidence) -> list[str]:
@@ -238,9 +317,9 @@ def differences(nearest: Record, facts: Facts, evidence: Evidence) -> list[str]:
     if config[4:]:
         said.append(f"{len(config) - 4} more jax.config values")
     if nearest.signature != facts.signature:
-        said.append(f"inputs {nearest.signature} -> {facts.signature}")
+        said.append(inputs.change(nearest.signature, facts.signature))
     elif nearest.parts[0] != facts.parts[PARTS[0]]:
-        said.append(f"its computation, with the same input shapes ({facts.signature}): {SAME_SHAPES}")
+        said.append(f"its computation, with the same input shapes ({inputs.shown(facts.signature)}): {SAME_SHAPES}")
     return said
 
 
@@ -288,21 +367,32 @@ def _more(items: list[Any], shown: int) -> str:
     return f" and {len(items) - shown} more" if len(items) > shown else ""
 
 
+TIED_COMPARED = 256  # records of equal distance whose inputs are compared (the most recent)
+
+
 def closest(records: list[Record], facts: Facts) -> Record:
-    """The record with the fewest parts that differ from ``facts``, the most recent among equals."""
+    """The record with the fewest parts that differ from ``facts``; among equals, the one whose
+    inputs differ least (a float16 run after a batch and a sequence change is told from the float32
+    entry of its own sizes, not from the latest), then the most recent."""
     ours = tuple(facts.parts[p] for p in PARTS)
     apart: dict[tuple[str, ...], int] = {}  # the other seven parts, shared by many records: compared once each
-    best: tuple[tuple[int, float, int], Record] | None = None
+    ranked: list[tuple[tuple[int, float, int], Record]] = []
     for i, r in enumerate(records):
         others = r.parts[1:]
         far = apart.get(others)
         if far is None:
             far = apart[others] = sum(a != b for a, b in zip(others, ours[1:], strict=True))
-        rank = (far + (r.parts[0] != ours[0]), -r.written, -i)  # the index: written later in the index, more recent
-        if best is None or rank < best[0]:
-            best = (rank, r)
-    assert best is not None
-    return best[1]
+        ranked.append(((far + (r.parts[0] != ours[0]), -r.written, -i), r))  # later in the index: more recent
+    best = min(ranked, key=lambda item: item[0])
+    tied = sorted((item for item in ranked if item[0][0] == best[0][0]), key=lambda item: item[0])
+    same = next((r for _rank, r in tied if r.signature == facts.signature), None)  # the most recent of these inputs
+    if len(tied) == 1 or same is not None:
+        return same or best[1]
+    distance: dict[str, tuple[int, int]] = {}
+    for _rank, r in tied[:TIED_COMPARED]:
+        if r.signature not in distance:
+            distance[r.signature] = inputs.distance(r.signature, facts.signature)
+    return min(tied[:TIED_COMPARED], key=lambda item: (distance[item[1].signature], item[0]))[1]
 
 
 def evicted(removed: tuple[float, str] | None) -> dict[str, Any]:
@@ -316,19 +406,25 @@ def evicted(removed: tuple[float, str] | None) -> dict[str, Any]:
 
 
 def new_here(name: str, evidence: Evidence, place: str = UNKNOWN_PLACE) -> dict[str, Any]:
-    """No entry of ``name`` here. After a JAX upgrade, the previous version's directory may hold
-    it: said where its records put that entry's code at this function's place; where they put it
-    elsewhere, that was another function of the name; where there is no record, it cannot tell."""
-    other = _other_version(evidence.version_dir, name)
+    """No entry of ``name`` here: its first, or (``upgraded``) the JAX before held it."""
     if len(evidence.removed) >= _index.MAX_REMOVED:  # the index may have forgotten older removals by number
         since = min(when for when, _by in evidence.removed.values())
         horizon = (f"none removed since {time.strftime('%Y-%m-%d %H:%M', time.localtime(since))}; older removals "
                    "are not kept")
     else:
         horizon = f"none removed in the last {int(_index.REMOVED_SECS // 86400)} days"
-    first = {"cause": causes.NEW, "detail": f"no entry of {name} here before ({horizon})"}
+    return upgraded(name, evidence, place) or {"cause": causes.NEW, "detail": f"no entry of {name} here before ({horizon})"}
+
+
+def upgraded(name: str, evidence: Evidence, place: str) -> dict[str, Any] | None:
+    """Whether this miss is a JAX upgrade's: the directory here held nothing of ``name`` before this
+    run, and another version's directory holds entries of it. Said, whatever the function (a
+    further shape of JAX's own ``jit_broadcast_in_dim`` too), where its records put that entry's
+    code at this function's place; not where they put it elsewhere (another function of the
+    name); where there is no record, it cannot tell."""
+    other = _other_version(evidence.version_dir, name)
     if other is None:
-        return first
+        return None
     mine = os.path.basename(evidence.version_dir).removeprefix(VERSION_PREFIX)
     theirs = os.path.basename(other).removeprefix(VERSION_PREFIX)
     places = _places_of(other).get(name, set())
@@ -336,7 +432,7 @@ def new_here(name: str, evidence: Evidence, place: str = UNKNOWN_PLACE) -> dict[
         return {"cause": causes.CHANGED_JAX, "detail": f"JAX {theirs} -> {mine}: the entries of {theirs} are in "
                                                   f"{os.path.basename(other)}/; every entry is compiled once for {mine}"}
     if place != UNKNOWN_PLACE and places - {UNKNOWN_PLACE}:
-        return first  # the older version's entries of this name are another function's
+        return None  # the older version's entries of this name are another function's
     return {"cause": causes.CANNOT_TELL, "by": "jax",
             "detail": f"new, or JAX {theirs} -> {mine}: {os.path.basename(other)}/ holds entries named {name}, "
                       "with no record of where their code is"}
@@ -421,10 +517,10 @@ def compile_options_change(before: str | None, after: str | None, with_it: str) 
                 "detail": f"device assignment, in the compile options on CPU: {_short(old.get('device_assignment'))} -> "
                           f"{_short(new.get('device_assignment'))}{with_it}"}
     if named:
-        shown = "; ".join(f"{k.removeprefix('executable_build_options.')}: {_short(old.get(k))} -> {_short(new.get(k))}"
-                          for k in named[:4])
-        return {"cause": causes.CHANGED_COMPILE_OPTIONS, "detail": f"{shown}{_more(named, 4)}{with_it}"}
-    fields = [k[1:] for k in sorted(set(old) | set(new)) if k.startswith("#") and old.get(k) != new.get(k)]
+        said = "; ".join(f"{k.removeprefix('executable_build_options.')}: {_pair(old.get(k), new.get(k))}"
+                         for k in named[:4])
+        return {"cause": causes.CHANGED_COMPILE_OPTIONS, "detail": f"{said}{_more(named, 4)}{with_it}"}
+    fields = [k[1:] for k in wire_fields(before, after)]
     if fields:
         return {"cause": causes.CHANGED_COMPILE_OPTIONS,
                 "detail": f"field {', '.join(fields[:4])} changed (not one the binding names){with_it}"}
@@ -439,13 +535,33 @@ def _options(readable: str | None) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+def wire_fields(before: str | None, after: str | None) -> list[str]:
+    """The compile options' fields on the wire (``#3.12``) that differ between two readable values."""
+    old, new = _options(before), _options(after)
+    return [k for k in sorted(set(old) | set(new)) if k.startswith("#") and old.get(k) != new.get(k)]
+
+
 def option_fields(before: str | None, after: str | None) -> list[str]:
     """The compile-options fields the binding names that differ between two readable values."""
     old, new = _options(before), _options(after)
     return [k for k in sorted(set(old) | set(new)) if not k.startswith("#") and old.get(k) != new.get(k)]
 
 
+def _pair(before: Any, after: Any) -> str:
+    """A field's values before and after; a long one's digest (``#0827376c8096``) only where its
+    short form is the same both times."""
+    old = _short(None if before is None else runs(str(before)))  # a list by its runs: [True x8]
+    new = _short(None if after is None else runs(str(after)))
+    if old.split(" #")[0] != new.split(" #")[0]:
+        old, new = old.split(" #")[0], new.split(" #")[0]
+    return f"{old} -> {new}"
+
+
 def _short(value: Any) -> str:
     text = "unset" if value is None else str(value)
     text = text.removeprefix("DeviceAssignment")
-    return text if len(text) <= 80 else text[:77] + "..."
+    if len(text) <= 80:
+        return text
+    head = text[:77]
+    cut = max(head.rfind(", "), head.rfind(" "))  # never inside a value
+    return (head[:cut] if cut > 20 else head) + " ..."

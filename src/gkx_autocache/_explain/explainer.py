@@ -57,6 +57,8 @@ class Explainer:
                 found = classify(key, facts, evidence, run.id)
             if facts.place == HELPER_PLACE:
                 found["helper"] = True  # grouped after the user's functions
+            if facts.rerun:
+                found["rerun"] = facts.rerun  # "misses on every run": only where nothing changed between runs
             return found
         except Exception as exc:  # an explanation must never cost a compile
             logger.debug("miss of %s not explained: %s", key, exc)

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
+import stat
+import struct
 import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from gkx_autocache import _jax, _key
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._explain import inputs
 from gkx_autocache._key import PARTS
 
 PART_DIGITS = 16  # a part's hash, shortened: enough to tell parts apart, small to keep
@@ -37,6 +41,9 @@ class Facts(NamedTuple):
     signature: str  # the module's inputs: "f32[8,8], i32[]"
     place: str  # "model/core.py:step"; HELPER_PLACE; UNKNOWN_PLACE
     config: dict[str, str]  # jax.config values (less CONFIG_IGNORED)
+    # What a run with nothing changed compiles alike: the inputs, the contents of the files its code
+    # is in, the command line and the environment (a digest); "misses on every run" compares it.
+    rerun: str = ""
 
 
 def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, name: str) -> Facts:
@@ -44,14 +51,15 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
     readable values, the input signature, the place and the config."""
     hashes = {PARTS[0]: computation}
     readable: dict[str, str] = {}
-    signature, place = "?", UNKNOWN_PLACE
+    signature, place, files = "?", UNKNOWN_PLACE, ()
     for part, hashfn in parts:
         cells = _jax.part_values(hashfn)
         if part == PARTS[0]:
             module = cells.get("module")
             if module is not None:
-                signature, place = _guarded(signature_of, module, "?"), _guarded(place_of, (module, name), UNKNOWN_PLACE)
-                constants = _guarded(constants_of, module, None)
+                signature = _guarded(signature_of, module, "?")
+                place, files = _guarded(place_and_files, (module, name), (UNKNOWN_PLACE, ()))
+                constants = _guarded(computation_of, module, None)
                 if constants:  # the computation's readable value: its scalar constants (a t_final, a step size)
                     readable[PARTS[0]] = constants
             continue
@@ -80,7 +88,7 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
             readable[part] = value
     for part in PARTS:
         hashes.setdefault(part, "-")
-    return Facts(hashes, readable, signature, place, _guarded(config_map, (), {}))
+    return Facts(hashes, readable, signature, place, _guarded(config_map, (), {}), _guarded(rerun_of, (signature, files), ""))
 
 
 def _guarded(func: Any, args: Any, default: Any) -> Any:
@@ -195,7 +203,7 @@ def compile_options(options: Any, strip_device_assignment: bool) -> dict[str, st
                     value = [v for v in value if v[0] not in excluded]
                 if attr == "device_assignment" and strip_device_assignment:
                     continue
-                fields[prefix + attr] = repr(value)[:300]
+                fields[prefix + attr] = bounded(repr(value))
 
     walk(options, "")
     fields.update(_wire_digests(options, strip_device_assignment))
@@ -208,14 +216,67 @@ def _wire_digests(options: Any, strip: bool) -> dict[str, str]:
     capture = _Capture()
     _jax.hash_compile_options(capture, options, strip)
     found: dict[str, str] = {}
-    for number, value in _wire_fields(capture.data) or []:
-        inner = _wire_fields(value) if isinstance(value, bytes) else None
-        if inner:
-            for sub, sub_value in inner:
-                found[f"#{number}.{sub}"] = hashlib.sha256(repr(sub_value).encode()).hexdigest()[:8]
-        else:
-            found[f"#{number}"] = hashlib.sha256(repr(value).encode()).hexdigest()[:8]
+    for number, values in _by_number(_wire_fields(capture.data) or []).items():
+        inner = _wire_fields(values[0]) if len(values) == 1 and isinstance(values[0], bytes) else None
+        if not inner:
+            found[f"#{number}"] = _digest(values)
+            continue
+        for sub, sub_values in _by_number(inner).items():
+            found[f"#{number}.{sub}"] = _digest(sub_values)
+            if f"#{number}.{sub}" == DEBUG_OPTIONS and len(sub_values) == 1 and isinstance(sub_values[0], bytes):
+                # The debug options (some 250 fields) in one digest, less those JAX sets from the module
+                # (its size: xla_detailed_logging), kept apart: those follow the computation.
+                debug = _by_number(_wire_fields(sub_values[0]) or [])
+                apart = {n: debug.pop(n) for n in DEBUG_FOLLOWS if n in debug}
+                found[DEBUG_OPTIONS] = _digest(sorted(debug.items()))
+                found.update({f"{DEBUG_OPTIONS}.{n}": _digest(v) for n, v in apart.items()})
     return found
+
+
+DEBUG_OPTIONS = "#3.3"  # executable_build_options.debug_options, on the wire
+DEBUG_FOLLOWS = (252,)  # its xla_detailed_logging, which JAX sets for a module of 10 operations or more
+
+
+def _by_number(fields: list[tuple[int, bytes | int]]) -> dict[int, list[bytes | int]]:
+    """Wire fields by number, a repeated field's values together (one value per input: each counts)."""
+    found: dict[int, list[bytes | int]] = {}
+    for number, value in fields:
+        found.setdefault(number, []).append(value)
+    return found
+
+
+def _digest(values: Any) -> str:
+    return hashlib.sha256(repr(values).encode()).hexdigest()[:8]
+
+
+FIELD_KEPT = 200  # a compile-options field's value longer than this is kept in short, with a digest
+
+
+def bounded(text: str) -> str:
+    """A compile-options field's value: whole where short; else in short (``[True x338]``, a list
+    by its runs) with a digest of the whole, so that two values are equal only where they are: a
+    value per input, 338 of them, is not 410 beyond any cut."""
+    if len(text) <= FIELD_KEPT:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    short = runs(text)
+    if short != text and len(short) <= FIELD_KEPT:
+        return f"{short} #{digest}"
+    head = text[:FIELD_KEPT].rsplit(", ", 1)[0] if ", " in text[:FIELD_KEPT] else text[:FIELD_KEPT]
+    return f"{head}, ... ({len(text)} characters) #{digest}"
+
+
+def runs(text: str) -> str:
+    """A list as written by its runs (``[True x338]``); anything else as it is."""
+    if not (text.startswith("[") and text.endswith("]") and ", " in text):
+        return text
+    found: list[list[Any]] = []
+    for item in text[1:-1].split(", "):
+        if found and found[-1][0] == item:
+            found[-1][1] += 1
+        else:
+            found.append([item, 1])
+    return "[" + ", ".join(f"{v} x{n}" if n > 1 else v for v, n in found) + "]"
 
 
 class _Capture:
@@ -268,59 +329,107 @@ def _wire_fields(data: bytes) -> list[tuple[int, bytes | int]] | None:
     return found
 
 
-_TENSOR = re.compile(r"tensor<([^<>]*)>")
-
-
 def signature_of(module: Any) -> str:
-    """The module's inputs, as JAX prints avals: ``f32[8,8], i32[]``."""
+    """The module's inputs, as JAX prints avals (``f32[8,8], i32[]``), kept (``_explain.inputs``)."""
     main = next((op for op in module.body.operations if str(op.attributes["sym_name"]).strip('"') == "main"), None)
     if main is None:
         return "?"
-    text = str(main.attributes["function_type"])
-    inputs = text[1:text.index(") -> ")] if text.startswith("(") and ") -> " in text else text
-
-    def aval(match: re.Match[str]) -> str:
-        *dims, dtype = match[1].split(",")[0].split("x")
-        return f"{dtype}[{','.join(dims)}]"
-
-    shown = _TENSOR.sub(aval, inputs)
-    return shown if len(shown) <= 300 else f"{shown[:280]}... ({shown.count(',') + 1} inputs)"
+    return inputs.of_function_type(str(main.attributes["function_type"]))
 
 
 _SCALAR = re.compile(r"dense<([^<>\[\],]+)> : tensor<(\w+)>$")
-MAX_CONSTANTS, MAX_OPS = 24, 5000
+MAX_CONSTANTS, MAX_OPS = 48, 200_000
+PLAIN_DTYPES = ("f32", "i32", "i1")  # a constant of another dtype is named with it: 0.5:f64
+SMALL_CONSTANT = 64  # elements of a constant array printed into the digest (a larger one: a splat, or not kept)
 
 
-def constants_of(module: Any) -> str:
-    """The module's scalar constants, in order (``2.0, 0.5, 100``), the first ``MAX_CONSTANTS``
-    of the first ``MAX_OPS`` operations: what a constant written into the code (diffrax's ``t1``,
-    a PDE's ``t_final``) changes, where the input shapes stay."""
-    found: list[str] = []
-    pending = [module.body]
-    visited = 0
-    while pending and len(found) < MAX_CONSTANTS and visited < MAX_OPS:
-        block = pending.pop()
-        for op in block.operations:
-            visited += 1
-            operation = getattr(op, "operation", op)
-            if operation.name == "stablehlo.constant" and "value" in operation.attributes:
-                match = _SCALAR.match(str(operation.attributes["value"]))
-                if match is not None:
-                    found.append(_number(match[1]))
-            for region in operation.regions:
-                pending.extend(reversed(list(region.blocks)))
-            if len(found) >= MAX_CONSTANTS or visited >= MAX_OPS:
-                break
-    return ", ".join(found)
+def computation_of(module: Any) -> str | None:
+    """The computation's readable value: each scalar constant with the number of its uses (a
+    ``t_final``, a learning rate used once a parameter), and a digest of the rest of it (its
+    operations in order, its other constants), so that a constant is named as the change only
+    where it is the only one. JSON: ``{"constants": [["0.001", 112], ...], "ops": ..., "whole": ...}``;
+    ``whole`` false where the module has more than ``MAX_OPS`` operations, more than ``MAX_CONSTANTS``
+    distinct constants, or a large constant array."""
+    names: list[str] = []
+    constants: dict[Any, int] = {}  # MLIR uniques attributes: equal values are one key, printed once
+
+    def visit(op: Any) -> bool:
+        name = op.name
+        names.append(name)
+        if name == "stablehlo.constant":
+            value = op.attributes["value"]
+            constants[value] = constants.get(value, 0) + 1
+        return len(names) < MAX_OPS
+
+    _walk(module, visit)
+    whole = len(names) < MAX_OPS
+    rest = hashlib.sha256("\n".join(names).encode())
+    scalars: dict[str, int] = {}
+    for value, uses in constants.items():
+        text = _printed(value)
+        match = _SCALAR.match(text or "")
+        if match is not None:
+            number = _number(match[1], match[2] == "f32") + ("" if match[2] in PLAIN_DTYPES else f":{match[2]}")
+            scalars[number] = scalars.get(number, 0) + uses
+        elif text is not None:
+            rest.update(f"\n{text} x{uses}".encode())
+        else:
+            whole = False
+    if len(scalars) > MAX_CONSTANTS:
+        whole = False
+    return json.dumps({"constants": [[k, n] for k, n in list(scalars.items())[:MAX_CONSTANTS]],
+                       "ops": rest.hexdigest()[:PART_DIGITS], "whole": whole}, separators=(",", ":"))
 
 
-def _number(text: str) -> str:
-    """``2.000000e+00`` as ``2.0``; anything else as it is (a hex float, ``true``)."""
+def _printed(value: Any) -> str | None:
+    """A constant as MLIR prints it, where that is short: a scalar, a splat or a small array."""
+    try:
+        dims = str(value.type).removeprefix("tensor<").split("x")[:-1]
+        size = 1
+        for dim in dims:
+            size *= int(dim)
+        if size > SMALL_CONSTANT:
+            from jaxlib.mlir import ir
+
+            if not ir.DenseElementsAttr(value).is_splat:
+                return None
+    except Exception:
+        return None
+    return str(value)
+
+
+def _walk(module: Any, visit: Any) -> None:
+    """Each operation of ``module``, nested ones included, to ``visit`` until it returns False: by
+    MLIR's own walk where this jaxlib has one (a Python loop over blocks costs four times as much:
+    17 against 4.6 ms for a train step of 6800 operations)."""
+    try:
+        from jaxlib.mlir import ir
+
+        advance, stop = ir.WalkResult.ADVANCE, ir.WalkResult.INTERRUPT
+        walk = module.operation.walk
+    except (ImportError, AttributeError):
+        for op in _operations(module, MAX_OPS):
+            if not visit(getattr(op, "operation", op)):
+                return
+        return
+    walk(lambda op: advance if visit(op) else stop)
+
+
+def _number(text: str, single: bool = False) -> str:
+    """``2.000000e+00`` as ``2.0``; a float32 (``single``) by the fewest digits that read back as it
+    (``9.99999977E-3`` as ``0.01``); anything else as it is (a hex float, ``true``)."""
     try:
         value = float(text)
     except ValueError:
         return text.strip()[:24]
-    return repr(int(value)) if value.is_integer() and "e" not in text and "." not in text else repr(value)
+    if value.is_integer() and "e" not in text and "." not in text:
+        return repr(int(value))
+    if single and math.isfinite(value) and abs(value) < 3e38:
+        packed = struct.pack("<f", value)
+        for digits in range(1, 10):
+            if struct.pack("<f", float(f"{value:.{digits}g}")) == packed:
+                return repr(float(f"{value:.{digits}g}"))
+    return repr(value)
 
 
 _FRAME = re.compile(r'"([^"]+)"\("([^"]+)":(\d+)')
@@ -331,14 +440,20 @@ def place_of(module: Any, name: str) -> str:
     it) and the function's name, from the MLIR locations of the code in its body (``model/core.py:
     step``); ``jax`` for JAX's own helpers (locations, but no frame of a function of that name);
     ``?`` where it cannot be known (no locations; ``<stdin>``, a notebook cell)."""
+    return place_and_files(module, name)[0]
+
+
+def place_and_files(module: Any, name: str) -> tuple[str, tuple[str, ...]]:
+    """``place_of``, and the files of the code that made the computation (the frames of its
+    locations: the function's own file, the caller's, a test's), as the locations name them."""
     wanted = name.removeprefix("jit_").removeprefix("pmap_").rstrip("_") or "_"  # 0.4.x-0.6: `jit__lambda_`
     files: set[str] = set()
     chains: list[list[tuple[str, str]]] = []
     for op in _operations(module, 2000):
         frames = [(_unescaped(fn), _unescaped(file), line) for fn, file, line in _FRAME.findall(str(op.location))]
         match = [(fn, file) for fn, file, _line in frames if _sanitized(fn) == wanted]
-        if match:
-            return _where(match[-1][1], match[-1][0])  # the outermost: the jitted function itself
+        if match:  # the outermost: the jitted function itself
+            return _where(match[-1][1], match[-1][0]), tuple(sorted({file for _fn, file, _line in frames}))
         files.update(file for _fn, file, _line in frames)
         if frames:
             chains.append([(fn, file) for fn, file, _line in frames])
@@ -350,8 +465,85 @@ def place_of(module: Any, name: str) -> str:
         inner = [(fn, file) for chain in chains for fn, file in chain if (fn, file) not in shared]
         if inner:
             fn, file = inner[-1]  # the outermost frame of the body's own code
-            return _where(file, fn)
-    return HELPER_PLACE if files else UNKNOWN_PLACE
+            return _where(file, fn), tuple(sorted(files))
+    return HELPER_PLACE if files else UNKNOWN_PLACE, tuple(sorted(files))
+
+
+# Variables that differ between two runs of the same program from the same shell (the run's own
+# name, pytest's worker and test, the shell's bookkeeping): not a change of what it compiles.
+VOLATILE_ENV = ("GKX_JAX_CACHE_RUN", "PYTEST_", "OLDPWD", "_", "SHLVL", "TERM_SESSION_ID", "WINDOWID",
+                "SSH_", "XDG_SESSION", "INVOCATION_ID", "JOURNAL_STREAM", "SECURITYSESSIONID", "COLUMNS",
+                "LINES", "KITTY_", "VSCODE_", "JPY_", "TMUX_PANE", "STY", "WEZTERM_", "ITERM_")
+MAX_FILE = 4 << 20  # the most of a source file read for its digest
+_files_read: dict[tuple[str, int, int], str] = {}  # (path, mtime, size) -> the digest of its contents
+_process: list[str] = []  # the command line and the environment, as a digest (once a process)
+
+
+def rerun_of(signature: str, files: tuple[str, ...]) -> str:
+    """What a run that changed nothing compiles alike: a digest of the inputs, the contents of the
+    files the computation's code is in (an edit between two runs changes one), the command line
+    and the environment (which, with the files, set ``jax.config``). Two runs' misses of one
+    function with one digest each missed with nothing changed between them: a value that differs
+    on every run is closed over."""
+    digest = hashlib.sha256()
+    if not _process:
+        _process.append(_program())
+    digest.update(f"{_process[0]}\n{signature}".encode("utf-8", "surrogatepass"))
+    for file in files[:64]:
+        digest.update(f"\n{file}\n{_contents(file)}".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()[:PART_DIGITS]
+
+
+MAX_MODULES = 5000  # the most module files stat-ed for a process's digest (once, at its first miss)
+
+
+def _program() -> str:
+    """A digest of what this process runs, once at its first miss: the command line, the
+    environment (less ``VOLATILE_ENV``), and each imported module's file by its size and time.
+    The locations of a deep call keep its last 10 frames only (``jax_traceback_in_locations_limit``):
+    a test file that set a tolerance may not be among them, and its edit is seen here."""
+    env = sorted((k, v) for k, v in os.environ.items() if not k.startswith(VOLATILE_ENV))
+    files = []
+    # The standard library and JAX itself do not change under a version directory (a JAX upgrade
+    # is another directory): 600 of a model's 700 modules, not stat-ed.
+    skip = tuple(os.path.dirname(getattr(sys.modules.get(name), "__file__", None) or "/nonexistent/x") + os.sep
+                 for name in ("os", "jax", "jaxlib"))
+    for module in list(sys.modules.values())[:MAX_MODULES]:
+        # (from the module's own dict: a module's __getattr__, a lazy loader's, may import on access)
+        path = getattr(module, "__dict__", {}).get("__file__")
+        if isinstance(path, str) and not path.startswith(skip):
+            try:
+                st = os.stat(path)
+            except (OSError, ValueError):
+                continue
+            files.append((path, st.st_size, st.st_mtime_ns))
+    return hashlib.sha256(repr((sys.argv, env, sorted(files))).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _contents(file: str) -> str:
+    """A digest of a source file's contents (read once a process while unchanged); "" where it
+    cannot be read (``<frozen ...>``, a notebook cell, a file gone)."""
+    try:
+        st = os.stat(file)
+    except (OSError, ValueError):
+        return ""
+    known = (file, st.st_mtime_ns, st.st_size)
+    if known not in _files_read:
+        if len(_files_read) >= 1024:
+            _files_read.clear()
+        try:  # never blocks: a FIFO named like a source file is not read (nor waited on)
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            return ""
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return ""
+            _files_read[known] = hashlib.sha256(os.read(fd, MAX_FILE)).hexdigest()
+        except OSError:
+            return ""
+        finally:
+            os.close(fd)
+    return _files_read[known]
 
 
 _ESCAPE = re.compile(r"\\([0-9A-Fa-f]{2}|\\)")

@@ -162,14 +162,19 @@ def _whole_run(groups: list[dict[str, Any]], last_run: dict[str, Any], ctx: Cont
 
 
 def _every_run(records: list[dict[str, Any]], runs: list[str]) -> set[str]:
-    """Functions that missed with a changed computation in each of the last three runs."""
+    """Functions that missed with a changed computation in each of the last three runs with the
+    same inputs and nothing changed between the runs (the files of its code, the command line, the
+    environment: the miss's ``rerun`` digest): a value that differs on every run is closed over. An
+    edit between the runs, or another shape each time (a test's random choice), is not that."""
     if len(runs) < 3:
         return set()
-    seen: dict[str, set[str]] = {}
+    seen: dict[str, dict[str, set[str]]] = {}  # function -> rerun digest -> the runs that missed so
     for record in records:
-        if record["e"] == "miss" and record.get("cause") == causes.CHANGED_COMPUTATION and record.get("run") in runs:
-            seen.setdefault(function_name(record.get("key") or "?-"), set()).add(record["run"])
-    return {name for name, found in seen.items() if len(found) == len(runs)}
+        if (record["e"] == "miss" and record.get("cause") == causes.CHANGED_COMPUTATION and record.get("run") in runs
+                and record.get("rerun")):
+            by = seen.setdefault(function_name(record.get("key") or "?-"), {})
+            by.setdefault(record["rerun"], set()).add(record["run"])
+    return {name for name, by in seen.items() if any(len(found) == len(runs) for found in by.values())}
 
 
 def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -> list[dict[str, Any]]:
@@ -185,6 +190,10 @@ def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -
         fn = group["functions"].setdefault(name, {"name": name, "count": 0, "detail": "", "helper": False})
         fn["count"] += 1
         fn["detail"] = detail
+        # One function's misses of a cause may each differ (several shapes, two dtypes): the detail
+        # is the latest's, and ``changes`` says how many different ones there were.
+        if record["e"] == "miss":
+            fn.setdefault("_details", set()).add(detail)
         fn["last"] = record.get("t")
         fn["helper"] = fn["helper"] or bool(record.get("helper"))
         if cause == causes.CHANGED_COMPUTATION and name in every_run:
@@ -202,5 +211,8 @@ def _grouped(records: list[dict[str, Any]], ctx: Context, every_run: set[str]) -
     ordered = sorted(groups.values(), key=lambda g: (g["cause"].startswith(causes.NOT_CACHED), -g["count"]))
     for group in ordered:
         group["fix"] = "; ".join(fix for fix in group.pop("fixes") if fix)
+        for fn in group["functions"].values():
+            if len(details := fn.pop("_details", ())) > 1:
+                fn["changes"] = len(details)
         group["functions"] = sorted(group["functions"].values(), key=lambda f: (f["helper"], -f["count"], f["name"]))
     return ordered

@@ -40,7 +40,7 @@ _FIELDS = {**dict.fromkeys(("bytes", "hits", "misses", "own_hits", "uncached", "
                            "count"),
            **dict.fromkeys(("saved", "compile", "t", "uncached_secs", "read", "reads", "tracing"), "number"),
            **dict.fromkeys(("key", "cause", "detail", "reason", "change", "run", "host", "label", "by", "off",
-                            "origin"), "text"),
+                            "origin", "rerun"), "text"),
            "own": "flag", "end": "flag", "helper": "flag", "more": "flag", "rec": "long", "causes": "counts",
            "reasons": "counts", "local": "level", "shared": "level", "traced": "seconds"}
 

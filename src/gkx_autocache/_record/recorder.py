@@ -255,6 +255,8 @@ class Recorder:
 
             if waiting is not None and waiting.get("cause") not in (None, causes.NEW):
                 record["cause"], record["change"] = waiting["cause"], waiting.get("detail", "")
+            if waiting is not None and waiting.get("helper"):  # JAX's own helper: listed after the user's functions
+                record["helper"] = True
         except Exception as exc:
             logger.debug("the miss of %s not kept with it: %s", key, exc)
         self._record(record, ("uncached", key, reason))
