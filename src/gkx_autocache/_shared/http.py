@@ -75,6 +75,23 @@ def credentials_source(url: str, env: Any = os.environ) -> str:
     return f"a bearer token ({TOKEN_ENV})" if auth.startswith("Bearer ") else "basic, from ~/.netrc"
 
 
+def _body(response: Any, most: int, progress: Progress | None) -> bytes:
+    """At most ``most`` bytes of a response's body, by the parts the socket gives (``read1``), each
+    told to ``progress``, which raises where its caller stopped waiting."""
+    chunks, have = [], 0
+    while have < most:
+        chunk = response.read1(min(most - have, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        have += len(chunk)
+        if progress is not None:
+            progress.got(len(chunk))
+    if response.length == 0 and not response.isclosed():
+        response.read()  # (read1 leaves a body read to its end open: this closes it, so it is kept)
+    return b"".join(chunks)
+
+
 class HttpCache:
     """``http://`` and ``https://``: an object store (ranged reads, whole-object writes, packs read as
     a stream), like a bucket, through one small pool of keep-alive connections."""
@@ -205,10 +222,11 @@ class HttpCache:
             url = location
         raise HttpError(response.status, f"{response.reason} (more than {REDIRECTS} redirects: not followed)", url)
 
-    def _read(self, name: str, start: int, end: int) -> bytes | None:
+    def _read(self, name: str, start: int, end: int, progress: Progress | None = None) -> bytes | None:
         """Bytes ``start`` to ``end`` of an object, None when it is not there; never more than asked
         for is held (an endpoint that ignores ``Range`` raises RangeIgnored; a 206 that is not the
-        range asked, EntryRefused), as a bucket's ``_read_range``."""
+        range asked, EntryRefused), as a bucket's ``_read_range``. The body is read as it comes,
+        each part told to ``progress`` (a metered read's rate and bound)."""
         connection, response, url = self._request("GET", name, {"Range": f"bytes={start}-{end - 1}"})
         try:
             if response.status == 404:
@@ -224,7 +242,7 @@ class HttpCache:
                 raise RangeIgnored(f"{self.said} ignores Range: it answered a read of {human_bytes(asked)} of "
                                    f"{name} with the whole object"
                                    f"{f' ({human_bytes(length)})' if length is not None else ''}")
-            data: bytes = response.read(asked + 1)
+            data = _body(response, asked + 1, progress)
             if len(data) > asked:
                 raise EntryRefused(f"the shared entry sent more than the {asked} bytes of its range")
             if ranged and (why := wrong_range(str(response.getheader("Content-Range")), start, end, len(data))):
@@ -232,6 +250,7 @@ class HttpCache:
             self._done(connection, response)
             return data
         except BaseException:
+            response.close()  # (a response the server closes after holds the socket, not the connection)
             connection.close()
             raise
 
@@ -256,13 +275,13 @@ class HttpCache:
 
         def seal() -> None:
             try:
-                box["seal"] = self._read(key + SEAL_SIDECAR, 0, SEAL_LIMIT)
+                box["seal"] = self._read(key + SEAL_SIDECAR, 0, SEAL_LIMIT, progress)
             except BaseException as exc:
                 box["error"] = exc
 
         other = threading.Thread(target=seal, name="gkx-autocache-shared-seal", daemon=True)
         other.start()
-        entry = self._read(key + ENTRY_SUFFIX, 0, FIRST_BLOCK)
+        entry = self._read(key + ENTRY_SUFFIX, 0, FIRST_BLOCK, progress)
         other.join()
         if "error" in box:
             raise box["error"]
@@ -272,8 +291,8 @@ class HttpCache:
     def small(self, name: str, limit: int = SEAL_LIMIT) -> bytes:
         return self._read(name, 0, limit) or b""
 
-    def block(self, key: str, start: int, end: int) -> bytes:
-        return self._read(key + ENTRY_SUFFIX, start, end) or b""
+    def block(self, key: str, start: int, end: int, progress: Progress | None = None) -> bytes:
+        return self._read(key + ENTRY_SUFFIX, start, end, progress) or b""
 
     def size(self, key: str) -> int:
         connection, response, url = self._request("HEAD", key + ENTRY_SUFFIX)

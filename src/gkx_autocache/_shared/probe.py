@@ -116,9 +116,10 @@ def line(levels: dict[str, Any]) -> str:
         if level == "shared":
             text += (f" ({int(c.get('backfills', 0))} backfilled, {int(c.get('rejected', 0))} rejected), "
                      f"{int(c.get('uploads', 0))} uploads")
-            for name in ("skipped", "dropped", "errors", "timeouts"):
+            for name in ("skipped", "dropped", "errors", "timeouts", "slow"):
                 if c.get(name):
-                    text += f", {int(c[name])} {'uploads ' + name if name in ('skipped', 'dropped') else name}"
+                    said = {"skipped": "uploads skipped", "dropped": "uploads dropped", "slow": "reads slower than a compile"}
+                    text += f", {int(c[name])} {said.get(name, name)}"
             if c.get("prefetched"):
                 text += (f", {int(c['prefetched'])} prefetched ({int(c.get('prefetch_used', 0))} used, "
                          f"{human_bytes(int(c.get('prefetch_wasted_bytes', 0)))} wasted)")
