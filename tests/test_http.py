@@ -363,3 +363,108 @@ def test_an_http_url_takes_no_query() -> None:
                                  prefix="/nonexistent", user_file="/nonexistent")
     (said,) = [m for _, m in settings.problems]
     assert "takes no query" in said and "abc123" not in said and settings["shared"] is None, said
+
+
+# -- ~/.netrc's default entry, and credentials over plain http:// (issue 57 L7) --------------------
+
+
+def own_address() -> str:
+    """This machine's address on its network (not loopback): what another machine reaches it by."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.123", 9))  # (no packet is sent: only the route is chosen)
+            address = str(probe.getsockname()[0])
+        except OSError:
+            address = ""
+    if not address or address.startswith("127."):
+        pytest.skip("this machine has no address but loopback")
+    return address
+
+
+def netrc(home: Path, text: str) -> None:
+    home.mkdir(exist_ok=True)
+    (home / ".netrc").write_text(text)
+    (home / ".netrc").chmod(0o600)  # (the standard library refuses one others can read)
+
+
+def sent(url: str, **kwargs: Any) -> list[dict[str, str]]:
+    """The headers an HTTP level's read of one object sent to ``url``'s server (``_Recording``)."""
+    from gkx_autocache._shared.http import HttpCache
+
+    _Recording.seen = []
+    cache = HttpCache(f"{url}/{VERSION_DIR}", **kwargs)
+    try:
+        assert cache.small("one") == b""
+    finally:
+        cache.forget()
+    return list(_Recording.seen)
+
+
+@pytest.fixture
+def recording() -> Iterator[int]:
+    """A server that records what it is sent, on every address of this machine: its port."""
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), _Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+def test_netrc_s_default_entry_is_never_sent_only_the_machine_entry_of_the_host(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recording: int) -> None:
+    """The standard library answers any host with ~/.netrc's ``default`` login: the HTTP level
+    sent it to whatever cache it was pointed at. Now only a ``machine`` entry that names the host
+    is used, and `status` says which entry, or why none."""
+    from gkx_autocache._shared.http import credentials_source
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    netrc(home, "machine elsewhere.example login bob password b0b-Pw\ndefault login alice password d3fault-Pw\n")
+    url = f"http://127.0.0.1:{recording}/cache"
+    assert not any("Authorization" in h for h in sent(url, env={})), _Recording.seen
+    said = credentials_source(url, {})
+    assert "no machine 127.0.0.1 entry" in said and "default entry is never sent" in said and str(home) in said, said
+    netrc(home, "machine 127.0.0.1 login alice password m4chine-Pw\ndefault login x password y\n")
+    (headers,) = sent(url, env={})
+    assert headers.get("Authorization", "").startswith("Basic "), headers
+    assert credentials_source(url, {}) == f"basic, from the machine 127.0.0.1 entry of {home / '.netrc'}"
+
+
+def test_no_credential_crosses_the_network_in_clear_unless_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recording: int) -> None:
+    """Over plain http:// to this machine's network address (not loopback), neither the token nor
+    the host's ~/.netrc entry is sent, and the level says so in one warning at `import jax` and in
+    `status`; ``shared_credentials_over_http`` sends them; over loopback they are sent."""
+    from types import SimpleNamespace
+
+    from gkx_autocache._shared import setup
+    from gkx_autocache._shared.http import credentials_source
+
+    address = own_address()
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    netrc(home, f"machine {address} login alice password n3t-Pw\n")
+    url = f"http://{address}:{recording}/cache"
+    for env in ({}, {"GKX_JAX_CACHE_SHARED_TOKEN": "t0ken-Zz"}):
+        assert not any("Authorization" in h for h in sent(url, env=env)), _Recording.seen
+        assert "not sent, it would cross the network in clear" in credentials_source(url, env)
+    (headers,) = sent(url, env={}, over_http=True)
+    assert headers.get("Authorization", "").startswith("Basic "), headers
+    (headers,) = sent(f"http://127.0.0.1:{recording}/cache", env={"GKX_JAX_CACHE_SHARED_TOKEN": "t0ken-Zz"})
+    assert headers.get("Authorization") == "Bearer t0ken-Zz", headers
+
+    location = SimpleNamespace(version_dir=str(tmp_path / "local"), remote=False, users_own=False, stock=False,
+                               root=str(tmp_path), team=False)
+    for asked, warned in (({}, True), ({"GKX_JAX_CACHE_SHARED_CREDENTIALS_OVER_HTTP": "1"}, False)):
+        env = {"GKX_JAX_CACHE_SHARED": url, **asked}
+        settings = _settings.resolve(env=env, prefix="/nonexistent", user_file="/nonexistent")
+        level, problems = setup.level_for(settings, location, "0.4.30", env)
+        assert level is not None
+        level.backend.forget()
+        said = [message for cause, message in problems if cause == "shared:cleartext"]
+        assert bool(said) == warned, problems
+        if warned:
+            assert "not sent" in said[0] and "https://" in said[0] and "shared_credentials_over_http" in said[0]
+            assert "n3t-Pw" not in said[0], said

@@ -5,9 +5,10 @@ programs' manifests and packs). nginx with WebDAV and Artifactory's generic repo
 it is; bazel-remote's ``/ac/`` wants sha256 names (docs/levels.md). The standard library's
 ``http.client`` only: a fresh machine imports no client library.
 
-Credentials: a bearer token from ``GKX_JAX_CACHE_SHARED_TOKEN``, else the host's ``~/.netrc``
-entry (basic); never printed, and never sent where a redirect leads to another origin (a read
-follows at most three redirects; an upload follows none). An HTTP cache cannot be listed: the
+Credentials: a bearer token from ``GKX_JAX_CACHE_SHARED_TOKEN``, else the ``~/.netrc`` entry that
+names the host (basic; never its ``default``); never printed, never sent in clear over ``http://`` to
+another machine unless asked (``shared_credentials_over_http``), and never sent where a redirect
+leads to another origin (a read follows at most three redirects; an upload follows none). An HTTP cache cannot be listed: the
 level answers each lookup by its own requests, and heals nothing (its server keeps it).
 """
 
@@ -47,32 +48,71 @@ def origin(url: str) -> tuple[str, str, int]:
     return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def credentials(url: str, env: Any = os.environ) -> str | None:
-    """The ``Authorization`` header for the cache at ``url``: ``Bearer`` from ``TOKEN_ENV``, else
-    ``Basic`` from the host's ``~/.netrc`` entry; None without either."""
-    token = env.get(TOKEN_ENV, "").strip()  # a secret mounted from a file ends with a newline
-    if token:
-        return f"Bearer {token}"
-    import netrc
+def loopback(host: str) -> bool:
+    """Whether ``host`` names this machine (``localhost``, 127.0.0.0/8, ``::1``): what plain
+    ``http://`` may carry credentials to without anyone on a network path reading them."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    import ipaddress
 
     try:
-        found = netrc.netrc().authenticators(origin(url)[1])
-    except (OSError, netrc.NetrcParseError):  # no ~/.netrc, or one that does not parse: none
-        return None
-    if not found:
-        return None
-    import base64
-
-    login, _account, password = found
-    return "Basic " + base64.b64encode(f"{login}:{password or ''}".encode()).decode()
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-def credentials_source(url: str, env: Any = os.environ) -> str:
+def credentials(url: str, env: Any = os.environ, over_http: bool = False) -> tuple[str | None, str, bool]:
+    """The ``Authorization`` header for the cache at ``url`` (``Bearer`` from ``TOKEN_ENV``, else
+    ``Basic`` from the ``~/.netrc`` entry that names the host: never its ``default`` entry, which
+    the standard library gives for any host), and where it comes from, for ``status`` and the
+    warning (never its value), and whether it is withheld: over plain ``http://`` to a host that is
+    not this machine anyone on the path reads it, so it is sent there only with ``over_http``
+    (``shared_credentials_over_http``)."""
+    scheme, host, _ = origin(url)
+    token = env.get(TOKEN_ENV, "").strip()  # a secret mounted from a file ends with a newline
+    if token:
+        header, said = f"Bearer {token}", f"a bearer token ({TOKEN_ENV})"
+    else:
+        import netrc
+
+        path = os.path.join(os.path.expanduser("~"), ".netrc")
+        try:
+            hosts = netrc.netrc().hosts
+        except FileNotFoundError:
+            return None, f"none ({TOKEN_ENV} unset, no ~/.netrc)", False
+        except OSError as exc:
+            return None, f"none ({TOKEN_ENV} unset, {path} cannot be read: {exc.strerror or type(exc).__name__})", False
+        except netrc.NetrcParseError as exc:  # its message may quote the file: a password
+            why = ("readable by others, which the standard library refuses" if "permissive" in str(exc)
+                   else f"does not parse at line {exc.lineno}")
+            return None, f"none ({TOKEN_ENV} unset, {path} {why})", False
+        found = hosts.get(host) if host != "default" else None
+        if not found:
+            also = "; its default entry is never sent" if "default" in hosts else ""
+            return None, f"none ({TOKEN_ENV} unset, no machine {host} entry in {path}{also})", False
+        import base64
+
+        login, _account, password = found
+        header = "Basic " + base64.b64encode(f"{login}:{password or ''}".encode()).decode()
+        said = f"basic, from the machine {host} entry of {path}"
+    if scheme == "http" and not loopback(host) and not over_http:
+        return None, f"{said}: not sent, it would cross the network in clear to {host} (http://)", True
+    return header, said, False
+
+
+def credentials_source(url: str, env: Any = os.environ, over_http: bool = False) -> str:
     """Where the credentials for ``url`` come from, for ``status`` (never their value)."""
-    auth = credentials(url, env)
-    if auth is None:
-        return "none (GKX_JAX_CACHE_SHARED_TOKEN unset, no ~/.netrc entry for the host)"
-    return f"a bearer token ({TOKEN_ENV})" if auth.startswith("Bearer ") else "basic, from ~/.netrc"
+    return credentials(url, env, over_http)[1]
+
+
+def withheld_note(url: str, said: str) -> str:
+    """The one warning for credentials not sent over plain ``http://`` (``credentials``)."""
+    host = origin(url)[1]
+    return (f"the credentials for {url} ({said.rsplit(': not sent', 1)[0]}) are not sent: over http:// they would cross the "
+            f"network in clear to {host}, which is not this machine; the level is used without them; fix: use "
+            "https://, or set shared_credentials_over_http = true where the network is private")
 
 
 def _body(response: Any, most: int, progress: Progress | None) -> bytes:
@@ -102,10 +142,10 @@ class HttpCache:
     said = "the HTTP cache"  # in messages
     cafile: str | None = None  # the certificates https is checked against (None: the system's, or SSL_CERT_FILE)
 
-    def __init__(self, version_url: str, env: Any = os.environ) -> None:
+    def __init__(self, version_url: str, env: Any = os.environ, over_http: bool = False) -> None:
         self.where = version_url.rstrip("/")
         self.base = self.where  # what requests go to (a bucket's differs from its s3:// name: ``s3.py``)
-        self._auth = credentials(version_url, env)
+        self._auth, self.credentials, self.withheld = credentials(version_url, env, over_http)
         self._idle: list[Any] = []
         self._lock = threading.Lock()
 

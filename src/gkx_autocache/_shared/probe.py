@@ -77,7 +77,7 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
     if is_http(shared):  # which credentials, never their value
         from gkx_autocache._shared.http import credentials_source
 
-        info["credentials"] = credentials_source(shared, env)
+        info["credentials"] = credentials_source(shared, env, bool(settings["shared_credentials_over_http"]))
     elif shared.lower().startswith("s3://"):  # which client, and its keys' source (never their value)
         from gkx_autocache._shared import s3
 
@@ -88,7 +88,8 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
     if why is not None or jax_version is None:
         info["unused"] = why or "JAX is not installed"
         return {"local": local, "shared": info}
-    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env)
+    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env,
+                          bool(settings["shared_credentials_over_http"]))
     info["version_dir"] = backend.where
     info["probe"] = probe(backend, settings["shared_timeout"]) if probing else "skipped (--no-probe)"
     if secret is None and isinstance(info["probe"], dict) and info["probe"].get("signed"):
