@@ -430,3 +430,101 @@ def test_keys_from_a_credential_process_go_through_s3fs_for_real(venv: Venv, tmp
     assert shared["probe"]["answers"] is True and shared["probe"]["entries"] == cold["requests"]
     direct = json.loads(venv.cli("--json", "status", env=levels_env(s3.env, s3.bucket, tmp_path / "r")).stdout)
     assert direct["levels"]["shared"]["credentials"].endswith("signed here (no client library)"), direct
+
+
+# -- a server's text on the user's terminal (issue 57 L8) ----------------------------------------------
+
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m\u202e"  # a window title, a cleared screen, red, text reversed
+
+
+class Hostile(http.server.BaseHTTPRequestHandler):
+    """An S3 endpoint (or an HTTP cache) that refuses everything with terminal escapes in its reason
+    phrase, its error code and its message."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _refuse(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = (f"<?xml version='1.0'?><Error><Code>AccessDenied{ESCAPES}</Code>"
+                f"<Message>Access denied {ESCAPES} gone</Message></Error>").encode()
+        self.send_response(403, f"Forbidden{ESCAPES[:-1]}")  # (a status line is latin-1)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_PUT = _refuse  # noqa: N815
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def hostile() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def escaped(text: str) -> bool:
+    """Whether ``text`` holds the server's words with none of its control characters raw."""
+    return ("Access denied" in text or "Forbidden" in text) and not any(c in text for c in ESCAPES if not c.isprintable())
+
+
+@pytest.mark.parametrize("scheme", ["s3", "http"])
+def test_a_server_s_text_reaches_no_terminal_raw(hostile: str, scheme: str, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An endpoint that answers with terminal escapes (a window title, a cleared screen, reversed
+    text) in its reason phrase and its S3 error: `status` (its probe), the warning that turns the
+    level off, and what `explain` is told of it (the off note) show its words with every control
+    character escaped."""
+    from gkx_autocache import _diagnostics
+    from gkx_autocache._cli.main import main
+    from gkx_autocache._diagnostics import AutocacheWarning
+    from gkx_autocache._shared.level import Level
+    from gkx_autocache._shared.setup import backend_for
+
+    shared = "s3://bucket/team" if scheme == "s3" else f"{hostile}/cache"
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "local"), "GKX_JAX_CACHE_SHARED": shared, "AWS_ENDPOINT_URL": hostile,
+           "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "HOME": str(tmp_path)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "does not answer" in out and escaped(out), out
+    assert main(["--json", "status"]) == 0
+    assert escaped(capsys.readouterr().out)
+    monkeypatch.setattr(_diagnostics, "_said", set())
+    level = Level(shared, backend_for(shared, "0.4.30", False, env), local=str(tmp_path / "l"), timeout=5.0,
+                  writes="never", secret=None)
+    try:
+        with pytest.warns(AutocacheWarning) as said:
+            assert level.get("jit_f-" + "ab" * 32) is None
+    finally:
+        level.backend.forget()
+    assert len(said) == 1 and escaped(str(said[0].message)) and escaped(level.off_note or ""), said[0].message
+
+
+def test_what_explain_and_stats_print_of_a_seal_or_a_ledger_is_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    """A seal's impossible size is said escaped (it reaches `explain` as the entry's `rejected`
+    detail), and every command's human text goes out with its control characters escaped but its
+    lines kept (a ledger's line, a file's name)."""
+    import argparse
+    import json
+
+    from gkx_autocache._cli.output import emit
+    from gkx_autocache._shared.seal import EntryRefused, read_seal
+
+    key = "jit_f-" + "ab" * 32
+    with pytest.raises(EntryRefused) as refused:
+        read_seal(json.dumps({"format": 1, "key": key, "bytes": ESCAPES, "sha256": "0" * 64}).encode(), key, 1 << 30)
+    assert "impossible size" in str(refused.value) and str(refused.value).isprintable(), refused.value
+    for command in ("explain", "stats", "status"):
+        emit(argparse.Namespace(json=False, command=command), f"rejected: {ESCAPES}\n  next line", {})
+        assert capsys.readouterr().out == "rejected: \\x1b]0;owned\\x07\\x1b[2J\\x1b[31m\\u202e\n  next line\n"

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gkx_autocache._diagnostics import one_line
+
 FIRST_BLOCK = 256 << 10  # most CPU entries fit in one block: one round trip
 MAX_BLOCK = 64 << 20
 FLOOR_RATE = 64 << 10  # bytes a second: an entry's read that moves less, for shared_timeout, is stalled
@@ -167,13 +169,15 @@ def bounded(func: Callable[[Progress], Any], timeout: float) -> Any:
 
 
 def describe(exc: BaseException) -> str:
-    """An error of the shared level in one short line; a refused connection names its endpoint
-    (botocore's error keeps it in ``kwargs``; ``http.py`` sets ``endpoint``)."""
+    """An error of the shared level in one short line, a server's words in it escaped (an S3 error's
+    message, a reason phrase: they reach ``status``, ``explain`` and the logs); a refused connection
+    names its endpoint (botocore's error keeps it in ``kwargs``; ``http.py`` sets ``endpoint``)."""
     if refused(exc):
         url = str(getattr(exc, "endpoint", None) or (getattr(exc, "kwargs", None) or {}).get("endpoint_url") or "")
         where = "/".join(url.split("/", 3)[:3]) if "://" in url else "the endpoint"
-        return f"the connection was refused by {where} (nothing listens there: a server stopped, or a wrong endpoint)"
-    text = " ".join(str(exc).split())
+        return one_line(f"the connection was refused by {where} (nothing listens there: a server stopped, or a wrong "
+                        "endpoint)")
+    text = one_line(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {text}"[:240] if text else type(exc).__name__
 
 

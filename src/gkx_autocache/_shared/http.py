@@ -19,7 +19,7 @@ import threading
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._diagnostics import human_bytes, one_line
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
 from gkx_autocache._shared import bucket
 from gkx_autocache._shared.bucket import RangeIgnored, wrong_range
@@ -39,7 +39,7 @@ class HttpError(OSError):
     def __init__(self, status: int, reason: str, url: str,
                  credentials: str = f"{TOKEN_ENV}, or a ~/.netrc entry for the host") -> None:
         hint = f" (credentials: {credentials})" if status in (401, 403) else ""
-        super().__init__(f"{url} answered {status} {reason}{hint}")
+        super().__init__(one_line(f"{url} answered {status} {reason}{hint}"))  # (a server's words: escaped)
         self.status = status
 
 

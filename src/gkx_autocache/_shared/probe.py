@@ -91,7 +91,10 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
     backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env,
                           bool(settings["shared_credentials_over_http"]))
     info["version_dir"] = backend.where
-    info["probe"] = probe(backend, settings["shared_timeout"]) if probing else "skipped (--no-probe)"
+    try:
+        info["probe"] = probe(backend, settings["shared_timeout"]) if probing else "skipped (--no-probe)"
+    finally:
+        backend.forget()  # its kept connections closed: status is done with it
     if secret is None and isinstance(info["probe"], dict) and info["probe"].get("signed"):
         info["signing"] = UNCHECKED
     return {"local": local, "shared": info}
