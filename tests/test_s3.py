@@ -1,8 +1,8 @@
-"""The S3 level's own client (``_shared/s3.py``, issue 42): requests signed as botocore signs them,
-checked by a server that verifies signatures (conftest's moto); the settings that choose it over
-s3fs; a bucket in another region; and s3fs where the keys are not static (a credential process),
-run for real. Every other S3 test (test_levels, test_prefetch, test_autotune) goes through this
-client, against the same signature-checking server."""
+"""The S3 level's own client (``_shared/s3.py``, issues 42 and 61): requests signed as botocore signs
+them, checked by a server that verifies signatures (conftest's moto); credentials, region and
+endpoint as botocore's own session resolves them (a credential process run for real); the few
+settings that still choose s3fs; a bucket in another region. Every other S3 test (test_levels,
+test_prefetch, test_autotune) goes through this client, against the same signature-checking server."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import S3, Venv, run_program
+from conftest import PROGRAM, S3, Venv, run_program
 from test_levels import levels_env, report
 
 from gkx_autocache._shared import s3 as client
@@ -62,8 +62,10 @@ def test_a_bucket_is_read_and_written_signed_and_a_wrong_secret_is_one_line(s3: 
     stream all pass with the keys; with a wrong secret the server refuses, and the error is one line
     that names S3's code and where the keys came from, never the secret."""
     found = client.keys(s3.env)
-    assert isinstance(found, client.Keys)
-    level = backend_for(f"s3://{s3.bucket}/te am+x", "0.4.30", False, s3.env)
+    assert isinstance(found, client.Keys) and found.credentials is None  # the environment's: nothing imported
+    deferred = backend_for(f"s3://{s3.bucket}/te am+x", "0.4.30", False, s3.env)
+    assert isinstance(deferred, client.Deferred)
+    level = deferred.chosen()
     assert isinstance(level, client.S3)
     assert level.listing(Progress()) == {}
     level.write("abc-cache", b"x" * 3000)
@@ -77,7 +79,7 @@ def test_a_bucket_is_read_and_written_signed_and_a_wrong_secret_is_one_line(s3: 
     stream.close()
     assert level.stream("none", 5) is None
     level.forget()  # its kept connections closed (a level lives as long as its process)
-    wrong = client.S3(f"s3://{s3.bucket}/team/jax-0.4.30", found._replace(secret="not the secret"))
+    wrong = client.S3(f"s3://{s3.bucket}/team/jax-0.4.30", found.replaced(secret="not the secret"))
     with pytest.raises(HttpError) as caught:
         wrong.listing(Progress())
     text = str(caught.value)
@@ -225,7 +227,7 @@ def test_a_certificate_that_does_not_verify_is_named_so(tmp_path: Path) -> None:
             client.S3("s3://bkt/p/jax-1", keys).listing(Progress())
         said = describe(caught.value)
         assert "certificate" in said and "request header" not in said, said
-        trusted = client.S3("s3://bkt/p/jax-1", keys._replace(cafile=str(tmp_path / "c.pem")))
+        trusted = client.S3("s3://bkt/p/jax-1", keys.replaced(cafile=str(tmp_path / "c.pem")))
         assert trusted.listing(Progress()) == {}  # AWS_CA_BUNDLE's certificates are the ones checked
         trusted.forget()
     finally:
@@ -254,76 +256,98 @@ def write(path: Path, text: str) -> str:
     return str(path)
 
 
-def test_the_settings_that_choose_the_client(tmp_path: Path) -> None:
-    """Static keys (the environment's, a profile's in either file) get this client, the region and
-    endpoint read as botocore reads them; anything this client does not read goes to s3fs, with the
-    reason ``status`` shows."""
+def test_the_environment_s_keys_need_nothing_imported_and_a_few_settings_still_choose_s3fs(tmp_path: Path) -> None:
+    """Keys in the environment, where no ~/.aws/config could change a request, are read with nothing
+    imported, the region and endpoint as botocore reads them; fsspec's own S3 settings, FIPS and
+    dual-stack endpoints, a directory bucket or an access point choose s3fs, said in `status`; a
+    proxy no longer does (this client goes through it)."""
     env = {**NO_FILES, "AWS_ACCESS_KEY_ID": " AKID ", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION_TOKEN": "tok",
            "AWS_ENDPOINT_URL_S3": "HTTP://MinIO:80/", "AWS_ENDPOINT_URL": "http://other", "AWS_REGION": "ap-east-1",
            "AWS_DEFAULT_REGION": "eu-north-1", "FSSPEC_CONFIG_DIR": str(tmp_path / "none"),
-           "AWS_CA_BUNDLE": "/etc/team-ca.pem"}
+           "AWS_CA_BUNDLE": "/etc/team-ca.pem", "HTTPS_PROXY": "http://proxy:3128"}
     found = client.keys(env)
-    assert isinstance(found, client.Keys)  # (botocore reads no AWS_REGION; it sends the host in lower case, no default port)
-    assert (found.access, found.token, found.region, found.endpoint) == ("AKID", "tok", "eu-north-1", "http://minio")
+    assert isinstance(found, client.Keys) and found.credentials is None
+    # (botocore reads no AWS_REGION; it sends the host in lower case, no default port)
+    assert (found.frozen(), found.region, found.endpoint) == (("AKID", SECRET, "tok"), "eu-north-1", "http://minio")
     assert client.S3("s3://b/p", found).cafile == "/etc/team-ca.pem"
+    assert isinstance(backend_for("s3://b/p", "0.4.30", False, env), client.Deferred)
+    for extra, why in [({"FSSPEC_S3_ENDPOINT_URL": "http://x"}, "fsspec has S3 settings"),
+                       ({"AWS_USE_FIPS_ENDPOINT": "true"}, "AWS_USE_FIPS_ENDPOINT is set"),
+                       ({"AWS_ENDPOINT_URL_S3": "minio:9000"}, "not a plain http(s) URL"),
+                       ({"AWS_ENDPOINT_URL_S3": "http://[::1"}, "not a plain http(s) URL"),
+                       ({"AWS_ENDPOINT_URL_S3": "http://ex\uff03ample.com"}, "not a plain http(s) URL"),
+                       ({"AWS_ENDPOINT_URL_S3": "http://minio/a%20b"}, "not a plain http(s) URL"),
+                       ({"AWS_ENDPOINT_URL_S3": "", "AWS_ENDPOINT_URL": "", "AWS_DEFAULT_REGION": "eu-isoe-west-1"},
+                        "outside AWS's main partition")]:
+        said = client.keys({**env, **extra})
+        assert isinstance(said, str) and why in said, (extra, said)
+    assert "directory bucket" in str(client.keys(env, "b--usw2-az1--x-s3"))
+    assert isinstance(backend_for("s3://b--usw2-az1--x-s3/p", "0.4.30", False, env), Bucket)
+    (tmp_path / "fsspec").mkdir()
+    write(tmp_path / "fsspec" / "conf.json", json.dumps({"s3": {"client_kwargs": {"endpoint_url": "http://x"}}}))
+    assert isinstance(backend_for("s3://b/p", "0.4.30", False, {**env, "FSSPEC_CONFIG_DIR": str(tmp_path / "fsspec")}),
+                      Bucket)
+
+
+def resolved(env: dict[str, str], bucket: str = "b") -> client.Keys | str:
+    """``keys`` where the process's environment is ``env`` (botocore's session reads os.environ)."""
+    import os
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        return client.keys(os.environ, bucket)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_every_other_set_up_is_botocore_s_session_s_to_resolve(tmp_path: Path) -> None:
+    """Profiles (their keys, a role, a credential process), the region, the endpoint (a profile's,
+    a services section's, ignored where botocore ignores it) are botocore's to decide; this client
+    serves them, or s3fs where botocore's requests would differ (a profile's s3 settings, FIPS,
+    another partition), or says why none can (a profile in neither file, a file that does not
+    parse)."""
+    process = tmp_path / "keys.py"
+    process.write_text("import json\nprint(json.dumps({'Version': 1, 'AccessKeyId': 'PROC', "
+                       f"'SecretAccessKey': {SECRET!r}, 'SessionToken': 'PTOK'}}))\n")
     credentials = write(tmp_path / "credentials", f"[default]\naws_access_key_id = A1\naws_secret_access_key = {SECRET}\n"
                                                   f"[work]\naws_access_key_id = A2\naws_secret_access_key = {SECRET}\n")
     config = write(tmp_path / "config", "[default]\nregion = ap-south-1\n[profile work]\nendpoint_url = https://r2.example\n"
                                         "[profile role]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n"
-                                        "[profile proc]\ncredential_process = /bin/echo\n"
-                                        "[profile inline]\naws_access_key_id = A3\naws_secret_access_key = s\n"
+                                        f"[profile proc]\ncredential_process = {sys.executable} {process}\n"
                                         "[profile nested]\ns3 =\n  addressing_style = virtual\n"
+                                        "aws_access_key_id = A3\naws_secret_access_key = s\n"
                                         "[profile fips]\naws_access_key_id = A4\naws_secret_access_key = s\nuse_fips_endpoint = true\n"
-                                        "[profile dual]\nuse_dualstack_endpoint = true\n"
                                         "[profile ignore]\nendpoint_url = http://minio\nignore_configured_endpoint_urls = true\n"
-                                        "[profile china]\nregion = cn-north-1\n"
-                                        "[profile output]\noutput = json\nregion = eu-west-3\n")
-    files = {"AWS_SHARED_CREDENTIALS_FILE": credentials, "AWS_CONFIG_FILE": config,
-             "FSSPEC_CONFIG_DIR": str(tmp_path / "none")}
-    default = client.keys(files)
-    assert isinstance(default, client.Keys) and (default.access, default.region, default.endpoint) == ("A1", "ap-south-1", None)
-    work = client.keys({**files, "AWS_PROFILE": "work"})
-    assert isinstance(work, client.Keys) and (work.access, work.region, work.endpoint) == ("A2", "us-east-1", "https://r2.example")
-    inline = client.keys({**files, "AWS_PROFILE": "inline"})
-    assert isinstance(inline, client.Keys) and inline.access == "A3" and "~/.aws/config" in inline.source
-    for extra, why in [({"AWS_PROFILE": "role"}, "has role_arn"), ({"AWS_PROFILE": "proc"}, "has credential_process"),
-                       ({"AWS_PROFILE": "nested"}, "has s3"), ({"AWS_PROFILE": "nobody"}, "in neither ~/.aws file"),
-                       ({"AWS_PROFILE": "fips"}, "has use_fips_endpoint"), ({"AWS_PROFILE": "dual"}, "use_dualstack"),
-                       ({"AWS_PROFILE": "ignore"}, "has ignore_configured_endpoint_urls"),
-                       ({"AWS_PROFILE": "china"}, "outside AWS's main partition"),
-                       ({"AWS_ACCESS_KEY_ID": "A5"}, "not set together"),
-                       ({"HTTPS_PROXY": "http://proxy:3128"}, "HTTPS_PROXY is set"),
-                       ({"FSSPEC_S3_ENDPOINT_URL": "http://x"}, "fsspec has S3 settings"),
-                       ({"AWS_ENDPOINT_URL": "minio:9000"}, "not a plain http(s) URL"),
-                       ({"AWS_ENDPOINT_URL": "http://[::1"}, "not a plain http(s) URL"),
-                       ({"AWS_ENDPOINT_URL": "http://ex\uff03ample.com"}, "not a plain http(s) URL"),
-                       ({"AWS_ENDPOINT_URL": "http://minio/a%20b"}, "not a plain http(s) URL"),
-                       ({"HTTPS_Proxy": "http://proxy:3128"}, "HTTPS_Proxy is set"),
-                       ({"AWS_DEFAULT_REGION": "eu-isoe-west-1"}, "outside AWS's main partition")]:
-        said = client.keys({**files, **extra})
-        assert isinstance(said, str) and why in said, (extra, said)
-        assert isinstance(backend_for("s3://b/p", "0.4.30", False, {**files, **extra}), Bucket)
-    (tmp_path / "fsspec").mkdir()
-    write(tmp_path / "fsspec" / "conf.json", json.dumps({"s3": {"client_kwargs": {"endpoint_url": "http://x"}}}))
-    assert "fsspec has S3 settings" in str(client.keys({**files, "FSSPEC_CONFIG_DIR": str(tmp_path / "fsspec")}))
-    # AWS_DEFAULT_PROFILE before AWS_PROFILE, as botocore; a profile's own settings from its config
-    chosen = client.keys({**files, "AWS_DEFAULT_PROFILE": "work", "AWS_PROFILE": "inline"})
-    assert isinstance(chosen, client.Keys) and (chosen.access, chosen.endpoint) == ("A2", "https://r2.example")
-    output = client.keys({**files, "AWS_PROFILE": "output", "AWS_ACCESS_KEY_ID": "A6", "AWS_SECRET_ACCESS_KEY": "s"})
-    assert isinstance(output, client.Keys) and output.region == "eu-west-3"  # (the CLI's own settings change no request)
-    # the credentials file holding more than keys (botocore merges it over the config): s3fs's
-    write(tmp_path / "credentials2", f"[default]\naws_access_key_id = A1\naws_secret_access_key = {SECRET}\n"
-                                     "endpoint_url = http://minio\n")
-    assert "has endpoint_url" in str(client.keys({**files, "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials2")}))
-    # [profile default] is the default profile too; with [default] beside it, botocore takes one by order
-    write(tmp_path / "config2", "[profile default]\nendpoint_url = http://minio:9000\n")
-    aimed = client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "config2")})
-    assert isinstance(aimed, client.Keys) and aimed.endpoint == "http://minio:9000"
-    write(tmp_path / "config3", "[default]\nregion = eu-west-1\n[profile default]\nendpoint_url = http://minio:9000\n")
-    later = client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "config3")})  # the later section, as botocore
-    assert isinstance(later, client.Keys) and (later.region, later.endpoint) == ("us-east-1", "http://minio:9000")
+                                        "aws_access_key_id = A5\naws_secret_access_key = s\n"
+                                        "[profile services]\nservices = local\naws_access_key_id = A6\naws_secret_access_key = s\n"
+                                        "[services local]\ns3 =\n  endpoint_url = http://127.0.0.1:9000\n"
+                                        "[profile china]\nregion = cn-north-1\naws_access_key_id = A7\naws_secret_access_key = s\n")
+    files = {"AWS_SHARED_CREDENTIALS_FILE": credentials, "AWS_CONFIG_FILE": config, "AWS_EC2_METADATA_DISABLED": "true",
+             "FSSPEC_CONFIG_DIR": str(tmp_path / "none"), "HOME": str(tmp_path)}
+    expected = {"": ("A1", "ap-south-1", None, "profile's keys in ~/.aws/credentials"),
+                "work": ("A2", "us-east-1", "https://r2.example", "profile's keys"),
+                "proc": ("PROC", "us-east-1", None, "a credential process (the profile 'proc')"),
+                "ignore": ("A5", "us-east-1", None, "keys"),
+                "services": ("A6", "us-east-1", "http://127.0.0.1:9000", "keys")}
+    for profile, (access, region, endpoint, source) in expected.items():
+        found = resolved({**files, **({"AWS_PROFILE": profile} if profile else {})})
+        assert isinstance(found, client.Keys), (profile, found)
+        assert (found.frozen()[0], found.region, found.endpoint) == (access, region, endpoint), profile
+        assert source in found.source and "resolved by botocore" in found.source, found.source
+    assert resolved({**files, "AWS_PROFILE": "proc"}).frozen() == ("PROC", SECRET, "PTOK")  # type: ignore[union-attr]
+    role = resolved({**files, "AWS_PROFILE": "role"})  # (STS is asked at the first request, not here)
+    assert isinstance(role, client.Keys) and "an assumed role" in role.source
+    chosen = resolved({**files, "AWS_DEFAULT_PROFILE": "work", "AWS_PROFILE": "proc"})  # botocore's order
+    assert isinstance(chosen, client.Keys) and chosen.frozen()[0] == "A2"
+    for profile, why in [("nested", "has s3 settings"), ("fips", "has use_fips_endpoint"), ("nobody", "in neither"),
+                         ("china", "outside AWS's main partition")]:
+        said = resolved({**files, "AWS_PROFILE": profile})
+        assert isinstance(said, str) and why in said, (profile, said)
     write(tmp_path / "broken", "[default\nregion")
-    assert "does not parse" in str(client.keys({**files, "AWS_CONFIG_FILE": str(tmp_path / "broken")}))
+    assert "could not be read" in str(resolved({**files, "AWS_CONFIG_FILE": str(tmp_path / "broken")}))
 
 
 def botocore_says(env: dict[str, str], bucket: str) -> tuple[str, str, str | None, str]:
@@ -387,11 +411,11 @@ def test_the_direct_client_goes_where_botocore_goes(tmp_path: Path, case: str) -
         bucket = "b" * 64
     elif case == "underscore":
         bucket = "my_bucket"
-    ours = client.keys(env, bucket)
+    ours = resolved(env, bucket)
     assert isinstance(ours, client.Keys), ours
     key, region, token, host = botocore_says(env, bucket)
     level = client.S3(f"s3://{bucket}/p/jax-1", ours)
-    assert (ours.access, ours.region, ours.token) == (key, region, token)
+    assert (ours.frozen()[0], ours.region, ours.frozen()[2]) == (key, region, token)
     assert urlsplit(level.root).netloc.replace(".s3.amazonaws.com", f".s3.{region}.amazonaws.com") == host.replace(
         "s3.amazonaws.com", f"s3.{region}.amazonaws.com"), (level.root, host)
 
@@ -409,10 +433,11 @@ def test_a_setting_file_that_is_no_regular_file_is_skipped_never_read(tmp_path: 
         assert isinstance(client.keys(env), client.Keys), path
 
 
-def test_keys_from_a_credential_process_go_through_s3fs_for_real(venv: Venv, tmp_path: Path, s3: S3) -> None:
-    """A profile whose keys come from a credential process (botocore runs it; this client does
-    not): the level goes through s3fs, a writer's entries reach a fresh reader, and ``status`` names
-    the client and why."""
+def test_keys_from_a_credential_process_are_served_by_the_level_s_own_client(venv: Venv, tmp_path: Path,
+                                                                              s3: S3) -> None:
+    """A profile whose keys come from a credential process (botocore's session runs it): the level
+    signs its own requests with them (no s3fs), a writer's entries reach a fresh reader, and
+    ``status`` names the client and the credentials' source."""
     access, secret = s3.keys
     process = tmp_path / "keys.py"
     process.write_text(f"import json\nprint(json.dumps({{'Version': 1, 'AccessKeyId': {access!r}, "
@@ -421,15 +446,18 @@ def test_keys_from_a_credential_process_go_through_s3fs_for_real(venv: Venv, tmp
     config = write(tmp_path / "config", f"[profile team]\ncredential_process = {sys.executable} {process}\n")
     env = {k: v for k, v in s3.env.items() if not k.startswith("AWS_ACCESS_KEY_ID") and k != "AWS_SECRET_ACCESS_KEY"}
     env.update(AWS_CONFIG_FILE=config, AWS_PROFILE="team")
-    cold, err = run_program(venv, env=levels_env(env, s3.bucket, tmp_path / "w"))
-    assert cold["requests"] >= 2 and report(err)["misses"] == cold["requests"], err
-    fresh, err = run_program(venv, env=levels_env(env, s3.bucket, tmp_path / "r"))
-    assert fresh["hits"] == fresh["requests"] and report(err)["shared"] == cold["requests"], err
+    watch = "import sys, atexit; atexit.register(lambda: print('S3FS', 's3fs' in sys.modules, file=sys.stderr))\n"
+    cold, err = run_program(venv, env=levels_env(env, s3.bucket, tmp_path / "w"), program=watch + PROGRAM)
+    assert cold["requests"] >= 2 and report(err)["misses"] == cold["requests"] and "S3FS False" in err, err
+    fresh, err = run_program(venv, env=levels_env(env, s3.bucket, tmp_path / "r"), program=watch + PROGRAM)
+    assert fresh["hits"] == fresh["requests"] and report(err)["shared"] == cold["requests"] and "S3FS False" in err, err
     shared = json.loads(venv.cli("--json", "status", env=levels_env(env, s3.bucket, tmp_path / "r")).stdout)["levels"]["shared"]
-    assert shared["credentials"] == "s3fs's own (the profile 'team' has credential_process)", shared
+    assert shared["credentials"] == ("a credential process (the profile 'team'), resolved by botocore, signed here "
+                                     "(no client library)"), shared
     assert shared["probe"]["answers"] is True and shared["probe"]["entries"] == cold["requests"]
     direct = json.loads(venv.cli("--json", "status", env=levels_env(s3.env, s3.bucket, tmp_path / "r")).stdout)
-    assert direct["levels"]["shared"]["credentials"].endswith("signed here (no client library)"), direct
+    assert direct["levels"]["shared"]["credentials"] == ("the environment's keys (AWS_ACCESS_KEY_ID), signed here "
+                                                         "(no client library)"), direct
 
 
 # -- a server's text on the user's terminal (issue 57 L8) ----------------------------------------------

@@ -58,11 +58,17 @@ def _errors(url: str) -> Iterator[None]:
 def filesystem(url: str, own: bool = False) -> tuple[Any, str]:
     """fsspec's filesystem for ``url`` and the path in it (``bucket/prefix``): the call every
     remote operation goes through. ``own``: an instance of its own, not fsspec's cached one that
-    the process's other code shares (the shared level registers a retry handler on its client)."""
+    the process's other code shares (the shared level registers a retry handler on its client).
+    gcsfs's aiohttp session reads the proxy variables only when told to (s3fs's botocore reads them
+    itself): told where the environment names a proxy."""
     import fsspec.core
 
+    options: dict[str, Any] = {"skip_instance_cache": True} if own else {}
+    if scheme(url) == "gs" and any(name.lower() in ("https_proxy", "http_proxy", "all_proxy") and value
+                                   for name, value in os.environ.items()):
+        options["session_kwargs"] = {"trust_env": True}
     with _errors(url):
-        fs, path = fsspec.core.url_to_fs(url, **({"skip_instance_cache": True} if own else {}))
+        fs, path = fsspec.core.url_to_fs(url, **options)
     return fs, path
 
 

@@ -63,13 +63,15 @@ def loopback(host: str) -> bool:
     return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-def credentials(url: str, env: Any = os.environ, over_http: bool = False) -> tuple[str | None, str, bool]:
+def credentials(url: str, env: Any = os.environ, over_http: bool = False,
+                hop: str | None = None) -> tuple[str | None, str, bool]:
     """The ``Authorization`` header for the cache at ``url`` (``Bearer`` from ``TOKEN_ENV``, else
     ``Basic`` from the ``~/.netrc`` entry that names the host: never its ``default`` entry, which
     the standard library gives for any host), and where it comes from, for ``status`` and the
     warning (never its value), and whether it is withheld: over plain ``http://`` to a host that is
     not this machine anyone on the path reads it, so it is sent there only with ``over_http``
-    (``shared_credentials_over_http``)."""
+    (``shared_credentials_over_http``). ``hop``: the http:// proxy a request goes to first, which
+    reads it as well."""
     scheme, host, _ = origin(url)
     token = env.get(TOKEN_ENV, "").strip()  # a secret mounted from a file ends with a newline
     if token:
@@ -97,8 +99,9 @@ def credentials(url: str, env: Any = os.environ, over_http: bool = False) -> tup
         login, _account, password = found
         header = "Basic " + base64.b64encode(f"{login}:{password or ''}".encode()).decode()
         said = f"basic, from the machine {host} entry of {path}"
-    if scheme == "http" and not loopback(host) and not over_http:
-        return None, f"{said}: not sent, it would cross the network in clear to {host} (http://)", True
+    exposed = host if not loopback(host) else hop if hop is not None and not loopback(hop) else None
+    if scheme == "http" and exposed is not None and not over_http:
+        return None, f"{said}: not sent, it would cross the network in clear to {exposed} (http://)", True
     return header, said, False
 
 
@@ -142,10 +145,21 @@ class HttpCache:
     said = "the HTTP cache"  # in messages
     cafile: str | None = None  # the certificates https is checked against (None: the system's, or SSL_CERT_FILE)
 
-    def __init__(self, version_url: str, env: Any = os.environ, over_http: bool = False) -> None:
+    def __init__(self, version_url: str, env: Any = os.environ, over_http: bool = False, signed: bool = False) -> None:
+        from gkx_autocache._shared import proxies
+
         self.where = version_url.rstrip("/")
         self.base = self.where  # what requests go to (a bucket's differs from its s3:// name: ``s3.py``)
-        self._auth, self.credentials, self.withheld = credentials(version_url, env, over_http)
+        self._proxies = proxies.settings(env)
+        self._auth: str | None = None
+        self.credentials, self.withheld = "", False
+        if not signed:  # (a bucket signs each request: ``s3.py``)
+            try:
+                first = proxies.proxy_for(version_url, self._proxies) if self._proxies else None
+            except proxies.Unsupported:  # said at the first request, which it fails
+                first = None
+            hop = first.host if first is not None and first.scheme == "http" else None
+            self._auth, self.credentials, self.withheld = credentials(version_url, env, over_http, hop)
         self._idle: list[Any] = []
         self._lock = threading.Lock()
 
@@ -167,31 +181,48 @@ class HttpCache:
 
     def _connection(self, url: str) -> tuple[Any, bool]:
         """A connection to ``url``'s origin, and whether it was kept from an earlier request (only
-        the cache's own origin's are kept: ``_done``)."""
+        the cache's own origin's are kept: ``_done``). Through the proxy the environment names for
+        it (``proxies``): an https origin by a tunnel (``CONNECT``: the request stays encrypted end
+        to end), an http one by asking the proxy for the whole URL."""
         import http.client
 
-        scheme, host, port = origin(url)
-        if (scheme, host, port) == origin(self.base):
+        from gkx_autocache._shared import proxies
+
+        scheme, host, port = target = origin(url)
+        if target == origin(self.base):
             with self._lock:
                 if self._idle:
                     return self._idle.pop(), True
+        proxy = proxies.proxy_for(url, self._proxies) if self._proxies else None
+        connection: Any
         if scheme == "https":
             import ssl
 
             context = ssl.create_default_context(cafile=self.cafile)
-            return http.client.HTTPSConnection(host, port, context=context), False
-        return http.client.HTTPConnection(host, port), False
+            if proxy is None:
+                connection = http.client.HTTPSConnection(host, port, context=context)
+            else:
+                connection = http.client.HTTPSConnection(proxy.host, proxy.port, context=context)
+                connection.set_tunnel(host, port, headers=proxy.headers())
+        elif proxy is not None and proxy.scheme == "https":
+            import ssl
+
+            context = ssl.create_default_context(cafile=self.cafile)
+            connection = http.client.HTTPSConnection(proxy.host, proxy.port, context=context)
+        else:
+            connection = http.client.HTTPConnection(*((proxy.host, proxy.port) if proxy else (host, port)))
+        connection.gkx_origin = target  # what it reaches, whatever it connects to (a proxy)
+        connection.gkx_proxy = proxy if scheme == "http" else None  # asked for whole URLs
+        return connection, False
 
     def _done(self, connection: Any, response: Any) -> None:
         """After a response: its connection serves the next request only where its body was read to
         the end (unread bytes would be read as the next response) and it is the cache's own origin's
         (a redirect's elsewhere never gets the next request, nor its credentials)."""
-        import http.client
 
         whole = response.isclosed()  # http.client closes a response once its body is all read
         response.close()
-        scheme = "https" if isinstance(connection, http.client.HTTPSConnection) else "http"
-        ours = (scheme, str(connection.host).lower(), connection.port) == origin(self.base)
+        ours = getattr(connection, "gkx_origin", None) == origin(self.base)
         if not whole or not ours or response.will_close or connection.sock is None:
             connection.close()
             return
@@ -211,8 +242,13 @@ class HttpCache:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         for attempt in range(2):
             connection, kept = self._connection(url) if attempt == 0 else (self._fresh(url), False)
+            proxy = connection.gkx_proxy
             try:
-                connection.request(method, path, body=body, headers=headers)
+                if proxy is not None:  # an http origin through a proxy: the whole URL, asked of the proxy
+                    connection.request(method, f"{parts.scheme}://{parts.netloc}{path}", body=body,
+                                       headers={**headers, **proxy.headers()})
+                else:
+                    connection.request(method, path, body=body, headers=headers)
                 return connection, connection.getresponse()
             except ConnectionRefusedError as exc:  # named with its endpoint (``calls.describe``)
                 connection.close()

@@ -86,16 +86,15 @@ def level_for(settings: Any, location: Any, jax_version: str, env: Mapping[str, 
 
 
 def backend_for(shared: str, jax_version: str, team: bool, env: Mapping[str, str] = os.environ,
-                over_http: bool = False) -> Bucket | HttpCache | Directory:
+                over_http: bool = False) -> Bucket | HttpCache | Directory | s3.Deferred:
     """The level's storage: an HTTP cache (``over_http``: its credentials sent over plain
-    ``http://`` to another machine too), an S3 bucket spoken directly where its keys are static
-    (``s3.py``), another bucket through fsspec, or a directory."""
+    ``http://`` to another machine too), an S3 bucket spoken directly (``s3.py``; s3fs where its
+    settings are s3fs's), another bucket through fsspec, or a directory."""
     version_url = f"{shared.rstrip('/')}/{version_name(jax_version)}"
     if is_http(shared):
         return HttpCache(version_url, env, over_http)
-    if (is_url(shared) and shared.lower().startswith("s3://")
-            and not isinstance(found := s3.keys(env, shared[5:].split("/", 1)[0]), str)):
-        return s3.S3(version_url, found)
+    if is_url(shared) and shared.lower().startswith("s3://") and s3.route(env, shared[5:].split("/", 1)[0]) is None:
+        return s3.Deferred(version_url, env)  # this package's client, or s3fs, chosen at the first request
     if is_url(shared):
         return Bucket(version_url)
     return Directory(shared, jax_version, team)
