@@ -468,3 +468,55 @@ def test_no_credential_crosses_the_network_in_clear_unless_asked(
         if warned:
             assert "not sent" in said[0] and "https://" in said[0] and "shared_credentials_over_http" in said[0]
             assert "n3t-Pw" not in said[0], said
+
+
+# -- a server's limit on a body skips an entry, not the level (issue 61) --------------------------------
+
+
+def test_an_entry_above_the_server_s_body_limit_is_skipped_and_the_level_stays_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nginx set up as the docs said answers a 1.3 MiB entry `413 Request Entity Too Large` (its
+    client_max_body_size is 1 MiB by default): that entry is skipped, with one warning naming the
+    setting that raises the limit; the entries after it are uploaded (the level turned off before,
+    and a fresh machine missed them), and one as large is not sent again."""
+    import os
+    import time
+
+    from gkx_autocache import _diagnostics
+    from gkx_autocache._diagnostics import AutocacheWarning
+    from gkx_autocache._shared.http import HttpCache
+    from gkx_autocache._shared.level import Level
+    from gkx_autocache._shared.reads import Found
+
+    monkeypatch.setattr(_diagnostics, "_said", set())
+    cache = Nginx(tmp_path / "n", location="dav_methods PUT DELETE; create_full_put_path on; "
+                                          "dav_access user:rw group:r all:r; client_max_body_size 1m;")
+    url = cache.url
+    entries = {f"jit_{name}-" + name * 32: b"\x78\x01" + os.urandom(size)
+               for name, size in (("aa", 100 << 10), ("bb", 1300 << 10), ("cc", 200 << 10), ("dd", 1400 << 10))}
+    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "l"), timeout=5.0,
+                  writes=None, secret=None)
+    try:
+        with pytest.warns(AutocacheWarning, match=r"refused an entry of 1\.3 MiB.*client_max_body_size") as said:
+            level.uploads.start()
+            for key, data in entries.items():
+                level.put(key, data, 1.0, written=time.time())
+            level.finish()
+        assert len(said) == 1 and level.off is None, [str(w.message) for w in said]
+        held = {name.removesuffix("-cache") for name in entries_of(cache)}
+        assert held == {key for key in entries if key.startswith(("jit_aa", "jit_cc"))}, held
+        shared = level.snapshot()["shared"]
+        assert shared["uploads"] == 2 and shared["skipped"] == 2 and shared["errors"] == 0, shared
+        fresh = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "f"), timeout=5.0,
+                      writes="never", secret=None)
+        key = next(k for k in entries if k.startswith("jit_cc"))
+        found = fresh.get(key)
+        assert isinstance(found, Found) and found.data == entries[key]
+        fresh.backend.forget()
+    finally:
+        level.backend.forget()
+        cache.close()
+
+
+def entries_of(server: Nginx) -> dict[str, int]:
+    return {name.split("/")[-1]: size for name, size in server.files().items() if name.endswith("-cache")}

@@ -556,3 +556,119 @@ def test_what_explain_and_stats_print_of_a_seal_or_a_ledger_is_escaped(capsys: p
     for command in ("explain", "stats", "status"):
         emit(argparse.Namespace(json=False, command=command), f"rejected: {ESCAPES}\n  next line", {})
         assert capsys.readouterr().out == "rejected: \\x1b]0;owned\\x07\\x1b[2J\\x1b[31m\\u202e\n  next line\n"
+
+
+# -- retries as botocore makes them, and a warning that keeps its hint (issue 61) ----------------------
+
+
+class Flaky(http.server.BaseHTTPRequestHandler):
+    """S3 answering 503 SlowDown to each connection's first ``slow`` requests of a key (by path),
+    then the listing; the arrival time of every request, by path."""
+
+    protocol_version = "HTTP/1.1"
+    slow = 2
+    arrivals: dict[str, list[float]] = {}
+
+    def do_GET(self) -> None:  # noqa: N802
+        seen = type(self).arrivals.setdefault(self.path.split("?")[0], [])
+        seen.append(time.monotonic())
+        if len(seen) <= type(self).slow:
+            self.send_response(503)
+            body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+            self.send_header("Content-Type", "application/xml")
+        else:
+            self.send_response(200)
+            body = b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def flaky() -> Iterator[str]:
+    Flaky.arrivals = {}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_eight_workers_throttled_together_do_not_come_back_together(flaky: str) -> None:
+    """Eight clients (a prefetch's workers) each told SlowDown twice at the same moment come back
+    spread by the backoff's jitter, not in step (each waited exactly 0.1 then 0.4 s before)."""
+    Flaky.slow = 2
+    levels = [client.S3(f"s3://b{i}/p/jax-1", client.Keys("AKID", SECRET, None, "us-east-1", flaky, "test"))
+              for i in range(8)]
+    threads = [threading.Thread(target=level.listing, args=(Progress(),)) for level in levels]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    for level in levels:
+        level.forget()
+    thirds = sorted(times[2] - times[0] for times in Flaky.arrivals.values())
+    assert len(thirds) == 8 and thirds[-1] - thirds[0] > 0.12, thirds  # (0.25 to 0.75 s after the first)
+
+
+def test_a_backoff_is_progress_so_three_slow_downs_are_no_stall(flaky: str) -> None:
+    """Three SlowDowns wait up to 2.7 s in all before the fourth answer: under a timeout of 1 s
+    that was "no progress" (the level off); the server answered each time, so it is progress."""
+    from gkx_autocache._shared.calls import bounded
+
+    Flaky.slow = 3
+    level = client.S3("s3://bkt/p/jax-1", client.Keys("AKID", SECRET, None, "us-east-1", flaky, "test"))
+    try:
+        started = time.monotonic()
+        assert bounded(level.listing, 1.0) == {}
+        assert time.monotonic() - started > 0.8 and len(Flaky.arrivals["/bkt"]) == 4, Flaky.arrivals
+    finally:
+        level.forget()
+
+
+def test_a_connection_reset_before_its_answer_is_asked_again_on_a_new_one(tmp_path: Path) -> None:
+    """A proxy or a load balancer resets a fresh connection (not one kept from before): the request
+    is asked once more on a new connection, as botocore does, rather than turning the level off."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    answered: list[int] = []
+
+    def serve() -> None:
+        for n in range(2):
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            if n == 0:  # the first connection: reset, no answer
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                conn.close()
+                continue
+            body = b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+            answered.append(n)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    level = client.S3("s3://bkt/p/jax-1", client.Keys("AKID", SECRET, None, "us-east-1",
+                                                     f"http://127.0.0.1:{port}", "test"))
+    try:
+        assert level.listing(Progress()) == {} and answered == [1]
+    finally:
+        level.forget()
+        listener.close()
+
+
+def test_a_long_server_message_is_cut_but_never_its_fix() -> None:
+    """A 403 with a long message (S3's, or a proxy's page): the warning's line is cut in the
+    server's words, at a word, and keeps the hint of where the credentials come from whole."""
+    error = HttpError(403, "AccessDenied (" + "a very long explanation " * 20 + ")", "s3://b/p/jax-1",
+                      credentials="the profile 'ci' in ~/.aws/credentials")
+    said = describe(error)
+    assert said.endswith("(credentials: the profile 'ci' in ~/.aws/credentials)") and " ... (credentials" in said, said
+    assert len(said) <= 240 + 40, len(said)

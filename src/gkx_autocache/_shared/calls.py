@@ -25,6 +25,7 @@ FLOOR_RATE = 64 << 10  # bytes a second: an entry's read that moves less, for sh
 LEAST_SECS = 1.0
 LEAST_RATE = 16 << 20
 MOST_TIMEOUTS = 30  # a seal's compile time above 30 shared_timeouts (5 minutes) holds no lookup longer
+LINE = 240  # the most of an error said in a warning, its hint kept whole
 WATCH = 0.1  # how often a waiting caller looks at a read's bound and rate
 
 
@@ -63,6 +64,30 @@ def worth(size: int, compile_secs: float | None, timeout: float) -> tuple[float,
         return (min(compile_secs, max(least, most)), f"its compile took {compile_secs:.2f} s" if compile_secs <= most
                 else f"{MOST_TIMEOUTS} shared_timeouts, less than its compile ({compile_secs:.0f} s)")
     return least, f"its compile took {compile_secs:.2f} s; a link that works needs up to {least:.2f} s"
+
+
+_current = threading.local()  # the Progress of the bounded call this thread runs (``current``)
+
+
+def current() -> Progress | None:
+    """The progress of the bounded call this thread runs, or None: what a client's own waits (a
+    retry's backoff) count as, without a progress passed down every call."""
+    found: Progress | None = getattr(_current, "progress", None)
+    return found
+
+
+def waiting(secs: float) -> None:
+    """Sleep ``secs`` as a client's backoff before it asks again: progress all along for the bounded
+    call this thread runs (the server answered, and asked to be asked later), its rate measured
+    afresh after (a backoff moves no bytes)."""
+    progress = current()
+    end = time.monotonic() + secs
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, WATCH))
+        if progress is not None:
+            progress.tick()
+    if progress is not None and progress.metered:
+        progress.meter()
 
 
 class Progress:
@@ -138,6 +163,7 @@ def bounded(func: Callable[[Progress], Any], timeout: float) -> Any:
     done = threading.Event()
 
     def run() -> None:
+        _current.progress = progress
         try:
             box["value"] = func(progress)
         except BaseException as exc:  # everything reaches the caller: nothing for threading's excepthook
@@ -177,8 +203,15 @@ def describe(exc: BaseException) -> str:
         where = "/".join(url.split("/", 3)[:3]) if "://" in url else "the endpoint"
         return one_line(f"the connection was refused by {where} (nothing listens there: a server stopped, or a wrong "
                         "endpoint)")
+    hint = one_line(getattr(exc, "hint", ""))  # (a fix, such as where credentials come from: never cut)
     text = one_line(" ".join(str(exc).split()))
-    return f"{type(exc).__name__}: {text}"[:240] if text else type(exc).__name__
+    if hint and text.endswith(hint):
+        text = text[:-len(hint)].rstrip()
+    said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    room = max(LINE - len(hint), 80)
+    if len(said) > room:  # a server's long message is cut, at a word, and said to be
+        said = said[:room].rsplit(" ", 1)[0] + " ..."
+    return f"{said} {hint}" if hint else said
 
 
 def refused(exc: BaseException | None) -> bool:

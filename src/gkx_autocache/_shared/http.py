@@ -38,9 +38,15 @@ class HttpError(OSError):
 
     def __init__(self, status: int, reason: str, url: str,
                  credentials: str = f"{TOKEN_ENV}, or a ~/.netrc entry for the host") -> None:
-        hint = f" (credentials: {credentials})" if status in (401, 403) else ""
-        super().__init__(one_line(f"{url} answered {status} {reason}{hint}"))  # (a server's words: escaped)
-        self.status = status
+        self.hint = f"(credentials: {credentials})" if status in (401, 403) else ""
+        super().__init__(one_line(f"{url} answered {status} {reason}{' ' + self.hint if self.hint else ''}"))
+        self.status = status  # (a server's words in it: escaped)
+
+
+def too_large(exc: BaseException) -> bool:
+    """Whether the server refused an upload for its size: 413 (nginx's ``client_max_body_size``,
+    1 MiB by default), or S3's ``EntityTooLarge``. That entry is skipped, not the level."""
+    return isinstance(exc, HttpError) and (exc.status == 413 or "EntityTooLarge" in str(exc))
 
 
 def origin(url: str) -> tuple[str, str, int]:
@@ -234,8 +240,9 @@ class HttpCache:
 
     def _send(self, url: str, method: str, headers: dict[str, str], body: bytes | None) -> tuple[Any, Any]:
         """One request and its response's headers. A kept connection the server has closed since
-        (nginx closes idle ones after 75 s) is tried once more on a new one; a header the request
-        cannot hold is named, never shown (a token with a newline in it)."""
+        (nginx closes idle ones after 75 s), or one reset before its answer, is tried once more on
+        a new one (every request here is idempotent: whole objects); a header the request cannot
+        hold is named, never shown (a token with a newline in it)."""
         import http.client
 
         parts = urlsplit(url)
@@ -264,8 +271,10 @@ class HttpCache:
                               "control character? it is not shown)") from None
             except (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError,
                     BrokenPipeError):
+                # A kept connection the server closed since, or a connection reset on its way (a
+                # proxy, a load balancer): asked once more on a new one, as botocore does.
                 connection.close()
-                if not kept:
+                if attempt:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -302,7 +311,16 @@ class HttpCache:
         """Bytes ``start`` to ``end`` of an object, None when it is not there; never more than asked
         for is held (an endpoint that ignores ``Range`` raises RangeIgnored; a 206 that is not the
         range asked, EntryRefused), as a bucket's ``_read_range``. The body is read as it comes,
-        each part told to ``progress`` (a metered read's rate and bound)."""
+        each part told to ``progress`` (a metered read's rate and bound). A connection reset in the
+        body is read again once, on a new connection."""
+        import http.client
+
+        try:
+            return self._read_once(name, start, end, progress)
+        except (ConnectionResetError, http.client.IncompleteRead):
+            return self._read_once(name, start, end, progress)
+
+    def _read_once(self, name: str, start: int, end: int, progress: Progress | None) -> bytes | None:
         connection, response, url = self._request("GET", name, {"Range": f"bytes={start}-{end - 1}"})
         try:
             if response.status == 404:

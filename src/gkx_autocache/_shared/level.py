@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from gkx_autocache import _autotune, _fork, _jax
-from gkx_autocache._diagnostics import NOTED, logger, warn
+from gkx_autocache._diagnostics import NOTED, human_bytes, logger, warn
 from gkx_autocache._layout import ENTRY_SUFFIX
 from gkx_autocache._shared import manifest, pack, prefetch
 from gkx_autocache._shared.calls import ShuttingDown, Stalled, TooSlow, bounded, describe
@@ -229,6 +229,14 @@ class Level:
         warn("shared:off", f"the shared level {self.url} is off for the rest of this process after {why}; the run "
                            f"goes on with the local level {self.local_dir}; fix: `gkx-autocache status` probes it, "
                            f"or {fix}")
+
+    def too_large(self, size: int, why: str) -> None:
+        """An upload the server refused for its size (HTTP 413): that entry skipped, the level on,
+        one warning a process with the setting that raises the limit."""
+        warn("shared:too-large", f"the shared level {self.url} refused an entry of {human_bytes(size)} as too large "
+                                 f"({why}); entries that large are not uploaded, the others are, and the level stays on; "
+                                 "fix: raise the server's limit on a request's body (nginx: client_max_body_size, 1 MiB "
+                                 "by default: client_max_body_size 0 takes any size)")
 
     def too_slow(self, key: str, why: str) -> None:
         """A read past what its entry is worth (``calls.worth``): that entry is compiled here; the

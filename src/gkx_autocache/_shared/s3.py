@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import random
 import re
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from gkx_autocache._shared.bucket import LIST_LIMIT, Bucket
-from gkx_autocache._shared.calls import Progress
+from gkx_autocache._shared.calls import Progress, waiting
 from gkx_autocache._shared.http import HttpCache, HttpError
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -40,7 +41,7 @@ REGION = re.compile(r"[a-z]{2}(?:-[a-z0-9]+){1,4}")  # eu-west-1, us-gov-east-1:
 # the ISO partitions and the European sovereign cloud have domains of their own: s3fs's
 MAIN_PARTITION = re.compile(r"(?:us|eu|ap|sa|ca|me|af|il|mx)-[a-z]+-\d+|us-gov-[a-z]+-\d+")
 VIRTUAL_HOST = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")  # a bucket that is one DNS label: its own host
-BACKOFF = (0.1, 0.4, 1.2)  # seconds before asking again after a 5xx (S3's SlowDown): within shared_timeout
+BACKOFF = (0.1, 0.4, 1.2)  # seconds before asking again after a 5xx (S3's SlowDown), each from half to 1.5 times
 # botocore's names for where its credentials came from, in words for ``status``
 METHODS = {"env": "the environment's keys", "shared-credentials-file": "the profile's keys in ~/.aws/credentials",
            "config-file": "the profile's keys in ~/.aws/config", "custom-process": "a credential process",
@@ -306,8 +307,13 @@ class S3(HttpCache):
                 moved_once = True
                 self._aim(moved)
             elif response.status in (500, 502, 503, 504) and retries < len(BACKOFF):
-                time.sleep(BACKOFF[retries])  # S3 asks to be asked again (SlowDown): as botocore does
+                # S3 asks to be asked again (SlowDown), as botocore does: after a backoff with
+                # jitter (8 prefetch workers must not come back in step), which is progress
+                response.read(ERROR_LIMIT)
+                connection.close()
+                waiting(BACKOFF[retries] * random.uniform(0.5, 1.5))
                 retries += 1
+                continue
             else:
                 return connection, response, url
             response.read(ERROR_LIMIT)
