@@ -107,9 +107,10 @@ def version_dirs(root: str) -> list[str]:
     return [f"{root}/{name}" for name, _, _, prefix in sorted(listing(root)) if prefix and name.startswith(VERSION_PREFIX)]
 
 
-def remove(version_dir: str, urls: list[str]) -> int:
+def remove(version_dir: str, urls: list[str], progress: Any = None) -> int:
     """Delete the given objects, each directly under ``version_dir`` and named like an entry, a
-    sidecar or a ledger; the count removed."""
+    sidecar or a ledger, a thousand a request (S3's batch; ``progress(done, total)`` after each);
+    the count removed."""
     fs, path = filesystem(version_dir)
     doomed = []
     for url in urls:
@@ -118,9 +119,11 @@ def remove(version_dir: str, urls: list[str]) -> int:
         ledger = parent == ledger_dir(version_dir) and name.endswith(LEDGER_SUFFIX)
         if entry or ledger:
             doomed.append(f"{path}/{url[len(version_dir) + 1:]}")
-    if doomed:
+    for at in range(0, len(doomed), 1000):
         with _errors(version_dir):
-            fs.rm(doomed)
+            fs.rm(doomed[at:at + 1000])
+        if progress is not None:
+            progress(min(at + 1000, len(doomed)), len(doomed))
     return len(doomed)
 
 
