@@ -268,6 +268,16 @@ def autocache_warnings(stderr: str) -> list[str]:
 
 # -- a real S3-compatible server (moto's standalone server) on 127.0.0.1 -------------------------------
 
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """A server this test started (nginx, tinyproxy): asked to end, then made to."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import free_port, stop
 
 
 def certificate(folder: Path) -> tuple[Path, Path]:
@@ -93,9 +93,4 @@ DisableViaHeader Yes
         return found
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        stop(self.process)

@@ -162,18 +162,21 @@ def test_a_listing_page_is_read_by_its_names() -> None:
         client._names("<html>a captive portal</html>", "p/jax-1/")
 
 
-class Throttled(http.server.BaseHTTPRequestHandler):
-    """S3 asking to be asked again (503 SlowDown) ``slow`` times, then the listing."""
+class Flaky(http.server.BaseHTTPRequestHandler):
+    """S3 answering 503 SlowDown to each connection's first ``slow`` requests of a key (by path),
+    then the listing; the arrival time of every request, by path."""
 
+    protocol_version = "HTTP/1.1"
     slow = 2
-    seen = 0
+    arrivals: dict[str, list[float]] = {}
 
     def do_GET(self) -> None:  # noqa: N802
-        type(self).seen += 1
-        if type(self).seen <= type(self).slow:
+        seen = type(self).arrivals.setdefault(self.path.split("?")[0], [])
+        seen.append(time.monotonic())
+        if len(seen) <= type(self).slow:
             self.send_response(503)
-            self.send_header("Content-Type", "application/xml")
             body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+            self.send_header("Content-Type", "application/xml")
         else:
             self.send_response(200)
             body = b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
@@ -185,26 +188,31 @@ class Throttled(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.fixture
+def flaky() -> Iterator[str]:
+    Flaky.arrivals = {}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.mark.parametrize("slow", [2, 9])
-def test_a_slow_down_is_asked_again_then_named(slow: int) -> None:
+def test_a_slow_down_is_asked_again_then_named(flaky: str, slow: int) -> None:
     """A 503 SlowDown (S3 throttling many workers on one prefix) is asked again after a backoff,
     as botocore does, rather than turning the level off; one that goes on is named in one line."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Throttled)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    Throttled.slow, Throttled.seen = slow, 0
-    keys = client.Keys("AKID", SECRET, None, "us-east-1", f"http://127.0.0.1:{server.server_address[1]}", "test")
-    level = client.S3("s3://bkt/p/jax-1", keys)
+    Flaky.slow = slow
+    level = client.S3("s3://bkt/p/jax-1", client.Keys("AKID", SECRET, None, "us-east-1", flaky, "test"))
     try:
         if slow <= len(client.BACKOFF):
-            assert level.listing(Progress()) == {} and Throttled.seen == slow + 1
+            assert level.listing(Progress()) == {} and len(Flaky.arrivals["/bkt"]) == slow + 1
         else:
             with pytest.raises(HttpError, match="503 SlowDown"):
                 level.listing(Progress())
-            assert Throttled.seen == len(client.BACKOFF) + 1
+            assert len(Flaky.arrivals["/bkt"]) == len(client.BACKOFF) + 1
     finally:
         level.forget()
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_certificate_that_does_not_verify_is_named_so(tmp_path: Path) -> None:
@@ -215,12 +223,12 @@ def test_a_certificate_that_does_not_verify_is_named_so(tmp_path: Path) -> None:
 
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1",
                     "-keyout", str(tmp_path / "k.pem"), "-out", str(tmp_path / "c.pem")], check=True, capture_output=True)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Throttled)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
     server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    Throttled.slow, Throttled.seen = 0, 0
+    Flaky.slow, Flaky.arrivals = 0, {}
     keys = client.Keys("AKID", SECRET, None, "us-east-1", f"https://127.0.0.1:{server.server_address[1]}", "test")
     try:
         with pytest.raises(ssl.SSLCertVerificationError) as caught:
@@ -559,42 +567,6 @@ def test_what_explain_and_stats_print_of_a_seal_or_a_ledger_is_escaped(capsys: p
 
 
 # -- retries as botocore makes them, and a warning that keeps its hint (issue 61) ----------------------
-
-
-class Flaky(http.server.BaseHTTPRequestHandler):
-    """S3 answering 503 SlowDown to each connection's first ``slow`` requests of a key (by path),
-    then the listing; the arrival time of every request, by path."""
-
-    protocol_version = "HTTP/1.1"
-    slow = 2
-    arrivals: dict[str, list[float]] = {}
-
-    def do_GET(self) -> None:  # noqa: N802
-        seen = type(self).arrivals.setdefault(self.path.split("?")[0], [])
-        seen.append(time.monotonic())
-        if len(seen) <= type(self).slow:
-            self.send_response(503)
-            body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-            self.send_header("Content-Type", "application/xml")
-        else:
-            self.send_response(200)
-            body = b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def flaky() -> Iterator[str]:
-    Flaky.arrivals = {}
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 def test_eight_workers_throttled_together_do_not_come_back_together(flaky: str) -> None:

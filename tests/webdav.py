@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import free_port, stop
 
 TOKEN = "s3cret-token-Zq9"  # a bearer token nginx requires where `auth` is "bearer"
 USER, PASSWORD = "alice", "pa55-Wq7"  # basic, where `auth` is "basic"
@@ -104,9 +104,4 @@ http {{
         return [line.split('"')[1] for line in log.read_text().splitlines() if '"' in line] if log.exists() else []
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        stop(self.process)
