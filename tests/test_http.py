@@ -494,7 +494,7 @@ def test_an_entry_above_the_server_s_body_limit_is_skipped_and_the_level_stays_o
     url = cache.url
     entries = {f"jit_{name}-" + name * 32: b"\x78\x01" + os.urandom(size)
                for name, size in (("aa", 100 << 10), ("bb", 1300 << 10), ("cc", 200 << 10), ("dd", 1400 << 10))}
-    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "l"), timeout=5.0,
+    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "l"), timeout=30.0,
                   writes=None, secret=None)
     try:
         with pytest.warns(AutocacheWarning, match=r"refused an entry of 1\.3 MiB.*client_max_body_size") as said:

@@ -156,12 +156,14 @@ class HttpCache:
 
         self.where = version_url.rstrip("/")
         self.base = self.where  # what requests go to (a bucket's differs from its s3:// name: ``s3.py``)
-        self._proxies = proxies.settings(env)
+        self._env = env
+        self._found: dict[str, str] | None = None  # the proxy settings, read at the first connection
         self._auth: str | None = None
         self.credentials, self.withheld = "", False
         if not signed:  # (a bucket signs each request: ``s3.py``)
-            try:
-                first = proxies.proxy_for(version_url, self._proxies) if self._proxies else None
+            try:  # (the environment's alone: on macOS the system's are read at the first request, not here)
+                named = proxies.settings(env, system=False)
+                first = proxies.proxy_for(version_url, named) if named else None
             except proxies.Unsupported:  # said at the first request, which it fails
                 first = None
             hop = first.host if first is not None and first.scheme == "http" else None
@@ -199,7 +201,9 @@ class HttpCache:
             with self._lock:
                 if self._idle:
                     return self._idle.pop(), True
-        proxy = proxies.proxy_for(url, self._proxies) if self._proxies else None
+        if self._found is None:
+            self._found = proxies.settings(self._env)
+        proxy = proxies.proxy_for(url, self._found) if self._found else None
         connection: Any
         if scheme == "https":
             import ssl
@@ -404,6 +408,7 @@ class HttpCache:
         connection, response, url = self._request("PUT", name, {"Content-Type": "application/octet-stream"}, data)
         if response.status not in (200, 201, 204):
             error = self._error(response, url, " (a redirect: an upload follows none)" if 300 <= response.status < 400 else "")
+            response.close()  # (where the server closes after it, the response holds the socket)
             connection.close()
             raise error
         response.read(64 << 10)
@@ -418,6 +423,7 @@ class HttpCache:
             return None
         if response.status != 200:
             error = self._error(response, url)
+            response.close()
             connection.close()
             raise error
         return Stream(connection, response, timeout)

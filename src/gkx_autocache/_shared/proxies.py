@@ -32,9 +32,10 @@ class Proxy:
         return {"Proxy-Authorization": self.authorization} if self.authorization else {}
 
 
-def settings(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+def settings(env: Mapping[str, str] = os.environ, system: bool = True) -> dict[str, str]:
     """``{"https": url, "http": url, "all": url, "no": hosts}`` from the environment: upper case,
-    then lower case over it (the standard library's order); nothing else is read."""
+    then lower case over it (the standard library's order); on macOS and Windows (``system``) the
+    system's where the environment names none."""
     found: dict[str, str] = {}
     for lower in (False, True):
         for name, value in env.items():
@@ -42,7 +43,7 @@ def settings(env: Mapping[str, str] = os.environ) -> dict[str, str]:
                 found[name[:-len("_proxy")].lower()] = value.strip()
     if "REQUEST_METHOD" in env:  # a CGI script: a request's Proxy header arrives as HTTP_PROXY (httpoxy)
         found.pop("http", None)
-    if not {"http", "https", "all"} & set(found) and sys.platform in ("darwin", "win32"):
+    if system and not {"http", "https", "all"} & set(found) and sys.platform in ("darwin", "win32"):
         import urllib.request
 
         found.update({k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https", "no")})

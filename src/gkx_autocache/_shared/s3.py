@@ -310,6 +310,7 @@ class S3(HttpCache):
                 # S3 asks to be asked again (SlowDown), as botocore does: after a backoff with
                 # jitter (8 prefetch workers must not come back in step), which is progress
                 response.read(ERROR_LIMIT)
+                response.close()
                 connection.close()
                 waiting(BACKOFF[retries] * random.uniform(0.5, 1.5))
                 retries += 1
@@ -338,10 +339,12 @@ class S3(HttpCache):
         connection, response, url = self._request("GET", "", query=query)
         if response.status != 200:
             error = self._error(response, url)
+            response.close()
             connection.close()
             raise error
         text = response.read(LISTING_LIMIT + 1)
         if len(text) > LISTING_LIMIT:
+            response.close()
             connection.close()
             raise HttpError(200, f"a listing longer than {LISTING_LIMIT} bytes (not read)", url)
         self._done(connection, response)
