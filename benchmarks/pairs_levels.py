@@ -2,7 +2,7 @@
 run.py, 62 entries, a warm run of about 2.2 s on 2 cores), as alternated pairs of fresh processes.
 
     python benchmarks/pairs_levels.py [--pairs 5] [--delay 0.02] [--http] [--proxy] [--credential-process]
-                                      [--rev REV | --python PATH] [--json OUT]
+                                      [--only a a_slow b] [--rev REV | --python PATH] [--json OUT]
 
   (a) a writer's warm run (every lookup a local hit) with ``GKX_JAX_CACHE_SHARED=s3://…`` set
       (``shared_write`` at its default, ``always``) against the same warm run with no shared level;
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http", action="store_true", help="an HTTP cache (nginx with WebDAV) in place of the bucket")
     parser.add_argument("--proxy", action="store_true", help="every request through a forward proxy (tinyproxy)")
     parser.add_argument("--credential-process", action="store_true", help="the keys from a credential_process profile")
+    parser.add_argument("--only", nargs="+", choices=("a", "a_slow", "b"), default=(), help="only these figures")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gkx-pairs-") as tmp:
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             run.build_wheel(work, source)
             python = run.remote_venvs(work)[0]
         results = run.level_pairs(work, args.pairs, args.delay, python, http=args.http, via_proxy=args.proxy,
-                                  process=args.credential_process)
+                                  process=args.credential_process, only=tuple(args.only))
     results["command"] = "python benchmarks/pairs_levels.py " + " ".join(argv if argv is not None else sys.argv[1:])
     results["date"] = time.strftime("%Y-%m-%d %H:%M")
     results["package"] = f"commit {args.rev}" if args.rev else args.python or "the working tree"

@@ -1042,7 +1042,8 @@ def measured(python: Path, code: list[str], env: dict[str, str]) -> dict[str, fl
 
 
 def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | None = None,
-                http: bool = False, via_proxy: bool = False, process: bool = False) -> dict[str, Any]:
+                http: bool = False, via_proxy: bool = False, process: bool = False,
+                only: tuple[str, ...] = ()) -> dict[str, Any]:
     """The figures of ``PAIR_FIGURES``, ``pairs`` alternated pairs each, rounds interleaved across
     figures, against moto on 127.0.0.1 (``delay``: through ``hostile.Proxy``, which waits that long
     before forwarding each request). A bucket is filled once by a writer's cold run (its entries,
@@ -1053,7 +1054,7 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
     ``via_proxy``: every request of the levels through a real forward proxy (tinyproxy,
     ``tests/forward.py``, named by ``HTTP_PROXY``) in front of the delaying one; ``process``: the
     bucket's keys from a ``credential_process`` profile (botocore's session resolves it), none in the
-    environment."""
+    environment; ``only``: these figures (``a``, ``a_slow``, ``b``), not all."""
     sys.path.insert(0, str(ROOT / "tests"))
     from hostile import Proxy
 
@@ -1108,6 +1109,7 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
             "a_slow": (lambda i: {**writer, **slow}, lambda i: {**slow, **plain}),
             "b": (fresh, lambda i: {**writer, **slow}),
         }
+        envs = {name: pair for name, pair in envs.items() if not only or name in only}
         cold = measured(with_py, code, {**base, **writer})
         measured(with_py, code, {**base, **plain})
         for a, b in envs.values():  # not counted
@@ -1139,6 +1141,8 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
                                "cold": cold["wall"], "figures": {}, "seconds_measured": elapsed,
                                "others_cpu": others, "cores": os.cpu_count()}
     for name, label, target, a_name, b_name in PAIR_FIGURES:
+        if name not in runs:
+            continue
         a, b = runs[name]["A"], runs[name]["B"]
 
         def med(side: list[dict[str, float]], field: str) -> float:

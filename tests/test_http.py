@@ -125,24 +125,42 @@ def test_a_lying_or_hanging_server_never_gets_an_entry_loaded(venv: Venv, tmp_pa
         assert "no progress for 2 s" in warnings[0], warnings
 
 
-def test_a_server_error_or_a_dead_server_turns_the_level_off_with_one_line(venv: Venv, tmp_path: Path) -> None:
+def looked_up(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: float = 5.0,
+              **env: str) -> tuple[object, list[str], object]:
+    """One lookup of a level on ``url`` in this process (a warning is said once a process: counted
+    afresh): what it returned, the warnings, and the level's off-switch."""
+    from gkx_autocache import _diagnostics
+    from gkx_autocache._shared.http import HttpCache
+    from gkx_autocache._shared.level import Level
+
+    monkeypatch.setattr(_diagnostics, "_said", set())
+    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env=env), local=str(tmp_path / "local"), timeout=timeout,
+                  writes="never", secret=None)
+    try:
+        with pytest.warns(Warning) as said:
+            found = level.get("jit_f-" + "ab" * 32)
+    finally:
+        level.backend.forget()
+    return found, [str(w.message) for w in said], level.off
+
+
+def test_a_server_error_or_a_dead_server_turns_the_level_off_with_one_line(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A cache that answers 503 to everything, and one that accepts connections and never answers:
-    the run finishes uncached-from-the-level with one warning naming what happened."""
+    a miss, the level off, one warning naming what happened (in-process: a fresh JAX process adds
+    nothing to what the level does)."""
     failing = Nginx(tmp_path / "n503", location="return 503;")
     try:
-        out, err = run_program(venv, env=http_env(failing.url, tmp_path / "a"))
+        found, said, off = looked_up(failing.url, tmp_path, monkeypatch)
     finally:
         failing.close()
-    (warning,) = warned(err)
-    assert "answered 503" in warning and out["hits"] == 0, warning
+    assert found is None and off is not None and len(said) == 1 and "answered 503" in said[0], said
     silent = Silent()
     try:
-        out, err = run_program(venv, env=http_env(f"{silent.endpoint}/cache", tmp_path / "b",
-                                                  GKX_JAX_CACHE_SHARED_TIMEOUT="1"))
+        found, said, off = looked_up(f"{silent.endpoint}/cache", tmp_path, monkeypatch, timeout=1.0)
     finally:
         silent.close()
-    (warning,) = warned(err)
-    assert "no progress for 1 s" in warning and out["hits"] == 0, warning
+    assert found is None and off is not None and len(said) == 1 and "no progress for 1 s" in said[0], said
 
 
 def test_credentials_come_from_the_environment_or_netrc_and_are_never_printed(venv: Venv, tmp_path: Path) -> None:
@@ -192,22 +210,26 @@ class _Recording(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_redirect_to_another_host_never_gets_the_credentials(venv: Venv, tmp_path: Path) -> None:
-    """A cache that redirects every read to another origin (a port of its own here): the reads
-    follow, without the token; the run finishes."""
+def test_a_redirect_to_another_host_never_gets_the_credentials(tmp_path: Path) -> None:
+    """A cache that redirects every read to another origin (a port of its own here): the read
+    follows, without the token, and finds nothing there."""
+    from gkx_autocache._shared.http import HttpCache
+
     other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     port = other.server_address[1]
     redirecting = Nginx(tmp_path / "r", location=f"return 302 http://127.0.0.1:{port}$request_uri;")
+    _Recording.seen = []
+    cache = HttpCache(f"{redirecting.url}/{VERSION_DIR}", env={"GKX_JAX_CACHE_SHARED_TOKEN": TOKEN})
     try:
-        out, err = run_program(venv, env=http_env(redirecting.url, tmp_path / "a", GKX_JAX_CACHE_SHARED_TOKEN=TOKEN))
+        assert cache.small("jit_f-" + "ab" * 32 + "-gkx-shared") == b""
     finally:
+        cache.forget()
         redirecting.close()
         other.shutdown()
         other.server_close()
     assert _Recording.seen, "no read was redirected"
     assert not any("Authorization" in h or TOKEN in json.dumps(h) for h in _Recording.seen), _Recording.seen
-    assert out["hits"] == 0 and TOKEN not in err
 
 
 def test_an_http_url_is_a_shared_level_only_and_holds_no_credentials() -> None:
