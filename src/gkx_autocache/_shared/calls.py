@@ -44,8 +44,8 @@ class ShuttingDown(Exception):
 
 
 class Abandoned(Exception):
-    """Raised in a read its caller gave up on (``Progress.check``): its connection is dropped, not
-    left downloading in the background."""
+    """Raised in a read its caller gave up on, at its next part (``Progress.got``): its connection
+    is dropped, not left downloading in the background."""
 
 
 def worth(size: int, compile_secs: float | None, timeout: float) -> tuple[float, str]:
@@ -133,10 +133,6 @@ class Progress:
             samples.append((now, self.received))
             if len(samples) > 64:  # one sample every WATCH is plenty to find a window's start
                 del samples[1:len(samples) // 2:2]
-
-    def check(self) -> None:
-        if self.cancelled:
-            raise Abandoned("the caller stopped waiting")
 
     def moved(self, since: float) -> int | None:
         """Bytes received since ``since`` (None where metering began after it)."""
