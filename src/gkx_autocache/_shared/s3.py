@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import random
 import re
 import threading
 import time
@@ -309,6 +308,8 @@ class S3(HttpCache):
             elif response.status in (500, 502, 503, 504) and retries < len(BACKOFF):
                 # S3 asks to be asked again (SlowDown), as botocore does: after a backoff with
                 # jitter (8 prefetch workers must not come back in step), which is progress
+                import random  # (not on import jax: a throttled request is rare)
+
                 response.read(ERROR_LIMIT)
                 response.close()
                 connection.close()
