@@ -70,9 +70,12 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
         levels.append(level := Level(url, backend, local=str(local), timeout=timeout, writes="never", secret=None))
         return level, proxy
 
+    before = set(threading.enumerate())  # (another test's thread left stuck on a silent server is not waited for)
+
     def close() -> None:
         deadline = time.monotonic() + 15  # the reads given up on end at their next part, or their request's answer
-        while time.monotonic() < deadline and any(t.name.startswith("gkx-autocache") for t in threading.enumerate()):
+        while time.monotonic() < deadline and any(t.name.startswith("gkx-autocache") and t not in before
+                                                  for t in threading.enumerate()):
             time.sleep(0.05)
         for level in levels:
             level.backend.forget()  # its kept connections closed (a level lives as long as its process)
