@@ -10,6 +10,7 @@ import hashlib
 import http.server
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import S3
+from conftest import JAX_VERSION, S3
 
 from gkx_autocache._shared import s3 as client
 from gkx_autocache._shared.calls import Progress
@@ -80,12 +81,13 @@ def aws(monkeypatch: pytest.MonkeyPatch, home: Path, **env: str) -> None:
 def served(s3: S3) -> tuple[client.Keys, client.S3]:
     """The level's backend for the bucket, chosen as at a first request: the package's own client,
     its write and listing checked by moto's signature checks."""
-    deferred = backend_for(f"s3://{s3.bucket}/team", "0.4.30", False, os.environ)
+    deferred = backend_for(f"s3://{s3.bucket}/team", JAX_VERSION, False, os.environ)
     assert isinstance(deferred, client.Deferred)
     chosen = deferred.chosen()
     assert isinstance(chosen, client.S3), deferred.why
-    chosen.write("abc-cache", b"x" * 100)
-    assert chosen.listing(Progress()) == {"abc-cache": 100}
+    name = "jit_f-" + "ab" * 32 + "-cache"
+    chosen.write(name, b"x" * 100)
+    assert chosen.listing(Progress()) == {name: 100}
     chosen.forget()
     return chosen.keys, chosen
 
@@ -113,7 +115,13 @@ def expiry(hours: float = 6) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + hours * 3600))
 
 
-def test_a_credential_process_profile(s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_credential_process_profile(s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """botocore's session runs the process; the level signs with its keys; `status` names the
+    client and the source; and a fresh process that resolves them imports no s3fs (it went to s3fs
+    before)."""
+    from gkx_autocache._cli.main import main
+
     access, secret = s3.keys
     process = tmp_path / "keys.py"
     process.write_text(f"import json\nprint(json.dumps({{'Version': 1, 'AccessKeyId': {access!r}, "
@@ -123,6 +131,18 @@ def test_a_credential_process_profile(s3: S3, tmp_path: Path, monkeypatch: pytes
     aws(monkeypatch, tmp_path, AWS_PROFILE="ci", AWS_ENDPOINT_URL=s3.endpoint, AWS_EC2_METADATA_DISABLED="true")
     keys, _ = served(s3)
     assert keys.source == "a credential process (the profile 'ci'), resolved by botocore", keys.source
+    monkeypatch.setenv("GKX_JAX_CACHE_DIR", str(tmp_path / "local"))
+    monkeypatch.setenv("GKX_JAX_CACHE_SHARED", f"s3://{s3.bucket}/team")
+    assert main(["--json", "status"]) == 0
+    shared = json.loads(capsys.readouterr().out)["levels"]["shared"]
+    assert shared["credentials"] == ("a credential process (the profile 'ci'), resolved by botocore, signed here "
+                                     "(no client library)"), shared
+    assert shared["probe"]["answers"] is True and shared["probe"]["entries"] == 1, shared
+    fresh = subprocess.run([sys.executable, "-c", "import os, sys\nfrom gkx_autocache._shared.setup import backend_for\n"
+                            f"backend = backend_for('s3://{s3.bucket}/team', '0.4.30', False, os.environ)\n"
+                            "print(type(backend.chosen()).__name__, 's3fs' in sys.modules, 'aiobotocore' in sys.modules)"],
+                           capture_output=True, text=True, env=dict(os.environ), check=True)
+    assert fresh.stdout.split() == ["S3", "False", "False"], fresh
 
 
 def test_an_sso_profile_with_its_cached_token(s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -1,6 +1,6 @@
 """The S3 level's own client (``_shared/s3.py``, issues 42 and 61): requests signed as botocore signs
 them, checked by a server that verifies signatures (conftest's moto); credentials, region and
-endpoint as botocore's own session resolves them (a credential process run for real); the few
+endpoint as botocore's own session resolves them (``test_credentials``: each source for real); the few
 settings that still choose s3fs; a bucket in another region. Every other S3 test (test_levels,
 test_prefetch, test_autotune) goes through this client, against the same signature-checking server."""
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import calendar
 import http.server
 import json
-import stat
 import sys
 import threading
 import time
@@ -19,8 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import PROGRAM, S3, Venv, run_program
-from test_levels import levels_env, report
+from conftest import S3
 
 from gkx_autocache._shared import s3 as client
 from gkx_autocache._shared.bucket import Bucket
@@ -439,33 +437,6 @@ def test_a_setting_file_that_is_no_regular_file_is_skipped_never_read(tmp_path: 
         env = {"AWS_CONFIG_FILE": path, "AWS_SHARED_CREDENTIALS_FILE": path, "AWS_ACCESS_KEY_ID": "A",
                "AWS_SECRET_ACCESS_KEY": "s", "FSSPEC_CONFIG_DIR": str(tmp_path)}
         assert isinstance(client.keys(env), client.Keys), path
-
-
-def test_keys_from_a_credential_process_are_served_by_the_level_s_own_client(venv: Venv, tmp_path: Path,
-                                                                              s3: S3) -> None:
-    """A profile whose keys come from a credential process (botocore's session runs it): the level
-    signs its own requests with them (no s3fs), a writer's entries reach a fresh reader, and
-    ``status`` names the client and the credentials' source."""
-    access, secret = s3.keys
-    process = tmp_path / "keys.py"
-    process.write_text(f"import json\nprint(json.dumps({{'Version': 1, 'AccessKeyId': {access!r}, "
-                       f"'SecretAccessKey': {secret!r}}}))\n")
-    process.chmod(stat.S_IRWXU)
-    config = write(tmp_path / "config", f"[profile team]\ncredential_process = {sys.executable} {process}\n")
-    env = {k: v for k, v in s3.env.items() if not k.startswith("AWS_ACCESS_KEY_ID") and k != "AWS_SECRET_ACCESS_KEY"}
-    env.update(AWS_CONFIG_FILE=config, AWS_PROFILE="team")
-    watch = "import sys, atexit; atexit.register(lambda: print('S3FS', 's3fs' in sys.modules, file=sys.stderr))\n"
-    cold, err = run_program(venv, env=levels_env(env, s3.bucket, tmp_path / "w"), program=watch + PROGRAM)
-    assert cold["requests"] >= 2 and report(err)["misses"] == cold["requests"] and "S3FS False" in err, err
-    fresh, err = run_program(venv, env=levels_env(env, s3.bucket, tmp_path / "r"), program=watch + PROGRAM)
-    assert fresh["hits"] == fresh["requests"] and report(err)["shared"] == cold["requests"] and "S3FS False" in err, err
-    shared = json.loads(venv.cli("--json", "status", env=levels_env(env, s3.bucket, tmp_path / "r")).stdout)["levels"]["shared"]
-    assert shared["credentials"] == ("a credential process (the profile 'team'), resolved by botocore, signed here "
-                                     "(no client library)"), shared
-    assert shared["probe"]["answers"] is True and shared["probe"]["entries"] == cold["requests"]
-    direct = json.loads(venv.cli("--json", "status", env=levels_env(s3.env, s3.bucket, tmp_path / "r")).stdout)
-    assert direct["levels"]["shared"]["credentials"] == ("the environment's keys (AWS_ACCESS_KEY_ID), signed here "
-                                                         "(no client library)"), direct
 
 
 # -- a server's text on the user's terminal (issue 57 L8) ----------------------------------------------
