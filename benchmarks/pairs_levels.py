@@ -1,7 +1,8 @@
 """The levels' fixed costs alone, in a few minutes: two figures of a short program (``SHORT`` in
 run.py, 62 entries, a warm run of about 2.2 s on 2 cores), as alternated pairs of fresh processes.
 
-    python benchmarks/pairs_levels.py [--pairs 5] [--delay 0.02] [--http] [--rev REV | --python PATH] [--json OUT]
+    python benchmarks/pairs_levels.py [--pairs 5] [--delay 0.02] [--http] [--proxy] [--credential-process]
+                                      [--only a a_slow b] [--rev REV | --python PATH] [--json OUT]
 
   (a) a writer's warm run (every lookup a local hit) with ``GKX_JAX_CACHE_SHARED=s3://…`` set
       (``shared_write`` at its default, ``always``) against the same warm run with no shared level;
@@ -10,6 +11,9 @@ run.py, 62 entries, a warm run of about 2.2 s on 2 cores), as alternated pairs o
       manifest and pack) against a local warm run with the same shared level set, every request
       delayed (target: 1.15).
 
+``--proxy``: every request of the levels through a real forward proxy (tinyproxy, named by
+``HTTP_PROXY``) in front of the delaying one; ``--credential-process``: the bucket's keys from a
+``credential_process`` profile, none in the environment (issue 61).
 ``--http``: the same figures with an HTTP cache (nginx with WebDAV, ``tests/webdav.py``) in place
 of the bucket. moto's S3 server (or nginx) and a delaying proxy (``tests/hostile.py``) run once, on 127.0.0.1; the wheel is
 built from the working tree into a throwaway venv that sees this interpreter's packages (JAX,
@@ -43,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", help="an interpreter with the package and the remote extra installed (no build)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--http", action="store_true", help="an HTTP cache (nginx with WebDAV) in place of the bucket")
+    parser.add_argument("--proxy", action="store_true", help="every request through a forward proxy (tinyproxy)")
+    parser.add_argument("--credential-process", action="store_true", help="the keys from a credential_process profile")
+    parser.add_argument("--only", nargs="+", choices=("a", "a_slow", "b"), default=(), help="only these figures")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gkx-pairs-") as tmp:
@@ -59,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
             run.build_wheel(work, source)
             python = run.remote_venvs(work)[0]
-        results = run.level_pairs(work, args.pairs, args.delay, python, http=args.http)
+        results = run.level_pairs(work, args.pairs, args.delay, python, http=args.http, via_proxy=args.proxy,
+                                  process=args.credential_process, only=tuple(args.only))
     results["command"] = "python benchmarks/pairs_levels.py " + " ".join(argv if argv is not None else sys.argv[1:])
     results["date"] = time.strftime("%Y-%m-%d %H:%M")
     results["package"] = f"commit {args.rev}" if args.rev else args.python or "the working tree"

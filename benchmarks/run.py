@@ -1042,14 +1042,19 @@ def measured(python: Path, code: list[str], env: dict[str, str]) -> dict[str, fl
 
 
 def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | None = None,
-                http: bool = False) -> dict[str, Any]:
+                http: bool = False, via_proxy: bool = False, process: bool = False,
+                only: tuple[str, ...] = ()) -> dict[str, Any]:
     """The figures of ``PAIR_FIGURES``, ``pairs`` alternated pairs each, rounds interleaved across
     figures, against moto on 127.0.0.1 (``delay``: through ``hostile.Proxy``, which waits that long
     before forwarding each request). A bucket is filled once by a writer's cold run (its entries,
     its manifest and its pack), which leaves that writer's local level warm; a plain local level is
     filled alongside. Every "fresh machine" run gets an empty local level of its own. One run of
     each configuration before the pairs is not counted (the page cache, moto's first requests).
-    ``http``: nginx with WebDAV (``tests/webdav.py``) as an HTTP cache in place of the bucket."""
+    ``http``: nginx with WebDAV (``tests/webdav.py``) as an HTTP cache in place of the bucket;
+    ``via_proxy``: every request of the levels through a real forward proxy (tinyproxy,
+    ``tests/forward.py``, named by ``HTTP_PROXY``) in front of the delaying one; ``process``: the
+    bucket's keys from a ``credential_process`` profile (botocore's session resolves it), none in the
+    environment; ``only``: these figures (``a``, ``a_slow``, ``b``), not all."""
     sys.path.insert(0, str(ROOT / "tests"))
     from hostile import Proxy
 
@@ -1073,6 +1078,25 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
         base = base_env(HOME=str(work), **s3)
         slow = {**base, "AWS_ENDPOINT_URL": proxy.endpoint}
         server_pid = server.pid
+    forward = None
+    if via_proxy:
+        from forward import Tinyproxy
+
+        forward = Tinyproxy(work / "tinyproxy")
+        slow = {**slow, "HTTP_PROXY": forward.url, "HTTPS_PROXY": forward.url}
+    if process and not http:
+        keys = {name: base.pop(name) for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+        for env in (slow,):
+            for name in keys:
+                env.pop(name, None)
+        said = json.dumps({"Version": 1, "AccessKeyId": keys["AWS_ACCESS_KEY_ID"],
+                           "SecretAccessKey": keys["AWS_SECRET_ACCESS_KEY"]})
+        (work / "keys.py").write_text(f"print({said!r})\n")
+        (work / "aws-config").write_text(f"[profile bench]\ncredential_process = {with_py} {work / 'keys.py'}\n")
+        profile = {"AWS_CONFIG_FILE": str(work / "aws-config"), "AWS_PROFILE": "bench",
+                   "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+        base.update(profile)
+        slow.update(profile)
     try:
         writer = {"GKX_JAX_CACHE_DIR": str(work / "pairs-writer"), "GKX_JAX_CACHE_SHARED": shared}
         plain = {"GKX_JAX_CACHE_DIR": str(work / "pairs-plain")}
@@ -1085,6 +1109,7 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
             "a_slow": (lambda i: {**writer, **slow}, lambda i: {**slow, **plain}),
             "b": (fresh, lambda i: {**writer, **slow}),
         }
+        envs = {name: pair for name, pair in envs.items() if not only or name in only}
         cold = measured(with_py, code, {**base, **writer})
         measured(with_py, code, {**base, **plain})
         for a, b in envs.values():  # not counted
@@ -1104,15 +1129,20 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
         stats = json.loads(sh(str(with_py), "-m", "gkx_autocache", "--json", "stats", env=fresh(pairs - 1)).stdout)
     finally:
         proxy.close()
+        if forward is not None:
+            forward.close()
         if http:
             server.close()
         else:
             server.terminate()
             server.wait(timeout=30)
-    results: dict[str, Any] = {"server": "nginx (HTTP)" if http else "moto (S3)", "pairs": pairs, "delay_ms": delay * 1000, "entries": cold["requests"],
+    results: dict[str, Any] = {"server": ("nginx (HTTP)" if http else "moto (S3)") + (", through tinyproxy" if via_proxy else "")
+                               + (", keys from a credential_process profile" if process else ""), "pairs": pairs, "delay_ms": delay * 1000, "entries": cold["requests"],
                                "cold": cold["wall"], "figures": {}, "seconds_measured": elapsed,
                                "others_cpu": others, "cores": os.cpu_count()}
     for name, label, target, a_name, b_name in PAIR_FIGURES:
+        if name not in runs:
+            continue
         a, b = runs[name]["A"], runs[name]["B"]
 
         def med(side: list[dict[str, float]], field: str) -> float:

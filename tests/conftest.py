@@ -268,6 +268,16 @@ def autocache_warnings(stderr: str) -> list[str]:
 
 # -- a real S3-compatible server (moto's standalone server) on 127.0.0.1 -------------------------------
 
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """A server this test started (nginx, tinyproxy): asked to end, then made to."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -303,19 +313,20 @@ class S3:
         return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
 
 
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[str]:
-    """moto's S3 server on a free port of 127.0.0.1, for the module's tests. It checks every
-    request's signature, as S3 does: its first three requests (unchecked) make an IAM user, its
-    access key and a policy that lets it do anything; every later request must be signed with that
-    key (``S3.env``), or it is refused (403 SignatureDoesNotMatch, InvalidAccessKeyId)."""
+def start_s3_server(tls: tuple[Path, Path] | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+    """moto's S3 server on a free port of 127.0.0.1 (``tls``: a certificate and key, served over
+    https), checking every request's signature as S3 does: its first three requests (unchecked) make
+    an IAM user, its access key and a policy that lets it do anything; every later request must be
+    signed with that key (``S3.env``), or it is refused (403 SignatureDoesNotMatch,
+    InvalidAccessKeyId). The endpoint, and the server's process (``stop_s3_server``)."""
     import boto3
 
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    more = ["-c", str(tls[0]), "-k", str(tls[1])] if tls else []
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port), *more],
                               env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -327,17 +338,32 @@ def s3_server() -> Iterator[str]:
                     raise RuntimeError("moto's S3 server did not start") from None
                 time.sleep(0.2)
         iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
-                           aws_secret_access_key="setup")
+                           aws_secret_access_key="setup", verify=str(tls[0]) if tls else None)
         iam.create_user(UserName="gkx")
         made = iam.create_access_key(UserName="gkx")["AccessKey"]
         iam.put_user_policy(UserName="gkx", PolicyName="all", PolicyDocument=json.dumps(
             {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
         SERVER_KEYS[endpoint] = (made["AccessKeyId"], made["SecretAccessKey"])
+    except BaseException:
+        stop_s3_server(endpoint, server)
+        raise
+    return endpoint, server
+
+
+def stop_s3_server(endpoint: str, server: subprocess.Popen[bytes]) -> None:
+    SERVER_KEYS.pop(endpoint, None)
+    server.terminate()
+    server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    """moto's S3 server for the module's tests (``start_s3_server``)."""
+    endpoint, server = start_s3_server()
+    try:
         yield endpoint
     finally:
-        SERVER_KEYS.pop(endpoint, None)
-        server.terminate()
-        server.wait(timeout=30)
+        stop_s3_server(endpoint, server)
 
 
 @pytest.fixture

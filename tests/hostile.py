@@ -121,14 +121,21 @@ class Proxy(_Listening):
     endpoint that ignores ``Range``; ``hang`` never answers a read of an entry or a pack; ``drip`` sends
     a pack at once up to the middle of its middle record's entry, then a byte every 40 ms (a bad
     proxy, a congested link: that record in flight, its lookup waiting). ``delay`` seconds
-    before each request is forwarded. ``requests`` lists ``(method, path)`` as they come; ``peak``
-    is the most requests it held at once."""
+    before each request is forwarded: only where its path holds ``only``, and only ``slow_after``
+    seconds after the first read of an entry (a server that slows down); ``pace``: the bodies of
+    entry reads sent at that many bytes a second. ``requests`` lists ``(method, path)`` as they
+    come; ``peak`` is the most requests it held at once."""
 
-    def __init__(self, upstream: int, mode: str = "forward", delay: float = 0.0) -> None:
+    def __init__(self, upstream: int, mode: str = "forward", delay: float = 0.0, only: str | None = None,
+                 slow_after: float = 0.0, pace: int = 0) -> None:
         assert mode in MODES
         self.upstream = upstream
         self.mode = mode
         self.delay = delay
+        self.only = only
+        self.slow_after = slow_after
+        self.pace = pace
+        self.first_read: float | None = None  # when the first entry read came
         self.requests: list[tuple[str, str]] = []
         self._closed = threading.Event()
         self.active = 0  # requests forwarded and not yet answered
@@ -172,8 +179,12 @@ class Proxy(_Listening):
                 with self._count:
                     self.active += 1
                     self.peak = max(self.peak, self.active)
+                    reading = method == "GET" and path.split("?")[0].endswith("-cache")
+                    if reading and self.first_read is None:
+                        self.first_read = time.monotonic()
+                    since = time.monotonic() - self.first_read if self.first_read is not None else 0.0
                 try:
-                    if self.delay:
+                    if self.delay and (self.only is None or self.only in path) and since >= self.slow_after:
                         time.sleep(self.delay)
                     upstream.sendall(head + body)
                     while True:
@@ -203,7 +214,13 @@ class Proxy(_Listening):
                             return
                         client.sendall(rbody[i:i + 1])
                     continue
-                if not entry or self.mode in ("forward", "norange", "drip") or "chunked" in rfields.get("transfer-encoding", ""):
+                if entry and self.pace and self.mode == "forward":  # a link of that many bytes a second
+                    client.sendall(rhead)
+                    for at in range(0, len(rbody), 16 << 10):
+                        client.sendall(rbody[at:at + (16 << 10)])
+                        if self._closed.wait(len(rbody[at:at + (16 << 10)]) / self.pace):
+                            return
+                elif not entry or self.mode in ("forward", "norange", "drip") or "chunked" in rfields.get("transfer-encoding", ""):
                     client.sendall(rhead + rbody)
                 elif self.mode == "truncate":
                     client.sendall(rhead + rbody[: len(rbody) // 2])

@@ -98,51 +98,90 @@ def test_each_entry_is_read_by_ranges_and_checked(venv: Venv, tmp_path: Path, ng
 
 
 @pytest.mark.parametrize("mode", ["norange", "lie", "truncate", "hang"])
-def test_a_lying_or_hanging_server_never_gets_an_entry_loaded(venv: Venv, tmp_path: Path, nginx: Nginx,
+def test_a_lying_or_hanging_server_never_gets_an_entry_loaded(tmp_path: Path, nginx: Nginx, monkeypatch: pytest.MonkeyPatch,
                                                               mode: str) -> None:
     """In front of the cache: a proxy that strips Range (a planted 64 MiB entry comes whole for a
-    read of its first block), sends other bytes, cuts a body, or never answers a read. No entry it
-    serves is loaded, the run finishes with the right result, with at most one warning; `hang`
-    costs one timeout."""
-    cold, _ = run_program(venv, env=http_env(nginx.url, tmp_path / "w"))
-    drop_packs(nginx)
+    read of its first block), sends other bytes, cuts a body, or never answers a read. No lookup
+    returns bytes other than the entry's own, with at most one warning; `hang` costs one timeout.
+    (In-process: the level is what a fresh JAX process would ask.)"""
+    import os
+    import time
+    import warnings
+
+    from gkx_autocache import _diagnostics
+    from gkx_autocache._shared.http import HttpCache
+    from gkx_autocache._shared.level import Level
+    from gkx_autocache._shared.reads import Found
+    from gkx_autocache._shared.seal import make_seal
+
+    origin = HttpCache(f"{nginx.url}/{VERSION_DIR}", env={})
+    kept = {f"jit_{n}-" + n * 32: b"\x78\x01" + os.urandom(size) for n, size in (("aa", 3000), ("bb", 300 << 10))}
+    for key, data in kept.items():
+        origin.write(key + "-gkx-shared", make_seal(key, data, 1.0, time.time(), None))
+        origin.write(key + "-cache", data)
+    origin.forget()
     if mode == "norange":  # an entry smaller than the first block is the whole object either way: served
         for name in entries(nginx):
             with open(nginx.root / "cache" / name, "r+b") as f:
                 f.truncate(64 << 20)
+    monkeypatch.setattr(_diagnostics, "_said", set())
     proxy = Proxy(nginx.port, mode=mode)
+    url = nginx.url.replace(f":{nginx.port}/", f":{proxy.port}/")
+    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "r"), timeout=2.0,
+                  writes="never", secret=None)
+    started = time.monotonic()
     try:
-        url = nginx.url.replace(f":{nginx.port}/", f":{proxy.port}/")
-        out, err = run_program(venv, env=http_env(url, tmp_path / "r", GKX_JAX_CACHE_SHARED_TIMEOUT="2"))
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            got = [level.get(key) for key in kept]
     finally:
+        level.backend.forget()
         proxy.close()
-    assert out["result"] == cold["result"] and report(err)["shared"] == 0, err
-    warnings = warned(err)
-    assert len(warnings) <= 1, err
+    assert not any(isinstance(found, Found) and found.data != kept[key] for found, key in zip(got, kept, strict=True))
+    told = [str(w.message) for w in said]
+    assert len(told) <= 1, told
     if mode == "norange":
-        assert "ignores Range" in warnings[0], warnings
+        assert "ignores Range" in told[0], told
     if mode == "hang":
-        assert "no progress for 2 s" in warnings[0], warnings
+        assert "no progress for 2 s" in told[0] and time.monotonic() - started < 2 + 3, told
 
 
-def test_a_server_error_or_a_dead_server_turns_the_level_off_with_one_line(venv: Venv, tmp_path: Path) -> None:
+def looked_up(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: float = 5.0,
+              **env: str) -> tuple[object, list[str], object]:
+    """One lookup of a level on ``url`` in this process (a warning is said once a process: counted
+    afresh): what it returned, the warnings, and the level's off-switch."""
+    from gkx_autocache import _diagnostics
+    from gkx_autocache._shared.http import HttpCache
+    from gkx_autocache._shared.level import Level
+
+    monkeypatch.setattr(_diagnostics, "_said", set())
+    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env=env), local=str(tmp_path / "local"), timeout=timeout,
+                  writes="never", secret=None)
+    try:
+        with pytest.warns(Warning) as said:
+            found = level.get("jit_f-" + "ab" * 32)
+    finally:
+        level.backend.forget()
+    return found, [str(w.message) for w in said], level.off
+
+
+def test_a_server_error_or_a_dead_server_turns_the_level_off_with_one_line(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A cache that answers 503 to everything, and one that accepts connections and never answers:
-    the run finishes uncached-from-the-level with one warning naming what happened."""
+    a miss, the level off, one warning naming what happened (in-process: a fresh JAX process adds
+    nothing to what the level does)."""
     failing = Nginx(tmp_path / "n503", location="return 503;")
     try:
-        out, err = run_program(venv, env=http_env(failing.url, tmp_path / "a"))
+        found, said, off = looked_up(failing.url, tmp_path, monkeypatch)
     finally:
         failing.close()
-    (warning,) = warned(err)
-    assert "answered 503" in warning and out["hits"] == 0, warning
+    assert found is None and off is not None and len(said) == 1 and "answered 503" in said[0], said
     silent = Silent()
     try:
-        out, err = run_program(venv, env=http_env(f"{silent.endpoint}/cache", tmp_path / "b",
-                                                  GKX_JAX_CACHE_SHARED_TIMEOUT="1"))
+        found, said, off = looked_up(f"{silent.endpoint}/cache", tmp_path, monkeypatch, timeout=1.0)
     finally:
         silent.close()
-    (warning,) = warned(err)
-    assert "no progress for 1 s" in warning and out["hits"] == 0, warning
+    assert found is None and off is not None and len(said) == 1 and "no progress for 1 s" in said[0], said
 
 
 def test_credentials_come_from_the_environment_or_netrc_and_are_never_printed(venv: Venv, tmp_path: Path) -> None:
@@ -192,22 +231,26 @@ class _Recording(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_redirect_to_another_host_never_gets_the_credentials(venv: Venv, tmp_path: Path) -> None:
-    """A cache that redirects every read to another origin (a port of its own here): the reads
-    follow, without the token; the run finishes."""
+def test_a_redirect_to_another_host_never_gets_the_credentials(tmp_path: Path) -> None:
+    """A cache that redirects every read to another origin (a port of its own here): the read
+    follows, without the token, and finds nothing there."""
+    from gkx_autocache._shared.http import HttpCache
+
     other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     port = other.server_address[1]
     redirecting = Nginx(tmp_path / "r", location=f"return 302 http://127.0.0.1:{port}$request_uri;")
+    _Recording.seen = []
+    cache = HttpCache(f"{redirecting.url}/{VERSION_DIR}", env={"GKX_JAX_CACHE_SHARED_TOKEN": TOKEN})
     try:
-        out, err = run_program(venv, env=http_env(redirecting.url, tmp_path / "a", GKX_JAX_CACHE_SHARED_TOKEN=TOKEN))
+        assert cache.small("jit_f-" + "ab" * 32 + "-gkx-shared") == b""
     finally:
+        cache.forget()
         redirecting.close()
         other.shutdown()
         other.server_close()
     assert _Recording.seen, "no read was redirected"
     assert not any("Authorization" in h or TOKEN in json.dumps(h) for h in _Recording.seen), _Recording.seen
-    assert out["hits"] == 0 and TOKEN not in err
 
 
 def test_an_http_url_is_a_shared_level_only_and_holds_no_credentials() -> None:
@@ -363,3 +406,160 @@ def test_an_http_url_takes_no_query() -> None:
                                  prefix="/nonexistent", user_file="/nonexistent")
     (said,) = [m for _, m in settings.problems]
     assert "takes no query" in said and "abc123" not in said and settings["shared"] is None, said
+
+
+# -- ~/.netrc's default entry, and credentials over plain http:// (issue 57 L7) --------------------
+
+
+def own_address() -> str:
+    """This machine's address on its network (not loopback): what another machine reaches it by."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.123", 9))  # (no packet is sent: only the route is chosen)
+            address = str(probe.getsockname()[0])
+        except OSError:
+            address = ""
+    if not address or address.startswith("127."):
+        pytest.skip("this machine has no address but loopback")
+    return address
+
+
+def netrc(home: Path, text: str) -> None:
+    home.mkdir(exist_ok=True)
+    (home / ".netrc").write_text(text)
+    (home / ".netrc").chmod(0o600)  # (the standard library refuses one others can read)
+
+
+def sent(url: str, **kwargs: Any) -> list[dict[str, str]]:
+    """The headers an HTTP level's read of one object sent to ``url``'s server (``_Recording``)."""
+    from gkx_autocache._shared.http import HttpCache
+
+    _Recording.seen = []
+    cache = HttpCache(f"{url}/{VERSION_DIR}", **kwargs)
+    try:
+        assert cache.small("one") == b""
+    finally:
+        cache.forget()
+    return list(_Recording.seen)
+
+
+@pytest.fixture
+def recording() -> Iterator[int]:
+    """A server that records what it is sent, on every address of this machine: its port."""
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), _Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+def test_netrc_s_default_entry_is_never_sent_only_the_machine_entry_of_the_host(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recording: int) -> None:
+    """The standard library answers any host with ~/.netrc's ``default`` login: the HTTP level
+    sent it to whatever cache it was pointed at. Now only a ``machine`` entry that names the host
+    is used, and `status` says which entry, or why none."""
+    from gkx_autocache._shared.http import credentials_source
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    netrc(home, "machine elsewhere.example login bob password b0b-Pw\ndefault login alice password d3fault-Pw\n")
+    url = f"http://127.0.0.1:{recording}/cache"
+    assert not any("Authorization" in h for h in sent(url, env={})), _Recording.seen
+    said = credentials_source(url, {})
+    assert "no machine 127.0.0.1 entry" in said and "default entry is never sent" in said and str(home) in said, said
+    netrc(home, "machine 127.0.0.1 login alice password m4chine-Pw\ndefault login x password y\n")
+    (headers,) = sent(url, env={})
+    assert headers.get("Authorization", "").startswith("Basic "), headers
+    assert credentials_source(url, {}) == f"basic, from the machine 127.0.0.1 entry of {home / '.netrc'}"
+
+
+def test_no_credential_crosses_the_network_in_clear_unless_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recording: int) -> None:
+    """Over plain http:// to this machine's network address (not loopback), neither the token nor
+    the host's ~/.netrc entry is sent, and the level says so in one warning at `import jax` and in
+    `status`; ``shared_credentials_over_http`` sends them; over loopback they are sent."""
+    from types import SimpleNamespace
+
+    from gkx_autocache._shared import setup
+    from gkx_autocache._shared.http import credentials_source
+
+    address = own_address()
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    netrc(home, f"machine {address} login alice password n3t-Pw\n")
+    url = f"http://{address}:{recording}/cache"
+    for env in ({}, {"GKX_JAX_CACHE_SHARED_TOKEN": "t0ken-Zz"}):
+        assert not any("Authorization" in h for h in sent(url, env=env)), _Recording.seen
+        assert "not sent, it would cross the network in clear" in credentials_source(url, env)
+    (headers,) = sent(url, env={}, over_http=True)
+    assert headers.get("Authorization", "").startswith("Basic "), headers
+    (headers,) = sent(f"http://127.0.0.1:{recording}/cache", env={"GKX_JAX_CACHE_SHARED_TOKEN": "t0ken-Zz"})
+    assert headers.get("Authorization") == "Bearer t0ken-Zz", headers
+
+    location = SimpleNamespace(version_dir=str(tmp_path / "local"), remote=False, users_own=False, stock=False,
+                               root=str(tmp_path), team=False)
+    for asked, warned in (({}, True), ({"GKX_JAX_CACHE_SHARED_CREDENTIALS_OVER_HTTP": "1"}, False)):
+        env = {"GKX_JAX_CACHE_SHARED": url, **asked}
+        settings = _settings.resolve(env=env, prefix="/nonexistent", user_file="/nonexistent")
+        level, problems = setup.level_for(settings, location, "0.4.30", env)
+        assert level is not None
+        level.backend.forget()
+        said = [message for cause, message in problems if cause == "shared:cleartext"]
+        assert bool(said) == warned, problems
+        if warned:
+            assert "not sent" in said[0] and "https://" in said[0] and "shared_credentials_over_http" in said[0]
+            assert "n3t-Pw" not in said[0], said
+
+
+# -- a server's limit on a body skips an entry, not the level (issue 61) --------------------------------
+
+
+def test_an_entry_above_the_server_s_body_limit_is_skipped_and_the_level_stays_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nginx set up as the docs said answers a 1.3 MiB entry `413 Request Entity Too Large` (its
+    client_max_body_size is 1 MiB by default): that entry is skipped, with one warning naming the
+    setting that raises the limit; the entries after it are uploaded (the level turned off before,
+    and a fresh machine missed them), and one as large is not sent again."""
+    import os
+    import time
+
+    from gkx_autocache import _diagnostics
+    from gkx_autocache._diagnostics import AutocacheWarning
+    from gkx_autocache._shared.http import HttpCache
+    from gkx_autocache._shared.level import Level
+    from gkx_autocache._shared.reads import Found
+
+    monkeypatch.setattr(_diagnostics, "_said", set())
+    cache = Nginx(tmp_path / "n", location="dav_methods PUT DELETE; create_full_put_path on; "
+                                          "dav_access user:rw group:r all:r; client_max_body_size 1m;")
+    url = cache.url
+    entries = {f"jit_{name}-" + name * 32: b"\x78\x01" + os.urandom(size)
+               for name, size in (("aa", 100 << 10), ("bb", 1300 << 10), ("cc", 200 << 10), ("dd", 1400 << 10))}
+    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "l"), timeout=30.0,
+                  writes=None, secret=None)
+    try:
+        with pytest.warns(AutocacheWarning, match=r"refused an entry of 1\.3 MiB.*client_max_body_size") as said:
+            level.uploads.start()
+            for key, data in entries.items():
+                level.put(key, data, 1.0, written=time.time())
+            level.finish()
+        assert len(said) == 1 and level.off is None, [str(w.message) for w in said]
+        held = {name.removesuffix("-cache") for name in entries_of(cache)}
+        assert held == {key for key in entries if key.startswith(("jit_aa", "jit_cc"))}, held
+        shared = level.snapshot()["shared"]
+        assert shared["uploads"] == 2 and shared["skipped"] == 2 and shared["errors"] == 0, shared
+        fresh = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "f"), timeout=5.0,
+                      writes="never", secret=None)
+        key = next(k for k in entries if k.startswith("jit_cc"))
+        found = fresh.get(key)
+        assert isinstance(found, Found) and found.data == entries[key]
+        fresh.backend.forget()
+    finally:
+        level.backend.forget()
+        cache.close()
+
+
+def entries_of(server: Nginx) -> dict[str, int]:
+    return {name.split("/")[-1]: size for name, size in server.files().items() if name.endswith("-cache")}

@@ -262,6 +262,9 @@ class _Level:
     def turn_off(self, why: str, timed_out: bool = False) -> None:
         self.off = (why, 0.0)
 
+    def too_slow(self, key: str, why: str) -> None:
+        self.count("shared", slow=1)
+
 
 def _reader() -> Any:
     """A reader that takes any seal as it is (its shape is ``seal``'s tests'), bytes unchecked."""

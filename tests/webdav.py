@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import free_port, stop
 
 TOKEN = "s3cret-token-Zq9"  # a bearer token nginx requires where `auth` is "bearer"
 USER, PASSWORD = "alice", "pa55-Wq7"  # basic, where `auth` is "basic"
@@ -26,9 +26,11 @@ def nginx_binary() -> str | None:
 class Nginx:
     """nginx serving ``root`` over WebDAV at ``url``; ``auth``: None, ``"bearer"`` (``TOKEN``) or
     ``"basic"`` (``USER``/``PASSWORD``); ``location``: nginx lines that replace the WebDAV location
-    (a ``return 503``, a redirect); ``http``: more lines for its ``http`` block (``keepalive_timeout 1s;``)."""
+    (a ``return 503``, a redirect); ``http``: more lines for its ``http`` block (``keepalive_timeout 1s;``);
+    ``tls``: a certificate and its key (``forward.certificate``), served over https."""
 
-    def __init__(self, base: Path, auth: str | None = None, location: str | None = None, http: str = "") -> None:
+    def __init__(self, base: Path, auth: str | None = None, location: str | None = None, http: str = "",
+                 tls: tuple[Path, Path] | None = None) -> None:
         binary = nginx_binary()
         if binary is None:
             if os.environ.get("CI"):
@@ -38,7 +40,9 @@ class Nginx:
         self.root = base / "root"
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/cache"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/cache"
+        listen = f"listen 127.0.0.1:{self.port} ssl; ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};" if tls \
+            else f"listen 127.0.0.1:{self.port};"
         guard = ""
         if auth == "bearer":
             guard = f'if ($http_authorization != "Bearer {TOKEN}") {{ return 401; }}'
@@ -65,7 +69,7 @@ http {{
     client_max_body_size 0;
     {http}
     server {{
-        listen 127.0.0.1:{self.port};
+        {listen}
         root {self.root};
         location / {{ {body} }}
     }}
@@ -76,7 +80,10 @@ http {{
         deadline = time.monotonic() + 20
         while True:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=2).close()
+                import ssl
+
+                unchecked = ssl._create_unverified_context()  # (only whether it answers)
+                urllib.request.urlopen(f"{self.url.rsplit('/', 1)[0]}/", timeout=2, context=unchecked).close()
                 break
             except urllib.error.HTTPError:
                 break  # it answers
@@ -97,9 +104,4 @@ http {{
         return [line.split('"')[1] for line in log.read_text().splitlines() if '"' in line] if log.exists() else []
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        stop(self.process)

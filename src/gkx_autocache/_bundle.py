@@ -86,19 +86,19 @@ class _Changed(Exception):
     """A file changed between hashing it for the manifest and writing it."""
 
 
-def export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
+def export(version_dir: str, archive: str, env: dict[str, Any], progress: Any = None) -> Exported:
     """Write ``archive`` (atomically) from the entries of ``version_dir`` and their sidecars, the
     manifest first. Each file is read twice (for the manifest, then into the archive) and must be
     the same both times; a directory in use can change meanwhile, so that is tried again."""
     for _ in range(EXPORT_TRIES):
         try:
-            return _export(version_dir, archive, env)
+            return _export(version_dir, archive, env, progress)
         except _Changed:
             continue
     raise OSError(f"its entries changed while they were written, {EXPORT_TRIES} times; try again")
 
 
-def _export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
+def _export(version_dir: str, archive: str, env: dict[str, Any], progress: Any = None) -> Exported:
     found = _entries.scan(version_dir)
     units = sorted((u for u in found.units.values() if u.has_entry), key=lambda u: u.key)
     listed: list[dict[str, Any]] = []
@@ -125,11 +125,13 @@ def _export(version_dir: str, archive: str, env: dict[str, Any]) -> Exported:
                 "records": records}
     with _files.atomic(archive, 0o644, follow=True) as out, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
-        for path, item in zip(paths, listed, strict=True):
+        for done, (path, item) in enumerate(zip(paths, listed, strict=True)):
             data = _files.read(path)
             if data is None or hashlib.sha256(data).hexdigest() != item["sha256"]:
                 raise _Changed(path)  # the temporary archive goes with it
             _add(tar, item["name"], data)
+            if progress is not None:
+                progress(done + 1, len(paths))
     entries = sum(1 for f in listed if f["name"].endswith(ENTRY_SUFFIX))
     return Exported(entries, len(listed), sum(f["size"] for f in listed), sha256_of(archive))
 
@@ -254,7 +256,8 @@ def autotune_member(name: str) -> bool:
 
 
 def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256: str | None = None,
-                  force: bool = False, shared: bool = False, cap: int = 0, loads: tuple[str, ...] = ()) -> Imported:
+                  force: bool = False, shared: bool = False, cap: int = 0, loads: tuple[str, ...] = (),
+                  progress: Any = None) -> Imported:
     """Merge the bundle's entries into ``version_dir``. Raises BundleRefused, having written nothing.
     ``loads``: the ISAs in keys this host loads (its own, and its ``cpu_target``'s); its own alone by default.
 
@@ -271,10 +274,10 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
                 first = next(members)
                 if first is not None and first[1].name == MANIFEST:
                     manifest = read_manifest(*first)
-                    return _merge(members, manifest, True, version_dir, env, force, shared, cap, loads)
+                    return _merge(members, manifest, True, version_dir, env, force, shared, cap, loads, progress)
                 manifest = _manifest_last(first, members, version_dir, cap)
             with _members(source) as members:  # the earlier layout: read again, now with its manifest
-                return _merge(members, manifest, False, version_dir, env, force, shared, cap, loads)
+                return _merge(members, manifest, False, version_dir, env, force, shared, cap, loads, progress)
         except _Unreadable as exc:
             raise BundleRefused(f"the archive is damaged: {exc}") from None
         except (tarfile.TarError, ValueError, OverflowError, RecursionError) as exc:  # a PAX size of 40 digits...
@@ -401,7 +404,8 @@ def _manifest_last(first: Member | None, members: Iterator[Member | None], versi
 
 
 def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_read: bool, version_dir: str,
-           env: dict[str, Any], force: bool, shared: bool, cap: int, loads: tuple[str, ...] = ()) -> Imported:
+           env: dict[str, Any], force: bool, shared: bool, cap: int, loads: tuple[str, ...] = (),
+           progress: Any = None) -> Imported:
     """Check, stage and then place every member after the manifest: at most as many as it lists."""
     files: dict[str, tuple[int, str]] = manifest["files"]
     differences = check_environment(manifest, env)
@@ -426,6 +430,8 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
             if member.name in seen:
                 raise BundleRefused(f"{shown(member.name)} appears twice in the archive")
             seen.add(member.name)
+            if progress is not None:
+                progress(len(seen), len(files))
             key = _key(member.name)
             final = os.path.join(version_dir, member.name)
             if key in present:
@@ -438,6 +444,8 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
             _stage(tar, member, tmp, mode, files[member.name][1])
             entries += member.name.endswith(ENTRY_SUFFIX)
             copied += member.size
+        if progress is not None:
+            progress(len(files), len(files))
         missing = set(files) - seen
         if missing:
             raise BundleRefused(f"{len(missing)} files of the manifest are missing, such as {shown(sorted(missing)[0])}")

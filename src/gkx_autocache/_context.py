@@ -79,11 +79,18 @@ def cpu_target(level: str) -> _cpu_target.Target:
 def load_context(create: bool = False) -> Context:
     """The settings as a process of this environment would resolve them (from the ``JAX_*``
     variables: the commands do not import jax), and the directory it would use."""
+    from gkx_autocache._diagnostics import logger
+
     settings = _settings.resolve(jax_explicit=_settings.jax_explicit(os.environ))
+    for path, verdict in settings.files.items():  # (seen with -v: which files, and why one is not)
+        logger.info("settings file %s: %s%s", path, verdict.status, f" ({verdict.problem})" if verdict.problem else "")
+    for key, resolved in settings.values.items():
+        logger.debug("setting %s = %s (%s)", key, resolved.shown(), resolved.origin)
     jax_version = distribution_version("jax")
     location = None
     if jax_version is not None and settings["enabled"]:
         location = _cache.locate(settings, jax_version, create=create)
+        logger.info("the version directory: %s", location.version_dir if location else None)
     return Context(settings, jax_version, location)
 
 

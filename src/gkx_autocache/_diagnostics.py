@@ -106,8 +106,16 @@ def shown(raw: object) -> str:
 
 def one_line(message: str) -> str:
     """``message`` with its control characters escaped: a path or value from outside (a newline in
-    an environment variable) must not break a warning or an error into several lines."""
+    an environment variable) must not break a warning or an error into several lines, nor a
+    server's text (an S3 error's message, a reason phrase) write terminal escapes."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
+def printable(text: str) -> str:
+    """``text`` of several lines for a terminal: every control character but the newline escaped
+    (``\x1b`` shown as ``\x1b``, a right-to-left override as ``\u202e``): what a server, a
+    ledger or a file name put in it never drives the user's terminal."""
+    return "\n".join(one_line(part) for part in text.split("\n"))
 
 
 def label() -> str:

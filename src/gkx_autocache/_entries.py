@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gkx_autocache import _files
@@ -478,11 +479,11 @@ def plan_prune(version_dir: str, cap: int, older_than: float | None = None) -> R
     return removal
 
 
-def execute(removal: Removal) -> Removed:
-    """Remove what ``removal`` lists. Raises RemovalRefused."""
+def execute(removal: Removal, progress: Callable[[int, int], None] | None = None) -> Removed:
+    """Remove what ``removal`` lists (``progress(done, total)`` as it goes). Raises RemovalRefused."""
     if not removal.files:
         return Removed()
-    return remove_files(removal.version_dir, removal.files)
+    return remove_files(removal.version_dir, removal.files, progress)
 
 
 def check_entry(path: str) -> str | None:

@@ -5,7 +5,12 @@ Both files are flat tables of the keys in ``_settings.KEYS``::
     dir = "/scratch/jax-cache"
     max_size = "20GiB"
 
-Editing is line-based, so comments and the rest of the file survive ``config set``.
+Editing is line-based, so comments and the rest of the file survive ``config set``; the lines a key
+spans are found by a small scan of TOML's syntax (strings on many lines, quoted keys, the tables
+that end the top level), and the edited text is parsed again before it is written: an edit that does
+not do exactly what it says (any other key or table changed, the file no longer valid) changes
+nothing and says why (SPEC §10, amended 2026-12-06). No TOML library that keeps layout is a
+dependency for this one command (tomlkit would be one more package in every environment).
 """
 
 from __future__ import annotations
@@ -122,33 +127,106 @@ def as_typed(key: str, typed: str, value: Any, cwd: str | None) -> Any:
     return value
 
 
-def _key_line(key: str) -> re.Pattern[str]:
-    return re.compile(rf"^\s*{re.escape(key)}\s*=")
+def _statements(text: str) -> tuple[dict[str, tuple[int, int]], int]:
+    """The top-level keys of a TOML text, each with the lines its statement spans (``[first,
+    last]``: a value may run over several, a string of many lines or an array), by the key's name
+    as TOML reads it (``"dir"`` and ``'dir'`` are ``dir``); and the line where the top level ends
+    (the first table header, or the end). A scan of the syntax, not a parser: what it gets wrong,
+    the parse after the edit refuses."""
+    lines = text.split("\n")
+    found: dict[str, tuple[int, int]] = {}
+    string: str | None = None  # the delimiter of a string running over lines: ''' or """
+    depth = 0  # brackets and braces open in a value
+    key: str | None = None
+    begun = 0
+    for number, line in enumerate(lines):
+        at = 0
+        if string is None and depth == 0:
+            stripped = line.lstrip()
+            if stripped.startswith("["):
+                return found, number
+            match = re.match(r"""\s*("(?:[^"\\]|\\.)*"|'[^']*'|[A-Za-z0-9_-]+)\s*=""", line)
+            if match:
+                key, begun = match[1].strip("\"'") if match[1][0] in "\"'" else match[1], number
+                at = match.end()
+        while at < len(line):
+            if string is not None:
+                close = line.find(string, at)
+                if close < 0:
+                    break
+                at, string = close + 3, None
+                continue
+            c = line[at]
+            if c == "#":
+                break
+            if line.startswith(('"""', "'''"), at):
+                string, at = line[at:at + 3], at + 3
+                continue
+            if c in "\"'":  # a string on one line: to its closing quote
+                at += 1
+                while at < len(line) and line[at] != c:
+                    at += 2 if c == '"' and line[at] == "\\" else 1
+            elif c in "[{":
+                depth += 1
+            elif c in "]}":
+                depth = max(depth - 1, 0)
+            at += 1
+        if key is not None and string is None and depth == 0:
+            found.setdefault(key, (begun, number))
+            key = None
+    return found, len(lines)
+
+
+def edited(text: str, key: str, literal: str | None) -> str:
+    """``text`` with ``key = literal`` at its top level (``None``: the key removed), every other
+    line as it was; raises Unwritable where the result would not be exactly that (the text does
+    not parse, or would not, or would differ in anything else)."""
+    import tomllib
+
+    try:
+        before = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise Unwritable(f"it is not valid TOML ({exc}): fix it first") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    spans, top = _statements("\n".join(lines))
+    span = spans.get(key)
+    if span is not None:
+        lines[span[0]:span[1] + 1] = [] if literal is None else [f"{key} = {literal}"]
+    elif literal is not None:  # before the first [table], so that it stays at the top level
+        lines.insert(top, f"{key} = {literal}")
+    after_text = "\n".join(lines) + ("\n" if lines else "")
+    try:
+        after = tomllib.loads(after_text)
+    except tomllib.TOMLDecodeError:
+        after = None
+    wanted = dict(before)
+    wanted.pop(key, None)
+    if literal is not None:
+        wanted[key] = tomllib.loads(f"v = {literal}")["v"]
+    if after != wanted:
+        raise Unwritable(f"a line edit of {key} would not do exactly that here (its layout: a dotted or inline "
+                         f"table, a key written twice?); edit it by hand: {key} = {literal or '...'} at the top, "
+                         "before any [table]")
+    return after_text
 
 
 def set_key(path: str, key: str, literal: str | None) -> None:
-    """Write ``key = literal`` into the file (``None`` removes the key), keeping every other line.
-    Atomic: a temporary file beside it, then a rename."""
+    """Write ``key = literal`` into the file (``None`` removes the key), keeping every other line
+    (``edited``). Atomic: a temporary file beside it, then a rename. Raises Unwritable, the file
+    left as it was."""
     try:
         with os.fdopen(open_regular(path), "rb") as f:  # never a FIFO: it would hang
-            lines = f.read(MAX_FILE).decode("utf-8").split("\n")
+            text = f.read(MAX_FILE).decode("utf-8")
     except FileNotFoundError:
-        lines = []
+        text = ""
     except (OSError, UnicodeDecodeError) as exc:
         raise Unwritable(f"{path} cannot be read as a settings file ({exc}); fix or remove it") from None
-    if lines and lines[-1] == "":
-        lines.pop()
-    pattern = _key_line(key)
-    kept = [line for line in lines if not pattern.match(line)]
-    if literal is not None:
-        at = next((i for i, line in enumerate(lines) if pattern.match(line)), None)
-        new = f"{key} = {literal}"
-        if at is None:
-            # Before the first [table], so the key stays at the top level.
-            first_table = next((i for i, line in enumerate(kept) if line.lstrip().startswith("[")), len(kept))
-            kept.insert(first_table, new)
-        else:
-            kept.insert(at - sum(1 for line in lines[:at] if pattern.match(line)), new)
+    try:
+        new = edited(text, key, literal)
+    except Unwritable as exc:
+        raise Unwritable(f"{path} left as it was: {exc}") from None
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     with atomic(path, 0o644, follow=True) as f:  # the user's path; writable by its owner alone (SPEC §8)
-        f.write(("\n".join(kept) + ("\n" if kept else "")).encode("utf-8"))
+        f.write(new.encode("utf-8"))

@@ -58,11 +58,17 @@ def _errors(url: str) -> Iterator[None]:
 def filesystem(url: str, own: bool = False) -> tuple[Any, str]:
     """fsspec's filesystem for ``url`` and the path in it (``bucket/prefix``): the call every
     remote operation goes through. ``own``: an instance of its own, not fsspec's cached one that
-    the process's other code shares (the shared level registers a retry handler on its client)."""
+    the process's other code shares (the shared level registers a retry handler on its client).
+    gcsfs's aiohttp session reads the proxy variables only when told to (s3fs's botocore reads them
+    itself): told where the environment names a proxy."""
     import fsspec.core
 
+    options: dict[str, Any] = {"skip_instance_cache": True} if own else {}
+    if scheme(url) == "gs" and any(name.lower() in ("https_proxy", "http_proxy", "all_proxy") and value
+                                   for name, value in os.environ.items()):
+        options["session_kwargs"] = {"trust_env": True}
     with _errors(url):
-        fs, path = fsspec.core.url_to_fs(url, **({"skip_instance_cache": True} if own else {}))
+        fs, path = fsspec.core.url_to_fs(url, **options)
     return fs, path
 
 
@@ -101,9 +107,10 @@ def version_dirs(root: str) -> list[str]:
     return [f"{root}/{name}" for name, _, _, prefix in sorted(listing(root)) if prefix and name.startswith(VERSION_PREFIX)]
 
 
-def remove(version_dir: str, urls: list[str]) -> int:
+def remove(version_dir: str, urls: list[str], progress: Any = None) -> int:
     """Delete the given objects, each directly under ``version_dir`` and named like an entry, a
-    sidecar or a ledger; the count removed."""
+    sidecar or a ledger, a thousand a request (S3's batch; ``progress(done, total)`` after each);
+    the count removed."""
     fs, path = filesystem(version_dir)
     doomed = []
     for url in urls:
@@ -112,9 +119,11 @@ def remove(version_dir: str, urls: list[str]) -> int:
         ledger = parent == ledger_dir(version_dir) and name.endswith(LEDGER_SUFFIX)
         if entry or ledger:
             doomed.append(f"{path}/{url[len(version_dir) + 1:]}")
-    if doomed:
+    for at in range(0, len(doomed), 1000):
         with _errors(version_dir):
-            fs.rm(doomed)
+            fs.rm(doomed[at:at + 1000])
+        if progress is not None:
+            progress(min(at + 1000, len(doomed)), len(doomed))
     return len(doomed)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 
 from gkx_autocache import _files
 from gkx_autocache._layout import META_DIR, TAG_NAME, is_own_tag, is_url
@@ -99,16 +100,16 @@ class Removed:
         return f"{len(self.failed)} files could not be removed, such as {self.failed[0]}" if self.failed else ""
 
 
-def remove_files(version_dir: str, paths: list[str]) -> Removed:
+def remove_files(version_dir: str, paths: list[str], progress: Callable[[int, int], None] | None = None) -> Removed:
     """Unlink the given files of a tagged version directory (entries, sidecars, temporaries, and
     bookkeeping under ``.gkx-autocache``). Every directory on the way is opened without following
     a symlink, so nothing outside the cache is touched, whatever was planted or renamed. Raises
     RemovalRefused for an untagged directory or one reached through a symlink. On a bucket, deletes
-    objects named like entries, sidecars or ledgers."""
+    objects named like entries, sidecars or ledgers. ``progress(done, total)``: as it goes."""
     if is_url(version_dir):
         from gkx_autocache import _remote
 
-        return Removed(_remote.remove(version_dir, paths))
+        return Removed(_remote.remove(version_dir, paths, progress))
     try:
         top = _files.open_dir(version_dir)
     except OSError as exc:
@@ -123,7 +124,15 @@ def remove_files(version_dir: str, paths: list[str]) -> Removed:
             if path.startswith(inside) and "/../" not in path and not path.endswith("/.."):
                 folder, name = os.path.split(path[len(inside):])
                 by_folder.setdefault(folder, []).append(name)
-        return sum((_unlink_in(top, version_dir, f, names) for f, names in by_folder.items()), Removed())
+        done = Removed()
+        for folder, names in by_folder.items():
+            for at in range(0, len(names), 500):  # (a part at a time: the count moves on a terminal)
+                done += _unlink_in(top, version_dir, folder, names[at:at + 500])
+                if progress is not None:
+                    progress(min(done.files + len(done.failed), len(paths)), len(paths))
+        if progress is not None:
+            progress(len(paths), len(paths))
+        return done
     finally:
         os.close(top)
 

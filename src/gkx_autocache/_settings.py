@@ -8,6 +8,8 @@ The order, highest first (SPEC §3):
 2. ``GKX_JAX_CACHE*`` environment variables.
 3. The environment's policy file, ``<sys.prefix>/gkx-autocache.toml``.
 4. The user's config file, ``<user config dir>/config.toml``.
+   (``GKX_JAX_CACHE_CONFIG_FILE`` names one file read in place of both, as ``PIP_CONFIG_FILE``
+   does for pip; ``/dev/null`` reads none: a CI job or a test isolated from every file.)
 5. The defaults.
 
 A bad value in one source is skipped with a problem reported, and the next source down applies.
@@ -147,6 +149,16 @@ def parse_timeout(raw: Any) -> float:
 
 
 SIGNING_KEY_ENV = "GKX_JAX_CACHE_SIGNING_KEY"
+CONFIG_FILE_ENV = "GKX_JAX_CACHE_CONFIG_FILE"
+
+
+def config_files(env: Mapping[str, str], prefix: str, user_file: str | None) -> list[str | None]:
+    """The settings files read, highest first: the policy file and the user's, or the one
+    ``CONFIG_FILE_ENV`` names (``os.devnull``: none)."""
+    named = env.get(CONFIG_FILE_ENV, "").strip()
+    if named:
+        return [] if named == os.devnull else [os.path.abspath(os.path.expanduser(named))]
+    return [_policy.policy_path(prefix), user_file or _policy.user_path()]
 
 
 def signing_key(env: Mapping[str, str] = os.environ) -> bytes | None:
@@ -274,6 +286,7 @@ KEYS = {
         Key("shared", "GKX_JAX_CACHE_SHARED", None, None, lambda raw: raw),
         Key("shared_write", "GKX_JAX_CACHE_SHARED_WRITE", None, "always", parse_shared_write),
         Key("shared_timeout", "GKX_JAX_CACHE_SHARED_TIMEOUT", None, 10.0, parse_timeout),
+        Key("shared_credentials_over_http", "GKX_JAX_CACHE_SHARED_CREDENTIALS_OVER_HTTP", None, False, parse_bool),
     )
 }
 
@@ -379,7 +392,7 @@ def resolve(
     layers: list[tuple[str, Mapping[str, Any], str | None]] = []  # (origin, raw values, base for dir)
     env_values = {k.name: env[k.env] for k in KEYS.values() if env.get(k.env, "").strip()}
     layers.append(("env", env_values, current_dir() if cwd is None else cwd))
-    for path in (_policy.policy_path(prefix), user_file or _policy.user_path()):
+    for path in config_files(env, prefix, user_file):
         if path is None:  # a user without a home has no user config file
             continue
         verdict = _policy.read(path)

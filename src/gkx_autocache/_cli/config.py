@@ -57,7 +57,14 @@ def cmd_config(args: argparse.Namespace) -> int:
                                       "files": {p: v.status for p, v in settings.files.items()}})
         return OK
     key = _key(args.key)
-    path = _policy.user_path() if args.user else _policy.policy_path()
+    named = _settings.config_files(os.environ, sys.prefix, None)
+    if os.environ.get(_settings.CONFIG_FILE_ENV, "").strip() and not (args.user or args.venv):
+        if not named:  # /dev/null: every file ignored
+            raise CliError(f"{_settings.CONFIG_FILE_ENV} is {os.devnull}: no settings file is read, so none is "
+                           "written; unset it, or give --user or --venv")
+        path: str | None = named[0]  # the file processes read now (pip config does the same)
+    else:
+        path = _policy.user_path() if args.user else _policy.policy_path()
     if path is None:
         raise CliError("this user has no config directory: HOME is not set (or not absolute) and the password "
                        "database does not know the uid; set HOME or XDG_CONFIG_HOME, or edit the policy file (--venv)")

@@ -78,7 +78,7 @@ ELSEWHERE = {  # command -> (its module in _cli, its function)
     "status": ("status", "cmd_status"), "stats": ("stats", "cmd_stats"), "explain": ("explain", "cmd_explain"),
     "ci-key": ("ci", "cmd_ci_key"), "clear": ("manage", "cmd_clear"), "prune": ("manage", "cmd_prune"),
     "verify": ("manage", "cmd_verify"), "export": ("manage", "cmd_export"), "import": ("manage", "cmd_import"),
-    "config": ("config", "cmd_config"),
+    "config": ("config", "cmd_config"), "completion": ("completion", "cmd_completion"),
 }
 
 
@@ -101,8 +101,15 @@ def build_parser() -> Parser:
     parser = Parser(prog="gkx-autocache", description="JAX's persistent compilation cache, on by default.")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument("--version", action="store_true", help="the versions of gkx-autocache, JAX, jaxlib and Python")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors (the exit status says it)")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="say what the package does on stderr (-v: its steps; -vv: every detail)")
     json_flag = Parser(add_help=False)
     json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="one JSON object on stdout")
+    json_flag.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                           help="print nothing but errors (the exit status says it)")
+    json_flag.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                           help="say what the package does on stderr (-v: its steps; -vv: every detail)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
@@ -163,6 +170,8 @@ def build_parser() -> Parser:
     bundle_in.add_argument("--sha256", metavar="HASH", help="refuse unless the archive has this sha256 (from its author)")
     bundle_in.add_argument("--force", action="store_true", help="import a bundle made for another JAX or platform")
     add("demo", cmd_demo, "run a compile-heavy JAX program cold, then warm")
+    add("completion", elsewhere("completion"), "print a shell's completion script (bash, zsh, fish)").add_argument(
+        "shell", choices=("bash", "zsh", "fish"), help="the shell: eval \"$(gkx-autocache completion bash)\" in ~/.bashrc")
     parser.commands = tuple(commands.choices)
     return parser
 
@@ -177,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except UsageError as exc:
         return usage_error(parser, exc, sys.argv[1:] if argv is None else argv)
+    if args.verbose:  # the package's own logger, on stderr (a user's logging set-up is left as it is)
+        import logging
+
+        from gkx_autocache._diagnostics import logger
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("gkx-autocache %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO if args.verbose == 1 else logging.DEBUG)
     if args.version:
         args.command = "version"
         return cmd_version(args)

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from gkx_autocache import _bundle, _context, _entries, _isa, _remove, _settings
-from gkx_autocache._cli.output import FAILED, OK, USAGE, CliError, emit, progress
+from gkx_autocache._cli.output import FAILED, OK, USAGE, CliError, counter, emit, progress
 from gkx_autocache._context import Context, load_context, refuse_skipped_dir
 from gkx_autocache._diagnostics import human_bytes, human_secs, plural, shown
 from gkx_autocache._layout import key_match
@@ -24,7 +24,7 @@ def _carry_out(args: argparse.Namespace, removal: _entries.Removal, extra: dict[
     what is left (or would be) too."""
     if not args.dry_run:
         try:
-            done = _entries.execute(removal)
+            done = _entries.execute(removal, counter(args, args.command))
         except _remove.RemovalRefused as exc:
             raise CliError(str(exc)) from None
         if done.failed:  # never claim a removal that did not happen (a read-only cache)
@@ -198,7 +198,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.repair:
         refuse_skipped_dir(ctx, "verify --repair")
     vdir = ctx.store_dir("verify")
-    result = _entries.verify(vdir, progress)
+    result = _entries.verify(vdir, None if getattr(args, "quiet", False) else progress)
     doomed = result.doomed
     left: list[str] = []  # directories named like entries that hold something: the user's to remove
     if args.repair and (doomed or result.doomed_dirs):
@@ -266,7 +266,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise CliError(f"{vdir} does not exist: nothing to export")
     archive = _absolute(args.file)
     try:
-        done = _bundle.export(vdir, archive, _environment(ctx))
+        done = _bundle.export(vdir, archive, _environment(ctx), counter(args, "export"))
     except OSError as exc:
         raise CliError(f"{archive} not written: {exc.strerror or exc}") from None
     emit(args, f"exported {done.entries} entries ({done.files} files, {human_bytes(done.bytes)}) from {vdir}"
@@ -288,7 +288,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         done = _bundle.import_bundle(archive, vdir, _environment(ctx), sha256=args.sha256, force=args.force,
                                      shared=bool(ctx.settings["trust_shared"]), cap=ctx.settings["max_size"],
-                                     loads=(_isa.isa(), *([target.isa_text()] if target.level else [])))
+                                     loads=(_isa.isa(), *([target.isa_text()] if target.level else [])),
+                                     progress=counter(args, "import"))
     except _bundle.BundleRefused as exc:
         raise CliError(f"{args.file} refused: {exc}; nothing imported") from None
     except OSError as exc:

@@ -48,11 +48,12 @@ async def _hooked(fs: Any, path: str) -> None:
         _hooked_clients.add(client)
 
 
-async def _read_range(fs: Any, path: str, start: int, end: int) -> bytes | None:
+async def _read_range(fs: Any, path: str, start: int, end: int, progress: Progress | None = None) -> bytes | None:
     """Bytes ``start`` to ``end`` of an S3 object, None when it is not there. The body is read as a
     stream and stopped at the length asked for: s3fs's ``_cat_file`` reads whatever it is sent, so
     an endpoint that ignores ``Range`` would have a whole object (1 GB) held for a 4 KiB read.
-    Raises RangeIgnored (the whole object, 200), EntryRefused (a 206 longer than its range)."""
+    Raises RangeIgnored (the whole object, 200), EntryRefused (a 206 longer than its range). Each
+    part is told to ``progress`` (a metered read's rate and bound)."""
     bucket, key = path.split("/", 1)
     try:
         resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
@@ -71,6 +72,8 @@ async def _read_range(fs: Any, path: str, start: int, end: int) -> bytes | None:
         while have <= asked and (chunk := await body.read(min(1 << 20, asked + 1 - have))):
             chunks.append(chunk)
             have += len(chunk)
+            if progress is not None:
+                progress.got(len(chunk))
         if have > asked and not ranged:
             raise RangeIgnored(f"the bucket's endpoint ignores Range: it sent more than the {human_bytes(asked)} "
                                f"asked of {key.rsplit('/', 1)[-1]}")
@@ -186,11 +189,12 @@ class Bucket:
         if self.streams():
             import asyncio
 
-            got = self._run(lambda fs, path: asyncio.gather(_read_range(fs, names[0], 0, SEAL_LIMIT),
-                                                            _read_range(fs, names[1], 0, FIRST_BLOCK),
+            got = self._run(lambda fs, path: asyncio.gather(_read_range(fs, names[0], 0, SEAL_LIMIT, progress),
+                                                            _read_range(fs, names[1], 0, FIRST_BLOCK, progress),
                                                             return_exceptions=True))
         else:
             got = fs.cat_ranges(names, [0, 0], [SEAL_LIMIT, FIRST_BLOCK], on_error="return")
+            progress.got(sum(len(item) for item in got if isinstance(item, bytes)))
         progress.tick()
         found: list[bytes | None] = []
         for item, asked, name in zip(got, (SEAL_LIMIT, FIRST_BLOCK), names, strict=True):
@@ -228,12 +232,15 @@ class Bucket:
             return None
         return Stream(fs.loop, resp["Body"], timeout)
 
-    def block(self, key: str, start: int, end: int) -> bytes:
+    def block(self, key: str, start: int, end: int, progress: Progress | None = None) -> bytes:
         fs, path = self.filesystem()
         name = f"{path}/{key}{ENTRY_SUFFIX}"
         if self.streams():
-            return self._run(lambda fs, path: _read_range(fs, name, start, end)) or b""
-        return _within(bytes(fs.cat_file(name, start=start, end=end)), end - start, key + ENTRY_SUFFIX)
+            return self._run(lambda fs, path: _read_range(fs, name, start, end, progress)) or b""
+        data = _within(bytes(fs.cat_file(name, start=start, end=end)), end - start, key + ENTRY_SUFFIX)
+        if progress is not None:  # (gcsfs: the whole block at once)
+            progress.got(len(data))
+        return data
 
     def size(self, key: str) -> int:
         fs, path = self.filesystem()

@@ -33,6 +33,7 @@ def _read_exactly(fd: int, size: int, progress: Progress) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
         progress.tick()
+        progress.got(len(chunk))
     if left or os.read(fd, 1):
         raise EntryRefused("the shared entry changed size while it was read")
     return b"".join(chunks)
@@ -110,10 +111,11 @@ class Directory:
         finally:
             os.close(opened[0])
 
-    def read(self, key: str, progress: Progress, admit: Callable[[bytes | None], tuple[int, bool]]) -> bytes | None:
+    def read(self, key: str, progress: Progress,
+             admit: Callable[[bytes | None, int], tuple[int, bool]]) -> bytes | None:
         """The entry, or None when it is not there. Its seal is read and ``admit``-ted (checked, and
-        with a signing key its HMAC) before a byte of the entry is: ``admit`` gives the size the
-        entry must have (``exact``), or the most it may have. A planted sparse file of gigabytes
+        with a signing key its HMAC) before a byte of the entry is: ``admit(seal, the file's size)``
+        gives the size the entry must have (``exact``), or the most it may have. A planted sparse file of gigabytes
         costs a reader an ``fstat``, never its memory. Read by blocks, each one progress."""
         opened = self._open(key + ENTRY_SUFFIX)
         if opened is None:
@@ -127,7 +129,7 @@ class Directory:
                     raw_seal = os.read(seal[0], SEAL_LIMIT)
                 finally:
                     os.close(seal[0])
-            size, exact = admit(raw_seal)
+            size, exact = admit(raw_seal, st.st_size)
             if st.st_size != size if exact else st.st_size > size:
                 said = f"its seal says {size} bytes" if exact else f"the most read of one entry is {human_bytes(size)}"
                 raise EntryRefused(f"the shared entry has {st.st_size} bytes where {said}")

@@ -5,9 +5,10 @@ programs' manifests and packs). nginx with WebDAV and Artifactory's generic repo
 it is; bazel-remote's ``/ac/`` wants sha256 names (docs/levels.md). The standard library's
 ``http.client`` only: a fresh machine imports no client library.
 
-Credentials: a bearer token from ``GKX_JAX_CACHE_SHARED_TOKEN``, else the host's ``~/.netrc``
-entry (basic); never printed, and never sent where a redirect leads to another origin (a read
-follows at most three redirects; an upload follows none). An HTTP cache cannot be listed: the
+Credentials: a bearer token from ``GKX_JAX_CACHE_SHARED_TOKEN``, else the ``~/.netrc`` entry that
+names the host (basic; never its ``default``); never printed, never sent in clear over ``http://`` to
+another machine unless asked (``shared_credentials_over_http``), and never sent where a redirect
+leads to another origin (a read follows at most three redirects; an upload follows none). An HTTP cache cannot be listed: the
 level answers each lookup by its own requests, and heals nothing (its server keeps it).
 """
 
@@ -18,7 +19,7 @@ import threading
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._diagnostics import human_bytes, one_line
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
 from gkx_autocache._shared import bucket
 from gkx_autocache._shared.bucket import RangeIgnored, wrong_range
@@ -37,9 +38,15 @@ class HttpError(OSError):
 
     def __init__(self, status: int, reason: str, url: str,
                  credentials: str = f"{TOKEN_ENV}, or a ~/.netrc entry for the host") -> None:
-        hint = f" (credentials: {credentials})" if status in (401, 403) else ""
-        super().__init__(f"{url} answered {status} {reason}{hint}")
-        self.status = status
+        self.hint = f"(credentials: {credentials})" if status in (401, 403) else ""
+        super().__init__(one_line(f"{url} answered {status} {reason}{' ' + self.hint if self.hint else ''}"))
+        self.status = status  # (a server's words in it: escaped)
+
+
+def too_large(exc: BaseException) -> bool:
+    """Whether the server refused an upload for its size: 413 (nginx's ``client_max_body_size``,
+    1 MiB by default), or S3's ``EntityTooLarge``. That entry is skipped, not the level."""
+    return isinstance(exc, HttpError) and (exc.status == 413 or "EntityTooLarge" in str(exc))
 
 
 def origin(url: str) -> tuple[str, str, int]:
@@ -47,32 +54,91 @@ def origin(url: str) -> tuple[str, str, int]:
     return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def credentials(url: str, env: Any = os.environ) -> str | None:
-    """The ``Authorization`` header for the cache at ``url``: ``Bearer`` from ``TOKEN_ENV``, else
-    ``Basic`` from the host's ``~/.netrc`` entry; None without either."""
-    token = env.get(TOKEN_ENV, "").strip()  # a secret mounted from a file ends with a newline
-    if token:
-        return f"Bearer {token}"
-    import netrc
+def loopback(host: str) -> bool:
+    """Whether ``host`` names this machine (``localhost``, 127.0.0.0/8, ``::1``): what plain
+    ``http://`` may carry credentials to without anyone on a network path reading them."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    import ipaddress
 
     try:
-        found = netrc.netrc().authenticators(origin(url)[1])
-    except (OSError, netrc.NetrcParseError):  # no ~/.netrc, or one that does not parse: none
-        return None
-    if not found:
-        return None
-    import base64
-
-    login, _account, password = found
-    return "Basic " + base64.b64encode(f"{login}:{password or ''}".encode()).decode()
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-def credentials_source(url: str, env: Any = os.environ) -> str:
+def credentials(url: str, env: Any = os.environ, over_http: bool = False,
+                hop: str | None = None) -> tuple[str | None, str, bool]:
+    """The ``Authorization`` header for the cache at ``url`` (``Bearer`` from ``TOKEN_ENV``, else
+    ``Basic`` from the ``~/.netrc`` entry that names the host: never its ``default`` entry, which
+    the standard library gives for any host), and where it comes from, for ``status`` and the
+    warning (never its value), and whether it is withheld: over plain ``http://`` to a host that is
+    not this machine anyone on the path reads it, so it is sent there only with ``over_http``
+    (``shared_credentials_over_http``). ``hop``: the http:// proxy a request goes to first, which
+    reads it as well."""
+    scheme, host, _ = origin(url)
+    token = env.get(TOKEN_ENV, "").strip()  # a secret mounted from a file ends with a newline
+    if token:
+        header, said = f"Bearer {token}", f"a bearer token ({TOKEN_ENV})"
+    else:
+        import netrc
+
+        path = os.path.join(os.path.expanduser("~"), ".netrc")
+        try:
+            hosts = netrc.netrc().hosts
+        except FileNotFoundError:
+            return None, f"none ({TOKEN_ENV} unset, no ~/.netrc)", False
+        except OSError as exc:
+            return None, f"none ({TOKEN_ENV} unset, {path} cannot be read: {exc.strerror or type(exc).__name__})", False
+        except netrc.NetrcParseError as exc:  # its message may quote the file: a password
+            why = ("readable by others, which the standard library refuses" if "permissive" in str(exc)
+                   else f"does not parse at line {exc.lineno}")
+            return None, f"none ({TOKEN_ENV} unset, {path} {why})", False
+        found = hosts.get(host) if host != "default" else None
+        if not found:
+            also = "; its default entry is never sent" if "default" in hosts else ""
+            return None, f"none ({TOKEN_ENV} unset, no machine {host} entry in {path}{also})", False
+        import base64
+
+        login, _account, password = found
+        header = "Basic " + base64.b64encode(f"{login}:{password or ''}".encode()).decode()
+        said = f"basic, from the machine {host} entry of {path}"
+    exposed = host if not loopback(host) else hop if hop is not None and not loopback(hop) else None
+    if scheme == "http" and exposed is not None and not over_http:
+        return None, f"{said}: not sent, it would cross the network in clear to {exposed} (http://)", True
+    return header, said, False
+
+
+def credentials_source(url: str, env: Any = os.environ, over_http: bool = False) -> str:
     """Where the credentials for ``url`` come from, for ``status`` (never their value)."""
-    auth = credentials(url, env)
-    if auth is None:
-        return "none (GKX_JAX_CACHE_SHARED_TOKEN unset, no ~/.netrc entry for the host)"
-    return f"a bearer token ({TOKEN_ENV})" if auth.startswith("Bearer ") else "basic, from ~/.netrc"
+    return credentials(url, env, over_http)[1]
+
+
+def withheld_note(url: str, said: str) -> str:
+    """The one warning for credentials not sent over plain ``http://`` (``credentials``)."""
+    host = origin(url)[1]
+    return (f"the credentials for {url} ({said.rsplit(': not sent', 1)[0]}) are not sent: over http:// they would cross the "
+            f"network in clear to {host}, which is not this machine; the level is used without them; fix: use "
+            "https://, or set shared_credentials_over_http = true where the network is private")
+
+
+def _body(response: Any, most: int, progress: Progress | None) -> bytes:
+    """At most ``most`` bytes of a response's body, by the parts the socket gives (``read1``), each
+    told to ``progress``, which raises where its caller stopped waiting."""
+    chunks, have = [], 0
+    while have < most:
+        chunk = response.read1(min(most - have, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        have += len(chunk)
+        if progress is not None:
+            progress.got(len(chunk))
+    if response.length == 0 and not response.isclosed():
+        response.read()  # (read1 leaves a body read to its end open: this closes it, so it is kept)
+    return b"".join(chunks)
 
 
 class HttpCache:
@@ -85,10 +151,23 @@ class HttpCache:
     said = "the HTTP cache"  # in messages
     cafile: str | None = None  # the certificates https is checked against (None: the system's, or SSL_CERT_FILE)
 
-    def __init__(self, version_url: str, env: Any = os.environ) -> None:
+    def __init__(self, version_url: str, env: Any = os.environ, over_http: bool = False, signed: bool = False) -> None:
+        from gkx_autocache._shared import proxies
+
         self.where = version_url.rstrip("/")
         self.base = self.where  # what requests go to (a bucket's differs from its s3:// name: ``s3.py``)
-        self._auth = credentials(version_url, env)
+        self._env = env
+        self._found: dict[str, str] | None = None  # the proxy settings, read at the first connection
+        self._auth: str | None = None
+        self.credentials, self.withheld = "", False
+        if not signed:  # (a bucket signs each request: ``s3.py``)
+            try:  # (the environment's alone: on macOS the system's are read at the first request, not here)
+                named = proxies.settings(env, system=False)
+                first = proxies.proxy_for(version_url, named) if named else None
+            except proxies.Unsupported:  # said at the first request, which it fails
+                first = None
+            hop = first.host if first is not None and first.scheme == "http" else None
+            self._auth, self.credentials, self.withheld = credentials(version_url, env, over_http, hop)
         self._idle: list[Any] = []
         self._lock = threading.Lock()
 
@@ -110,31 +189,50 @@ class HttpCache:
 
     def _connection(self, url: str) -> tuple[Any, bool]:
         """A connection to ``url``'s origin, and whether it was kept from an earlier request (only
-        the cache's own origin's are kept: ``_done``)."""
+        the cache's own origin's are kept: ``_done``). Through the proxy the environment names for
+        it (``proxies``): an https origin by a tunnel (``CONNECT``: the request stays encrypted end
+        to end), an http one by asking the proxy for the whole URL."""
         import http.client
 
-        scheme, host, port = origin(url)
-        if (scheme, host, port) == origin(self.base):
+        from gkx_autocache._shared import proxies
+
+        scheme, host, port = target = origin(url)
+        if target == origin(self.base):
             with self._lock:
                 if self._idle:
                     return self._idle.pop(), True
+        if self._found is None:
+            self._found = proxies.settings(self._env)
+        proxy = proxies.proxy_for(url, self._found) if self._found else None
+        connection: Any
         if scheme == "https":
             import ssl
 
             context = ssl.create_default_context(cafile=self.cafile)
-            return http.client.HTTPSConnection(host, port, context=context), False
-        return http.client.HTTPConnection(host, port), False
+            if proxy is None:
+                connection = http.client.HTTPSConnection(host, port, context=context)
+            else:
+                connection = http.client.HTTPSConnection(proxy.host, proxy.port, context=context)
+                connection.set_tunnel(host, port, headers=proxy.headers())
+        elif proxy is not None and proxy.scheme == "https":
+            import ssl
+
+            context = ssl.create_default_context(cafile=self.cafile)
+            connection = http.client.HTTPSConnection(proxy.host, proxy.port, context=context)
+        else:
+            connection = http.client.HTTPConnection(*((proxy.host, proxy.port) if proxy else (host, port)))
+        connection.gkx_origin = target  # what it reaches, whatever it connects to (a proxy)
+        connection.gkx_proxy = proxy if scheme == "http" else None  # asked for whole URLs
+        return connection, False
 
     def _done(self, connection: Any, response: Any) -> None:
         """After a response: its connection serves the next request only where its body was read to
         the end (unread bytes would be read as the next response) and it is the cache's own origin's
         (a redirect's elsewhere never gets the next request, nor its credentials)."""
-        import http.client
 
         whole = response.isclosed()  # http.client closes a response once its body is all read
         response.close()
-        scheme = "https" if isinstance(connection, http.client.HTTPSConnection) else "http"
-        ours = (scheme, str(connection.host).lower(), connection.port) == origin(self.base)
+        ours = getattr(connection, "gkx_origin", None) == origin(self.base)
         if not whole or not ours or response.will_close or connection.sock is None:
             connection.close()
             return
@@ -146,16 +244,22 @@ class HttpCache:
 
     def _send(self, url: str, method: str, headers: dict[str, str], body: bytes | None) -> tuple[Any, Any]:
         """One request and its response's headers. A kept connection the server has closed since
-        (nginx closes idle ones after 75 s) is tried once more on a new one; a header the request
-        cannot hold is named, never shown (a token with a newline in it)."""
+        (nginx closes idle ones after 75 s), or one reset before its answer, is tried once more on
+        a new one (every request here is idempotent: whole objects); a header the request cannot
+        hold is named, never shown (a token with a newline in it)."""
         import http.client
 
         parts = urlsplit(url)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         for attempt in range(2):
             connection, kept = self._connection(url) if attempt == 0 else (self._fresh(url), False)
+            proxy = connection.gkx_proxy
             try:
-                connection.request(method, path, body=body, headers=headers)
+                if proxy is not None:  # an http origin through a proxy: the whole URL, asked of the proxy
+                    connection.request(method, f"{parts.scheme}://{parts.netloc}{path}", body=body,
+                                       headers={**headers, **proxy.headers()})
+                else:
+                    connection.request(method, path, body=body, headers=headers)
                 return connection, connection.getresponse()
             except ConnectionRefusedError as exc:  # named with its endpoint (``calls.describe``)
                 connection.close()
@@ -171,8 +275,10 @@ class HttpCache:
                               "control character? it is not shown)") from None
             except (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError,
                     BrokenPipeError):
+                # A kept connection the server closed since, or a connection reset on its way (a
+                # proxy, a load balancer): asked once more on a new one, as botocore does.
                 connection.close()
-                if not kept:
+                if attempt:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -205,10 +311,20 @@ class HttpCache:
             url = location
         raise HttpError(response.status, f"{response.reason} (more than {REDIRECTS} redirects: not followed)", url)
 
-    def _read(self, name: str, start: int, end: int) -> bytes | None:
+    def _read(self, name: str, start: int, end: int, progress: Progress | None = None) -> bytes | None:
         """Bytes ``start`` to ``end`` of an object, None when it is not there; never more than asked
         for is held (an endpoint that ignores ``Range`` raises RangeIgnored; a 206 that is not the
-        range asked, EntryRefused), as a bucket's ``_read_range``."""
+        range asked, EntryRefused), as a bucket's ``_read_range``. The body is read as it comes,
+        each part told to ``progress`` (a metered read's rate and bound). A connection reset in the
+        body is read again once, on a new connection."""
+        import http.client
+
+        try:
+            return self._read_once(name, start, end, progress)
+        except (ConnectionResetError, http.client.IncompleteRead):
+            return self._read_once(name, start, end, progress)
+
+    def _read_once(self, name: str, start: int, end: int, progress: Progress | None) -> bytes | None:
         connection, response, url = self._request("GET", name, {"Range": f"bytes={start}-{end - 1}"})
         try:
             if response.status == 404:
@@ -224,7 +340,7 @@ class HttpCache:
                 raise RangeIgnored(f"{self.said} ignores Range: it answered a read of {human_bytes(asked)} of "
                                    f"{name} with the whole object"
                                    f"{f' ({human_bytes(length)})' if length is not None else ''}")
-            data: bytes = response.read(asked + 1)
+            data = _body(response, asked + 1, progress)
             if len(data) > asked:
                 raise EntryRefused(f"the shared entry sent more than the {asked} bytes of its range")
             if ranged and (why := wrong_range(str(response.getheader("Content-Range")), start, end, len(data))):
@@ -232,6 +348,7 @@ class HttpCache:
             self._done(connection, response)
             return data
         except BaseException:
+            response.close()  # (a response the server closes after holds the socket, not the connection)
             connection.close()
             raise
 
@@ -256,13 +373,13 @@ class HttpCache:
 
         def seal() -> None:
             try:
-                box["seal"] = self._read(key + SEAL_SIDECAR, 0, SEAL_LIMIT)
+                box["seal"] = self._read(key + SEAL_SIDECAR, 0, SEAL_LIMIT, progress)
             except BaseException as exc:
                 box["error"] = exc
 
         other = threading.Thread(target=seal, name="gkx-autocache-shared-seal", daemon=True)
         other.start()
-        entry = self._read(key + ENTRY_SUFFIX, 0, FIRST_BLOCK)
+        entry = self._read(key + ENTRY_SUFFIX, 0, FIRST_BLOCK, progress)
         other.join()
         if "error" in box:
             raise box["error"]
@@ -272,8 +389,8 @@ class HttpCache:
     def small(self, name: str, limit: int = SEAL_LIMIT) -> bytes:
         return self._read(name, 0, limit) or b""
 
-    def block(self, key: str, start: int, end: int) -> bytes:
-        return self._read(key + ENTRY_SUFFIX, start, end) or b""
+    def block(self, key: str, start: int, end: int, progress: Progress | None = None) -> bytes:
+        return self._read(key + ENTRY_SUFFIX, start, end, progress) or b""
 
     def size(self, key: str) -> int:
         connection, response, url = self._request("HEAD", key + ENTRY_SUFFIX)
@@ -291,6 +408,7 @@ class HttpCache:
         connection, response, url = self._request("PUT", name, {"Content-Type": "application/octet-stream"}, data)
         if response.status not in (200, 201, 204):
             error = self._error(response, url, " (a redirect: an upload follows none)" if 300 <= response.status < 400 else "")
+            response.close()  # (where the server closes after it, the response holds the socket)
             connection.close()
             raise error
         response.read(64 << 10)
@@ -305,6 +423,7 @@ class HttpCache:
             return None
         if response.status != 200:
             error = self._error(response, url)
+            response.close()
             connection.close()
             raise error
         return Stream(connection, response, timeout)

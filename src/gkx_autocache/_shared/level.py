@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from gkx_autocache import _autotune, _fork, _jax
-from gkx_autocache._diagnostics import logger, warn
+from gkx_autocache._diagnostics import NOTED, human_bytes, logger, warn
 from gkx_autocache._layout import ENTRY_SUFFIX
 from gkx_autocache._shared import manifest, pack, prefetch
-from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe
+from gkx_autocache._shared.calls import ShuttingDown, Stalled, TooSlow, bounded, describe
 from gkx_autocache._shared.reads import Found, Reader
 from gkx_autocache._shared.seal import EntryRefused
 from gkx_autocache._shared.uploads import QUEUE_BYTES, Uploads
@@ -31,7 +31,7 @@ MAX_ENTRY = 8 << 30  # without a cap, the most read of one shared entry (a lying
 
 # The per-level numbers, the same names for both levels (SPEC §14). Summed over processes by the
 # ledger as they are; ``shown`` turns read_secs and reads into the mean read time.
-COUNTS = ("hits", "misses", "backfills", "uploads", "errors", "timeouts", "rejected", "skipped", "dropped",
+COUNTS = ("hits", "misses", "backfills", "uploads", "errors", "timeouts", "slow", "rejected", "skipped", "dropped",
           "requests", "bytes_read", "bytes_written", "read_secs", "reads",
           "prefetched", "prefetched_bytes", "prefetch_used", "prefetch_wasted_bytes")
 
@@ -230,6 +230,24 @@ class Level:
                            f"goes on with the local level {self.local_dir}; fix: `gkx-autocache status` probes it, "
                            f"or {fix}")
 
+    def too_large(self, size: int, why: str) -> None:
+        """An upload the server refused for its size (HTTP 413): that entry skipped, the level on,
+        one warning a process with the setting that raises the limit."""
+        warn("shared:too-large", f"the shared level {self.url} refused an entry of {human_bytes(size)} as too large "
+                                 f"({why}); entries that large are not uploaded, the others are, and the level stays on; "
+                                 "fix: raise the server's limit on a request's body (nginx: client_max_body_size, 1 MiB "
+                                 "by default: client_max_body_size 0 takes any size)")
+
+    def too_slow(self, key: str, why: str) -> None:
+        """A read past what its entry is worth (``calls.worth``): that entry is compiled here; the
+        level stays on (it moved, it did not stall), with one warning a process."""
+        self.count("shared", slow=1)
+        logger.debug("shared entry %s not read on: %s", key, why)
+        warn("shared:slow", f"a read from the shared level {self.url} was slower than compiling: {why}; the "
+                            "entry is compiled here, and the level stays on for later lookups; fix: where every "
+                            "large entry is this slow, check the network path to it (`gkx-autocache status` "
+                            "probes it)", NOTED)
+
     # -- reading ---------------------------------------------------------------------------------
 
     def ensure(self, quiet: bool = False) -> bool:
@@ -283,6 +301,9 @@ class Level:
             if (why := ahead.refused.pop(key, None)) is not None:
                 self.count("shared", rejected=1, misses=1)  # the prefetch read it: refused, not read twice
                 return why
+            if ahead.slow.pop(key, None) is not None:  # slower than its compile: not read twice either
+                self.count("shared", misses=1)
+                return None
         if self.off is not None or not self.ensure():
             self.count("shared", misses=1)
             return None
@@ -303,6 +324,10 @@ class Level:
         except Stalled as exc:
             self.count("shared", misses=1)
             self.turn_off(str(exc), timed_out=True)
+            return None
+        except TooSlow as exc:
+            self.count("shared", misses=1)
+            self.too_slow(key, str(exc))
             return None
         except Exception as exc:
             self.count("shared", misses=1)

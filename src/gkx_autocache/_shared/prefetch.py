@@ -37,7 +37,7 @@ from gkx_autocache._layout import (
     TMP_SUFFIX,
 )
 from gkx_autocache._shared import pack
-from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
+from gkx_autocache._shared.calls import ShuttingDown, Stalled, TooSlow, bounded, describe, refused
 from gkx_autocache._shared.manifest import (
     MANIFEST_KEYS,
     MANIFEST_LIMIT,
@@ -190,6 +190,8 @@ class Level(Protocol):
 
     def turn_off(self, why: str, timed_out: bool = False) -> None: ...
 
+    def too_slow(self, key: str, why: str) -> None: ...
+
 
 class Prefetch:
     """One process's prefetch into its local level: the keys to fetch, those in flight, and what
@@ -210,6 +212,7 @@ class Prefetch:
         self.flight: dict[str, threading.Event] = {}
         self.asked: set[str] = set()  # keys a lookup has asked for: its own to fetch, never the prefetch's
         self.refused: dict[str, str] = {}  # key -> why its bytes were not landed (its lookup says so)
+        self.slow: dict[str, str] = {}  # key -> why its read was abandoned: slower than its compile (its lookup compiles)
         self.landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet looked up: key -> (bytes, when)
         self.own: list[tuple[str, int]] | None = None  # this process's own manifest, as read
         self.spent = 0
@@ -459,6 +462,10 @@ class Prefetch:
             return
         except TooLarge:
             return  # more than the budget leaves: its lookup reads it
+        except TooSlow as exc:  # its lookup (waiting, or to come) compiles it rather than read it again
+            self.slow[key] = str(exc)
+            level.too_slow(key, str(exc))
+            return
         except Exception as exc:
             self._failed(exc)
             return
@@ -586,7 +593,8 @@ class Prefetch:
 
     def wait(self, key: str) -> None:
         """Before a lookup reads the local level: wait for this key's fetch if it is in flight (a
-        pack's record at most ``shared_timeout``: a pack that drips must not hold the user's
+        worker's fetch at most what the entry is worth, ``calls.worth``, as the lookup's own read;
+        a pack's record at most ``shared_timeout``: a pack that drips must not hold the user's
         ``jit`` longer than its own read would; then the record is not landed); if it is not
         begun, or no longer waited for, it is the lookup's own (never queued behind the rest, nor
         behind a pack's)."""
@@ -597,8 +605,9 @@ class Prefetch:
                 self.pending.pop(key, None)
                 self.packed.pop(key, None)
                 return
-        # A worker's fetch is bounded by its own progress (a stall turns the level off, which
-        # releases its waiters); a pack's record is read among others, so its lookup is bounded here.
+        # A worker's fetch is bounded as a lookup's read is (a stall turns the level off, a read
+        # slower than its compile ends at its bound: either releases its waiters); a pack's record
+        # is read among others, so its lookup is bounded here.
         deadline = time.monotonic() + self.level.timeout if key in self.from_pack else float("inf")
         while not event.wait(0.05) and self.level.off is None:  # an off level releases its waiters at once
             if time.monotonic() >= deadline:

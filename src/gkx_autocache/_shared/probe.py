@@ -47,6 +47,20 @@ def probe(backend: Any, timeout: float) -> dict[str, Any]:
     return {"answers": True, **found, "secs": round(time.monotonic() - started, 3)}
 
 
+def chosen(backend: Any, timeout: float) -> str:
+    """An ``s3://`` level's client and credentials' source, resolved (botocore may ask a credential
+    process, SSO or instance metadata) within the timeout."""
+    from gkx_autocache._shared import s3
+
+    if not isinstance(backend, s3.Deferred):
+        return f"s3fs's own ({s3.route(os.environ, backend.where[5:].split('/', 1)[0])})"
+    try:
+        said: str = bounded(lambda progress: backend.credentials, timeout)
+    except Exception as exc:
+        return f"not resolved: {describe(exc)}"
+    return said
+
+
 UNCHECKED = ("not set, and this level's entries carry signatures: this process does not check them (an entry "
              "planted there is loaded); set GKX_JAX_CACHE_SIGNING_KEY to check them")
 
@@ -77,20 +91,20 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
     if is_http(shared):  # which credentials, never their value
         from gkx_autocache._shared.http import credentials_source
 
-        info["credentials"] = credentials_source(shared, env)
-    elif shared.lower().startswith("s3://"):  # which client, and its keys' source (never their value)
-        from gkx_autocache._shared import s3
-
-        found = s3.keys(env, shared[5:].split("/", 1)[0])
-        info["credentials"] = (f"s3fs's own ({found})" if isinstance(found, str) else
-                               f"{found.source}, signed here (no client library)")
+        info["credentials"] = credentials_source(shared, env, bool(settings["shared_credentials_over_http"]))
     why = problem(settings, location) if location is not None else "no local level"
     if why is not None or jax_version is None:
         info["unused"] = why or "JAX is not installed"
         return {"local": local, "shared": info}
-    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env)
+    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env,
+                          bool(settings["shared_credentials_over_http"]))
     info["version_dir"] = backend.where
-    info["probe"] = probe(backend, settings["shared_timeout"]) if probing else "skipped (--no-probe)"
+    try:
+        if shared.lower().startswith("s3://"):  # which client, and whose credentials (never their value)
+            info["credentials"] = chosen(backend, settings["shared_timeout"])
+        info["probe"] = probe(backend, settings["shared_timeout"]) if probing else "skipped (--no-probe)"
+    finally:
+        backend.forget()  # its kept connections closed: status is done with it
     if secret is None and isinstance(info["probe"], dict) and info["probe"].get("signed"):
         info["signing"] = UNCHECKED
     return {"local": local, "shared": info}
@@ -116,9 +130,10 @@ def line(levels: dict[str, Any]) -> str:
         if level == "shared":
             text += (f" ({int(c.get('backfills', 0))} backfilled, {int(c.get('rejected', 0))} rejected), "
                      f"{int(c.get('uploads', 0))} uploads")
-            for name in ("skipped", "dropped", "errors", "timeouts"):
+            for name in ("skipped", "dropped", "errors", "timeouts", "slow"):
                 if c.get(name):
-                    text += f", {int(c[name])} {'uploads ' + name if name in ('skipped', 'dropped') else name}"
+                    said = {"skipped": "uploads skipped", "dropped": "uploads dropped", "slow": "reads slower than a compile"}
+                    text += f", {int(c[name])} {said.get(name, name)}"
             if c.get("prefetched"):
                 text += (f", {int(c['prefetched'])} prefetched ({int(c.get('prefetch_used', 0))} used, "
                          f"{human_bytes(int(c.get('prefetch_wasted_bytes', 0)))} wasted)")

@@ -1,7 +1,8 @@
 """Reading a shared entry (SPEC §14), and what this process's signing key vouches for: a seal
 checked before the entry is read beyond its first block, the rest by ranged requests, the bytes
 against the seal; the seal this process makes for what it compiled, and the one a local entry may
-be uploaded with. Every read is made under ``calls.bounded`` by its caller (a lookup, a prefetch).
+be uploaded with. Every read is made under ``calls.bounded`` by its caller (a lookup, a prefetch),
+metered, and bounded in wall time by what its seal says it is worth (``calls.worth``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gkx_autocache._diagnostics import human_bytes
-from gkx_autocache._shared.calls import FIRST_BLOCK, MAX_BLOCK, Progress
+from gkx_autocache._shared.calls import FIRST_BLOCK, MAX_BLOCK, Progress, worth
 from gkx_autocache._shared.manifest import decode, encode
 from gkx_autocache._shared.seal import EntryRefused, head_problem, mac, make_seal, read_seal
 
@@ -71,14 +72,21 @@ class Reader:
 
     def fetch(self, key: str, progress: Progress, most: int | None = None) -> Found | None:
         """The entry, checked (raises EntryRefused); ``most``: a prefetch's bound, beyond which the entry
-        is left to its lookup (raises TooLarge)."""
+        is left to its lookup (raises TooLarge). Metered from the start (``calls.FLOOR_RATE``), and
+        once its seal is read, bounded by what it is worth (``calls.worth``: the caller raises
+        TooSlow past it)."""
         backend = self.backend
         seal: dict[str, Any] | None = None
         raw: bytes | None = None
+        progress.meter()
 
-        def admit(raw_seal: bytes | None) -> tuple[int, bool]:
+        def admit(raw_seal: bytes | None, held: int | None = None) -> tuple[int, bool]:
             nonlocal seal, raw
             seal, raw = self.admit(key, raw_seal), raw_seal
+            if seal is not None:
+                progress.bound(*worth(seal["bytes"], seal.get("compile"), self.timeout))
+            elif held is not None:  # a directory's file without a seal: its sidecar's compile time
+                progress.bound(*worth(held, backend.compile_secs(key), self.timeout))
             return (seal["bytes"], True) if seal is not None else (self.max_entry, False)
 
         if backend.kind == "directory":
@@ -99,6 +107,8 @@ class Reader:
                 progress.tick()
             elif not exact:
                 size = len(data)
+            if not exact:  # no seal (stock JAX wrote it): no compile time, so one timeout (``worth``)
+                progress.bound(*worth(size, None, self.timeout))
             if size > self.max_entry:
                 raise EntryRefused(f"the shared entry has {human_bytes(size)}, more than the most read of one entry "
                               f"({human_bytes(self.max_entry)})")
@@ -151,7 +161,8 @@ class Reader:
 
     def _rest(self, key: str, data: bytes, size: int, progress: Progress) -> bytes:
         """The rest of an entry after its first block, by ranged requests that grow with the rate
-        measured (to what arrives in a quarter of the timeout), each one progress."""
+        measured (to what arrives in a quarter of the timeout), each one progress, their bytes
+        counted as they come (``Progress.got``: the caller's meter and bound see a block in flight)."""
         if len(data) >= size or self.backend.kind != "bucket" or len(data) < FIRST_BLOCK:
             return data  # all there, or the object ended early: a partial body, refused by the caller
         chunks = [data]
@@ -159,7 +170,7 @@ class Reader:
         block = FIRST_BLOCK
         while have < size:
             started = time.monotonic()
-            chunk = self.backend.block(key, have, min(have + block, size))
+            chunk = self.backend.block(key, have, min(have + block, size), progress)
             self.count(requests=1)  # (a bucket's: a directory's entry is read whole)
             if len(chunk) != min(block, size - have):  # an object shorter or longer than its seal says
                 raise EntryRefused(f"the shared entry sent {len(chunk)} bytes for a range of {min(block, size - have)}")

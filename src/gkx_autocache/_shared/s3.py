@@ -1,10 +1,13 @@
 """The shared level in an S3 bucket spoken directly: an HTTP cache's requests (``http.py``: ranged
-reads, whole-object ``PUT``s, packs read as a stream) signed with AWS Signature Version 4, and one
-bounded ``ListObjectsV2`` page. It serves where the credentials are static keys (the environment's,
-or a profile's in ``~/.aws``) and every setting that could change a request is one it reads; anything
-else (a role, SSO, a credential process, instance metadata, a proxy, fsspec's own S3 settings) is
-s3fs's (``bucket.py``), as before. A fresh machine then imports no client library: s3fs, aiobotocore
-and botocore cost about 0.6 s and 35 MiB before the first request (issue 42).
+reads, whole-object ``PUT``s, packs read as a stream, through the environment's proxy) signed with
+AWS Signature Version 4, and one bounded ``ListObjectsV2`` page. Its credentials, region, endpoint
+and CA bundle are botocore's, resolved by botocore's own session at the first request (a profile's
+keys, a role, SSO, a credential process, instance or container metadata, a web identity: with
+refresh), or, where the environment holds the keys and no ``~/.aws/config`` could change a
+request, read from the environment with nothing imported. What this client does not do (fsspec's
+own S3 settings, FIPS or dual-stack endpoints, a profile's ``s3`` settings, other partitions, a
+directory bucket or an access point) is s3fs's (``bucket.py``). A fresh machine then imports no
+s3fs, aiobotocore or aiohttp: about 0.6 s and 35 MiB before the first request (issue 42).
 """
 
 from __future__ import annotations
@@ -13,114 +16,152 @@ import hashlib
 import hmac
 import os
 import re
-import sys
+import threading
 import time
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from gkx_autocache._shared.bucket import LIST_LIMIT
-from gkx_autocache._shared.calls import Progress
+from gkx_autocache._shared.bucket import LIST_LIMIT, Bucket
+from gkx_autocache._shared.calls import Progress, waiting
 from gkx_autocache._shared.http import HttpCache, HttpError
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 ERROR_LIMIT = 64 << 10  # an error's XML body: a few hundred bytes
 LISTING_LIMIT = 4 << 20  # a page of 1000 names
 ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-# settings that change how a request is made or where it goes, which this client does not read
+# settings of the environment that change how a request is made or where it goes, which this client
+# does not do: s3fs's
 NOT_READ_ENVS = ("AWS_USE_FIPS_ENDPOINT", "AWS_USE_DUALSTACK_ENDPOINT", "AWS_S3_USE_ARN_REGION",
-                 "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "AWS_S3_DISABLE_MULTIREGION_ACCESS_POINTS")
-PROXY_ENVS = ("http_proxy", "https_proxy", "all_proxy")  # any case, as urllib reads them
-# what a profile may hold for this client to serve it: what it reads, and what changes no request
-# of its own (the CLI's output, botocore's retries and checksums); anything else (a role, SSO, a
-# credential process, FIPS, dual-stack, nested ``s3 =`` settings) is s3fs's
-CONFIG_READ = frozenset({"region", "endpoint_url", "ca_bundle", "aws_access_key_id", "aws_secret_access_key",
-                         "aws_session_token", "aws_security_token", "output", "cli_pager", "cli_timestamp_format",
-                         "cli_binary_format", "cli_auto_prompt", "cli_history", "max_attempts", "retry_mode",
-                         "parameter_validation", "tcp_keepalive", "request_checksum_calculation",
-                         "response_checksum_validation", "metadata_service_timeout", "metadata_service_num_attempts"})
-CREDENTIALS_READ = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "aws_security_token"})
-FILE_LIMIT = 1 << 20  # an AWS ini file longer than this is s3fs's to read
+                 "AWS_S3_DISABLE_MULTIREGION_ACCESS_POINTS")
+FILE_LIMIT = 1 << 20  # what is read of a file of fsspec's configuration
 REGION = re.compile(r"[a-z]{2}(?:-[a-z0-9]+){1,4}")  # eu-west-1, us-gov-east-1: never a host of another name
 # AWS's main partition and GovCloud, whose hosts are ``amazonaws.com`` (botocore's pattern); China,
 # the ISO partitions and the European sovereign cloud have domains of their own: s3fs's
 MAIN_PARTITION = re.compile(r"(?:us|eu|ap|sa|ca|me|af|il|mx)-[a-z]+-\d+|us-gov-[a-z]+-\d+")
 VIRTUAL_HOST = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")  # a bucket that is one DNS label: its own host
-BACKOFF = (0.1, 0.4, 1.2)  # seconds before asking again after a 5xx (S3's SlowDown): within shared_timeout
+BACKOFF = (0.1, 0.4, 1.2)  # seconds before asking again after a 5xx (S3's SlowDown), each from half to 1.5 times
+# botocore's names for where its credentials came from, in words for ``status``
+METHODS = {"env": "the environment's keys", "shared-credentials-file": "the profile's keys in ~/.aws/credentials",
+           "config-file": "the profile's keys in ~/.aws/config", "custom-process": "a credential process",
+           "sso": "SSO (its cached token)", "iam-role": "instance metadata (the instance's role)",
+           "container-role": "the container's role (ECS, EKS Pod Identity)", "assume-role": "an assumed role",
+           "assume-role-with-web-identity": "a web identity (EKS, GitHub's OIDC)"}
 
 
-class Keys(NamedTuple):
-    """What signs a request, and where it goes."""
+class Keys:
+    """What signs a request, and where it goes: static keys, or botocore's credentials (``frozen``
+    on each request: refreshed before they expire, by botocore's own lock)."""
 
-    access: str
-    secret: str
-    token: str | None
-    region: str
-    endpoint: str | None  # scheme://host[:port][/path], None for AWS's own
-    source: str  # for ``status``: where the keys were read (never their value)
-    cafile: str | None = None  # AWS_CA_BUNDLE, the profile's ca_bundle, or REQUESTS_CA_BUNDLE
+    __slots__ = ("access", "secret", "token", "region", "endpoint", "source", "cafile", "credentials")
+
+    def __init__(self, access: str, secret: str, token: str | None, region: str, endpoint: str | None, source: str,
+                 cafile: str | None = None, credentials: Any = None) -> None:
+        self.access, self.secret, self.token = access, secret, token
+        self.region = region
+        self.endpoint = endpoint  # scheme://host[:port][/path], None for AWS's own
+        self.source = source  # for ``status``: where the keys came from (never their value)
+        self.cafile = cafile  # AWS_CA_BUNDLE, the profile's ca_bundle, or REQUESTS_CA_BUNDLE
+        self.credentials = credentials  # botocore's, or None for static keys
+
+    def replaced(self, **changes: Any) -> Keys:
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        return Keys(**{**fields, **changes})
+
+    def frozen(self) -> tuple[str, str, str | None]:
+        """The access key, secret and token to sign one request with."""
+        if self.credentials is None:
+            return self.access, self.secret, self.token
+        now = self.credentials.get_frozen_credentials()
+        return now.access_key, now.secret_key, now.token or None
+
+
+def route(env: Mapping[str, str], bucket: str = "") -> str | None:
+    """Why s3fs serves ``bucket`` rather than this client, from the environment alone (nothing read
+    beyond fsspec's configuration folder, nothing imported: this runs on ``import jax``), or None."""
+    if any(k.startswith("FSSPEC_S3") for k in env) or _fsspec_config(env):
+        return "fsspec has S3 settings of its own"
+    if setting := next((k for k in NOT_READ_ENVS if env.get(k)), None):
+        return f"{setting} is set"
+    if bucket.endswith("--x-s3") or bucket.startswith("arn:"):
+        return "a directory bucket or an access point"
+    return None
 
 
 def keys(env: Mapping[str, str] = os.environ, bucket: str = "") -> Keys | str:
-    """The static keys and settings for a direct client of ``bucket``, or why s3fs is used instead:
-    the environment and the profile as botocore reads them (``AWS_DEFAULT_PROFILE`` before
-    ``AWS_PROFILE``; the region from ``AWS_DEFAULT_REGION``, not ``AWS_REGION``; the environment's
-    keys before a profile's; profile sections named as botocore names them, the later one winning);
-    a setting this client does not read sends the level to s3fs, never to another place. Nothing is
-    fetched; never raises."""
+    """The keys and settings for a direct client of ``bucket``, or why s3fs serves it. The
+    environment's keys, where no config file could change a request, are read here with nothing
+    imported; anything else is botocore's session's (``os.environ`` and the ``~/.aws`` files, as
+    botocore reads them): its credentials (every provider it has, refreshed by it), region,
+    endpoint and CA bundle. May fetch (a credential process, instance metadata, SSO): call it
+    bounded. Never raises."""
     try:
-        return _keys(env, bucket)
-    except Exception as exc:  # never the user's import: s3fs reads what this did not
-        return f"the settings could not be read here ({type(exc).__name__})"
+        if (why := route(env, bucket)) is not None:
+            return why
+        config = env.get("AWS_CONFIG_FILE", os.path.join(env.get("HOME") or os.path.expanduser("~"), ".aws", "config"))
+        if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY") and not (config and os.path.isfile(
+                os.path.expandvars(os.path.expanduser(config)))):
+            return _from_environment(env)
+        return _from_botocore(env)
+    except Exception as exc:  # never the user's run: s3fs reads what this did not
+        return f"the settings could not be read here ({type(exc).__name__}: {str(exc)[:120]})"
 
 
-def _keys(env: Mapping[str, str], bucket: str) -> Keys | str:
-    if any(k.startswith("FSSPEC_S3") for k in env) or _fsspec_config(env):
-        return "fsspec has S3 settings of its own"
-    if setting := next((k for k in env if k.lower() in PROXY_ENVS and env[k]), None):
-        return f"{setting} is set"
-    if setting := next((k for k in NOT_READ_ENVS if env.get(k)), None):
-        return f"{setting} is set"
-    if sys.platform in ("darwin", "win32") and _system_proxy():
-        return "the system has a proxy"
-    if bucket.endswith("--x-s3") or bucket.startswith("arn:"):
-        return "a directory bucket or an access point"
-    if bool(env.get("AWS_ACCESS_KEY_ID")) != bool(env.get("AWS_SECRET_ACCESS_KEY")):
-        return "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set together"
-    if env.get("AWS_WEB_IDENTITY_TOKEN_FILE") and not env.get("AWS_ACCESS_KEY_ID"):
-        return "a web identity role"
-    named = env.get("AWS_DEFAULT_PROFILE") or env.get("AWS_PROFILE")
-    profile = named or "default"
-    config = _profiles(env.get("AWS_CONFIG_FILE", "~/.aws/config"), env, prefixed=True)
-    credentials = _profiles(env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"), env, prefixed=False)
-    if isinstance(config, str) or isinstance(credentials, str):
-        return str(config if isinstance(config, str) else credentials)
-    mine, keyed = config.get(profile), credentials.get(profile)
-    if named and mine is None and keyed is None:
-        return f"the profile {profile!r} is in neither ~/.aws file"
-    mine, keyed = mine or {}, keyed or {}
-    if unread := sorted(set(mine) - CONFIG_READ) or sorted(set(keyed) - CREDENTIALS_READ):
-        return f"the profile {profile!r} has {unread[0]}"
-    endpoint = next((env[k] for k in ENDPOINT_ENVS if env.get(k)), None) or mine.get("endpoint_url")
-    region = env.get("AWS_DEFAULT_REGION") or mine.get("region") or "us-east-1"
+def _from_environment(env: Mapping[str, str]) -> Keys | str:
+    """Static keys, region and endpoint from the environment alone, as botocore reads them
+    (``AWS_SECURITY_TOKEN`` before ``AWS_SESSION_TOKEN``; the region from ``AWS_DEFAULT_REGION``)."""
+    ignore = env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").strip().lower() == "true"
+    endpoint = None if ignore else next((env[k] for k in ENDPOINT_ENVS if env.get(k)), None)
+    token = next((env[k] for k in ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN") if env.get(k)), "")
+    return _checked(env["AWS_ACCESS_KEY_ID"].strip(), env["AWS_SECRET_ACCESS_KEY"].strip(), token.strip() or None,
+                    env.get("AWS_DEFAULT_REGION") or "us-east-1", endpoint,
+                    "the environment's keys (AWS_ACCESS_KEY_ID)",
+                    env.get("AWS_CA_BUNDLE") or env.get("REQUESTS_CA_BUNDLE") or None)
+
+
+def _from_botocore(env: Mapping[str, str]) -> Keys | str:
+    """botocore's session decides: the profile, the credentials (any provider), the region, the
+    endpoint and the CA bundle; a setting that changes a request in a way this client does not
+    follow sends the level to s3fs."""
+    try:
+        import botocore.exceptions
+        import botocore.session
+        from botocore.configprovider import ConfiguredEndpointProvider
+    except ImportError:
+        return "botocore is not installed here (pip install 'gkx-autocache[remote]')"
+    session = botocore.session.Session()
+    try:
+        scoped = session.get_scoped_config()
+    except botocore.exceptions.ProfileNotFound as exc:
+        return f"the profile {str(exc).split(' ')[-1] or '?'} is in neither ~/.aws file"
+    for name in ("use_fips_endpoint", "use_dualstack_endpoint"):
+        if str(session.get_config_variable(name) or "").lower() == "true":
+            return f"the profile has {name}"
+    if scoped.get("s3"):  # addressing_style, use_accelerate_endpoint, ...: botocore's requests differ
+        return "the profile has s3 settings"
+    region = session.get_config_variable("region") or "us-east-1"
+    endpoint = None
+    if str(session.get_config_variable("ignore_configured_endpoint_urls") or "").lower() != "true":
+        endpoint = ConfiguredEndpointProvider(full_config=session.full_config, scoped_config=scoped,
+                                              client_name="s3", environ=os.environ).provide()
+    credentials = session.get_credentials()
+    if credentials is None:
+        return "botocore finds no credentials (the environment, ~/.aws, SSO, a credential process, metadata)"
+    profile = session.profile or env.get("AWS_DEFAULT_PROFILE") or env.get("AWS_PROFILE")
+    source = METHODS.get(credentials.method, f"botocore's {credentials.method}")
+    source += f" (the profile {profile!r})" if profile and credentials.method != "env" else ""
+    return _checked("", "", None, region, endpoint, f"{source}, resolved by botocore",
+                    session.get_config_variable("ca_bundle") or env.get("REQUESTS_CA_BUNDLE") or None, credentials)
+
+
+def _checked(access: str, secret: str, token: str | None, region: str, endpoint: str | None, source: str,
+             cafile: str | None, credentials: Any = None) -> Keys | str:
     origin = _origin(endpoint) if endpoint else None
     if endpoint and origin is None:
         return f"the endpoint {endpoint!r} is not a plain http(s) URL of a host"
     if origin is None and not MAIN_PARTITION.fullmatch(region):
         return f"the region {region!r} is outside AWS's main partition"
-    cafile = env.get("AWS_CA_BUNDLE") or mine.get("ca_bundle") or env.get("REQUESTS_CA_BUNDLE") or None
-    if env.get("AWS_ACCESS_KEY_ID"):
-        token = next((env[k] for k in ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN") if env.get(k)), "")
-        return Keys(env["AWS_ACCESS_KEY_ID"].strip(), env["AWS_SECRET_ACCESS_KEY"].strip(), token.strip() or None,
-                    region, origin, "the environment's keys (AWS_ACCESS_KEY_ID)", cafile)
-    for found, where in ((keyed, "~/.aws/credentials"), (mine, "~/.aws/config")):
-        if "aws_access_key_id" in found:  # (the first file that names a key is botocore's, empty or not)
-            if not (found["aws_access_key_id"] and found.get("aws_secret_access_key")):
-                return f"the profile {profile!r} in {where} has a key without its secret"
-            token = next((found[k] for k in ("aws_security_token", "aws_session_token") if k in found), "")
-            return Keys(found["aws_access_key_id"], found["aws_secret_access_key"], token or None, region, origin,
-                        f"the profile {profile!r} in {where}", cafile)
-    return "no static keys (the environment, ~/.aws): a role or instance credentials"
+    return Keys(access, secret, token, region, origin, source, cafile, credentials)
 
 
 def _origin(endpoint: str) -> str | None:
@@ -138,66 +179,6 @@ def _origin(endpoint: str) -> str | None:
     host = f"[{host.lower()}]" if ":" in host else host.lower()
     default = 443 if scheme == "https" else 80
     return f"{scheme}://{host}{f':{port}' if port not in (None, default) else ''}{parts.path.rstrip('/')}"
-
-
-def _profiles(setting: str, env: Mapping[str, str], prefixed: bool) -> dict[str, dict[str, str]] | str:
-    """An AWS ini file's profiles by name, as botocore reads them: the path's variables and ``~``
-    expanded, an empty setting no file, a path that is no regular file skipped; in the config
-    file (``prefixed``) ``[default]`` and ``[profile <name>]`` (split as a shell splits it: two
-    words), a later section of one name taking its place. Why not, where the file does not parse
-    or is too long."""
-    if not setting:
-        return {}
-    path = _expand(setting, env)
-    if not os.path.isfile(path):  # no file, a folder, a FIFO, a device: botocore reads none of them
-        return {}
-    if os.path.getsize(path) > FILE_LIMIT:
-        return f"{setting} is longer than {FILE_LIMIT >> 20} MiB"
-    import configparser
-
-    parser = configparser.RawConfigParser()
-    try:
-        parser.read(path, encoding="utf-8")
-    except (configparser.Error, UnicodeDecodeError):
-        return f"{setting} does not parse"
-    found: dict[str, dict[str, str]] = {}
-    for section in parser.sections():
-        name: str | None = section
-        if prefixed and section != "default":
-            name = _profile_name(section)
-        if name is not None:
-            found[name] = {k: v for k, v in parser.items(section)}
-    return found
-
-
-def _expand(path: str, env: Mapping[str, str]) -> str:
-    """``os.path.expandvars`` then ``expanduser`` (botocore's order), read from ``env``."""
-    path = re.sub(r"\$(\w+)|\$\{([^}]*)\}", lambda m: env.get(m[1] or m[2], m[0]), path)
-    if path == "~" or path.startswith("~/"):
-        home = env.get("HOME") or os.path.expanduser("~")
-        return home + path[1:]
-    return os.path.expanduser(path)
-
-
-def _profile_name(section: str) -> str | None:
-    """``[profile <name>]``'s name as botocore's ``shlex`` split gives it, or None for a section
-    that names no profile."""
-    if not section.startswith("profile"):
-        return None
-    import shlex
-
-    try:
-        words = shlex.split(section)
-    except ValueError:
-        return None
-    return words[1] if len(words) == 2 else None
-
-
-def _system_proxy() -> bool:
-    """Whether macOS's or Windows' own settings name a proxy (urllib reads them, and botocore)."""
-    import urllib.request
-
-    return bool(urllib.request.getproxies())
 
 
 def _fsspec_config(env: Mapping[str, str]) -> bool:
@@ -220,6 +201,51 @@ def _fsspec_config(env: Mapping[str, str]) -> bool:
     return False
 
 
+class Deferred:
+    """``s3://``, its client chosen at the first request (the level's first call, bounded): this
+    package's own (``S3``) where ``keys`` resolves, else s3fs's (``Bucket``). Nothing is read or
+    imported before: a run of local hits never resolves a credential (SPEC §14: a run that needs no
+    request costs what a run without a shared level costs)."""
+
+    kind = "bucket"
+    sealed = False  # stock JAX writes entries here without a seal (a ``dir = s3://`` user)
+    said = "the bucket's endpoint"
+
+    def __init__(self, version_url: str, env: Mapping[str, str] = os.environ) -> None:
+        self.where = version_url
+        self._env = env
+        self._chosen: S3 | Bucket | None = None
+        self.why: str | None = None  # why s3fs serves it, once chosen
+        self._choosing = threading.Lock()
+
+    def chosen(self) -> S3 | Bucket:
+        with self._choosing:
+            if self._chosen is None:
+                found = keys(self._env, self.where[len("s3://"):].split("/", 1)[0])
+                if isinstance(found, str):
+                    self.why, self._chosen = found, Bucket(self.where)
+                else:
+                    self._chosen = S3(self.where, found, self._env)
+            return self._chosen
+
+    @property
+    def credentials(self) -> str:
+        """Which client, and whose credentials (never their value), for ``status``."""
+        chosen = self.chosen()
+        return (f"s3fs's own ({self.why})" if isinstance(chosen, Bucket) else
+                f"{chosen.keys.source}, signed here (no client library)")
+
+    def forget(self) -> None:
+        self._choosing = threading.Lock()
+        if self._chosen is not None:
+            self._chosen.forget()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.chosen(), name)
+
+
 class S3(HttpCache):
     """``s3://bucket/prefix``, through ``http.py``'s pool of keep-alive connections: AWS's own
     endpoint by its virtual host (``bucket.s3.region.amazonaws.com``), another (MinIO, moto, R2)
@@ -228,9 +254,9 @@ class S3(HttpCache):
     said = "the bucket's endpoint"
     sealed = False  # stock JAX writes entries here without a seal (a ``dir = s3://`` user)
 
-    def __init__(self, version_url: str, found: Keys) -> None:
-        super().__init__(version_url, env={})  # no bearer token or ~/.netrc entry: each request is signed
-        self._keys = found
+    def __init__(self, version_url: str, found: Keys, env: Mapping[str, str] = os.environ) -> None:
+        super().__init__(version_url, env, signed=True)  # no bearer token or ~/.netrc entry: each request is signed
+        self._keys = self.keys = found
         self.bucket, _, self.prefix = version_url[len("s3://"):].rstrip("/").partition("/")
         self._aim(found.region)
 
@@ -280,8 +306,16 @@ class S3(HttpCache):
                 moved_once = True
                 self._aim(moved)
             elif response.status in (500, 502, 503, 504) and retries < len(BACKOFF):
-                time.sleep(BACKOFF[retries])  # S3 asks to be asked again (SlowDown): as botocore does
+                # S3 asks to be asked again (SlowDown), as botocore does: after a backoff with
+                # jitter (8 prefetch workers must not come back in step), which is progress
+                import random  # (not on import jax: a throttled request is rare)
+
+                response.read(ERROR_LIMIT)
+                response.close()
+                connection.close()
+                waiting(BACKOFF[retries] * random.uniform(0.5, 1.5))
                 retries += 1
+                continue
             else:
                 return connection, response, url
             response.read(ERROR_LIMIT)
@@ -306,10 +340,12 @@ class S3(HttpCache):
         connection, response, url = self._request("GET", "", query=query)
         if response.status != 200:
             error = self._error(response, url)
+            response.close()
             connection.close()
             raise error
         text = response.read(LISTING_LIMIT + 1)
         if len(text) > LISTING_LIMIT:
+            response.close()
             connection.close()
             raise HttpError(200, f"a listing longer than {LISTING_LIMIT} bytes (not read)", url)
         self._done(connection, response)
@@ -357,21 +393,22 @@ def sign(method: str, url: str, headers: dict[str, str], body: bytes | None, fou
     """``headers`` with AWS Signature Version 4's (``Authorization``, ``x-amz-date``,
     ``x-amz-content-sha256``, the session token). ``url``'s path and query are as they will be
     sent: already quoted, the query's names in order."""
+    access, secret, token = found.frozen()
     parts = urlsplit(url)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
     payload = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256
     signed = {"host": parts.netloc, "x-amz-content-sha256": payload, "x-amz-date": stamp}
-    if found.token:
-        signed["x-amz-security-token"] = found.token
+    if token:
+        signed["x-amz-security-token"] = token
     names = ";".join(sorted(signed))
     canonical = "\n".join([method, parts.path or "/", parts.query,
                            "".join(f"{k}:{signed[k]}\n" for k in sorted(signed)), names, payload])
     scope = f"{stamp[:8]}/{region}/s3/aws4_request"
     to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-    key = f"AWS4{found.secret}".encode()
+    key = f"AWS4{secret}".encode()
     for part in (stamp[:8], region, "s3", "aws4_request"):
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()
     signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
     out = {**headers, **{"Host" if k == "host" else k: v for k, v in signed.items()}}  # sent as signed
-    out["Authorization"] = f"AWS4-HMAC-SHA256 Credential={found.access}/{scope}, SignedHeaders={names}, Signature={signature}"
+    out["Authorization"] = f"AWS4-HMAC-SHA256 Credential={access}/{scope}, SignedHeaders={names}, Signature={signature}"
     return out

@@ -10,6 +10,7 @@ import hmac
 import json
 from typing import Any
 
+from gkx_autocache._diagnostics import shown
 from gkx_autocache._formats import MAX_COMPILE_SECS, SEAL_LIMIT, compression_of
 
 __all__ = ["SEAL_LIMIT", "EntryRefused", "head_problem", "mac", "make_seal", "read_seal"]
@@ -55,7 +56,7 @@ def read_seal(raw: bytes, key: str, limit: int) -> dict[str, Any]:
     if body.get("key") != key:
         raise EntryRefused("the shared entry's seal names another key")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= limit:
-        raise EntryRefused(f"the shared entry's seal gives an impossible size ({str(size)[:40]})")
+        raise EntryRefused(f"the shared entry's seal gives an impossible size ({shown(size)})")
     if not _hex64(digest):
         raise EntryRefused("the shared entry's seal has no SHA-256")
     if "hmac" in body and not _hex64(body["hmac"]):  # compare_digest raises on a non-ASCII string

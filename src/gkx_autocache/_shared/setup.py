@@ -15,7 +15,7 @@ from gkx_autocache._layout import is_url, version_name
 from gkx_autocache._shared import s3
 from gkx_autocache._shared.bucket import Bucket
 from gkx_autocache._shared.directory import Directory
-from gkx_autocache._shared.http import HttpCache
+from gkx_autocache._shared.http import HttpCache, withheld_note
 from gkx_autocache._shared.level import MAX_ENTRY, Level
 
 
@@ -72,25 +72,29 @@ def level_for(settings: Any, location: Any, jax_version: str, env: Mapping[str, 
     why = problem(settings, location)
     if why is not None:
         return None, [(f"shared:{shared}", f"{where}: shared {shared} not used, {why}; running with the local level only")]
-    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env)
+    backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env,
+                          bool(settings["shared_credentials_over_http"]))
+    problems = []
+    if isinstance(backend, HttpCache) and backend.withheld:
+        problems.append(("shared:cleartext", f"{where}: {withheld_note(shared, backend.credentials)}"))
     cap = settings["max_size"]
     level = Level(shared, backend, local=location.version_dir, timeout=settings["shared_timeout"],
                   writes=no_uploads(settings["shared_write"], env), secret=signing_key(env),
                   max_entry=min(cap, MAX_ENTRY) if cap else MAX_ENTRY,
                   origin=settings.origin("shared_timeout"), room=room, local_team=location.team, tunes=tunes)
-    return level, []
+    return level, problems
 
 
-def backend_for(shared: str, jax_version: str, team: bool,
-                env: Mapping[str, str] = os.environ) -> Bucket | HttpCache | Directory:
-    """The level's storage: an HTTP cache, an S3 bucket spoken directly where its keys are static
-    (``s3.py``), another bucket through fsspec, or a directory."""
+def backend_for(shared: str, jax_version: str, team: bool, env: Mapping[str, str] = os.environ,
+                over_http: bool = False) -> Bucket | HttpCache | Directory | s3.Deferred:
+    """The level's storage: an HTTP cache (``over_http``: its credentials sent over plain
+    ``http://`` to another machine too), an S3 bucket spoken directly (``s3.py``; s3fs where its
+    settings are s3fs's), another bucket through fsspec, or a directory."""
     version_url = f"{shared.rstrip('/')}/{version_name(jax_version)}"
     if is_http(shared):
-        return HttpCache(version_url)
-    if (is_url(shared) and shared.lower().startswith("s3://")
-            and not isinstance(found := s3.keys(env, shared[5:].split("/", 1)[0]), str)):
-        return s3.S3(version_url, found)
+        return HttpCache(version_url, env, over_http)
+    if is_url(shared) and shared.lower().startswith("s3://") and s3.route(env, shared[5:].split("/", 1)[0]) is None:
+        return s3.Deferred(version_url, env)  # this package's client, or s3fs, chosen at the first request
     if is_url(shared):
         return Bucket(version_url)
     return Directory(shared, jax_version, team)

@@ -17,6 +17,7 @@ from gkx_autocache import _fork, _formats, _jax
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, PACK_SUFFIX, SEAL_SIDECAR
 from gkx_autocache._shared.calls import Progress, ShuttingDown, Stalled, bounded, describe
+from gkx_autocache._shared.http import too_large
 from gkx_autocache._shared.reads import Reader
 
 QUEUE_BYTES = 256 << 20  # entries waiting to be uploaded, held in memory
@@ -67,6 +68,8 @@ class Shared(Protocol):
 
     def count(self, level: str, **add: float) -> None: ...
 
+    def too_large(self, size: int, why: str) -> None: ...
+
 
 class Uploads:
     """The queue of ``level``'s uploads and its worker. ``writes``: None where this process uploads,
@@ -79,6 +82,7 @@ class Uploads:
         self._closed = False
         self._dropped = False  # what was left queued is counted, once: by ``drop`` (the level off) or ``finish``
         self._healing = True  # off after a failure of the worker's own listing (quietly: see Level.ensure)
+        self._refused_at: int | None = None  # the smallest upload the server refused for its size: larger ones skipped
         self._healed: set[str] = set()  # keys queued to heal the bucket, once each
         self._to_heal: list[str] = []  # local hits before a miss took the listing: checked when one does
         self._reset_threads()
@@ -228,6 +232,9 @@ class Uploads:
                 self._queue.clear()
                 self._heals.clear()
             return
+        if self._refused_at is not None and len(data) >= self._refused_at:
+            level.count("shared", skipped=1)  # as large as one the server refused: not sent again
+            return
         compile_secs = item.compile_secs
         sealed = seal if seal is not None else level.reader.seal(key, data, compile_secs, item.written)
         backend = level.backend
@@ -249,7 +256,14 @@ class Uploads:
             level.turn_off(f"an upload made {exc}", timed_out=True)
             return
         except Exception as exc:
-            level.turn_off(describe(exc))
+            if not too_large(exc):
+                level.turn_off(describe(exc))
+                return
+            # The server's limit on a body (nginx's client_max_body_size: 1 MiB by default): that
+            # entry is skipped, and the level stays on for the others (it turned off before).
+            self._refused_at = min(self._refused_at or len(data), len(data))
+            level.count("shared", skipped=1)
+            level.too_large(len(data), describe(exc))
             return
         level.count("shared", uploads=1, bytes_written=len(data) + len(sealed),
                     requests=2 if backend.kind == "bucket" else 0)
