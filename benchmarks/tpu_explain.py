@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,7 +123,9 @@ print(json.dumps({"leaves": len(jax.tree.leaves(params)), "loss": float(loss), "
 STEPS = [("cold", {"LAYERS": "4", "SEQ": "256"}), ("warm", {"LAYERS": "4", "SEQ": "256"}),
          ("layers 4 -> 6", {"LAYERS": "6", "SEQ": "256"}), ("sequence 256 -> 128", {"LAYERS": "6", "SEQ": "128"}),
          ("float32 -> bfloat16", {"LAYERS": "6", "SEQ": "128", "DTYPE": "bfloat16"}),
-         ("learning rate 0.001 -> 0.002", {"LAYERS": "6", "SEQ": "128", "DTYPE": "bfloat16", "LR": "0.002"})]
+         ("learning rate 0.001 -> 0.002", {"LAYERS": "6", "SEQ": "128", "DTYPE": "bfloat16", "LR": "0.002"}),
+         ("a LIBTPU_INIT_ARGS flag", {"LAYERS": "6", "SEQ": "128", "DTYPE": "bfloat16", "LR": "0.002",
+                                      "LIBTPU_INIT_ARGS": "--xla_tpu_enable_latency_hiding_scheduler=false"})]
 
 
 def main() -> None:
@@ -132,6 +135,7 @@ def main() -> None:
     parser.add_argument("--width", default="512")
     parser.add_argument("--vocab", default="2048")
     parser.add_argument("--batch", default="8")
+    parser.add_argument("--keep", help="copy the cache's bookkeeping (no entries) here, for explain elsewhere")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gkx-tpu-explain-"))
     program = work / "gpt.py"
@@ -160,6 +164,8 @@ def main() -> None:
                       "groups": groups, "last_run": data.get("last_run")})
     if args.out:
         Path(args.out).write_text(json.dumps(found, indent=1))
+    if args.keep:
+        shutil.copytree(cache, args.keep, ignore=shutil.ignore_patterns("*-cache"), dirs_exist_ok=True)
 
 
 if __name__ == "__main__":
