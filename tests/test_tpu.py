@@ -221,3 +221,22 @@ def test_ci_key_holds_libtpu_init_args_as_jax_keys_them(monkeypatch: pytest.Monk
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_enable_async_all_gather=true "
                                            "--xla_tpu_enable_latency_hiding_scheduler=false")
     assert ci.ci_key()[0] not in (key, plain)
+
+
+def test_a_slice_is_said_by_its_chips_from_their_coordinates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a TPU each device has its chip's coordinates (and a slice index): a chip's two cores (v2,
+    v3) are one chip, two slices of 2 chips are 4 chips, the bounds are the coordinates' (this
+    machine's one chip: [0, 0, 0]), and the accelerator type is the host's word for its slice."""
+    from types import SimpleNamespace as Device
+
+    from gkx_autocache._explain import facts
+
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+    monkeypatch.setenv("TPU_TOPOLOGY", "2x2")
+    assert facts.topology([Device(coords=[0, 0, 0], slice_index=0)]) == "1 chip (v5litepod-4)"  # the machine here
+    square = [Device(coords=[x, y, 0], slice_index=0) for y in (0, 1) for x in (0, 1)]
+    assert facts.topology(square) == "4 chips 2x2x1 (v5litepod-4)"
+    cores = [Device(coords=[x, 0, 0], slice_index=0, core_on_chip=k) for x in (0, 1) for k in (0, 1)]
+    assert facts.topology(cores) == "2 chips 2x1x1 (v5litepod-4)"
+    two = [Device(coords=[x, 0, 0], slice_index=s) for s in (0, 1) for x in (0, 1)]
+    assert facts.topology(two) == "4 chips 2x1x1 in 2 slices (v5litepod-4)"

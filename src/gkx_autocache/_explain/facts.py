@@ -188,12 +188,15 @@ def topology(devices: list[Any]) -> str:
     accelerator type as the host says it: ``4 chips 2x2x1 (v6e-4)``; ``1 chip (v5litepod-4)``, one
     chip of a four-chip host (TPU_ACCELERATOR_TYPE names the host's slice, not what is visible)."""
     coords = [tuple(getattr(d, "coords", ())) for d in devices]
-    chips = len(set(coords)) if all(coords) else len(devices)
-    bounds = "x".join(str(max(c[i] for c in coords) + 1) for i in range(len(coords[0]))) if all(coords) else ""
+    slices = len({getattr(d, "slice_index", 0) for d in devices})
+    # A chip's cores (v2, v3) share its coordinates; so do the chips of two slices (multislice).
+    placed = bool(coords) and all(coords)
+    chips = len({(getattr(d, "slice_index", 0), c) for d, c in zip(devices, coords, strict=True)}) if placed else len(devices)
+    bounds = "x".join(str(max(c[i] for c in coords) + 1) for i in range(len(coords[0]))) if placed else ""
     bounds = bounds or os.environ.get("TPU_TOPOLOGY", "")
     kind = os.environ.get("TPU_ACCELERATOR_TYPE", "")
     return (f"{chips} chip{'s' if chips != 1 else ''}" + (f" {bounds}" if bounds and chips > 1 else "")
-            + (f" ({kind})" if kind else ""))
+            + (f" in {slices} slices" if slices > 1 else "") + (f" ({kind})" if kind else ""))
 
 
 _cleared: list[frozenset[str]] = []
