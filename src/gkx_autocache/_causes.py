@@ -15,6 +15,9 @@ UNEXPLAINED = "unexplained"
 BEFORE_CPU_KEYING = "before CPU keying"
 CHANGED_COMPUTATION = "changed computation"
 CHANGED_XLA_FLAGS = "changed XLA_FLAGS"
+CHANGED_LIBTPU_INIT_ARGS = "changed LIBTPU_INIT_ARGS"
+CHANGED_LIBTPU = "changed libtpu"  # another build of libtpu: JAX keys its build line
+CHANGED_TPU_TOPOLOGY = "changed TPU topology"
 CHANGED_JAX = "changed JAX"
 CHANGED_CPU = "changed CPU"
 CHANGED_DEVICE_ASSIGNMENT = "changed device assignment"
@@ -69,6 +72,12 @@ FIXES = {
                          "on every run (a time, a seed, an id()) closed over by the function makes it miss every "
                          "time: pass it as an argument",
     CHANGED_XLA_FLAGS: "keep XLA_FLAGS (and --xla arguments) the same between runs: every entry depends on them",
+    CHANGED_LIBTPU_INIT_ARGS: "set the same LIBTPU_INIT_ARGS between runs: every entry depends on them, as on XLA_FLAGS "
+                              "(gkx-autocache ci-key keys a CI cache by them)",
+    CHANGED_LIBTPU: "nothing to fix: the entries were built by another libtpu build, which JAX keys (its build line), "
+                    "and each build compiles its own; in CI, pin libtpu (gkx-autocache ci-key keys by its version)",
+    CHANGED_TPU_TOPOLOGY: "each TPU slice (its chips and topology) has its own entries: key a CI cache by the topology, "
+                          "which gkx-autocache ci-key holds, so that a v6e-1 job's cache is not restored for v6e-4 jobs",
     changed("jaxlib"): "entries of another jaxlib are never hit: expected after an upgrade",
     CHANGED_JAX: "expected after an upgrade; gkx-autocache prune --stale-versions removes the old directory once "
                  "unused for 30 days",

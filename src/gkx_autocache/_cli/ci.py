@@ -73,15 +73,19 @@ def ci_key() -> tuple[str, dict[str, str]]:
         "python": f"{sys.implementation.name} {sys.version_info[0]}.{sys.version_info[1]}", "platform": sys.platform,
         "machine": os.uname().machine if hasattr(os, "uname") else sys.platform, "isa": target.isa_text() if target.level else _isa.isa(),
         "compression": "zstandard" if _context.distribution_version("zstandard") else "zlib",
-        # JAX leaves the dump flags out of its key; so does this.
-        "xla_flags": " ".join(sorted(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_dump"))),
+        "xla_flags": keyed_flags("XLA_FLAGS"),
     }
-    if os.environ.get("LIBTPU_INIT_ARGS"):  # in JAX's key on TPU, as XLA_FLAGS are (a part only where set:
-        parts["libtpu_init_args"] = os.environ["LIBTPU_INIT_ARGS"]  # the keys of every other CI stay as they were)
+    if libtpu := keyed_flags("LIBTPU_INIT_ARGS"):  # in JAX's key on TPU, as XLA_FLAGS are (a part only where
+        parts["libtpu_init_args"] = libtpu  # set: the keys of every other CI stay as they were)
     if (topology := tpu_topology(os.environ)) is not None:
         parts["tpu"] = topology
     digest = hashlib.sha256(json_dumps(parts).encode()).hexdigest()[:16]
     return f"{parts['jax']}-{digest}", parts
+
+
+def keyed_flags(variable: str) -> str:
+    """An environment variable's flags as JAX keys them: sorted, less the dump flags it leaves out."""
+    return " ".join(sorted(f for f in os.environ.get(variable, "").split() if not f.startswith("--xla_dump")))
 
 
 def json_dumps(data: Any) -> str:

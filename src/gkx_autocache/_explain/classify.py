@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -14,7 +15,16 @@ from gkx_autocache import _causes as causes
 from gkx_autocache import _isa, _key
 from gkx_autocache._diagnostics import plural
 from gkx_autocache._explain import inputs
-from gkx_autocache._explain.facts import DEBUG_FOLLOWS, DEBUG_OPTIONS, HELPER_PLACE, NO_HOOK, UNKNOWN_PLACE, Facts, runs
+from gkx_autocache._explain.facts import (
+    DEBUG_FOLLOWS,
+    DEBUG_OPTIONS,
+    HELPER_PLACE,
+    LIBTPU_MARK,
+    NO_HOOK,
+    UNKNOWN_PLACE,
+    Facts,
+    runs,
+)
 from gkx_autocache._key import PARTS
 from gkx_autocache._layout import ENTRY_SUFFIX, VERSION_PREFIX, function_name
 from gkx_autocache._record import index as _index
@@ -306,6 +316,8 @@ def differences(nearest: Record, facts: Facts, evidence: Evidence) -> list[str]:
             said.append(compile_options_change(before, after, "")["detail"])
         elif part == "custom_hook" and old is not None and new is not None and old != new:
             said.append(f"CPU: {_isa.difference(old, new)}")
+        elif (tpu := tpu_change(part, before, after)) is not None:
+            said.append(tpu["detail"])
         elif part == "XLA flags" and before is not None and after is not None:
             said.append(f"XLA_FLAGS: {before!r} -> {after!r}")
         elif before is not None and after is not None and before != after:
@@ -497,6 +509,8 @@ def changed_part(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str,
             return {"cause": causes.CHANGED_CPU, "detail": f"built for another CPU: {_isa.difference(old, new)}{with_it}"}
     if first == "compile_options":
         return compile_options_change(before, after, with_it)
+    if (tpu := tpu_change(first, before, after)) is not None:
+        return {**tpu, "detail": tpu["detail"] + with_it}
     if first == "XLA flags":
         return {"cause": causes.CHANGED_XLA_FLAGS, "detail": f"XLA_FLAGS: {before!r} -> {after!r}{with_it}"}
     if before is None or after is None:
@@ -505,6 +519,39 @@ def changed_part(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str,
         return {"cause": causes.changed(label), "detail": f"{label} hashes differently, though it reads {after!r} both "
                                                        f"times{with_it}"}
     return {"cause": causes.changed(label), "detail": f"{label}: {before} -> {after}{with_it}"}
+
+
+def tpu_change(part: str, before: str | None, after: str | None) -> dict[str, str] | None:
+    """A TPU's own change of a key part, said as one: another libtpu build (the backend version's
+    last line, ``Built on ... cl/...``), a ``LIBTPU_INIT_ARGS`` flag (by name, where XLA_FLAGS are
+    the same), another slice (the devices' ``TPU topology``); None for any other change."""
+    if before is None or after is None or before == after:
+        return None
+    if part == "backend version" and before.startswith("tpu ") and after.startswith("tpu "):
+        old, new = before.splitlines(), after.splitlines()
+        if old[:-1] == new[:-1] and old[-1].startswith("Built on") and new[-1].startswith("Built on"):
+            builds = [re.sub(r" \(\d+\)", "", line) for line in (old[-1], new[-1])]  # (its time in seconds)
+            return {"cause": causes.CHANGED_LIBTPU, "detail": f"libtpu rebuilt: {builds[0]} -> {builds[1]}"}
+    if part == "XLA flags":
+        (old_xla, _, old_tpu), (new_xla, _, new_tpu) = before.partition(LIBTPU_MARK), after.partition(LIBTPU_MARK)
+        old_flags, new_flags = _flags(old_tpu), _flags(new_tpu)
+        named = [k for k in sorted(set(old_flags) | set(new_flags)) if old_flags.get(k) != new_flags.get(k)]
+        if old_xla.strip() == new_xla.strip() and named:
+            said = "; ".join(f"{k}: {old_flags.get(k, 'unset')} -> {new_flags.get(k, 'unset')}" for k in named[:4])
+            return {"cause": causes.CHANGED_LIBTPU_INIT_ARGS, "detail": f"LIBTPU_INIT_ARGS: {said}{_more(named, 4)}"}
+    old_slice, new_slice = _slice(before), _slice(after)
+    if part == "accelerator_config" and old_slice and new_slice and old_slice != new_slice:
+        return {"cause": causes.CHANGED_TPU_TOPOLOGY, "detail": f"TPU topology: {old_slice} -> {new_slice}"}
+    return None
+
+
+def _flags(text: str) -> dict[str, str]:
+    """``--a=1 --b`` as ``{"--a": "1", "--b": "set"}`` (one flag given twice: the later value)."""
+    return {name: value if sep else "set" for name, sep, value in (f.partition("=") for f in text.split())}
+
+
+def _slice(devices: str) -> str:
+    return devices.partition("; TPU topology ")[2].partition(";")[0]
 
 
 def compile_options_change(before: str | None, after: str | None, with_it: str) -> dict[str, Any]:

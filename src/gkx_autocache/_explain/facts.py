@@ -63,14 +63,15 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
                 if constants:  # the computation's readable value: its scalar constants (a t_final, a step size)
                     readable[PARTS[0]] = constants
             continue
-        value = hook if part == "custom_hook" else _guarded(_readable, (part, cells), None) if part == "XLA flags" else None
+        keyed, value = ((hook, hook) if part == "custom_hook" else
+                        _guarded(xla_flags, (), (None, None)) if part == "XLA flags" else (None, None))
         fresh = hashlib.sha256()
         raw = _serialized_options(cells) if part == "compile_options" else None
         if raw is not None and raw in _OPTIONS_HASH:
             hashes[part] = _OPTIONS_HASH[raw]
         else:
-            if part in ("XLA flags", "custom_hook") and value is not None:
-                fresh.update(value.encode())  # JAX's flags part logs each flag at DEBUG: not called twice
+            if part in ("XLA flags", "custom_hook") and keyed is not None:
+                fresh.update(keyed.encode())  # JAX's flags part logs each flag at DEBUG: not called twice
             else:
                 hashfn(fresh)
                 if part == "custom_hook":  # a user's hook replaced the package's: the seam adds the ISA
@@ -127,8 +128,6 @@ def _readable(part: str, cells: dict[str, Any]) -> str | None:
         return _jax.jaxlib_version()
     if part == "backend version" and "backend" in cells:
         return f"{cells['backend'].platform} {cells['backend'].platform_version}"
-    if part == "XLA flags":
-        return xla_flags()
     if part == "compile_options" and "compile_options" in cells:
         backend = cells.get("backend")
         return json.dumps(compile_options(cells["compile_options"], getattr(backend, "platform", "") == "gpu"),
@@ -140,30 +139,64 @@ def _readable(part: str, cells: dict[str, Any]) -> str | None:
     return None
 
 
-def xla_flags() -> str:
+LIBTPU_MARK = "LIBTPU_INIT_ARGS: "  # where the readable XLA flags say LIBTPU_INIT_ARGS's apart
+
+
+def xla_flags() -> tuple[str, str]:
     """The XLA flags JAX puts in its key, as JAX gathers them (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``,
-    ``--xla…`` arguments), less the ones it leaves out."""
+    ``--xla…`` arguments), less the ones it leaves out; and as a person reads them, those of
+    ``LIBTPU_INIT_ARGS`` apart (``--xla_a=1 LIBTPU_INIT_ARGS: --xla_tpu_b=2``): a TPU flag is
+    named by the variable that set it."""
     excluded = _jax.excluded_xla_flags()
-    flags = [*os.environ.get("XLA_FLAGS", "").split(), *os.environ.get("LIBTPU_INIT_ARGS", "").split(),
-             *(a for a in sys.argv if a.startswith("--xla"))]
-    return " ".join(f for f in sorted(flags) if f.split("=")[0] not in excluded)
+
+    def kept(flags: list[str]) -> list[str]:
+        return [f for f in sorted(flags) if f.split("=")[0] not in excluded]
+
+    libtpu = os.environ.get("LIBTPU_INIT_ARGS", "").split()
+    others = [*os.environ.get("XLA_FLAGS", "").split(), *(a for a in sys.argv if a.startswith("--xla"))]
+    said, tpu = " ".join(kept(others)), " ".join(kept(libtpu))
+    return " ".join(kept(others + libtpu)), f"{said} {LIBTPU_MARK}{tpu}".lstrip() if tpu else said
+
+
+# The platforms whose devices are chips of a slice: their topology is said with them.
+TOPOLOGY_PLATFORMS = ("tpu",)
 
 
 def devices_text(devices: Any) -> str:
-    """The process's devices, kind and count (``2 x cpu``), and which of them the computation runs
-    on (``on device 1``) where that is not all of them from the first."""
+    """The process's devices, kind and count (``2 x cpu``), a TPU slice's topology (``TPU topology
+    4 chips 2x2x1 (v6e-4)``), and which of them the computation runs on (``on device 1``) where
+    that is not all of them from the first."""
     import jax
 
+    every = jax.devices()
     kinds: dict[str, int] = {}
-    for device in jax.devices():
+    for device in every:
         kinds[device.device_kind] = kinds.get(device.device_kind, 0) + 1
     text = ", ".join(f"{n} x {kind}" for kind, n in kinds.items())
     if jax.process_count() > 1:
         text += f" in {jax.process_count()} processes"
+    if every[0].platform in TOPOLOGY_PLATFORMS:
+        text += f"; TPU topology {topology(every)}"
     ids = [getattr(d, "id", "?") for d in devices.flat]
     if ids != list(range(len(ids))):
         text += f"; the computation on device {', '.join(map(str, ids[:16]))}"
     return text
+
+
+def topology(devices: list[Any]) -> str:
+    """A slice's chips, their bounds (from each chip's coordinates, else ``TPU_TOPOLOGY``) and its
+    accelerator type as the host says it: ``4 chips 2x2x1 (v6e-4)``; ``1 chip (v5litepod-4)``, one
+    chip of a four-chip host (TPU_ACCELERATOR_TYPE names the host's slice, not what is visible)."""
+    coords = [tuple(getattr(d, "coords", ())) for d in devices]
+    slices = len({getattr(d, "slice_index", 0) for d in devices})
+    # A chip's cores (v2, v3) share its coordinates; so do the chips of two slices (multislice).
+    placed = bool(coords) and all(coords)
+    chips = len({(getattr(d, "slice_index", 0), c) for d, c in zip(devices, coords, strict=True)}) if placed else len(devices)
+    bounds = "x".join(str(max(c[i] for c in coords) + 1) for i in range(len(coords[0]))) if placed else ""
+    bounds = bounds or os.environ.get("TPU_TOPOLOGY", "")
+    kind = os.environ.get("TPU_ACCELERATOR_TYPE", "")
+    return (f"{chips} chip{'s' if chips != 1 else ''}" + (f" {bounds}" if bounds and chips > 1 else "")
+            + (f" in {slices} slices" if slices > 1 else "") + (f" ({kind})" if kind else ""))
 
 
 _cleared: list[frozenset[str]] = []
