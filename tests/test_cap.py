@@ -262,10 +262,11 @@ print(json.dumps({"result": [float(np.asarray(f(x)).sum()) for f in fs]}))
 
 
 @pytest.mark.slow
-def test_without_a_cap_the_index_grows_about_230_bytes_an_entry(venv: Venv, tmp_path: Path) -> None:
+def test_without_a_cap_the_index_grows_about_300_bytes_an_entry(venv: Venv, tmp_path: Path) -> None:
     """With ``max_size = 0`` (no cap), 8 writing runs, each compiling three new entries: each run
-    after the first adds about 230 B an entry to the index (SPEC §13.1; some 30 of them the
-    computation's scalar constants, by which `explain` names one that changed), not its tables again (a
+    after the first adds about 300 B an entry to the index (SPEC §13.1; some 90 of them the
+    computation's readable value: its scalar constants with their uses and a digest of its operations,
+    by which `explain` names a constant only where it is the only difference, issue 58), not its tables again (a
     ``jax.config`` line of some 5 KB, a compile-options line of 3 KB). The first run's tables are a
     fixed cost of the directory, once a config."""
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": "0"}
@@ -280,7 +281,7 @@ def test_without_a_cap_the_index_grows_about_230_bytes_an_entry(venv: Venv, tmp_
     print(f"max_size=0, 8 writing runs: {entries} entries, index {index} B ({index / entries:.0f} B an entry); "
           f"runs 2-8 added {added:.0f} B an entry; the first run's {first} B hold the tables")
     assert entries == 24, sizes
-    assert added <= 250, sizes
+    assert added <= 320, sizes
 
 
 def test_without_a_cap_the_hourly_scan_compacts_the_index_and_keeps_live_tables(tmp_path: Path) -> None:
