@@ -148,9 +148,11 @@ def deps_without(base: Path, names: tuple[str, ...]) -> Path:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that runs real JAX in a test venv checks what the JAX line does (the store, the levels,
     explanations): marked ``line``, which .ci/run runs on the first Python of each JAX line (3.12
-    and 3.13 both run JAX 0.12). Unless marked ``every_python``: what it checks is the interpreter's."""
+    and 3.13 both run JAX 0.12). Unless marked ``every_python``: what it checks is the interpreter's.
+    A test venv is built from the wheel: a test that asks for it, through ``venv`` or a scenario
+    of its own (``make_venv``), is such a test."""
     for item in items:
-        if "venv" in getattr(item, "fixturenames", ()) and item.get_closest_marker("every_python") is None:
+        if "wheel" in getattr(item, "fixturenames", ()) and item.get_closest_marker("every_python") is None:
             item.add_marker(pytest.mark.line)
 
 
