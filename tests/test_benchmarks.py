@@ -12,9 +12,6 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
-# One worker runs the module (.ci/run's --dist loadgroup), so that each runner section runs once.
-pytestmark = pytest.mark.xdist_group("benchmarks")
-
 
 def run(tmp_path_factory: pytest.TempPathFactory, *sections: str) -> tuple[dict[str, Any], str]:
     """`benchmarks/run.py --quick` (its ``--only`` sections, all where none): its JSON, its printed table."""

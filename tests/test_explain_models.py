@@ -23,9 +23,6 @@ from conftest import VERSION_DIR, load_benchmark, make_venv
 
 from gkx_autocache._causes import CHANGED_COMPUTATION, CHANGED_JAX
 
-# One worker runs the module (.ci/run's --dist loadgroup): another would wait on the scenario's lock.
-pytestmark = pytest.mark.xdist_group("explain_models")
-
 MODEL = load_benchmark("tpu_explain").MODEL  # the GPT-like model, at the test's sizes (width 16)
 EMBEDDED = '    x = 0.5 * params["embed"][tokens] + params["pos"][: tokens.shape[-1]]'
 EDITED = '    x = 0.25 * jnp.tanh(params["embed"][tokens]) + params["pos"][: tokens.shape[-1]]'  # tanh added, 0.5 -> 0.25

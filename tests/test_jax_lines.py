@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 from conftest import COUNTING, Venv, clean_env, load_benchmark, public_tmp
 
-pytestmark = [pytest.mark.once,  # the lines' own wheels, whatever JAX the runner has: on the first Python only
-              pytest.mark.xdist_group("jax_lines")]  # one worker (.ci/run's --dist loadgroup): each line's venv made once
+pytestmark = pytest.mark.once  # the lines' own wheels, whatever JAX the runner has: on the first Python only
 
 LINES = ("0.4.30", "0.6.2", "0.9.0")
 PROGRAM = r"""
