@@ -148,10 +148,36 @@ def deps_without(base: Path, names: tuple[str, ...]) -> Path:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that runs real JAX in a test venv checks what the JAX line does (the store, the levels,
     explanations): marked ``line``, which .ci/run runs on the first Python of each JAX line (3.12
-    and 3.13 both run JAX 0.12). Unless marked ``every_python``: what it checks is the interpreter's."""
+    and 3.13 both run JAX 0.12). Unless marked ``every_python``: what it checks is the interpreter's.
+    A test venv is built from the wheel: a test that asks for it, through ``venv`` or a scenario
+    of its own (``make_venv``), is such a test."""
     for item in items:
-        if "venv" in getattr(item, "fixturenames", ()) and item.get_closest_marker("every_python") is None:
+        if "wheel" in getattr(item, "fixturenames", ()) and item.get_closest_marker("every_python") is None:
             item.add_marker(pytest.mark.line)
+
+
+# Modules whose tests share one costly scenario: one xdist worker runs each. Spread over two, the
+# other worker would wait out the GPT-like model's runs on their lock (minutes), or make a benchmark
+# section or an old JAX line's venv again.
+ONE_WORKER = ("test_explain_models.py", "test_benchmarks.py", "test_jax_lines.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's ``load`` distribution, where each module of ONE_WORKER is one unit of work,
+    handed out first (the largest units go first). Marks and ``--dist loadgroup`` would say this,
+    but pytest-xdist 3.8 names a group by setting ``item._nodeid``, which pytest 9.2 no longer
+    reads: the group's tests went to both workers."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class OneWorkerModules(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path.rsplit("/", 1)[-1] in ONE_WORKER else nodeid
+
+    return OneWorkerModules(config, log)
 
 
 def make_venv(base: Path, wheel: Path | None, *, deps: bool = True, editable: str | None = None,

@@ -36,6 +36,7 @@ def test_default_directory_thresholds_and_a_warm_second_process(venv: Venv) -> N
     assert not (venv.path / ".cache" / "CACHEDIR.TAG").exists()
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 @pytest.mark.parametrize("spelling", ["0", "off", "FALSE", " no ", "none", "disable", "Disabled"])
 def test_opt_out_leaves_jax_untouched(venv: Venv, spelling: str) -> None:
     """Every false spelling of GKX_JAX_CACHE leaves JAX's settings at its own defaults."""
@@ -45,6 +46,7 @@ def test_opt_out_leaves_jax_untouched(venv: Venv, spelling: str) -> None:
     assert err.strip() == "" or autocache_warnings(err) == []
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 def test_gkx_dir_variable(venv: Venv, tmp_path: Path) -> None:
     """GKX_JAX_CACHE_DIR=D caches in D/jax-<version>, and a relative D is taken from the cwd."""
     out, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(tmp_path / "d")})
@@ -54,6 +56,7 @@ def test_gkx_dir_variable(venv: Venv, tmp_path: Path) -> None:
     assert proc.stdout.strip() == str(tmp_path / "rel" / VERSION_DIR)
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 def test_jax_own_directory_stays_as_set_and_is_served_by_the_store(venv: Venv, tmp_path: Path) -> None:
     """JAX_COMPILATION_CACHE_DIR=E stays E (no version folder, no tag in a directory that existed),
     with the thresholds, and the store serves it (SPEC §5, amended 2026-12-04): its writes are
@@ -68,12 +71,14 @@ def test_jax_own_directory_stays_as_set_and_is_served_by_the_store(venv: Venv, t
     assert warm["hits"] == warm["requests"]
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 def test_jax_own_threshold_variable_wins(venv: Venv) -> None:
     """A JAX_* variable the user set is left exactly as they set it."""
     out, _ = run_program(venv, env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2.5"})
     assert out["min_compile"] == 2.5 and out["min_entry"] == -1
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 def test_jax_cache_turned_off_by_user_means_nothing_happens(venv: Venv) -> None:
     """JAX_ENABLE_COMPILATION_CACHE=false: no directory, no setting."""
     out, _ = run_program(venv, env={"JAX_ENABLE_COMPILATION_CACHE": "false"})
@@ -81,6 +86,7 @@ def test_jax_cache_turned_off_by_user_means_nothing_happens(venv: Venv) -> None:
     assert not venv.default_cache.exists()
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 def test_policy_file_relative_dir_and_precedence(venv: Venv, tmp_path: Path) -> None:
     """The policy file applies, a relative dir in it is relative to the venv; env beats it; it beats
     the user's config file."""
@@ -96,6 +102,7 @@ def test_policy_file_relative_dir_and_precedence(venv: Venv, tmp_path: Path) -> 
     assert out["min_compile"] == 0.125
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 def test_user_config_applies_below_env(venv: Venv, tmp_path: Path) -> None:
     """The user's config.toml (XDG_CONFIG_HOME honoured) sets the directory when nothing above does."""
     cfg = tmp_path / "xdg"
@@ -106,6 +113,7 @@ def test_user_config_applies_below_env(venv: Venv, tmp_path: Path) -> None:
     assert re.search(r"^gkx-autocache: 0 hits, \d+ miss(es)?\b", err, re.M), err
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 def test_uncreatable_default_falls_back_quietly_to_user_cache(venv: Venv, tmp_path: Path) -> None:
     """A regular file where <venv>/.cache should be: the user cache path, with no warning."""
     (venv.path / ".cache").write_text("in the way")
@@ -114,6 +122,7 @@ def test_uncreatable_default_falls_back_quietly_to_user_cache(venv: Venv, tmp_pa
     assert autocache_warnings(err) == []
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 def test_nothing_usable_runs_uncached_with_one_warning(venv: Venv, tmp_path: Path) -> None:
     """Neither the default, the user cache nor the user's folder in the temporary directory can be
     created: one warning, the program runs uncached."""
@@ -127,6 +136,7 @@ def test_nothing_usable_runs_uncached_with_one_warning(venv: Venv, tmp_path: Pat
     assert len(warnings) == 1 and "filter gkx_autocache.AutocacheWarning" in warnings[0] and "GKX_JAX_CACHE=0" not in warnings[0], err
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 def test_unusable_explicit_dir_is_not_replaced(venv: Venv, tmp_path: Path) -> None:
     """An explicit dir that cannot be created: one warning naming it, uncached, nothing elsewhere."""
     (tmp_path / "file").write_text("x")
@@ -178,6 +188,7 @@ def test_a_user_the_password_database_does_not_know_caches_in_the_temporary_dire
     assert "temporary" in data["settings"]["dir"]["effective"] and data["settings"]["dir"]["origin"] == "default"
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 @pytest.mark.parametrize(
     ("content", "named"),
     [
@@ -207,6 +218,7 @@ def test_bad_env_value_warns_and_runs_under_w_error(venv: Venv) -> None:
     assert "GKX_JAX_CACHE_MAX_SIZE" in err and "Traceback" not in err
 
 
+@pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
 def test_an_empty_signing_key_is_one_warning_where_a_shared_level_is_set(venv: Venv, tmp_path: Path) -> None:
     """GKX_JAX_CACHE_SIGNING_KEY set but empty (a CI secret not passed) with a shared level: one
     warning naming the variable, the cause and the fix, logged and never raised under -W error,

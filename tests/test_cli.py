@@ -28,6 +28,7 @@ def status(venv: Venv, **env: str) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_status_origins_for_every_source(venv: Venv, tmp_path: Path) -> None:
     """status --json names where each value came from: env, policy file, user file, JAX, default."""
     (venv.path / "gkx-autocache.toml").write_text('max_size = "1GiB"\n')
@@ -62,6 +63,7 @@ def test_status_does_not_import_jax_and_reads_the_ledger(venv: Venv) -> None:
     assert present["installed"] and present["entries"] >= 2
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_status_vouches_for_jax_own_directory_only_where_it_is_trusted(venv: Venv, tmp_path: Path) -> None:
     """The user's JAX_COMPILATION_CACHE_DIR is used as set: the store serves it where the trust
     rules allow (SPEC §8); one others can write is read by no one, and said so (amended 2026-12-06),
@@ -121,6 +123,7 @@ def _plant(vdir: Path, n: int, size: int = 1000, start: float | None = None) -> 
     return paths
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_prune_max_size_least_recent_first_and_dry_run(venv: Venv) -> None:
     vdir = venv.default_cache / VERSION_DIR
     planted = _plant(vdir, 20)
@@ -135,6 +138,7 @@ def test_prune_max_size_least_recent_first_and_dry_run(venv: Venv) -> None:
     assert left == planted[-len(left):]  # the most recently used survive
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_prune_stale_versions_keeps_the_installed_one(venv: Venv) -> None:
     current = _plant(venv.default_cache / VERSION_DIR, 2, start=time.time() - 60 * DAY)
     old = _plant(venv.default_cache / "jax-0.0.1", 2, start=time.time() - 60 * DAY)
@@ -145,6 +149,7 @@ def test_prune_stale_versions_keeps_the_installed_one(venv: Venv) -> None:
     assert (venv.default_cache / "jax-0.0.2").exists()
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_verify_repair_removes_only_the_corrupt(venv: Venv) -> None:
     run_program(venv)
     vdir = venv.default_cache / VERSION_DIR
@@ -162,6 +167,7 @@ def test_verify_repair_removes_only_the_corrupt(venv: Venv) -> None:
     assert warm["hits"] == warm["requests"]
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_clear_needs_our_tag(venv: Venv, tmp_path: Path) -> None:
     """clear removes nothing from a directory without the package's CACHEDIR.TAG."""
     root = tmp_path / "untagged"
@@ -176,6 +182,7 @@ def test_clear_needs_our_tag(venv: Venv, tmp_path: Path) -> None:
     assert json.loads(proc.stdout)["entries"] == 3 and not any(p.exists() for p in planted)
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_clear_on_home_or_root_deletes_nothing(venv: Venv) -> None:
     """dir pointed at a home directory or /: nothing deleted, and that said. A `jax-*` directory
     there that is not the package's (no tag) is refused."""
@@ -192,6 +199,7 @@ def test_clear_on_home_or_root_deletes_nothing(venv: Venv) -> None:
     assert keep.exists() and (mine / keep.name).exists()
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_clear_never_follows_a_symlink_out(venv: Venv, tmp_path: Path) -> None:
     """A symlink planted in the cache, named like an entry: the link goes, its target stays."""
     vdir = venv.default_cache / VERSION_DIR
@@ -207,6 +215,7 @@ def test_clear_never_follows_a_symlink_out(venv: Venv, tmp_path: Path) -> None:
     assert target.read_text() == "keep" and outside.is_dir()
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_stats_reports_ledger_and_reset(venv: Venv) -> None:
     proc = venv.cli("stats")
     assert proc.returncode == 0 and "none yet" in proc.stdout
@@ -237,6 +246,7 @@ def _ledger(vdir: Path, age: float = 0.0) -> Path:
     return path
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_deleting_commands_never_pass_through_a_symlinked_directory(venv: Venv, tmp_path: Path) -> None:
     """A `jax-*` directory or a `.gkx-autocache` that is a symlink to somewhere else: no command
     deletes anything there (entries, sidecars, ledgers, tag)."""
@@ -264,6 +274,7 @@ def test_deleting_commands_never_pass_through_a_symlinked_directory(venv: Venv, 
     assert meta_ledger.exists() and meta_size.exists()
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_stale_versions_are_unused_for_30_days_not_merely_not_installed(venv: Venv) -> None:
     """The user cache is shared by environments with other JAX versions: `--stale-versions`
     removes a version directory only when nothing used it (entry access, ledger write) for 30 days."""
@@ -280,6 +291,7 @@ def test_stale_versions_are_unused_for_30_days_not_merely_not_installed(venv: Ve
     assert not (root / "jax-0.0.2").exists() and not any(p.exists() for p in old)
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_another_tools_cachedir_tag_is_not_ours(venv: Venv, tmp_path: Path) -> None:
     """cargo, ccache and borg write the same generic signature: only the package's own tag text
     lets a command delete."""
@@ -337,6 +349,7 @@ def test_json_usage_errors_are_json_too(venv: Venv) -> None:
     assert proc.returncode == 2 and proc.stdout == "" and "usage:" in proc.stderr
 
 
+@pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
 def test_verify_names_what_is_not_a_regular_file_and_repair_removes_it(venv: Venv, monkeypatch: Any) -> None:
     """An entry replaced by a FIFO, a socket or a directory is reported as not a regular file (not
     as an orphan sidecar alone); --repair removes each without blocking or following a link,

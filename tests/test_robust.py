@@ -45,6 +45,7 @@ def test_a_huge_number_skips_that_key_only(venv: Venv, tmp_path: Path, variable:
     assert variable in warning and "Traceback" not in err, err
 
 
+@pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
 def test_huge_numbers_in_toml_and_on_the_command_line(venv: Venv) -> None:
     """TOML integers too large for a float, and `prune --max-size` with 400 digits: one line each,
     no traceback; `status` still reports."""
@@ -60,6 +61,7 @@ def test_huge_numbers_in_toml_and_on_the_command_line(venv: Venv) -> None:
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
 def test_unset_variable_in_dir_is_a_bad_value(venv: Venv, tmp_path: Path) -> None:
     """`$VAR` not set: one warning naming the variable and the source; the next source down (the
     default) applies; no literal `$VAR` directory anywhere."""
@@ -72,6 +74,7 @@ def test_unset_variable_in_dir_is_a_bad_value(venv: Venv, tmp_path: Path) -> Non
     assert out["dir"] == str(venv.default_cache / VERSION_DIR) and "no_such_user_here" in autocache_warnings(err)[0]
 
 
+@pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
 def test_config_set_writes_what_was_typed(venv: Venv, tmp_path: Path) -> None:
     """`~` and `$VARS` stay as typed in a shared policy file; a relative path is made absolute
     against the current directory; what cannot be one TOML string is refused with exit 2."""
@@ -317,6 +320,7 @@ def test_commands_in_a_deleted_current_directory_say_what_is_wrong(venv: Venv, t
     assert 'dir = "rel' not in (venv.path / "gkx-autocache.toml").read_text()
 
 
+@pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
 def test_config_set_keeps_a_variable_the_setter_has_not_set(venv: Venv, tmp_path: Path) -> None:
     """A policy file is shared by an environment's users: `config set dir '$SCRATCH/jax'` by one
     without `$SCRATCH` writes it as typed with a one-line note; each user's run expands their own
