@@ -11,9 +11,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from conftest import COUNTING, S3, Venv, run_program
@@ -241,21 +240,20 @@ def test_a_pack_holds_its_records_in_order_up_to_its_limit() -> None:
                 reader.body(record[2])
 
 
-class _Level:
-    """What ``Prefetch`` reads of its level (``prefetch.Level``), for driving it without a bucket."""
+class _Channel:
+    """What ``Prefetch`` reads of its channel (``channel.Channel``), for driving it without a bucket."""
 
-    def __init__(self, local: Path) -> None:
-        self.local_dir, self.local_team, self.timeout = str(local), False, 5.0
+    def __init__(self) -> None:
+        self.timeout = 5.0
         self.off: tuple[str, float] | None = None
-        self.room: Callable[[bool], int] | None = None
-        self.backend, self.closed, self.listing = None, False, None
-        self.tunes = False  # XLA keeps no GPU autotune results here
+        self.backend: Any = None
+        self.closed, self.listing = False, None
         self.counted: dict[str, float] = {}
 
     def ensure(self, quiet: bool = False) -> bool:
         return True
 
-    def count(self, level: str, **add: float) -> None:
+    def count(self, **add: float) -> None:
         for name, n in add.items():
             self.counted[name] = self.counted.get(name, 0) + n
 
@@ -263,7 +261,7 @@ class _Level:
         self.off = (why, 0.0)
 
     def too_slow(self, key: str, why: str) -> None:
-        self.count("shared", slow=1)
+        self.count(slow=1)
 
 
 def _reader() -> Any:
@@ -277,7 +275,7 @@ def _reader() -> Any:
         def found(self, key: str, seal: dict[str, Any] | None, data: bytes, raw_seal: bytes | None = None) -> Found:
             return Found(data, None, 0.0)
 
-    return Unchecked(None, secret=None, max_entry=1 << 30, timeout=5.0, count=lambda **numbers: None)
+    return Unchecked(cast(Any, _Channel()), secret=None, max_entry=1 << 30)
 
 
 def test_a_hostile_pack_is_read_no_further_than_a_writer_packs_and_a_cut_record_goes_to_the_workers(
@@ -296,7 +294,8 @@ def test_a_hostile_pack_is_read_no_further_than_a_writer_packs_and_a_cut_record_
 
         return pack.Reader(take)
 
-    ahead = prefetch.Prefetch(_Level(tmp_path), _reader(), lambda key, found: (True, None), 1 << 30)
+    ahead = prefetch.Prefetch(cast(Any, _Channel()), _reader(), lambda key, found: (True, None), 1 << 30,
+                              local_dir=str(tmp_path))
     wanted = "jit_w-" + "cd" * 32
     ahead.packed[wanted] = 10
     junk = pack.build([(f"jit_j-{i:064x}", b'{"bytes":1}', b"x") for i in range(30_000)])[0]
@@ -626,14 +625,14 @@ def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it
     from gkx_autocache._shared import prefetch
     from gkx_autocache._shared.reads import Found
 
-    level = _Level(tmp_path)
-    level.timeout = 0.5
+    channel = _Channel()
+    channel.timeout = 0.5
     landed: list[str] = []
     def land(key: str, found: Any) -> tuple[bool, str | None]:
         landed.append(key)
         return True, None
 
-    ahead = prefetch.Prefetch(level, _reader(), land, 1 << 30)
+    ahead = prefetch.Prefetch(cast(Any, channel), _reader(), land, 1 << 30, local_dir=str(tmp_path))
     key = "jit_w-" + "cd" * 32
     with ahead.lock:
         event = ahead.flight[key] = threading.Event()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -145,7 +146,7 @@ class HttpCache:
     """``http://`` and ``https://``: an object store (ranged reads, whole-object writes, packs read as
     a stream), like a bucket, through one small pool of keep-alive connections."""
 
-    kind = "bucket"
+    lists = True  # (``backend.Backend``)
     sealed = True  # the package writes every entry here with its seal (stock JAX cannot write here)
 
     said = "the HTTP cache"  # in messages
@@ -366,6 +367,9 @@ class HttpCache:
             raise self._error(response, url)
         progress.tick()
         return NO_LISTING
+
+    def read(self, key: str, progress: Progress, admit: Callable[[bytes | None, int], tuple[int, bool]]) -> bytes | None:
+        raise AssertionError("an object store's entry is read by ranges")  # first(), then block()
 
     def first(self, key: str, progress: Progress) -> tuple[bytes | None, bytes | None]:
         """The seal and the entry's first block, asked at once (two connections)."""

@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from gkx_autocache import _autotune, _files
 from gkx_autocache._diagnostics import logger
@@ -38,6 +38,7 @@ from gkx_autocache._layout import (
 )
 from gkx_autocache._shared import pack
 from gkx_autocache._shared.calls import ShuttingDown, Stalled, TooSlow, bounded, describe, refused
+from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.manifest import (
     MANIFEST_KEYS,
     MANIFEST_LIMIT,
@@ -166,42 +167,20 @@ def _digits(text: str) -> bool:
     return 0 < len(text) <= 15 and text.isascii() and text.isdigit()
 
 
-class Level(Protocol):
-    """What a prefetch reads of its shared level (``level.Level``): where entries land, its
-    bounds, its listing, its off-switch and its numbers."""
-
-    backend: Any
-    local_dir: str
-    local_team: bool
-    tunes: bool
-    timeout: float
-    room: Callable[[bool], int] | None  # the room under the local cap (None: no cap)
-    off: tuple[str, float] | None
-
-    @property
-    def closed(self) -> bool: ...
-
-    @property
-    def listing(self) -> dict[str, int] | None: ...
-
-    def ensure(self, quiet: bool = False) -> bool: ...
-
-    def count(self, level: str, **add: float) -> None: ...
-
-    def turn_off(self, why: str, timed_out: bool = False) -> None: ...
-
-    def too_slow(self, key: str, why: str) -> None: ...
-
-
 class Prefetch:
     """One process's prefetch into its local level: the keys to fetch, those in flight, and what
     landed. ``land(key, found)`` is the store's: ``(landed, why not)``, why None where the local
     level could not take it (disk full), which ends the prefetch."""
 
-    def __init__(self, level: Level, reader: Reader, land: Callable[[str, Found], tuple[bool, str | None]],
-                 budget: int) -> None:
-        self.level = level
+    def __init__(self, channel: Channel, reader: Reader, land: Callable[[str, Found], tuple[bool, str | None]],
+                 budget: int, *, local_dir: str, team: bool = False, tunes: bool = False,
+                 room: Callable[[bool], int] | None = None) -> None:
+        self.channel = channel
         self.reader = reader
+        self.local_dir = local_dir
+        self.team = team  # the local level is a team directory (§8): group-writable files
+        self.tunes = tunes  # XLA keeps GPU autotune results in the local level (``_autotune``)
+        self.room_left = room  # the room under the local cap (None: no cap)
         self.land = land
         self.budget = budget
         self.lock = threading.Lock()
@@ -222,11 +201,11 @@ class Prefetch:
         self.abandoned: set[str] = set()  # in flight past a lookup's wait: its lookup read it, never landed here
         self.from_pack: set[str] = set()  # the keys in flight that a pack's record holds
         self.signed = reader.signs  # a landed entry keeps its seal beside it
-        self.reservation = Reservation(level.local_dir)  # this process's share of the room under the cap
+        self.reservation = Reservation(local_dir)  # this process's share of the room under the cap
         self.stopped = False
         self.autotune: tuple[str, str, int] | None = None  # (object, SHA-256, size): its manifest's autotune results
         self.tuned = threading.Event()  # they are in place (or there are none): a miss may go to XLA
-        if not level.tunes:  # XLA keeps no autotune results in this process: no lookup waits for any
+        if not tunes:  # XLA keeps no autotune results in this process: no lookup waits for any
             self.tuned.set()
 
     def start(self) -> None:
@@ -237,30 +216,30 @@ class Prefetch:
             self.tuned.set()
 
     def _run(self) -> None:
-        level = self.level
+        channel = self.channel
         tuning = False  # a thread lands the autotune results, and sets ``tuned`` when it is done
         try:
-            if not level.ensure():
+            if not channel.ensure():
                 return
             keys, packed = self._manifests()
-            if self.autotune is not None and level.tunes:  # beside the entries' prefetch, not before it
+            if self.autotune is not None and self.tunes:  # beside the entries' prefetch, not before it
                 threading.Thread(target=self._land_autotune, name="gkx-autocache-prefetch", daemon=True).start()
                 tuning = True
             else:
                 self.tuned.set()  # (a miss waited for the manifest, read beside its own lookup)
             if not keys:
                 return
-            local = level.local_dir
-            listing = level.listing
+            local = self.local_dir
+            listing = channel.listing
             wanted = []  # (filtered outside the lock: a lookup never waits on these stats)
             for key, size in keys:
                 listed = listing.get(key + ENTRY_SUFFIX) if listing is not None else size
                 if listed and not os.path.exists(os.path.join(local, key + ENTRY_SUFFIX)):
                     wanted.append((key, min(size, listed) if listing is None else listed))  # the listing's size, where it has one
-            if level.room is not None:  # the room under the cap, less what unfolded ledgers added (a killed
+            if self.room_left is not None:  # the room under the cap, less what unfolded ledgers added (a killed
                 # fresh process's landing), shared with other fresh processes: what is wanted of it
                 need = sum(cost(size, self.signed) for key, size in wanted)
-                room = min(self.budget, level.room(True))
+                room = min(self.budget, self.room_left(True))
                 logger.debug("prefetch: %d bytes of room, %d wanted", room, need)
                 self.budget = self.reservation.take(need, room, program().parts)
                 if self.budget <= 0:
@@ -274,7 +253,7 @@ class Prefetch:
                          len(self.pending) + len(self.packed), len(keys), len(self.packed), len(self.packs))
             self._spawn()
             for name in self.packs:
-                if not self.packed or self.stopped or level.off is not None:
+                if not self.packed or self.stopped or channel.off is not None:
                     break
                 self._read_pack(name)
             with self.lock:  # what the packs did not give: to the workers
@@ -293,17 +272,17 @@ class Prefetch:
         compiled (a miss waits for them, at most one ``shared_timeout``): read whole (at most
         ``_autotune.TOTAL_LIMIT``), checked against the SHA-256 its manifest holds (signed, with a
         signing key), each file a name XLA writes; one that is there already is kept. Whatever goes
-        wrong (a slow link included) costs these results only, never the level."""
+        wrong (a slow link included) costs these results only, never the channel."""
         assert self.autotune is not None
         name, sha, size = self.autotune
-        level = self.level
+        channel = self.channel
         try:
-            data = bounded(lambda progress: level.backend.small(name, size + 1), level.timeout)
-            level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
+            data = bounded(lambda progress: channel.backend.small(name, size + 1), channel.timeout)
+            channel.count(requests=1 if channel.backend.lists else 0)
             if len(data) != size or _autotune.digest(data) != sha:
                 raise ValueError("it does not match its manifest's SHA-256")
             verified = self.reader.signs  # (decode refused a manifest the key did not sign)
-            landed = _autotune.land(level.local_dir, _autotune.unpack(data), level.local_team, verified)
+            landed = _autotune.land(self.local_dir, _autotune.unpack(data), self.team, verified)
             logger.debug("prefetch: %d GPU autotune results landed", landed)
         except Exception as exc:
             logger.debug("the autotune object %s is not used: %s", name, describe(exc))
@@ -326,19 +305,19 @@ class Prefetch:
         """The keys of this program's manifests (a pytest-xdist worker reads its siblings' too),
         each key once, a worker's siblings' rotated so that workers begin at different places; and
         those its own pack holds (``self.packs``, a bucket's, where the listing has it)."""
-        level = self.level
+        channel = self.channel
         ident, part, index, count = program()
         parts = [part] if count == 1 else [f"gw{i}" for i in range(count)]
         merged: dict[str, int] = {}
         packed: set[str] = set()
-        listing = level.listing
+        listing = channel.listing
         for name_part in parts:
             name = manifest_name(ident, name_part)
             if listing is not None and name not in listing:
                 continue  # the listing answers: no request
             try:
-                data = bounded(functools.partial(self._small, name), level.timeout)
-                level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
+                data = bounded(functools.partial(self._small, name), channel.timeout)
+                channel.count(requests=1 if channel.backend.lists else 0)
             except ShuttingDown:
                 return [], packed
             except Exception as exc:
@@ -352,7 +331,7 @@ class Prefetch:
                 continue
             packed_here = pack.name_for(name)
             listed = listing is None or packed_here in listing
-            if held and listed and level.backend.kind == "bucket" and name_part == part:
+            if held and listed and channel.backend.lists and name_part == part:
                 self.packs.append(packed_here)  # (a sibling's keys are the workers': claimed, each fetched once)
                 packed.update(key for key, _ in keys[:held])
             if name_part == part and (listed or not held):  # (a manifest whose pack is gone is written again)
@@ -372,23 +351,23 @@ class Prefetch:
         turns off, as for a lookup: whether ``True``); any other (an object's 403, one deleted
         meanwhile) is that object's, and what is left goes to the lookups."""
         if isinstance(exc, Stalled):
-            self.level.turn_off(str(exc), timed_out=True)
+            self.channel.turn_off(str(exc), timed_out=True)
             return True
         if refused(exc):
-            self.level.turn_off(describe(exc))
+            self.channel.turn_off(describe(exc))
             return True
         logger.debug("prefetch stopped: %s", describe(exc))
         self.stopped = True
         return False
 
     def _small(self, name: str, progress: Any) -> bytes:
-        data: bytes = self.level.backend.small(name, MANIFEST_LIMIT)
+        data: bytes = self.channel.backend.small(name, MANIFEST_LIMIT)
         return data
 
     def _next(self) -> tuple[str, int, threading.Event] | None:
-        level = self.level
+        channel = self.channel
         with self.lock:
-            while self.pending and not (self.stopped or level.closed or level.off is not None):
+            while self.pending and not (self.stopped or channel.closed or channel.off is not None):
                 key = next(iter(self.pending))
                 size = self.pending[key]
                 if self.spent + cost(size, self.signed) > self.budget:
@@ -431,11 +410,11 @@ class Prefetch:
     def _claim(self, key: str) -> str | None:
         """The claim file that keeps another process from fetching ``key`` into this local level
         too, or None where it is landed or being fetched by another already."""
-        level = self.level
-        if os.path.exists(os.path.join(level.local_dir, key + ENTRY_SUFFIX)):
+        channel = self.channel
+        if os.path.exists(os.path.join(self.local_dir, key + ENTRY_SUFFIX)):
             return None  # landed by another process meanwhile
         claim = f".{key}{ENTRY_SUFFIX}.prefetch{TMP_SUFFIX}"
-        return claim if _files.claim(level.local_dir, claim, stale=2 * level.timeout) else None
+        return claim if _files.claim(self.local_dir, claim, stale=2 * channel.timeout) else None
 
     def _one(self, key: str, size: int) -> None:
         if (claim := self._claim(key)) is None:
@@ -443,17 +422,17 @@ class Prefetch:
         try:
             self._fetch_and_land(key, size)
         finally:
-            _files.unclaim(self.level.local_dir, claim)
+            _files.unclaim(self.local_dir, claim)
 
     def _fetch_and_land(self, key: str, size: int) -> None:
         """``size``, the manifest's (or the listing's), is charged already; the entry may be larger
         (a stale manifest, or one that lies) by what the budget and the bytes in flight leave."""
-        level = self.level
+        channel = self.channel
         started = time.perf_counter()
         with self.lock:
             most = min(self.budget - self.spent, IN_FLIGHT - self.holding) + size
         try:
-            found = bounded(lambda progress: self.reader.fetch(key, progress, most), level.timeout)
+            found = bounded(lambda progress: self.reader.fetch(key, progress, most), channel.timeout)
         except ShuttingDown:
             self.stopped = True
             return
@@ -464,21 +443,21 @@ class Prefetch:
             return  # more than the budget leaves: its lookup reads it
         except TooSlow as exc:  # its lookup (waiting, or to come) compiles it rather than read it again
             self.slow[key] = str(exc)
-            level.too_slow(key, str(exc))
+            channel.too_slow(key, str(exc))
             return
         except Exception as exc:
             self._failed(exc)
             return
         if found is None:
             return
-        level.count("shared", bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
+        channel.count(bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
         self._land(key, size, found)
 
     def _land(self, key: str, size: int, found: Found) -> None:
         """``found``, checked by its fetch, into the local level by the store's backfill."""
-        level = self.level
+        channel = self.channel
         with self.lock:
-            if self.stopped or level.closed or key in self.abandoned:
+            if self.stopped or channel.closed or key in self.abandoned:
                 return
             self.landing += 1
         try:
@@ -487,7 +466,7 @@ class Prefetch:
                 with self.lock:
                     self.spent += cost(len(found.data), self.signed) - cost(size, self.signed)
                 self.landed[key] = (len(found.data), time.time())
-                level.count("shared", prefetched=1, prefetched_bytes=len(found.data), backfills=1)
+                channel.count(prefetched=1, prefetched_bytes=len(found.data), backfills=1)
             elif why is not None:
                 self.refused[key] = why
             else:  # the local level takes no more (disk full): what is left goes to its lookups
@@ -500,10 +479,10 @@ class Prefetch:
         """One pack: each read of it bounded like a lookup's (a stall or a refused connection turns
         the level off); any other fault ends this pack only, what it held going to the workers.
         Landing is not bounded: it is this machine's work, not the endpoint's."""
-        level = self.level
+        channel = self.channel
         try:
-            stream = bounded(lambda progress: level.backend.stream(name, level.timeout), level.timeout)
-            level.count("shared", requests=1)
+            stream = bounded(lambda progress: channel.backend.stream(name, channel.timeout), channel.timeout)
+            channel.count(requests=1)
             if stream is None:
                 return
             try:
@@ -522,9 +501,9 @@ class Prefetch:
         """Each record, in the pack's order: one still wanted is checked and landed as a worker's
         fetch would be (its lookup waits for it meanwhile); any other is read past. No more than
         a writer packs is read: ``pack.LIMIT`` bytes, ``MANIFEST_KEYS`` records."""
-        level = self.level
+        channel = self.channel
         for _ in range(MANIFEST_KEYS):
-            if not self.packed or self.stopped or level.closed or level.off is not None:
+            if not self.packed or self.stopped or channel.closed or channel.off is not None:
                 return
             if (record := reader.next(min(self.reader.max_entry, pack.LIMIT))) is None:
                 return
@@ -545,7 +524,7 @@ class Prefetch:
     def _take_record(self, key: str, size: int) -> threading.Event | None:
         """A record's key, in flight from now (its lookup waits for it), where it is still wanted,
         not landed, and the budget and the bytes in flight leave room for its size; else None."""
-        local = os.path.join(self.level.local_dir, key + ENTRY_SUFFIX)
+        local = os.path.join(self.local_dir, key + ENTRY_SUFFIX)
         landed = os.path.exists(local)  # (a sibling's, meanwhile: outside the lock)
         with self.lock:
             if self.packed.pop(key, None) is None or landed or self.spent + cost(size, self.signed) > self.budget:
@@ -561,7 +540,7 @@ class Prefetch:
 
     def _record(self, key: str, raw_seal: bytes, size: int, reader: pack.Reader) -> bool:
         """Check and land one record; whether it was refused (its key then goes to the workers)."""
-        level = self.level
+        channel = self.channel
         started = time.perf_counter()
         try:
             seal = self.reader.admit(key, raw_seal)
@@ -579,8 +558,8 @@ class Prefetch:
         except EntryRefused as exc:
             logger.debug("the pack's record of %s is not used: %s", key, exc)
             return True
-        level.count("shared", bytes_read=size, read_secs=time.perf_counter() - started, reads=1)
-        if not os.path.exists(os.path.join(level.local_dir, key + ENTRY_SUFFIX)):  # (no claim: the bytes are here,
+        channel.count(bytes_read=size, read_secs=time.perf_counter() - started, reads=1)
+        if not os.path.exists(os.path.join(self.local_dir, key + ENTRY_SUFFIX)):  # (no claim: the bytes are here,
             self._land(key, size, found)  # and two processes landing one entry each write it whole)
         return False
 
@@ -608,13 +587,13 @@ class Prefetch:
         # A worker's fetch is bounded as a lookup's read is (a stall turns the level off, a read
         # slower than its compile ends at its bound: either releases its waiters); a pack's record
         # is read among others, so its lookup is bounded here.
-        deadline = time.monotonic() + self.level.timeout if key in self.from_pack else float("inf")
-        while not event.wait(0.05) and self.level.off is None:  # an off level releases its waiters at once
+        deadline = time.monotonic() + self.channel.timeout if key in self.from_pack else float("inf")
+        while not event.wait(0.05) and self.channel.off is None:  # an off level releases its waiters at once
             if time.monotonic() >= deadline:
                 with self.lock:
                     if not event.is_set():
                         self.abandoned.add(key)
-                logger.debug("prefetch of %s not waited for beyond %g s: read by its lookup", key, self.level.timeout)
+                logger.debug("prefetch of %s not waited for beyond %g s: read by its lookup", key, self.channel.timeout)
                 return
 
     def used(self, key: str) -> bool:
@@ -634,7 +613,7 @@ class Prefetch:
         wasted = 0
         for key, (nbytes, when) in list(self.landed.items()):
             try:  # a hit sets the entry's mtime (the store's recency): another process used it
-                if os.stat(os.path.join(self.level.local_dir, key + ENTRY_SUFFIX)).st_mtime > when:
+                if os.stat(os.path.join(self.local_dir, key + ENTRY_SUFFIX)).st_mtime > when:
                     continue
             except OSError:
                 pass

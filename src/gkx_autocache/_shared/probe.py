@@ -13,8 +13,8 @@ from gkx_autocache._diagnostics import human_bytes, plural
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, is_url, key_match
 from gkx_autocache._shared.bucket import NOT_LISTED
 from gkx_autocache._shared.calls import Progress, bounded, describe
+from gkx_autocache._shared.channel import COUNTS
 from gkx_autocache._shared.http import NO_LISTING
-from gkx_autocache._shared.level import COUNTS
 from gkx_autocache._shared.setup import backend_for, is_http, no_uploads, problem, signing_key
 
 
@@ -25,7 +25,7 @@ def probe(backend: Any, timeout: float) -> dict[str, Any]:
 
     def look(progress: Progress) -> dict[str, Any]:
         found: dict[str, Any] = {}
-        if backend.kind == "bucket":
+        if backend.lists:
             names = backend.listing(progress)
             if names in (NOT_LISTED, NO_LISTING):  # it answered, and cannot say how many: never "more than 1000"
                 return {"entries": None, "listing": names}
