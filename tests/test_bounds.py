@@ -217,7 +217,7 @@ def test_a_dripping_prefetch_holds_its_lookup_no_longer_than_the_entry_is_worth(
     server.put(key("big"), entry(4 << 20), 1.0)
     level, _ = server.level(delay=1.5, only="-cache")
     assert level.channel.ensure()
-    ahead = Prefetch(level.channel, level.reader, lambda k, found: (True, None), 1 << 30, local_dir=level.local_dir)
+    ahead = Prefetch(level.channel, level.reader, level.landing, 1 << 30)
     level._prefetch = ahead
     with ahead.lock:
         ahead.pending[key("big")] = 4 << 20

@@ -264,6 +264,15 @@ class _Channel:
         self.count(slow=1)
 
 
+def _landing(local: Path, land: Any) -> Any:
+    """The landing port (``_landing.Landing``) of a local level in ``local``, its store's write ``land``."""
+    from gkx_autocache._landing import Landing
+
+    landing = Landing(str(local))
+    landing.open(land, True, lambda key: None)
+    return landing
+
+
 def _reader() -> Any:
     """A reader that takes any seal as it is (its shape is ``seal``'s tests'), bytes unchecked."""
     from gkx_autocache._shared.reads import Found, Reader
@@ -294,8 +303,7 @@ def test_a_hostile_pack_is_read_no_further_than_a_writer_packs_and_a_cut_record_
 
         return pack.Reader(take)
 
-    ahead = prefetch.Prefetch(cast(Any, _Channel()), _reader(), lambda key, found: (True, None), 1 << 30,
-                              local_dir=str(tmp_path))
+    ahead = prefetch.Prefetch(cast(Any, _Channel()), _reader(), _landing(tmp_path, lambda key, found: (1, None)), 1 << 30)
     wanted = "jit_w-" + "cd" * 32
     ahead.packed[wanted] = 10
     junk = pack.build([(f"jit_j-{i:064x}", b'{"bytes":1}', b"x") for i in range(30_000)])[0]
@@ -628,11 +636,11 @@ def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it
     channel = _Channel()
     channel.timeout = 0.5
     landed: list[str] = []
-    def land(key: str, found: Any) -> tuple[bool, str | None]:
+    def land(key: str, found: Any) -> tuple[int | None, str | None]:
         landed.append(key)
-        return True, None
+        return len(found.data), None
 
-    ahead = prefetch.Prefetch(cast(Any, channel), _reader(), land, 1 << 30, local_dir=str(tmp_path))
+    ahead = prefetch.Prefetch(cast(Any, channel), _reader(), _landing(tmp_path, land), 1 << 30)
     key = "jit_w-" + "cd" * 32
     with ahead.lock:
         event = ahead.flight[key] = threading.Event()
@@ -644,7 +652,7 @@ def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it
     waited = time.monotonic() - started
     assert not waiting.is_alive() and 0.4 < waited < 3.0 and key in ahead.asked, waited
     ahead._land(key, 10, Found(b"0123456789", None, 0.0))
-    assert landed == [] and key not in ahead.landed
+    assert landed == [] and key not in ahead.landing.landed
     event.set()
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from gkx_autocache import _autotune, _fork, _jax
 from gkx_autocache._diagnostics import logger, warn
+from gkx_autocache._landing import Landing
 from gkx_autocache._layout import ENTRY_SUFFIX
 from gkx_autocache._shared import manifest, pack, prefetch
 from gkx_autocache._shared.backend import Backend
@@ -28,23 +29,6 @@ from gkx_autocache._shared.seal import EntryRefused
 from gkx_autocache._shared.uploads import QUEUE_BYTES, Uploads
 
 MAX_ENTRY = 8 << 30  # without a cap, the most read of one shared entry (a lying seal cannot ask for more)
-
-
-class Local(Protocol):
-    """What the shared level asks of the local level in front of it (``_store.Store``)."""
-
-    @property
-    def writable(self) -> bool: ...
-
-    def land(self, key: str, found: Found) -> tuple[bool, str | None]:
-        """A prefetched entry, checked as a shared hit is, written: ``(landed, why not)``, why None
-        where the local level took no write (disk full)."""
-
-    def record_landed(self) -> None:
-        """At exit: the prefetched entries no lookup used, recorded as written."""
-
-    def uploadable(self, key: str) -> tuple[bytes, bytes] | None:
-        """A local entry and the seal it may be uploaded with (healing, a pack), or None."""
 
 
 class Level:
@@ -59,19 +43,17 @@ class Level:
                  tunes: bool = False, rank: Callable[[], int] = _jax.process_id) -> None:
         self.channel = channel = Channel(url, backend, timeout=timeout, rank=rank, origin=origin, local_dir=local)
         self.url = url  # as the user wrote it, for messages
-        self.local_dir = local
-        self.local_team = local_team  # the local level is a team directory (§8): group-writable files
+        self.landing = Landing(local, local_team)  # where a prefetch lands; the store opens it when JAX makes it
         self.tunes = tunes  # XLA keeps GPU autotune results in the local level (``_autotune``): they travel
         self.reader = Reader(channel, secret=secret, max_entry=max_entry)
         self.room = room  # the room under the local level's cap (``fold.prefetch_room``): a prefetch stays in it
-        self.local: Local | None = None  # the local level in front of this one, once JAX made it (``attach``)
         self._prefetch: prefetch.Prefetch | None = None  # the Prefetch of this process, from its first local miss on
         self._prefetch_tried = False
         self._seen: dict[str, int] = {}  # the keys this run looked up (hits and writes): its manifest
         self._forked_child = False
         self.local_counts = zero()
         self._lock = threading.Lock()
-        self.uploads = Uploads(channel, self.reader, self._uploadable, writes, queue_bytes)  # writes: None, uploads on; else why not
+        self.uploads = Uploads(channel, self.reader, self.landing.uploadable, writes, queue_bytes)  # writes: None, uploads on; else why not
         _fork.in_child(self._forked)
 
     def _forked(self) -> None:
@@ -80,15 +62,6 @@ class Level:
         self._prefetch, self._prefetch_tried = None, True  # the parent's threads are not here; its prefetch lands still
         self._seen = {}
         self._forked_child = True  # its run is part of its parent's: no manifest of its own
-
-    def attach(self, local: Local) -> None:
-        """The local level in front of this one, once JAX has made it (at its first compile): where a
-        prefetched entry lands, and what healing and packs read."""
-        self.local = local
-
-    def _uploadable(self, key: str) -> tuple[bytes, bytes] | None:
-        """What healing uploads of a local entry (``Local.uploadable``), once there is a local level."""
-        return self.local.uploadable(key) if self.local is not None else None
 
     # -- counting --------------------------------------------------------------------------------
 
@@ -101,9 +74,10 @@ class Level:
             for name, n in add.items():
                 self.local_counts[name] += n
 
-    def local_hit(self, nbytes: int, secs: float, key: str | None = None) -> None:
-        ahead = self._prefetch
-        if key is not None and ahead is not None and ahead.used(key):  # the shared level's hit, fetched ahead
+    def local_hit(self, nbytes: int, secs: float, key: str | None = None, prefetched: bool = False) -> None:
+        """``prefetched``: the first use of an entry the prefetch landed (``Landing.take``): the
+        shared level's hit, fetched ahead."""
+        if key is not None and prefetched:
             self.count("local", misses=1)
             self.channel.count(hits=1, prefetch_used=1)
             self._saw(key, nbytes)
@@ -142,13 +116,12 @@ class Level:
             return
         if self.writes is None and channel.rank() == 0:
             self.uploads.start()
-        if self.local is None or not self.local.writable:  # the local level takes no writes: nothing can land
+        if not self.landing.writable:  # the local level takes no writes: nothing can land
             return
         budget = prefetch.BUDGET if self.room is None else min(prefetch.BUDGET, self.room(False))  # under the cap
         if budget <= 0:
             return
-        ahead = prefetch.Prefetch(channel, self.reader, self.local.land, budget, local_dir=self.local_dir,
-                                  team=self.local_team, tunes=self.tunes, room=self.room)
+        ahead = prefetch.Prefetch(channel, self.reader, self.landing, budget, tunes=self.tunes, room=self.room)
         ahead.asked.add(key)  # this lookup's: fetched by it
         self._prefetch = ahead
         ahead.start()
@@ -254,8 +227,9 @@ class Level:
             wasted = self._prefetch.stop(min(1.0, channel.timeout))
             if wasted:
                 channel.count(prefetch_wasted_bytes=wasted)
-            if self.local is not None and self.local.writable:
-                self.local.record_landed()
+            if recorder is not None and self.landing.writable:  # the entries no lookup used, recorded as written
+                for key, landed in self.landing.rest():
+                    recorder.put(key, landed.written, landed.compile_secs, landed=True)
         try:
             objects = self._manifest_items()
         except Exception as exc:  # pragma: no cover - never costs the exit
@@ -287,7 +261,7 @@ class Level:
         keys = list(seen.items())
         ahead = self._prefetch
         own = ahead.own if ahead is not None else None
-        tuned = _autotune.local(self.local_dir, self.local_team, signing=self.reader.signs) if self.tunes else []
+        tuned = _autotune.local(self.landing.path, self.landing.team, signing=self.reader.signs) if self.tunes else []
         obj = _autotune.pack(tuned) if tuned else b""
         said = ahead.autotune[1:] if ahead is not None and ahead.autotune is not None else None
         # A process with no results of its own to vouch for (its XLA keeps none, its landing failed, or
@@ -301,7 +275,7 @@ class Level:
         ident, part, _, _ = manifest.program()
         name = manifest.manifest_name(ident, part)
         data, packed = b"", list[str]()
-        if self.local is not None and self.channel.backend.streams():  # (not a directory, nor gcsfs)
+        if self.landing.opened and self.channel.backend.streams():  # (not a directory, nor gcsfs)
             data, packed = pack.build(self._records(keys))
         inside = set(packed)
         keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
@@ -316,12 +290,11 @@ class Level:
         with (``Reader.seal_for``: with a key, only the one kept beside it, verified), until their sizes
         as looked up fill the pack (nothing beyond it is read)."""
         room = pack.LIMIT
-        assert self.local is not None
         for key, size in keys:
             room -= size + pack.HEAD.size + len(key) + 512  # (a seal: about 300 bytes; ``build`` has the last word)
             if room < 0:
                 return
-            if (local := self.local.uploadable(key)) is not None:
+            if (local := self.landing.uploadable(key)) is not None:
                 data, seal = local
                 yield key, seal, data
 

@@ -31,9 +31,9 @@ from typing import Any
 
 from gkx_autocache import _autotune, _files
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._landing import Landing
 from gkx_autocache._layout import (
     ENTRY_SUFFIX,
-    META_DIR,
     TMP_SUFFIX,
 )
 from gkx_autocache._shared import pack
@@ -69,8 +69,8 @@ class Reservation:
     planted) is not counted. The earlier reservation keeps its share; a later one takes what the
     earlier live ones left (two that start together each see the other; only the later gives way)."""
 
-    def __init__(self, local: str) -> None:
-        self.meta = os.path.join(local, META_DIR)
+    def __init__(self, meta: str) -> None:
+        self.meta = meta
         self.fd: int | None = None
         self.name = ""
 
@@ -168,20 +168,17 @@ def _digits(text: str) -> bool:
 
 
 class Prefetch:
-    """One process's prefetch into its local level: the keys to fetch, those in flight, and what
-    landed. ``land(key, found)`` is the store's: ``(landed, why not)``, why None where the local
-    level could not take it (disk full), which ends the prefetch."""
+    """One process's prefetch into its local level, through ``channel``, landing through ``landing``
+    (where the local level takes no more, disk full, the prefetch ends): the keys to fetch, those
+    in flight, its budget."""
 
-    def __init__(self, channel: Channel, reader: Reader, land: Callable[[str, Found], tuple[bool, str | None]],
-                 budget: int, *, local_dir: str, team: bool = False, tunes: bool = False,
+    def __init__(self, channel: Channel, reader: Reader, landing: Landing, budget: int, *, tunes: bool = False,
                  room: Callable[[bool], int] | None = None) -> None:
         self.channel = channel
         self.reader = reader
-        self.local_dir = local_dir
-        self.team = team  # the local level is a team directory (§8): group-writable files
+        self.landing = landing
         self.tunes = tunes  # XLA keeps GPU autotune results in the local level (``_autotune``)
         self.room_left = room  # the room under the local cap (None: no cap)
-        self.land = land
         self.budget = budget
         self.lock = threading.Lock()
         self.pending: dict[str, int] = {}  # key -> bytes, in the order to fetch; a lookup takes its own out
@@ -192,16 +189,15 @@ class Prefetch:
         self.asked: set[str] = set()  # keys a lookup has asked for: its own to fetch, never the prefetch's
         self.refused: dict[str, str] = {}  # key -> why its bytes were not landed (its lookup says so)
         self.slow: dict[str, str] = {}  # key -> why its read was abandoned: slower than its compile (its lookup compiles)
-        self.landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet looked up: key -> (bytes, when)
         self.own: list[tuple[str, int]] | None = None  # this process's own manifest, as read
         self.spent = 0
         self.holding = 0  # bytes of the fetches in flight
         self.room = threading.Condition(self.lock)
-        self.landing = 0  # files being written: exit waits for these, never for the network
+        self.writing = 0  # files being written: exit waits for these, never for the network
         self.abandoned: set[str] = set()  # in flight past a lookup's wait: its lookup read it, never landed here
         self.from_pack: set[str] = set()  # the keys in flight that a pack's record holds
         self.signed = reader.signs  # a landed entry keeps its seal beside it
-        self.reservation = Reservation(local_dir)  # this process's share of the room under the cap
+        self.reservation = Reservation(landing.meta)  # this process's share of the room under the cap
         self.stopped = False
         self.autotune: tuple[str, str, int] | None = None  # (object, SHA-256, size): its manifest's autotune results
         self.tuned = threading.Event()  # they are in place (or there are none): a miss may go to XLA
@@ -229,12 +225,11 @@ class Prefetch:
                 self.tuned.set()  # (a miss waited for the manifest, read beside its own lookup)
             if not keys:
                 return
-            local = self.local_dir
             listing = channel.listing
             wanted = []  # (filtered outside the lock: a lookup never waits on these stats)
             for key, size in keys:
                 listed = listing.get(key + ENTRY_SUFFIX) if listing is not None else size
-                if listed and not os.path.exists(os.path.join(local, key + ENTRY_SUFFIX)):
+                if listed and not self.landing.has(key):
                     wanted.append((key, min(size, listed) if listing is None else listed))  # the listing's size, where it has one
             if self.room_left is not None:  # the room under the cap, less what unfolded ledgers added (a killed
                 # fresh process's landing), shared with other fresh processes: what is wanted of it
@@ -282,7 +277,7 @@ class Prefetch:
             if len(data) != size or _autotune.digest(data) != sha:
                 raise ValueError("it does not match its manifest's SHA-256")
             verified = self.reader.signs  # (decode refused a manifest the key did not sign)
-            landed = _autotune.land(self.local_dir, _autotune.unpack(data), self.team, verified)
+            landed = _autotune.land(self.landing.path, _autotune.unpack(data), self.landing.team, verified)
             logger.debug("prefetch: %d GPU autotune results landed", landed)
         except Exception as exc:
             logger.debug("the autotune object %s is not used: %s", name, describe(exc))
@@ -400,29 +395,20 @@ class Prefetch:
         with self.lock:
             self.flight.pop(key, None)
             self.holding -= size
-            if key not in self.landed:
+            if key not in self.landing.landed:
                 self.spent -= cost(size, self.signed)  # nothing landed: nothing spent
                 if again and key not in self.asked:
                     self.pending.setdefault(key, size)
             self.room.notify_all()
         event.set()
 
-    def _claim(self, key: str) -> str | None:
-        """The claim file that keeps another process from fetching ``key`` into this local level
-        too, or None where it is landed or being fetched by another already."""
-        channel = self.channel
-        if os.path.exists(os.path.join(self.local_dir, key + ENTRY_SUFFIX)):
-            return None  # landed by another process meanwhile
-        claim = f".{key}{ENTRY_SUFFIX}.prefetch{TMP_SUFFIX}"
-        return claim if _files.claim(self.local_dir, claim, stale=2 * channel.timeout) else None
-
     def _one(self, key: str, size: int) -> None:
-        if (claim := self._claim(key)) is None:
+        if (claim := self.landing.claim(key, stale=2 * self.channel.timeout)) is None:
             return  # left to the other process, or to this one's lookup
         try:
             self._fetch_and_land(key, size)
         finally:
-            _files.unclaim(self.local_dir, claim)
+            self.landing.unclaim(claim)
 
     def _fetch_and_land(self, key: str, size: int) -> None:
         """``size``, the manifest's (or the listing's), is charged already; the entry may be larger
@@ -459,13 +445,12 @@ class Prefetch:
         with self.lock:
             if self.stopped or channel.closed or key in self.abandoned:
                 return
-            self.landing += 1
+            self.writing += 1
         try:
-            landed, why = self.land(key, found)
-            if landed:  # (before ``landing`` falls: ``stop`` counts it)
+            landed, why = self.landing.land(key, found)
+            if landed:  # (before ``writing`` falls: ``stop`` counts it)
                 with self.lock:
                     self.spent += cost(len(found.data), self.signed) - cost(size, self.signed)
-                self.landed[key] = (len(found.data), time.time())
                 channel.count(prefetched=1, prefetched_bytes=len(found.data), backfills=1)
             elif why is not None:
                 self.refused[key] = why
@@ -473,7 +458,7 @@ class Prefetch:
                 self.stopped = True
         finally:
             with self.lock:
-                self.landing -= 1
+                self.writing -= 1
 
     def _read_pack(self, name: str) -> None:
         """One pack: each read of it bounded like a lookup's (a stall or a refused connection turns
@@ -524,8 +509,7 @@ class Prefetch:
     def _take_record(self, key: str, size: int) -> threading.Event | None:
         """A record's key, in flight from now (its lookup waits for it), where it is still wanted,
         not landed, and the budget and the bytes in flight leave room for its size; else None."""
-        local = os.path.join(self.local_dir, key + ENTRY_SUFFIX)
-        landed = os.path.exists(local)  # (a sibling's, meanwhile: outside the lock)
+        landed = self.landing.has(key)  # (a sibling's, meanwhile: outside the lock)
         with self.lock:
             if self.packed.pop(key, None) is None or landed or self.spent + cost(size, self.signed) > self.budget:
                 return None
@@ -559,7 +543,7 @@ class Prefetch:
             logger.debug("the pack's record of %s is not used: %s", key, exc)
             return True
         channel.count(bytes_read=size, read_secs=time.perf_counter() - started, reads=1)
-        if not os.path.exists(os.path.join(self.local_dir, key + ENTRY_SUFFIX)):  # (no claim: the bytes are here,
+        if not self.landing.has(key):  # (no claim: the bytes are here,
             self._land(key, size, found)  # and two processes landing one entry each write it whole)
         return False
 
@@ -596,10 +580,6 @@ class Prefetch:
                 logger.debug("prefetch of %s not waited for beyond %g s: read by its lookup", key, self.channel.timeout)
                 return
 
-    def used(self, key: str) -> bool:
-        """Whether a local hit on ``key`` is a prefetched entry's first use."""
-        return self.landed.pop(key, None) is not None
-
     def stop(self, grace: float = 1.0) -> int:
         """At exit: no more fetches; wait (at most ``grace``) for a file being written; the bytes
         landed that no lookup of this process used and no other process touched since."""
@@ -607,15 +587,9 @@ class Prefetch:
         with self.lock:
             self.stopped = True
             self.pending.clear()
-        while self.landing and time.monotonic() < deadline:
+        while self.writing and time.monotonic() < deadline:
             time.sleep(0.005)
         self.reservation.close()
-        wasted = 0
-        for key, (nbytes, when) in list(self.landed.items()):
-            try:  # a hit sets the entry's mtime (the store's recency): another process used it
-                if os.stat(os.path.join(self.local_dir, key + ENTRY_SUFFIX)).st_mtime > when:
-                    continue
-            except OSError:
-                pass
-            wasted += nbytes
-        return wasted
+        # A hit sets the entry's mtime (the store's recency): another process used it.
+        return sum(landed.nbytes for key, landed in list(self.landing.landed.items())
+                   if not self.landing.touched_since(key, landed.at))
