@@ -180,8 +180,9 @@ def test_the_private_name_finder_finds_one() -> None:
 # The collaborators the compile path's objects were given after construction before issue 43 (the
 # recorder's shared level and explainer, the key seam's listener, the shared level's callbacks into
 # the store, the cpu_target's check): each is now a constructor's argument. One wiring is left, and
-# is a method: the store ``attach``es itself to the shared level, as JAX makes the store at its first
-# compile, after the level exists.
+# is a method: the store ``open``s the level's landing port (``_landing.Landing``) with its check and
+# write, as JAX makes the store at its first compile, after the level exists. (Issue 60 asks this
+# check to catch any attribute set on an object the function did not create: not done yet.)
 WIRED = {"explainer", "listener", "on_replaced", "levels", "land", "landed_unused", "read_local", "set_by",
          "store_serving", "serves", "_queue", "_gkx_refusal"}
 
