@@ -219,12 +219,12 @@ def test_a_dripping_prefetch_holds_its_lookup_no_longer_than_the_entry_is_worth(
     assert level.channel.ensure()
     ahead = Prefetch(level.channel, level.reader, level.landing, 1 << 30)
     level._prefetch = ahead
-    with ahead.lock:
-        ahead.pending[key("big")] = 4 << 20
+    with ahead.flights.lock:
+        ahead.flights.pending[key("big")] = 4 << 20
     with pytest.warns(AutocacheWarning, match="slower than compiling"):
         ahead._spawn()
         deadline = time.monotonic() + 5
-        while key("big") not in ahead.flight and time.monotonic() < deadline:
+        while key("big") not in ahead.flights.flight and time.monotonic() < deadline:
             time.sleep(0.01)
         started = time.monotonic()
         ahead.wait(key("big"))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from gkx_autocache import _fork
 from gkx_autocache._diagnostics import NOTED, human_bytes, logger, warn
 from gkx_autocache._shared.backend import Backend
-from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe
+from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
 
 LIST_TTL = 60.0
 
@@ -165,6 +165,18 @@ class Channel:
         warn("shared:off", f"the shared level {self.url} is off for the rest of this process after {why}; the run "
                            f"goes on with the local level {self.local_dir}; fix: `gkx-autocache status` probes it, "
                            f"or {fix}")
+
+    def fault(self, exc: BaseException) -> bool:
+        """An error of a prefetch's request: a stall or a refused connection is the level's (it
+        turns off, as for a lookup: whether it did); any other (an object's 403, one deleted
+        meanwhile) is that object's."""
+        if isinstance(exc, Stalled):
+            self.turn_off(str(exc), timed_out=True)
+            return True
+        if refused(exc):
+            self.turn_off(describe(exc))
+            return True
+        return False
 
     def too_large(self, size: int, why: str) -> None:
         """An upload the server refused for its size (HTTP 413): that entry skipped, the level on,

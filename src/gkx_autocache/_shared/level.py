@@ -122,7 +122,7 @@ class Level:
         if budget <= 0:
             return
         ahead = prefetch.Prefetch(channel, self.reader, self.landing, budget, tunes=self.tunes, room=self.room)
-        ahead.asked.add(key)  # this lookup's: fetched by it
+        ahead.take(key)  # this lookup's: fetched by it
         self._prefetch = ahead
         ahead.start()
 
