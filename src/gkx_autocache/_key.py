@@ -168,3 +168,12 @@ def install(jax: Any, listener: Listener | None = None, on_replaced: Callable[[]
     seam = current
     current.parts = _jax.watch_key_parts(current.on_part)
     return why
+
+
+def replaced_note() -> str | None:
+    """What ``status`` says when the user's code replaced the package's key hook after ``import jax``."""
+    replaced = seam.replaced if seam is not None else None
+    if replaced is None:
+        return None
+    return (f"{_jax.HOOK} was replaced after import jax (by {replaced}): CPU keys still get the "
+            "ISA, added by gkx-autocache's key seam; chain the hook you replace to keep yours and ours in one place")

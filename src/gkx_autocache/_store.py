@@ -28,11 +28,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gkx_autocache import _files, _formats, _jax, _mount
+from gkx_autocache import _formats, _jax, _mount
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._formats import compression_of
 from gkx_autocache._landing import Landing
-from gkx_autocache._layout import META_DIR, VERDICT_FILE
 from gkx_autocache._local import LocalLevel
 
 if TYPE_CHECKING:  # (a type only: nothing to compile on import jax)
@@ -364,17 +363,6 @@ def _unloadable(cache_key: str, exc: BaseException) -> bool:
     return True
 
 
-def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False,
-                  explain: str | None = None, isa: str | None = None, callbacks: str | None = None) -> None:
-    """Record which store serves the directory, whether misses are explained and what to know of
-    the ISA in CPU keys (``_formats.verdict``), so ``status`` can say it without importing jax."""
-    text = _formats.verdict(store, reason, explain, isa, callbacks)
-    path = os.path.join(version_dir, META_DIR, VERDICT_FILE)
-    if _files.read(path) == text:
-        return
-    if _files.bookkeeping_dir(version_dir, shared) is not None:
-        _files.write_atomic(path, text, 0o644)
-
-
 def read_verdict(version_dir: str) -> dict[str, Any] | None:
-    return _formats.parse_verdict(_files.read(os.path.join(version_dir, META_DIR, VERDICT_FILE), 4096))
+    """``_formats.read_verdict``, for ``explain``'s report, which reads it here."""
+    return _formats.read_verdict(version_dir)
