@@ -37,6 +37,8 @@ from gkx_autocache._local import LocalLevel
 if TYPE_CHECKING:  # (a type only: nothing to compile on import jax)
     from typing import Protocol
 
+    from gkx_autocache._shared.answer import Answer
+
     class SharedLevel(Protocol):
         """What the store asks of the shared level behind the local one (``_shared.level.Level``)."""
 
@@ -51,13 +53,13 @@ if TYPE_CHECKING:  # (a type only: nothing to compile on import jax)
 
         def before_lookup(self, key: str) -> None: ...
 
-        def local_hit(self, nbytes: int, secs: float, key: str | None = None, prefetched: bool = False) -> None: ...
+        def local_hit(self, key: str, nbytes: int, prefetched: bool = False) -> None: ...
 
         def local_miss(self, key: str = "") -> None: ...
 
-        def get(self, key: str) -> Any: ...
+        def get(self, key: str) -> Answer: ...
 
-        def count(self, level: str, **add: float) -> None: ...
+        def count(self, **add: float) -> None: ...
 
         def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None: ...
 
@@ -101,21 +103,24 @@ class Unshared:
     signs = False
 
     def __init__(self) -> None:
+        from gkx_autocache._shared.answer import MISS  # (a leaf; loaded at JAX's first compile, not on import jax)
+
         self.landing = Landing("")  # never opened: nothing lands, and a hit takes nothing from it
+        self._miss = MISS
 
     def before_lookup(self, key: str) -> None:
         pass
 
-    def local_hit(self, nbytes: int, secs: float, key: str | None = None, prefetched: bool = False) -> None:
+    def local_hit(self, key: str, nbytes: int, prefetched: bool = False) -> None:
         pass
 
     def local_miss(self, key: str = "") -> None:
         pass
 
-    def get(self, key: str) -> Any:
-        return None
+    def get(self, key: str) -> Answer:
+        return self._miss
 
-    def count(self, level: str, **add: float) -> None:
+    def count(self, **add: float) -> None:
         pass
 
     def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None:
@@ -171,19 +176,24 @@ class Store:
                 self._recorder.put(key, landed.written, landed.compile_secs, landed=True)
             self._recorder.hit(key, len(data), compile_secs, by)
             self._served.key = key
-            # A writer's hit may heal the bucket; a prefetched entry's first use is the shared level's hit.
-            levels.local_hit(len(data), time.perf_counter() - started, key, prefetched=landed is not None)
+            # A prefetched entry's first use is the shared level's hit, and the local level's miss.
+            if landed is None:
+                self._recorder.local_hit(len(data), time.perf_counter() - started)
+            else:
+                self._recorder.local_miss()
+            levels.local_hit(key, len(data), prefetched=landed is not None)
             return data
+        self._recorder.local_miss()
         levels.local_miss(key)
         if not why or compression_of(data or b"") is None:  # another environment's entry is left alone
-            found = levels.get(key)
-            if found is not None and not isinstance(found, str):
-                unusable = self._local.unusable_shared(found.data, landing=False)
-                if unusable is None:
-                    return self._serve_shared(key, found)
-                found = unusable
-            if found is not None:
-                why = found
+            answer = levels.get(key)
+            refused = answer.refused
+            if answer.found is not None:
+                refused = self._local.unusable_shared(answer.found.data, landing=False)
+                if refused is None:
+                    return self._serve_shared(key, answer.found)
+            if refused is not None:
+                why = refused
         self._missed(key)
         if why:  # the entry was there but cannot be used: named, not "evicted" on every run
             self._recorder.rejected(key, why)
@@ -198,7 +208,7 @@ class Store:
         writes, so that the next run reads it here; served either way (a read-only or full local
         level serves it without the backfill)."""
         if self._local.writable and self._backfill(key, found) is not None:
-            self._levels.count("shared", backfills=1)
+            self._levels.count(backfills=1)
         self._recorder.hit(key, len(found.data), found.compile_secs or 0.0)  # another run's compile
         self._served.key = key
         return bytes(found.data)

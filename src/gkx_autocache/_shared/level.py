@@ -21,9 +21,10 @@ from gkx_autocache._diagnostics import logger, warn
 from gkx_autocache._landing import Landing
 from gkx_autocache._layout import ENTRY_SUFFIX
 from gkx_autocache._shared import manifest, pack, prefetch
+from gkx_autocache._shared.answer import MISS, Answer
 from gkx_autocache._shared.backend import Backend
 from gkx_autocache._shared.calls import ShuttingDown, Stalled, TooSlow, bounded, describe
-from gkx_autocache._shared.channel import Channel, zero
+from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.reads import Found, Reader
 from gkx_autocache._shared.seal import EntryRefused
 from gkx_autocache._shared.uploads import QUEUE_BYTES, Uploads
@@ -51,40 +52,32 @@ class Level:
         self._prefetch_tried = False
         self._seen: dict[str, int] = {}  # the keys this run looked up (hits and writes): its manifest
         self._forked_child = False
-        self.local_counts = zero()
+        self._missed = False  # a lookup missed the local level: a writer's run then leaves a manifest
         self._lock = threading.Lock()
         self.uploads = Uploads(channel, self.reader, self.landing.uploadable, writes, queue_bytes)  # writes: None, uploads on; else why not
         _fork.in_child(self._forked)
 
     def _forked(self) -> None:
         self._lock = threading.Lock()
-        self.local_counts = zero()
+        self._missed = False
         self._prefetch, self._prefetch_tried = None, True  # the parent's threads are not here; its prefetch lands still
         self._seen = {}
         self._forked_child = True  # its run is part of its parent's: no manifest of its own
 
     # -- counting --------------------------------------------------------------------------------
 
-    def count(self, level: str, **add: float) -> None:
-        """The store's numbers of either level (the shared level's are its channel's)."""
-        if level == "shared":
-            self.channel.count(**add)
-            return
-        with self._lock:
-            for name, n in add.items():
-                self.local_counts[name] += n
+    def count(self, **add: float) -> None:
+        """The shared level's numbers (the channel's); the local level's are the recorder's."""
+        self.channel.count(**add)
 
-    def local_hit(self, nbytes: int, secs: float, key: str | None = None, prefetched: bool = False) -> None:
+    def local_hit(self, key: str, nbytes: int, prefetched: bool = False) -> None:
         """``prefetched``: the first use of an entry the prefetch landed (``Landing.take``): the
-        shared level's hit, fetched ahead."""
-        if key is not None and prefetched:
-            self.count("local", misses=1)
+        shared level's hit, fetched ahead. Else a writer's hit may heal the bucket."""
+        self._saw(key, nbytes)
+        if prefetched:
+            self._missed = True
             self.channel.count(hits=1, prefetch_used=1)
-            self._saw(key, nbytes)
-            return
-        self.count("local", hits=1, bytes_read=nbytes, read_secs=secs, reads=1)
-        if key is not None:
-            self._saw(key, nbytes)
+        else:
             self.uploads.heal(key)
 
     def _saw(self, key: str, nbytes: int) -> None:
@@ -92,7 +85,7 @@ class Level:
             self._seen.setdefault(key, nbytes)
 
     def local_miss(self, key: str = "") -> None:
-        self.count("local", misses=1)
+        self._missed = True
         if not self._prefetch_tried:
             self._start_prefetch(key)
 
@@ -131,15 +124,9 @@ class Level:
         if self._prefetch is not None:
             self._prefetch.wait(key)
 
-    def snapshot(self) -> dict[str, dict[str, float]]:
-        with self._lock:
-            local = dict(self.local_counts)
-        return {"local": local, "shared": self.channel.snapshot()}
-
-    def record(self) -> dict[str, Any]:
-        """Both levels' numbers as a ledger record: the ledger sums them over processes."""
-        return {"e": "levels", **{level: {k: round(v, 6) if isinstance(v, float) else v for k, v in counts.items() if v}
-                                  for level, counts in self.snapshot().items()}}
+    def snapshot(self) -> dict[str, float]:
+        """The shared level's numbers."""
+        return self.channel.snapshot()
 
     @property
     def off_note(self) -> str | None:
@@ -152,61 +139,61 @@ class Level:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def get(self, key: str) -> Found | str | None:
-        """The entry from the shared level (``Found``), why it must not be served (a string), or
-        None for a miss. Never raises. Before a miss goes to XLA to compile, the GPU autotune
+    def get(self, key: str) -> Answer:
+        """The entry from the shared level (``found``), why it must not be served (``refused``), or
+        neither for a miss. Never raises. Before a miss goes to XLA to compile, the GPU autotune
         results of a prefetch (``_autotune``) are in place, or a timeout has passed."""
-        found = self._get(key)
-        if not isinstance(found, Found) and (ahead := self._prefetch) is not None:
+        answer = self._get(key)
+        if answer.found is None and (ahead := self._prefetch) is not None:
             ahead.tuned.wait(self.channel.timeout)
-        return found
+        return answer
 
-    def _get(self, key: str) -> Found | str | None:
+    def _get(self, key: str) -> Answer:
         ahead = self._prefetch
         if ahead is not None:
             ahead.take(key)  # this lookup's own: never the prefetch's too
             if (why := ahead.refused.pop(key, None)) is not None:
                 self.channel.count(rejected=1, misses=1)  # the prefetch read it: refused, not read twice
-                return why
+                return Answer(refused=why)
             if ahead.slow.pop(key, None) is not None:  # slower than its compile: not read twice either
                 self.channel.count(misses=1)
-                return None
+                return MISS
         channel = self.channel
         if channel.off is not None or not channel.ensure():
             self.channel.count(misses=1)
-            return None
+            return MISS
         listing = channel.listing
         if listing is not None and key + ENTRY_SUFFIX not in listing:
             self.channel.count(misses=1)  # answered by the listing: no round trip
-            return None
+            return MISS
         started = time.perf_counter()
         try:
             found: Found | None = bounded(lambda progress: self.reader.fetch(key, progress), channel.timeout)
         except ShuttingDown:  # a compile while the interpreter exits: a miss, nothing wrong with the level
             self.channel.count(misses=1)
-            return None
+            return MISS
         except EntryRefused as exc:
             self.channel.count(rejected=1, misses=1)
             logger.debug("shared entry %s not served: %s", key, exc)
-            return str(exc)
+            return Answer(refused=str(exc))
         except Stalled as exc:
             self.channel.count(misses=1)
             channel.turn_off(str(exc), timed_out=True)
-            return None
+            return MISS
         except TooSlow as exc:
             self.channel.count(misses=1)
             channel.too_slow(key, str(exc))
-            return None
+            return MISS
         except Exception as exc:
             self.channel.count(misses=1)
             channel.turn_off(describe(exc))
-            return None
+            return MISS
         if found is None:
             self.channel.count(misses=1)
-            return None
+            return MISS
         self.channel.count(hits=1, bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
         self._saw(key, len(found.data))
-        return found
+        return Answer(found)
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -219,7 +206,8 @@ class Level:
 
     def finish(self, recorder: Any = None) -> None:
         """At exit: what is pending gets one ``shared_timeout`` in all; the rest is dropped,
-        counted, with one warning. Then both levels' numbers go to the ledger."""
+        counted, with one warning. Then the shared level's numbers go to the ledger, with the local
+        level's (the recorder's)."""
         channel = self.channel
         deadline = time.monotonic() + channel.timeout
         channel.closed = True
@@ -243,7 +231,7 @@ class Level:
                                 "compiled again by a later run")
         if recorder is not None:
             try:
-                recorder.levels_record(self.record())
+                recorder.levels_record(self.snapshot())
             except Exception as exc:
                 logger.debug("per-level numbers not recorded: %s", exc)
 
@@ -256,7 +244,7 @@ class Level:
         that is what it read."""
         seen = self._seen
         if (self.writes is not None or self.channel.off is not None or not seen or self.channel.rank() != 0
-                or not self.local_counts["misses"] or not self.uploads.started or self._forked_child):
+                or not self._missed or not self.uploads.started or self._forked_child):
             return []
         keys = list(seen.items())
         ahead = self._prefetch
