@@ -64,6 +64,10 @@ class Channel:
         self.counts = zero()
         self.backend.forget()
 
+    def close(self) -> None:
+        """At exit: nothing more is fetched or queued."""
+        self.closed = True
+
     def when_off(self, drop: Callable[[Callable[[], None]], int]) -> None:
         """``drop(off)`` turns the switch itself, under its own lock, and says how many of this run's
         entries it dropped (``Uploads.drop``)."""

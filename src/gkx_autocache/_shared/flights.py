@@ -166,6 +166,10 @@ class Flights:
                 logger.debug("prefetch of %s not waited for beyond %g s: read by its lookup", key, timeout)
                 return
 
+    def halt(self) -> None:
+        """Nothing more is fetched: what is left goes to the lookups."""
+        self.stopped = True
+
     def stop(self) -> None:
         """No more fetches."""
         with self.lock:

@@ -34,6 +34,14 @@ PROBE = "gkx-autocache-probe"  # the name a HEAD asks for to see that the cache 
 NO_LISTING = "not counted: an HTTP cache cannot be listed"
 
 
+
+class EndpointRefused(ConnectionRefusedError):
+    """A refused connection, named with its endpoint (``calls.describe``)."""
+
+    def __init__(self, exc: ConnectionRefusedError, endpoint: str) -> None:
+        super().__init__(*exc.args)
+        self.endpoint = endpoint
+
 class HttpError(OSError):
     """The server answered with an error status; the message is one line, without credentials."""
 
@@ -264,8 +272,7 @@ class HttpCache:
                 return connection, connection.getresponse()
             except ConnectionRefusedError as exc:  # named with its endpoint (``calls.describe``)
                 connection.close()
-                exc.endpoint = f"{parts.scheme}://{parts.netloc}"  # type: ignore[attr-defined]
-                raise
+                raise EndpointRefused(exc, f"{parts.scheme}://{parts.netloc}") from exc
             except ValueError as exc:  # http.client's "Invalid header value b'...'" would print the credentials
                 connection.close()
                 if isinstance(exc, OSError):  # a certificate that does not verify (ssl's error is both)

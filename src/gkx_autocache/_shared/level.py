@@ -210,7 +210,7 @@ class Level:
         level's (the recorder's)."""
         channel = self.channel
         deadline = time.monotonic() + channel.timeout
-        channel.closed = True
+        channel.close()
         if self._prefetch is not None:
             wasted = self._prefetch.stop(min(1.0, channel.timeout))
             if wasted:

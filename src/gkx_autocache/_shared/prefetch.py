@@ -79,7 +79,7 @@ class Prefetch:
         try:
             threading.Thread(target=self._run, name="gkx-autocache-prefetch", daemon=True).start()
         except RuntimeError:  # the interpreter is exiting
-            self.flights.stopped = True
+            self.flights.halt()
             self.tuned.set()
 
     def _closed(self) -> bool:
@@ -151,7 +151,7 @@ class Prefetch:
         object's, and what is left goes to the lookups."""
         if not self.channel.fault(exc):
             logger.debug("prefetch stopped: %s", describe(exc))
-            self.flights.stopped = True
+            self.flights.halt()
 
     def _work(self) -> None:
         while (taken := self.flights.next(self._closed)) is not None:
@@ -180,7 +180,7 @@ class Prefetch:
         try:
             found = bounded(lambda progress: self.reader.fetch(key, progress, most), channel.timeout)
         except ShuttingDown:
-            self.flights.stopped = True
+            self.flights.halt()
             return
         except EntryRefused as exc:
             self.refused[key] = str(exc)
@@ -212,7 +212,7 @@ class Prefetch:
             elif why is not None:
                 self.refused[key] = why
             else:  # the local level takes no more (disk full): what is left goes to its lookups
-                self.flights.stopped = True
+                self.flights.halt()
         finally:
             self.flights.end_write(size, written)
 

@@ -46,7 +46,7 @@ class Unpack:
             finally:
                 stream.close()
         except ShuttingDown:
-            self.flights.stopped = True
+            self.flights.halt()
         except Exception as exc:
             if not channel.fault(exc):  # (a stall or a refused connection turns the level off)
                 logger.debug("the pack %s is not read on: %s", name, describe(exc))
