@@ -47,11 +47,7 @@ class Reservation:
 
             fd = self.fd = _files.open_regular(os.path.join(self.meta, staged))
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            folder = _files.open_dir(os.path.abspath(self.meta), search=True)
-            try:
-                os.rename(staged, name, src_dir_fd=folder, dst_dir_fd=folder)
-            finally:
-                os.close(folder)
+            self._rename(staged, name)
             self.name = name
             os.utime(fd)  # ordered by when it was seen, not made: a later one never takes an earlier's room
         except (OSError, ImportError):  # (no flock here: a reservation nobody could tell is live)
@@ -61,16 +57,20 @@ class Reservation:
         if granted < budget:  # said as what it holds (the lock goes with the file)
             smaller = f"{RESERVED}{os.getpid()}.{max(granted, 0)}{TMP_SUFFIX}"
             try:
-                fd = _files.open_dir(os.path.abspath(self.meta), search=True)
-                try:
-                    os.rename(name, smaller, src_dir_fd=fd, dst_dir_fd=fd)
-                finally:
-                    os.close(fd)
+                self._rename(name, smaller)
                 self.name = smaller
             except OSError:
                 self.close()
                 return 0
         return granted
+
+    def _rename(self, old: str, new: str) -> None:
+        """``old`` to ``new`` in the bookkeeping, through its folder's descriptor."""
+        folder = _files.open_dir(os.path.abspath(self.meta), search=True)
+        try:
+            os.rename(old, new, src_dir_fd=folder, dst_dir_fd=folder)
+        finally:
+            os.close(folder)
 
     def _taken(self, mine: str | None) -> int:
         """The bytes live reservations of other processes hold, those made before ``mine`` (all,
