@@ -78,7 +78,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
                                                   for t in threading.enumerate()):
             time.sleep(0.05)
         for level in levels:
-            level.backend.forget()  # its kept connections closed (a level lives as long as its process)
+            level.channel.backend.forget()  # its kept connections closed (a level lives as long as its process)
         for proxy in proxies:
             proxy.close()
 
@@ -129,8 +129,8 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
 
 def timed(level: Level, name: str) -> tuple[Found | str | None, float]:
     started = time.monotonic()
-    found = level.get(key(name))
-    return found, time.monotonic() - started
+    answer = level.get(key(name))
+    return (answer.found if answer.found is not None else answer.refused), time.monotonic() - started
 
 
 @pytest.mark.parametrize("server", KINDS, indirect=True)
@@ -143,13 +143,13 @@ def test_a_server_that_answers_each_block_just_under_the_timeout_holds_a_lookup_
     server.put(key("big"), entry(4 << 20), 1.0)
     server.put(key("small"), small := entry(100 << 10), 1.0)
     level, _ = server.level(delay=1.75, only="-cache")
-    assert level.ensure()
+    assert level.channel.ensure()
     with pytest.warns(AutocacheWarning, match="slower than compiling.*stays on"):
         found, took = timed(level, "big")
-    assert found is None and took < 7.0 and level.off is None, (found, took, level.off)
+    assert found is None and took < 7.0 and level.channel.off is None, (found, took, level.channel.off)
     found, _ = timed(level, "small")
     assert isinstance(found, Found) and found.data == small
-    shared = level.snapshot()["shared"]
+    shared = level.snapshot()
     assert shared["slow"] == 1 and shared["hits"] == 1 and shared["timeouts"] == 0, shared
 
 
@@ -160,10 +160,10 @@ def test_a_server_that_slows_down_just_before_the_bound_is_left_at_the_bound(ser
     block (about 12 s more before)."""
     server.put(key("big"), entry(8 << 20), 3.5)
     level, _ = server.level(pace=2 << 20, delay=1.2, slow_after=2.5)
-    assert level.ensure()
+    assert level.channel.ensure()
     with pytest.warns(AutocacheWarning, match=r"not read within 3\.5 s \(its compile took 3\.50 s\)"):
         found, took = timed(level, "big")
-    assert found is None and 3.3 < took < 5.5 and level.off is None, (found, took, level.off)
+    assert found is None and 3.3 < took < 5.5 and level.channel.off is None, (found, took, level.channel.off)
 
 
 @pytest.mark.parametrize("server", ["s3"], indirect=True)
@@ -174,12 +174,12 @@ def test_a_server_slow_only_on_the_largest_entry_costs_that_entry_only(server: S
     server.put(key("large"), entry(6 << 20), 0.5)
     server.put(key("b"), b := entry(300 << 10), 0.5)
     level, _ = server.level(delay=1.75, only=key("large"))
-    assert level.ensure()
-    assert getattr(level.get(key("a")), "data", None) == a
+    assert level.channel.ensure()
+    assert getattr(level.get(key("a")).found, "data", None) == a
     with pytest.warns(AutocacheWarning, match="slower than compiling"):
         found, took = timed(level, "large")
     assert found is None and took < 7.0, took
-    assert getattr(level.get(key("b")), "data", None) == b and level.off is None
+    assert getattr(level.get(key("b")).found, "data", None) == b and level.channel.off is None
 
 
 @pytest.mark.parametrize("server", ["http"], indirect=True)
@@ -189,10 +189,10 @@ def test_a_rate_below_the_floor_is_a_stall_that_turns_the_level_off(server: Serv
     measured, the level off with one warning (each block's answer was progress: 37 s before)."""
     server.put(key("big"), entry(2 << 20), 3600.0)
     level, _ = server.level(timeout=6.0, delay=4.6, only="-cache")
-    assert level.ensure()
+    assert level.channel.ensure()
     with pytest.warns(AutocacheWarning, match="less than 64 KiB/s for 6 s"):
         found, took = timed(level, "big")
-    assert found is None and took < 10.0 and level.off is not None, (took, level.off)
+    assert found is None and took < 10.0 and level.channel.off is not None, (took, level.channel.off)
 
 
 @pytest.mark.parametrize("server", ["http"], indirect=True)
@@ -201,9 +201,9 @@ def test_a_seal_whose_compile_time_is_tiny_still_gets_its_entry_read(server: Ser
     where the link works (a second, and a second per 16 MiB), never refused by that claim."""
     server.put(key("big"), big := entry(6 << 20), 0.0)
     level, _ = server.level()
-    assert level.ensure()
+    assert level.channel.ensure()
     found, _ = timed(level, "big")
-    assert isinstance(found, Found) and found.data == big and level.snapshot()["shared"]["slow"] == 0
+    assert isinstance(found, Found) and found.data == big and level.snapshot()["slow"] == 0
 
 
 @pytest.mark.parametrize("server", ["s3"], indirect=True)
@@ -216,21 +216,21 @@ def test_a_dripping_prefetch_holds_its_lookup_no_longer_than_the_entry_is_worth(
 
     server.put(key("big"), entry(4 << 20), 1.0)
     level, _ = server.level(delay=1.5, only="-cache")
-    assert level.ensure()
-    ahead = Prefetch(level, level.reader, lambda k, found: (True, None), 1 << 30)
+    assert level.channel.ensure()
+    ahead = Prefetch(level.channel, level.reader, level.landing, 1 << 30)
     level._prefetch = ahead
-    with ahead.lock:
-        ahead.pending[key("big")] = 4 << 20
+    with ahead.flights.lock:
+        ahead.flights.pending[key("big")] = 4 << 20
     with pytest.warns(AutocacheWarning, match="slower than compiling"):
         ahead._spawn()
         deadline = time.monotonic() + 5
-        while key("big") not in ahead.flight and time.monotonic() < deadline:
+        while key("big") not in ahead.flights.flight and time.monotonic() < deadline:
             time.sleep(0.01)
         started = time.monotonic()
         ahead.wait(key("big"))
         waited = time.monotonic() - started
         found, took = timed(level, "big")
-    assert waited < 7.0 and found is None and took < 0.5 and level.off is None, (waited, took)
+    assert waited < 7.0 and found is None and took < 0.5 and level.channel.off is None, (waited, took)
 
 
 def test_the_bound_a_seal_buys_is_between_what_a_link_needs_and_thirty_timeouts() -> None:

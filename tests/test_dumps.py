@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import Venv, autocache_warnings, run_program
 
-from gkx_autocache._configure import dump_asked
+from gkx_autocache._unread import dump_asked
 
 
 def _dumped(folder: Path) -> set[str]:

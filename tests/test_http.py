@@ -133,9 +133,9 @@ def test_a_lying_or_hanging_server_never_gets_an_entry_loaded(tmp_path: Path, ng
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            got = [level.get(key) for key in kept]
+            got = [level.get(key).found for key in kept]
     finally:
-        level.backend.forget()
+        level.channel.backend.forget()
         proxy.close()
     assert not any(isinstance(found, Found) and found.data != kept[key] for found, key in zip(got, kept, strict=True))
     told = [str(w.message) for w in said]
@@ -159,10 +159,11 @@ def looked_up(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout
                   writes="never", secret=None)
     try:
         with pytest.warns(Warning) as said:
-            found = level.get("jit_f-" + "ab" * 32)
+            answer = level.get("jit_f-" + "ab" * 32)
+            found = answer.found if answer.found is not None else answer.refused
     finally:
-        level.backend.forget()
-    return found, [str(w.message) for w in said], level.off
+        level.channel.backend.forget()
+    return found, [str(w.message) for w in said], level.channel.off
 
 
 def test_a_server_error_or_a_dead_server_turns_the_level_off_with_one_line(tmp_path: Path,
@@ -505,7 +506,7 @@ def test_no_credential_crosses_the_network_in_clear_unless_asked(
         settings = _settings.resolve(env=env, prefix="/nonexistent", user_file="/nonexistent")
         level, problems = setup.level_for(settings, location, "0.4.30", env)
         assert level is not None
-        level.backend.forget()
+        level.channel.backend.forget()
         said = [message for cause, message in problems if cause == "shared:cleartext"]
         assert bool(said) == warned, problems
         if warned:
@@ -545,19 +546,19 @@ def test_an_entry_above_the_server_s_body_limit_is_skipped_and_the_level_stays_o
             for key, data in entries.items():
                 level.put(key, data, 1.0, written=time.time())
             level.finish()
-        assert len(said) == 1 and level.off is None, [str(w.message) for w in said]
+        assert len(said) == 1 and level.channel.off is None, [str(w.message) for w in said]
         held = {name.removesuffix("-cache") for name in entries_of(cache)}
         assert held == {key for key in entries if key.startswith(("jit_aa", "jit_cc"))}, held
-        shared = level.snapshot()["shared"]
+        shared = level.snapshot()
         assert shared["uploads"] == 2 and shared["skipped"] == 2 and shared["errors"] == 0, shared
         fresh = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "f"), timeout=5.0,
                       writes="never", secret=None)
         key = next(k for k in entries if k.startswith("jit_cc"))
-        found = fresh.get(key)
+        found = fresh.get(key).found
         assert isinstance(found, Found) and found.data == entries[key]
-        fresh.backend.forget()
+        fresh.channel.backend.forget()
     finally:
-        level.backend.forget()
+        level.channel.backend.forget()
         cache.close()
 
 

@@ -16,7 +16,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from conftest import PEAK_RSS, PROGRAM, S3, Venv, free_port, run_program
@@ -170,12 +170,12 @@ def test_a_silent_or_dribbling_server_costs_a_cold_run_one_timeout(tmp_path: Pat
             level.uploads.start()
             for i in range(12):
                 key = f"jit_f{i}-" + f"{i:064x}"
-                assert level.get(key) is None
+                assert level.get(key) == (None, None)
                 level.put(key, b"\x78\x01" + b"x" * 5000, 0.5, written=time.time())
             level.finish()
         took = time.monotonic() - started
     finally:
-        level.backend.forget()
+        level.channel.backend.forget()
         server.close()
     (warning,) = [str(w.message) for w in said]
     assert "no progress for 2 s" in warning and "shared_timeout (env GKX_JAX_CACHE_SHARED_TIMEOUT)" in warning
@@ -586,7 +586,7 @@ def test_the_upload_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
         level.put(f"jit_f-{i:064x}", bytes([i]) * 1000, 0.5)
     gate.set()
     level.finish()
-    counts = level.snapshot()["shared"]
+    counts = level.snapshot()
     assert counts["uploads"] == 3 and counts["skipped"] == 3, counts
     found = sorted(p.name for p in (shared / "jax-0.0.0").iterdir() if p.name.endswith("-cache"))
     assert len(found) == counts["uploads"]
@@ -764,13 +764,14 @@ def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: P
         moved = json.loads(_seal.make_seal(OTHER_KEY, data, 0.5, time.time(), secret))
         (vdir / f"{GOOD}-gkx-shared").write_text(json.dumps(moved))
     started = time.monotonic()
-    got = level.get(GOOD)
-    assert time.monotonic() - started < 3 and level.off is None
+    answer = level.get(GOOD)
+    got = answer.found if answer.found is not None else answer.refused
+    assert time.monotonic() - started < 3 and level.channel.off is None
     if spoil == "a compile time of a century":
         assert isinstance(got, Found) and got.data == data and got.compile_secs is None
     else:
         assert isinstance(got, str) and got, got
-        assert level.snapshot()["shared"]["rejected"] == 1
+        assert level.snapshot()["rejected"] == 1
 
 
 def test_a_bucket_with_more_names_than_one_listing_is_asked_key_by_key(venv: Venv, tmp_path: Path, s3: S3,
@@ -814,7 +815,8 @@ root, key, signed = sys.argv[1], sys.argv[2], sys.argv[3] == "signed"
 level = _levels.Level(root, _directory.Directory(root, "0.0.0", team=False), local=root + "-l", timeout=60.0,
                       writes=None, secret=b"k" if signed else None)
 started = time.monotonic()
-got = level.get(key)
+answer = level.get(key)
+got = answer.refused if answer.refused is not None else answer.found
 print(json.dumps({"got": got if isinstance(got, str) else type(got).__name__, "secs": time.monotonic() - started,
                   "peak_mb": (""" + PEAK_RSS + r""") / 2**20}))
 """
@@ -1210,10 +1212,12 @@ def test_a_local_entry_is_uploaded_only_with_the_seal_its_key_vouched_for(tmp_pa
 def test_an_unsigned_seal_says_who_uploaded_it_and_a_wrong_signature_says_so() -> None:
     """K5: a seal without a signature is `not signed`, uploaded by a process without the key; one
     whose signature does not match names another key or an alteration: two causes, two fixes."""
+    from gkx_autocache._shared.channel import Channel
     from gkx_autocache._shared.reads import Reader
     from gkx_autocache._shared.seal import EntryRefused, make_seal
 
-    reader = Reader(None, secret=KEY_A.encode(), max_entry=1 << 30, timeout=1.0, count=lambda **numbers: None)
+    channel = Channel("s3://b/team", cast(Any, None), timeout=1.0, rank=lambda: 0)
+    reader = Reader(channel, secret=KEY_A.encode(), max_entry=1 << 30)
     data = b"\x78\x9c" + b"a" * 10
     for raw, said in ((make_seal(GOOD, data, None, 1.0, None), "not signed: a process without the signing key uploaded it"),
                       (make_seal(GOOD, data, None, 1.0, KEY_B.encode()),
@@ -1246,10 +1250,10 @@ def test_an_upload_the_worker_holds_when_the_level_turns_off_is_counted(tmp_path
     for i in range(5):
         level.put(f"jit_f-{i:064x}", bytes([i]) * 1000, 0.5)
     assert writing.wait(10)  # the worker writes the first
-    level.turn_off("a lookup timed out", timed_out=True)
+    level.channel.turn_off("a lookup timed out", timed_out=True)
     gate.set()
     time.sleep(0.3)  # the worker, if it took another, would have by now
-    counts = level.snapshot()["shared"]
+    counts = level.snapshot()
     assert counts["dropped"] == 5 and counts["uploads"] <= 1, counts
 
     # The instant between the switch and the drop: the worker takes nothing once the level is off.
@@ -1260,7 +1264,7 @@ def test_an_upload_the_worker_holds_when_the_level_turns_off_is_counted(tmp_path
     for i in range(5):
         level.put(f"jit_g-{i:064x}", bytes([i]) * 1000, 0.5)
     assert writing.wait(10)
-    level.off = ("a lookup timed out", time.time())  # thrown, not yet dropped
+    level.channel.off = ("a lookup timed out", time.time())  # thrown, not yet dropped
     gate.set()
     time.sleep(0.3)
     assert level.uploads.drop(lambda: None) == 4  # the four queued, still there to count
@@ -1276,7 +1280,7 @@ def test_turning_off_counts_only_this_runs_own_uploads_as_dropped(tmp_path: Path
     uploads._queue.extend([Item(f"jit_{i}-{'a' * 64}", b"x", None, None, 0.0, heal=False, manifest=False)
                            for i in range(2)] + [Item("m-gkx-manifest", b"{}", None, None, 0.0, heal=False, manifest=True)])
     uploads._heals.extend(Item(f"jit_h{i}-{'b' * 64}", b"", None, None, 0.0, heal=True, manifest=False) for i in range(500))
-    level.turn_off("a test", timed_out=False)
-    assert level.counts["shared"]["dropped"] == 2 and not uploads._queue and not uploads._heals
-    level.turn_off("again", timed_out=False)  # once only
-    assert level.counts["shared"]["dropped"] == 2 and level.counts["shared"]["errors"] == 1
+    level.channel.turn_off("a test", timed_out=False)
+    assert level.channel.counts["dropped"] == 2 and not uploads._queue and not uploads._heals
+    level.channel.turn_off("again", timed_out=False)  # once only
+    assert level.channel.counts["dropped"] == 2 and level.channel.counts["errors"] == 1

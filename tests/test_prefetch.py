@@ -11,9 +11,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from conftest import COUNTING, S3, Venv, run_program
@@ -241,21 +240,20 @@ def test_a_pack_holds_its_records_in_order_up_to_its_limit() -> None:
                 reader.body(record[2])
 
 
-class _Level:
-    """What ``Prefetch`` reads of its level (``prefetch.Level``), for driving it without a bucket."""
+class _Channel:
+    """What ``Prefetch`` reads of its channel (``channel.Channel``), for driving it without a bucket."""
 
-    def __init__(self, local: Path) -> None:
-        self.local_dir, self.local_team, self.timeout = str(local), False, 5.0
+    def __init__(self) -> None:
+        self.timeout = 5.0
         self.off: tuple[str, float] | None = None
-        self.room: Callable[[bool], int] | None = None
-        self.backend, self.closed, self.listing = None, False, None
-        self.tunes = False  # XLA keeps no GPU autotune results here
+        self.backend: Any = None
+        self.closed, self.listing = False, None
         self.counted: dict[str, float] = {}
 
     def ensure(self, quiet: bool = False) -> bool:
         return True
 
-    def count(self, level: str, **add: float) -> None:
+    def count(self, **add: float) -> None:
         for name, n in add.items():
             self.counted[name] = self.counted.get(name, 0) + n
 
@@ -263,7 +261,16 @@ class _Level:
         self.off = (why, 0.0)
 
     def too_slow(self, key: str, why: str) -> None:
-        self.count("shared", slow=1)
+        self.count(slow=1)
+
+
+def _landing(local: Path, land: Any) -> Any:
+    """The landing port (``_landing.Landing``) of a local level in ``local``, its store's write ``land``."""
+    from gkx_autocache._landing import Landing
+
+    landing = Landing(str(local))
+    landing.open(land, True, lambda key: None)
+    return landing
 
 
 def _reader() -> Any:
@@ -277,7 +284,7 @@ def _reader() -> Any:
         def found(self, key: str, seal: dict[str, Any] | None, data: bytes, raw_seal: bytes | None = None) -> Found:
             return Found(data, None, 0.0)
 
-    return Unchecked(None, secret=None, max_entry=1 << 30, timeout=5.0, count=lambda **numbers: None)
+    return Unchecked(cast(Any, _Channel()), secret=None, max_entry=1 << 30)
 
 
 def test_a_hostile_pack_is_read_no_further_than_a_writer_packs_and_a_cut_record_goes_to_the_workers(
@@ -296,18 +303,19 @@ def test_a_hostile_pack_is_read_no_further_than_a_writer_packs_and_a_cut_record_
 
         return pack.Reader(take)
 
-    ahead = prefetch.Prefetch(_Level(tmp_path), _reader(), lambda key, found: (True, None), 1 << 30)
+    ahead = prefetch.Prefetch(cast(Any, _Channel()), _reader(), _landing(tmp_path, lambda key, found: (1, None)), 1 << 30)
     wanted = "jit_w-" + "cd" * 32
-    ahead.packed[wanted] = 10
+    ahead.flights.packed[wanted] = 10
     junk = pack.build([(f"jit_j-{i:064x}", b'{"bytes":1}', b"x") for i in range(30_000)])[0]
     stream = reader(junk)
     with pytest.raises(pack.Malformed, match="records"):
-        ahead._unpack(stream)
+        ahead.unpack.records(stream)
     assert stream.consumed < len(junk) * 0.7, stream.consumed
     cut = pack.build([(wanted, b'{"bytes":10}', b"0123456789")])[0][:-4]
     with pytest.raises(pack.Malformed, match="cut short"):
-        ahead._unpack(reader(cut))
-    assert ahead.pending == {wanted: 10} and not ahead.flight and ahead.spent == ahead.holding == 0
+        ahead.unpack.records(reader(cut))
+    flights = ahead.flights
+    assert flights.pending == {wanted: 10} and not flights.flight and flights.spent == flights.holding == 0
 
 
 def shared_line(venv: Venv, env: dict[str, str]) -> str:
@@ -626,26 +634,26 @@ def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it
     from gkx_autocache._shared import prefetch
     from gkx_autocache._shared.reads import Found
 
-    level = _Level(tmp_path)
-    level.timeout = 0.5
+    channel = _Channel()
+    channel.timeout = 0.5
     landed: list[str] = []
-    def land(key: str, found: Any) -> tuple[bool, str | None]:
+    def land(key: str, found: Any) -> tuple[int | None, str | None]:
         landed.append(key)
-        return True, None
+        return len(found.data), None
 
-    ahead = prefetch.Prefetch(level, _reader(), land, 1 << 30)
+    ahead = prefetch.Prefetch(cast(Any, channel), _reader(), _landing(tmp_path, land), 1 << 30)
     key = "jit_w-" + "cd" * 32
-    with ahead.lock:
-        event = ahead.flight[key] = threading.Event()
-        ahead.from_pack.add(key)  # (a worker's fetch is bounded by its own progress)
+    with ahead.flights.lock:
+        event = ahead.flights.flight[key] = threading.Event()
+        ahead.flights.from_pack.add(key)  # (a worker's fetch is bounded by its own progress)
     started = time.monotonic()
     waiting = threading.Thread(target=ahead.wait, args=(key,), daemon=True)
     waiting.start()
     waiting.join(5.0)
     waited = time.monotonic() - started
-    assert not waiting.is_alive() and 0.4 < waited < 3.0 and key in ahead.asked, waited
+    assert not waiting.is_alive() and 0.4 < waited < 3.0 and key in ahead.flights.asked, waited
     ahead._land(key, 10, Found(b"0123456789", None, 0.0))
-    assert landed == [] and key not in ahead.landed
+    assert landed == [] and key not in ahead.landing.landed
     event.set()
 
 
@@ -762,7 +770,7 @@ def test_a_reservation_counts_only_live_holders_and_the_earlier_keeps_its_share(
     in another container, a planted file, however large or far in the future) is not counted; a
     name that is no reservation's (``²``, a pid past any int) is read past; of two live ones the
     earlier keeps its share and the later takes what is left."""
-    from gkx_autocache._shared import prefetch
+    from gkx_autocache._shared import room
 
     meta = tmp_path / ".gkx-autocache"
     meta.mkdir()
@@ -771,13 +779,13 @@ def test_a_reservation_counts_only_live_holders_and_the_earlier_keeps_its_share(
     os.utime(planted, (4e9, 4e9))
     for odd in (".prefetch.1.\u00b2.tmp", ".prefetch.99999999999999999999.5.tmp", ".prefetch.x.tmp"):
         (meta / odd).write_bytes(b"")
-    first, second = prefetch.Reservation(str(tmp_path)), prefetch.Reservation(str(tmp_path))
+    first, second = room.Reservation(str(tmp_path)), room.Reservation(str(tmp_path))
     assert first.take(600, 1000, 1) == 600
     time.sleep(0.05)  # (file times are the kernel's coarse clock: of two made in one tick, the lower pid is the earlier)
     assert second.take(500, 1000, 1) == 400  # (the first's lock is held: it is live)
     first.close()
     assert not list(meta.glob(f".prefetch.{os.getpid()}.600.tmp"))
-    third = prefetch.Reservation(str(tmp_path))
+    third = room.Reservation(str(tmp_path))
     time.sleep(0.05)
     assert third.take(700, 1000, 1) == 600  # the second's 400 is still held
     second.close()

@@ -105,7 +105,7 @@ def test_an_s3_level_goes_through_the_proxy_on_its_own_client(tmp_path: Path, tl
             try:
                 backend.write(key + "-gkx-shared", make_seal(key, data, 1.0, time.time(), None))
                 backend.write(key + "-cache", data)
-                found = level.get(key)
+                found = level.get(key).found
                 assert isinstance(found, Found) and found.data == data, found
                 listed = backend.listing(Progress())
                 assert isinstance(listed, dict) and listed[key + "-cache"] == len(data)

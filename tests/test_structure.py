@@ -177,32 +177,95 @@ def test_the_private_name_finder_finds_one() -> None:
         == {"level._queue"}
 
 
-# The collaborators the compile path's objects were given after construction before issue 43 (the
-# recorder's shared level and explainer, the key seam's listener, the shared level's callbacks into
-# the store, the cpu_target's check): each is now a constructor's argument. One wiring is left, and
-# is a method: the store ``attach``es itself to the shared level, as JAX makes the store at its first
-# compile, after the level exists.
-WIRED = {"explainer", "listener", "on_replaced", "levels", "land", "landed_unused", "read_local", "set_by",
-         "store_serving", "serves", "_queue", "_gkx_refusal"}
+# Issue 43 wired 13 collaborators into objects after construction (the recorder's shared level, the
+# key seam's listener, the shared level's callbacks into the store...); issue 60 the last one (the
+# store ``attach``ed to the level). The check is general, not a list of names: a function sets an
+# attribute only on what it created or owns, so that a back-reference or a late wiring fails.
+# Owned: ``self``/``cls``; what the class made itself (``self.x = Thing()``, then ``self.x.y = ...``);
+# a name the function (or the function around it) bound to a new object (a call's result, a literal);
+# a module's own private state (``_current.progress``); Python's protocols (a dunder, ``__wrapped__``;
+# the interpreter's ``sys.meta_path``, which the import hook rebinds). JAX's objects are patched in
+# ``_jax`` alone.
+# Other libraries' protocols: the import system's (a module spec's loader, which the import hook
+# hands back), pytest's (a plugin keeps its state on pytest's config).
+PYTHON_PROTOCOL = {"loader", "_gkx_autocache"}
+
+
+def _new(value: ast.expr | None) -> bool:
+    """A new object: a call's result (a class's instance, a factory's), or a literal; or one made
+    unless given (``x if x is not None else threading.local()``)."""
+    if isinstance(value, ast.IfExp):
+        return _new(value.body) or _new(value.orelse)
+    return isinstance(value, (ast.Call, ast.Dict, ast.List, ast.Set, ast.Tuple, ast.Lambda))
+
+
+def _names(target: ast.expr) -> list[str]:
+    """The names an assignment binds (``a``, ``a, b``), not those it reads (``a.b = ``, ``a[1] = ``)."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for element in target.elts for name in _names(element)]
+    return _names(target.value) if isinstance(target, ast.Starred) else []
+
+
+def _bound_new(scope: ast.AST) -> set[str]:
+    """The names ``scope`` binds to a new object, its inner functions' included."""
+    return {name for node in ast.walk(scope) if isinstance(node, (ast.Assign, ast.AnnAssign)) and _new(node.value)
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) for name in _names(t)}
 
 
 def wirings(text: str) -> list[str]:
-    """``obj.name = ...`` of a name in WIRED, where ``obj`` is not ``self``, in any function."""
-    return [f"{node.lineno} {ast.unparse(target)}" for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Assign)
-            for target in node.targets if isinstance(target, ast.Attribute) and target.attr in WIRED
-            and not (isinstance(target.value, ast.Name) and target.value.id == "self")]
+    """``obj.name = ...`` in any function, where ``obj`` is not the function's own (above)."""
+    tree = ast.parse(text)
+    own_globals = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                   for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                   if isinstance(t, ast.Name) and t.id.startswith("_")}
+    own_globals |= {node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name.startswith("_")}
+    found = []
+    scopes: list[ast.Module | ast.ClassDef] = [tree, *(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef))]
+    for cls in scopes:
+        made = {ast.unparse(t) for node in ast.walk(cls) if isinstance(node, (ast.Assign, ast.AnnAssign)) and _new(node.value)
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+        # Each outermost function, with the functions inside it: a closure sets what its function made.
+        functions = [node for node in cls.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for function in functions:
+            created = _bound_new(function) | {t.id for node in ast.walk(function) if isinstance(node, ast.Assign)
+                                              and ast.unparse(node.value) in made  # (its own part, by another name)
+                                              for t in node.targets if isinstance(t, ast.Name)}
+            for node in ast.walk(function):
+                targets = (node.targets if isinstance(node, ast.Assign)
+                           else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+                for target in (t for whole in targets for t in ast.walk(whole)):
+                    if (not isinstance(target, ast.Attribute) or not isinstance(target.ctx, ast.Store)
+                            or not isinstance(node, ast.stmt)
+                            or target.attr.startswith("__") or target.attr in PYTHON_PROTOCOL):
+                        continue
+                    obj = target.value
+                    if (isinstance(obj, ast.Name) and obj.id in {"self", "cls", "sys", *created, *own_globals}
+                            or ast.unparse(obj) in made):
+                        continue
+                    found.append(f"{node.lineno} {ast.unparse(target)}")
+    return sorted(set(found), key=lambda line: int(line.split()[0]))
 
 
 def test_collaborators_are_given_at_construction() -> None:
-    """No object of the compile path is wired after it was made (issue 43: 13 such wirings)."""
-    found = {module: names for module, text in sources().items() if (names := wirings(text))}
+    """No function sets an attribute on an object or module it did not create (issue 43: 13 such
+    wirings; issue 60: the last, ``attach``): a collaborator is a constructor's argument."""
+    found = {module: names for module, text in sources().items() if module != "_jax" and (names := wirings(text))}
     assert not found, found
 
 
 def test_the_wiring_finder_finds_one() -> None:
-    """The check above can fail."""
+    """The check above can fail: on a late wiring, a back-reference, a module's state set from
+    outside; not on what the function or its object made."""
     assert wirings("def f(recorder, watch):\n    recorder.explainer = watch\n    self.levels = None\n")\
         == ["2 recorder.explainer"]
+    assert wirings("class A:\n    def __init__(self, level):\n        self.part = Part()\n        level.owner = self\n"
+                   "    def g(self):\n        self.part.x = 1\n        self.level.y = 2\n")\
+        == ["4 level.owner", "7 self.level.y"]
+    assert wirings("import _cpu_target\ndef f(t):\n    _cpu_target.active = t\n    x = Seam()\n    x.hook = t\n")\
+        == ["3 _cpu_target.active"]
 
 
 def test_cycle_finder_finds_a_circle() -> None:

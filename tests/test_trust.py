@@ -374,7 +374,7 @@ def test_bookkeeping_swapped_for_a_symlink_after_its_check_is_never_written_thro
     two-user race won 11 of 500) points the victim's write at a folder of the victim's own, and
     its `index` (a `.git` has one), `store.json` or ledger is replaced or appended to there. Every
     write into bookkeeping must go through the descriptor of the folder that was checked."""
-    from gkx_autocache import _cache, _files, _store
+    from gkx_autocache import _cache, _files, _formats
     from gkx_autocache._record import index as _index
     from gkx_autocache._record import reset as _reset
 
@@ -403,7 +403,7 @@ def test_bookkeeping_swapped_for_a_symlink_after_its_check_is_never_written_thro
         _files.bookkeeping_dir(str(vdir), True)
         _files.write_atomic(_index.index_path(str(vdir)), b"compacted", _files.file_mode(True))
     elif write == "verdict":
-        _store.write_verdict(str(vdir), "gkx", None, shared=True)
+        _formats.write_verdict(str(vdir), "gkx", None, shared=True)
     else:
         (victim / "ledger").mkdir(mode=0o700)
         _reset._command_ledger(str(vdir), [{"event": "x"}], True)

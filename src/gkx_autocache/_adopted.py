@@ -49,10 +49,11 @@ def watch(config: Any, on_set: Callable[[str], None] | None = None) -> None:
     update.__gkx_watch__ = True  # type: ignore[attr-defined]
 
     update.__wrapped__ = original  # type: ignore[attr-defined]
-    try:  # a JAX whose config takes no attribute: the directory is still served, its setter unnamed
-        config.update = update
-    except (AttributeError, TypeError) as exc:
-        logger.debug("who sets %s is not known on this JAX: %s", OPTION, exc)
+    from gkx_autocache import _jax
+
+    unwatched = _jax.replace_config_update(config, update)
+    if unwatched is not None:  # a JAX whose config takes no attribute: the directory is still served, its setter unnamed
+        logger.debug("who sets %s is not known on this JAX: %s", OPTION, unwatched)
 
 
 def caller() -> str:

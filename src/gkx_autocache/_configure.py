@@ -7,13 +7,12 @@ import functools
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from gkx_autocache import _cache, _mount, _settings
+from gkx_autocache import _cache, _formats, _mount, _settings
 from gkx_autocache._diagnostics import NOTED, logger, warn
-from gkx_autocache._formats import UNKEYED
-from gkx_autocache._layout import META_DIR, is_url
+from gkx_autocache._layout import is_url
 
 _lock = threading.Lock()
 _configured = False
@@ -60,7 +59,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     # Every CPU key of the process gets the host's ISA (or the cpu_target), whichever directory JAX uses (SPEC §15).
     # Its parts go to the watch, which explains misses once started (where the store serves, below).
     watch = _explain_seam.Watch()
-    verdict = Verdict()
+    verdict = _formats.Verdict(_key.replaced_note)
     unkeyed = _key.install(jax, listener=watch, on_replaced=verdict.rewrite)
     if unkeyed:
         logger.debug("CPU entries are not keyed by ISA: %s", unkeyed)
@@ -152,33 +151,10 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     if not location.local and os.name != "nt":  # a bucket as dir: JAX's stock cache; a local one given later is judged
         route_only(jax, settings, env)
     if settings["cpu_target"] != "host":  # before XLA's backend starts: it reads XLA_FLAGS then
-        choose_cpu_target(jax, settings["cpu_target"], serves, directory if location.local else None)
-    # The outermost seam on JAX's lookup: after the store's and the callbacks' (SPEC §7). XLA reads
-    # XLA_FLAGS when its backend starts, which a program may set after import jax: read at the first lookup.
-    asked: list[str | None] = []
+        _cpu_target.take(jax, settings["cpu_target"], serves, directory if location.local else None)
+    from gkx_autocache import _unread
 
-    def dumping() -> str | None:
-        if not asked:
-            asked.append(dump_asked(env))
-            if asked[0] is not None:
-                warn("xla:dump", f"{asked[0]} asks for an XLA dump: this process reads no cache entry, as a hit would "
-                                 "skip XLA and its dump; it still writes them, and a run without the flag is served",
-                     silence=NOTED)
-        return asked[0]
-
-    def skipped(platform: str, devices: Callable[[], list[int]]) -> tuple[str, str] | None:
-        if (dump := dumping()) is not None:
-            return "NOT_READ", dump
-        if (subset := _jax.unsafe_subset(platform, devices)) is not None:
-            warn("tpu:subset", f"{subset}: such lookups read no cache entry until a fixed runtime is known; their "
-                               "compiles are still written", silence=NOTED)
-            return "NOT_READ_SUBSET", subset
-        return None
-
-    unskipped = _jax.skip_lookups(skipped, recorder.not_read)
-    if unskipped is not None and (dump := dump_asked(env)) is not None:
-        warn("xla:dump", f"{dump} asks for an XLA dump, which a cache hit skips, and the cache cannot be left "
-                         f"unread here ({unskipped}): set GKX_JAX_CACHE=0 while dumping")
+    _unread.install(env, recorder.not_read)
 
 
 def _set_thresholds(config: Any, settings: _settings.Settings, directory: str) -> None:
@@ -201,59 +177,6 @@ def prefetch_room(version_dir: str, cap: int, unfolded: bool) -> int:
     from gkx_autocache._record import fold
 
     return fold.prefetch_room(version_dir, cap, unfolded)
-
-
-def choose_cpu_target(jax: Any, level: str, serves: Any, directory: str | None = None) -> None:
-    """Cap XLA's CPU code at ``level`` and key CPU entries on it, where this host and this XLA can
-    take it (``_cpu_target.choose``) and the store serves (it checks each entry's features before
-    JAX loads it; ``serves``, None where it is not installed); else one warning, and the host's ISA
-    keys them (SPEC §15)."""
-    from gkx_autocache import _cpu_target, _jax
-
-    why = None
-    if serves is None:
-        why = (f"cpu_target {level} not used, gkx-autocache's store does not serve the cache here (only it checks an "
-               "entry's features before JAX loads it): CPU entries are keyed on this host's ISA")
-    elif _jax.backends_started(jax):
-        why = (f"cpu_target {level} not used, XLA's backend started before import jax finished, and it reads its "
-               "cap then: CPU entries are keyed on this host's ISA")
-    if why is not None:
-        warn("cpu_target", why)
-        return
-    target = _cpu_target.here(level, _jax.version_tuple(_jax.jaxlib_version()), os.environ.get("XLA_FLAGS", ""), serves)
-    if target.why_host is not None:
-        warn("cpu_target", target.why_host)
-        return
-    _jax.exclude_xla_flag(_cpu_target.FLAG)  # the target is in the key's hook part; the flag leaves XLA_FLAGS
-    _cpu_target.add_flag(level)
-    logger.debug("cpu_target %s: XLA_FLAGS=%s", level, os.environ["XLA_FLAGS"])
-    if directory is not None:  # what an earlier run learned XLA's code uses here (``LocalLevel.learn_features``)
-        from gkx_autocache import _files, _trust
-
-        kept = _files.read(os.path.join(directory, META_DIR, target.learned_name()), 4096, check=_trust.entry_problem)
-        target.remember((kept or b"").decode("ascii", "replace").split())
-    _cpu_target.active = target
-
-
-# The flags that make XLA dump: --xla_dump_to, or (to stdout) any format or filter; XLA's GPU dumps.
-DUMP_FLAGS = ("--xla_dump_to", "--xla_dump_hlo_as_", "--xla_dump_hlo_module_re", "--xla_dump_hlo_pass_re",
-              "--xla_dump_hlo_pipeline_re", "--xla_dump_hlo_snapshots", "--xla_dump_fusion_visualization",
-              "--xla_gpu_dump_")
-
-
-def dump_asked(env: Mapping[str, str], argv: list[str] | None = None) -> str | None:
-    """Where an XLA dump is asked for (``XLA_FLAGS --xla_dump_to=/tmp/d``), or None. JAX leaves
-    these flags out of its key, so a warm run hits and XLA, never run, dumps nothing (SPEC §7,
-    amended 2026-12-04). JAX's own IR dumps (``jax_dump_ir_to``) are written before the lookup, on
-    every line: a hit loses none of them."""
-    sources = [(variable, env.get(variable, "").split()) for variable in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")]
-    sources.append(("the command line", [a for a in (sys.argv if argv is None else argv)[1:] if a.startswith("--xla")]))
-    for where, words in sources:
-        for word in words:
-            name, equals, value = word.partition("=")
-            if name.startswith(DUMP_FLAGS) and not (equals and value.strip().lower() in ("", "false", "0")):
-                return f"{where} {word}"
-    return None
 
 
 def route(settings: _settings.Settings, location: _cache.Location | None, recorder: Any, env: Mapping[str, str],
@@ -299,7 +222,7 @@ def route(settings: _settings.Settings, location: _cache.Location | None, record
     if location.writable:
         _adopted.point(own, real, by)
     if prepared.writable:
-        _store.write_verdict(real, "gkx-autocache", None)
+        _formats.write_verdict(real, "gkx-autocache", None)
     logger.debug("JAX's directory is %s, set by %s: the store serves it", real, by)
     return real, "store" if prepared.writable else "store-read-only"
 
@@ -366,41 +289,6 @@ class XlaCaches:
         elif not refused and self._before is not None and now == "none":
             self._config.update(option, self._before)
             self._before = None
-
-
-class Verdict:
-    """The directory's verdict file (``_store.write_verdict``): which store serves it, whether misses
-    are explained, what to know of the ISA in CPU keys. Written once those are known, and again
-    where the user's code replaces the package's key hook after ``import jax`` (the key's seam
-    calls ``rewrite``)."""
-
-    def __init__(self) -> None:
-        self._write: Callable[..., None] | None = None  # None: nothing written (a read-only directory)
-        self._unkeyed: str | None = None
-
-    def write(self, version_dir: str, store: str, reason: str | None, shared: bool, explain: str | None,
-              unkeyed: str | None, callbacks: str | None) -> None:
-        from gkx_autocache import _store
-
-        self._write = functools.partial(_store.write_verdict, version_dir, store, reason, shared, explain=explain,
-                                        callbacks=callbacks)
-        self._unkeyed = unkeyed
-        self.rewrite()
-
-    def rewrite(self) -> None:
-        if self._write is not None:
-            self._write(isa=f"{UNKEYED}{self._unkeyed}" if self._unkeyed else replaced_hook())
-
-
-def replaced_hook() -> str | None:
-    """What ``status`` says when the user's code replaced the package's key hook after ``import jax``."""
-    from gkx_autocache import _jax, _key
-
-    replaced = _key.seam.replaced if _key.seam is not None else None
-    if replaced is None:
-        return None
-    return (f"{_jax.HOOK} was replaced after import jax (by {replaced}): CPU keys still get the "
-            "ISA, added by gkx-autocache's key seam; chain the hook you replace to keep yours and ours in one place")
 
 
 def xla_caches_for(settings: _settings.Settings, directory: str) -> str | None:

@@ -15,7 +15,8 @@ of one level and one generation share entries. A target is checked twice:
 
 Only CPU keys take the target. x86-64 levels only (XLA's AArch64 caps could not be checked here).
 Entries list their features from jaxlib 0.8.2, so the target needs it. What was measured, and
-why: docs/isa.md. A leaf: stdlib only.
+why: docs/isa.md. A leaf at import (stdlib and ``_isa``); ``take``, on ``import jax``, reaches
+``_jax`` and the files.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class Target:
 
 
 NONE = Target(None)
-active = NONE  # set once, by ``_configure.choose_cpu_target`` on import jax
+active = NONE  # set once, by ``take`` on import jax
 ADDED = "_GKX_AUTOCACHE_XLA_FLAG"  # the cap this package added to XLA_FLAGS, for a child to take out
 
 
@@ -235,6 +236,40 @@ def here(level: str, jaxlib: tuple[int, int, int] | None, xla_flags: str,
     """``choose`` for this host, its ISA read now."""
     machine, features, unread = _isa.read()
     return choose(level, machine, features, unread, jaxlib, xla_flags, serves)
+
+
+def take(jax: Any, level: str, serves: Any, directory: str | None = None) -> None:
+    """Cap XLA's CPU code at ``level`` and key CPU entries on it, where this host and this XLA can
+    take it (``_cpu_target.choose``) and the store serves (it checks each entry's features before
+    JAX loads it; ``serves``, None where it is not installed); else one warning, and the host's ISA
+    keys them (SPEC §15). On ``import jax``, once: it sets ``active``."""
+    global active
+    from gkx_autocache import _files, _jax, _trust
+    from gkx_autocache._diagnostics import logger, warn
+    from gkx_autocache._layout import META_DIR
+
+    why = None
+    if serves is None:
+        why = (f"cpu_target {level} not used, gkx-autocache's store does not serve the cache here (only it checks an "
+               "entry's features before JAX loads it): CPU entries are keyed on this host's ISA")
+    elif _jax.backends_started(jax):
+        why = (f"cpu_target {level} not used, XLA's backend started before import jax finished, and it reads its "
+               "cap then: CPU entries are keyed on this host's ISA")
+    if why is not None:
+        warn("cpu_target", why)
+        return
+    target = here(level, _jax.version_tuple(_jax.jaxlib_version()), os.environ.get("XLA_FLAGS", ""), serves)
+    if target.why_host is not None:
+        warn("cpu_target", target.why_host)
+        return
+    _jax.exclude_xla_flag(FLAG)  # the target is in the key's hook part; the flag leaves XLA_FLAGS
+    add_flag(level)
+    logger.debug("cpu_target %s: XLA_FLAGS=%s", level, os.environ["XLA_FLAGS"])
+    if directory is not None:  # what an earlier run learned XLA's code uses here (``LocalLevel.learn_features``)
+        kept = _files.read(os.path.join(directory, META_DIR, target.learned_name()), 4096, check=_trust.entry_problem)
+        target.remember((kept or b"").decode("ascii", "replace").split())
+    active = target
+
 
 
 def strip_inherited(environ: Any = os.environ) -> None:

@@ -5,11 +5,14 @@ store's verdict (``.gkx-autocache/store.json``) and the entry's compression, tol
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from gkx_autocache import _files
+from gkx_autocache._layout import META_DIR, VERDICT_FILE
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_COMPILE_SECS = 86400.0 * 7  # a sidecar claiming more was not written by a compile
@@ -86,3 +89,42 @@ def parse_verdict(data: bytes | None) -> dict[str, Any] | None:
     if not isinstance(found, dict):
         return None
     return {k: v if isinstance(v, str) else None for k, v in found.items() if k in VERDICT_KEYS}
+
+
+def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False,
+                  explain: str | None = None, isa: str | None = None, callbacks: str | None = None) -> None:
+    """Record which store serves the directory, whether misses are explained and what to know of
+    the ISA in CPU keys (``verdict``), so ``status`` can say it without importing jax."""
+    text = verdict(store, reason, explain, isa, callbacks)
+    path = os.path.join(version_dir, META_DIR, VERDICT_FILE)
+    if _files.read(path) == text:
+        return
+    if _files.bookkeeping_dir(version_dir, shared) is not None:
+        _files.write_atomic(path, text, 0o644)
+
+
+def read_verdict(version_dir: str) -> dict[str, Any] | None:
+    return parse_verdict(_files.read(os.path.join(version_dir, META_DIR, VERDICT_FILE), 4096))
+
+
+class Verdict:
+    """The directory's verdict file (``write_verdict``): which store serves it, whether misses are
+    explained, what to know of the ISA in CPU keys. Written once those are known, and again where
+    the user's code replaces the package's key hook after ``import jax`` (the key's seam calls
+    ``rewrite``; ``replaced()`` then says it, ``_key.replaced_note``)."""
+
+    def __init__(self, replaced: Callable[[], str | None]) -> None:
+        self._replaced = replaced
+        self._write: Callable[..., None] | None = None  # None: nothing written (a read-only directory)
+        self._unkeyed: str | None = None
+
+    def write(self, version_dir: str, store: str, reason: str | None, shared: bool, explain: str | None,
+              unkeyed: str | None, callbacks: str | None) -> None:
+        self._write = functools.partial(write_verdict, version_dir, store, reason, shared, explain=explain,
+                                        callbacks=callbacks)
+        self._unkeyed = unkeyed
+        self.rewrite()
+
+    def rewrite(self) -> None:
+        if self._write is not None:
+            self._write(isa=f"{UNKEYED}{self._unkeyed}" if self._unkeyed else self._replaced())

@@ -153,6 +153,16 @@ def key_platform(hashfn: Any) -> str | None:
         return None
 
 
+def replace_config_update(config: Any, update: Callable[..., Any]) -> str | None:
+    """``jax.config.update`` replaced by ``update`` (which calls the one it replaces): None, or why
+    this JAX's config takes no such attribute. JAX's objects are patched here alone."""
+    try:
+        config.update = update
+    except (AttributeError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
 def exclude_xla_flag(flag: str) -> None:
     """Leave ``flag`` out of the key's XLA-flags part, as JAX leaves its dump flags (its list,
     ``xla_flags_to_exclude_from_cache_key``, is read at every key, JAX 0.4.30 to 0.12)."""

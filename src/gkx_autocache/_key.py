@@ -59,6 +59,10 @@ class Seam:
         self.on_replaced = on_replaced
         self.parts = False  # whether _log_cache_key_hash is wrapped: the parts are seen
 
+    def note(self, text: str, part: str) -> None:
+        """The package's hook made ``text`` on this thread, ``part`` of it its own."""
+        self.thread.text, self.thread.part = text, part
+
     def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
         if name == "backend version":  # before the hook's part: the platform the key is for (cpu_target)
             self.thread.platform = _jax.key_platform(hashfn)
@@ -158,7 +162,7 @@ def install(jax: Any, listener: Listener | None = None, on_replaced: Callable[[]
                 return base  # type: ignore[no-any-return]
             part = package_part()
             text = base + part
-            current.thread.text, current.thread.part = text, part
+            current.note(text, part)
             return text
 
         current.hook = custom_hook
@@ -168,3 +172,12 @@ def install(jax: Any, listener: Listener | None = None, on_replaced: Callable[[]
     seam = current
     current.parts = _jax.watch_key_parts(current.on_part)
     return why
+
+
+def replaced_note() -> str | None:
+    """What ``status`` says when the user's code replaced the package's key hook after ``import jax``."""
+    replaced = seam.replaced if seam is not None else None
+    if replaced is None:
+        return None
+    return (f"{_jax.HOOK} was replaced after import jax (by {replaced}): CPU keys still get the "
+            "ISA, added by gkx-autocache's key seam; chain the hook you replace to keep yours and ours in one place")

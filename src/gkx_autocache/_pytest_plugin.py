@@ -124,7 +124,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     if isinstance(output.get(KEY), dict):
         session.workers.append(output[KEY])
     said = output.get(KEY + ":said")
-    session.said += [text for text in said if isinstance(text, str)] if isinstance(said, list) else []
+    session.said.extend(text for text in said if isinstance(text, str)) if isinstance(said, list) else None
 
 
 def _own(config: Any) -> dict[str, Any] | None:

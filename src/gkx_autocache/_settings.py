@@ -186,6 +186,15 @@ def is_ci(env: Mapping[str, str] = os.environ) -> bool:
     return bool(value) and value.lower() not in FALSE
 
 
+def no_uploads(setting: str, env: Mapping[str, str] = os.environ) -> str | None:
+    """None when this process uploads to the shared level, else why not, per ``shared_write``."""
+    if setting == "never":
+        return "shared_write = never"
+    if setting == "ci" and not is_ci(env):
+        return "shared_write = ci, and CI is not set to a true value here"
+    return None
+
+
 _VAR = r"\$(?:(\w+)|\{([^}]*)\})"  # $NAME or ${NAME}
 
 

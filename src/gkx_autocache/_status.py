@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from gkx_autocache import _adopted, _cache, _entries, _jax, _settings, _store
+from gkx_autocache import _adopted, _cache, _entries, _formats, _jax, _settings
 from gkx_autocache._context import Context, cpu_target, distribution_version, hook_live, start_files
 from gkx_autocache._diagnostics import human_bytes
 from gkx_autocache._formats import UNKEYED
@@ -216,7 +216,7 @@ def _store_verdict(location: _cache.Location) -> dict[str, Any]:
     if location.mount is not None:
         return {"store": None, "reason": "a bucket mount keeps no records (each run's report line names the "
                                          "directory its store served)"}
-    return _store.read_verdict(location.version_dir) or {"store": None, "reason": "no process has configured JAX with it yet"}
+    return _formats.read_verdict(location.version_dir) or {"store": None, "reason": "no process has configured JAX with it yet"}
 
 
 # -- the human text ------------------------------------------------------------------------------

@@ -28,14 +28,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gkx_autocache import _files, _fork, _formats, _jax, _mount
+from gkx_autocache import _formats, _jax, _mount
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._formats import compression_of
-from gkx_autocache._layout import META_DIR, VERDICT_FILE
+from gkx_autocache._landing import Landing
 from gkx_autocache._local import LocalLevel
 
 if TYPE_CHECKING:  # (a type only: nothing to compile on import jax)
     from typing import Protocol
+
+    from gkx_autocache._shared.answer import Answer
 
     class SharedLevel(Protocol):
         """What the store asks of the shared level behind the local one (``_shared.level.Level``)."""
@@ -46,17 +48,18 @@ if TYPE_CHECKING:  # (a type only: nothing to compile on import jax)
         @property
         def signs(self) -> bool: ...
 
-        def attach(self, local: Any) -> None: ...
+        @property
+        def landing(self) -> Landing: ...
 
         def before_lookup(self, key: str) -> None: ...
 
-        def local_hit(self, nbytes: int, secs: float, key: str | None = None) -> None: ...
+        def local_hit(self, key: str, nbytes: int, prefetched: bool = False) -> None: ...
 
         def local_miss(self, key: str = "") -> None: ...
 
-        def get(self, key: str) -> Any: ...
+        def get(self, key: str) -> Answer: ...
 
-        def count(self, level: str, **add: float) -> None: ...
+        def count(self, **add: float) -> None: ...
 
         def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None: ...
 
@@ -99,22 +102,25 @@ class Unshared:
     off_note: str | None = None
     signs = False
 
-    def attach(self, local: Any) -> None:
-        pass
+    def __init__(self) -> None:
+        from gkx_autocache._shared.answer import MISS  # (a leaf; loaded at JAX's first compile, not on import jax)
+
+        self.landing = Landing("")  # never opened: nothing lands, and a hit takes nothing from it
+        self._miss = MISS
 
     def before_lookup(self, key: str) -> None:
         pass
 
-    def local_hit(self, nbytes: int, secs: float, key: str | None = None) -> None:
+    def local_hit(self, key: str, nbytes: int, prefetched: bool = False) -> None:
         pass
 
     def local_miss(self, key: str = "") -> None:
         pass
 
-    def get(self, key: str) -> Any:
-        return None
+    def get(self, key: str) -> Answer:
+        return self._miss
 
-    def count(self, level: str, **add: float) -> None:
+    def count(self, **add: float) -> None:
         pass
 
     def vouch(self, key: str, data: bytes, compile_secs: float | None, written: float) -> bytes | None:
@@ -142,10 +148,9 @@ class Store:
                                  writable=writable, check_payload=check_payload, whole=whole,
                                  signs=levels is not None and levels.signs)
         self._levels: SharedLevel = levels if levels is not None else Unshared()  # asked on a local miss (SPEC §14)
-        self._landed: dict[str, tuple[int, float]] = {}  # prefetched, not yet recorded: key -> (bytes, compile)
-        if levels is not None:
-            _fork.in_child(self._landed.clear)  # the parent's: it records them
-            levels.attach(self)  # a prefetched entry lands as a backfill; healing and packs read its entries
+        self._landing = self._levels.landing
+        if levels is not None:  # a prefetched entry lands as a backfill; healing and packs read its entries
+            self._landing.open(self._land, self._local.writable, self.uploadable)
         self._recorder = recorder
         self._misses = threading.local()  # key -> process CPU time at the miss, per thread
         self._served = threading.local()  # the key whose bytes this thread was last given
@@ -167,22 +172,28 @@ class Store:
         data, why = self._local.read(key)
         if data is not None and why is None:
             compile_secs, _, by = self._local.compile_secs(key, data)
-            if (landed := self._landed.pop(key, None)) is not None:  # recorded here, where its lookup's facts are
-                self._recorder.put(key, *landed, landed=True)
+            if (landed := self._landing.take(key)) is not None:  # recorded here, where its lookup's facts are
+                self._recorder.put(key, landed.written, landed.compile_secs, landed=True)
             self._recorder.hit(key, len(data), compile_secs, by)
             self._served.key = key
-            levels.local_hit(len(data), time.perf_counter() - started, key)  # a writer's hit may heal the bucket
+            # A prefetched entry's first use is the shared level's hit, and the local level's miss.
+            if landed is None:
+                self._recorder.local_hit(len(data), time.perf_counter() - started)
+            else:
+                self._recorder.local_miss()
+            levels.local_hit(key, len(data), prefetched=landed is not None)
             return data
+        self._recorder.local_miss()
         levels.local_miss(key)
         if not why or compression_of(data or b"") is None:  # another environment's entry is left alone
-            found = levels.get(key)
-            if found is not None and not isinstance(found, str):
-                unusable = self._local.unusable_shared(found.data, landing=False)
-                if unusable is None:
-                    return self._serve_shared(key, found)
-                found = unusable
-            if found is not None:
-                why = found
+            answer = levels.get(key)
+            refused = answer.refused
+            if answer.found is not None:
+                refused = self._local.unusable_shared(answer.found.data, landing=False)
+                if refused is None:
+                    return self._serve_shared(key, answer.found)
+            if refused is not None:
+                why = refused
         self._missed(key)
         if why:  # the entry was there but cannot be used: named, not "evicted" on every run
             self._recorder.rejected(key, why)
@@ -196,45 +207,39 @@ class Store:
         """A shared hit: written into this level first (the backfill, atomic) where this level takes
         writes, so that the next run reads it here; served either way (a read-only or full local
         level serves it without the backfill)."""
-        if self._local.writable and self._backfill(key, found):
-            self._levels.count("shared", backfills=1)
+        if self._local.writable and self._backfill(key, found) is not None:
+            self._levels.count(backfills=1)
         self._recorder.hit(key, len(found.data), found.compile_secs or 0.0)  # another run's compile
         self._served.key = key
         return bytes(found.data)
 
-    # -- what the shared level asks of this one (``_shared.level.Local``) ----------------------------
+    # -- what the landing port asks of this level (``_landing.Landing``) ----------------------------
 
-    def land(self, key: str, found: Any) -> tuple[bool, str | None]:
+    def _land(self, key: str, found: Any) -> tuple[int | None, str | None]:
         """A prefetched entry (SPEC §14), checked as a shared hit is, then written into this level:
-        ``(landed, why not)``, why None where this level took no write (disk full)."""
+        ``(bytes written, why not)``, why None where this level took no write (disk full)."""
         why = self._local.unusable_shared(found.data, landing=True)
         if why is not None:
-            return False, why
+            return None, why
         return self._backfill(key, found, record=False), None
 
     def uploadable(self, key: str) -> tuple[bytes, bytes] | None:
         """A writer's entry to heal the shared level with or to pack, and its seal (``LocalLevel.uploadable``)."""
         return self._local.uploadable(key, self._levels.seal_for)
 
-    def record_landed(self) -> None:
-        """At exit: the prefetched entries no lookup used, recorded as written (the cap's account)."""
-        while self._landed:
-            key, landed = self._landed.popitem()
-            self._recorder.put(key, *landed, landed=True)
-
-    def _backfill(self, key: str, found: Any, record: bool = True) -> bool:
+    def _backfill(self, key: str, found: Any, record: bool = True) -> int | None:
         """Write a shared hit into this level, with its compile time (dated when it was written, so
-        that it counts as an earlier run's entry); whether it was written. Counted as a write: the
+        that it counts as an earlier run's entry); the bytes written, None where it was not. Counted as a write: the
         cap's account and the explanations' index see the entry like any other (a prefetch's,
         ``record`` False, is recorded at its lookup, whose thread holds the facts the index needs)."""
         local = self._local
         if local.other_format(key):
-            return False
+            return None
         try:
             local.write(key, found.data)
         except OSError as exc:  # disk full: served without the backfill
             logger.debug("cannot write %s: %s", local.entry(key), exc)
-            return False
+            return None
         written = len(found.data) + local.keep_seal(key, found.seal)
         if found.compile_secs is not None:
             written += local.write_sidecar(key, found.compile_secs, dated=found.written)
@@ -242,8 +247,7 @@ class Store:
             self._recorder.put(key, written, found.compile_secs or 0.0)
         else:
             self._recorder.landed(written)
-            self._landed[key] = (written, found.compile_secs or 0.0)
-        return True
+        return written
 
     # -- the compile that follows a miss ---------------------------------------------------------
 
@@ -369,17 +373,6 @@ def _unloadable(cache_key: str, exc: BaseException) -> bool:
     return True
 
 
-def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False,
-                  explain: str | None = None, isa: str | None = None, callbacks: str | None = None) -> None:
-    """Record which store serves the directory, whether misses are explained and what to know of
-    the ISA in CPU keys (``_formats.verdict``), so ``status`` can say it without importing jax."""
-    text = _formats.verdict(store, reason, explain, isa, callbacks)
-    path = os.path.join(version_dir, META_DIR, VERDICT_FILE)
-    if _files.read(path) == text:
-        return
-    if _files.bookkeeping_dir(version_dir, shared) is not None:
-        _files.write_atomic(path, text, 0o644)
-
-
 def read_verdict(version_dir: str) -> dict[str, Any] | None:
-    return _formats.parse_verdict(_files.read(os.path.join(version_dir, META_DIR, VERDICT_FILE), 4096))
+    """``_formats.read_verdict``, for ``explain``'s report, which reads it here."""
+    return _formats.read_verdict(version_dir)

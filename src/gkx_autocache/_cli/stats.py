@@ -44,9 +44,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return OK
     lines = [stats_line(stats), f"directory {vdir}", *causes_lines(stats)]
     if data["levels"]:  # the local and shared levels' numbers (SPEC §14)
-        from gkx_autocache._shared import probe as _probe
+        from gkx_autocache._record.show import line
 
-        lines.insert(1, f"levels      {_probe.line(data['levels'])}")
+        lines.insert(1, f"levels      {line(data['levels'])}")
     if data["top_functions"]:
         lines.append("costliest compiles (seconds, summed over shapes; JAX's own helpers last):")
         lines.extend(f"  {f['compile_secs']:8.3f}  {f['name']}{'  (JAX)' if f['helper'] else ''}"

@@ -87,7 +87,7 @@ def text(data: dict[str, Any]) -> str:
                  if data.get("stats_reset_at") else "the directory was made")
         lines.append(f"stats       every process since {since}: {stats_line(stats)} (compressed)")
         if stats.get("levels"):
-            from gkx_autocache._shared.probe import line
+            from gkx_autocache._record.show import line
 
             lines.append(f"            {line(stats['levels'])}")
     elif data.get("stats_reset_at"):

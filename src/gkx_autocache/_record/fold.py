@@ -223,7 +223,7 @@ def fold_now(version_dir: str, cap: int, shared: bool, zero: bool = False) -> in
     # Not at a reset: ``stats --reset`` keeps the index and the size account as they are.
     if not zero and ((cap and summary.size + live_disk > cap) or time.time() - summary.scanned_at > RESCAN_SECS):
         try:
-            _keep_under(version_dir, cap, summary, shared, pending)
+            summary.size, summary.scanned_at = _keep_under(version_dir, cap, shared, pending), time.time()
         except Exception as exc:  # an untagged directory: nothing is pruned, the fold goes on
             logger.debug("not pruned: %s", exc)
             summary.scanned_at = time.time()
@@ -241,22 +241,23 @@ def fold_now(version_dir: str, cap: int, shared: bool, zero: bool = False) -> in
     return removed.files
 
 
-def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool, pending: list[str] | None = None) -> None:
+def _keep_under(version_dir: str, cap: int, shared: bool, pending: list[str] | None = None) -> int:
     """A full scan; the index rewritten for what is there (and the tables ``pending``, live
     processes' index lines, refer to); above the cap (0: none), prune to 90 % of it, least recently
     used first. The bookkeeping is charged at most ``BOOKKEEPING_SHARE`` of the cap, so a small cap
-    still holds entries."""
+    still holds entries. The bytes the directory holds after it."""
     from gkx_autocache import _entries, _remove
     from gkx_autocache._record import index as _index
 
     found = _entries.scan(version_dir)
     made = _entries.made_here(version_dir)  # else a directory that existed (a framework's): its other files stay
-    stale = [t for t in found.temporary if time.time() - t[2] > _entries.STALE_TMP_SECS]  # writers killed mid-write
+    temporary = found.temporary
+    stale = [t for t in temporary if time.time() - t[2] > _entries.STALE_TMP_SECS]  # writers killed mid-write
     if stale and (made or cap):
         _remove.remove_files(version_dir, [t[0] for t in stale])
-        found.temporary = [t for t in found.temporary if t not in stale]
+        temporary = [t for t in temporary if t not in stale]
     units = _entries.ours(version_dir, list(found.units.values()), made or not cap)  # another tool's: not counted
-    entries = sum(u.bytes for u in units) + sum(t[1] for t in found.temporary)
+    entries = sum(u.bytes for u in units) + sum(t[1] for t in temporary)
     bookkeeping = _entries.bookkeeping_bytes(version_dir)
     charged = min(bookkeeping, max(int(cap * BOOKKEEPING_SHARE), BOOKKEEPING_FLOOR))
     if cap and entries + charged > cap:
@@ -269,5 +270,4 @@ def _keep_under(version_dir: str, cap: int, summary: Summary, shared: bool, pend
         logger.debug("pruned %d entries (%d bytes) from %s", len(removed), freed, version_dir)
     present = {_index.split_key(key) for key, unit in found.units.items() if unit.has_entry}
     _index.compact(version_dir, present, shared, pending=pending)
-    summary.size = entries + _entries.bookkeeping_bytes(version_dir)
-    summary.scanned_at = time.time()
+    return entries + _entries.bookkeeping_bytes(version_dir)

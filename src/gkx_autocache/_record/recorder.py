@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # (a type only: nothing to compile on import jax)
         @property
         def signs(self) -> bool: ...
 
-        def snapshot(self) -> dict[str, dict[str, float]]: ...
+        def snapshot(self) -> dict[str, float]: ...
 
     class Explains(Protocol):
         """What the recorder asks of who explains its misses (``_explain.seam.Watch``)."""
@@ -103,6 +103,11 @@ def module_name(traced: str) -> str:
     return traced if not traced or traced.startswith(("jit_", "pmap_", "xla_pmap_")) else f"jit_{traced}"
 
 
+def local_zero() -> dict[str, float]:
+    """The local level's numbers, named as the shared level's (``_shared.channel.COUNTS``)."""
+    return {"hits": 0, "misses": 0, "bytes_read": 0, "read_secs": 0.0, "reads": 0}
+
+
 class Recorder:
     """This process's counters and ledger file. Every method swallows its own errors: it runs
     inside JAX's compile path, where an exception would fail the user's ``jit`` call."""
@@ -117,7 +122,8 @@ class Recorder:
         self.jax_saved_secs = 0.0  # JAX's own figure, whole-second compile times: for remote dirs
         self.totals = _ledger.Totals()  # everything this process counted
         self.explainer = explainer  # names each miss's cause (SPEC §13), where JAX's key parts can be read
-        self.levels = levels  # the shared level and both levels' numbers (SPEC §14), when one is set
+        self.levels = levels  # the shared level and its numbers (SPEC §14), when one is set
+        self.local = local_zero()  # the local level's numbers (SPEC §14), recorded with the shared level's
         self.run = run or Run(f"{time.time():.3f}-{os.getpid()}", time.time())  # begin() changes it
         self.set_by = set_by  # who gave JAX this directory, where it was not the package (``move``)
         self.cap: int | None = None  # the cap of a directory moved to, where not the package's own
@@ -261,9 +267,31 @@ class Recorder:
             logger.debug("the miss of %s not kept with it: %s", key, exc)
         self._record(record, ("uncached", key, reason))
 
-    def levels_record(self, record: dict[str, Any]) -> None:
-        """Both levels' numbers, once at exit (SPEC §14)."""
-        self._record(record)
+    def local_hit(self, nbytes: int, secs: float) -> None:
+        """A lookup the local level answered, read in ``secs`` (the local level's numbers)."""
+        with self._lock:
+            local = self.local
+            local["hits"] += 1
+            local["bytes_read"] += nbytes
+            local["read_secs"] += secs
+            local["reads"] += 1
+
+    def local_miss(self) -> None:
+        """A lookup the local level did not answer (a prefetched entry's first use included: the
+        shared level's hit)."""
+        with self._lock:
+            self.local["misses"] += 1
+
+    def local_numbers(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self.local)
+
+    def levels_record(self, shared: dict[str, float]) -> None:
+        """Both levels' numbers, once at exit (SPEC §14): the local level's, this recorder's; the
+        shared level's, as it counted them. The ledger sums them over processes."""
+        self._record({"e": "levels", **{level: {k: round(v, 6) if isinstance(v, float) else v
+                                                for k, v in counts.items() if v}
+                                        for level, counts in (("local", self.local_numbers()), ("shared", shared))}})
 
     def _settle(self, waiting: dict[str, Any] | None = None) -> None:
         """Record this thread's miss that was waiting, and (optionally) start waiting on another."""
@@ -475,6 +503,7 @@ class Recorder:
         self._repeats = _ledger.Totals()
         self._tallied = _ledger.Totals()
         self._ledger_run = None
+        self.local = local_zero()
         if self.explainer is not None:  # a lock another thread of the parent held at the fork stays held
             self.explainer.after_fork()
         self._new_ledger()
@@ -507,7 +536,8 @@ class Recorder:
                 "causes": dict(t.causes), "not_cached": t.not_cached, "not_cached_secs": t.not_cached_secs, "reasons": dict(t.reasons),
                 "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
                 "tracing_secs": t.tracing_secs,
-                "levels": self.levels.snapshot() if self.levels is not None else {},
+                "levels": ({"local": self.local_numbers(), "shared": self.levels.snapshot()}
+                           if self.levels is not None else {}),
                 "shared": ({"url": self.levels.url, "signed": self.levels.signs}
                            if self.levels is not None else None)}
 

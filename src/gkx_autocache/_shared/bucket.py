@@ -118,7 +118,8 @@ class Bucket:
     ``get_object`` with the body streamed (``_read_range``); gcsfs (no server to test against here)
     goes through fsspec's ``cat_ranges``, its lengths checked after."""
 
-    kind = "bucket"
+    lists = True  # (``backend.Backend``)
+    sealed = False  # stock JAX writes entries here without a seal (a ``dir = s3://`` user)
 
     def __init__(self, version_url: str) -> None:
         self.where = version_url
@@ -180,6 +181,9 @@ class Bucket:
             if info.get("type") != "directory":
                 names[str(info["name"]).rstrip("/").rsplit("/", 1)[-1]] = int(info.get("size") or 0)
         return names if len(infos) <= LIST_LIMIT else f"more than {LIST_LIMIT}"
+
+    def read(self, key: str, progress: Progress, admit: Callable[[bytes | None, int], tuple[int, bool]]) -> bytes | None:
+        raise AssertionError("an object store's entry is read by ranges")  # first(), then block()
 
     def first(self, key: str, progress: Progress) -> tuple[bytes | None, bytes | None]:
         """The seal and the entry's first block, at once (one round trip); None for each that is

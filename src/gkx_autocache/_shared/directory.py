@@ -43,7 +43,8 @@ class Directory:
     """A team directory (``trust_shared``) or a read-only one baked into an image, trusted by the
     rules of §8 before it is read."""
 
-    kind = "directory"
+    lists = False  # read whole under the trust checks, never listed (``backend.Backend``)
+    sealed = False  # a directory baked from a local level has no seals
 
     def __init__(self, root: str, jax_version: str, team: bool) -> None:
         self.root = root
@@ -137,8 +138,17 @@ class Directory:
         finally:
             os.close(fd)
 
-    def block(self, key: str, start: int, end: int) -> bytes:
-        raise AssertionError("a directory's entry is read whole")  # first() returns it all
+    def streams(self) -> bool:
+        return False  # no pack is written to a directory: each entry is a file to read
+
+    def stream(self, name: str, timeout: float) -> None:
+        return None
+
+    def first(self, key: str, progress: Progress) -> tuple[bytes | None, bytes | None]:
+        raise AssertionError("a directory's entry is read whole")  # read() returns it all
+
+    def block(self, key: str, start: int, end: int, progress: Progress | None = None) -> bytes:
+        raise AssertionError("a directory's entry is read whole")
 
     def size(self, key: str) -> int:
         raise AssertionError("a directory's entry is read whole")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -32,6 +33,14 @@ POOL = 4  # idle connections kept for the next request
 PROBE = "gkx-autocache-probe"  # the name a HEAD asks for to see that the cache answers
 NO_LISTING = "not counted: an HTTP cache cannot be listed"
 
+
+
+class EndpointRefused(ConnectionRefusedError):
+    """A refused connection, named with its endpoint (``calls.describe``)."""
+
+    def __init__(self, exc: ConnectionRefusedError, endpoint: str) -> None:
+        super().__init__(*exc.args)
+        self.endpoint = endpoint
 
 class HttpError(OSError):
     """The server answered with an error status; the message is one line, without credentials."""
@@ -145,7 +154,7 @@ class HttpCache:
     """``http://`` and ``https://``: an object store (ranged reads, whole-object writes, packs read as
     a stream), like a bucket, through one small pool of keep-alive connections."""
 
-    kind = "bucket"
+    lists = True  # (``backend.Backend``)
     sealed = True  # the package writes every entry here with its seal (stock JAX cannot write here)
 
     said = "the HTTP cache"  # in messages
@@ -263,8 +272,7 @@ class HttpCache:
                 return connection, connection.getresponse()
             except ConnectionRefusedError as exc:  # named with its endpoint (``calls.describe``)
                 connection.close()
-                exc.endpoint = f"{parts.scheme}://{parts.netloc}"  # type: ignore[attr-defined]
-                raise
+                raise EndpointRefused(exc, f"{parts.scheme}://{parts.netloc}") from exc
             except ValueError as exc:  # http.client's "Invalid header value b'...'" would print the credentials
                 connection.close()
                 if isinstance(exc, OSError):  # a certificate that does not verify (ssl's error is both)
@@ -366,6 +374,9 @@ class HttpCache:
             raise self._error(response, url)
         progress.tick()
         return NO_LISTING
+
+    def read(self, key: str, progress: Progress, admit: Callable[[bytes | None, int], tuple[int, bool]]) -> bytes | None:
+        raise AssertionError("an object store's entry is read by ranges")  # first(), then block()
 
     def first(self, key: str, progress: Progress) -> tuple[bytes | None, bytes | None]:
         """The seal and the entry's first block, asked at once (two connections)."""

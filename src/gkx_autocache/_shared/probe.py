@@ -1,5 +1,6 @@
-"""What ``status`` and ``stats`` say of the levels: a bounded probe of the shared one, both levels
-described (where, trust, writes, signing), and their numbers as JSON and human text.
+"""What ``status`` says of the levels: a bounded probe of the shared one, both levels described
+(where, trust, writes, signing), as JSON and human text. Their numbers are shown by
+``_record/show``.
 """
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gkx_autocache._diagnostics import human_bytes, plural
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, is_url, key_match
+from gkx_autocache._settings import no_uploads
 from gkx_autocache._shared.bucket import NOT_LISTED
 from gkx_autocache._shared.calls import Progress, bounded, describe
 from gkx_autocache._shared.http import NO_LISTING
-from gkx_autocache._shared.level import COUNTS
-from gkx_autocache._shared.setup import backend_for, is_http, no_uploads, problem, signing_key
+from gkx_autocache._shared.setup import backend_for, is_http, problem, signing_key
 
 
 def probe(backend: Any, timeout: float) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def probe(backend: Any, timeout: float) -> dict[str, Any]:
 
     def look(progress: Progress) -> dict[str, Any]:
         found: dict[str, Any] = {}
-        if backend.kind == "bucket":
+        if backend.lists:
             names = backend.listing(progress)
             if names in (NOT_LISTED, NO_LISTING):  # it answered, and cannot say how many: never "more than 1000"
                 return {"entries": None, "listing": names}
@@ -108,39 +108,6 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
     if secret is None and isinstance(info["probe"], dict) and info["probe"].get("signed"):
         info["signing"] = UNCHECKED
     return {"local": local, "shared": info}
-
-
-def shown(counts: dict[str, Any]) -> dict[str, Any]:
-    """One level's numbers as ``stats --json`` and ``status`` show them: the sums, and the mean
-    read time in place of its two parts."""
-    out = {name: counts.get(name, 0) for name in COUNTS if name not in ("read_secs", "reads")}
-    reads = counts.get("reads", 0)
-    out["mean_read_secs"] = round(counts.get("read_secs", 0.0) / reads, 6) if reads else None
-    return out
-
-
-def line(levels: dict[str, Any]) -> str:
-    """``local 9 hits, 2 misses, 0.3 ms a read; shared 3 hits (3 backfilled), 4 uploads, ...``, from
-    the levels as ``shown`` gives them."""
-    parts = []
-    for level in ("local", "shared"):
-        c = levels.get(level) or {}
-        mean = c.get("mean_read_secs")
-        text = f"{level} {plural(int(c.get('hits', 0)), 'hit')}, {plural(int(c.get('misses', 0)), 'miss', 'misses')}"
-        if level == "shared":
-            text += (f" ({int(c.get('backfills', 0))} backfilled, {int(c.get('rejected', 0))} rejected), "
-                     f"{int(c.get('uploads', 0))} uploads")
-            for name in ("skipped", "dropped", "errors", "timeouts", "slow"):
-                if c.get(name):
-                    said = {"skipped": "uploads skipped", "dropped": "uploads dropped", "slow": "reads slower than a compile"}
-                    text += f", {int(c[name])} {said.get(name, name)}"
-            if c.get("prefetched"):
-                text += (f", {int(c['prefetched'])} prefetched ({int(c.get('prefetch_used', 0))} used, "
-                         f"{human_bytes(int(c.get('prefetch_wasted_bytes', 0)))} wasted)")
-        if mean is not None:
-            text += f", {mean * 1000:.1f} ms a read"
-        parts.append(text)
-    return "; ".join(parts)
 
 
 def level_lines(levels: dict[str, Any]) -> list[str]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Callable
 from typing import Any
 
 from gkx_autocache._diagnostics import human_bytes
 from gkx_autocache._shared.calls import FIRST_BLOCK, MAX_BLOCK, Progress, worth
+from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.manifest import decode, encode
 from gkx_autocache._shared.seal import EntryRefused, head_problem, mac, make_seal, read_seal
 
@@ -37,16 +37,16 @@ class Found:
 
 
 class Reader:
-    """The shared level's reads and seals, under this process's signing key (None: unsigned):
-    ``count(**numbers)`` adds to the shared level's numbers (requests, where each is a round trip's worth)."""
+    """The shared level's reads and seals, through its ``channel``, under this process's signing key
+    (None: unsigned); requests are counted where each is a round trip's worth."""
 
-    def __init__(self, backend: Any, *, secret: bytes | None, max_entry: int, timeout: float,
-                 count: Callable[..., None]) -> None:
-        self.backend = backend
+    def __init__(self, channel: Channel, *, secret: bytes | None, max_entry: int) -> None:
+        self.channel = channel
+        self.backend = channel.backend
         self._secret = secret
         self.max_entry = max_entry
-        self.timeout = timeout
-        self.count = count
+        self.timeout = channel.timeout
+        self.count = channel.count
 
     @property
     def signs(self) -> bool:
@@ -59,7 +59,7 @@ class Reader:
         if raw_seal is None:
             if self._secret is not None:
                 raise EntryRefused("not signed")
-            if getattr(self.backend, "sealed", False):  # an HTTP cache: each entry went up with its seal
+            if self.backend.sealed:  # an HTTP cache: each entry went up with its seal
                 raise EntryRefused("no seal: gkx-autocache puts every entry of an HTTP cache there with one, so something "
                               "else put this one")
             return None
@@ -89,7 +89,7 @@ class Reader:
                 progress.bound(*worth(held, backend.compile_secs(key), self.timeout))
             return (seal["bytes"], True) if seal is not None else (self.max_entry, False)
 
-        if backend.kind == "directory":
+        if not backend.lists:  # a directory: read whole
             data = backend.read(key, progress, admit)
             if data is None:
                 return None
@@ -163,7 +163,7 @@ class Reader:
         """The rest of an entry after its first block, by ranged requests that grow with the rate
         measured (to what arrives in a quarter of the timeout), each one progress, their bytes
         counted as they come (``Progress.got``: the caller's meter and bound see a block in flight)."""
-        if len(data) >= size or self.backend.kind != "bucket" or len(data) < FIRST_BLOCK:
+        if len(data) >= size or not self.backend.lists or len(data) < FIRST_BLOCK:
             return data  # all there, or the object ended early: a partial body, refused by the caller
         chunks = [data]
         have = len(data)

@@ -207,7 +207,7 @@ class Deferred:
     imported before: a run of local hits never resolves a credential (SPEC §14: a run that needs no
     request costs what a run without a shared level costs)."""
 
-    kind = "bucket"
+    lists = True  # (``backend.Backend``)
     sealed = False  # stock JAX writes entries here without a seal (a ``dir = s3://`` user)
     said = "the bucket's endpoint"
 

@@ -12,22 +12,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gkx_autocache._layout import is_url, version_name
+from gkx_autocache._settings import no_uploads as no_uploads  # (``explain`` reads it here too)
 from gkx_autocache._shared import s3
 from gkx_autocache._shared.bucket import Bucket
 from gkx_autocache._shared.directory import Directory
 from gkx_autocache._shared.http import HttpCache, withheld_note
 from gkx_autocache._shared.level import MAX_ENTRY, Level
-
-
-def no_uploads(setting: str, env: Mapping[str, str]) -> str | None:
-    """None when this process uploads, else why not, per ``shared_write``."""
-    from gkx_autocache._settings import is_ci
-
-    if setting == "never":
-        return "shared_write = never"
-    if setting == "ci" and not is_ci(env):
-        return "shared_write = ci, and CI is not set to a true value here"
-    return None
 
 
 def same_place(shared: str, local_root: str | None) -> bool:

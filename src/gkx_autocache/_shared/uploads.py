@@ -11,12 +11,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple
 
-from gkx_autocache import _fork, _formats, _jax
+from gkx_autocache import _fork, _formats
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, PACK_SUFFIX, SEAL_SIDECAR
 from gkx_autocache._shared.calls import Progress, ShuttingDown, Stalled, bounded, describe
+from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.http import too_large
 from gkx_autocache._shared.reads import Reader
 
@@ -36,47 +37,17 @@ class Item(NamedTuple):
     manifest: bool
 
 
-class Uploadable(Protocol):
-    """What healing reads of the local level (``_local.LocalLevel`` through the store)."""
-
-    def uploadable(self, key: str) -> tuple[bytes, bytes] | None: ...
-
-
-class Shared(Protocol):
-    """What the uploads ask of the shared level they write to (``level.Level``)."""
-
-    backend: Any
-    timeout: float
-    reader: Reader
-    off: tuple[str, float] | None
-
-    @property
-    def local(self) -> Uploadable | None: ...
-
-    @property
-    def listing(self) -> dict[str, int] | None: ...
-
-    @property
-    def listed(self) -> bool: ...
-
-    @property
-    def writable(self) -> bool: ...
-
-    def ensure(self, quiet: bool = False) -> bool: ...
-
-    def turn_off(self, why: str, timed_out: bool = False) -> None: ...
-
-    def count(self, level: str, **add: float) -> None: ...
-
-    def too_large(self, size: int, why: str) -> None: ...
-
-
 class Uploads:
-    """The queue of ``level``'s uploads and its worker. ``writes``: None where this process uploads,
-    else why not (``shared_write = never``, a read-only shared directory)."""
+    """The queue of uploads through ``channel`` and its worker; ``reader`` seals what goes up, and
+    ``uploadable(key)`` reads a local entry to heal with (``_store.Store.uploadable``: None where
+    it may not go up). ``writes``: None where this process uploads, else why not
+    (``shared_write = never``, a read-only shared directory)."""
 
-    def __init__(self, level: Shared, writes: str | None, queue_bytes: int = QUEUE_BYTES) -> None:
-        self.level = level
+    def __init__(self, channel: Channel, reader: Reader, uploadable: Callable[[str], tuple[bytes, bytes] | None],
+                 writes: str | None, queue_bytes: int = QUEUE_BYTES) -> None:
+        self.channel = channel
+        self.reader = reader
+        self.uploadable = uploadable
         self.writes = writes
         self.queue_bytes = queue_bytes
         self._closed = False
@@ -87,6 +58,8 @@ class Uploads:
         self._to_heal: list[str] = []  # local hits before a miss took the listing: checked when one does
         self._reset_threads()
         _fork.in_child(self._reset_threads)
+        channel.when_off(self.drop)  # the queue dropped as the switch turns, under this lock
+        channel.when_listed(self.sweep)
 
     def _reset_threads(self) -> None:
         """Also in a forked child: the parent's worker is not there, nor are its locks' holders."""
@@ -110,7 +83,7 @@ class Uploads:
         return self._worker is not None
 
     def _taking(self) -> bool:
-        return self.writes is None and self.level.off is None and not self._closed and _jax.process_id() == 0
+        return self.writes is None and self.channel.off is None and not self._closed and self.channel.rank() == 0
 
     def put(self, key: str, data: bytes, seal: bytes | None, compile_secs: float | None, written: float) -> None:
         """Queue an entry this run wrote; never blocks."""
@@ -124,13 +97,13 @@ class Uploads:
         checked when that miss takes the listing (``sweep``); a run of local hits costs no request,
         no import and no thread (it cost a warm writer 1.29 x its run). The worker reads the entry
         and the seal kept beside it; never a round trip here."""
-        if not self._taking() or not self._healing or self.level.backend.kind != "bucket" or key in self._healed:
+        if not self._taking() or not self._healing or not self.channel.backend.lists or key in self._healed:
             return
-        if not self.level.listed:  # not listed yet (or being listed now: ``sweep`` follows)
+        if not self.channel.listed:  # not listed yet (or being listed now: ``sweep`` follows)
             if len(self._to_heal) < HEAL_KEYS:
                 self._to_heal.append(key)
             return
-        listing = self.level.listing
+        listing = self.channel.listing
         if listing is None or key + ENTRY_SUFFIX in listing:
             return
         self._healed.add(key)
@@ -144,7 +117,7 @@ class Uploads:
 
     def _enqueue(self, item: Item) -> None:
         with self._lock:
-            if self.level.off is not None:
+            if self.channel.off is not None:
                 return
             skipped = self._queued + len(item.data) > self.queue_bytes  # the compile path never waits
             if not skipped:
@@ -153,7 +126,7 @@ class Uploads:
                 self._start_worker()
                 self._changed.notify_all()
         if skipped:
-            self.level.count("shared", skipped=1)
+            self.channel.count(skipped=1)
 
     def _start_worker(self) -> None:
         """Under the lock: the upload worker, once."""
@@ -193,7 +166,7 @@ class Uploads:
         """The upload worker: one entry at a time, each bounded like a read."""
         while True:
             with self._lock:  # (not once the level is off: what is queued is ``drop``'s to count)
-                while (not self._queue and (self._closed or not self._heals)) or self.level.off is not None:
+                while (not self._queue and (self._closed or not self._heals)) or self.channel.off is not None:
                     self._changed.wait()
                 item = self._in_flight = (self._queue or self._heals).popleft()
             try:
@@ -203,90 +176,89 @@ class Uploads:
             finally:
                 with self._lock:
                     self._in_flight = None
-                    self._queued = max(self._queued - len(item.data), 0) if self.level.off is None else 0
+                    self._queued = max(self._queued - len(item.data), 0) if self.channel.off is None else 0
                     self._changed.notify_all()
 
     def _upload(self, item: Item) -> None:
-        level = self.level
+        channel = self.channel
         key, data, seal = item.name, item.data, item.seal
         if item.manifest:
             self._upload_manifest(key, data)
             return
         if item.heal and not self._healing:
             return
-        if not level.ensure(quiet=item.heal):
-            if item.heal and level.off is None:  # the worker's own listing failed: no more healing this run
+        if not channel.ensure(quiet=item.heal):
+            if item.heal and channel.off is None:  # the worker's own listing failed: no more healing this run
                 self._healing = False
             return
         if item.heal:
-            local = level.local
-            if level.listing is None or key + ENTRY_SUFFIX in level.listing or local is None:
+            if channel.listing is None or key + ENTRY_SUFFIX in channel.listing:
                 return  # the bucket has it, or there is no listing to tell
-            found = local.uploadable(key)
+            found = self.uploadable(key)
             if found is None:  # gone, another user's, or not vouched for by this key: never signed here
                 return
             data, seal = found
-        if not level.writable:  # a read-only shared directory is never written
+        if not channel.writable:  # a read-only shared directory is never written
             with self._lock:
                 self.writes = "the shared directory is read-only here"
                 self._queue.clear()
                 self._heals.clear()
             return
         if self._refused_at is not None and len(data) >= self._refused_at:
-            level.count("shared", skipped=1)  # as large as one the server refused: not sent again
+            channel.count(skipped=1)  # as large as one the server refused: not sent again
             return
         compile_secs = item.compile_secs
-        sealed = seal if seal is not None else level.reader.seal(key, data, compile_secs, item.written)
-        backend = level.backend
+        sealed = seal if seal is not None else self.reader.seal(key, data, compile_secs, item.written)
+        backend = channel.backend
 
         def upload(progress: Progress) -> None:
             backend.write(key + SEAL_SIDECAR, sealed)  # before the entry: a reader that sees it sees its seal
             progress.tick()
-            if backend.kind == "directory" and compile_secs is not None:
+            if not backend.lists and compile_secs is not None:
                 backend.write(key + COMPILE_SIDECAR, _formats.sidecar(compile_secs))
             backend.write(key + ENTRY_SUFFIX, data)
             progress.tick()
 
         try:
             try:
-                bounded(upload, level.timeout)
+                bounded(upload, channel.timeout)
             except ShuttingDown:  # at exit this worker uploads itself: ``finish``'s deadline bounds it
                 upload(Progress())
         except Stalled as exc:
-            level.turn_off(f"an upload made {exc}", timed_out=True)
+            channel.turn_off(f"an upload made {exc}", timed_out=True)
             return
         except Exception as exc:
             if not too_large(exc):
-                level.turn_off(describe(exc))
+                channel.turn_off(describe(exc))
                 return
             # The server's limit on a body (nginx's client_max_body_size: 1 MiB by default): that
             # entry is skipped, and the level stays on for the others (it turned off before).
             self._refused_at = min(self._refused_at or len(data), len(data))
-            level.count("shared", skipped=1)
-            level.too_large(len(data), describe(exc))
+            channel.count(skipped=1)
+            channel.too_large(len(data), describe(exc))
             return
-        level.count("shared", uploads=1, bytes_written=len(data) + len(sealed),
-                    requests=2 if backend.kind == "bucket" else 0)
-        listing = level.listing
+        channel.count(uploads=1, bytes_written=len(data) + len(sealed),
+                    requests=2 if backend.lists else 0)
+        listing = channel.listing
         if listing is not None:
             listing[key + ENTRY_SUFFIX] = len(data)
 
     def _upload_manifest(self, name: str, data: bytes) -> None:
         """At exit: one write, bounded like an upload; a failure is a debug line (and a pack's
         failure drops its manifest: it would name a pack that is not there)."""
-        level = self.level
+        channel = self.channel
         try:
             try:
-                bounded(lambda progress: level.backend.write(name, data), level.timeout)
+                bounded(lambda progress: channel.backend.write(name, data), channel.timeout)
             except ShuttingDown:  # at exit: ``finish``'s deadline bounds the worker
-                level.backend.write(name, data)
+                channel.backend.write(name, data)
         except Exception as exc:  # of no use to this run
             logger.debug("the manifest %s is not written: %s", name, describe(exc))
             if name.endswith(PACK_SUFFIX):
                 with self._lock:
                     self._queue = deque(item for item in self._queue if not item.manifest)
             return
-        level.count("shared", requests=1 if level.backend.kind == "bucket" else 0)
+        channel.count(requests=1 if channel.backend.lists else 0)
 
     def finish(self, objects: list[tuple[str, bytes]], deadline: float) -> int:
         """At exit: ``objects`` (the manifest and pack) queued after this run's entries, then all of
@@ -295,11 +267,11 @@ class Uploads:
         counted them)."""
         with self._lock:
             self._heals.clear()
-            if objects and self.level.off is None:
+            if objects and self.channel.off is None:
                 self._queue.extend(Item(name, data, None, None, 0.0, heal=False, manifest=True) for name, data in objects)
                 self._changed.notify_all()
             self._closed = True
-            while self._pending() and self.level.off is None:
+            while self._pending() and self.channel.off is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
