@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gkx_autocache import _formats, _jax, _mount
+from gkx_autocache import _jax, _mount
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._formats import compression_of
 from gkx_autocache._landing import Landing
@@ -373,6 +373,3 @@ def _unloadable(cache_key: str, exc: BaseException) -> bool:
     return True
 
 
-def read_verdict(version_dir: str) -> dict[str, Any] | None:
-    """``_formats.read_verdict``, for ``explain``'s report, which reads it here."""
-    return _formats.read_verdict(version_dir)

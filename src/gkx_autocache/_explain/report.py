@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from gkx_autocache import _cache, _settings, _store
+from gkx_autocache import _cache, _formats, _settings
 from gkx_autocache import _causes as causes
 from gkx_autocache._layout import function_name
 from gkx_autocache._record import ledger as _ledger
@@ -71,11 +71,10 @@ def upgrade_fix(ctx: Context, fix: str) -> str:
 def not_signed_fix(ctx: Context, env: Mapping[str, str]) -> str:
     """A shared entry without a valid signature for this key: compiled here, and replaced on the
     shared level only where ``shared_write`` uploads (``ci``: where CI is set, as here or not)."""
-    from gkx_autocache._shared.setup import no_uploads
 
     write, origin = ctx.settings["shared_write"], ctx.settings.origin("shared_write")
     same_key = "every writer and reader of the shared level must use the same GKX_JAX_CACHE_SIGNING_KEY"
-    off = no_uploads(str(write), env)
+    off = _settings.no_uploads(str(write), env)
     if off is None:
         return (f"compiled here; this process uploads its signed replacement (shared_write = {write}, {origin}); "
                 f"{same_key}")
@@ -112,7 +111,7 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
     unavailable = None
     if location is not None and not location.local:
         unavailable = "misses are explained for a local directory gkx-autocache resolved (not a bucket or JAX's own)"
-    elif (verdict := _store.read_verdict(vdir)) is not None and verdict.get("explain"):
+    elif (verdict := _formats.read_verdict(vdir)) is not None and verdict.get("explain"):
         unavailable = str(verdict["explain"])
     local = location is not None and location.local
     reading = _show.Reading(vdir) if local else None

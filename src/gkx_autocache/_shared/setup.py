@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gkx_autocache._layout import is_url, version_name
-from gkx_autocache._settings import no_uploads as no_uploads  # (``explain`` reads it here too)
+from gkx_autocache._settings import no_uploads
 from gkx_autocache._shared import s3
 from gkx_autocache._shared.bucket import Bucket
 from gkx_autocache._shared.directory import Directory
