@@ -14,7 +14,7 @@ import pytest
 from conftest import REMOTE_EXTRA, S3, Venv, autocache_warnings, free_port, make_venv, public_tmp, run_program
 from test_activation import VERSION_DIR
 
-from gkx_autocache import _cache, _configure, _entries, _remote, _settings
+from gkx_autocache import _cache, _entries, _jax_config, _remote, _settings
 
 HEX = "ab" * 32
 
@@ -128,7 +128,7 @@ def test_gs_up_to_the_filesystem_call(monkeypatch: pytest.MonkeyPatch) -> None:
     location = _cache.locate(settings, "0.10.2")
     assert location.version_dir == "gs://bkt/cache/jax-0.10.2" and location.kind == _cache.REMOTE
     assert not location.problems
-    assert _configure.xla_caches_for(settings, location.version_dir) == "none"
+    assert _jax_config.xla_caches_for(settings, location.version_dir) == "none"
     assert fsspec.get_filesystem_class("gs").__module__.startswith("gcsfs")
 
     asked = []

@@ -20,7 +20,7 @@ from gkx_autocache._record import show as _show
 def effective(ctx: Context) -> dict[str, str]:
     """What each setting comes to in this environment, where its value alone does not say
     (``dir`` unset means a default directory; ``xla_caches`` unset depends on the GPU plugins)."""
-    from gkx_autocache._configure import gpu_plugin_installed
+    from gkx_autocache._jax_config import gpu_plugin_installed
 
     settings, location = ctx.settings, ctx.location
     shown = {key: settings.values[key].shown() for key in _settings.KEYS}

@@ -545,6 +545,13 @@ class Recorder:
 recorder: Recorder | None = None
 
 
+def prefetch_room(version_dir: str, cap: int, unfolded: bool) -> int:
+    """``fold.prefetch_room``, its module loaded at a prefetch's start, not on ``import jax``."""
+    from gkx_autocache._record import fold
+
+    return fold.prefetch_room(version_dir, cap, unfolded)
+
+
 def start(settings: Any, directory: str, ledger: bool, remote: bool = False, shared: bool = False,
           levels: Levels | None = None, set_by: str | None = None, serving: Callable[[], bool] = lambda: False,
           explainer: Explains | None = None) -> Recorder:
