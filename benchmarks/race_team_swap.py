@@ -51,7 +51,7 @@ team, private, tries = sys.argv[1], sys.argv[2], int(sys.argv[4])
 refused = changed = 0
 for i in range(tries):
     try:
-        prepared = _cache.prepare(os.path.join(team, f"c{i}"), "0.0.0", shared=True)
+        prepared = _cache.prepare(os.path.join(team, f"c{i}"), "0.0.0", team=True)
         _files.bookkeeping_dir(prepared.version_dir, True, "ledger")
     except _cache.DirectoryRefused:
         refused += 1

@@ -233,7 +233,7 @@ def test_landed_results_make_the_object_they_came_from(tmp_path: Path) -> None:
         (source / FOLDER / name).write_bytes(b"scratch_bytes: %d\n" % i)
         os.utime(source / FOLDER / name, (1000 + i, 1000 + i))
     obj = _autotune.pack(_autotune.local(str(source)))
-    assert _autotune.land(str(tmp_path / "b"), _autotune.unpack(obj), shared=False, verified=True) == 5
+    assert _autotune.land(str(tmp_path / "b"), _autotune.unpack(obj), team=False, verified=True) == 5
     assert _autotune.pack(_autotune.local(str(tmp_path / "b"))) == obj
 
 

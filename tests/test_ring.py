@@ -69,7 +69,7 @@ class Machine:
         self.told = Told()
         self.level = Level(str(shared), backend or Directory(str(shared), "0.0.0", team=False), local=str(local),
                            timeout=30.0, writes=None, secret=secret)
-        self.store = Store(str(local), compression="zlib", decompress=zlib.decompress, shared=False,
+        self.store = Store(str(local), compression="zlib", decompress=zlib.decompress, team=False,
                            recorder=self.told, levels=self.level)
 
     def compile(self, n: int) -> bytes | None:
@@ -195,7 +195,7 @@ def test_a_directory_that_becomes_anothers_mid_run_is_read_no_more(tmp_path: Pat
 
     local = tmp_path / "local"
     local.mkdir(mode=0o700)
-    store = Store(str(local), compression="zlib", decompress=zlib.decompress, shared=False, recorder=Told())
+    store = Store(str(local), compression="zlib", decompress=zlib.decompress, team=False, recorder=Told())
     assert store.get(key(1)) is None
     store.put(key(1), entry(1))
     assert store.get(key(1)) == entry(1)

@@ -334,7 +334,7 @@ def test_a_directory_swapped_for_a_symlink_after_mkdir_is_never_chmod_ed_or_tagg
 
     sys.addaudithook(audit)
     try:
-        _cache.prepare(str(root), "0.0.0", shared=True)
+        _cache.prepare(str(root), "0.0.0", team=True)
         if component in ("bookkeeping", "ledger"):
             _files.bookkeeping_dir(str(vdir), True, *(["ledger"] if component == "ledger" else []))
     except _cache.DirectoryRefused:
@@ -385,7 +385,7 @@ def test_bookkeeping_swapped_for_a_symlink_after_its_check_is_never_written_thro
     victim.mkdir(mode=0o700)
     for name in ("index", "store.json"):
         (victim / name).write_bytes(b"the victim's own")
-    vdir = Path(_cache.prepare(str(team / "cache"), "0.0.0", shared=True).version_dir)
+    vdir = Path(_cache.prepare(str(team / "cache"), "0.0.0", team=True).version_dir)
     real = _files.bookkeeping_dir
 
     def checked_then_swapped(version_dir: str, shared: bool, *parts: str) -> str | None:
@@ -403,7 +403,7 @@ def test_bookkeeping_swapped_for_a_symlink_after_its_check_is_never_written_thro
         _files.bookkeeping_dir(str(vdir), True)
         _files.write_atomic(_index.index_path(str(vdir)), b"compacted", _files.file_mode(True))
     elif write == "verdict":
-        _formats.write_verdict(str(vdir), "gkx", None, shared=True)
+        _formats.write_verdict(str(vdir), "gkx", None, team=True)
     else:
         (victim / "ledger").mkdir(mode=0o700)
         _reset._command_ledger(str(vdir), [{"event": "x"}], True)
@@ -448,7 +448,7 @@ def test_a_team_caches_tag_is_readable_by_every_member_whatever_the_umask(tmp_pa
     team.chmod(0o2770)
     old = os.umask(0o077)
     try:
-        prepared = _cache.prepare(str(team / "cache"), "0.0.0", shared=True)
+        prepared = _cache.prepare(str(team / "cache"), "0.0.0", team=True)
     finally:
         os.umask(old)
     for folder in (team / "cache", Path(prepared.version_dir)):
@@ -505,7 +505,7 @@ def test_a_private_directory_of_the_victim_swapped_in_after_mkdir_is_never_made_
 
     monkeypatch.setattr(os, "mkdir", mkdir)
     try:
-        _cache.prepare(str(root), "0.0.0", shared=True)
+        _cache.prepare(str(root), "0.0.0", team=True)
     except _cache.DirectoryRefused:
         pass  # refusing is right
     monkeypatch.undo()

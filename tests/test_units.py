@@ -147,11 +147,11 @@ def test_shared_mode_creates_setgid_group_directories(tmp_path: Path) -> None:
     team = tmp_path / "team"
     team.mkdir()
     team.chmod(0o2770)
-    prepared = _cache.prepare(str(team / "cache"), "1.0", shared=True)
+    prepared = _cache.prepare(str(team / "cache"), "1.0", team=True)
     for p in (team / "cache", Path(prepared.version_dir)):
         assert stat.S_IMODE(p.stat().st_mode) == 0o2770
     with pytest.raises(_cache.DirectoryRefused, match="group can write"):
-        _cache.prepare(str(team), "1.0", shared=False)
+        _cache.prepare(str(team), "1.0", team=False)
 
 
 def test_shared_mode_accepts_a_teammates_group_directory(tmp_path: Path) -> None:
@@ -165,15 +165,15 @@ def test_shared_mode_accepts_a_teammates_group_directory(tmp_path: Path) -> None
     vdir.mkdir()
     os.chown(vdir, 4242, os.getgid())
     vdir.chmod(0o2770)
-    assert _cache.prepare(str(team), "1.0", shared=True).version_dir == str(vdir)
+    assert _cache.prepare(str(team), "1.0", team=True).version_dir == str(vdir)
     with pytest.raises(_cache.DirectoryRefused, match="owned by uid 4242"):
-        _cache.prepare(str(team), "1.0", shared=False)
+        _cache.prepare(str(team), "1.0", team=False)
     team.chmod(0o2750)  # a teammate's directory the group cannot write: theirs alone
     with pytest.raises(_cache.DirectoryRefused, match="owned by uid 4242"):
-        _cache.prepare(str(team), "1.0", shared=True)
+        _cache.prepare(str(team), "1.0", team=True)
     team.chmod(0o2777)
     with pytest.raises(_cache.DirectoryRefused, match="others can write"):
-        _cache.prepare(str(team), "1.0", shared=True)
+        _cache.prepare(str(team), "1.0", team=True)
 
 
 @pytest.mark.parametrize(
@@ -677,8 +677,8 @@ def test_a_parent_swapped_in_while_creating_is_refused(tmp_path: Path, monkeypat
     sticky.chmod(0o1777)
     real = _files.make_dir
 
-    def racing(path: str, shared: bool, tag: str | None = None, mounted: bool = False) -> bool:
-        created = real(path, shared, tag, mounted)
+    def racing(path: str, team: bool, tag: str | None = None, mounted: bool = False) -> bool:
+        created = real(path, team, tag, mounted)
         if path == str(sticky / "x"):
             os.chown(path, 4242, 4242)
             os.chmod(path, 0o777)
@@ -737,7 +737,7 @@ def test_a_payload_is_decompressed_before_serving_only_where_jax_loading_is_not_
     (tmp_path / f"{key}-cache").write_bytes(b"x\x9c" + b"not zlib" * 10)  # zlib's magic bytes, then garbage
     (tmp_path / f"jit_g-{'b' * 64}-cache").write_bytes(zlib.compress(b"an executable"))
     calls = _Calls()
-    store = Store(str(tmp_path), compression="zlib", decompress=zlib.decompress, shared=False, recorder=calls,
+    store = Store(str(tmp_path), compression="zlib", decompress=zlib.decompress, team=False, recorder=calls,
                   check_payload=check_payload)
     assert (store.get(key) is None) == check_payload
     assert calls.calls[0] == (("rejected", key) if check_payload else ("hit", key))

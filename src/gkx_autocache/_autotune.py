@@ -121,7 +121,7 @@ def unpack(data: bytes) -> list[tuple[str, bytes]]:
     return files
 
 
-def land(version_dir: str, files: list[tuple[str, bytes]], shared: bool, verified: bool) -> int:
+def land(version_dir: str, files: list[tuple[str, bytes]], team: bool, verified: bool) -> int:
     """Write the results this directory lacks into its folder (made with the cache's mode); how
     many were written. ``verified``: a signing key checked them; else each is made read-only
     (``UNVERIFIED``), so that a later run with a key never vouches for it (``local``). Never
@@ -129,10 +129,10 @@ def land(version_dir: str, files: list[tuple[str, bytes]], shared: bool, verifie
     folder = os.path.join(version_dir, FOLDER)
     whole = _mount.bucket_mount(version_dir) is not None
     try:
-        _files.make_dir(folder, shared, mounted=whole)
+        _files.make_dir(folder, team, mounted=whole)
     except OSError:
         return 0
-    mode = _files.file_mode(shared) if verified else UNVERIFIED | (0o040 if shared else 0)
+    mode = _files.file_mode(team) if verified else UNVERIFIED | (0o040 if team else 0)
     written = 0
     for name, data in files:
         path = os.path.join(folder, name)

@@ -256,7 +256,7 @@ def autotune_member(name: str) -> bool:
 
 
 def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256: str | None = None,
-                  force: bool = False, shared: bool = False, cap: int = 0, loads: tuple[str, ...] = (),
+                  force: bool = False, team: bool = False, cap: int = 0, loads: tuple[str, ...] = (),
                   progress: Any = None) -> Imported:
     """Merge the bundle's entries into ``version_dir``. Raises BundleRefused, having written nothing.
     ``loads``: the ISAs in keys this host loads (its own, and its ``cpu_target``'s); its own alone by default.
@@ -274,10 +274,10 @@ def import_bundle(archive: str, version_dir: str, env: dict[str, Any], *, sha256
                 first = next(members)
                 if first is not None and first[1].name == MANIFEST:
                     manifest = read_manifest(*first)
-                    return _merge(members, manifest, True, version_dir, env, force, shared, cap, loads, progress)
+                    return _merge(members, manifest, True, version_dir, env, force, team, cap, loads, progress)
                 manifest = _manifest_last(first, members, version_dir, cap)
             with _members(source) as members:  # the earlier layout: read again, now with its manifest
-                return _merge(members, manifest, False, version_dir, env, force, shared, cap, loads, progress)
+                return _merge(members, manifest, False, version_dir, env, force, team, cap, loads, progress)
         except _Unreadable as exc:
             raise BundleRefused(f"the archive is damaged: {exc}") from None
         except (tarfile.TarError, ValueError, OverflowError, RecursionError) as exc:  # a PAX size of 40 digits...
@@ -404,7 +404,7 @@ def _manifest_last(first: Member | None, members: Iterator[Member | None], versi
 
 
 def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_read: bool, version_dir: str,
-           env: dict[str, Any], force: bool, shared: bool, cap: int, loads: tuple[str, ...] = (),
+           env: dict[str, Any], force: bool, team: bool, cap: int, loads: tuple[str, ...] = (),
            progress: Any = None) -> Imported:
     """Check, stage and then place every member after the manifest: at most as many as it lists."""
     files: dict[str, tuple[int, str]] = manifest["files"]
@@ -413,7 +413,7 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
         raise BundleRefused(f"made for {', '.join(differences)}; its entries would never be hit here (--force to import anyway)")
     check_room(files, version_dir, cap)
     present = {u.key for u in _entries.scan(version_dir).units.values() if u.has_entry}
-    mode = _files.file_mode(shared)
+    mode = _files.file_mode(team)
     staged: list[tuple[str, str]] = []  # (temporary, final)
     seen: set[str] = set()
     skipped: set[str] = set()
@@ -454,7 +454,7 @@ def _merge(members: Iterator[Member | None], manifest: dict[str, Any], manifest_
         for tmp, final in staged:
             if os.path.dirname(final) != version_dir:  # an autotune result: its folder is made now
                 try:
-                    _files.make_dir(os.path.dirname(final), shared)
+                    _files.make_dir(os.path.dirname(final), team)
                 except OSError:  # (a symlink there): left out, autotuned again; the entries go on
                     _files.remove(tmp)
                     left_out += 1

@@ -154,7 +154,7 @@ class Prepared:
         self.root, self.version_dir, self.writable, self.mount = root, version_dir, writable, mount
 
 
-def prepare(root: str, jax_version: str | None, shared: bool = False, create: bool = True) -> Prepared:
+def prepare(root: str, jax_version: str | None, team: bool = False, create: bool = True) -> Prepared:
     """Create (if needed) and check ``root/jax-<version>``; with no version, ``root`` itself (a
     directory someone else gave JAX, ``_adopted``), tagged only where created. Raises DirectoryRefused.
 
@@ -173,26 +173,26 @@ def prepare(root: str, jax_version: str | None, shared: bool = False, create: bo
         raise DirectoryRefused(problem)
     mount = fuse if fuse is not None and fuse.tool is not None else None  # a bucket: files written whole
     nearest = _nearest_existing(root)
-    problem = _trust.ancestors_problem(root if nearest == root else os.path.join(nearest, "x"), shared)
+    problem = _trust.ancestors_problem(root if nearest == root else os.path.join(nearest, "x"), team)
     if problem:
         raise DirectoryRefused(problem)
     created = False
     for path in dict.fromkeys((root, version_dir)):
-        if create and _make_dir(path, shared, mount is not None):
+        if create and _make_dir(path, team, mount is not None):
             created = True
-        if path == root and created and (problem := _trust.ancestors_problem(root, shared)):
+        if path == root and created and (problem := _trust.ancestors_problem(root, team)):
             raise DirectoryRefused(problem)  # again, now that they exist: one may have been swapped in meanwhile
         if not create and not os.path.lexists(path):
             parent = _nearest_existing(path)
             if not os.access(parent, os.W_OK | os.X_OK):  # the run would fail to make it: said as the run says it
                 raise DirectoryRefused(f"it cannot be created: {os.strerror(errno.EACCES)} ({path})")
             continue
-        problem = _trust.directory_problem(path, shared)
+        problem = _trust.directory_problem(path, team)
         if problem:
             raise DirectoryRefused(problem if path == root else f"{version_dir}: {problem}")
     if create and (jax_version is not None or created) and not os.path.lexists(os.path.join(version_dir, TAG_NAME)):
         _write_tag(version_dir, mount is None)  # one someone else made (trusted, above) is the cache's all the same
-    if mount is not None and (problem := _mount_files_problem(version_dir, shared)):
+    if mount is not None and (problem := _mount_files_problem(version_dir, team)):
         raise DirectoryRefused(problem)
     writable = os.access(version_dir if os.path.isdir(version_dir) else _nearest_existing(version_dir), os.W_OK)
     return Prepared(root, version_dir, writable, mount)
@@ -308,7 +308,7 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
     explicit = settings["dir"]
     if os.name == "nt" and not (explicit is not None and is_url(explicit)):
         return windows(settings, jax_version, create)
-    shared = team(settings, explicit)
+    grouped = team(settings, explicit)
     if explicit is not None:
         where = settings.origin("dir")
         location = Location(rule=f"dir from {where}")
@@ -321,13 +321,13 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
                 return Location(REMOTE, f"{root}/{version_name(jax_version)}", root, True, location.rule)
         else:
             try:
-                prepared = prepare(explicit, jax_version, shared, create)
+                prepared = prepare(explicit, jax_version, grouped, create)
             except DirectoryRefused as exc:
                 why = str(exc)
             else:
                 if not prepared.writable:
                     logger.debug("%s is read-only: entries are read, none are written", prepared.version_dir)
-                return Location(LOCAL, prepared.version_dir, prepared.root, prepared.writable, location.rule, shared,
+                return Location(LOCAL, prepared.version_dir, prepared.root, prepared.writable, location.rule, grouped,
                                 prepared.mount)
         location.tried.append((explicit, why))
         location.problems.append((f"dir:{explicit}", f"{where}: dir {explicit} not used, {why}; running uncached"))
@@ -353,15 +353,15 @@ def locate(settings: Any, jax_version: str, prefix: str = sys.prefix, create: bo
                                f"{os.path.dirname(temp)} is uid {squatter}'s")
 
     for root, rule in roots():
-        shared = team(settings, root)
+        grouped = team(settings, root)
         try:
-            prepared = prepare(root, jax_version, shared, create)
+            prepared = prepare(root, jax_version, grouped, create)
         except DirectoryRefused as exc:
             location.tried.append((root, str(exc)))
             logger.debug("default directory %s refused: %s", root, exc)
             continue
         if prepared.writable:
-            found = Location(LOCAL, prepared.version_dir, prepared.root, True, rule, shared, prepared.mount)
+            found = Location(LOCAL, prepared.version_dir, prepared.root, True, rule, grouped, prepared.mount)
             found.tried = location.tried
             user = user_root()
             if "temporary directory" in rule and (broken := dict(location.tried).get(user or "")) is not None \
@@ -432,7 +432,7 @@ def _nearest_existing(path: str) -> str:
     return path
 
 
-def _mount_files_problem(version_dir: str, shared: bool) -> str | None:
+def _mount_files_problem(version_dir: str, team: bool) -> str | None:
     """On a bucket mount, why the files it makes (of the mode its options give every file, as its
     tag shows) could not be trusted as entries, or None: else each entry written would be refused
     when read, run after run."""
@@ -442,16 +442,16 @@ def _mount_files_problem(version_dir: str, shared: bool) -> str | None:
         return None  # (a read-only mount: nothing is written there)
     if not stat.S_ISREG(st.st_mode):  # (a folder of that name in the bucket would hide the mode files get)
         return f"its {TAG_NAME} is not a file: the mode the mount gives files cannot be seen"
-    why = _trust.entry_problem(st, shared)
+    why = _trust.entry_problem(st, team)
     if why is None:
         return None
     return (f"the files of this bucket mount show mode {stat.S_IMODE(st.st_mode):04o}, so each entry would be refused "
             f"({why}); mount it with a file mode of 0644, or 0660 and trust_shared for a team")
 
 
-def _make_dir(path: str, shared: bool, mounted: bool) -> bool:
+def _make_dir(path: str, team: bool, mounted: bool) -> bool:
     try:
-        return _files.make_dir(path, shared, TAG, mounted)
+        return _files.make_dir(path, team, TAG, mounted)
     except FileExistsError:
         raise DirectoryRefused(f"it cannot be created: {path} exists and is not a directory") from None
     except OSError as exc:

@@ -114,14 +114,13 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
 
         set_by = _adopted.who(directory, env.get("JAX_COMPILATION_CACHE_DIR"))
     recorder = _stats.start(settings, directory, ledger=keeping, remote=location.remote,
-                            shared=location.team, levels=levels, set_by=set_by,
+                            team=location.team, levels=levels, set_by=set_by,
                             serving=_store.installed, explainer=watch)
     if location.local:
-        shared = location.team
         # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
         cap = settings["max_size"] if location.packages or settings.origin("max_size") != "default" else 0
         routing = functools.partial(_route.route, settings, location, recorder, env)
-        reason = _store.install(jax, directory, shared, recorder, levels, routing,
+        reason = _store.install(jax, directory, location.team, recorder, levels, routing,
                                 functools.partial(_route.recheck, location.version_dir if location.team else None))
         if reason is None:
             serves = functools.partial(_store.serving_now, config)
@@ -142,7 +141,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         if unexplained:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:
-            verdict.write(directory, "jax" if reason else "gkx-autocache", reason, shared, explain=unexplained,
+            verdict.write(directory, "jax" if reason else "gkx-autocache", reason, location.team, explain=unexplained,
                           unkeyed=unkeyed, callbacks=callbacks)
         # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7); also where this
         # directory is read-only, as JAX may be given another one since (``route``).

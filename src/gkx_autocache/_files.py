@@ -23,14 +23,14 @@ DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 BINARY = getattr(os, "O_BINARY", 0)  # Windows: without it, a descriptor translates line ends
 
 
-def file_mode(shared: bool) -> int:
+def file_mode(team: bool) -> int:
     """Entries and sidecars: the group's too in a team cache (SPEC §8)."""
-    return 0o660 if shared else 0o600
+    return 0o660 if team else 0o600
 
 
-def dir_mode(shared: bool) -> int:
+def dir_mode(team: bool) -> int:
     """Directories: setgid in a team cache, so that what members create keeps the team's group."""
-    return 0o2770 if shared else 0o700
+    return 0o2770 if team else 0o700
 
 
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -263,7 +263,7 @@ def open_dir(path: str, dir_fd: int | None = None, search: bool = False) -> int:
 PATH = getattr(os, "O_PATH", os.O_RDONLY)
 
 
-def make_dir(path: str, shared: bool, tag: str | None = None, mounted: bool = False) -> bool:
+def make_dir(path: str, team: bool, tag: str | None = None, mounted: bool = False) -> bool:
     """Create ``path`` and missing parents with the package's mode whatever the umask; True when
     ``path`` itself was created here, and then ``tag`` written in it as its ``CACHEDIR.TAG``.
     Raises OSError; FileExistsError when a non-directory is in the way.
@@ -281,7 +281,7 @@ def make_dir(path: str, shared: bool, tag: str | None = None, mounted: bool = Fa
         pass
     parent, name = os.path.split(path.rstrip("/"))
     if parent != path:
-        make_dir(parent, shared, mounted=mounted)
+        make_dir(parent, team, mounted=mounted)
     parent_fd = open_dir(parent, search=True)
     try:
         try:
@@ -302,7 +302,7 @@ def make_dir(path: str, shared: bool, tag: str | None = None, mounted: bool = Fa
         if any(not _ours(name) for name in os.listdir(fd)):  # a folder of the victim's own, swapped in
             raise OSError(errno.EPERM, "replaced by a directory holding files right after it was made", path)
         if not mounted:
-            os.fchmod(fd, dir_mode(shared))  # mkdir's mode is masked by the umask; fchmod's is not
+            os.fchmod(fd, dir_mode(team))  # mkdir's mode is masked by the umask; fchmod's is not
         if tag is not None:
             write_new_at(TAG_NAME, tag.encode("ascii"), fd, chmod=not mounted)
     finally:
@@ -335,7 +335,7 @@ def write_new_at(name: str, data: bytes, dir_fd: int, mode: int = 0o644, chmod: 
         os.close(fd)
 
 
-def bookkeeping_dir(version_dir: str, shared: bool, *parts: str) -> str | None:
+def bookkeeping_dir(version_dir: str, team: bool, *parts: str) -> str | None:
     """``<version dir>/.gkx-autocache[/parts]``, created with the cache's own mode (group members
     of a shared cache write their ledgers too), or None when it cannot be made or is a symlink."""
     path = os.path.join(version_dir, META_DIR, *parts)
@@ -347,8 +347,8 @@ def bookkeeping_dir(version_dir: str, shared: bool, *parts: str) -> str | None:
             logger.debug("%s is a symlink: no bookkeeping", path)
             return None
     try:  # tagged where made: a directory someone else gave JAX is known by it (``_remove.has_tag``)
-        make_dir(os.path.join(version_dir, META_DIR), shared, TAG)
-        make_dir(path, shared)
+        make_dir(os.path.join(version_dir, META_DIR), team, TAG)
+        make_dir(path, team)
     except OSError as exc:
         logger.debug("no bookkeeping in %s: %s", path, exc)
         return None

@@ -91,7 +91,7 @@ def parse_verdict(data: bytes | None) -> dict[str, Any] | None:
     return {k: v if isinstance(v, str) else None for k, v in found.items() if k in VERDICT_KEYS}
 
 
-def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool = False,
+def write_verdict(version_dir: str, store: str, reason: str | None, team: bool = False,
                   explain: str | None = None, isa: str | None = None, callbacks: str | None = None) -> None:
     """Record which store serves the directory, whether misses are explained and what to know of
     the ISA in CPU keys (``verdict``), so ``status`` can say it without importing jax."""
@@ -99,7 +99,7 @@ def write_verdict(version_dir: str, store: str, reason: str | None, shared: bool
     path = os.path.join(version_dir, META_DIR, VERDICT_FILE)
     if _files.read(path) == text:
         return
-    if _files.bookkeeping_dir(version_dir, shared) is not None:
+    if _files.bookkeeping_dir(version_dir, team) is not None:
         _files.write_atomic(path, text, 0o644)
 
 
@@ -118,9 +118,9 @@ class Verdict:
         self._write: Callable[..., None] | None = None  # None: nothing written (a read-only directory)
         self._unkeyed: str | None = None
 
-    def write(self, version_dir: str, store: str, reason: str | None, shared: bool, explain: str | None,
+    def write(self, version_dir: str, store: str, reason: str | None, team: bool, explain: str | None,
               unkeyed: str | None, callbacks: str | None) -> None:
-        self._write = functools.partial(write_verdict, version_dir, store, reason, shared, explain=explain,
+        self._write = functools.partial(write_verdict, version_dir, store, reason, team, explain=explain,
                                         callbacks=callbacks)
         self._unkeyed = unkeyed
         self.rewrite()

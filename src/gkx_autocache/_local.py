@@ -21,15 +21,15 @@ from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR
 class LocalLevel:
     """The version directory's entries, for one compression format (``decompress``'s)."""
 
-    def __init__(self, path: str, *, compression: str, decompress: Callable[[bytes], Any], shared: bool,
+    def __init__(self, path: str, *, compression: str, decompress: Callable[[bytes], Any], team: bool,
                  writable: bool, check_payload: bool, whole: bool, signs: bool) -> None:
         self.path = path
         self.compression = compression
         self.writable = writable  # a baked cache, read-only for this user: hits only
         self._decompress = decompress
         self._check_payload = check_payload  # decompress before serving (``_store.install``)
-        self._shared = shared  # a team directory (§8): group-writable files
-        self._file_mode = _files.file_mode(shared)
+        self._team = team  # a team directory (§8): group-writable files
+        self._file_mode = _files.file_mode(team)
         self._whole = whole  # a bucket mount (``_mount``): each file made whole in one create, no times set
         self._signs = signs  # a signing key keeps a seal beside each entry it vouches for
 
@@ -44,12 +44,12 @@ class LocalLevel:
         path = self.entry(key)
         # The directory again (one stat): given to another user since it was checked (a chown), its
         # entries, still yours, can be renamed by the new owner: a swapped pair passes every check below.
-        if (moved := _trust.directory_problem(self.path, self._shared)) is not None:
+        if (moved := _trust.directory_problem(self.path, self._team)) is not None:
             return None, f"its directory fails the trust rules now ({moved.split('; ', 1)[0]}): not read"
         refused: list[str] = []
 
         def trusted(st: os.stat_result) -> str | None:  # one fstat: an entry is code
-            why = _trust.entry_problem(st, self._shared)
+            why = _trust.entry_problem(st, self._team)
             if why:
                 refused.append(why)
             return why
@@ -126,7 +126,7 @@ class LocalLevel:
             return
         from gkx_autocache._diagnostics import NOTED, warn
 
-        folder = _files.bookkeeping_dir(self.path, self._shared)
+        folder = _files.bookkeeping_dir(self.path, self._team)
         if folder is not None:
             text = " ".join(sorted(target.learned)).encode()
             _files.write_atomic(os.path.join(folder, target.learned_name()), text, self._file_mode)
@@ -157,8 +157,8 @@ class LocalLevel:
         (``seal_for``, the shared level's: with a signing key, only the seal kept beside it,
         verified now against these bytes); else None."""
         def signable(st: os.stat_result) -> str | None:  # in a team directory, only what this user wrote
-            mine = not self._shared or not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
-            return _trust.entry_problem(st, self._shared) or (None if mine else "another user's")
+            mine = not self._team or not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+            return _trust.entry_problem(st, self._team) or (None if mine else "another user's")
 
         data = _files.read(self.entry(key), check=signable)
         if data is None or compression_of(data) != self.compression:

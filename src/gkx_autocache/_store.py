@@ -140,11 +140,11 @@ class Store:
     local level (``_local``), then the shared level behind it (``Unshared`` where none is set),
     times each compile that follows a miss, and tells the recorder what happened."""
 
-    def __init__(self, path: str, *, compression: str, decompress: Any, shared: bool, recorder: Any,
+    def __init__(self, path: str, *, compression: str, decompress: Any, team: bool, recorder: Any,
                  writable: bool = True, check_payload: bool = True, levels: SharedLevel | None = None,
                  whole: bool = False) -> None:
         self._path = path  # JAX's VerificationCache reads this attribute
-        self._local = LocalLevel(path, compression=compression, decompress=decompress, shared=shared,
+        self._local = LocalLevel(path, compression=compression, decompress=decompress, team=team,
                                  writable=writable, check_payload=check_payload, whole=whole,
                                  signs=levels is not None and levels.signs)
         self._levels: SharedLevel = levels if levels is not None else Unshared()  # asked on a local miss (SPEC §14)
@@ -319,7 +319,7 @@ _serving: Store | None = None  # the store JAX got for the package's directory, 
 _own: str | None = None  # the package's own version directory (real path), once installed
 
 
-def install(jax: Any, version_dir: str, shared: bool, recorder: Any, levels: Any,
+def install(jax: Any, version_dir: str, team: bool, recorder: Any, levels: Any,
             route: Callable[[str], tuple[str, str] | None], recheck: Callable[[str], str | None]) -> str | None:
     """Serve JAX's cache objects as ``route`` says (``_jax.serve_file_caches``): the store for the
     package's own ``version_dir``, with the shared level ``levels`` behind it, and for a directory
@@ -332,7 +332,7 @@ def install(jax: Any, version_dir: str, shared: bool, recorder: Any, levels: Any
         global _serving
         mine = real == ours
         _serving = Store(real, compression=compression_of(sample) or "zlib", decompress=decompress,
-                         shared=shared and mine, recorder=recorder, writable=writable, check_payload=check_payload,
+                         team=team and mine, recorder=recorder, writable=writable, check_payload=check_payload,
                          levels=levels if mine else None, whole=_mount.bucket_mount(real) is not None)
         return _serving
 

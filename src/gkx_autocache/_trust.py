@@ -30,12 +30,12 @@ def user_groups() -> set[int]:
     return {os.getgid(), *os.getgroups()}
 
 
-def _team(st: os.stat_result, shared: bool) -> bool:
+def _team(st: os.stat_result, team: bool) -> bool:
     """With ``trust_shared``: writable by one of your groups, not by others."""
-    return shared and bool(st.st_mode & stat.S_IWGRP) and not st.st_mode & stat.S_IWOTH and st.st_gid in user_groups()
+    return team and bool(st.st_mode & stat.S_IWGRP) and not st.st_mode & stat.S_IWOTH and st.st_gid in user_groups()
 
 
-def directory_problem(path: str, shared: bool = False) -> str | None:
+def directory_problem(path: str, team: bool = False) -> str | None:
     """Why ``path`` (an existing directory) may not hold the cache, or None when it may."""
     if not POSIX:
         return None
@@ -46,13 +46,13 @@ def directory_problem(path: str, shared: bool = False) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return "it is not a directory"
     uid = os.getuid()
-    team = _team(st, shared)
+    ours = _team(st, team)
     if st.st_mode & stat.S_IWOTH:
         return "others can write to it; run chmod o-w on it"
-    if st.st_uid not in (uid, 0) and not team:
+    if st.st_uid not in (uid, 0) and not ours:
         return f"it is owned by uid {st.st_uid}, not by you (uid {uid}) or root; use a directory of your own"
-    if st.st_mode & stat.S_IWGRP and not team:
-        if shared:
+    if st.st_mode & stat.S_IWGRP and not ours:
+        if team:
             return f"its group {st.st_gid} can write to it and is not one of your groups"
         return "its group can write to it; run chmod g-w on it, or set trust_shared = true for a team cache"
     return None
@@ -99,7 +99,7 @@ def links_problem(path: str) -> str | None:
     return None
 
 
-def ancestors_problem(path: str, shared: bool = False) -> str | None:
+def ancestors_problem(path: str, team: bool = False) -> str | None:
     """Why an ancestor of ``path`` would let someone else swap the directory, or None."""
     if not POSIX:
         return None
@@ -110,7 +110,7 @@ def ancestors_problem(path: str, shared: bool = False) -> str | None:
             st = os.stat(current)
         except OSError as exc:
             return f"its parent {current} cannot be examined ({exc.strerror})"
-        problem = _ancestor_problem(current, st, uid, shared)
+        problem = _ancestor_problem(current, st, uid, team)
         if problem:
             return problem
         parent = os.path.dirname(current)
@@ -119,7 +119,7 @@ def ancestors_problem(path: str, shared: bool = False) -> str | None:
         current = parent
 
 
-def _ancestor_problem(path: str, st: os.stat_result, uid: int, shared: bool) -> str | None:
+def _ancestor_problem(path: str, st: os.stat_result, uid: int, team: bool) -> str | None:
     if st.st_mode & stat.S_ISVTX:
         if st.st_uid in (0, uid):
             return None  # like /tmp: only its owner and each entry's owner can rename what is in it
@@ -127,10 +127,10 @@ def _ancestor_problem(path: str, st: os.stat_result, uid: int, shared: bool) -> 
                 "its owner can rename what is in it")
     if st.st_mode & stat.S_IWOTH:
         return f"others can write to its parent {path}"
-    team = _team(st, shared)
-    if st.st_uid not in (0, uid) and not team:
+    ours = _team(st, team)
+    if st.st_uid not in (0, uid) and not ours:
         return f"its parent {path} is owned by uid {st.st_uid}, neither you nor root"
-    if st.st_mode & stat.S_IWGRP and not team:
+    if st.st_mode & stat.S_IWGRP and not ours:
         return f"its group can write to its parent {path}; set trust_shared = true for a team cache"
     return None
 
@@ -149,7 +149,7 @@ def file_problem(st: os.stat_result) -> str | None:
     return None
 
 
-def entry_problem(st: os.stat_result, shared: bool = False) -> str | None:
+def entry_problem(st: os.stat_result, team: bool = False) -> str | None:
     """Why an entry must not be loaded, from its ``fstat``: it is code. Writable by others, or by
     a group outside a team cache, or owned by someone who is not you, root or (in a team cache)
     a member of your group, and it could have been swapped."""
@@ -157,9 +157,9 @@ def entry_problem(st: os.stat_result, shared: bool = False) -> str | None:
         return None
     if st.st_mode & stat.S_IWOTH:
         return "others can write it"
-    team = shared and st.st_gid in user_groups()
-    if st.st_mode & stat.S_IWGRP and not team:
+    ours = team and st.st_gid in user_groups()
+    if st.st_mode & stat.S_IWGRP and not ours:
         return "its group can write it"
-    if st.st_uid not in (os.getuid(), 0) and not team:
+    if st.st_uid not in (os.getuid(), 0) and not ours:
         return f"it is owned by uid {st.st_uid}"
     return None

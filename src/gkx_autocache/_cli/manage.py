@@ -287,7 +287,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     target = _context.cpu_target(ctx.settings["cpu_target"])
     try:
         done = _bundle.import_bundle(archive, vdir, _environment(ctx), sha256=args.sha256, force=args.force,
-                                     shared=bool(ctx.settings["trust_shared"]), cap=ctx.settings["max_size"],
+                                     team=bool(ctx.settings["trust_shared"]), cap=ctx.settings["max_size"],
                                      loads=(_isa.isa(), *([target.isa_text()] if target.level else [])),
                                      progress=counter(args, "import"))
     except _bundle.BundleRefused as exc:

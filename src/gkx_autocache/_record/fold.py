@@ -150,34 +150,34 @@ def unfolded_disk(version_dir: str) -> int:
                if os.path.basename(path) not in already)
 
 
-def write_summary(version_dir: str, summary: Summary, shared: bool) -> bool:
+def write_summary(version_dir: str, summary: Summary, team: bool) -> bool:
     data = json.dumps(summary.to_json(), separators=(",", ":")).encode()
-    return _files.write_atomic(summary_path(version_dir), data, _files.file_mode(shared))
+    return _files.write_atomic(summary_path(version_dir), data, _files.file_mode(team))
 
 
 # -- the fold and the cap ----------------------------------------------------------------------
 
 
-def fold(version_dir: str, cap: int, shared: bool) -> None:
+def fold(version_dir: str, cap: int, team: bool) -> None:
     """Fold the ledgers of finished processes into the summary and the index, and keep the
     directory under ``cap`` (0: no cap). At exit, under the non-blocking lock: a process that finds
     it taken skips (its ledger is folded by the next). Never raises."""
     try:
-        lock = _locks.acquire(version_dir, shared)
+        lock = _locks.acquire(version_dir, team)
     except Exception as exc:  # bookkeeping: never a failure at exit
         logger.debug("fold skipped: %s", exc)
         return
     if lock is None:
         return
     try:
-        fold_now(version_dir, cap, shared)
+        fold_now(version_dir, cap, team)
     except Exception as exc:
         logger.debug("fold failed: %s", exc)
     finally:
         _locks.release(lock)
 
 
-def fold_now(version_dir: str, cap: int, shared: bool, zero: bool = False) -> int:
+def fold_now(version_dir: str, cap: int, team: bool, zero: bool = False) -> int:
     """Fold under the lock (see ``fold``); with ``zero``, then forget the totals, the recent
     misses and the runs, keeping the index and the size account. The count of ledgers folded."""
     summary = read_summary(version_dir)
@@ -215,7 +215,7 @@ def fold_now(version_dir: str, cap: int, shared: bool, zero: bool = False) -> in
     if lines:  # a run where every lookup hit has none: the index module is not even imported
         from gkx_autocache._record import index as _index
 
-        _index.append(version_dir, lines, shared)
+        _index.append(version_dir, lines, team)
     summary.recent = list(recent.values())
     if zero:
         summary.totals, summary.recent, summary.runs, summary.reset_at = Totals(), [], {}, time.time()
@@ -223,12 +223,12 @@ def fold_now(version_dir: str, cap: int, shared: bool, zero: bool = False) -> in
     # Not at a reset: ``stats --reset`` keeps the index and the size account as they are.
     if not zero and ((cap and summary.size + live_disk > cap) or time.time() - summary.scanned_at > RESCAN_SECS):
         try:
-            summary.size, summary.scanned_at = _keep_under(version_dir, cap, shared, pending), time.time()
+            summary.size, summary.scanned_at = _keep_under(version_dir, cap, team, pending), time.time()
         except Exception as exc:  # an untagged directory: nothing is pruned, the fold goes on
             logger.debug("not pruned: %s", exc)
             summary.scanned_at = time.time()
     summary.folded = [os.path.basename(p) for p in done]
-    if not write_summary(version_dir, summary, shared):
+    if not write_summary(version_dir, summary, team):
         if zero:
             raise OSError(f"stats not reset: {summary_path(version_dir)} cannot be written")
         return 0
@@ -237,11 +237,11 @@ def fold_now(version_dir: str, cap: int, shared: bool, zero: bool = False) -> in
     removed = _remove.remove_files(version_dir, done)
     if removed.failed or len(done) > 64:  # the names of removed ledgers never come back (pid and ns):
         summary.folded = [os.path.basename(p) for p in removed.failed]  # a few may stay listed, which
-        write_summary(version_dir, summary, shared)  # saves a second write at most exits
+        write_summary(version_dir, summary, team)  # saves a second write at most exits
     return removed.files
 
 
-def _keep_under(version_dir: str, cap: int, shared: bool, pending: list[str] | None = None) -> int:
+def _keep_under(version_dir: str, cap: int, team: bool, pending: list[str] | None = None) -> int:
     """A full scan; the index rewritten for what is there (and the tables ``pending``, live
     processes' index lines, refer to); above the cap (0: none), prune to 90 % of it, least recently
     used first. The bookkeeping is charged at most ``BOOKKEEPING_SHARE`` of the cap, so a small cap
@@ -266,8 +266,8 @@ def _keep_under(version_dir: str, cap: int, shared: bool, pending: list[str] | N
         entries -= sum(u.bytes for u in removed) if freed else 0
         for unit in removed:
             found.units.pop(unit.key, None)
-        _index.append(version_dir, _index.removed_lines([u.key for u in removed if u.has_entry], "max_size"), shared)
+        _index.append(version_dir, _index.removed_lines([u.key for u in removed if u.has_entry], "max_size"), team)
         logger.debug("pruned %d entries (%d bytes) from %s", len(removed), freed, version_dir)
     present = {_index.split_key(key) for key, unit in found.units.items() if unit.has_entry}
-    _index.compact(version_dir, present, shared, pending=pending)
+    _index.compact(version_dir, present, team, pending=pending)
     return entries + _entries.bookkeeping_bytes(version_dir)

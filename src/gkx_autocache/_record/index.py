@@ -303,17 +303,17 @@ def load(version_dir: str, more: list[str] | None = None) -> Evidence:
     return evidence
 
 
-def append(version_dir: str, lines: list[str], shared: bool) -> bool:
+def append(version_dir: str, lines: list[str], team: bool) -> bool:
     """Append lines to the index (under the bookkeeping lock): one write."""
     if not lines:
         return True
-    folder = _files.bookkeeping_dir(version_dir, shared)
+    folder = _files.bookkeeping_dir(version_dir, team)
     if folder is None:
         return False
     data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
     try:
         fd = _files.open_in(folder, INDEX_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _files.NOFOLLOW
-                            | _files.NONBLOCK, _files.file_mode(shared))
+                            | _files.NONBLOCK, _files.file_mode(team))
     except OSError as exc:
         logger.debug("index not appended: %s", exc)
         return False
@@ -337,7 +337,7 @@ def removed_lines(keys: list[str], by: str, when: float | None = None) -> list[s
     return [f"X\t{name}\t{hex_}\t{int(when)}\t{by}" for name, hex_ in map(split_key, keys)]
 
 
-def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: float | None = None,
+def compact(version_dir: str, present: set[tuple[str, str]], team: bool, now: float | None = None,
             pending: list[str] | None = None) -> int:
     """Rewrite the index for what the directory holds (at a full scan, under the lock): the bytes
     it holds after. ``pending``: the ``E`` lines of live processes' ledgers, not folded yet, whose
@@ -383,7 +383,7 @@ def compact(version_dir: str, present: set[tuple[str, str]], shared: bool, now: 
         used.update(("V", f"{part}\t{hash_}") for part, hash_ in zip(PARTS[1:], others, strict=False))
     lines = [nonce_line(), *(line for key, line in tables.items() if key in used), *kept]
     text = ("\n".join(lines) + "\n" if lines else "").encode("utf-8", "surrogatepass")
-    if _files.write_atomic(index_path(version_dir), text, _files.file_mode(shared)):
+    if _files.write_atomic(index_path(version_dir), text, _files.file_mode(team)):
         return len(text)
     return len(data)
 

@@ -504,15 +504,15 @@ def finished(ledger: Ledger) -> bool:
     return not alive(start.get("pid", 0), start.get("born"))
 
 
-def no_flock(version_dir: str, shared: bool, why: str) -> bool:
+def no_flock(version_dir: str, team: bool, why: str) -> bool:
     """Remember that this directory's file system has no working flock; True the first time (the
     caller warns then, once per directory)."""
-    folder = _files.bookkeeping_dir(version_dir, shared)
+    folder = _files.bookkeeping_dir(version_dir, team)
     if folder is None:
         return False
     try:
         fd = _files.open_in(folder, NO_FLOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _files.NOFOLLOW,
-                            _files.file_mode(shared))
+                            _files.file_mode(team))
     except OSError:
         return False
     try:

@@ -14,11 +14,11 @@ from gkx_autocache._layout import EXCL_LOCK_FILE, LOCK_FILE, META_DIR, NO_FLOCK_
 from gkx_autocache._record import ledger as _ledger  # read there at each call (take_flock, host): tests replace them
 
 
-def acquire(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
+def acquire(version_dir: str, team: bool, wait: float = 0.0) -> int | None:
     """The bookkeeping lock, taken: a descriptor to close to let it go (-1 for the lock file of a
     file system without flock, let go by ``release``); None when another process holds it (after
     ``wait`` seconds) or it cannot be taken."""
-    meta = _files.bookkeeping_dir(version_dir, shared)
+    meta = _files.bookkeeping_dir(version_dir, team)
     if meta is None:
         return None
     try:
@@ -27,7 +27,7 @@ def acquire(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
         return None
     try:
         flags = os.O_RDWR | os.O_CREAT | _files.NOFOLLOW | _files.NONBLOCK  # a planted FIFO must not hang the exit
-        fd = os.open(LOCK_FILE, flags, _files.file_mode(shared), dir_fd=meta_fd)
+        fd = os.open(LOCK_FILE, flags, _files.file_mode(team), dir_fd=meta_fd)
     except OSError as exc:
         logger.debug("bookkeeping lock not opened: %s", exc)
         os.close(meta_fd)
@@ -37,7 +37,7 @@ def acquire(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
         os.close(meta_fd)
         return None
     try:
-        os.fchmod(fd, _files.file_mode(shared))  # the umask masked the open mode; only its owner can do this
+        os.fchmod(fd, _files.file_mode(team))  # the umask masked the open mode; only its owner can do this
     except OSError:
         pass
     deadline = time.monotonic() + wait
@@ -46,7 +46,7 @@ def acquire(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
             taken = _ledger.take_flock(fd)
             if taken is None:  # no flock here: the lock file instead
                 os.close(fd)
-                return _excl_lock(meta_fd, version_dir, shared, deadline)
+                return _excl_lock(meta_fd, version_dir, team, deadline)
             if taken:
                 return fd
             if time.monotonic() >= deadline:
@@ -57,16 +57,16 @@ def acquire(version_dir: str, shared: bool, wait: float = 0.0) -> int | None:
         os.close(meta_fd)
 
 
-def _excl_lock(meta_fd: int, version_dir: str, shared: bool, deadline: float) -> int | None:
+def _excl_lock(meta_fd: int, version_dir: str, team: bool, deadline: float) -> int | None:
     """``fold.lock``, created with ``O_EXCL``: -1 once taken. One older than ``LOCK_STALE_SECS`` was
     left by a process that died folding (or one naming a process of this host that is gone):
     renamed away, then taken. Two processes can both see it
     stale; the one whose rename comes second moves the other's fresh lock, sees that it is not the
     file it looked at, and puts it back."""
-    _ledger.no_flock(version_dir, shared, "flock() fails here")
+    _ledger.no_flock(version_dir, team, "flock() fails here")
     while True:
         try:
-            fd = os.open(EXCL_LOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _files.NOFOLLOW, _files.file_mode(shared),
+            fd = os.open(EXCL_LOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _files.NOFOLLOW, _files.file_mode(team),
                          dir_fd=meta_fd)
         except FileExistsError:
             try:

@@ -112,11 +112,11 @@ class Recorder:
     """This process's counters and ledger file. Every method swallows its own errors: it runs
     inside JAX's compile path, where an exception would fail the user's ``jit`` call."""
 
-    def __init__(self, directory: str, ledger: bool, shared: bool = False, run: Run | None = None,
+    def __init__(self, directory: str, ledger: bool, team: bool = False, run: Run | None = None,
                  levels: Levels | None = None, set_by: str | None = None,
                  serving: Callable[[], bool] = lambda: False, explainer: Explains | None = None) -> None:
         self.directory = directory
-        self.shared = shared
+        self.team = team
         self.requests = 0
         self.jax_hits = 0
         self.jax_saved_secs = 0.0  # JAX's own figure, whole-second compile times: for remote dirs
@@ -405,19 +405,19 @@ class Recorder:
     def _open(self) -> int:
         """A new ledger of this process, created and locked for as long as it is written (see
         ``ledger``); where flock does not work, said once for the directory."""
-        folder = _files.bookkeeping_dir(self.directory, self.shared, LEDGER_DIR)
+        folder = _files.bookkeeping_dir(self.directory, self.team, LEDGER_DIR)
         if folder is None:
             raise OSError(f"no bookkeeping directory in {self.directory}")
         dir_fd = _files.open_dir(folder)
         try:
             name = f"{os.getpid()}-{time.time_ns()}{LEDGER_SUFFIX}"
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _files.NOFOLLOW
-            fd = os.open(name, flags, _files.file_mode(self.shared), dir_fd=dir_fd)
+            fd = os.open(name, flags, _files.file_mode(self.team), dir_fd=dir_fd)
             try:
                 self._block = os.fstatvfs(fd).f_frsize or 4096
-                os.fchmod(fd, _files.file_mode(self.shared))  # the open mode is masked by the umask
+                os.fchmod(fd, _files.file_mode(self.team))  # the open mode is masked by the umask
                 locked = _ledger.take_flock(fd)
-                if locked is None and _ledger.no_flock(self.directory, self.shared, "flock() fails here"):
+                if locked is None and _ledger.no_flock(self.directory, self.team, "flock() fails here"):
                     warn(f"flock:{self.directory}", f"{self.directory}: this file system has no working flock "
                          "(Lustre, or NFS mounted without locks); gkx-autocache uses lock files and process ids "
                          "there instead")
@@ -552,11 +552,11 @@ def prefetch_room(version_dir: str, cap: int, unfolded: bool) -> int:
     return fold.prefetch_room(version_dir, cap, unfolded)
 
 
-def start(settings: Any, directory: str, ledger: bool, remote: bool = False, shared: bool = False,
+def start(settings: Any, directory: str, ledger: bool, remote: bool = False, team: bool = False,
           levels: Levels | None = None, set_by: str | None = None, serving: Callable[[], bool] = lambda: False,
           explainer: Explains | None = None) -> Recorder:
     """Listen to JAX's cache events; with ``report``, print one line at exit. A remote directory
-    gets this process's sums as one ledger object at exit. ``shared``: the directory is a team's
+    gets this process's sums as one ledger object at exit. ``team``: the directory is a team's
     (``trust_shared`` may be the shared level's alone, SPEC §14); ``levels``, the shared level
     whose numbers it reports; ``set_by``, who gave JAX the directory where it was not the package;
     ``serving()``, whether the store serves it (asked, not told: it is installed after the recorder);
@@ -564,7 +564,7 @@ def start(settings: Any, directory: str, ledger: bool, remote: bool = False, sha
     global recorder
     import jax.monitoring
 
-    recorder = Recorder(directory, ledger, shared=shared, run=begin_run(), levels=levels, set_by=set_by,
+    recorder = Recorder(directory, ledger, team=team, run=begin_run(), levels=levels, set_by=set_by,
                         serving=serving, explainer=explainer)
     jax.monitoring.register_event_listener(recorder.on_event)
     jax.monitoring.register_event_duration_secs_listener(recorder.on_duration)
@@ -595,7 +595,7 @@ def finish(rec: Recorder, cap: int) -> None:
         except ImportError as exc:  # the package's files gone mid-run: the next process folds
             logger.debug("no fold at exit: %s", exc)
             return
-        fold.fold(rec.directory, cap if rec.cap is None else rec.cap, rec.shared)
+        fold.fold(rec.directory, cap if rec.cap is None else rec.cap, rec.team)
 
 
 def _before_thread_pools_stop(func: Any, *args: Any) -> None:

@@ -14,7 +14,7 @@ from gkx_autocache._record import ledger as _ledger
 from gkx_autocache._record import locks as _locks
 
 
-def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
+def reset(version_dir: str, team: bool = False, forget: bool = False) -> int:
     """Start the totals again (``stats --reset``): finished ledgers are folded, then the totals,
     recent misses and runs are zeroed; the index and the size account stay. With ``forget``
     (``clear``, a fresh start), the summary, the index and the finished ledgers go. A running
@@ -30,12 +30,12 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
     present = [p for p in [*files, *extra] if os.path.lexists(p)]
     if not present:
         return 0
-    lock = _locks.acquire(version_dir, shared, wait=5.0)
+    lock = _locks.acquire(version_dir, team, wait=5.0)
     if lock is None:
         raise OSError("the cache is busy (a process is folding its ledger, or the lock cannot be taken): try again")
     try:
         if not forget:
-            return _fold.fold_now(version_dir, 0, shared, zero=True)
+            return _fold.fold_now(version_dir, 0, team, zero=True)
         fresh = _fold.Summary()  # a fresh start: a running process's records so far are forgotten too
         done = []
         for path in files:
@@ -49,36 +49,36 @@ def reset(version_dir: str, shared: bool = False, forget: bool = False) -> int:
             raise OSError(f"stats not reset: {removed.why()}")
         if fresh.offsets:
             fresh.reset_at = time.time()
-            _fold.write_summary(version_dir, fresh, shared)
+            _fold.write_summary(version_dir, fresh, team)
         return removed.files
     finally:
         _locks.release(lock)
 
 
-def _command_ledger(version_dir: str, records: list[dict[str, Any]], shared: bool) -> None:
+def _command_ledger(version_dir: str, records: list[dict[str, Any]], team: bool) -> None:
     """A ledger of a command's records (no process writes it after: it is finished at once)."""
-    folder = _files.bookkeeping_dir(version_dir, shared, LEDGER_DIR)
+    folder = _files.bookkeeping_dir(version_dir, team, LEDGER_DIR)
     if folder is not None and records:
         name = f"{os.getpid()}-{time.time_ns()}{LEDGER_SUFFIX}"
         data = b"".join(_ledger.encode(r) for r in records)
-        _files.write_atomic(os.path.join(folder, name), data, _files.file_mode(shared))
+        _files.write_atomic(os.path.join(folder, name), data, _files.file_mode(team))
 
 
-def _to_index(version_dir: str, lines: list[str], shared: bool) -> bool:
+def _to_index(version_dir: str, lines: list[str], team: bool) -> bool:
     """Append a command's index lines at once, under the lock (waiting a little), so that the next
     miss knows them; False when the lock cannot be had (then a ledger carries them)."""
     from gkx_autocache._record import index as _index
 
-    lock = _locks.acquire(version_dir, shared, wait=5.0)
+    lock = _locks.acquire(version_dir, team, wait=5.0)
     if lock is None:
         return False
     try:
-        return _index.append(version_dir, lines, shared)
+        return _index.append(version_dir, lines, team)
     finally:
         _locks.release(lock)
 
 
-def record_evicted(version_dir: str, keys: list[str], reason: str, shared: bool) -> None:
+def record_evicted(version_dir: str, keys: list[str], reason: str, team: bool) -> None:
     """Remember keys a command removed (``prune``, ``verify --repair``), so that their next miss is
     named ``evicted`` with who removed them."""
     if not keys:
@@ -86,14 +86,14 @@ def record_evicted(version_dir: str, keys: list[str], reason: str, shared: bool)
     from gkx_autocache._record import index as _index
 
     now = round(time.time(), 3)
-    if not _to_index(version_dir, _index.removed_lines(keys, reason, now), shared):
-        _command_ledger(version_dir, [{"e": "evicted", "key": key, "reason": reason, "t": now} for key in keys], shared)
+    if not _to_index(version_dir, _index.removed_lines(keys, reason, now), team):
+        _command_ledger(version_dir, [{"e": "evicted", "key": key, "reason": reason, "t": now} for key in keys], team)
 
 
-def record_added(version_dir: str, nbytes: int, shared: bool, lines: list[str] | None = None) -> None:
+def record_added(version_dir: str, nbytes: int, team: bool, lines: list[str] | None = None) -> None:
     """Count bytes added outside a process's store (a bundle import) in the account, and index the
     entries it brought (their records travel in the bundle)."""
     records: list[dict[str, Any]] = [{"e": "added", "bytes": nbytes}]
-    if lines and not _to_index(version_dir, lines, shared):
+    if lines and not _to_index(version_dir, lines, team):
         records.append({"e": "index", "rec": "\n".join(lines)})
-    _command_ledger(version_dir, records, shared)
+    _command_ledger(version_dir, records, team)
