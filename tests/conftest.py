@@ -9,6 +9,10 @@ install of the package stays inert there.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import inspect
+import io
 import json
 import os
 import socket
@@ -18,6 +22,7 @@ import sysconfig
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -450,3 +455,74 @@ def project(venv: Venv, tmp_path: Path) -> Project:
 def cache_files(vdir: Path) -> list[Path]:
     """A version directory's entries (``-cache`` files), sorted."""
     return sorted(p for p in vdir.iterdir() if p.name.endswith("-cache"))
+
+
+# -- an environment in this process (ring 2): the command line without a venv ----------------------
+
+class InProcess:
+    """An environment of its own in this pytest process: a folder that stands for ``sys.prefix``
+    (its ``.cache/gkx/jax`` is the default directory, its ``gkx-autocache.toml`` the policy file), a
+    home, and the environment a test venv's process gets (``clean_env``). ``cli`` runs the command
+    line's ``main`` as ``Venv.cli`` runs the installed command: same arguments, and what comes back
+    (exit status, stdout, stderr) in a ``CompletedProcess``; a fresh interpreter's warning filters
+    and once-a-process warnings. For a command on a planted cache, the settings, a directory's
+    trust: what needs no installed wheel, no JAX and no fresh interpreter."""
+
+    def __init__(self, base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.path = base / "venv"
+        self.path.mkdir()
+        self.home = base / "home"
+        self.home.mkdir(mode=0o755)
+        self.env = clean_env(HOME=str(self.home))
+        self._monkeypatch = monkeypatch
+        for name in [n for n in os.environ if n not in self.env]:
+            monkeypatch.delenv(name)
+        for name, value in self.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.chdir(self.home)
+        # The package binds sys.prefix as a default argument at import (``prefix: str = sys.prefix``):
+        # each such default, and sys.prefix itself, now names this folder. The modules that bind it
+        # are imported first: one imported while it is patched would keep the stand-in.
+        for name in ("_cli.main", "_cache", "_policy", "_settings"):
+            importlib.import_module(f"gkx_autocache.{name}")
+        real = sys.prefix
+        for module in [m for name, m in sys.modules.items() if name.startswith("gkx_autocache")]:
+            for function in vars(module).values():
+                if inspect.isfunction(function) and function.__defaults__ and real in function.__defaults__:
+                    monkeypatch.setattr(function, "__defaults__",
+                                        tuple(str(self.path) if d == real else d for d in function.__defaults__))
+        monkeypatch.setattr(sys, "prefix", str(self.path))
+
+    @property
+    def default_cache(self) -> Path:
+        return self.path / ".cache" / "gkx" / "jax"
+
+    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        from gkx_autocache import _diagnostics
+        from gkx_autocache._cli.main import main
+
+        # A fresh process: no warning said yet, none swallowed.
+        self._monkeypatch.setattr(_diagnostics, "_said", set())
+        self._monkeypatch.setattr(_diagnostics, "swallowed", [])
+        self._monkeypatch.setattr(_diagnostics, "_registry", {})
+        saved = dict(os.environ)
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            os.environ.update(env or {})
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+                warnings.resetwarnings()  # a fresh interpreter's filters: a warning is printed, not raised
+                warnings.simplefilter("default")
+                try:
+                    code = main(list(args))
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        return subprocess.CompletedProcess(["gkx-autocache", *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InProcess:
+    """An ``InProcess`` environment in ``tmp_path``; everything it changed is restored afterwards."""
+    return InProcess(tmp_path, monkeypatch)
