@@ -1,5 +1,6 @@
 """Bad input and strict test suites (SPEC §3, §4, §5, §7, §10): one warning, never a lost run, never
-a traceback. Real JAX in fresh processes, under `-W error` and `-X dev` where that is the point."""
+a traceback. Real JAX in fresh processes, under `-W error` and `-X dev` where that is the point; the
+commands on planted bookkeeping in this process (``here``)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import json
 import os
 import re
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 
 import pytest
-from conftest import PROGRAM, Venv, autocache_warnings, cache_files, run_program
-from test_activation import VERSION_DIR
+from conftest import PROGRAM, InProcess, Venv, autocache_warnings, cache_files, clean_env, run_program
+from test_activation import JAX_VERSION, VERSION_DIR
+
+from gkx_autocache import _cache
 
 pytestmark = pytest.mark.every_python  # fork, -W error, exits and signals: the interpreter's
 
@@ -75,20 +79,21 @@ def test_unset_variable_in_dir_is_a_bad_value(venv: Venv, tmp_path: Path) -> Non
 
 
 @pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
-def test_config_set_writes_what_was_typed(venv: Venv, tmp_path: Path) -> None:
+def test_config_set_writes_what_was_typed(here: InProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`~` and `$VARS` stay as typed in a shared policy file; a relative path is made absolute
     against the current directory; what cannot be one TOML string is refused with exit 2."""
-    policy = venv.path / "gkx-autocache.toml"
+    policy = here.path / "gkx-autocache.toml"
     env = {"SCRATCH": str(tmp_path / "scratch")}
-    assert venv.cli("config", "set", "dir", "$SCRATCH/jax", env=env).returncode == 0
+    assert here.cli("config", "set", "dir", "$SCRATCH/jax", env=env).returncode == 0
     assert 'dir = "$SCRATCH/jax"' in policy.read_text()
-    assert venv.cli("config", "set", "dir", "~/jax-cache").returncode == 0
+    assert here.cli("config", "set", "dir", "~/jax-cache").returncode == 0
     assert 'dir = "~/jax-cache"' in policy.read_text()
-    proc = venv.run("-m", "gkx_autocache", "config", "set", "dir", "rel/cache", cwd=str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    proc = here.cli("config", "set", "dir", "rel/cache")
     assert proc.returncode == 0 and f'dir = "{tmp_path / "rel" / "cache"}"' in policy.read_text()
     before = policy.read_text()
     for bad in ("a\nb", "tab\there", "bell\x07"):
-        proc = venv.cli("config", "set", "dir", bad)
+        proc = here.cli("config", "set", "dir", bad)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert policy.read_text() == before
 
@@ -110,11 +115,11 @@ def test_report_shows_the_directory_jax_used_and_who_set_it(venv: Venv, tmp_path
     assert f"{out['hits']} hits" in line
 
 
-def test_clear_on_a_never_used_directory_removes_nothing_and_succeeds(venv: Venv) -> None:
-    proc = venv.cli("--json", "clear", "--yes")
+def test_clear_on_a_never_used_directory_removes_nothing_and_succeeds(here: InProcess) -> None:
+    proc = here.cli("--json", "clear", "--yes")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["entries"] == 0
-    assert not venv.default_cache.exists()
+    assert not here.default_cache.exists()
 
 
 def test_w_error_and_dev_mode_print_nothing_from_the_package(venv: Venv, tmp_path: Path) -> None:
@@ -210,31 +215,48 @@ def test_a_child_that_imports_jax_after_the_fork_is_configured_alone(venv: Venv,
     assert "put" in records[out["child"]] and set(records[out["parent"]]) == {"hit"}, records
 
 
+def planted(root: Path) -> Path:
+    """A version directory the package made, with two entries and a finished process's ledger of
+    two misses and two writes (what a cold run of two functions leaves)."""
+    vdir = Path(_cache.prepare(str(root), JAX_VERSION).version_dir or "")
+    ledger = vdir / ".gkx-autocache" / "ledger"
+    ledger.mkdir(parents=True, exist_ok=True)
+    records = []
+    for name in ("jit_f", "jit_g"):
+        key = f"{name}-{zlib.crc32(name.encode()):064x}"
+        (vdir / f"{key}-cache").write_bytes(zlib.compress(os.urandom(500)))
+        records += [{"e": "miss", "key": key}, {"e": "put", "key": key, "bytes": 510}]
+    (ledger / "1-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*records, {"e": "tally", "end": True}]))
+    return vdir
+
+
 @pytest.mark.parametrize("line", ['{"e":"hit","saved":null}', "[1]", '{"e":"put","bytes":"lots"}', "null",
                                   '{"e":"hit","saved":1e999}', '{"e":"miss","key":{"a":1}}', "\x00\xff garbage"])
-def test_a_hostile_ledger_line_is_skipped(venv: Venv, line: str) -> None:
+def test_a_hostile_ledger_line_is_skipped(here: InProcess, line: str) -> None:
     """A malformed ledger line (any member of a team cache can write one) never crashes `status`,
     `stats`, `clear` or `prune`; the good lines still count."""
-    run_program(venv)
-    ledger = venv.default_cache / VERSION_DIR / ".gkx-autocache" / "ledger"
-    (ledger / f"{os.getpid()}-1-hostile.jsonl").write_text(line + "\n")
+    ledger = planted(here.default_cache) / ".gkx-autocache" / "ledger"
+    # another live process's ledger (this process's parent's pid), as a running run's is
+    (ledger / f"{os.getppid()}-1-hostile.jsonl").write_text(line + "\n")
     for command in (["status"], ["stats"], ["prune", "--dry-run"], ["clear", "--dry-run"]):
-        proc = venv.cli("--json", *command)
+        proc = here.cli("--json", *command)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
-    stats = json.loads(venv.cli("--json", "stats").stdout)["stats"]
+    stats = json.loads(here.cli("--json", "stats").stdout)["stats"]
     assert stats["misses"] >= 2
 
 
-def test_hostile_bookkeeping_text_is_escaped_not_a_traceback(venv: Venv) -> None:
+def test_hostile_bookkeeping_text_is_escaped_not_a_traceback(tmp_path: Path) -> None:
     """A lone surrogate in a ledger line, a deeply nested or ill-typed store verdict: the commands
     still answer, with one line at most."""
-    run_program(venv)
-    meta = venv.default_cache / VERSION_DIR / ".gkx-autocache"
+    meta = planted(tmp_path / "c") / ".gkx-autocache"
     (meta / "ledger" / "9-9.jsonl").write_text('{"e":"miss","key":"jit_\\ud800-' + "a" * 64 + '","cause":"\\ud800"}\n')
+    # A fresh interpreter (this one's, no venv needed) whose stdout refuses what is not UTF-8.
+    env = clean_env(HOME=str(tmp_path), GKX_JAX_CACHE_DIR=str(tmp_path / "c"), PYTHONIOENCODING="utf-8:strict")
     for verdict in ("[" * 100000, '{"store": ["x"], "reason": {"a": 1}}'):
         (meta / "store.json").write_text(verdict)
         for command in (["status"], ["--json", "status"], ["stats"], ["explain"]):
-            proc = venv.run("-m", "gkx_autocache", *command, env={"PYTHONIOENCODING": "utf-8:strict"})
+            proc = subprocess.run([sys.executable, "-m", "gkx_autocache", *command], env=env, cwd=str(tmp_path),
+                                  capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
 
 
