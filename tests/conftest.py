@@ -526,3 +526,23 @@ class InProcess:
 def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InProcess:
     """An ``InProcess`` environment in ``tmp_path``; everything it changed is restored afterwards."""
     return InProcess(tmp_path, monkeypatch)
+
+
+def planted_run(root: Path) -> Path:
+    """What a finished cold run of two functions leaves under ``root`` (for the commands that read
+    it, not for JAX): the version directory the package made, two entries, and the run's ledger of
+    two misses and two writes. The version directory."""
+    import zlib
+
+    from gkx_autocache import _cache
+
+    vdir = Path(_cache.prepare(str(root), JAX_VERSION).version_dir or "")
+    ledger = vdir / ".gkx-autocache" / "ledger"
+    ledger.mkdir(parents=True, exist_ok=True)
+    records: list[dict[str, Any]] = []
+    for name in ("jit_f", "jit_g"):
+        key = f"{name}-{zlib.crc32(name.encode()):064x}"
+        (vdir / f"{key}-cache").write_bytes(zlib.compress(os.urandom(500)))
+        records += [{"e": "miss", "key": key}, {"e": "put", "key": key, "bytes": 510}]
+    (ledger / "1-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*records, {"e": "tally", "end": True}]))
+    return vdir
