@@ -13,10 +13,8 @@ import zlib
 from pathlib import Path
 
 import pytest
-from conftest import PROGRAM, InProcess, Venv, autocache_warnings, cache_files, clean_env, run_program
-from test_activation import JAX_VERSION, VERSION_DIR
-
-from gkx_autocache import _cache
+from conftest import PROGRAM, InProcess, Venv, autocache_warnings, cache_files, clean_env, planted_run, run_program
+from test_activation import VERSION_DIR
 
 pytestmark = pytest.mark.every_python  # fork, -W error, exits and signals: the interpreter's
 
@@ -215,27 +213,12 @@ def test_a_child_that_imports_jax_after_the_fork_is_configured_alone(venv: Venv,
     assert "put" in records[out["child"]] and set(records[out["parent"]]) == {"hit"}, records
 
 
-def planted(root: Path) -> Path:
-    """A version directory the package made, with two entries and a finished process's ledger of
-    two misses and two writes (what a cold run of two functions leaves)."""
-    vdir = Path(_cache.prepare(str(root), JAX_VERSION).version_dir or "")
-    ledger = vdir / ".gkx-autocache" / "ledger"
-    ledger.mkdir(parents=True, exist_ok=True)
-    records = []
-    for name in ("jit_f", "jit_g"):
-        key = f"{name}-{zlib.crc32(name.encode()):064x}"
-        (vdir / f"{key}-cache").write_bytes(zlib.compress(os.urandom(500)))
-        records += [{"e": "miss", "key": key}, {"e": "put", "key": key, "bytes": 510}]
-    (ledger / "1-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*records, {"e": "tally", "end": True}]))
-    return vdir
-
-
 @pytest.mark.parametrize("line", ['{"e":"hit","saved":null}', "[1]", '{"e":"put","bytes":"lots"}', "null",
                                   '{"e":"hit","saved":1e999}', '{"e":"miss","key":{"a":1}}', "\x00\xff garbage"])
 def test_a_hostile_ledger_line_is_skipped(here: InProcess, line: str) -> None:
     """A malformed ledger line (any member of a team cache can write one) never crashes `status`,
     `stats`, `clear` or `prune`; the good lines still count."""
-    ledger = planted(here.default_cache) / ".gkx-autocache" / "ledger"
+    ledger = planted_run(here.default_cache) / ".gkx-autocache" / "ledger"
     # another live process's ledger (this process's parent's pid), as a running run's is
     (ledger / f"{os.getppid()}-1-hostile.jsonl").write_text(line + "\n")
     for command in (["status"], ["stats"], ["prune", "--dry-run"], ["clear", "--dry-run"]):
@@ -248,7 +231,7 @@ def test_a_hostile_ledger_line_is_skipped(here: InProcess, line: str) -> None:
 def test_hostile_bookkeeping_text_is_escaped_not_a_traceback(tmp_path: Path) -> None:
     """A lone surrogate in a ledger line, a deeply nested or ill-typed store verdict: the commands
     still answer, with one line at most."""
-    meta = planted(tmp_path / "c") / ".gkx-autocache"
+    meta = planted_run(tmp_path / "c") / ".gkx-autocache"
     (meta / "ledger" / "9-9.jsonl").write_text('{"e":"miss","key":"jit_\\ud800-' + "a" * 64 + '","cause":"\\ud800"}\n')
     # A fresh interpreter (this one's, no venv needed) whose stdout refuses what is not UTF-8.
     env = clean_env(HOME=str(tmp_path), GKX_JAX_CACHE_DIR=str(tmp_path / "c"), PYTHONIOENCODING="utf-8:strict")
