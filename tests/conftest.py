@@ -9,6 +9,7 @@ install of the package stays inert there.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import inspect
@@ -20,7 +21,9 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
+import types
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -459,6 +462,33 @@ def cache_files(vdir: Path) -> list[Path]:
 
 # -- an environment in this process (ring 2): the command line without a venv ----------------------
 
+@contextlib.contextmanager
+def fresh_stderr(error: bool = False) -> Iterator[None]:
+    """What a fresh interpreter prints on stderr: its warnings (not recorded by pytest, nor raised by
+    its ``filterwarnings = error``; with ``error``, as under ``-W error``), and the package's log
+    lines of WARNING and above (logging's last resort: pytest's handlers catch them here)."""
+    import logging
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    logger = logging.getLogger("gkx_autocache")
+    handler = logging.StreamHandler()  # (its stream: sys.stderr when made, the redirected one)
+    handler.setLevel(logging.WARNING)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with warnings.catch_warnings():
+            warnings.resetwarnings()
+            warnings.simplefilter("error" if error else "default")
+            warnings.showwarning = show
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 class InProcess:
     """An environment of its own in this pytest process: a folder that stands for ``sys.prefix``
     (its ``.cache/gkx/jax`` is the default directory, its ``gkx-autocache.toml`` the policy file), a
@@ -481,10 +511,15 @@ class InProcess:
             monkeypatch.setenv(name, value)
         monkeypatch.chdir(self.home)
         # The package binds sys.prefix as a default argument at import (``prefix: str = sys.prefix``):
-        # each such default, and sys.prefix itself, now names this folder. The modules that bind it
-        # are imported first: one imported while it is patched would keep the stand-in.
-        for name in ("_cli.main", "_cache", "_policy", "_settings"):
-            importlib.import_module(f"gkx_autocache.{name}")
+        # each such default, and sys.prefix itself, now names this folder. Every module is imported
+        # first: one imported while it is patched would keep the stand-in.
+        import pkgutil
+
+        import gkx_autocache
+
+        for found in pkgutil.walk_packages(gkx_autocache.__path__, "gkx_autocache."):
+            if not found.name.endswith(".__main__"):  # (which runs the command line)
+                importlib.import_module(found.name)
         real = sys.prefix
         for module in [m for name, m in sys.modules.items() if name.startswith("gkx_autocache")]:
             for function in vars(module).values():
@@ -509,9 +544,7 @@ class InProcess:
         out, err = io.StringIO(), io.StringIO()
         try:
             os.environ.update(env or {})
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
-                warnings.resetwarnings()  # a fresh interpreter's filters: a warning is printed, not raised
-                warnings.simplefilter("default")
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), fresh_stderr():
                 try:
                     code = main(list(args))
                 except SystemExit as exc:
@@ -520,6 +553,65 @@ class InProcess:
             os.environ.clear()
             os.environ.update(saved)
         return subprocess.CompletedProcess(["gkx-autocache", *args], code, out.getvalue(), err.getvalue())
+
+
+    def configure(self, env: dict[str, str] | None = None, *, w_error: bool = False) -> tuple[dict[str, Any], str]:
+        """What the hook does at a process's first ``import jax``, here: ``_configure`` given a
+        stand-in ``jax`` (STYLE's second ring), whose config starts at JAX's defaults and whose
+        private modules are missing (every seam falls back to JAX's stock behaviour), then the exit
+        hooks it registered, run as the interpreter's exit runs them. For what the settings, the
+        directory and the trust rules decide: the values it set in ``jax.config``, as PROGRAM prints
+        them, and stderr (its warnings as a fresh process prints them; ``w_error``: under ``-W
+        error``). The package's module state, the real ``jax`` modules and the exit hooks are
+        restored afterwards."""
+        from gkx_autocache import _configure, _settings
+
+        config = types.SimpleNamespace(jax_enable_compilation_cache=True, **_settings.JAX_DEFAULTS)
+        config.update = lambda name, value: setattr(config, name, value)
+        monitoring = types.ModuleType("jax.monitoring")
+        monitoring.register_event_listener = monitoring.register_event_duration_secs_listener = lambda f: None  # type: ignore[attr-defined]
+        jax = types.ModuleType("jax")
+        jax.__version__ = JAX_VERSION  # type: ignore[attr-defined]
+        jax.config = config  # type: ignore[attr-defined]
+        jax.monitoring = monitoring  # type: ignore[attr-defined]
+        hooks: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        err = io.StringIO()
+        with pytest.MonkeyPatch.context() as patch:
+            # A fresh process's module state: each global restored after (a rebinding), and each
+            # list, dict and set a copy (a change in place).
+            for module in [m for n, m in sys.modules.items() if n.startswith("gkx_autocache")]:
+                for attr, value in list(vars(module).items()):
+                    if not attr.startswith("__") and not inspect.ismodule(value):
+                        patch.setattr(module, attr, type(value)(value) if type(value) in (list, dict, set) else value)
+            from gkx_autocache import _diagnostics
+
+            patch.setattr(_diagnostics, "_said", set())  # no warning said yet
+            for name in [n for n in sys.modules if n.split(".")[0] in ("jax", "jaxlib")]:
+                patch.delitem(sys.modules, name)  # no seam reaches a real JAX this pytest process imported
+            patch.setitem(sys.modules, "jax", jax)
+            patch.setitem(sys.modules, "jax.monitoring", monitoring)
+            patch.setattr(_configure, "_configured", False)
+            def register(function: Any, *args: Any, **kwargs: Any) -> Any:
+                hooks.append((function, args, kwargs))
+                return function
+
+            patch.setattr(atexit, "register", register)
+            patch.setattr(threading, "_register_atexit", register, raising=False)
+            for name, value in (env or {}).items():
+                patch.setenv(name, value)
+            with contextlib.redirect_stdout(err), contextlib.redirect_stderr(err), fresh_stderr(w_error):
+                _configure.configure(jax, os.environ)
+                values = {"dir": config.jax_compilation_cache_dir,
+                          "min_compile": config.jax_persistent_cache_min_compile_time_secs,
+                          "min_entry": config.jax_persistent_cache_min_entry_size_bytes,
+                          "xla_caches": config.jax_persistent_cache_enable_xla_caches,
+                          "enabled": config.jax_enable_compilation_cache}
+                for function, args, kwargs in reversed(hooks):  # the exit: last registered, first run
+                    try:
+                        function(*args, **kwargs)
+                    except Exception as exc:  # as the interpreter says it, and goes on
+                        print(f"Exception ignored in atexit callback {function!r}: {exc!r}", file=sys.stderr)
+        return values, err.getvalue()
 
 
 @pytest.fixture
