@@ -39,41 +39,41 @@ def test_undeserialisable_entry_under_w_error_costs_one_recompile(venv: Venv, tm
 
 @pytest.mark.parametrize("variable", ["GKX_JAX_CACHE_MAX_SIZE", "GKX_JAX_CACHE_MIN_ENTRY_SIZE_BYTES",
                                       "GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS"])
-def test_a_huge_number_skips_that_key_only(venv: Venv, tmp_path: Path, variable: str) -> None:
+def test_a_huge_number_skips_that_key_only(here: InProcess, tmp_path: Path, variable: str) -> None:
     """A 400-digit value: that key is skipped with one warning naming it; the cache stays on."""
-    out, err = run_program(venv, "-W", "error", env={variable: HUGE, "GKX_JAX_CACHE_DIR": str(tmp_path / "c")})
+    out, err = here.configure({variable: HUGE, "GKX_JAX_CACHE_DIR": str(tmp_path / "c")}, w_error=True)
     assert out["dir"] == str(tmp_path / "c" / VERSION_DIR) and out["min_compile"] == 0.0 and out["min_entry"] == -1
     (warning,) = [line for line in err.splitlines() if "gkx-autocache:" in line]
     assert variable in warning and "Traceback" not in err, err
 
 
 @pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
-def test_huge_numbers_in_toml_and_on_the_command_line(venv: Venv) -> None:
+def test_huge_numbers_in_toml_and_on_the_command_line(here: InProcess) -> None:
     """TOML integers too large for a float, and `prune --max-size` with 400 digits: one line each,
     no traceback; `status` still reports."""
-    policy = venv.path / "gkx-autocache.toml"
+    policy = here.path / "gkx-autocache.toml"
     policy.write_text(f"max_size = {HUGE}\nmin_compile_time_secs = {HUGE}\nmin_entry_size_bytes = {HUGE}\n")
-    out, err = run_program(venv)
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR) and out["min_compile"] == 0.0
+    out, err = here.configure()
+    assert out["dir"] == str(here.default_cache / VERSION_DIR) and out["min_compile"] == 0.0
     warnings = autocache_warnings(err)
     assert len(warnings) == 3 and all(str(policy) in w for w in warnings), err
-    proc = venv.cli("status")
+    proc = here.cli("status")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "max_size" in proc.stdout
-    proc = venv.cli("prune", "--max-size", HUGE)
+    proc = here.cli("prune", "--max-size", HUGE)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
 @pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
-def test_unset_variable_in_dir_is_a_bad_value(venv: Venv, tmp_path: Path) -> None:
+def test_unset_variable_in_dir_is_a_bad_value(here: InProcess, tmp_path: Path) -> None:
     """`$VAR` not set: one warning naming the variable and the source; the next source down (the
     default) applies; no literal `$VAR` directory anywhere."""
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": "$GKX_TEST_NOT_SET/jax"})
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR)
+    out, err = here.configure({"GKX_JAX_CACHE_DIR": "$GKX_TEST_NOT_SET/jax"})
+    assert out["dir"] == str(here.default_cache / VERSION_DIR)
     (warning,) = autocache_warnings(err)
     assert "GKX_JAX_CACHE_DIR" in warning and "GKX_TEST_NOT_SET" in warning
-    assert not any("$" in p.name for p in venv.home.rglob("*"))
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": "~no_such_user_here/jax"})
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR) and "no_such_user_here" in autocache_warnings(err)[0]
+    assert not any("$" in p.name for p in here.home.rglob("*"))
+    out, err = here.configure({"GKX_JAX_CACHE_DIR": "~no_such_user_here/jax"})
+    assert out["dir"] == str(here.default_cache / VERSION_DIR) and "no_such_user_here" in autocache_warnings(err)[0]
 
 
 @pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
