@@ -1,4 +1,5 @@
-"""Trust (SPEC §8) with real JAX: a directory others can write is never used."""
+"""Trust (SPEC §8) with real JAX: a directory others can write is never used. Which directory and
+settings file the trust rules leave also in this process, with a stand-in ``jax`` (``here``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROGRAM, Venv, autocache_warnings, run_program
+from conftest import PROGRAM, InProcess, Venv, autocache_warnings, run_program
 from test_activation import VERSION_DIR
 
 
@@ -48,13 +49,13 @@ def test_untrusted_explicit_dir_turns_the_cache_off(venv: Venv, tmp_path: Path, 
     assert not (bad / VERSION_DIR).exists()
 
 
-def test_world_writable_policy_file_is_ignored(venv: Venv) -> None:
+def test_world_writable_policy_file_is_ignored(here: InProcess) -> None:
     """Its settings do not apply; one warning; the next source (the default) does."""
-    policy = venv.path / "gkx-autocache.toml"
+    policy = here.path / "gkx-autocache.toml"
     policy.write_text('dir = "/tmp"\nmin_compile_time_secs = 5\n')
     policy.chmod(0o666)
-    out, err = run_program(venv)
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR) and out["min_compile"] == 0.0
+    out, err = here.configure()
+    assert out["dir"] == str(here.default_cache / VERSION_DIR) and out["min_compile"] == 0.0
     (warning,) = autocache_warnings(err)
     assert str(policy) in warning and "others can write" in warning
 
@@ -86,11 +87,11 @@ def test_umask_000_still_creates_private_directories(venv: Venv, tmp_path: Path)
     assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "a" / "b" / VERSION_DIR).glob("*-cache")} == {0o600}
 
 
-def test_untrusted_default_falls_back_silently(venv: Venv, tmp_path: Path) -> None:
+def test_untrusted_default_falls_back_silently(here: InProcess, tmp_path: Path) -> None:
     """A default venv cache others can write: the user cache instead, with no warning."""
-    venv.default_cache.mkdir(parents=True)
-    venv.default_cache.chmod(0o777)
-    out, err = run_program(venv, env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    here.default_cache.mkdir(parents=True)
+    here.default_cache.chmod(0o777)
+    out, err = here.configure({"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert out["dir"] == str(tmp_path / "xdg" / "gkx" / "jax" / VERSION_DIR)
     assert autocache_warnings(err) == []
 
