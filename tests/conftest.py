@@ -557,7 +557,8 @@ class InProcess:
 
     def configure(self, env: dict[str, str] | None = None, *, w_error: bool = False) -> tuple[dict[str, Any], str]:
         """What the hook does at a process's first ``import jax``, here: ``_configure`` given a
-        stand-in ``jax`` (STYLE's second ring), whose config starts at JAX's defaults and whose
+        stand-in ``jax`` (STYLE's second ring), whose config starts at JAX's defaults (or, as JAX's
+        import does, from an option's ``JAX_*`` variable) and whose
         private modules are missing (every seam falls back to JAX's stock behaviour), then the exit
         hooks it registered, run as the interpreter's exit runs them. For what the settings, the
         directory and the trust rules decide: the values it set in ``jax.config``, as PROGRAM prints
@@ -599,6 +600,14 @@ class InProcess:
             patch.setattr(threading, "_register_atexit", register, raising=False)
             for name, value in (env or {}).items():
                 patch.setenv(name, value)
+            # As JAX's import does: an option whose JAX_* variable is set starts from it.
+            parsers: dict[str, Any] = {"jax_enable_compilation_cache": lambda v: v.lower() in ("y", "yes", "t", "true", "on", "1"),
+                                       "jax_compilation_cache_dir": str, "jax_persistent_cache_min_compile_time_secs": float,
+                                       "jax_persistent_cache_min_entry_size_bytes": int,
+                                       "jax_persistent_cache_enable_xla_caches": str}
+            for option, parse in parsers.items():
+                if option.upper() in os.environ:
+                    setattr(config, option, parse(os.environ[option.upper()]))
             with contextlib.redirect_stdout(err), contextlib.redirect_stderr(err), fresh_stderr(w_error):
                 _configure.configure(jax, os.environ)
                 values = {"dir": config.jax_compilation_cache_dir,
