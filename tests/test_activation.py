@@ -74,18 +74,18 @@ def test_jax_own_directory_stays_as_set_and_is_served_by_the_store(venv: Venv, t
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_jax_own_threshold_variable_wins(venv: Venv) -> None:
+def test_jax_own_threshold_variable_wins(here: InProcess) -> None:
     """A JAX_* variable the user set is left exactly as they set it."""
-    out, _ = run_program(venv, env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2.5"})
+    out, _ = here.configure({"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2.5"})
     assert out["min_compile"] == 2.5 and out["min_entry"] == -1
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_jax_cache_turned_off_by_user_means_nothing_happens(venv: Venv) -> None:
+def test_jax_cache_turned_off_by_user_means_nothing_happens(here: InProcess) -> None:
     """JAX_ENABLE_COMPILATION_CACHE=false: no directory, no setting."""
-    out, _ = run_program(venv, env={"JAX_ENABLE_COMPILATION_CACHE": "false"})
+    out, _ = here.configure({"JAX_ENABLE_COMPILATION_CACHE": "false"})
     assert out["dir"] is None and out["min_compile"] == 1.0
-    assert not venv.default_cache.exists()
+    assert not here.default_cache.exists()
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
