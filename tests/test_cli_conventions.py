@@ -96,8 +96,8 @@ def test_counts_agree_in_number_and_prune_says_what_remains(venv: Venv, tmp_path
     assert data["remaining_entries"] == 0 and data["entries"] == 1, data
 
 
-def test_a_bad_setting_says_how_to_silence_it_without_turning_the_cache_off(venv: Venv) -> None:
-    _, err = run_program(venv, env={"GKX_JAX_CACHE_MAX_SIZE": "lots"})
+def test_a_bad_setting_says_how_to_silence_it_without_turning_the_cache_off(here: InProcess) -> None:
+    _, err = here.configure({"GKX_JAX_CACHE_MAX_SIZE": "lots"})
     (warning,) = autocache_warnings(err)
     assert "GKX_JAX_CACHE=0" not in warning and "filter gkx_autocache.AutocacheWarning" in warning, warning
 
