@@ -266,24 +266,26 @@ def test_a_relative_xdg_cache_home_cannot_make_a_checkout_the_cache(venv: Venv, 
     assert autocache_warnings(proc.stderr) == []
 
 
-def test_a_relative_xdg_config_home_cannot_make_a_checkout_the_config(venv: Venv, tmp_path: Path) -> None:
+def test_a_relative_xdg_config_home_cannot_make_a_checkout_the_config(here: InProcess, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A relative XDG_CONFIG_HOME is ignored: a config.toml planted in a repository under that
     relative path is not read; the user's own ~/.config one is."""
     repo = tmp_path / "repo"
     (repo / "cfg" / "gkx-autocache").mkdir(parents=True)
     (repo / "cfg" / "gkx-autocache" / "config.toml").write_text(f'dir = "{tmp_path / "chosen"}"\nreport = true\n')
-    mine = venv.home / ".config" / "gkx-autocache" / "config.toml"
+    mine = here.home / ".config" / "gkx-autocache" / "config.toml"
     mine.parent.mkdir(parents=True)
     mine.write_text('max_size = "1GiB"\n')
-    proc = venv.run("-m", "gkx_autocache", "--json", "config", "list", env={"XDG_CONFIG_HOME": "cfg"}, cwd=str(repo))
+    monkeypatch.chdir(repo)
+    proc = here.cli("--json", "config", "list", env={"XDG_CONFIG_HOME": "cfg"})
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["files"].get(str(mine)) == "used" and not any("cfg" in p for p in data["files"])
     assert data["settings"]["dir"]["origin"] == "default" and data["settings"]["report"]["value"] is False
     assert data["settings"]["max_size"]["origin"] == str(mine)
-    proc = venv.run("-c", PROGRAM, env={"XDG_CONFIG_HOME": "cfg"}, cwd=str(repo))
-    assert proc.returncode == 0 and "gkx-autocache:" not in proc.stderr, proc.stderr  # no report line either
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["dir"] == str(venv.default_cache / VERSION_DIR)
+    out, err = here.configure({"XDG_CONFIG_HOME": "cfg"})
+    assert "gkx-autocache:" not in err, err  # no report line either
+    assert out["dir"] == str(here.default_cache / VERSION_DIR)
 
 
 def _swap_after_mkdir(monkeypatch: pytest.MonkeyPatch, target: Path, victim: Path) -> list[str]:
