@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import InProcess, Venv, run_program
+from conftest import InProcess, Venv, planted_run, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
 from gkx_autocache._cli import main as _cli
@@ -218,17 +218,19 @@ def test_clear_never_follows_a_symlink_out(here: InProcess, tmp_path: Path) -> N
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_stats_reports_ledger_and_reset(venv: Venv) -> None:
-    proc = venv.cli("stats")
+def test_stats_reports_ledger_and_reset(here: InProcess) -> None:
+    proc = here.cli("stats")
     assert proc.returncode == 0 and "none yet" in proc.stdout
-    run_program(venv)
-    run_program(venv)
-    data = json.loads(venv.cli("--json", "stats").stdout)
+    vdir = planted_run(here.default_cache)  # a cold run of jit_f and jit_g, then a warm one:
+    warm = [{"e": "hit", "key": p.name.removesuffix("-cache"), "bytes": 510, "saved": 0.5} for p in vdir.glob("*-cache")]
+    (vdir / ".gkx-autocache" / "ledger" / "2-2.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in [*warm, {"e": "tally", "end": True}]))
+    data = json.loads(here.cli("--json", "stats").stdout)
     assert data["stats"]["hits"] >= 2 and data["stats"]["misses"] >= 2
     assert {f["name"] for f in data["top_functions"]} >= {"jit_f", "jit_g"}
-    assert venv.cli("stats", "--reset").returncode == 0
-    assert "no lookups in" in venv.cli("stats").stdout and "since the last reset" in venv.cli("stats").stdout
-    status = venv.cli("status").stdout  # a directory used dozens of times is not "never used" after a reset
+    assert here.cli("stats", "--reset").returncode == 0
+    assert "no lookups in" in here.cli("stats").stdout and "since the last reset" in here.cli("stats").stdout
+    status = here.cli("status").stdout  # a directory used dozens of times is not "never used" after a reset
     assert "no lookups since the last reset" in status and "none yet" not in status, status
 
 
