@@ -176,16 +176,16 @@ def test_unsupported_urls_are_bad_values(url: str) -> None:
         _settings.parse_dir(url, "/")
 
 
-def test_a_signing_key_with_a_bucket_dir_says_it_protects_nothing(venv: Venv, s3: S3) -> None:
+def test_a_signing_key_with_a_bucket_dir_says_it_protects_nothing(here: InProcess, s3: S3) -> None:
     """With `dir` a bucket, JAX's stock cache reads it and checks no signature: a signing key set
     there protects nothing. One warning says so and points to `shared`; `status` says so too,
     rather than `signing_key: set`."""
     env = {**s3.env, "GKX_JAX_CACHE_DIR": f"s3://{s3.bucket}/c", "GKX_JAX_CACHE_SIGNING_KEY": "s3cret"}
-    out, stderr = run_program(venv, env=env)
+    out, stderr = here.configure(env)
     warned = autocache_warnings(stderr)
     assert out["dir"].startswith("s3://") and len(warned) == 1, stderr
     assert "protects nothing" in warned[0] and "shared" in warned[0] and "s3cret" not in stderr, warned
-    proc = venv.cli("--json", "status", "--no-probe", env=env)
+    proc = here.cli("--json", "status", "--no-probe", env=env)
     data = json.loads(proc.stdout)
     assert "protects nothing" in data["signing_key"], data["signing_key"]
     assert any("protects nothing" in line for line in data["attention"]), data["attention"]
