@@ -221,23 +221,23 @@ def test_bad_env_value_warns_and_runs_under_w_error(here: InProcess) -> None:
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_an_empty_signing_key_is_one_warning_where_a_shared_level_is_set(venv: Venv, tmp_path: Path) -> None:
+def test_an_empty_signing_key_is_one_warning_where_a_shared_level_is_set(here: InProcess, tmp_path: Path) -> None:
     """GKX_JAX_CACHE_SIGNING_KEY set but empty (a CI secret not passed) with a shared level: one
     warning naming the variable, the cause and the fix, logged and never raised under -W error,
     and said by `status`; without a shared level an empty key changes nothing and says nothing."""
     shared = tmp_path / "team"
     shared.mkdir(mode=0o700)
     env = {"GKX_JAX_CACHE_SHARED": str(shared), "GKX_JAX_CACHE_SIGNING_KEY": ""}
-    out, err = run_program(venv, env=env)
+    out, err = here.configure(env)
     warnings = [w for w in autocache_warnings(err) if "gkx-autocache:" in w]
     assert len(warnings) == 1 and "GKX_JAX_CACHE_SIGNING_KEY" in warnings[0] and "empty" in warnings[0], err
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR)
-    _, err = run_program(venv, "-W", "error", env=env)
+    assert out["dir"] == str(here.default_cache / VERSION_DIR)
+    _, err = here.configure(env, w_error=True)
     assert "GKX_JAX_CACHE_SIGNING_KEY" in err and "Traceback" not in err
-    data = json.loads(venv.cli("--json", "status", env=env).stdout)
+    data = json.loads(here.cli("--json", "status", env=env).stdout)
     assert sum("GKX_JAX_CACHE_SIGNING_KEY" in line and "empty" in line for line in data["attention"]) == 1
     assert data["signing_key"].startswith("empty")
-    _, err = run_program(venv, env={"GKX_JAX_CACHE_SIGNING_KEY": ""})
+    _, err = here.configure({"GKX_JAX_CACHE_SIGNING_KEY": ""})
     assert autocache_warnings(err) == []
 
 
