@@ -3,6 +3,7 @@ path; and `.ci/run`'s choice of Pythons."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Venv, clean_env, make_venv, public_tmp, run_program
+from conftest import ROOT, InProcess, Venv, clean_env, make_venv, planted_run, public_tmp, run_program
 from test_activation import VERSION_DIR
 
 from gkx_autocache import _context
@@ -227,12 +228,14 @@ def test_readme_key_step_fails_without_the_command(venv: Venv, tmp_path: Path) -
     assert outputs["prefix"].endswith(f"-{key}-") and outputs["dir"].endswith(VERSION_DIR), outputs
 
 
-def test_stats_written_counts_what_a_run_wrote_since_the_reset(venv: Venv, tmp_path: Path) -> None:
+def test_stats_written_counts_what_a_run_wrote_since_the_reset(here: InProcess, tmp_path: Path) -> None:
     """What the README's save step reads: 0 after a reset and a warm run, more after a cold one."""
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
-    assert venv.cli("stats", "--written", env=env).stdout.strip() == "0"
-    run_program(venv, env=env)
-    assert int(venv.cli("stats", "--written", env=env).stdout) >= 2
-    assert venv.cli("stats", "--reset", env=env).returncode == 0
-    run_program(venv, env=env)
-    assert venv.cli("stats", "--written", env=env).stdout.strip() == "0"
+    assert here.cli("stats", "--written", env=env).stdout.strip() == "0"
+    vdir = planted_run(tmp_path / "c")  # a cold run: two writes
+    assert int(here.cli("stats", "--written", env=env).stdout) >= 2
+    assert here.cli("stats", "--reset", env=env).returncode == 0
+    warm = [{"e": "hit", "key": p.name.removesuffix("-cache"), "bytes": 510, "saved": 0.5} for p in vdir.glob("*-cache")]
+    (vdir / ".gkx-autocache" / "ledger" / "2-2.jsonl").write_text(  # then a warm one: hits only
+        "".join(json.dumps(r) + "\n" for r in [*warm, {"e": "tally", "end": True}]))
+    assert here.cli("stats", "--written", env=env).stdout.strip() == "0"
