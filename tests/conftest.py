@@ -629,21 +629,25 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InProcess:
     return InProcess(tmp_path, monkeypatch)
 
 
-def planted_run(root: Path) -> Path:
+def planted_run(root: Path, warm: int = 0) -> Path:
     """What a finished cold run of two functions leaves under ``root`` (for the commands that read
-    it, not for JAX): the version directory the package made, two entries, and the run's ledger of
-    two misses and two writes. The version directory."""
+    it, not for JAX): the version directory the package made, two entries, the run's ledger of two
+    misses and two writes, and the verdict that the package's store served it; and ``warm`` more
+    runs' ledgers, each of two hits. The version directory."""
     import zlib
 
-    from gkx_autocache import _cache
+    from gkx_autocache import _cache, _formats
 
     vdir = Path(_cache.prepare(str(root), JAX_VERSION).version_dir or "")
     ledger = vdir / ".gkx-autocache" / "ledger"
     ledger.mkdir(parents=True, exist_ok=True)
-    records: list[dict[str, Any]] = []
-    for name in ("jit_f", "jit_g"):
-        key = f"{name}-{zlib.crc32(name.encode()):064x}"
+    keys = [f"{name}-{zlib.crc32(name.encode()):064x}" for name in ("jit_f", "jit_g")]
+    runs: list[list[dict[str, Any]]] = [[]]
+    for key in keys:
         (vdir / f"{key}-cache").write_bytes(zlib.compress(os.urandom(500)))
-        records += [{"e": "miss", "key": key}, {"e": "put", "key": key, "bytes": 510}]
-    (ledger / "1-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*records, {"e": "tally", "end": True}]))
+        runs[0] += [{"e": "miss", "key": key}, {"e": "put", "key": key, "bytes": 510}]
+    runs += [[{"e": "hit", "key": key, "bytes": 510, "saved": 0.5} for key in keys] for _ in range(warm)]
+    for n, records in enumerate(runs, 1):
+        (ledger / f"{n}-{n}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*records, {"e": "tally", "end": True}]))
+    _formats.write_verdict(str(vdir), "gkx-autocache", None)
     return vdir
