@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import Venv
+from conftest import InProcess, Venv, planted_run
 
 pytestmark = pytest.mark.every_python  # the public API as each interpreter imports it
 
@@ -74,15 +74,15 @@ def test_a_writers_line_names_its_uploads(venv: Venv, tmp_path: Path) -> None:
     assert "uploaded" not in lines[1], lines
 
 
-def test_status_reads_for_a_newcomer(venv: Venv, tmp_path: Path) -> None:
+def test_status_reads_for_a_newcomer(here: InProcess, tmp_path: Path) -> None:
     """`status` after one run, as someone new reads it: the dir row gives the directory they set,
     on one line, its origin once (the version directory is under "directory"); no bare "(+ .start)",
     "store gkx-autocache" or "(installed)"; shared_write says it is unused with one level; the
     measures say which they are; the totals say they are every process's since the last reset."""
     root = tmp_path / "c"
     env = {"GKX_JAX_CACHE_DIR": str(root)}
-    assert venv.run("-c", PROGRAM, env=env).returncode == 0
-    text = venv.cli("status", env=env).stdout
+    planted_run(root)  # one (cold) run
+    text = here.cli("status", env=env).stdout
     (dir_row,) = [ln for ln in text.splitlines() if ln.strip().startswith("dir ")]
     assert dir_row.split()[1] == str(root) and dir_row.split()[-1] == "GKX_JAX_CACHE_DIR", dir_row
     assert text.count("env GKX_JAX_CACHE_DIR") == 1, text
