@@ -105,12 +105,12 @@ def test_policy_file_relative_dir_and_precedence(here: InProcess, tmp_path: Path
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_user_config_applies_below_env(venv: Venv, tmp_path: Path) -> None:
+def test_user_config_applies_below_env(here: InProcess, tmp_path: Path) -> None:
     """The user's config.toml (XDG_CONFIG_HOME honoured) sets the directory when nothing above does."""
     cfg = tmp_path / "xdg"
     (cfg / "gkx-autocache").mkdir(parents=True)
     (cfg / "gkx-autocache" / "config.toml").write_text(f'dir = "{tmp_path / "user-cache"}"\nreport = "yes"\n')
-    out, err = run_program(venv, env={"XDG_CONFIG_HOME": str(cfg)})
+    out, err = here.configure({"XDG_CONFIG_HOME": str(cfg)})
     assert out["dir"] == str(tmp_path / "user-cache" / VERSION_DIR)
     assert re.search(r"^gkx-autocache: 0 hits, \d+ miss(es)?\b", err, re.M), err
 
