@@ -326,27 +326,27 @@ def test_commands_in_a_deleted_current_directory_say_what_is_wrong(venv: Venv, t
 
 
 @pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
-def test_config_set_keeps_a_variable_the_setter_has_not_set(venv: Venv, tmp_path: Path) -> None:
+def test_config_set_keeps_a_variable_the_setter_has_not_set(here: InProcess, tmp_path: Path) -> None:
     """A policy file is shared by an environment's users: `config set dir '$SCRATCH/jax'` by one
     without `$SCRATCH` writes it as typed with a one-line note; each user's run expands their own
     `$SCRATCH`, and one without it gets the one warning of a bad value."""
-    policy = venv.path / "gkx-autocache.toml"
-    proc = venv.cli("config", "set", "dir", "$SCRATCH/jax")
+    policy = here.path / "gkx-autocache.toml"
+    proc = here.cli("config", "set", "dir", "$SCRATCH/jax")
     assert proc.returncode == 0, proc.stderr
     assert policy.read_text() == 'dir = "$SCRATCH/jax"\n'
     (note,) = proc.stderr.strip().splitlines()
     assert "$SCRATCH is not set for you now" in note and "bad value for anyone without it" in note
-    proc = venv.cli("--json", "config", "set", "dir", "${SCRATCH}/a/$OTHER_SCRATCH")
+    proc = here.cli("--json", "config", "set", "dir", "${SCRATCH}/a/$OTHER_SCRATCH")
     data = json.loads(proc.stdout)
     assert proc.returncode == 0 and data["value"] == "${SCRATCH}/a/$OTHER_SCRATCH" and "$OTHER_SCRATCH" in data["note"]
     assert policy.read_text() == 'dir = "${SCRATCH}/a/$OTHER_SCRATCH"\n'
-    out, _ = run_program(venv, env={"SCRATCH": str(tmp_path / "s"), "OTHER_SCRATCH": "o"})
+    out, _ = here.configure({"SCRATCH": str(tmp_path / "s"), "OTHER_SCRATCH": "o"})
     assert out["dir"] == str(tmp_path / "s" / "a" / "o" / VERSION_DIR)
-    out, err = run_program(venv)
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR) and len(autocache_warnings(err)) == 1
+    out, err = here.configure()
+    assert out["dir"] == str(here.default_cache / VERSION_DIR) and len(autocache_warnings(err)) == 1
     before = policy.read_text()
     for bad in ("$SCRATCH/\x07", "$SCRATCH\nx", "ftp://$SCRATCH/x", "${NOT A NAME}/x", "$SCRATCH/a\u2028b"):
-        proc = venv.cli("config", "set", "dir", bad)
+        proc = here.cli("config", "set", "dir", bad)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (bad, proc.stderr)
     assert policy.read_text() == before
 
