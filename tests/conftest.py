@@ -629,16 +629,17 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InProcess:
     return InProcess(tmp_path, monkeypatch)
 
 
-def planted_run(root: Path, warm: int = 0) -> Path:
+def planted_run(root: Path, warm: int = 0, version: str | None = JAX_VERSION) -> Path:
     """What a finished cold run of two functions leaves under ``root`` (for the commands that read
     it, not for JAX): the version directory the package made, two entries, the run's ledger of two
     misses and two writes, and the verdict that the package's store served it; and ``warm`` more
-    runs' ledgers, each of two hits. The version directory."""
+    runs' ledgers, each of two hits. The version directory (``version`` None: ``root`` itself, as
+    in a directory the user gave JAX)."""
     import zlib
 
     from gkx_autocache import _cache, _formats
 
-    vdir = Path(_cache.prepare(str(root), JAX_VERSION).version_dir or "")
+    vdir = Path(_cache.prepare(str(root), version).version_dir or "")
     ledger = vdir / ".gkx-autocache" / "ledger"
     ledger.mkdir(parents=True, exist_ok=True)
     keys = [f"{name}-{zlib.crc32(name.encode()):064x}" for name in ("jit_f", "jit_g")]
