@@ -114,23 +114,23 @@ def test_status_when_nothing_is_used_says_so(venv: Venv, public: Path) -> None:
     assert dir_row.count("default") == 1, dir_row
 
 
-def test_the_users_own_jax_directory_keeps_records(venv: Venv, tmp_path: Path) -> None:
+def test_the_users_own_jax_directory_keeps_records(here: InProcess, tmp_path: Path) -> None:
     """JAX_COMPILATION_CACHE_DIR, left as the user set it, is served by the store (SPEC §5, amended
     2026-12-04): `status` and `stats` count its runs, and status its entries. One that others can
     write keeps none, and `status` and `stats` say that (not "no process has used it")."""
     env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "j")}
-    assert venv.run("-c", PROGRAM, env=env).returncode == 0
-    text = venv.cli("status", env=env).stdout
+    planted_run(tmp_path / "j", version=None)  # a run the store served there
+    text = here.cli("status", env=env).stdout
     (stats_row,) = [ln for ln in text.splitlines() if ln.startswith("stats ")]
     assert "misses" in stats_row and "no process" not in stats_row, stats_row
     assert any("entries" in ln and "on disk" in ln for ln in text.splitlines()), text
-    assert "misses" in venv.cli("stats", env=env).stdout
+    assert "misses" in here.cli("stats", env=env).stdout
     (tmp_path / "open").mkdir()
     (tmp_path / "open").chmod(0o777)
     env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "open")}
-    assert venv.run("-c", PROGRAM, env=env).returncode == 0
-    text = venv.cli("status", env=env).stdout
+    here.configure(env)  # a process's import jax there: refused, it records nothing
+    text = here.cli("status", env=env).stdout
     (stats_row,) = [ln for ln in text.splitlines() if ln.startswith("stats ")]
     assert "your own JAX directory" in stats_row and "no process" not in stats_row, stats_row
-    said = venv.cli("stats", env=env).stdout
+    said = here.cli("stats", env=env).stdout
     assert "your own JAX directory" in said and "no process" not in said, said
