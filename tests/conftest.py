@@ -554,17 +554,15 @@ class InProcess:
             os.environ.update(saved)
         return subprocess.CompletedProcess(["gkx-autocache", *args], code, out.getvalue(), err.getvalue())
 
-
     def configure(self, env: dict[str, str] | None = None, *, w_error: bool = False) -> tuple[dict[str, Any], str]:
         """What the hook does at a process's first ``import jax``, here: ``_configure`` given a
         stand-in ``jax`` (STYLE's second ring), whose config starts at JAX's defaults (or, as JAX's
-        import does, from an option's ``JAX_*`` variable) and whose
-        private modules are missing (every seam falls back to JAX's stock behaviour), then the exit
-        hooks it registered, run as the interpreter's exit runs them. For what the settings, the
-        directory and the trust rules decide: the values it set in ``jax.config``, as PROGRAM prints
-        them, and stderr (its warnings as a fresh process prints them; ``w_error``: under ``-W
-        error``). The package's module state, the real ``jax`` modules and the exit hooks are
-        restored afterwards."""
+        import does, from an option's ``JAX_*`` variable) and whose private modules are missing
+        (every seam falls back to JAX's stock behaviour), then the exit hooks it registered, run as
+        the interpreter's exit runs them. For what the settings, the directory and the trust rules
+        decide: the values it set in ``jax.config``, as PROGRAM prints them, and stderr (its
+        warnings as a fresh process prints them; ``w_error``: under ``-W error``). The package's
+        module state, the real ``jax`` modules and the exit hooks are restored afterwards."""
         from gkx_autocache import _configure, _settings
 
         config = types.SimpleNamespace(jax_enable_compilation_cache=True, **_settings.JAX_DEFAULTS)
@@ -592,6 +590,7 @@ class InProcess:
             patch.setitem(sys.modules, "jax", jax)
             patch.setitem(sys.modules, "jax.monitoring", monitoring)
             patch.setattr(_configure, "_configured", False)
+
             def register(function: Any, *args: Any, **kwargs: Any) -> Any:
                 hooks.append((function, args, kwargs))
                 return function
