@@ -489,6 +489,17 @@ def fresh_stderr(error: bool = False) -> Iterator[None]:
         logger.propagate = propagate
 
 
+def fresh_filesystems(patch: pytest.MonkeyPatch) -> None:
+    """fsspec keeps one filesystem per class and options for the process's life (an S3 client bound
+    to the endpoint of its first use): a fresh process has none, and another test's are kept."""
+    spec = sys.modules.get("fsspec.spec")
+    classes = [spec.AbstractFileSystem] if spec is not None else []
+    while classes:
+        cls = classes.pop()
+        patch.setattr(cls, "_cache", {})
+        classes += cls.__subclasses__()
+
+
 class InProcess:
     """An environment of its own in this pytest process: a folder that stands for ``sys.prefix``
     (its ``.cache/gkx/jax`` is the default directory, its ``gkx-autocache.toml`` the policy file), a
@@ -540,6 +551,7 @@ class InProcess:
         self._monkeypatch.setattr(_diagnostics, "_said", set())
         self._monkeypatch.setattr(_diagnostics, "swallowed", [])
         self._monkeypatch.setattr(_diagnostics, "_registry", {})
+        fresh_filesystems(self._monkeypatch)
         saved = dict(os.environ)
         out, err = io.StringIO(), io.StringIO()
         try:
@@ -585,6 +597,7 @@ class InProcess:
             from gkx_autocache import _diagnostics
 
             patch.setattr(_diagnostics, "_said", set())  # no warning said yet
+            fresh_filesystems(patch)
             for name in [n for n in sys.modules if n.split(".")[0] in ("jax", "jaxlib")]:
                 patch.delitem(sys.modules, name)  # no seam reaches a real JAX this pytest process imported
             patch.setitem(sys.modules, "jax", jax)
