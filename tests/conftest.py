@@ -9,6 +9,11 @@ install of the package stays inert there.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import importlib
+import inspect
+import io
 import json
 import os
 import socket
@@ -16,8 +21,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
+import types
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -450,3 +458,209 @@ def project(venv: Venv, tmp_path: Path) -> Project:
 def cache_files(vdir: Path) -> list[Path]:
     """A version directory's entries (``-cache`` files), sorted."""
     return sorted(p for p in vdir.iterdir() if p.name.endswith("-cache"))
+
+
+# -- an environment in this process (ring 2): the command line without a venv ----------------------
+
+@contextlib.contextmanager
+def fresh_stderr(error: bool = False) -> Iterator[None]:
+    """What a fresh interpreter prints on stderr: its warnings (not recorded by pytest, nor raised by
+    its ``filterwarnings = error``; with ``error``, as under ``-W error``), and the package's log
+    lines of WARNING and above (logging's last resort: pytest's handlers catch them here)."""
+    import logging
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    logger = logging.getLogger("gkx_autocache")
+    handler = logging.StreamHandler()  # (its stream: sys.stderr when made, the redirected one)
+    handler.setLevel(logging.WARNING)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with warnings.catch_warnings():
+            warnings.resetwarnings()
+            warnings.simplefilter("error" if error else "default")
+            warnings.showwarning = show
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def fresh_filesystems(patch: pytest.MonkeyPatch) -> None:
+    """fsspec keeps one filesystem per class and options for the process's life (an S3 client bound
+    to the endpoint of its first use): a fresh process has none, and another test's are kept."""
+    spec = sys.modules.get("fsspec.spec")
+    classes = [spec.AbstractFileSystem] if spec is not None else []
+    while classes:
+        cls = classes.pop()
+        patch.setattr(cls, "_cache", {})
+        classes += cls.__subclasses__()
+
+
+class InProcess:
+    """An environment of its own in this pytest process: a folder that stands for ``sys.prefix``
+    (its ``.cache/gkx/jax`` is the default directory, its ``gkx-autocache.toml`` the policy file), a
+    home, and the environment a test venv's process gets (``clean_env``). ``cli`` runs the command
+    line's ``main`` as ``Venv.cli`` runs the installed command: same arguments, and what comes back
+    (exit status, stdout, stderr) in a ``CompletedProcess``; a fresh interpreter's warning filters
+    and once-a-process warnings. For a command on a planted cache, the settings, a directory's
+    trust: what needs no installed wheel, no JAX and no fresh interpreter."""
+
+    def __init__(self, base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.path = base / "venv"
+        self.path.mkdir()
+        self.home = base / "home"
+        self.home.mkdir(mode=0o755)
+        self.env = clean_env(HOME=str(self.home))
+        self._monkeypatch = monkeypatch
+        for name in [n for n in os.environ if n not in self.env]:
+            monkeypatch.delenv(name)
+        for name, value in self.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.chdir(self.home)
+        # The package binds sys.prefix as a default argument at import (``prefix: str = sys.prefix``):
+        # each such default, and sys.prefix itself, now names this folder. Every module is imported
+        # first: one imported while it is patched would keep the stand-in.
+        import pkgutil
+
+        import gkx_autocache
+
+        for found in pkgutil.walk_packages(gkx_autocache.__path__, "gkx_autocache."):
+            if not found.name.endswith(".__main__"):  # (which runs the command line)
+                importlib.import_module(found.name)
+        real = sys.prefix
+        for module in [m for name, m in sys.modules.items() if name.startswith("gkx_autocache")]:
+            for function in vars(module).values():
+                if inspect.isfunction(function) and function.__defaults__ and real in function.__defaults__:
+                    monkeypatch.setattr(function, "__defaults__",
+                                        tuple(str(self.path) if d == real else d for d in function.__defaults__))
+        monkeypatch.setattr(sys, "prefix", str(self.path))
+
+    @property
+    def default_cache(self) -> Path:
+        return self.path / ".cache" / "gkx" / "jax"
+
+    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        from gkx_autocache import _diagnostics
+        from gkx_autocache._cli.main import main
+
+        # A fresh process: no warning said yet, none swallowed.
+        self._monkeypatch.setattr(_diagnostics, "_said", set())
+        self._monkeypatch.setattr(_diagnostics, "swallowed", [])
+        self._monkeypatch.setattr(_diagnostics, "_registry", {})
+        fresh_filesystems(self._monkeypatch)
+        saved = dict(os.environ)
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            os.environ.update(env or {})
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), fresh_stderr():
+                try:
+                    code = main(list(args))
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        return subprocess.CompletedProcess(["gkx-autocache", *args], code, out.getvalue(), err.getvalue())
+
+    def configure(self, env: dict[str, str] | None = None, *, w_error: bool = False) -> tuple[dict[str, Any], str]:
+        """What the hook does at a process's first ``import jax``, here: ``_configure`` given a
+        stand-in ``jax`` (STYLE's second ring), whose config starts at JAX's defaults (or, as JAX's
+        import does, from an option's ``JAX_*`` variable) and whose private modules are missing
+        (every seam falls back to JAX's stock behaviour), then the exit hooks it registered, run as
+        the interpreter's exit runs them. For what the settings, the directory and the trust rules
+        decide: the values it set in ``jax.config``, as PROGRAM prints them, and stderr (its
+        warnings as a fresh process prints them; ``w_error``: under ``-W error``). The package's
+        module state, the real ``jax`` modules and the exit hooks are restored afterwards."""
+        from gkx_autocache import _configure, _settings
+
+        config = types.SimpleNamespace(jax_enable_compilation_cache=True, **_settings.JAX_DEFAULTS)
+        config.update = lambda name, value: setattr(config, name, value)
+        monitoring = types.ModuleType("jax.monitoring")
+        monitoring.register_event_listener = monitoring.register_event_duration_secs_listener = lambda f: None  # type: ignore[attr-defined]
+        jax = types.ModuleType("jax")
+        jax.__version__ = JAX_VERSION  # type: ignore[attr-defined]
+        jax.config = config  # type: ignore[attr-defined]
+        jax.monitoring = monitoring  # type: ignore[attr-defined]
+        hooks: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        err = io.StringIO()
+        with pytest.MonkeyPatch.context() as patch:
+            # A fresh process's module state: each global restored after (a rebinding), and each
+            # list, dict and set a copy (a change in place).
+            for module in [m for n, m in sys.modules.items() if n.startswith("gkx_autocache")]:
+                for attr, value in list(vars(module).items()):
+                    if not attr.startswith("__") and not inspect.ismodule(value):
+                        patch.setattr(module, attr, type(value)(value) if type(value) in (list, dict, set) else value)
+            from gkx_autocache import _diagnostics
+
+            patch.setattr(_diagnostics, "_said", set())  # no warning said yet
+            fresh_filesystems(patch)
+            for name in [n for n in sys.modules if n.split(".")[0] in ("jax", "jaxlib")]:
+                patch.delitem(sys.modules, name)  # no seam reaches a real JAX this pytest process imported
+            patch.setitem(sys.modules, "jax", jax)
+            patch.setitem(sys.modules, "jax.monitoring", monitoring)
+            patch.setattr(_configure, "_configured", False)
+
+            def register(function: Any, *args: Any, **kwargs: Any) -> Any:
+                hooks.append((function, args, kwargs))
+                return function
+
+            patch.setattr(atexit, "register", register)
+            patch.setattr(threading, "_register_atexit", register, raising=False)
+            for name, value in (env or {}).items():
+                patch.setenv(name, value)
+            # As JAX's import does: an option whose JAX_* variable is set starts from it.
+            parsers: dict[str, Any] = {"jax_enable_compilation_cache": lambda v: v.lower() in ("y", "yes", "t", "true", "on", "1"),
+                                       "jax_compilation_cache_dir": str, "jax_persistent_cache_min_compile_time_secs": float,
+                                       "jax_persistent_cache_min_entry_size_bytes": int,
+                                       "jax_persistent_cache_enable_xla_caches": str}
+            for option, parse in parsers.items():
+                if option.upper() in os.environ:
+                    setattr(config, option, parse(os.environ[option.upper()]))
+            with contextlib.redirect_stdout(err), contextlib.redirect_stderr(err), fresh_stderr(w_error):
+                _configure.configure(jax, os.environ)
+                values = {"dir": config.jax_compilation_cache_dir,
+                          "min_compile": config.jax_persistent_cache_min_compile_time_secs,
+                          "min_entry": config.jax_persistent_cache_min_entry_size_bytes,
+                          "xla_caches": config.jax_persistent_cache_enable_xla_caches,
+                          "enabled": config.jax_enable_compilation_cache}
+                for function, args, kwargs in reversed(hooks):  # the exit: last registered, first run
+                    try:
+                        function(*args, **kwargs)
+                    except Exception as exc:  # as the interpreter says it, and goes on
+                        print(f"Exception ignored in atexit callback {function!r}: {exc!r}", file=sys.stderr)
+        return values, err.getvalue()
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InProcess:
+    """An ``InProcess`` environment in ``tmp_path``; everything it changed is restored afterwards."""
+    return InProcess(tmp_path, monkeypatch)
+
+
+def planted_run(root: Path, warm: int = 0, version: str | None = JAX_VERSION) -> Path:
+    """What a finished cold run of two functions leaves under ``root`` (for the commands that read
+    it, not for JAX): the version directory the package made, two entries, the run's ledger of two
+    misses and two writes, and the verdict that the package's store served it; and ``warm`` more
+    runs' ledgers, each of two hits. The version directory (``version`` None: ``root`` itself, as
+    in a directory the user gave JAX)."""
+    import zlib
+
+    from gkx_autocache import _cache, _formats
+
+    vdir = Path(_cache.prepare(str(root), version).version_dir or "")
+    ledger = vdir / ".gkx-autocache" / "ledger"
+    ledger.mkdir(parents=True, exist_ok=True)
+    keys = [f"{name}-{zlib.crc32(name.encode()):064x}" for name in ("jit_f", "jit_g")]
+    runs: list[list[dict[str, Any]]] = [[]]
+    for key in keys:
+        (vdir / f"{key}-cache").write_bytes(zlib.compress(os.urandom(500)))
+        runs[0] += [{"e": "miss", "key": key}, {"e": "put", "key": key, "bytes": 510}]
+    runs += [[{"e": "hit", "key": key, "bytes": 510, "saved": 0.5} for key in keys] for _ in range(warm)]
+    for n, records in enumerate(runs, 1):
+        (ledger / f"{n}-{n}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*records, {"e": "tally", "end": True}]))
+    _formats.write_verdict(str(vdir), "gkx-autocache", None)
+    return vdir

@@ -1,4 +1,6 @@
-"""Zero-code activation in real venvs built from the wheel, with real JAX (SPEC §1-§6)."""
+"""Zero-code activation in real venvs built from the wheel, with real JAX (SPEC §1-§6); what the
+settings decide at ``import jax`` (the directory, the thresholds, the warnings) also in this
+process, with a stand-in ``jax`` (``here.configure``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import JAX_VERSION as JAX_VERSION  # (other test modules import these two from here)
-from conftest import PROGRAM, ROOT, Venv, autocache_warnings, make_venv, public_tmp, run_program
+from conftest import PROGRAM, ROOT, InProcess, Venv, autocache_warnings, make_venv, public_tmp, run_program
 from conftest import VERSION_DIR as VERSION_DIR
 
 pytestmark = pytest.mark.every_python  # the start-up hook: the interpreter's .pth and import machinery
@@ -47,13 +49,13 @@ def test_opt_out_leaves_jax_untouched(venv: Venv, spelling: str) -> None:
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_gkx_dir_variable(venv: Venv, tmp_path: Path) -> None:
+def test_gkx_dir_variable(here: InProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """GKX_JAX_CACHE_DIR=D caches in D/jax-<version>, and a relative D is taken from the cwd."""
-    out, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(tmp_path / "d")})
+    out, _ = here.configure({"GKX_JAX_CACHE_DIR": str(tmp_path / "d")})
     assert out["dir"] == str(tmp_path / "d" / VERSION_DIR)
-    proc = venv.run("-c", "import jax; print(jax.config.jax_compilation_cache_dir)", env={"GKX_JAX_CACHE_DIR": "rel"},
-                    cwd=str(tmp_path), check=True)
-    assert proc.stdout.strip() == str(tmp_path / "rel" / VERSION_DIR)
+    monkeypatch.chdir(tmp_path)
+    out, _ = here.configure({"GKX_JAX_CACHE_DIR": "rel"})
+    assert out["dir"] == str(tmp_path / "rel" / VERSION_DIR)
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
@@ -72,52 +74,52 @@ def test_jax_own_directory_stays_as_set_and_is_served_by_the_store(venv: Venv, t
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_jax_own_threshold_variable_wins(venv: Venv) -> None:
+def test_jax_own_threshold_variable_wins(here: InProcess) -> None:
     """A JAX_* variable the user set is left exactly as they set it."""
-    out, _ = run_program(venv, env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2.5"})
+    out, _ = here.configure({"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2.5"})
     assert out["min_compile"] == 2.5 and out["min_entry"] == -1
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_jax_cache_turned_off_by_user_means_nothing_happens(venv: Venv) -> None:
+def test_jax_cache_turned_off_by_user_means_nothing_happens(here: InProcess) -> None:
     """JAX_ENABLE_COMPILATION_CACHE=false: no directory, no setting."""
-    out, _ = run_program(venv, env={"JAX_ENABLE_COMPILATION_CACHE": "false"})
+    out, _ = here.configure({"JAX_ENABLE_COMPILATION_CACHE": "false"})
     assert out["dir"] is None and out["min_compile"] == 1.0
-    assert not venv.default_cache.exists()
+    assert not here.default_cache.exists()
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_policy_file_relative_dir_and_precedence(venv: Venv, tmp_path: Path) -> None:
+def test_policy_file_relative_dir_and_precedence(here: InProcess, tmp_path: Path) -> None:
     """The policy file applies, a relative dir in it is relative to the venv; env beats it; it beats
     the user's config file."""
-    (venv.path / "gkx-autocache.toml").write_text('dir = "policy-cache"\nmin_compile_time_secs = 0.5\n')
-    user_cfg = venv.home / ".config" / "gkx-autocache"
+    (here.path / "gkx-autocache.toml").write_text('dir = "policy-cache"\nmin_compile_time_secs = 0.5\n')
+    user_cfg = here.home / ".config" / "gkx-autocache"
     user_cfg.mkdir(parents=True)
     (user_cfg / "config.toml").write_text('dir = "/nonexistent-user"\nmin_compile_time_secs = 0.25\nmin_entry_size_bytes = 7\n')
-    out, err = run_program(venv)
-    assert out["dir"] == str(venv.path / "policy-cache" / VERSION_DIR)
+    out, err = here.configure()
+    assert out["dir"] == str(here.path / "policy-cache" / VERSION_DIR)
     assert out["min_compile"] == 0.5 and out["min_entry"] == 7
     assert autocache_warnings(err) == []
-    out, _ = run_program(venv, env={"GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS": "0.125"})
+    out, _ = here.configure({"GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS": "0.125"})
     assert out["min_compile"] == 0.125
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_user_config_applies_below_env(venv: Venv, tmp_path: Path) -> None:
+def test_user_config_applies_below_env(here: InProcess, tmp_path: Path) -> None:
     """The user's config.toml (XDG_CONFIG_HOME honoured) sets the directory when nothing above does."""
     cfg = tmp_path / "xdg"
     (cfg / "gkx-autocache").mkdir(parents=True)
     (cfg / "gkx-autocache" / "config.toml").write_text(f'dir = "{tmp_path / "user-cache"}"\nreport = "yes"\n')
-    out, err = run_program(venv, env={"XDG_CONFIG_HOME": str(cfg)})
+    out, err = here.configure({"XDG_CONFIG_HOME": str(cfg)})
     assert out["dir"] == str(tmp_path / "user-cache" / VERSION_DIR)
     assert re.search(r"^gkx-autocache: 0 hits, \d+ miss(es)?\b", err, re.M), err
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_uncreatable_default_falls_back_quietly_to_user_cache(venv: Venv, tmp_path: Path) -> None:
+def test_uncreatable_default_falls_back_quietly_to_user_cache(here: InProcess, tmp_path: Path) -> None:
     """A regular file where <venv>/.cache should be: the user cache path, with no warning."""
-    (venv.path / ".cache").write_text("in the way")
-    out, err = run_program(venv, env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    (here.path / ".cache").write_text("in the way")
+    out, err = here.configure({"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert out["dir"] == str(tmp_path / "xdg" / "gkx" / "jax" / VERSION_DIR)
     assert autocache_warnings(err) == []
 
@@ -137,15 +139,15 @@ def test_nothing_usable_runs_uncached_with_one_warning(venv: Venv, tmp_path: Pat
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_unusable_explicit_dir_is_not_replaced(venv: Venv, tmp_path: Path) -> None:
+def test_unusable_explicit_dir_is_not_replaced(here: InProcess, tmp_path: Path) -> None:
     """An explicit dir that cannot be created: one warning naming it, uncached, nothing elsewhere."""
     (tmp_path / "file").write_text("x")
     bad = tmp_path / "file" / "cache"
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(bad)})
+    out, err = here.configure({"GKX_JAX_CACHE_DIR": str(bad)})
     assert out["dir"] is None
     warnings = autocache_warnings(err)
     assert len(warnings) == 1 and "GKX_JAX_CACHE_DIR" in warnings[0] and str(bad) in warnings[0]
-    assert not venv.default_cache.exists()
+    assert not here.default_cache.exists()
 
 
 # PROGRAM, with the package's DEBUG lines on stderr.
@@ -199,43 +201,43 @@ def test_a_user_the_password_database_does_not_know_caches_in_the_temporary_dire
         ("report = 3", "report"),
     ],
 )
-def test_bad_policy_values_warn_once_and_run(venv: Venv, content: str, named: str) -> None:
+def test_bad_policy_values_warn_once_and_run(here: InProcess, content: str, named: str) -> None:
     """Bad TOML, a wrong type, an unknown key, an unparsable size: one warning naming the file and
     the key; the program runs with the next source down."""
-    policy = venv.path / "gkx-autocache.toml"
+    policy = here.path / "gkx-autocache.toml"
     policy.write_text(content + "\n")
-    out, err = run_program(venv)
+    out, err = here.configure()
     warnings = autocache_warnings(err)
     assert len(warnings) == 1, err
     assert str(policy) in warnings[0] and named in warnings[0]
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR)
+    assert out["dir"] == str(here.default_cache / VERSION_DIR)
 
 
-def test_bad_env_value_warns_and_runs_under_w_error(venv: Venv) -> None:
+def test_bad_env_value_warns_and_runs_under_w_error(here: InProcess) -> None:
     """Under -W error a bad setting is logged, never raised: the program still runs, cached."""
-    out, err = run_program(venv, "-W", "error", env={"GKX_JAX_CACHE_MAX_SIZE": "huge"})
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR)
+    out, err = here.configure({"GKX_JAX_CACHE_MAX_SIZE": "huge"}, w_error=True)
+    assert out["dir"] == str(here.default_cache / VERSION_DIR)
     assert "GKX_JAX_CACHE_MAX_SIZE" in err and "Traceback" not in err
 
 
 @pytest.mark.line  # the settings the hook applies, not the interpreter's start-up: each JAX line's first Python
-def test_an_empty_signing_key_is_one_warning_where_a_shared_level_is_set(venv: Venv, tmp_path: Path) -> None:
+def test_an_empty_signing_key_is_one_warning_where_a_shared_level_is_set(here: InProcess, tmp_path: Path) -> None:
     """GKX_JAX_CACHE_SIGNING_KEY set but empty (a CI secret not passed) with a shared level: one
     warning naming the variable, the cause and the fix, logged and never raised under -W error,
     and said by `status`; without a shared level an empty key changes nothing and says nothing."""
     shared = tmp_path / "team"
     shared.mkdir(mode=0o700)
     env = {"GKX_JAX_CACHE_SHARED": str(shared), "GKX_JAX_CACHE_SIGNING_KEY": ""}
-    out, err = run_program(venv, env=env)
+    out, err = here.configure(env)
     warnings = [w for w in autocache_warnings(err) if "gkx-autocache:" in w]
     assert len(warnings) == 1 and "GKX_JAX_CACHE_SIGNING_KEY" in warnings[0] and "empty" in warnings[0], err
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR)
-    _, err = run_program(venv, "-W", "error", env=env)
+    assert out["dir"] == str(here.default_cache / VERSION_DIR)
+    _, err = here.configure(env, w_error=True)
     assert "GKX_JAX_CACHE_SIGNING_KEY" in err and "Traceback" not in err
-    data = json.loads(venv.cli("--json", "status", env=env).stdout)
+    data = json.loads(here.cli("--json", "status", env=env).stdout)
     assert sum("GKX_JAX_CACHE_SIGNING_KEY" in line and "empty" in line for line in data["attention"]) == 1
     assert data["signing_key"].startswith("empty")
-    _, err = run_program(venv, env={"GKX_JAX_CACHE_SIGNING_KEY": ""})
+    _, err = here.configure({"GKX_JAX_CACHE_SIGNING_KEY": ""})
     assert autocache_warnings(err) == []
 
 

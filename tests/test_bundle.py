@@ -6,15 +6,18 @@ from __future__ import annotations
 import io
 import json
 import lzma
+import os
 import re
 import subprocess
+import sys
 import tarfile
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PEAK_RSS, Venv, make_venv, public_tmp, run_program
+from conftest import PEAK_RSS, InProcess, Venv, clean_env, make_venv, public_tmp, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
 pytestmark = pytest.mark.every_python  # tarfile's extraction filters differ between Pythons
@@ -22,7 +25,7 @@ pytestmark = pytest.mark.every_python  # tarfile's extraction filters differ bet
 MANIFEST = "gkx-autocache-manifest.json"
 
 
-def export(venv: Venv, archive: Path) -> dict[str, object]:
+def export(venv: Venv | InProcess, archive: Path) -> dict[str, object]:
     proc = venv.cli("--json", "export", str(archive))
     assert proc.returncode == 0, proc.stderr
     return dict(json.loads(proc.stdout))
@@ -35,6 +38,21 @@ def bundle(venv: Venv, tmp_path: Path) -> tuple[Path, dict[str, object]]:
     assert cold["hits"] == 0
     archive = tmp_path / "warm.tar"
     return archive, export(venv, archive)
+
+
+@pytest.fixture
+def planted_bundle(here: InProcess, tmp_path: Path) -> tuple[Path, dict[str, object]]:
+    """A bundle of planted entries (two, each with its compile time), exported in this process:
+    for what a bundle's refusal reads (its names, hashes, sizes, manifest), not what JAX loads."""
+    from gkx_autocache import _cache
+
+    vdir = Path(_cache.prepare(str(here.default_cache), JAX_VERSION).version_dir or "")
+    for name in ("jit_f", "jit_g"):
+        key = f"{name}-{zlib.crc32(name.encode()):064x}"
+        (vdir / f"{key}-cache").write_bytes(zlib.compress(os.urandom(2000)))
+        (vdir / f"{key}-gkx-compile").write_text("0.5")
+    archive = tmp_path / "warm.tar"
+    return archive, export(here, archive)
 
 
 def test_export_then_import_into_a_fresh_environment_is_warm(venv: Venv, wheel: Path,
@@ -123,11 +141,12 @@ KEY = "jit_evil-" + "cd" * 32
     ("not-a-tar", "not a readable archive"),
 ])
 @pytest.mark.parametrize("first", [False, True], ids=["manifest-last", "manifest-first"])
-def test_refused_bundles_write_nothing(venv: Venv, tmp_path: Path, bundle: tuple[Path, dict[str, object]],
+def test_refused_bundles_write_nothing(here: InProcess, tmp_path: Path,
+                                       planted_bundle: tuple[Path, dict[str, object]],
                                        case: str, why: str, first: bool) -> None:
     """A corrupt entry, an escaping name, a link, an unlisted member, another JAX, a wrong
     --sha256, not a tar: one line, exit 1, nothing written, whichever layout."""
-    good, _ = bundle
+    good, _ = planted_bundle
     bad = tmp_path / "bad.tar"
     args: list[str] = []
     if case == "corrupt":
@@ -148,7 +167,7 @@ def test_refused_bundles_write_nothing(venv: Venv, tmp_path: Path, bundle: tuple
     else:
         bad.write_bytes(b"this is not a tar archive" * 100)
     target = tmp_path / "target"
-    proc = venv.cli("import", str(bad), *args, env={"GKX_JAX_CACHE_DIR": str(target)})
+    proc = here.cli("import", str(bad), *args, env={"GKX_JAX_CACHE_DIR": str(target)})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("gkx-autocache import:") and why in line and line.endswith("nothing imported")
@@ -156,7 +175,7 @@ def test_refused_bundles_write_nothing(venv: Venv, tmp_path: Path, bundle: tuple
     assert not [p for p in vdir.iterdir() if p.name != "CACHEDIR.TAG"]  # no entry, no temporary file
     assert not (target / f"{KEY}-cache").exists() and not Path(f"/tmp/{KEY}-cache").exists()
     if case == "other-jax":  # --force is the way past a version mismatch
-        forced = venv.cli("import", str(bad), "--force", env={"GKX_JAX_CACHE_DIR": str(target)})
+        forced = here.cli("import", str(bad), "--force", env={"GKX_JAX_CACHE_DIR": str(target)})
         assert forced.returncode == 0, forced.stderr
         assert any(p.name.endswith("-cache") for p in vdir.iterdir())
 
@@ -198,7 +217,7 @@ def _here() -> dict[str, object]:
     ("duplicate", "twice"),
 ])
 @pytest.mark.parametrize("first", [False, True], ids=["manifest-last", "manifest-first"])
-def test_bundles_larger_than_the_cache_are_refused_before_writing(venv: Venv, tmp_path: Path, case: str,
+def test_bundles_larger_than_the_cache_are_refused_before_writing(here: InProcess, tmp_path: Path, case: str,
                                                                   why: str, first: bool) -> None:
     """A bundle declaring more than the cap or the free space, a manifest with an absurd size, or
     one member twice: one line, exit 1, nothing written."""
@@ -220,7 +239,7 @@ def test_bundles_larger_than_the_cache_are_refused_before_writing(venv: Venv, tm
         crafted(bad, small, sizes={name: -5}, manifest_first=first)
     else:
         crafted(bad, [*small, *small], manifest_first=first)
-    proc = venv.cli("import", str(bad), env=env)
+    proc = here.cli("import", str(bad), env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("gkx-autocache import:") and why in line and line.endswith("nothing imported"), line
@@ -228,15 +247,15 @@ def test_bundles_larger_than_the_cache_are_refused_before_writing(venv: Venv, tm
     assert not [p for p in vdir.iterdir() if p.name != "CACHEDIR.TAG"]
 
 
-def test_a_bundle_of_the_earlier_layout_still_imports(venv: Venv, tmp_path: Path,
-                                                      bundle: tuple[Path, dict[str, object]]) -> None:
+def test_a_bundle_of_the_earlier_layout_still_imports(here: InProcess, tmp_path: Path,
+                                                      planted_bundle: tuple[Path, dict[str, object]]) -> None:
     """A bundle written before the manifest came first (manifest last) imports as before."""
-    good, exported = bundle
+    good, exported = planted_bundle
     old = tmp_path / "old.tar"
     rewrite(good, old)  # the same members, the manifest last
     with tarfile.open(old) as tar:
         assert tar.getmembers()[-1].name == MANIFEST
-    proc = venv.cli("--json", "import", str(old), env={"GKX_JAX_CACHE_DIR": str(tmp_path / "target")})
+    proc = here.cli("--json", "import", str(old), env={"GKX_JAX_CACHE_DIR": str(tmp_path / "target")})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["entries"] == exported["entries"]
 
@@ -284,10 +303,13 @@ sys.exit(code)
 """
 
 
-def _import_measured(venv: Venv, archive: Path, target: Path) -> tuple[str, int, float]:
-    """``gkx-autocache import`` of ``archive``: its one-line refusal, its peak RSS in MiB, seconds."""
+def _import_measured(archive: Path, target: Path) -> tuple[str, int, float]:
+    """``gkx-autocache import`` of ``archive`` in a fresh process (of this interpreter: no venv is
+    needed): its one-line refusal, its peak RSS in MiB, seconds."""
     start = time.monotonic()
-    proc = venv.run("-c", MEASURED, "import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
+    proc = subprocess.run([sys.executable, "-c", MEASURED, "import", str(archive)], capture_output=True, text=True,
+                          env=clean_env(HOME=str(target.parent), GKX_JAX_CACHE_DIR=str(target)), cwd=str(target.parent),
+                          timeout=600)
     seconds = time.monotonic() - start
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
@@ -300,7 +322,7 @@ def _import_measured(venv: Venv, archive: Path, target: Path) -> tuple[str, int,
     ("manifest-last", "more than 100000 members before its manifest"),
     ("manifest-first", f"'jit_f000000-{'a' * 32}... (84 characters) is not listed in the manifest"),
 ])
-def test_a_small_archive_of_many_headers_is_refused_with_bounded_memory(venv: Venv, tmp_path: Path, layout: str,
+def test_a_small_archive_of_many_headers_is_refused_with_bounded_memory(tmp_path: Path, layout: str,
                                                                         why: str) -> None:
     """300 000 zero-size members (a 0.4 MB .tar.xz): refused at the first member beyond what the
     manifest lists (manifest first) or beyond the earlier layout's cap of 100 000 (manifest
@@ -316,13 +338,13 @@ def test_a_small_archive_of_many_headers_is_refused_with_bounded_memory(venv: Ve
         out.write(compressor.compress(_member(MANIFEST, _manifest(one)) if layout == "manifest-last" else b""))
         out.write(compressor.compress(bytes(1024)) + compressor.flush())
     assert archive.stat().st_size < 1_000_000
-    line, peak_mib, seconds = _import_measured(venv, archive, tmp_path / "target")
+    line, peak_mib, seconds = _import_measured(archive, tmp_path / "target")
     assert line.startswith("gkx-autocache import:") and why in line and line.endswith("nothing imported"), line
     print(f"{layout}: peak {peak_mib} MiB, {seconds:.1f} s")  # pytest -s shows it
     assert peak_mib < 150 and seconds < 60, (peak_mib, seconds)  # measured: 47 MiB; 2.0 s, 0.1 s (before: 180 MiB, 6 s)
 
 
-def test_a_huge_tar_header_in_a_small_archive_is_refused_with_bounded_memory(venv: Venv, tmp_path: Path) -> None:
+def test_a_huge_tar_header_in_a_small_archive_is_refused_with_bounded_memory(tmp_path: Path) -> None:
     """A GNU long-name header declaring 512 MiB of name (zeros: 100 KB of xz) is refused before
     tarfile reads it into memory, as is a PAX header of that size."""
     zeros = lzma.compress(bytes(8 << 20), preset=1)  # xz streams may be concatenated: 64 of them
@@ -333,14 +355,14 @@ def test_a_huge_tar_header_in_a_small_archive_is_refused_with_bounded_memory(ven
             for _ in range(64):
                 out.write(zeros)
         assert archive.stat().st_size < 200_000
-        line, peak_mib, seconds = _import_measured(venv, archive, tmp_path / f"target-{kind!r}")
+        line, peak_mib, seconds = _import_measured(archive, tmp_path / f"target-{kind!r}")
         assert "damaged" in line and line.endswith("nothing imported"), line
         print(f"{kind!r}: peak {peak_mib} MiB, {seconds:.1f} s")  # pytest -s shows it
         assert peak_mib < 150 and seconds < 60, (peak_mib, seconds)  # measured: 63 MiB, 0.2 s (before: 551 MiB)
 
 
 @pytest.mark.parametrize("extra, why", [("unlisted", "is not listed in the manifest"), ("again", "appears twice")])
-def test_a_member_beyond_a_first_manifest_is_refused_at_that_member(venv: Venv, tmp_path: Path, extra: str,
+def test_a_member_beyond_a_first_manifest_is_refused_at_that_member(here: InProcess, tmp_path: Path, extra: str,
                                                                     why: str) -> None:
     """With the manifest first, the first member beyond what it lists (another name, or a listed
     one again) is refused, having written nothing."""
@@ -350,12 +372,12 @@ def test_a_member_beyond_a_first_manifest_is_refused_at_that_member(venv: Venv, 
     archive.write_bytes(_member(MANIFEST, _manifest(listed)) + b"".join(_member(*m) for m in [*listed, beyond])
                         + bytes(1024))
     target = tmp_path / "target"
-    proc = venv.cli("import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
+    proc = here.cli("import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
     (line,) = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and why in line and shown_name(beyond[0]) in line, line
     assert not [p for p in (target / VERSION_DIR).iterdir() if p.name != "CACHEDIR.TAG"]
     archive.write_bytes(_member(MANIFEST, _manifest(listed)) + b"".join(_member(*m) for m in listed) + bytes(1024))
-    proc = venv.cli("--json", "import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
+    proc = here.cli("--json", "import", str(archive), env={"GKX_JAX_CACHE_DIR": str(target)})
     assert proc.returncode == 0 and json.loads(proc.stdout)["files"] == 2, proc.stderr
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Venv, run_program
+from conftest import InProcess, Venv, planted_run, run_program
 from test_activation import VERSION_DIR
 
 MEMBER_A, MEMBER_B, TEAM = 1001, 1002, 3000
@@ -145,34 +145,33 @@ def test_bookkeeping_grows_with_entries_not_runs(tmp_path: Path) -> None:
     assert len(list((vdir / ".gkx-autocache" / "ledger").iterdir())) == 0
 
 
-def test_folding_keeps_the_totals(venv: Venv, tmp_path: Path) -> None:
+def test_folding_keeps_the_totals(here: InProcess, tmp_path: Path) -> None:
     """`stats` totals and costliest functions are the same before and after 100 ledgers are folded."""
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
-    vdir = tmp_path / "c" / VERSION_DIR
-    run_program(venv, env=env)
+    vdir = planted_run(tmp_path / "c")
     ledger = vdir / ".gkx-autocache" / "ledger"
     for n in range(100):  # finished processes' ledgers, in the package's format, not folded yet
         lines = [{"e": "hit", "key": f"jit_f-{n:064x}", "bytes": 100, "saved": 0.5},
                  {"e": "miss", "key": f"jit_g-{n:064x}", "cause": "new"},
                  {"e": "put", "key": f"jit_g-{n:064x}", "bytes": 200, "compile": 0.25 + n / 1000}]
         (ledger / f"{n + 10}-{n}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    before = json.loads(venv.cli("--json", "stats", env=env).stdout)
+    before = json.loads(here.cli("--json", "stats", env=env).stdout)
     assert before["stats"]["hits"] >= 100 and before["stats"]["writes"] >= 100
     fold = "import sys; from gkx_autocache._record import fold as _fold; _fold.fold(sys.argv[1], 0, False)"
     subprocess.run([sys.executable, "-c", fold, str(vdir)], check=True)
     assert list(ledger.iterdir()) == []
-    after = json.loads(venv.cli("--json", "stats", env=env).stdout)
+    after = json.loads(here.cli("--json", "stats", env=env).stdout)
     assert after["stats"] == before["stats"] and after["top_functions"] == before["top_functions"]
 
 
-def test_clear_leaves_stats_at_zero(venv: Venv) -> None:
+def test_clear_leaves_stats_at_zero(here: InProcess) -> None:
     """`clear` is a fresh start: it resets the totals too, and says so."""
-    run_program(venv)
-    run_program(venv)
-    proc = venv.cli("clear", "--yes")
+    planted_run(here.default_cache)
+    assert json.loads(here.cli("--json", "status").stdout)["stats"]["misses"] == 2  # before: the run's
+    proc = here.cli("clear", "--yes")
     assert proc.returncode == 0 and "reset" in proc.stdout
-    assert "none yet" in venv.cli("stats").stdout
-    assert json.loads(venv.cli("--json", "status").stdout)["stats"] is None
+    assert "none yet" in here.cli("stats").stdout
+    assert json.loads(here.cli("--json", "status").stdout)["stats"] is None
 
 
 def test_a_driver_whose_pool_compiled_everything_folds_and_prunes(venv: Venv, tmp_path: Path) -> None:
@@ -234,20 +233,20 @@ def test_a_version_directory_someone_else_made_is_kept_under_the_cap(venv: Venv,
     assert (vdir / "CACHEDIR.TAG").exists() and on_disk(vdir) <= 120_000
 
 
-def test_reset_waits_for_a_fold_and_then_says_busy(venv: Venv, tmp_path: Path) -> None:
+def test_reset_waits_for_a_fold_and_then_says_busy(here: InProcess, tmp_path: Path) -> None:
     """`stats --reset` and `clear` while another process holds the bookkeeping lock: exit 1, "busy",
     rather than a reset that a fold in progress would undo."""
     import fcntl
 
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
-    run_program(venv, env=env)
-    lock = tmp_path / "c" / VERSION_DIR / ".gkx-autocache" / "prune.lock"
+    lock = planted_run(tmp_path / "c") / ".gkx-autocache" / "prune.lock"
+    lock.touch(mode=0o600)  # (a process's exit makes it; the commands open it: another descriptor, another lock)
     with open(lock, "r+b") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         for command in (["stats", "--reset"], ["clear", "--yes"]):
-            proc = venv.cli(*command, env=env)
+            proc = here.cli(*command, env=env)
             assert proc.returncode == 1 and "busy" in proc.stderr, (command, proc.stderr)
-    assert json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]["misses"] > 0
+    assert json.loads(here.cli("--json", "stats", env=env).stdout)["stats"]["misses"] > 0
 
 
 SIZED = r"""

@@ -3,15 +3,17 @@ path; and `.ci/run`'s choice of Pythons."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Venv, make_venv, public_tmp, run_program
+from conftest import ROOT, InProcess, Venv, clean_env, make_venv, planted_run, public_tmp, run_program
 from test_activation import VERSION_DIR
 
 from gkx_autocache import _context
@@ -40,15 +42,22 @@ def test_a_restored_directory_gives_hits_in_a_fresh_venv_at_another_path(venv: V
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
-def test_ci_key_is_stable_and_changes_with_the_cpu(venv: Venv, tmp_path: Path) -> None:
+def fresh(tmp_path: Path) -> dict[str, str]:
+    """The environment of a fresh process of this interpreter (no venv: the command needs none),
+    with a directory of its own."""
+    return clean_env(HOME=str(tmp_path), GKX_JAX_CACHE_DIR=str(tmp_path / "c"))
+
+
+def test_ci_key_is_stable_and_changes_with_the_cpu(tmp_path: Path) -> None:
     """Two processes print the same key; a different CPU feature list (a fake /proc/cpuinfo,
     bind-mounted in a private mount namespace) gives another."""
-    first, second = venv.cli("ci-key").stdout, venv.cli("ci-key").stdout
+    first, second = (subprocess.run([sys.executable, "-m", "gkx_autocache", "ci-key"], env=fresh(tmp_path),
+                                    capture_output=True, text=True, check=True).stdout for _ in range(2))
     assert first == second and len(first.strip()) > 10
     fake = tmp_path / "cpuinfo"
     fake.write_text("processor\t: 0\nflags\t\t: fpu sse sse2\n")
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {fake} /proc/cpuinfo && exec {venv.python} "
-                           "-m gkx_autocache ci-key"], env=venv.env, capture_output=True, text=True, check=True)
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {fake} /proc/cpuinfo && exec {sys.executable} "
+                           "-m gkx_autocache ci-key"], env=fresh(tmp_path), capture_output=True, text=True, check=True)
     assert proc.stdout != first
 
 
@@ -75,10 +84,10 @@ def test_ci_key_changes_with_the_flags_jax_keys(monkeypatch: pytest.MonkeyPatch)
     assert _ci.ci_key()[0] != plain
 
 
-def test_a_closed_pipe_is_not_a_traceback(venv: Venv) -> None:
+def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:
     """`gkx-autocache --json status | head -c 10`: the reader leaves early; no traceback."""
-    proc = subprocess.run(f"{venv.python} -m gkx_autocache --json status | head -c 10", shell=True, env=venv.env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(f"{sys.executable} -m gkx_autocache --json status | head -c 10", shell=True,
+                          env=fresh(tmp_path), capture_output=True, text=True)
     assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr, proc.stderr
 
 
@@ -219,12 +228,14 @@ def test_readme_key_step_fails_without_the_command(venv: Venv, tmp_path: Path) -
     assert outputs["prefix"].endswith(f"-{key}-") and outputs["dir"].endswith(VERSION_DIR), outputs
 
 
-def test_stats_written_counts_what_a_run_wrote_since_the_reset(venv: Venv, tmp_path: Path) -> None:
+def test_stats_written_counts_what_a_run_wrote_since_the_reset(here: InProcess, tmp_path: Path) -> None:
     """What the README's save step reads: 0 after a reset and a warm run, more after a cold one."""
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
-    assert venv.cli("stats", "--written", env=env).stdout.strip() == "0"
-    run_program(venv, env=env)
-    assert int(venv.cli("stats", "--written", env=env).stdout) >= 2
-    assert venv.cli("stats", "--reset", env=env).returncode == 0
-    run_program(venv, env=env)
-    assert venv.cli("stats", "--written", env=env).stdout.strip() == "0"
+    assert here.cli("stats", "--written", env=env).stdout.strip() == "0"
+    vdir = planted_run(tmp_path / "c")  # a cold run: two writes
+    assert int(here.cli("stats", "--written", env=env).stdout) >= 2
+    assert here.cli("stats", "--reset", env=env).returncode == 0
+    warm = [{"e": "hit", "key": p.name.removesuffix("-cache"), "bytes": 510, "saved": 0.5} for p in vdir.glob("*-cache")]
+    (vdir / ".gkx-autocache" / "ledger" / "2-2.jsonl").write_text(  # then a warm one: hits only
+        "".join(json.dumps(r) + "\n" for r in [*warm, {"e": "tally", "end": True}]))
+    assert here.cli("stats", "--written", env=env).stdout.strip() == "0"

@@ -1,16 +1,20 @@
-"""The installed `gkx-autocache` command, in subprocesses, against real populated caches (SPEC §10)."""
+"""The `gkx-autocache` command against populated caches (SPEC §10): on planted caches in this
+process (``here``: the settings, the directory, what each command does to the files), and, where
+real runs fill the cache, in a test venv."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Venv, run_program
+from conftest import InProcess, Venv, clean_env, planted_run, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
 from gkx_autocache._cli import main as _cli
@@ -22,90 +26,92 @@ pytestmark = pytest.mark.every_python  # the command line: argparse's messages d
 DAY = 86400.0
 
 
-def status(venv: Venv, **env: str) -> dict[str, Any]:
+def status(venv: Venv | InProcess, **env: str) -> dict[str, Any]:
     proc = venv.cli("--json", "status", env=env)
     assert proc.returncode == 0, proc.stderr
     return dict(json.loads(proc.stdout))
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_status_origins_for_every_source(venv: Venv, tmp_path: Path) -> None:
+def test_status_origins_for_every_source(here: InProcess, tmp_path: Path) -> None:
     """status --json names where each value came from: env, policy file, user file, JAX, default."""
-    (venv.path / "gkx-autocache.toml").write_text('max_size = "1GiB"\n')
+    (here.path / "gkx-autocache.toml").write_text('max_size = "1GiB"\n')
     xdg = tmp_path / "xdg"
     (xdg / "gkx-autocache").mkdir(parents=True)
     (xdg / "gkx-autocache" / "config.toml").write_text("report = true\n")
-    data = status(venv, GKX_JAX_CACHE_TRUST_SHARED="0", XDG_CONFIG_HOME=str(xdg),
+    data = status(here, GKX_JAX_CACHE_TRUST_SHARED="0", XDG_CONFIG_HOME=str(xdg),
                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="3")
     origins = {k: v["origin"] for k, v in data["settings"].items()}
     assert origins["trust_shared"] == "env GKX_JAX_CACHE_TRUST_SHARED"
-    assert origins["max_size"] == str(venv.path / "gkx-autocache.toml") and data["settings"]["max_size"]["value"] == 1024**3
+    assert origins["max_size"] == str(here.path / "gkx-autocache.toml") and data["settings"]["max_size"]["value"] == 1024**3
     assert origins["report"] == str(xdg / "gkx-autocache" / "config.toml")
     assert origins["min_compile_time_secs"] == "JAX (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS)"
     assert origins["dir"] == "default" and origins["min_entry_size_bytes"] == "default"
     assert data["jax"] == JAX_VERSION and data["start_files"]["gkx_autocache.pth"]
-    assert data["directory"]["version_dir"] == str(venv.default_cache / VERSION_DIR)
+    assert data["directory"]["version_dir"] == str(here.default_cache / VERSION_DIR)
     assert any("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" in a for a in data["attention"])
 
 
-def test_status_does_not_import_jax_and_reads_the_ledger(venv: Venv) -> None:
-    """status works without importing jax, and shows the entries and stats of real runs."""
-    run_program(venv)
-    run_program(venv)
+def test_status_does_not_import_jax_and_reads_the_ledger(here: InProcess, tmp_path: Path) -> None:
+    """status works without importing jax, and shows the entries and stats of (planted) runs."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    planted_run(tmp_path / "c", warm=1)
     code = ("import sys; from gkx_autocache._cli.main import main; main(['status']); "
             "print('JAX IMPORTED' if 'jax' in sys.modules else 'no jax')")
-    proc = venv.run("-c", code, check=True)
+    # A fresh process of this interpreter: whether it imports jax is the point (no venv needed).
+    proc = subprocess.run([sys.executable, "-c", code], env=clean_env(HOME=str(here.home), **env), cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=600, check=True)
     assert proc.stdout.strip().endswith("no jax")
     assert "hits" in proc.stdout and "gkx-autocache" in proc.stdout
-    data = status(venv)
+    data = status(here, **env)
     assert data["stats"]["hits"] >= 2 and data["store"]["store"] == "gkx-autocache"
     (present,) = data["versions_present"]
     assert present["installed"] and present["entries"] >= 2
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_status_vouches_for_jax_own_directory_only_where_it_is_trusted(venv: Venv, tmp_path: Path) -> None:
+def test_status_vouches_for_jax_own_directory_only_where_it_is_trusted(here: InProcess, tmp_path: Path) -> None:
     """The user's JAX_COMPILATION_CACHE_DIR is used as set: the store serves it where the trust
     rules allow (SPEC §8); one others can write is read by no one, and said so (amended 2026-12-06),
     unless read_untrusted_dir lets JAX's stock cache read it unchecked."""
     own = tmp_path / "own"
-    data = status(venv, JAX_COMPILATION_CACHE_DIR=str(own))
+    data = status(here, JAX_COMPILATION_CACHE_DIR=str(own))
     assert data["directory"]["version_dir"] == str(own) and data["directory"]["trusted"] is True
     open_to_all = tmp_path / "open"
     open_to_all.mkdir()
     open_to_all.chmod(0o777)
-    data = status(venv, JAX_COMPILATION_CACHE_DIR=str(open_to_all))
+    data = status(here, JAX_COMPILATION_CACHE_DIR=str(open_to_all))
     assert data["directory"]["trusted"] is None and data["store"]["store"] == "none"
-    text = venv.cli("status", env={"JAX_COMPILATION_CACHE_DIR": str(open_to_all)}).stdout
+    text = here.cli("status", env={"JAX_COMPILATION_CACHE_DIR": str(open_to_all)}).stdout
     assert "refused: no entry read" in text and "others can write to it" in text and "reads no entry" in text, text
     unchecked = {"JAX_COMPILATION_CACHE_DIR": str(open_to_all), "GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"}
-    assert status(venv, **unchecked)["store"]["store"] == "jax"
-    assert "read unchecked" in venv.cli("status", env=unchecked).stdout
+    assert status(here, **unchecked)["store"]["store"] == "jax"
+    assert "read unchecked" in here.cli("status", env=unchecked).stdout
 
 
-def test_dir_prints_the_bare_version_directory(venv: Venv) -> None:
-    proc = venv.cli("dir")
-    assert proc.returncode == 0 and proc.stdout == f"{venv.default_cache / VERSION_DIR}\n"
+def test_dir_prints_the_bare_version_directory(here: InProcess) -> None:
+    proc = here.cli("dir")
+    assert proc.returncode == 0 and proc.stdout == f"{here.default_cache / VERSION_DIR}\n"
 
 
-def test_config_set_validates_and_status_shows_it(venv: Venv) -> None:
+def test_config_set_validates_and_status_shows_it(here: InProcess) -> None:
     """A bad value exits 2 and leaves the file as it was; a good one shows up with its file."""
-    policy = venv.path / "gkx-autocache.toml"
+    policy = here.path / "gkx-autocache.toml"
     policy.write_text("# mine\nreport = true\n")
-    proc = venv.cli("config", "set", "min_compile_time_secs", "abc")
+    proc = here.cli("config", "set", "min_compile_time_secs", "abc")
     assert proc.returncode == 2 and "min_compile_time_secs" in proc.stderr and len(proc.stderr.splitlines()) == 1
     assert policy.read_text() == "# mine\nreport = true\n"
-    assert venv.cli("config", "set", "min_compile_time_secs", "0.5").returncode == 0
-    assert venv.cli("config", "set", "--user", "max_size", "2GiB").returncode == 0
-    data = status(venv)
+    assert here.cli("config", "set", "min_compile_time_secs", "0.5").returncode == 0
+    assert here.cli("config", "set", "--user", "max_size", "2GiB").returncode == 0
+    data = status(here)
     assert data["settings"]["min_compile_time_secs"]["value"] == 0.5
     assert data["settings"]["min_compile_time_secs"]["origin"] == str(policy)
     assert data["settings"]["max_size"]["value"] == 2 * 1024**3
     assert data["settings"]["max_size"]["origin"].endswith("gkx-autocache/config.toml")
     assert policy.read_text().startswith("# mine\n")
-    assert venv.cli("config", "unset", "report").returncode == 0
+    assert here.cli("config", "unset", "report").returncode == 0
     assert "report" not in policy.read_text()
-    assert venv.cli("config", "get", "nonsense").returncode == 2
+    assert here.cli("config", "get", "nonsense").returncode == 2
 
 
 def _plant(vdir: Path, n: int, size: int = 1000, start: float | None = None) -> list[Path]:
@@ -124,14 +130,14 @@ def _plant(vdir: Path, n: int, size: int = 1000, start: float | None = None) -> 
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_prune_max_size_least_recent_first_and_dry_run(venv: Venv) -> None:
-    vdir = venv.default_cache / VERSION_DIR
+def test_prune_max_size_least_recent_first_and_dry_run(here: InProcess) -> None:
+    vdir = here.default_cache / VERSION_DIR
     planted = _plant(vdir, 20)
     size = sum(p.stat().st_size for p in planted)
-    proc = venv.cli("prune", "--max-size", str(size // 2), "--dry-run")
+    proc = here.cli("prune", "--max-size", str(size // 2), "--dry-run")
     assert proc.returncode == 0 and "would remove" in proc.stdout
     assert all(p.exists() for p in planted)
-    proc = venv.cli("--json", "prune", "--max-size", str(size // 2))
+    proc = here.cli("--json", "prune", "--max-size", str(size // 2))
     assert json.loads(proc.stdout)["entries"] >= 10
     left = [p for p in planted if p.exists()]
     assert sum(p.stat().st_size for p in left) <= size // 2
@@ -139,14 +145,14 @@ def test_prune_max_size_least_recent_first_and_dry_run(venv: Venv) -> None:
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_prune_stale_versions_keeps_the_installed_one(venv: Venv) -> None:
-    current = _plant(venv.default_cache / VERSION_DIR, 2, start=time.time() - 60 * DAY)
-    old = _plant(venv.default_cache / "jax-0.0.1", 2, start=time.time() - 60 * DAY)
-    (venv.default_cache / "jax-0.0.2").mkdir()  # not ours: no tag
-    assert venv.cli("prune", "--stale-versions", "--max-size", "0").returncode == 0
+def test_prune_stale_versions_keeps_the_installed_one(here: InProcess) -> None:
+    current = _plant(here.default_cache / VERSION_DIR, 2, start=time.time() - 60 * DAY)
+    old = _plant(here.default_cache / "jax-0.0.1", 2, start=time.time() - 60 * DAY)
+    (here.default_cache / "jax-0.0.2").mkdir()  # not ours: no tag
+    assert here.cli("prune", "--stale-versions", "--max-size", "0").returncode == 0
     assert all(p.exists() for p in current)
-    assert not (venv.default_cache / "jax-0.0.1").exists() and not any(p.exists() for p in old)
-    assert (venv.default_cache / "jax-0.0.2").exists()
+    assert not (here.default_cache / "jax-0.0.1").exists() and not any(p.exists() for p in old)
+    assert (here.default_cache / "jax-0.0.2").exists()
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
@@ -168,41 +174,41 @@ def test_verify_repair_removes_only_the_corrupt(venv: Venv) -> None:
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_clear_needs_our_tag(venv: Venv, tmp_path: Path) -> None:
+def test_clear_needs_our_tag(here: InProcess, tmp_path: Path) -> None:
     """clear removes nothing from a directory without the package's CACHEDIR.TAG."""
     root = tmp_path / "untagged"
     vdir = root / VERSION_DIR
     planted = _plant(vdir, 3)
     (vdir / "CACHEDIR.TAG").unlink()
-    proc = venv.cli("clear", "--yes", env={"GKX_JAX_CACHE_DIR": str(root)})
+    proc = here.cli("clear", "--yes", env={"GKX_JAX_CACHE_DIR": str(root)})
     assert proc.returncode == 1 and "CACHEDIR.TAG" in proc.stderr
     assert all(p.exists() for p in planted)
     (vdir / "CACHEDIR.TAG").write_text(TAG)
-    proc = venv.cli("--json", "clear", "--yes", env={"GKX_JAX_CACHE_DIR": str(root)})
+    proc = here.cli("--json", "clear", "--yes", env={"GKX_JAX_CACHE_DIR": str(root)})
     assert json.loads(proc.stdout)["entries"] == 3 and not any(p.exists() for p in planted)
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_clear_on_home_or_root_deletes_nothing(venv: Venv) -> None:
+def test_clear_on_home_or_root_deletes_nothing(here: InProcess) -> None:
     """dir pointed at a home directory or /: nothing deleted, and that said. A `jax-*` directory
     there that is not the package's (no tag) is refused."""
-    keep = venv.home / f"jit_mine-{'a' * 64}-cache"
+    keep = here.home / f"jit_mine-{'a' * 64}-cache"
     keep.write_text("precious")
-    for target in (str(venv.home), "/"):
-        proc = venv.cli("clear", "--yes", "--all-versions", env={"GKX_JAX_CACHE_DIR": target})
+    for target in (str(here.home), "/"):
+        proc = here.cli("clear", "--yes", "--all-versions", env={"GKX_JAX_CACHE_DIR": target})
         assert proc.returncode == 0 and "removed 0 entries" in proc.stdout, proc
-    mine = venv.home / VERSION_DIR
+    mine = here.home / VERSION_DIR
     mine.mkdir()
     (mine / keep.name).write_text("precious too")
-    proc = venv.cli("clear", "--yes", "--all-versions", env={"GKX_JAX_CACHE_DIR": str(venv.home)})
+    proc = here.cli("clear", "--yes", "--all-versions", env={"GKX_JAX_CACHE_DIR": str(here.home)})
     assert proc.returncode == 1 and "CACHEDIR.TAG" in proc.stderr, proc
     assert keep.exists() and (mine / keep.name).exists()
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_clear_never_follows_a_symlink_out(venv: Venv, tmp_path: Path) -> None:
+def test_clear_never_follows_a_symlink_out(here: InProcess, tmp_path: Path) -> None:
     """A symlink planted in the cache, named like an entry: the link goes, its target stays."""
-    vdir = venv.default_cache / VERSION_DIR
+    vdir = here.default_cache / VERSION_DIR
     _plant(vdir, 1)
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -210,30 +216,29 @@ def test_clear_never_follows_a_symlink_out(venv: Venv, tmp_path: Path) -> None:
     target.write_text("keep")
     (vdir / f"jit_link-{'d' * 64}-cache").symlink_to(target)
     (vdir / f"jit_dirlink-{'c' * 64}-cache").symlink_to(outside)
-    assert venv.cli("verify", "--repair").returncode == 0
-    assert venv.cli("clear", "--yes").returncode == 0
+    assert here.cli("verify", "--repair").returncode == 0
+    assert here.cli("clear", "--yes").returncode == 0
     assert target.read_text() == "keep" and outside.is_dir()
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_stats_reports_ledger_and_reset(venv: Venv) -> None:
-    proc = venv.cli("stats")
+def test_stats_reports_ledger_and_reset(here: InProcess) -> None:
+    proc = here.cli("stats")
     assert proc.returncode == 0 and "none yet" in proc.stdout
-    run_program(venv)
-    run_program(venv)
-    data = json.loads(venv.cli("--json", "stats").stdout)
+    planted_run(here.default_cache, warm=1)  # a cold run of jit_f and jit_g, then a warm one
+    data = json.loads(here.cli("--json", "stats").stdout)
     assert data["stats"]["hits"] >= 2 and data["stats"]["misses"] >= 2
     assert {f["name"] for f in data["top_functions"]} >= {"jit_f", "jit_g"}
-    assert venv.cli("stats", "--reset").returncode == 0
-    assert "no lookups in" in venv.cli("stats").stdout and "since the last reset" in venv.cli("stats").stdout
-    status = venv.cli("status").stdout  # a directory used dozens of times is not "never used" after a reset
+    assert here.cli("stats", "--reset").returncode == 0
+    assert "no lookups in" in here.cli("stats").stdout and "since the last reset" in here.cli("stats").stdout
+    status = here.cli("status").stdout  # a directory used dozens of times is not "never used" after a reset
     assert "no lookups since the last reset" in status and "none yet" not in status, status
 
 
-def test_usage_errors_exit_2(venv: Venv) -> None:
-    assert venv.cli("frobnicate").returncode == 2
-    assert venv.cli("prune", "--older-than", "soon").returncode == 2
-    proc = venv.run("-m", "gkx_autocache", "--json", "dir")
+def test_usage_errors_exit_2(here: InProcess) -> None:
+    assert here.cli("frobnicate").returncode == 2
+    assert here.cli("prune", "--older-than", "soon").returncode == 2
+    proc = here.cli("--json", "dir")
     assert json.loads(proc.stdout)["dir"].endswith(VERSION_DIR)
 
 
@@ -247,10 +252,10 @@ def _ledger(vdir: Path, age: float = 0.0) -> Path:
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_deleting_commands_never_pass_through_a_symlinked_directory(venv: Venv, tmp_path: Path) -> None:
+def test_deleting_commands_never_pass_through_a_symlinked_directory(here: InProcess, tmp_path: Path) -> None:
     """A `jax-*` directory or a `.gkx-autocache` that is a symlink to somewhere else: no command
     deletes anything there (entries, sidecars, ledgers, tag)."""
-    root = venv.default_cache
+    root = here.default_cache
     _plant(root / VERSION_DIR, 2)
     elsewhere = tmp_path / "elsewhere"
     precious = _plant(elsewhere, 3, start=time.time() - 60 * DAY)
@@ -267,7 +272,7 @@ def test_deleting_commands_never_pass_through_a_symlinked_directory(venv: Venv, 
     (root / VERSION_DIR / ".gkx-autocache").symlink_to(meta)
     for command in (["prune", "--stale-versions", "--max-size", "0"], ["clear", "--all-versions", "--yes"],
                     ["stats", "--reset"], ["verify", "--repair"], ["prune", "--max-size", "1"]):
-        proc = venv.cli(*command)
+        proc = here.cli(*command)
         assert "Traceback" not in proc.stderr, proc.stderr
     assert all(p.exists() for p in precious) and sidecar.exists() and their_ledger.exists()
     assert (elsewhere / "CACHEDIR.TAG").read_text() == TAG
@@ -275,16 +280,16 @@ def test_deleting_commands_never_pass_through_a_symlinked_directory(venv: Venv, 
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_stale_versions_are_unused_for_30_days_not_merely_not_installed(venv: Venv) -> None:
+def test_stale_versions_are_unused_for_30_days_not_merely_not_installed(here: InProcess) -> None:
     """The user cache is shared by environments with other JAX versions: `--stale-versions`
     removes a version directory only when nothing used it (entry access, ledger write) for 30 days."""
-    root = venv.default_cache
+    root = here.default_cache
     _plant(root / VERSION_DIR, 1)
     in_use = _plant(root / "jax-0.0.1", 2)  # another environment's JAX, used 1000 s ago
     old = _plant(root / "jax-0.0.2", 2, start=time.time() - 40 * DAY)
     old_entries = _plant(root / "jax-0.0.3", 2, start=time.time() - 40 * DAY)
     _ledger(root / "jax-0.0.3", age=2 * DAY)  # ...but a process wrote its ledger two days ago
-    proc = venv.cli("--json", "prune", "--stale-versions", "--max-size", "0")
+    proc = here.cli("--json", "prune", "--stale-versions", "--max-size", "0")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["stale_versions"] == [str(root / "jax-0.0.2")]
     assert all(p.exists() for p in in_use + old_entries)
@@ -292,7 +297,7 @@ def test_stale_versions_are_unused_for_30_days_not_merely_not_installed(venv: Ve
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_another_tools_cachedir_tag_is_not_ours(venv: Venv, tmp_path: Path) -> None:
+def test_another_tools_cachedir_tag_is_not_ours(here: InProcess, tmp_path: Path) -> None:
     """cargo, ccache and borg write the same generic signature: only the package's own tag text
     lets a command delete."""
     root = tmp_path / "target"
@@ -303,34 +308,34 @@ def test_another_tools_cachedir_tag_is_not_ours(venv: Venv, tmp_path: Path) -> N
     (vdir / f"jit_bad-{'e' * 64}-cache").write_bytes(b"\x78\x9c" + b"a zlib header, then rot")  # corrupt, JAX's format
     env = {"GKX_JAX_CACHE_DIR": str(root)}
     for command in (["clear", "--yes"], ["prune", "--max-size", "1"], ["verify", "--repair"]):
-        proc = venv.cli(*command, env=env)
+        proc = here.cli(*command, env=env)
         assert proc.returncode == 1 and "CACHEDIR.TAG" in proc.stderr, (command, proc.stderr)
     assert all(p.exists() for p in planted) and (vdir / f"jit_bad-{'e' * 64}-cache").exists()
 
 
-def test_status_says_what_each_setting_comes_to(venv: Venv) -> None:
+def test_status_says_what_each_setting_comes_to(here: InProcess) -> None:
     """A newcomer's first `status` answers "where is my cache?" on the settings line itself; in
     --json, `value` stays as it is and `effective` says what it comes to."""
-    data = status(venv)
+    data = status(here)
     assert data["settings"]["dir"]["value"] is None
-    assert data["settings"]["dir"]["effective"] == f"{venv.default_cache} (the environment's own)"
+    assert data["settings"]["dir"]["effective"] == f"{here.default_cache} (the environment's own)"
     assert data["settings"]["xla_caches"]["effective"] == "none (no GPU plugin installed)"
     assert data["settings"]["max_size"]["effective"] == "5.0 GiB"
-    text = venv.cli("status").stdout
+    text = here.cli("status").stdout
     (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("dir ")]
-    assert str(venv.default_cache) in line and "default" in line
+    assert str(here.default_cache) in line and "default" in line
     assert "none (no GPU plugin installed)" in text
 
 
-def test_json_failure_carries_the_error(venv: Venv) -> None:
+def test_json_failure_carries_the_error(here: InProcess) -> None:
     """--json on a failing command still prints one JSON object on stdout, with the error."""
-    proc = venv.cli("--json", "dir", env={"GKX_JAX_CACHE": "0"})
+    proc = here.cli("--json", "dir", env={"GKX_JAX_CACHE": "0"})
     assert proc.returncode == 1
     data = json.loads(proc.stdout)
     assert data["command"] == "dir" and "disabled" in data["error"] and len(proc.stderr.splitlines()) == 1
 
 
-def test_json_usage_errors_are_json_too(venv: Venv) -> None:
+def test_json_usage_errors_are_json_too(here: InProcess) -> None:
     """With --json, a usage error (unknown command, unknown option, missing or bad value) prints
     one JSON object with the error on stdout, one line on stderr, and exits 2."""
     cases = [(["--json", "bogus"], None), (["stats", "--json", "--bogus"], "stats"),
@@ -338,14 +343,14 @@ def test_json_usage_errors_are_json_too(venv: Venv) -> None:
              (["--json", "config", "set", "dir"], "config"), (["--json", "import"], "import"),
              (["--js", "stats", "--reset", "extra"], "stats")]
     for argv, command in cases:
-        proc = venv.cli(*argv)
+        proc = here.cli(*argv)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         data = json.loads(proc.stdout)
         assert data["version"] == JSON_VERSION and data["command"] == command and data["exit"] == 2, (argv, data)
         assert data["error"] and "\n" not in data["error"]
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith("gkx-autocache") and data["error"] in line, (argv, proc.stderr)
-    proc = venv.cli("bogus")  # without --json: argparse's usage and error, as before
+    proc = here.cli("bogus")  # without --json: argparse's usage and error, as before
     assert proc.returncode == 2 and proc.stdout == "" and "usage:" in proc.stderr
 
 
@@ -397,32 +402,30 @@ def test_verify_names_what_is_not_a_regular_file_and_repair_removes_it(venv: Ven
     assert warm["hits"] == warm["requests"] - 2
 
 
-def test_a_skipped_dir_is_said_and_clear_and_prune_refuse(venv: Venv, tmp_path: Path) -> None:
+def test_a_skipped_dir_is_said_and_clear_and_prune_refuse(here: InProcess, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """An explicit ``dir`` that is skipped (an unset ``$VAR`` in it; relative, with the current
     directory deleted) is said in one line on stderr; ``clear`` and ``prune`` then remove nothing
     from the directory the user did not name, and exit 1; ``dir`` says it and prints the directory
     a process uses now."""
-    import shlex
-    import subprocess
-
-    run_program(venv)  # the default directory holds entries
-    vdir = venv.default_cache / VERSION_DIR
+    vdir = here.default_cache / VERSION_DIR
+    _plant(vdir, 3)  # the default directory holds entries
     before = sorted(p.name for p in vdir.iterdir())
     unset = {"GKX_JAX_CACHE_DIR": "$NOPE/jax"}
     for command in (["clear", "--yes"], ["prune", "--max-size", "0"], ["prune", "--older-than", "0s"]):
-        proc = venv.cli(*command, env=unset)
+        proc = here.cli(*command, env=unset)
         assert proc.returncode == 1, (command, proc.returncode, proc.stdout, proc.stderr)
         assert len(proc.stderr.splitlines()) == 1 and "'$NOPE' is not set" in proc.stderr, proc.stderr
         assert "nothing removed" in proc.stderr, proc.stderr
         assert sorted(p.name for p in vdir.iterdir()) == before, command
-    proc = venv.cli("dir", env=unset)
+    proc = here.cli("dir", env=unset)
     assert proc.returncode == 0 and proc.stdout == f"{vdir}\n", proc
     assert len(proc.stderr.splitlines()) == 1 and "'$NOPE' is not set" in proc.stderr, proc.stderr
     gone = tmp_path / "gone"
     gone.mkdir()
-    script = f"cd {shlex.quote(str(gone))} && rmdir {shlex.quote(str(gone))} && exec {venv.python} -m gkx_autocache clear --yes"
-    proc = subprocess.run(["sh", "-c", script], env={**venv.env, "GKX_JAX_CACHE_DIR": "rel/jax"}, capture_output=True,
-                          text=True, timeout=120)
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    proc = here.cli("clear", "--yes", env={"GKX_JAX_CACHE_DIR": "rel/jax"})
     assert proc.returncode == 1 and "current directory no longer exists" in proc.stderr, proc
     assert sorted(p.name for p in vdir.iterdir()) == before
 

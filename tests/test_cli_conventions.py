@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
 import pytest
-from conftest import Venv, autocache_warnings, run_program
+from conftest import InProcess, Venv, autocache_warnings, clean_env, run_program
 from test_activation import JAX_VERSION, VERSION_DIR
 
 from gkx_autocache._cli import main as _cli
@@ -20,13 +22,18 @@ from gkx_autocache._cli.output import JSON_VERSION
 pytestmark = pytest.mark.every_python  # the command line: argparse's messages differ between Pythons
 
 
-def test_version_names_the_package_jax_jaxlib_and_python_without_importing_jax(venv: Venv) -> None:
-    proc = venv.run("-c", "import sys; from gkx_autocache._cli.main import main; main(['--version']); "
-                          "print('jax' in sys.modules)")
+def test_version_names_the_package_jax_jaxlib_and_python_without_importing_jax(tmp_path: Path) -> None:
+    # A fresh process of this interpreter (whether it imports jax is the point; no venv needed), and
+    # a directory of its own, which no process has used.
+    env = clean_env(HOME=str(tmp_path), GKX_JAX_CACHE_DIR=str(tmp_path / "c"))
+    proc = subprocess.run([sys.executable, "-c", "import sys; from gkx_autocache._cli.main import main; "
+                           "main(['--version']); print('jax' in sys.modules)"], env=env, cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=600)
     words = proc.stdout.split()
     assert proc.returncode == 0 and words[-1] == "False", proc.stdout + proc.stderr
     assert f"jax {JAX_VERSION}" in proc.stdout and "gkx-autocache 0." in proc.stdout and "python 3." in proc.stdout
-    data = json.loads(venv.cli("--json", "--version").stdout)
+    data = json.loads(subprocess.run([sys.executable, "-m", "gkx_autocache", "--json", "--version"], env=env,
+                                     cwd=str(tmp_path), capture_output=True, text=True, timeout=600).stdout)
     assert data["jax"] == JAX_VERSION and data["jaxlib"] and data["gkx-autocache"] and data["command"] == "version"
     # SPEC §16: the JAX line's features; here no process has recorded them, so this JAX's seams are probed
     assert data["features"] == {"store": None, "cap": None, "explain": None, "ISA key": None, "levels": None,
@@ -56,20 +63,20 @@ def test_every_command_and_option_says_what_it_does() -> None:
     assert all(action in text for action in ("list", "get", "set", "unset")), text
 
 
-def test_config_shows_values_as_written(venv: Venv) -> None:
+def test_config_shows_values_as_written(here: InProcess) -> None:
     """`config list` and `config get` show what the user wrote (`800MB`, `5GiB`), `unset` for a
     value never set, never `5368709120` or `None`."""
-    assert venv.cli("config", "get", "max_size").stdout.strip() == "5GiB"
-    assert venv.cli("config", "get", "dir").stdout.strip() == "unset"
-    assert venv.cli("config", "set", "max_size", "800MB").returncode == 0
-    assert venv.cli("config", "get", "max_size").stdout.strip() == "800MB"
-    listing = venv.cli("config", "list").stdout
+    assert here.cli("config", "get", "max_size").stdout.strip() == "5GiB"
+    assert here.cli("config", "get", "dir").stdout.strip() == "unset"
+    assert here.cli("config", "set", "max_size", "800MB").returncode == 0
+    assert here.cli("config", "get", "max_size").stdout.strip() == "800MB"
+    listing = here.cli("config", "list").stdout
     assert "800MB" in listing and "800000000" not in listing and "None" not in listing, listing
-    got = json.loads(venv.cli("--json", "config", "get", "max_size").stdout)
+    got = json.loads(here.cli("--json", "config", "get", "max_size").stdout)
     assert got["written"] == "800MB" and got["value"] == 800_000_000
     # list and get read every file: a --user or --venv there was taken and ignored; now a usage error
     for action in (["list"], ["get", "max_size"]):
-        proc = venv.cli("config", *action, "--user")
+        proc = here.cli("config", *action, "--user")
         assert proc.returncode == 2 and "--user" in proc.stderr, proc.stderr
 
 
@@ -89,8 +96,8 @@ def test_counts_agree_in_number_and_prune_says_what_remains(venv: Venv, tmp_path
     assert data["remaining_entries"] == 0 and data["entries"] == 1, data
 
 
-def test_a_bad_setting_says_how_to_silence_it_without_turning_the_cache_off(venv: Venv) -> None:
-    _, err = run_program(venv, env={"GKX_JAX_CACHE_MAX_SIZE": "lots"})
+def test_a_bad_setting_says_how_to_silence_it_without_turning_the_cache_off(here: InProcess) -> None:
+    _, err = here.configure({"GKX_JAX_CACHE_MAX_SIZE": "lots"})
     (warning,) = autocache_warnings(err)
     assert "GKX_JAX_CACHE=0" not in warning and "filter gkx_autocache.AutocacheWarning" in warning, warning
 
@@ -107,9 +114,9 @@ def test_a_corrupt_entry_is_called_one(venv: Venv, tmp_path: Path) -> None:
     assert group["functions"][0]["detail"].startswith("corrupt entry: it does not decompress"), group
 
 
-def test_status_keeps_its_columns_for_a_long_directory(venv: Venv, tmp_path: Path) -> None:
+def test_status_keeps_its_columns_for_a_long_directory(here: InProcess, tmp_path: Path) -> None:
     deep = tmp_path / ("a-rather-long-folder-name-" * 4) / "cache"
-    lines = venv.cli("status", env={"GKX_JAX_CACHE_DIR": str(deep)}).stdout.splitlines()
+    lines = here.cli("status", env={"GKX_JAX_CACHE_DIR": str(deep)}).stdout.splitlines()
     row = next(i for i, ln in enumerate(lines) if ln.startswith("  dir "))
     assert lines[row].split() == ["dir", str(deep), "env", "GKX_JAX_CACHE_DIR"], lines[row]  # one line, as set
     assert lines[row + 1].index("default") == lines[row - 1].index("default")  # the other rows' column holds

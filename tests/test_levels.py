@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from conftest import PEAK_RSS, PROGRAM, S3, Venv, free_port, run_program
+from conftest import PEAK_RSS, PROGRAM, S3, InProcess, Venv, free_port, run_program
 from hostile import Proxy, Silent
 from test_activation import VERSION_DIR
 from test_multihost import RANK  # two jax.distributed ranks compiling one step
@@ -546,15 +546,15 @@ def test_shared_with_a_bucket_dir_or_equal_to_dir_is_one_line_and_the_run_goes_o
     assert again["hits"] == again["requests"]
 
 
-def test_the_signing_key_is_never_a_setting(venv: Venv) -> None:
+def test_the_signing_key_is_never_a_setting(here: InProcess) -> None:
     """`config set` refuses the signing key (a secret lives in the environment, never in a file)
     without echoing it, and a settings file that holds one is ignored for that key, with one line
     that does not show it."""
     for name in ("signing_key", "GKX_JAX_CACHE_SIGNING_KEY"):
-        proc = venv.cli("config", "set", name, KEY_A)
+        proc = here.cli("config", "set", name, KEY_A)
         assert proc.returncode == 2 and "GKX_JAX_CACHE_SIGNING_KEY" in proc.stderr and KEY_A not in proc.stderr
-    (venv.path / "gkx-autocache.toml").write_text(f'signing_key = "{KEY_A}"\n')
-    proc = venv.cli("--json", "status")
+    (here.path / "gkx-autocache.toml").write_text(f'signing_key = "{KEY_A}"\n')
+    proc = here.cli("--json", "status")
     attention = json.loads(proc.stdout)["attention"]
     assert any("signing_key skipped" in a for a in attention) and KEY_A not in proc.stdout + proc.stderr
     assert _settings.signing_key({"GKX_JAX_CACHE_SIGNING_KEY": " k\u00e9y "}) == " k\u00e9y ".encode()

@@ -11,7 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REMOTE_EXTRA, S3, Venv, autocache_warnings, free_port, make_venv, public_tmp, run_program
+from conftest import (
+    REMOTE_EXTRA,
+    S3,
+    InProcess,
+    Venv,
+    autocache_warnings,
+    free_port,
+    make_venv,
+    public_tmp,
+    run_program,
+)
 from test_activation import VERSION_DIR
 
 from gkx_autocache import _cache, _entries, _jax_config, _remote, _settings
@@ -19,7 +29,7 @@ from gkx_autocache import _cache, _entries, _jax_config, _remote, _settings
 HEX = "ab" * 32
 
 
-def cli_json(venv: Venv, *args: str, env: dict[str, str]) -> dict[str, Any]:
+def cli_json(venv: Venv | InProcess, *args: str, env: dict[str, str]) -> dict[str, Any]:
     proc = venv.cli("--json", *args, env=env)
     assert proc.returncode == 0, proc.stderr
     assert not autocache_warnings(proc.stderr), proc.stderr
@@ -88,14 +98,14 @@ def test_s3_round_trip(venv: Venv, s3: S3) -> None:
     assert other_version not in s3.objects() and foreign <= set(s3.objects())
 
 
-def test_unreachable_bucket_status_still_reports(venv: Venv) -> None:
+def test_unreachable_bucket_status_still_reports(here: InProcess) -> None:
     """status on a bucket it cannot reach: exit 0, everything else shown, the failure in one line."""
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1", "GKX_JAX_CACHE_DIR": "s3://nowhere/cache"}
-    data = cli_json(venv, "status", env=env)
+    data = cli_json(here, "status", env=env)
     assert data["directory"]["version_dir"] == f"s3://nowhere/cache/{VERSION_DIR}"
     assert [a for a in data["attention"] if a.startswith("cannot list the cache: s3://nowhere/cache/")]
-    proc = venv.cli("prune", "--max-size", "1", env=env)
+    proc = here.cli("prune", "--max-size", "1", env=env)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("gkx-autocache prune: s3://nowhere/cache/")
 
@@ -166,16 +176,16 @@ def test_unsupported_urls_are_bad_values(url: str) -> None:
         _settings.parse_dir(url, "/")
 
 
-def test_a_signing_key_with_a_bucket_dir_says_it_protects_nothing(venv: Venv, s3: S3) -> None:
+def test_a_signing_key_with_a_bucket_dir_says_it_protects_nothing(here: InProcess, s3: S3) -> None:
     """With `dir` a bucket, JAX's stock cache reads it and checks no signature: a signing key set
     there protects nothing. One warning says so and points to `shared`; `status` says so too,
     rather than `signing_key: set`."""
     env = {**s3.env, "GKX_JAX_CACHE_DIR": f"s3://{s3.bucket}/c", "GKX_JAX_CACHE_SIGNING_KEY": "s3cret"}
-    out, stderr = run_program(venv, env=env)
+    out, stderr = here.configure(env)
     warned = autocache_warnings(stderr)
     assert out["dir"].startswith("s3://") and len(warned) == 1, stderr
     assert "protects nothing" in warned[0] and "shared" in warned[0] and "s3cret" not in stderr, warned
-    proc = venv.cli("--json", "status", "--no-probe", env=env)
+    proc = here.cli("--json", "status", "--no-probe", env=env)
     data = json.loads(proc.stdout)
     assert "protects nothing" in data["signing_key"], data["signing_key"]
     assert any("protects nothing" in line for line in data["attention"]), data["attention"]

@@ -1,5 +1,6 @@
 """Bad input and strict test suites (SPEC §3, §4, §5, §7, §10): one warning, never a lost run, never
-a traceback. Real JAX in fresh processes, under `-W error` and `-X dev` where that is the point."""
+a traceback. Real JAX in fresh processes, under `-W error` and `-X dev` where that is the point; the
+commands on planted bookkeeping in this process (``here``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import json
 import os
 import re
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 
 import pytest
-from conftest import PROGRAM, Venv, autocache_warnings, cache_files, run_program
+from conftest import PROGRAM, InProcess, Venv, autocache_warnings, cache_files, clean_env, planted_run, run_program
 from test_activation import VERSION_DIR
 
 pytestmark = pytest.mark.every_python  # fork, -W error, exits and signals: the interpreter's
@@ -37,58 +39,59 @@ def test_undeserialisable_entry_under_w_error_costs_one_recompile(venv: Venv, tm
 
 @pytest.mark.parametrize("variable", ["GKX_JAX_CACHE_MAX_SIZE", "GKX_JAX_CACHE_MIN_ENTRY_SIZE_BYTES",
                                       "GKX_JAX_CACHE_MIN_COMPILE_TIME_SECS"])
-def test_a_huge_number_skips_that_key_only(venv: Venv, tmp_path: Path, variable: str) -> None:
+def test_a_huge_number_skips_that_key_only(here: InProcess, tmp_path: Path, variable: str) -> None:
     """A 400-digit value: that key is skipped with one warning naming it; the cache stays on."""
-    out, err = run_program(venv, "-W", "error", env={variable: HUGE, "GKX_JAX_CACHE_DIR": str(tmp_path / "c")})
+    out, err = here.configure({variable: HUGE, "GKX_JAX_CACHE_DIR": str(tmp_path / "c")}, w_error=True)
     assert out["dir"] == str(tmp_path / "c" / VERSION_DIR) and out["min_compile"] == 0.0 and out["min_entry"] == -1
     (warning,) = [line for line in err.splitlines() if "gkx-autocache:" in line]
     assert variable in warning and "Traceback" not in err, err
 
 
 @pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
-def test_huge_numbers_in_toml_and_on_the_command_line(venv: Venv) -> None:
+def test_huge_numbers_in_toml_and_on_the_command_line(here: InProcess) -> None:
     """TOML integers too large for a float, and `prune --max-size` with 400 digits: one line each,
     no traceback; `status` still reports."""
-    policy = venv.path / "gkx-autocache.toml"
+    policy = here.path / "gkx-autocache.toml"
     policy.write_text(f"max_size = {HUGE}\nmin_compile_time_secs = {HUGE}\nmin_entry_size_bytes = {HUGE}\n")
-    out, err = run_program(venv)
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR) and out["min_compile"] == 0.0
+    out, err = here.configure()
+    assert out["dir"] == str(here.default_cache / VERSION_DIR) and out["min_compile"] == 0.0
     warnings = autocache_warnings(err)
     assert len(warnings) == 3 and all(str(policy) in w for w in warnings), err
-    proc = venv.cli("status")
+    proc = here.cli("status")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "max_size" in proc.stdout
-    proc = venv.cli("prune", "--max-size", HUGE)
+    proc = here.cli("prune", "--max-size", HUGE)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
 @pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
-def test_unset_variable_in_dir_is_a_bad_value(venv: Venv, tmp_path: Path) -> None:
+def test_unset_variable_in_dir_is_a_bad_value(here: InProcess, tmp_path: Path) -> None:
     """`$VAR` not set: one warning naming the variable and the source; the next source down (the
     default) applies; no literal `$VAR` directory anywhere."""
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": "$GKX_TEST_NOT_SET/jax"})
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR)
+    out, err = here.configure({"GKX_JAX_CACHE_DIR": "$GKX_TEST_NOT_SET/jax"})
+    assert out["dir"] == str(here.default_cache / VERSION_DIR)
     (warning,) = autocache_warnings(err)
     assert "GKX_JAX_CACHE_DIR" in warning and "GKX_TEST_NOT_SET" in warning
-    assert not any("$" in p.name for p in venv.home.rglob("*"))
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": "~no_such_user_here/jax"})
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR) and "no_such_user_here" in autocache_warnings(err)[0]
+    assert not any("$" in p.name for p in here.home.rglob("*"))
+    out, err = here.configure({"GKX_JAX_CACHE_DIR": "~no_such_user_here/jax"})
+    assert out["dir"] == str(here.default_cache / VERSION_DIR) and "no_such_user_here" in autocache_warnings(err)[0]
 
 
 @pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
-def test_config_set_writes_what_was_typed(venv: Venv, tmp_path: Path) -> None:
+def test_config_set_writes_what_was_typed(here: InProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`~` and `$VARS` stay as typed in a shared policy file; a relative path is made absolute
     against the current directory; what cannot be one TOML string is refused with exit 2."""
-    policy = venv.path / "gkx-autocache.toml"
+    policy = here.path / "gkx-autocache.toml"
     env = {"SCRATCH": str(tmp_path / "scratch")}
-    assert venv.cli("config", "set", "dir", "$SCRATCH/jax", env=env).returncode == 0
+    assert here.cli("config", "set", "dir", "$SCRATCH/jax", env=env).returncode == 0
     assert 'dir = "$SCRATCH/jax"' in policy.read_text()
-    assert venv.cli("config", "set", "dir", "~/jax-cache").returncode == 0
+    assert here.cli("config", "set", "dir", "~/jax-cache").returncode == 0
     assert 'dir = "~/jax-cache"' in policy.read_text()
-    proc = venv.run("-m", "gkx_autocache", "config", "set", "dir", "rel/cache", cwd=str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    proc = here.cli("config", "set", "dir", "rel/cache")
     assert proc.returncode == 0 and f'dir = "{tmp_path / "rel" / "cache"}"' in policy.read_text()
     before = policy.read_text()
     for bad in ("a\nb", "tab\there", "bell\x07"):
-        proc = venv.cli("config", "set", "dir", bad)
+        proc = here.cli("config", "set", "dir", bad)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert policy.read_text() == before
 
@@ -110,11 +113,11 @@ def test_report_shows_the_directory_jax_used_and_who_set_it(venv: Venv, tmp_path
     assert f"{out['hits']} hits" in line
 
 
-def test_clear_on_a_never_used_directory_removes_nothing_and_succeeds(venv: Venv) -> None:
-    proc = venv.cli("--json", "clear", "--yes")
+def test_clear_on_a_never_used_directory_removes_nothing_and_succeeds(here: InProcess) -> None:
+    proc = here.cli("--json", "clear", "--yes")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["entries"] == 0
-    assert not venv.default_cache.exists()
+    assert not here.default_cache.exists()
 
 
 def test_w_error_and_dev_mode_print_nothing_from_the_package(venv: Venv, tmp_path: Path) -> None:
@@ -212,29 +215,31 @@ def test_a_child_that_imports_jax_after_the_fork_is_configured_alone(venv: Venv,
 
 @pytest.mark.parametrize("line", ['{"e":"hit","saved":null}', "[1]", '{"e":"put","bytes":"lots"}', "null",
                                   '{"e":"hit","saved":1e999}', '{"e":"miss","key":{"a":1}}', "\x00\xff garbage"])
-def test_a_hostile_ledger_line_is_skipped(venv: Venv, line: str) -> None:
+def test_a_hostile_ledger_line_is_skipped(here: InProcess, line: str) -> None:
     """A malformed ledger line (any member of a team cache can write one) never crashes `status`,
     `stats`, `clear` or `prune`; the good lines still count."""
-    run_program(venv)
-    ledger = venv.default_cache / VERSION_DIR / ".gkx-autocache" / "ledger"
-    (ledger / f"{os.getpid()}-1-hostile.jsonl").write_text(line + "\n")
+    ledger = planted_run(here.default_cache) / ".gkx-autocache" / "ledger"
+    # another live process's ledger (this process's parent's pid), as a running run's is
+    (ledger / f"{os.getppid()}-1-hostile.jsonl").write_text(line + "\n")
     for command in (["status"], ["stats"], ["prune", "--dry-run"], ["clear", "--dry-run"]):
-        proc = venv.cli("--json", *command)
+        proc = here.cli("--json", *command)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
-    stats = json.loads(venv.cli("--json", "stats").stdout)["stats"]
+    stats = json.loads(here.cli("--json", "stats").stdout)["stats"]
     assert stats["misses"] >= 2
 
 
-def test_hostile_bookkeeping_text_is_escaped_not_a_traceback(venv: Venv) -> None:
+def test_hostile_bookkeeping_text_is_escaped_not_a_traceback(tmp_path: Path) -> None:
     """A lone surrogate in a ledger line, a deeply nested or ill-typed store verdict: the commands
     still answer, with one line at most."""
-    run_program(venv)
-    meta = venv.default_cache / VERSION_DIR / ".gkx-autocache"
+    meta = planted_run(tmp_path / "c") / ".gkx-autocache"
     (meta / "ledger" / "9-9.jsonl").write_text('{"e":"miss","key":"jit_\\ud800-' + "a" * 64 + '","cause":"\\ud800"}\n')
+    # A fresh interpreter (this one's, no venv needed) whose stdout refuses what is not UTF-8.
+    env = clean_env(HOME=str(tmp_path), GKX_JAX_CACHE_DIR=str(tmp_path / "c"), PYTHONIOENCODING="utf-8:strict")
     for verdict in ("[" * 100000, '{"store": ["x"], "reason": {"a": 1}}'):
         (meta / "store.json").write_text(verdict)
         for command in (["status"], ["--json", "status"], ["stats"], ["explain"]):
-            proc = venv.run("-m", "gkx_autocache", *command, env={"PYTHONIOENCODING": "utf-8:strict"})
+            proc = subprocess.run([sys.executable, "-m", "gkx_autocache", *command], env=env, cwd=str(tmp_path),
+                                  capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
 
 
@@ -321,27 +326,27 @@ def test_commands_in_a_deleted_current_directory_say_what_is_wrong(venv: Venv, t
 
 
 @pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python
-def test_config_set_keeps_a_variable_the_setter_has_not_set(venv: Venv, tmp_path: Path) -> None:
+def test_config_set_keeps_a_variable_the_setter_has_not_set(here: InProcess, tmp_path: Path) -> None:
     """A policy file is shared by an environment's users: `config set dir '$SCRATCH/jax'` by one
     without `$SCRATCH` writes it as typed with a one-line note; each user's run expands their own
     `$SCRATCH`, and one without it gets the one warning of a bad value."""
-    policy = venv.path / "gkx-autocache.toml"
-    proc = venv.cli("config", "set", "dir", "$SCRATCH/jax")
+    policy = here.path / "gkx-autocache.toml"
+    proc = here.cli("config", "set", "dir", "$SCRATCH/jax")
     assert proc.returncode == 0, proc.stderr
     assert policy.read_text() == 'dir = "$SCRATCH/jax"\n'
     (note,) = proc.stderr.strip().splitlines()
     assert "$SCRATCH is not set for you now" in note and "bad value for anyone without it" in note
-    proc = venv.cli("--json", "config", "set", "dir", "${SCRATCH}/a/$OTHER_SCRATCH")
+    proc = here.cli("--json", "config", "set", "dir", "${SCRATCH}/a/$OTHER_SCRATCH")
     data = json.loads(proc.stdout)
     assert proc.returncode == 0 and data["value"] == "${SCRATCH}/a/$OTHER_SCRATCH" and "$OTHER_SCRATCH" in data["note"]
     assert policy.read_text() == 'dir = "${SCRATCH}/a/$OTHER_SCRATCH"\n'
-    out, _ = run_program(venv, env={"SCRATCH": str(tmp_path / "s"), "OTHER_SCRATCH": "o"})
+    out, _ = here.configure({"SCRATCH": str(tmp_path / "s"), "OTHER_SCRATCH": "o"})
     assert out["dir"] == str(tmp_path / "s" / "a" / "o" / VERSION_DIR)
-    out, err = run_program(venv)
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR) and len(autocache_warnings(err)) == 1
+    out, err = here.configure()
+    assert out["dir"] == str(here.default_cache / VERSION_DIR) and len(autocache_warnings(err)) == 1
     before = policy.read_text()
     for bad in ("$SCRATCH/\x07", "$SCRATCH\nx", "ftp://$SCRATCH/x", "${NOT A NAME}/x", "$SCRATCH/a\u2028b"):
-        proc = venv.cli("config", "set", "dir", bad)
+        proc = here.cli("config", "set", "dir", bad)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (bad, proc.stderr)
     assert policy.read_text() == before
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import Venv
+from conftest import InProcess, Venv, planted_run
 
 pytestmark = pytest.mark.every_python  # the public API as each interpreter imports it
 
@@ -74,15 +74,15 @@ def test_a_writers_line_names_its_uploads(venv: Venv, tmp_path: Path) -> None:
     assert "uploaded" not in lines[1], lines
 
 
-def test_status_reads_for_a_newcomer(venv: Venv, tmp_path: Path) -> None:
+def test_status_reads_for_a_newcomer(here: InProcess, tmp_path: Path) -> None:
     """`status` after one run, as someone new reads it: the dir row gives the directory they set,
     on one line, its origin once (the version directory is under "directory"); no bare "(+ .start)",
     "store gkx-autocache" or "(installed)"; shared_write says it is unused with one level; the
     measures say which they are; the totals say they are every process's since the last reset."""
     root = tmp_path / "c"
     env = {"GKX_JAX_CACHE_DIR": str(root)}
-    assert venv.run("-c", PROGRAM, env=env).returncode == 0
-    text = venv.cli("status", env=env).stdout
+    planted_run(root)  # one (cold) run
+    text = here.cli("status", env=env).stdout
     (dir_row,) = [ln for ln in text.splitlines() if ln.strip().startswith("dir ")]
     assert dir_row.split()[1] == str(root) and dir_row.split()[-1] == "GKX_JAX_CACHE_DIR", dir_row
     assert text.count("env GKX_JAX_CACHE_DIR") == 1, text
@@ -114,23 +114,23 @@ def test_status_when_nothing_is_used_says_so(venv: Venv, public: Path) -> None:
     assert dir_row.count("default") == 1, dir_row
 
 
-def test_the_users_own_jax_directory_keeps_records(venv: Venv, tmp_path: Path) -> None:
+def test_the_users_own_jax_directory_keeps_records(here: InProcess, tmp_path: Path) -> None:
     """JAX_COMPILATION_CACHE_DIR, left as the user set it, is served by the store (SPEC §5, amended
     2026-12-04): `status` and `stats` count its runs, and status its entries. One that others can
     write keeps none, and `status` and `stats` say that (not "no process has used it")."""
     env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "j")}
-    assert venv.run("-c", PROGRAM, env=env).returncode == 0
-    text = venv.cli("status", env=env).stdout
+    planted_run(tmp_path / "j", version=None)  # a run the store served there
+    text = here.cli("status", env=env).stdout
     (stats_row,) = [ln for ln in text.splitlines() if ln.startswith("stats ")]
     assert "misses" in stats_row and "no process" not in stats_row, stats_row
     assert any("entries" in ln and "on disk" in ln for ln in text.splitlines()), text
-    assert "misses" in venv.cli("stats", env=env).stdout
+    assert "misses" in here.cli("stats", env=env).stdout
     (tmp_path / "open").mkdir()
     (tmp_path / "open").chmod(0o777)
     env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "open")}
-    assert venv.run("-c", PROGRAM, env=env).returncode == 0
-    text = venv.cli("status", env=env).stdout
+    here.configure(env)  # a process's import jax there: refused, it records nothing
+    text = here.cli("status", env=env).stdout
     (stats_row,) = [ln for ln in text.splitlines() if ln.startswith("stats ")]
     assert "your own JAX directory" in stats_row and "no process" not in stats_row, stats_row
-    said = venv.cli("stats", env=env).stdout
+    said = here.cli("stats", env=env).stdout
     assert "your own JAX directory" in said and "no process" not in said, said

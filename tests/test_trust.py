@@ -1,4 +1,5 @@
-"""Trust (SPEC §8) with real JAX: a directory others can write is never used."""
+"""Trust (SPEC §8) with real JAX: a directory others can write is never used. Which directory and
+settings file the trust rules leave also in this process, with a stand-in ``jax`` (``here``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROGRAM, Venv, autocache_warnings, run_program
+from conftest import PROGRAM, InProcess, Venv, autocache_warnings, run_program
 from test_activation import VERSION_DIR
 
 
@@ -48,13 +49,13 @@ def test_untrusted_explicit_dir_turns_the_cache_off(venv: Venv, tmp_path: Path, 
     assert not (bad / VERSION_DIR).exists()
 
 
-def test_world_writable_policy_file_is_ignored(venv: Venv) -> None:
+def test_world_writable_policy_file_is_ignored(here: InProcess) -> None:
     """Its settings do not apply; one warning; the next source (the default) does."""
-    policy = venv.path / "gkx-autocache.toml"
+    policy = here.path / "gkx-autocache.toml"
     policy.write_text('dir = "/tmp"\nmin_compile_time_secs = 5\n')
     policy.chmod(0o666)
-    out, err = run_program(venv)
-    assert out["dir"] == str(venv.default_cache / VERSION_DIR) and out["min_compile"] == 0.0
+    out, err = here.configure()
+    assert out["dir"] == str(here.default_cache / VERSION_DIR) and out["min_compile"] == 0.0
     (warning,) = autocache_warnings(err)
     assert str(policy) in warning and "others can write" in warning
 
@@ -86,11 +87,11 @@ def test_umask_000_still_creates_private_directories(venv: Venv, tmp_path: Path)
     assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "a" / "b" / VERSION_DIR).glob("*-cache")} == {0o600}
 
 
-def test_untrusted_default_falls_back_silently(venv: Venv, tmp_path: Path) -> None:
+def test_untrusted_default_falls_back_silently(here: InProcess, tmp_path: Path) -> None:
     """A default venv cache others can write: the user cache instead, with no warning."""
-    venv.default_cache.mkdir(parents=True)
-    venv.default_cache.chmod(0o777)
-    out, err = run_program(venv, env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    here.default_cache.mkdir(parents=True)
+    here.default_cache.chmod(0o777)
+    out, err = here.configure({"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert out["dir"] == str(tmp_path / "xdg" / "gkx" / "jax" / VERSION_DIR)
     assert autocache_warnings(err) == []
 
@@ -265,24 +266,26 @@ def test_a_relative_xdg_cache_home_cannot_make_a_checkout_the_cache(venv: Venv, 
     assert autocache_warnings(proc.stderr) == []
 
 
-def test_a_relative_xdg_config_home_cannot_make_a_checkout_the_config(venv: Venv, tmp_path: Path) -> None:
+def test_a_relative_xdg_config_home_cannot_make_a_checkout_the_config(here: InProcess, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A relative XDG_CONFIG_HOME is ignored: a config.toml planted in a repository under that
     relative path is not read; the user's own ~/.config one is."""
     repo = tmp_path / "repo"
     (repo / "cfg" / "gkx-autocache").mkdir(parents=True)
     (repo / "cfg" / "gkx-autocache" / "config.toml").write_text(f'dir = "{tmp_path / "chosen"}"\nreport = true\n')
-    mine = venv.home / ".config" / "gkx-autocache" / "config.toml"
+    mine = here.home / ".config" / "gkx-autocache" / "config.toml"
     mine.parent.mkdir(parents=True)
     mine.write_text('max_size = "1GiB"\n')
-    proc = venv.run("-m", "gkx_autocache", "--json", "config", "list", env={"XDG_CONFIG_HOME": "cfg"}, cwd=str(repo))
+    monkeypatch.chdir(repo)
+    proc = here.cli("--json", "config", "list", env={"XDG_CONFIG_HOME": "cfg"})
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["files"].get(str(mine)) == "used" and not any("cfg" in p for p in data["files"])
     assert data["settings"]["dir"]["origin"] == "default" and data["settings"]["report"]["value"] is False
     assert data["settings"]["max_size"]["origin"] == str(mine)
-    proc = venv.run("-c", PROGRAM, env={"XDG_CONFIG_HOME": "cfg"}, cwd=str(repo))
-    assert proc.returncode == 0 and "gkx-autocache:" not in proc.stderr, proc.stderr  # no report line either
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["dir"] == str(venv.default_cache / VERSION_DIR)
+    out, err = here.configure({"XDG_CONFIG_HOME": "cfg"})
+    assert "gkx-autocache:" not in err, err  # no report line either
+    assert out["dir"] == str(here.default_cache / VERSION_DIR)
 
 
 def _swap_after_mkdir(monkeypatch: pytest.MonkeyPatch, target: Path, victim: Path) -> list[str]:
