@@ -546,6 +546,7 @@ def test_shared_with_a_bucket_dir_or_equal_to_dir_is_one_line_and_the_run_goes_o
     assert again["hits"] == again["requests"]
 
 
+@pytest.mark.once  # commands on the settings and a bucket, no JAX process: the same on every JAX line
 def test_the_signing_key_is_never_a_setting(venv: Venv) -> None:
     """`config set` refuses the signing key (a secret lives in the environment, never in a file)
     without echoing it, and a settings file that holds one is ignored for that key, with one line

@@ -88,6 +88,7 @@ def test_s3_round_trip(venv: Venv, s3: S3) -> None:
     assert other_version not in s3.objects() and foreign <= set(s3.objects())
 
 
+@pytest.mark.once  # commands on the settings and a bucket, no JAX process: the same on every JAX line
 def test_unreachable_bucket_status_still_reports(venv: Venv) -> None:
     """status on a bucket it cannot reach: exit 0, everything else shown, the failure in one line."""
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
