@@ -47,15 +47,19 @@ def version(line: Venv) -> str:
 
 @pytest.fixture(scope="module", params=LINES)
 def line(request: pytest.FixtureRequest, wheel: Path) -> Iterator[Venv]:
-    """A venv with JAX and jaxlib of one line, and the package's wheel."""
+    """A venv with JAX and jaxlib of one line, and the package's wheel, with bytecode (as pip installs):
+    the test processes write none (PYTHONDONTWRITEBYTECODE), and without it each of the line's dozen
+    or so processes compiled JAX's source at its `import jax` (9-14 s each on 2 loaded cores, 2 s with).
+    ml_dtypes below 0.7 on Python 3.11, as .ci/run holds it: with NumPy 2.4, 0.7.0 adds 0.9 s of CPU
+    to every `import jax`."""
     version = request.param
     base = public_tmp()
     try:
         path = base / "venv"
         subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(path)], check=True,
                        capture_output=True)
-        install = subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--python", str(path / "bin" / "python"),
-                                  f"jax=={version}", f"jaxlib=={version}", str(wheel)], capture_output=True, text=True)
+        install = subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--compile-bytecode", "--python", str(path / "bin" / "python"),
+                                  f"jax=={version}", f"jaxlib=={version}", 'ml_dtypes<0.7; python_version < "3.12"', str(wheel)], capture_output=True, text=True)
         assert install.returncode == 0, install.stderr
         home = base / "home"
         home.mkdir(mode=0o755)

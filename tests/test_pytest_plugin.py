@@ -93,6 +93,7 @@ def test_one_line_per_session_with_every_workers_totals(venv: Venv, tmp_path: Pa
     assert plain_outcome == cold_outcome and plain_lines == []
 
 
+@pytest.mark.line  # pytest's own `-p no:`, not the interpreter (the plugin's hooks run in the tests beside it)
 def test_the_plugin_can_be_turned_off(venv: Venv, tmp_path: Path) -> None:
     """`-p no:gkx_autocache`: no summary line; each worker's own `report` line again."""
     proj = project(tmp_path)
@@ -103,6 +104,7 @@ def test_the_plugin_can_be_turned_off(venv: Venv, tmp_path: Path) -> None:
     assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr  # each worker's own
 
 
+@pytest.mark.line  # the spellings of the CI setting, not the interpreter: each JAX line's first Python
 def test_ci_false_is_not_ci(venv: Venv, tmp_path: Path) -> None:
     """`CI=false` is not CI: no "the cache was cold" line; `CI=true` on a cold cache: one."""
     proj = project(tmp_path)
