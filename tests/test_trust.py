@@ -352,7 +352,7 @@ def test_a_directory_swapped_for_a_symlink_after_mkdir_is_never_chmod_ed_or_tagg
 
 
 def test_trust_shared_for_a_shared_directory_never_trusts_a_group_writable_local_level(
-        venv: Venv, tmp_path: Path) -> None:
+        here: InProcess, tmp_path: Path) -> None:
     """`trust_shared` given for a shared directory is that level's: a local `dir` that has become
     group-writable (by a swap, or a mistake) is refused with one line, never taken for a team
     directory whose members may plant code in it."""
@@ -364,7 +364,7 @@ def test_trust_shared_for_a_shared_directory_never_trusts_a_group_writable_local
     for folder in (local, local / VERSION_DIR):
         folder.chmod(0o2770)
     env = {"GKX_JAX_CACHE_DIR": str(local), "GKX_JAX_CACHE_SHARED": str(team), "GKX_JAX_CACHE_TRUST_SHARED": "1"}
-    out, err = run_program(venv, env=env)
+    out, err = here.configure(env)
     assert out["dir"] is None, out
     assert len(autocache_warnings(err)) == 1 and "group can write" in err, err
 
