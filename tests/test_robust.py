@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 
@@ -243,18 +244,25 @@ def test_hostile_bookkeeping_text_is_escaped_not_a_traceback(tmp_path: Path) -> 
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
 
 
-def test_config_set_refuses_line_separators_and_unreadable_files(venv: Venv) -> None:
-    policy = venv.path / "gkx-autocache.toml"
+def test_config_set_refuses_line_separators_and_unreadable_files(here: InProcess) -> None:
+    """A value with a line separator is a usage error; a policy file that is not UTF-8 is one line;
+    one that is a FIFO is refused, not waited on (60 s fail the test)."""
+    policy = here.path / "gkx-autocache.toml"
     for bad in ("a\u2028b", "a\u0085b"):
-        proc = venv.cli("config", "set", "dir", "/x/" + bad)
+        proc = here.cli("config", "set", "dir", "/x/" + bad)
         assert proc.returncode == 2 and not policy.exists(), proc.stderr
     policy.write_bytes(b"report = true\n\xff\xfe\n")
-    proc = venv.cli("config", "set", "max_size", "1GiB")
+    proc = here.cli("config", "set", "max_size", "1GiB")
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     policy.unlink()
     os.mkfifo(policy)
-    proc = venv.run("-m", "gkx_autocache", "config", "set", "max_size", "1GiB", timeout=60)
-    assert proc.returncode == 1, proc.stderr
+    done: list[subprocess.CompletedProcess[str]] = []
+    # A daemon thread: one stuck opening the FIFO must not keep pytest from ending.
+    worker = threading.Thread(target=lambda: done.append(here.cli("config", "set", "max_size", "1GiB")), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert done, "config set waited on a FIFO as its policy file"
+    assert done[0].returncode == 1, done[0].stderr
 
 
 # -- a current directory that no longer exists (SPEC §3) ------------------------------------------
