@@ -220,16 +220,19 @@ def run_step(script: str, path: str, tmp_path: Path) -> subprocess.CompletedProc
                           capture_output=True, text=True)
 
 
-def test_readme_key_step_fails_without_the_command(venv: Venv, tmp_path: Path) -> None:
+def test_readme_key_step_fails_without_the_command(tmp_path: Path) -> None:
     """The key step fails when `gkx-autocache` is not on PATH (a cache key `jax--` would restore
-    nothing and save a useless cache), and gives a prefix and a directory when it is."""
+    nothing and save a useless cache), and gives a prefix and a directory when it is (the runner's
+    own installed command: `dir` only names the directory, `ci-key` reads no cache)."""
     (step,) = [s for s in github_steps() if s.get("id") == "jax"]
     missing = run_step(step["run"], "/usr/bin:/bin", tmp_path)
     assert missing.returncode != 0, missing
-    there = run_step(step["run"], f"{venv.path / 'bin'}:/usr/bin:/bin", tmp_path)
+    installed = Path(sys.executable).parent
+    there = run_step(step["run"], f"{installed}:/usr/bin:/bin", tmp_path)
     assert there.returncode == 0, there.stderr
     outputs = dict(line.split("=", 1) for line in (tmp_path / "github_output").read_text().splitlines())
-    key = venv.cli("ci-key").stdout.strip()
+    key = subprocess.run([str(installed / "gkx-autocache"), "ci-key"], env=clean_env(HOME=str(tmp_path)),
+                         capture_output=True, text=True, check=True).stdout.strip()
     assert outputs["prefix"].endswith(f"-{key}-") and outputs["dir"].endswith(VERSION_DIR), outputs
 
 
