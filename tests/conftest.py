@@ -109,7 +109,8 @@ def in_a_child_as(uid: int, groups: tuple[int, ...], call: Any) -> Any:
         code = 0
         try:
             os.close(read)
-            if ctypes.CDLL(None, use_errno=True).unshare(0x00020000) != 0:  # CLONE_NEWNS: /root's cover is the child's
+            # CLONE_NEWNS: the cover over /root is the child's alone
+            if ctypes.CDLL(None, use_errno=True).unshare(0x00020000) != 0:
                 raise OSError(ctypes.get_errno(), "unshare")
             subprocess.run(["sh", "-c", " && ".join(_root_covered())], check=True)
             os.setgroups(list(groups))
