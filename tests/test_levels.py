@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from conftest import PEAK_RSS, PROGRAM, S3, InProcess, Venv, free_port, run_program
+from conftest import PEAK_RSS, PROGRAM, S3, InProcess, Venv, free_port, planted_run, run_program
 from hostile import Proxy, Silent
 from test_activation import VERSION_DIR
 from test_multihost import RANK  # two jax.distributed ranks compiling one step
@@ -422,26 +422,28 @@ def test_pending_uploads_get_one_timeout_at_exit(venv: Venv, tmp_path: Path, s3:
     assert seconds < 60
 
 
-def test_status_shows_both_levels_and_its_probe_is_bounded(venv: Venv, tmp_path: Path, s3: S3) -> None:
+def test_status_shows_both_levels_and_its_probe_is_bounded(here: InProcess, tmp_path: Path, s3: S3) -> None:
     """`status` shows both levels with their trust, whether uploads happen, the signing state, and
     whether the shared level answers (a probe bounded by the timeout; `--no-probe` skips it)."""
-    run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    # What a writer's finished run leaves: its local level, and its two entries in the bucket.
+    for entry in sorted(planted_run(tmp_path / "a").glob("*-cache")):
+        s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{entry.name}", Body=entry.read_bytes())
     env = levels_env(s3.env, s3.bucket, tmp_path / "a", GKX_JAX_CACHE_SHARED_WRITE="ci")
-    data = json.loads(venv.cli("--json", "status", env=env).stdout)
+    data = json.loads(here.cli("--json", "status", env=env).stdout)
     shared = data["levels"]["shared"]
     assert shared["url"] == f"s3://{s3.bucket}/team" and shared["origin"] == "env GKX_JAX_CACHE_SHARED"
     assert shared["probe"]["answers"] is True and shared["probe"]["entries"] >= 2
     assert "CI is not set" in shared["writes"] and shared["signing"].startswith("not set")
     assert data["settings"]["shared_timeout"] == {"value": 10.0, "origin": "default", "effective": "10.0"}
     assert data["settings"]["shared_write"]["origin"] == "env GKX_JAX_CACHE_SHARED_WRITE"
-    text = venv.cli("status", env=env).stdout
+    text = here.cli("status", env=env).stdout
     assert "levels" in text and "shared   s3://" in text and "answers" in text, text
-    assert "skipped (--no-probe)" in venv.cli("status", "--no-probe", env=env).stdout
+    assert "skipped (--no-probe)" in here.cli("status", "--no-probe", env=env).stdout
     server = Silent()
     try:
         silent = {**env, **S3(server.endpoint, "x").env, "GKX_JAX_CACHE_SHARED_TIMEOUT": "1"}
         started = time.monotonic()
-        data = json.loads(venv.cli("--json", "status", env=silent).stdout)
+        data = json.loads(here.cli("--json", "status", env=silent).stdout)
         assert time.monotonic() - started < 15
         assert data["levels"]["shared"]["probe"]["answers"] is False
     finally:
