@@ -470,25 +470,36 @@ def test_stats_json_has_both_levels_at_its_top(venv: Venv, tmp_path: Path, s3: S
     assert f"levels      local {n} hits" in text and f"shared {n} hits" in text, text
 
 
-def test_prune_and_clear_shared_act_on_the_bucket(venv: Venv, tmp_path: Path, s3: S3) -> None:
+def uploaded(s3: S3, vdir: Path) -> int:
+    """Put the entries of a planted run's version directory ``vdir`` in the bucket's ``team`` level
+    as its writer's uploads leave them (each entry, and its seal beside it); how many."""
+    names = sorted(p.name for p in vdir.glob("*-cache"))
+    for name in names:
+        key = name.removesuffix("-cache")
+        s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{key}-gkx-shared", Body=b"{}")
+        s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}", Body=(vdir / name).read_bytes())
+    return len(names)
+
+
+def test_prune_and_clear_shared_act_on_the_bucket(here: InProcess, tmp_path: Path, s3: S3) -> None:
     """`prune --shared` and `clear --shared` act on the shared level (entries and their sidecars
     only), say that it has no cap of its own, and leave the local level alone."""
     env = levels_env(s3.env, s3.bucket, tmp_path / "a")
-    cold, _ = run_program(venv, env=env)
+    requests = uploaded(s3, planted_run(tmp_path / "a"))  # a writer's finished cold run
     s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/notes.txt", Body=b"mine")
-    proc = venv.cli("prune", "--shared", env=env)
+    proc = here.cli("prune", "--shared", env=env)
     assert proc.returncode == 2 and "no cap of its own" in proc.stderr and "lifecycle" in proc.stderr, proc.stderr
-    dry = json.loads(venv.cli("--json", "prune", "--shared", "--max-size", "1", "--dry-run", env=env).stdout)
-    assert dry["entries"] == cold["requests"] and dry["files"] == 2 * cold["requests"]
-    assert json.loads(venv.cli("--json", "prune", "--shared", "--max-size", "1", env=env).stdout)["dir"].startswith("s3://")
+    dry = json.loads(here.cli("--json", "prune", "--shared", "--max-size", "1", "--dry-run", env=env).stdout)
+    assert dry["entries"] == requests and dry["files"] == 2 * requests
+    assert json.loads(here.cli("--json", "prune", "--shared", "--max-size", "1", env=env).stdout)["dir"].startswith("s3://")
     assert entries(s3, "team") == {} and f"team/{VERSION_DIR}/notes.txt" in s3.objects()
-    assert len(local_entries(tmp_path / "a")) == cold["requests"]
-    run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
-    cleared = json.loads(venv.cli("--json", "clear", "--shared", "--yes", env=env).stdout)
+    assert len(local_entries(tmp_path / "a")) == requests
+    uploaded(s3, planted_run(tmp_path / "b"))  # another machine's run uploads them again
+    cleared = json.loads(here.cli("--json", "clear", "--shared", "--yes", env=env).stdout)
     left = {k for k in s3.objects() if not k.endswith(("-gkx-manifest", "-gkx-pack"))}  # their records need listed entries
-    assert cleared["entries"] == cold["requests"] and left == {f"team/{VERSION_DIR}/notes.txt"}
-    assert len(local_entries(tmp_path / "a")) == cold["requests"]
-    assert venv.cli("clear", "--shared", "--yes", env={"GKX_JAX_CACHE_DIR": str(tmp_path / "a")}).returncode == 1
+    assert cleared["entries"] == requests and left == {f"team/{VERSION_DIR}/notes.txt"}
+    assert len(local_entries(tmp_path / "a")) == requests
+    assert here.cli("clear", "--shared", "--yes", env={"GKX_JAX_CACHE_DIR": str(tmp_path / "a")}).returncode == 1
 
 
 def test_explain_says_the_shared_level_was_off(venv: Venv, tmp_path: Path) -> None:
