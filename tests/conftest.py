@@ -73,17 +73,66 @@ def as_user(uid: int, command: list[str], groups: tuple[int, ...] = ()) -> list[
     import shlex
 
     groups_flag = f"--groups {','.join(map(str, groups))}" if groups else "--clear-groups"
+    script = " && ".join([*_root_covered(), f"exec setpriv --reuid {uid} --regid {uid} {groups_flag} {shlex.join(command)}"])
+    return ["unshare", "-m", "sh", "-c", script]
+
+
+def _root_covered() -> list[str]:
+    """Shell commands that, in a private mount namespace, cover /root with a 0755 tmpfs into which
+    only the interpreter's folders and the runner's packages are bound back."""
+    import shlex
+
     needed = {os.path.realpath(sys.base_prefix), os.path.realpath(RUNNER_SITE)}
     binds = []
     for path in sorted(p for p in needed if p.startswith("/root/")):
         rel = shlex.quote(os.path.relpath(path, "/root"))
         binds.append(f"mkdir -p /root/{rel} && mount --bind /tmp/.gkx-root/{rel} /root/{rel}")
-    script = " && ".join([
-        "mount --make-rprivate /", "mkdir -p /tmp/.gkx-root", "mount --bind /root /tmp/.gkx-root",
-        "mount -t tmpfs -o mode=755 gkx-test /root", *binds,
-        f"exec setpriv --reuid {uid} --regid {uid} {groups_flag} {shlex.join(command)}",
-    ])
-    return ["unshare", "-m", "sh", "-c", script]
+    return ["mount --make-rprivate /", "mkdir -p /tmp/.gkx-root", "mount --bind /root /tmp/.gkx-root",
+            "mount -t tmpfs -o mode=755 gkx-test /root", *binds]
+
+
+def in_a_child_as(uid: int, groups: tuple[int, ...], call: Any) -> Any:
+    """``call()`` in a forked child of this process that is ``uid`` (primary group ``uid``, and the
+    supplementary ``groups``), real and effective, as ``as_user`` makes a command: the kernel
+    checks each access as that user's, and ``os.getuid()`` says so. Its result comes back pickled;
+    an exception in it fails the caller with the child's traceback."""
+    import ctypes
+    import pickle
+    import traceback
+
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        # (3.12 warns of a fork in a process with threads: the child runs ``call`` alone and exits)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(read)
+            # CLONE_NEWNS: the cover over /root is the child's alone
+            if ctypes.CDLL(None, use_errno=True).unshare(0x00020000) != 0:
+                raise OSError(ctypes.get_errno(), "unshare")
+            subprocess.run(["sh", "-c", " && ".join(_root_covered())], check=True)
+            os.setgroups(list(groups))
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            outcome = (True, call())
+        except BaseException:
+            outcome = (False, traceback.format_exc())
+        try:
+            with os.fdopen(write, "wb") as f:
+                pickle.dump(outcome, f)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    done, value = pickle.loads(data) if data else (False, "the child wrote nothing")
+    if not done:
+        raise AssertionError(f"in the child as uid {uid}:\n{value}")
+    return value
 
 
 @dataclass
@@ -543,7 +592,11 @@ class InProcess:
     def default_cache(self) -> Path:
         return self.path / ".cache" / "gkx" / "jax"
 
-    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def cli(self, *args: str, env: dict[str, str] | None = None, user: int | None = None,
+            groups: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
+        """``user``: in a forked child that is that user (``in_a_child_as``), as ``Venv.cli``'s."""
+        if user is not None:
+            return in_a_child_as(user, groups, lambda: self.cli(*args, env=env))  # type: ignore[no-any-return]
         from gkx_autocache import _diagnostics
         from gkx_autocache._cli.main import main
 
@@ -566,7 +619,8 @@ class InProcess:
             os.environ.update(saved)
         return subprocess.CompletedProcess(["gkx-autocache", *args], code, out.getvalue(), err.getvalue())
 
-    def configure(self, env: dict[str, str] | None = None, *, w_error: bool = False) -> tuple[dict[str, Any], str]:
+    def configure(self, env: dict[str, str] | None = None, *, w_error: bool = False, user: int | None = None,
+                  groups: tuple[int, ...] = ()) -> tuple[dict[str, Any], str]:
         """What the hook does at a process's first ``import jax``, here: ``_configure`` given a
         stand-in ``jax`` (STYLE's second ring), whose config starts at JAX's defaults (or, as JAX's
         import does, from an option's ``JAX_*`` variable) and whose private modules are missing
@@ -574,7 +628,10 @@ class InProcess:
         the interpreter's exit runs them. For what the settings, the directory and the trust rules
         decide: the values it set in ``jax.config``, as PROGRAM prints them, and stderr (its
         warnings as a fresh process prints them; ``w_error``: under ``-W error``). The package's
-        module state, the real ``jax`` modules and the exit hooks are restored afterwards."""
+        module state, the real ``jax`` modules and the exit hooks are restored afterwards. ``user``:
+        in a forked child that is that user (``in_a_child_as``)."""
+        if user is not None:
+            return in_a_child_as(user, groups, lambda: self.configure(env, w_error=w_error))  # type: ignore[no-any-return]
         from gkx_autocache import _configure, _settings
 
         config = types.SimpleNamespace(jax_enable_compilation_cache=True, **_settings.JAX_DEFAULTS)

@@ -149,10 +149,15 @@ def test_ci_run_says_at_once_that_it_needs_linux(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1 and "needs Linux (Darwin)" in proc.stderr and ".ci/laptop.py" in proc.stderr
 
 
-def test_ci_key_without_jax_reads_as_a_key(bare_venv: Venv) -> None:
+def test_ci_key_without_jax_reads_as_a_key(here: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without JAX installed, the key still reads as a key (not `--f5320738...`, which a shell or
     an action's input parser may take for an option)."""
-    proc = bare_venv.cli("ci-key")
+    import importlib.metadata
+
+    # JAX uninstalled, as far as the key's metadata lookups can tell: no folder of sys.path holding it.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not list(importlib.metadata.distributions(name="jax", path=[p]))])
+    assert _context.distribution_version("jax") is None
+    proc = here.cli("ci-key")
     assert proc.returncode == 0 and proc.stdout.startswith("nojax-") and len(proc.stdout.split()) == 1, proc.stdout
 
 
@@ -215,16 +220,19 @@ def run_step(script: str, path: str, tmp_path: Path) -> subprocess.CompletedProc
                           capture_output=True, text=True)
 
 
-def test_readme_key_step_fails_without_the_command(venv: Venv, tmp_path: Path) -> None:
+def test_readme_key_step_fails_without_the_command(tmp_path: Path) -> None:
     """The key step fails when `gkx-autocache` is not on PATH (a cache key `jax--` would restore
-    nothing and save a useless cache), and gives a prefix and a directory when it is."""
+    nothing and save a useless cache), and gives a prefix and a directory when it is (the runner's
+    own installed command: `dir` only names the directory, `ci-key` reads no cache)."""
     (step,) = [s for s in github_steps() if s.get("id") == "jax"]
     missing = run_step(step["run"], "/usr/bin:/bin", tmp_path)
     assert missing.returncode != 0, missing
-    there = run_step(step["run"], f"{venv.path / 'bin'}:/usr/bin:/bin", tmp_path)
+    installed = Path(sys.executable).parent
+    there = run_step(step["run"], f"{installed}:/usr/bin:/bin", tmp_path)
     assert there.returncode == 0, there.stderr
     outputs = dict(line.split("=", 1) for line in (tmp_path / "github_output").read_text().splitlines())
-    key = venv.cli("ci-key").stdout.strip()
+    key = subprocess.run([str(installed / "gkx-autocache"), "ci-key"], env=clean_env(HOME=str(tmp_path)),
+                         capture_output=True, text=True, check=True).stdout.strip()
     assert outputs["prefix"].endswith(f"-{key}-") and outputs["dir"].endswith(VERSION_DIR), outputs
 
 

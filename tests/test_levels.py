@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from conftest import PEAK_RSS, PROGRAM, S3, InProcess, Venv, free_port, run_program
+from conftest import PEAK_RSS, PROGRAM, S3, InProcess, Venv, free_port, planted_run, run_program
 from hostile import Proxy, Silent
 from test_activation import VERSION_DIR
 from test_multihost import RANK  # two jax.distributed ranks compiling one step
@@ -422,26 +422,28 @@ def test_pending_uploads_get_one_timeout_at_exit(venv: Venv, tmp_path: Path, s3:
     assert seconds < 60
 
 
-def test_status_shows_both_levels_and_its_probe_is_bounded(venv: Venv, tmp_path: Path, s3: S3) -> None:
+def test_status_shows_both_levels_and_its_probe_is_bounded(here: InProcess, tmp_path: Path, s3: S3) -> None:
     """`status` shows both levels with their trust, whether uploads happen, the signing state, and
     whether the shared level answers (a probe bounded by the timeout; `--no-probe` skips it)."""
-    run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    # What a writer's finished run leaves: its local level, and its two entries in the bucket.
+    for entry in sorted(planted_run(tmp_path / "a").glob("*-cache")):
+        s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{entry.name}", Body=entry.read_bytes())
     env = levels_env(s3.env, s3.bucket, tmp_path / "a", GKX_JAX_CACHE_SHARED_WRITE="ci")
-    data = json.loads(venv.cli("--json", "status", env=env).stdout)
+    data = json.loads(here.cli("--json", "status", env=env).stdout)
     shared = data["levels"]["shared"]
     assert shared["url"] == f"s3://{s3.bucket}/team" and shared["origin"] == "env GKX_JAX_CACHE_SHARED"
     assert shared["probe"]["answers"] is True and shared["probe"]["entries"] >= 2
     assert "CI is not set" in shared["writes"] and shared["signing"].startswith("not set")
     assert data["settings"]["shared_timeout"] == {"value": 10.0, "origin": "default", "effective": "10.0"}
     assert data["settings"]["shared_write"]["origin"] == "env GKX_JAX_CACHE_SHARED_WRITE"
-    text = venv.cli("status", env=env).stdout
+    text = here.cli("status", env=env).stdout
     assert "levels" in text and "shared   s3://" in text and "answers" in text, text
-    assert "skipped (--no-probe)" in venv.cli("status", "--no-probe", env=env).stdout
+    assert "skipped (--no-probe)" in here.cli("status", "--no-probe", env=env).stdout
     server = Silent()
     try:
         silent = {**env, **S3(server.endpoint, "x").env, "GKX_JAX_CACHE_SHARED_TIMEOUT": "1"}
         started = time.monotonic()
-        data = json.loads(venv.cli("--json", "status", env=silent).stdout)
+        data = json.loads(here.cli("--json", "status", env=silent).stdout)
         assert time.monotonic() - started < 15
         assert data["levels"]["shared"]["probe"]["answers"] is False
     finally:
@@ -468,25 +470,36 @@ def test_stats_json_has_both_levels_at_its_top(venv: Venv, tmp_path: Path, s3: S
     assert f"levels      local {n} hits" in text and f"shared {n} hits" in text, text
 
 
-def test_prune_and_clear_shared_act_on_the_bucket(venv: Venv, tmp_path: Path, s3: S3) -> None:
+def uploaded(s3: S3, vdir: Path) -> int:
+    """Put the entries of a planted run's version directory ``vdir`` in the bucket's ``team`` level
+    as its writer's uploads leave them (each entry, and its seal beside it); how many."""
+    names = sorted(p.name for p in vdir.glob("*-cache"))
+    for name in names:
+        key = name.removesuffix("-cache")
+        s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{key}-gkx-shared", Body=b"{}")
+        s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{name}", Body=(vdir / name).read_bytes())
+    return len(names)
+
+
+def test_prune_and_clear_shared_act_on_the_bucket(here: InProcess, tmp_path: Path, s3: S3) -> None:
     """`prune --shared` and `clear --shared` act on the shared level (entries and their sidecars
     only), say that it has no cap of its own, and leave the local level alone."""
     env = levels_env(s3.env, s3.bucket, tmp_path / "a")
-    cold, _ = run_program(venv, env=env)
+    requests = uploaded(s3, planted_run(tmp_path / "a"))  # a writer's finished cold run
     s3.client().put_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/notes.txt", Body=b"mine")
-    proc = venv.cli("prune", "--shared", env=env)
+    proc = here.cli("prune", "--shared", env=env)
     assert proc.returncode == 2 and "no cap of its own" in proc.stderr and "lifecycle" in proc.stderr, proc.stderr
-    dry = json.loads(venv.cli("--json", "prune", "--shared", "--max-size", "1", "--dry-run", env=env).stdout)
-    assert dry["entries"] == cold["requests"] and dry["files"] == 2 * cold["requests"]
-    assert json.loads(venv.cli("--json", "prune", "--shared", "--max-size", "1", env=env).stdout)["dir"].startswith("s3://")
+    dry = json.loads(here.cli("--json", "prune", "--shared", "--max-size", "1", "--dry-run", env=env).stdout)
+    assert dry["entries"] == requests and dry["files"] == 2 * requests
+    assert json.loads(here.cli("--json", "prune", "--shared", "--max-size", "1", env=env).stdout)["dir"].startswith("s3://")
     assert entries(s3, "team") == {} and f"team/{VERSION_DIR}/notes.txt" in s3.objects()
-    assert len(local_entries(tmp_path / "a")) == cold["requests"]
-    run_program(venv, env=levels_env(s3.env, s3.bucket, tmp_path / "b"))
-    cleared = json.loads(venv.cli("--json", "clear", "--shared", "--yes", env=env).stdout)
+    assert len(local_entries(tmp_path / "a")) == requests
+    uploaded(s3, planted_run(tmp_path / "b"))  # another machine's run uploads them again
+    cleared = json.loads(here.cli("--json", "clear", "--shared", "--yes", env=env).stdout)
     left = {k for k in s3.objects() if not k.endswith(("-gkx-manifest", "-gkx-pack"))}  # their records need listed entries
-    assert cleared["entries"] == cold["requests"] and left == {f"team/{VERSION_DIR}/notes.txt"}
-    assert len(local_entries(tmp_path / "a")) == cold["requests"]
-    assert venv.cli("clear", "--shared", "--yes", env={"GKX_JAX_CACHE_DIR": str(tmp_path / "a")}).returncode == 1
+    assert cleared["entries"] == requests and left == {f"team/{VERSION_DIR}/notes.txt"}
+    assert len(local_entries(tmp_path / "a")) == requests
+    assert here.cli("clear", "--shared", "--yes", env={"GKX_JAX_CACHE_DIR": str(tmp_path / "a")}).returncode == 1
 
 
 def test_explain_says_the_shared_level_was_off(venv: Venv, tmp_path: Path) -> None:

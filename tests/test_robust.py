@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 
@@ -243,18 +244,25 @@ def test_hostile_bookkeeping_text_is_escaped_not_a_traceback(tmp_path: Path) -> 
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
 
 
-def test_config_set_refuses_line_separators_and_unreadable_files(venv: Venv) -> None:
-    policy = venv.path / "gkx-autocache.toml"
+def test_config_set_refuses_line_separators_and_unreadable_files(here: InProcess) -> None:
+    """A value with a line separator is a usage error; a policy file that is not UTF-8 is one line;
+    one that is a FIFO is refused, not waited on (60 s fail the test)."""
+    policy = here.path / "gkx-autocache.toml"
     for bad in ("a\u2028b", "a\u0085b"):
-        proc = venv.cli("config", "set", "dir", "/x/" + bad)
+        proc = here.cli("config", "set", "dir", "/x/" + bad)
         assert proc.returncode == 2 and not policy.exists(), proc.stderr
     policy.write_bytes(b"report = true\n\xff\xfe\n")
-    proc = venv.cli("config", "set", "max_size", "1GiB")
+    proc = here.cli("config", "set", "max_size", "1GiB")
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     policy.unlink()
     os.mkfifo(policy)
-    proc = venv.run("-m", "gkx_autocache", "config", "set", "max_size", "1GiB", timeout=60)
-    assert proc.returncode == 1, proc.stderr
+    done: list[subprocess.CompletedProcess[str]] = []
+    # A daemon thread: one stuck opening the FIFO must not keep pytest from ending.
+    worker = threading.Thread(target=lambda: done.append(here.cli("config", "set", "max_size", "1GiB")), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert done, "config set waited on a FIFO as its policy file"
+    assert done[0].returncode == 1, done[0].stderr
 
 
 # -- a current directory that no longer exists (SPEC §3) ------------------------------------------
@@ -294,35 +302,47 @@ def test_a_deleted_current_directory_leaves_an_absolute_dir_working(venv: Venv, 
     assert runs[0]["hits"] == 0 and runs[1]["hits"] == runs[1]["requests"] > 0
 
 
-def test_a_relative_dir_from_a_variable_needs_the_current_directory(venv: Venv, tmp_path: Path) -> None:
+def leave_a_deleted_directory(monkeypatch: pytest.MonkeyPatch, where: Path) -> None:
+    """This process's current directory made ``where``, then deleted (as ``cd``, ``rmdir`` in a
+    shell); the one before is restored after the test."""
+    where.mkdir()
+    monkeypatch.chdir(where)
+    where.rmdir()
+
+
+def test_a_relative_dir_from_a_variable_needs_the_current_directory(here: InProcess, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A relative GKX_JAX_CACHE_DIR in a deleted current directory is a bad value: one warning
     naming the variable and why, and the next source down (here the default) applies."""
-    jax_without_a_cwd(venv, tmp_path / "plain")
-    proc = in_deleted_cwd(venv, tmp_path / "gone", venv.python, "-c", PROGRAM, env={"GKX_JAX_CACHE_DIR": "rel/cache"})
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["dir"] == str(venv.default_cache / VERSION_DIR)
-    (warning,) = autocache_warnings(proc.stderr)
+    leave_a_deleted_directory(monkeypatch, tmp_path / "gone")
+    out, err = here.configure({"GKX_JAX_CACHE_DIR": "rel/cache"})
+    assert "Traceback" not in err, err
+    assert out["dir"] == str(here.default_cache / VERSION_DIR)
+    (warning,) = autocache_warnings(err)
     assert "GKX_JAX_CACHE_DIR" in warning and "current directory" in warning and "please report" not in warning
 
 
-def test_commands_in_a_deleted_current_directory_say_what_is_wrong(venv: Venv, tmp_path: Path) -> None:
+def test_commands_in_a_deleted_current_directory_say_what_is_wrong(here: InProcess, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command works from a deleted current directory where nothing needs it; where a
     relative path needs it, one line says so (never a bare "[Errno 2]")."""
-    cli = str(venv.path / "bin" / "gkx-autocache")
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
-    run_program(venv, env=env)
+    planted_run(tmp_path / "c")
     for i, command in enumerate((["status"], ["--json", "status"], ["dir"], ["stats"], ["verify"],
                                  ["config", "list"], ["config", "set", "max_size", "1GiB"])):
-        proc = in_deleted_cwd(venv, tmp_path / f"gone{i}", cli, *command, env=env)
+        leave_a_deleted_directory(monkeypatch, tmp_path / f"gone{i}")
+        proc = here.cli(*command, env=env)
         assert proc.returncode == 0 and "Errno" not in proc.stdout + proc.stderr, (command, proc.stderr)
-    proc = in_deleted_cwd(venv, tmp_path / "gone-dir", cli, "dir", env={"GKX_JAX_CACHE_DIR": "rel"})
-    assert proc.returncode == 0 and proc.stdout.strip() == str(venv.default_cache / VERSION_DIR), proc.stderr
+    leave_a_deleted_directory(monkeypatch, tmp_path / "gone-dir")
+    proc = here.cli("dir", env={"GKX_JAX_CACHE_DIR": "rel"})
+    assert proc.returncode == 0 and proc.stdout.strip() == str(here.default_cache / VERSION_DIR), proc.stderr
     for i, command in enumerate((["config", "set", "dir", "rel/cache"], ["export", "warm.tar"],
                                  ["import", "warm.tar"])):
-        proc = in_deleted_cwd(venv, tmp_path / f"bad{i}", cli, *command, env=env)
+        leave_a_deleted_directory(monkeypatch, tmp_path / f"bad{i}")
+        proc = here.cli(*command, env=env)
         (line,) = proc.stderr.strip().splitlines()
         assert proc.returncode in (1, 2) and "current directory" in line and "Errno" not in line, (command, line)
-    assert 'dir = "rel' not in (venv.path / "gkx-autocache.toml").read_text()
+    assert 'dir = "rel' not in (here.path / "gkx-autocache.toml").read_text()
 
 
 @pytest.mark.line  # the settings' parsing and config set, not the interpreter: each JAX line's first Python

@@ -97,19 +97,20 @@ def test_status_reads_for_a_newcomer(here: InProcess, tmp_path: Path) -> None:
     assert "every process since" in stats_row and "written (compressed)" in stats_row, stats_row
 
 
-def test_status_when_nothing_is_used_says_so(venv: Venv, public: Path) -> None:
+def test_status_when_nothing_is_used_says_so(public: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A refused dir keeps what was set in its row; a disabled cache says so on the hook and stats
     rows; a default dir names its origin once."""
+    here = InProcess(public, monkeypatch)  # where uid 65534 reaches it
     volume = public / "volume"
     volume.mkdir(mode=0o755)
-    text = venv.cli("status", env={"GKX_JAX_CACHE_DIR": str(volume)}, user=65534).stdout
+    text = here.cli("status", env={"GKX_JAX_CACHE_DIR": str(volume)}, user=65534).stdout
     (dir_row,) = [ln for ln in text.splitlines() if ln.strip().startswith("dir ")]
     assert f"{volume} (not used: running uncached)" in dir_row, dir_row
     (stats_row,) = [ln for ln in text.splitlines() if ln.startswith("stats ")]
     assert "no directory is used" in stats_row, stats_row
-    off = venv.cli("status", env={"GKX_JAX_CACHE": "0"}).stdout
+    off = here.cli("status", env={"GKX_JAX_CACHE": "0"}).stdout
     assert "the cache is disabled" in off.splitlines()[1], off
-    default = venv.cli("status").stdout
+    default = here.cli("status").stdout
     (dir_row,) = [ln for ln in default.splitlines() if ln.strip().startswith("dir ")]
     assert dir_row.count("default") == 1, dir_row
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROGRAM, InProcess, Venv, autocache_warnings, run_program
+from conftest import PROGRAM, InProcess, Venv, autocache_warnings, planted_run, run_program
 from test_activation import VERSION_DIR
 
 
@@ -121,22 +121,24 @@ def test_sticky_ancestor_owned_by_another_user_is_refused(venv: Venv, public: Pa
     assert out["dir"] == str(cache / VERSION_DIR) and autocache_warnings(err) == []
 
 
-def test_policy_file_writable_by_the_users_own_primary_group_is_ignored(venv: Venv, public: Path) -> None:
+def test_policy_file_writable_by_the_users_own_primary_group_is_ignored(public: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Any member of a shared primary group (`users`) could point everyone at their directory:
     a settings file its group can write is ignored with one warning, whoever's group it is."""
+    here = InProcess(public, monkeypatch)  # where the victim reaches it
     mine = public / "mine"
     mine.mkdir(mode=0o700)
     os.chown(mine, VICTIM, VICTIM)
-    policy = venv.path / "gkx-autocache.toml"
+    policy = here.path / "gkx-autocache.toml"
     policy.write_text("min_compile_time_secs = 5\n")
     os.chown(policy, VICTIM, VICTIM)
     policy.chmod(0o664)
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(mine)}, user=VICTIM)
+    out, err = here.configure({"GKX_JAX_CACHE_DIR": str(mine)}, user=VICTIM)
     assert out["min_compile"] == 0.0
     (warning,) = autocache_warnings(err)
     assert str(policy) in warning and "group" in warning and "chmod g-w" in warning, warning
     policy.chmod(0o644)  # its owner alone can write it: used
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(mine)}, user=VICTIM)
+    out, err = here.configure({"GKX_JAX_CACHE_DIR": str(mine)}, user=VICTIM)
     assert out["min_compile"] == 5.0 and autocache_warnings(err) == []
 
 
@@ -155,12 +157,13 @@ def test_baked_root_owned_cache_is_read_only_for_other_users(venv: Venv, public:
     assert sorted(str(p) for p in baked.rglob("*")) == before  # no entry, ledger or lock of theirs
 
 
-def test_baked_cache_writable_by_its_group_is_still_refused(venv: Venv, public: Path) -> None:
+def test_baked_cache_writable_by_its_group_is_still_refused(public: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Owned by root but group-writable: not a baked cache; without trust_shared it is refused."""
+    here = InProcess(public, monkeypatch)
     baked = public / "baked"
-    run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)})
+    planted_run(baked)  # what root's cold run left
     subprocess.run(["chmod", "-R", "a+rX,g+w", str(baked)], check=True)
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)}, user=65534)
+    out, err = here.configure({"GKX_JAX_CACHE_DIR": str(baked)}, user=65534)
     assert out["dir"] is None and len(autocache_warnings(err)) == 1
 
 
@@ -197,15 +200,16 @@ def test_an_entry_others_can_write_is_never_loaded(venv: Venv, public: Path) -> 
     assert warm["requests"] - warm["hits"] == 1 and warm["result"] == cold["result"] and err.strip() == "", err
 
 
-def test_commands_on_a_cache_they_cannot_write_say_so(venv: Venv, public: Path) -> None:
+def test_commands_on_a_cache_they_cannot_write_say_so(public: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`clear` by a user who cannot write the (baked) cache: exit 1 and the reason, never a claim
     that entries were removed."""
+    here = InProcess(public, monkeypatch)
     baked = public / "baked"
-    run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)})
+    planted_run(baked)  # what root's cold run left
     subprocess.run(["chmod", "-R", "a+rX", str(baked)], check=True)
     before = sorted(p.name for p in (baked / VERSION_DIR).iterdir())
     for command in (["clear", "--yes"], ["prune", "--max-size", "1"]):
-        proc = venv.cli(*command, env={"GKX_JAX_CACHE_DIR": str(baked)}, user=65534)
+        proc = here.cli(*command, env={"GKX_JAX_CACHE_DIR": str(baked)}, user=65534)
         assert proc.returncode == 1 and "could not be removed" in proc.stderr and "removed 0 of" in proc.stderr, proc
     assert sorted(p.name for p in (baked / VERSION_DIR).iterdir()) == before
 
@@ -352,7 +356,7 @@ def test_a_directory_swapped_for_a_symlink_after_mkdir_is_never_chmod_ed_or_tagg
 
 
 def test_trust_shared_for_a_shared_directory_never_trusts_a_group_writable_local_level(
-        venv: Venv, tmp_path: Path) -> None:
+        here: InProcess, tmp_path: Path) -> None:
     """`trust_shared` given for a shared directory is that level's: a local `dir` that has become
     group-writable (by a swap, or a mistake) is refused with one line, never taken for a team
     directory whose members may plant code in it."""
@@ -364,7 +368,7 @@ def test_trust_shared_for_a_shared_directory_never_trusts_a_group_writable_local
     for folder in (local, local / VERSION_DIR):
         folder.chmod(0o2770)
     env = {"GKX_JAX_CACHE_DIR": str(local), "GKX_JAX_CACHE_SHARED": str(team), "GKX_JAX_CACHE_TRUST_SHARED": "1"}
-    out, err = run_program(venv, env=env)
+    out, err = here.configure(env)
     assert out["dir"] is None, out
     assert len(autocache_warnings(err)) == 1 and "group can write" in err, err
 
