@@ -524,8 +524,11 @@ def fresh_stderr(error: bool = False) -> Iterator[None]:
     logger = logging.getLogger("gkx_autocache")
     handler = logging.StreamHandler()  # (its stream: sys.stderr when made, the redirected one)
     handler.setLevel(logging.WARNING)
-    propagate = logger.propagate
-    logger.addHandler(handler)
+    # A fresh process's logger: this handler alone, no level of its own. One an earlier call left
+    # (`-v` adds a handler on the stderr of its time, since closed) is set aside and put back after.
+    saved = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers = [handler]
+    logger.setLevel(logging.NOTSET)
     logger.propagate = False
     try:
         with warnings.catch_warnings():
@@ -534,8 +537,8 @@ def fresh_stderr(error: bool = False) -> Iterator[None]:
             warnings.showwarning = show
             yield
     finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
+        logger.handlers, level, logger.propagate = saved
+        logger.setLevel(level)
 
 
 def fresh_filesystems(patch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,8 +73,20 @@ def test_clear_shared_says_its_progress(tmp_path: Path, monkeypatch: pytest.Monk
     assert "\rclear: " in screen.getvalue() and "/700 files" in screen.getvalue(), screen.getvalue()[-200:]
 
 
+@pytest.fixture
+def logger_kept() -> Iterator[None]:
+    """The package's logger as it was: `-v` in this process adds a handler on the test's captured
+    stderr (closed after it) and sets the level; a later test's log line would meet that stream."""
+    from gkx_autocache._diagnostics import logger
+
+    handlers, level = logger.handlers[:], logger.level
+    yield
+    logger.handlers = handlers
+    logger.setLevel(level)
+
+
 def test_quiet_prints_nothing_but_errors_and_verbose_says_the_steps(
-        cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        cache: Path, capsys: pytest.CaptureFixture[str], logger_kept: None) -> None:
     assert main(["-q", "prune", "--max-size", "1"]) == 0
     assert capsys.readouterr().out == ""
     assert main(["prune", "-q", "--max-size", "bad"]) != 0
