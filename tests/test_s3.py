@@ -592,8 +592,8 @@ def test_a_connection_reset_before_its_answer_is_asked_again_on_a_new_one(tmp_pa
                 conn.close()
                 continue
             body = b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
+            answered.append(n)  # before the answer: the client may read it and return before a line after it runs
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
-            answered.append(n)
             conn.close()
 
     thread = threading.Thread(target=serve, daemon=True)
