@@ -434,14 +434,17 @@ def test_a_bundle_carries_its_records_so_a_later_miss_is_explained(venv: Venv, w
 
 
 def test_a_bundle_from_another_cpu_is_kept_old_and_never_loaded(venv: Venv, wheel: Path, tmp_path: Path) -> None:
-    """Imported on a CPU without AVX-512 (a fake /proc/cpuinfo in a private mount namespace), a
+    """Imported on a CPU without AVX-512 (a fake CPUID and /proc/cpuinfo in a private mount namespace), a
     bundle built here says how many entries were built for another CPU; they keep their original
     access time (they must not push useful entries out) and a run there loads none of them."""
-    from test_isa import cpuinfo_without, host_flags, needs_unshare, on_cpu
+    import cpus
+    from test_isa import needs_unshare, on_cpu
 
-    avx512 = {f for f in host_flags() if f.startswith("avx512")}
+    from gkx_autocache import _isa
+
+    avx512 = {f for f in _isa.read().features if f.startswith("avx512")}
     if not avx512 or needs_unshare.args[0]:
-        pytest.skip("needs AVX-512 flags to take away and a private mount namespace")
+        pytest.skip("needs AVX-512 to take away and a private mount namespace")
     cold, _ = run_program(venv)
     vdir = venv.default_cache / VERSION_DIR
     old = time.time() - 30 * 86400
@@ -451,7 +454,7 @@ def test_a_bundle_from_another_cpu_is_kept_old_and_never_loaded(venv: Venv, whee
         os.utime(entry, (old, old))
     archive = tmp_path / "warm.tar"
     export(venv, archive)
-    fake = cpuinfo_without(tmp_path, avx512)
+    fake = cpus.real_less(tmp_path, avx512)
     base = public_tmp()
     try:
         fresh = make_venv(base, wheel)

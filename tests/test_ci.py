@@ -49,15 +49,19 @@ def fresh(tmp_path: Path) -> dict[str, str]:
 
 
 def test_ci_key_is_stable_and_changes_with_the_cpu(tmp_path: Path) -> None:
-    """Two processes print the same key; a different CPU feature list (a fake /proc/cpuinfo,
-    bind-mounted in a private mount namespace) gives another."""
+    """Two processes print the same key; a different CPU feature list (a fake CPUID and /proc/cpuinfo,
+    bound in a private mount namespace) gives another."""
+    import cpus
+
     first, second = (subprocess.run([sys.executable, "-m", "gkx_autocache", "ci-key"], env=fresh(tmp_path),
                                     capture_output=True, text=True, check=True).stdout for _ in range(2))
     assert first == second and len(first.strip()) > 10
-    fake = tmp_path / "cpuinfo"
-    fake.write_text("processor\t: 0\nflags\t\t: fpu sse sse2\n")
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {fake} /proc/cpuinfo && exec {sys.executable} "
-                           "-m gkx_autocache ci-key"], env=fresh(tmp_path), capture_output=True, text=True, check=True)
+    if not cpus.unshared():
+        pytest.skip("another CPU needs root (unshare -m) and a cpuid driver")
+    other = cpus.real_less(tmp_path, {"avx2"})
+    script = " && ".join([*other.mounts(), f"exec {sys.executable} -m gkx_autocache ci-key"])
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], env=fresh(tmp_path), capture_output=True, text=True,
+                          check=True)
     assert proc.stdout != first
 
 

@@ -1,7 +1,8 @@
 """One CPU target for a mixed fleet (SPEC §15, amended 2026-12-04): under ``cpu_target`` XLA's CPU
 code is capped at the level and CPU keys hold the level, so hosts at or above it share entries; a
 host below it keys on its own ISA; an entry that lists a feature the reader lacks is never loaded.
-Another CPU is a fake ``/proc/cpuinfo`` bind-mounted in a private mount namespace (SPEC §12)."""
+Another CPU is a fake CPUID and ``/proc/cpuinfo`` bind-mounted in a private mount namespace (SPEC §12,
+``cpus.py``): the real one less some features, or one of either vendor, so the test machine's decides nothing."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import cpus
 import pytest
 from conftest import PROGRAM, Venv, autocache_warnings, run_program
 from test_activation import VERSION_DIR
-from test_isa import cpuinfo_without, host_flags, needs_unshare, on_cpu
+from test_isa import needs_unshare, on_cpu
 
 from gkx_autocache import _cpu_target, _isa, _settings
 
 V3 = {"GKX_JAX_CACHE_CPU_TARGET": "x86-64-v3"}
-AVX512 = {f for f in host_flags() if f.startswith("avx512")}
-needs_avx512 = pytest.mark.skipif(not AVX512 or "avx2" not in host_flags(),
+HOST = set(_isa.read().features)
+AVX512 = {f for f in HOST if f.startswith("avx512")}
+needs_avx512 = pytest.mark.skipif(not AVX512 or "avx2" not in HOST,
                                   reason="the mixed pair needs an AVX-512 host to play both hosts")
 
 
@@ -102,6 +105,63 @@ def test_the_features_an_entry_lists_are_read_from_its_code() -> None:
     assert target.foreign(llvm_list("sse2", "avx2", "rdseed", "adx", "sha", "aes", "vpclmulqdq")) is None
 
 
+def test_avx10_under_a_level_is_neither_keyed_nor_held_against_an_entry() -> None:
+    """Issue 67: under x86-64-v3 every entry an AVX10 host (an Intel Xeon 6) writes lists +avx10.1,
+    and a host without AVX-512 rejected one of them (`built for avx10.1`). XLA's list turns AVX-512's
+    VNNI, BF16 and FP16 off under every level's cap, and LLVM turns off what implies a feature it turns
+    off: AVX10 is off too. So it is not in the key (hosts of the level share entries) nor held against one."""
+    from test_isa import GRANITE_RAPIDS
+
+    alder_lake = {f for f in GRANITE_RAPIDS if not f.startswith(("avx512", "amx"))}
+    xeon = _cpu_target.choose("x86-64-v3", "x86_64", sorted(GRANITE_RAPIDS | {"avx10.1"}), None, (0, 10, 2), "",
+                              known=_isa.KNOWN_CPUID)
+    laptop = _cpu_target.choose("x86-64-v3", "x86_64", sorted(alder_lake), None, (0, 10, 2), "", known=_isa.KNOWN_CPUID)
+    assert xeon.isa_text() == laptop.isa_text(), (xeon.isa_text(), laptop.isa_text())
+    written = llvm_list(*_cpu_target.LEVELS["x86-64-v3"][1], "avx10.1", "gfni", "avxvnni", "sha", "prefetchi")
+    assert laptop.foreign(written) is None
+    assert "avx10.1" not in str(xeon.extras) and all(not _cpu_target.xla_keeps("avx10.1", cap) for cap in ("SSE4_2", "AVX2", "AVX512"))
+    assert "gfni" in str(_cpu_target.choose("x86-64-v3", "x86_64", sorted(alder_lake - {"gfni"}), None, (0, 10, 2), "",
+                                            known=_isa.KNOWN_CPUID).foreign(written))  # (what XLA's code may use still counts)
+
+
+def protobuf(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field."""
+    def varint(n: int) -> bytes:
+        out = b""
+        while True:
+            out += bytes([n & 0x7F | (0x80 if n > 0x7F else 0)])
+            n >>= 7
+            if not n:
+                return out
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def executable(record: bytes, constant: bytes) -> bytes:
+    """A decompressed entry as XLA:CPU lays it out: JAX's compile time, a header, then the executable,
+    whose target-machine record (triple, CPU, features) sits beside its module, and ``constant`` as
+    the bytes of an instruction's literal inside that module."""
+    header = protobuf(2, b"pjrt_ifrt")
+    module = protobuf(1, protobuf(3, protobuf(2, protobuf(8, constant))))
+    rest = protobuf(1, module + protobuf(9, record)) + protobuf(2, b"layout")
+    return b"\0\0\0\1" + bytes([len(header)]) + header + rest
+
+
+def test_only_xlas_own_record_says_what_an_entry_was_built_for() -> None:
+    """Issue 67's M1: the features an entry lists were read from any run of names in its bytes, so a
+    constant of the program's that spells a list (a model file's bytes) counted as XLA's record.
+    Only the shallowest target-machine record counts: XLA's; a list in the data, or a whole record
+    framed as XLA frames it inside a literal, adds nothing."""
+    real = protobuf(1, b"x86_64-unknown-linux-gnu") + protobuf(2, b"znver4") + protobuf(3, llvm_list("sse2", "avx2", "gfni"))
+    planted = llvm_list("sse2", "avx2", "xop", "fma4", "tbm")
+    framed = protobuf(1, b"x86_64-unknown-linux-gnu") + protobuf(2, b"bdver4") + protobuf(3, planted)
+    for constant in (planted * 4, framed, b"\x00" * 64 + framed + planted):
+        assert _cpu_target.features_of(executable(real, constant)) == {"sse2", "avx2", "gfni"}, constant[:40]
+    target = _cpu_target.Target("x86-64-v3", "x86_64", frozenset(_cpu_target.LEVELS["x86-64-v3"][1]) | {"gfni"})
+    assert target.foreign(executable(real, planted * 4)) is None  # the program's data never refuses its own entry
+    # Where no record is found (another jaxlib's layout), every list counts: it can only refuse an entry.
+    assert "xop" in _cpu_target.features_of(b"\0\0\0\0\x05hello" + planted)
+
+
 def test_explain_names_the_target_of_a_cpu_miss() -> None:
     assert _isa.difference("x86_64:target=x86-64-v3", "x86_64:avx,avx2,sse2") == \
         "cpu_target x86-64-v3 -> a host's own ISA (cpu_target host)"
@@ -120,7 +180,7 @@ def test_a_mixed_pair_shares_entries_under_a_target_and_none_without(venv: Venv,
     """An AVX-512 host writes under x86-64-v3: XLA built no AVX-512 code (its entries list none), and
     an AVX2 host (the same CPU with its AVX-512 flags taken away) is served every entry, with the same
     result. Without the target the AVX2 host gets none: the fleet shares nothing."""
-    avx2_host = cpuinfo_without(tmp_path, AVX512)
+    avx2_host = cpus.real_less(tmp_path, AVX512)
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
     cold, _ = run_program(venv, env=env)
     built = listed(tmp_path / "c" / VERSION_DIR)
@@ -156,9 +216,9 @@ def test_the_host_that_wrote_a_targets_entries_loads_them_though_its_kernel_hide
     unreliable), while CPUID, which XLA reads, shows it: every entry lists +rdseed. Under x86-64-v3 its
     warm run was `0 hits (8 rejected)`, "built for rdseed, which this CPU lacks", on every run (issue
     57). Here: this machine with rdseed taken out of /proc/cpuinfo writes and reads its own entries."""
-    if "rdseed" not in host_flags():
+    if "rdseed" not in HOST:
         pytest.skip("this host's CPU has no rdseed for its kernel to hide")
-    epyc = cpuinfo_without(tmp_path, {"rdseed"})
+    epyc = cpus.kernel_hiding(tmp_path, {"rdseed"})
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
     cold = counts(on_cpu(venv, epyc, "-c", PROGRAM, env=env))
     assert "rdseed" in listed(tmp_path / "c" / VERSION_DIR)
@@ -172,7 +232,7 @@ def test_a_host_below_the_target_loads_nothing_of_it_and_says_so(venv: Venv, tmp
     entry of the target is loaded, `status` says why, and `explain` names the target."""
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
     cold, _ = run_program(venv, env=env)
-    below = cpuinfo_without(tmp_path, {"avx2"})
+    below = cpus.real_less(tmp_path, {"avx2"})
     proc = on_cpu(venv, below, "-c", PROGRAM, env=env)
     other = counts(proc)
     assert other["hits"] == 0 and other["result"] == cold["result"]
@@ -198,21 +258,53 @@ def test_an_entry_that_lists_a_feature_the_reader_lacks_is_never_loaded(venv: Ve
     run_program(venv, env=env)
     vdir = tmp_path / "c" / VERSION_DIR
     level = set(_cpu_target.LEVELS["x86-64-v3"][1]) | _cpu_target.INSTRUCTION_ONLY
-    kernel = {llvm: flag for flag, llvm in _isa.X86.items()}
-    extra = sorted(f for f in listed(vdir) if f not in level and f in kernel and _cpu_target.xla_keeps(f, "AVX2"))
+    extra = sorted(f for f in listed(vdir) if f not in level and f in _isa.KNOWN_CPUID and _cpu_target.xla_keeps(f, "AVX2"))
     if not extra:
         pytest.skip("this host's capped entries list no feature beyond x86-64-v3 that XLA's code may use")
-    reader = cpuinfo_without(tmp_path, {kernel[extra[0]]})
+    reader = cpus.real_less(tmp_path, {extra[0]})
     first = counts(on_cpu(venv, reader, "-c", PROGRAM, env=env))
     assert first["hits"] == 0
     data = json.loads(venv.cli("--json", "explain", env=env).stdout)
     changed = {g["cause"]: g for g in data["groups"]}["changed CPU"]["functions"][0]["detail"]
     assert f"cpu_target x86-64-v3: this CPU lacks {extra[0]}" in changed, changed
-    # XLA reads CPUID, not /proc/cpuinfo: here the reader's own build lists the feature (a real host
-    # without it builds without it): this host learned so, and loads its own entries.
+    # XLA reads the real CPUID, which the fake hides: the reader's own entries list the feature under
+    # its own key (as another host's could), and are refused: the CPU is asked, never an entry.
     again = counts(on_cpu(venv, reader, "-c", PROGRAM, env=env))
-    assert again["hits"] == again["requests"] > 0 and again["result"] == first["result"], again
-    assert counts(venv.run("-c", PROGRAM, env=env))["hits"] == first["requests"]  # the writer's host loads them
+    assert again["hits"] == 0 and again["result"] == first["result"], again
+    assert counts(venv.run("-c", PROGRAM, env=env))["hits"] == first["requests"]  # the writer's host loads its own
+
+
+PLANTED = r"""
+import numpy as np, jax, jax.numpy as jnp
+listed = b"+64bit,+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+avx,+avx2,+bmi,+bmi2,+fma,+f16c,+lzcnt,+movbe,+popcnt,+xop,+fma4,+tbm,"
+data = np.frombuffer(listed * 4, np.uint8)  # a model file's bytes that spell a feature list
+print(int(jax.jit(lambda x: (jnp.asarray(data) + x).sum())(jnp.uint8(1))))
+"""
+
+
+def test_a_list_in_a_programs_data_teaches_the_host_nothing(venv: Venv, tmp_path: Path) -> None:
+    """Issue 67's M1, as found: under x86-64-v3, a `jit` closing over bytes that spell a feature list
+    with +xop taught a host without XOP that it has it (kept for good in the bookkeeping), and an
+    entry whose record lists +xop, refused before, was loaded after. Nothing is learned from an
+    entry now: the record-listed +xop is refused before and after, the program's own entry loads."""
+    if "xop" in HOST:
+        pytest.skip("this CPU has XOP")
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
+    cold, _ = run_program(venv, env=env)
+    vdir = tmp_path / "c" / VERSION_DIR
+    entry = sorted(vdir.glob("jit_f-*-cache"))[0]
+    payload = zlib.decompress(entry.read_bytes())
+    assert b",-xop," in payload and "xop" not in _cpu_target.features_of(payload)
+    entry.write_bytes(zlib.compress(payload.replace(b",-xop,", b",+xop,")))  # as an XOP host at v3 writes it
+    for _ in range(2):  # the program's own entry, written then read
+        proc = venv.run("-c", PLANTED, env=env)
+        assert proc.returncode == 0 and autocache_warnings(proc.stderr) == [], proc.stderr
+    assert not [p.name for p in (vdir / ".gkx-autocache").iterdir() if p.name.startswith("cpu-")]  # nothing kept
+    warm, _ = run_program(venv, env=env)
+    assert warm["hits"] == warm["requests"] - 1 == cold["requests"] - 1 and warm["result"] == cold["result"], warm
+    data = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    rejected = [f for g in data["groups"] if g["cause"] == "rejected" for f in g["functions"]]
+    assert rejected and "built for xop, which this CPU lacks" in rejected[0]["detail"], data["groups"]
 
 
 # -- what the attack found (2026-12-05) ----------------------------------------------------------------
@@ -239,7 +331,7 @@ def test_where_jaxs_own_cache_serves_cpu_keys_keep_the_hosts_isa(venv: Venv, tmp
            "GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"}
     out, err = run_program(venv, env=env, program=ADOPTED)
     assert out["dir"] == str(elsewhere) and list(elsewhere.glob("jit_f-*")), err
-    other = counts(on_cpu(venv, cpuinfo_without(tmp_path, AVX512 | AVX2_PLAIN), "-c", ADOPTED, env=env))
+    other = counts(on_cpu(venv, cpus.real_less(tmp_path, AVX512 | AVX2_PLAIN), "-c", ADOPTED, env=env))
     assert other["hits"] == 0 and other["result"] == out["result"]
 
 
@@ -324,16 +416,16 @@ def test_a_host_whose_kernel_hides_a_feature_xlas_code_uses_loads_its_own_entrie
     """SPEC §15 (amended 2026-12-06): entries under a cpu_target load on every host of the level, the
     host that wrote them included. This machine with gfni taken out of /proc/cpuinfo (a kernel older
     than the CPU lists no flag it does not know; clearcpuid hides one) while CPUID, which XLA reads,
-    shows it: its warm run hits its own entries, or one warning says why it cannot (naming gfni)."""
-    if "gfni" not in host_flags() or "gfni" not in listed_under_v3(venv, tmp_path):
+    shows it: its warm run hits its own entries, with no warning: the package reads CPUID too."""
+    if "gfni" not in HOST or "gfni" not in listed_under_v3(venv, tmp_path):
         pytest.skip("XLA's code on this host uses no GFNI under x86-64-v3")
-    hidden = cpuinfo_without(tmp_path, {"gfni"})
+    hidden = cpus.kernel_hiding(tmp_path, {"gfni"})
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
     cold = counts(on_cpu(venv, hidden, "-c", PROGRAM, env=env))
     warm_proc = on_cpu(venv, hidden, "-c", PROGRAM, env=env)
     warm = counts(warm_proc)
-    said = [w for w in autocache_warnings(warm_proc.stderr) if "gfni" in w]
-    assert warm["hits"] == warm["requests"] == cold["requests"] or said, (warm, warm_proc.stderr)
+    assert warm["hits"] == warm["requests"] == cold["requests"], (warm, warm_proc.stderr)
+    assert autocache_warnings(warm_proc.stderr) == [], warm_proc.stderr
 
 
 def listed_under_v3(venv: Venv, tmp_path: Path) -> set[str]:

@@ -149,7 +149,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     if not location.local and os.name != "nt":  # a bucket as dir: JAX's stock cache; a local one given later is judged
         _route.route_only(jax, settings, env)
     if settings["cpu_target"] != "host":  # before XLA's backend starts: it reads XLA_FLAGS then
-        _cpu_target.take(jax, settings["cpu_target"], serves, directory if location.local else None)
+        _cpu_target.take(jax, settings["cpu_target"], serves)
     from gkx_autocache import _unread
 
     _unread.install(env, recorder.not_read)

@@ -9,9 +9,10 @@ of one level and one generation share entries. A target is checked twice:
 - a host below the target never uses it: its CPU entries are keyed on its own ISA, uncapped, as
   without the setting, and one warning says so;
 - an entry read under a target is decompressed first and the features it lists are checked
-  against this host's: one that lists a feature this host lacks is a miss, compiled again and
-  replaced, never loaded; features whose instructions only an intrinsic emits (``rdseed``, which
-  a kernel may hide) are not held against it, so its writer loads it.
+  against this host's (its CPUID, ``_isa``): one that lists a feature this host lacks is a miss,
+  compiled again and replaced, never loaded; features whose instructions only an intrinsic emits
+  (``rdseed``), and those the cap leaves XLA's code unable to use (``avx10.1``), are not held
+  against it. What this host has is read from the CPU only, never from an entry.
 
 Only CPU keys take the target. x86-64 levels only (XLA's AArch64 caps could not be checked here).
 Entries list their features from jaxlib 0.8.2, so the target needs it. What was measured, and
@@ -57,15 +58,19 @@ _OFF_ABOVE: dict[str, Callable[[str], bool]] = {
     "AVX512": lambda f: f == "avx512vnni",
 }
 _APX_AND_LATER = ("amx", "avx10.2", "egpr", "ndd", "ccmp", "nf", "zu", "ppx", "push2pop2", "movrs", "jmpabs")
+# XLA's list turns features on before it turns any off (it sorts ``+`` before ``-``), and LLVM turning a
+# feature off turns off every feature that implies it: AVX10 implies AVX-512's VNNI, BF16 and FP16, which
+# every level's cap turns off, so its code under a cap uses no AVX10, though the entry lists ``+avx10.1``.
+_IMPLIES_OFF = ("avx10.",)
 
 
 def xla_keeps(feature: str, cap: str) -> bool:
-    """Whether XLA's ``--xla_cpu_max_isa=cap`` leaves ``feature`` on (where the host has it)."""
+    """Whether XLA's code under ``--xla_cpu_max_isa=cap`` may use ``feature`` (where the host has it)."""
     order = list(_OFF_ABOVE)
     for row in order[order.index(cap):]:
         if _OFF_ABOVE[row](feature):
             return False
-    return not (feature == "avx512bf16" or feature.startswith(_APX_AND_LATER))
+    return not (feature == "avx512bf16" or feature.startswith(_APX_AND_LATER) or feature.startswith(_IMPLIES_OFF))
 
 
 def extras(level: str, features: frozenset[str]) -> tuple[str, ...]:
@@ -78,22 +83,23 @@ def extras(level: str, features: frozenset[str]) -> tuple[str, ...]:
 
 class Target:
     """What ``cpu_target`` came to in this process: the level CPU keys hold (None: the host's ISA),
-    this host's features (what an entry read here may list), why the host's ISA keys them where a
-    level was asked for, and ``serves()``: whether the directory JAX uses now is the store's, which
-    checks each entry's features before it is loaded (JAX's own cache checks nothing: there CPU
-    keys keep the host's ISA)."""
+    this host's features (what an entry read here may list) and those its reading can tell (``known``:
+    CPUID's, or the kernel's flags'), why the host's ISA keys them where a level was asked for, and
+    ``serves()``: whether the directory JAX uses now is the store's, which checks each entry's
+    features before it is loaded (JAX's own cache checks nothing: there CPU keys keep the host's ISA)."""
 
-    __slots__ = ("level", "machine", "host_features", "why_host", "serves", "extras", "learned", "_lock", "_checked")
+    __slots__ = ("level", "machine", "host_features", "known", "why_host", "serves", "extras", "_lock", "_checked")
 
     def __init__(self, level: str | None, machine: str = "", host_features: frozenset[str] = frozenset(),
-                 why_host: str | None = None, serves: Callable[[], bool] = lambda: False) -> None:
+                 why_host: str | None = None, serves: Callable[[], bool] = lambda: False,
+                 known: frozenset[str] = _isa.KNOWN) -> None:
         self.level = level
         self.machine = machine
         self.host_features = host_features
+        self.known = known
         self.why_host = why_host
         self.serves = serves
         self.extras = extras(level, host_features) if level is not None else ()
-        self.learned: frozenset[str] = frozenset()  # what XLA's code uses here that the kernel's flags hide (``learn``)
         self._lock = threading.Lock()
         self._checked = False
 
@@ -132,47 +138,16 @@ class Target:
             warn("cpu_target", self.why_host)
 
     def foreign(self, payload: bytes) -> str | None:
-        """Why an entry (decompressed) must not run here: the features it lists that this host
-        lacks, among those the kernel's flags can show (``_isa``'s tables: a newer feature neither
-        names is not held against an entry), or None."""
-        listed = features_of(payload)
-        have = self.host_features | self.learned
-        lacks = sorted(f for f in listed if f in _isa.KNOWN and f not in INSTRUCTION_ONLY and not _isa.covers(have, f))
+        """Why an entry (decompressed) must not run here: the features it lists that this host lacks,
+        among those this host's reading can tell (``known``: a newer feature it cannot is not held
+        against an entry), but for those the cap turned off though the list names them (AVX10), or None."""
+        capped = self.level is not None  # (what the cap turns off implicitly is listed on all the same)
+        lacks = sorted(f for f in features_of(payload) if f in self.known and f not in INSTRUCTION_ONLY
+                       and not _isa.covers(self.host_features, f) and not (capped and f.startswith(_IMPLIES_OFF)))
         if not lacks:
             return None
         return (f"built for {', '.join(lacks)}, which this CPU lacks (another host of cpu_target {self.level} "
                 f"wrote it): compiled again here and replaced")
-
-
-    def learn(self, payload: bytes) -> tuple[str, ...]:
-        """An entry this process compiled (decompressed) lists what XLA's code may use on this CPU,
-        read from CPUID: a feature beyond the level the cap leaves on, that the kernel's flags do not
-        show (an older kernel than the CPU, ``clearcpuid``), is this host's all the same, or its own
-        entries would be refused here on every run. The features newly learned."""
-        have = self.host_features | self.learned
-        hidden = tuple(sorted(f for f in self._beyond(features_of(payload)) if f not in have))
-        self.learned = self.learned | frozenset(hidden)
-        return hidden
-
-    def remember(self, words: list[str]) -> None:
-        """What an earlier run on this host learned (``learn``), as it kept it: only features beyond
-        the level that the cap leaves on (a word of another kind, written by hand, is not taken)."""
-        self.learned = self.learned | frozenset(self._beyond(words))
-
-    def _beyond(self, features: Any) -> list[str]:
-        if self.level is None:
-            return []
-        cap, needed = LEVELS[self.level]
-        return [f for f in features if f in _isa.KNOWN and f not in needed and f not in INSTRUCTION_ONLY
-                and xla_keeps(f, cap)]
-
-    def learned_name(self) -> str:
-        """The file, in a version directory's bookkeeping, that keeps what this host learned, by its
-        kernel's view of the CPU (another host's view keeps its own)."""
-        import hashlib
-
-        seen = ",".join(sorted(self.host_features))
-        return f"cpu-{hashlib.sha256(f'{self.machine}:{self.level}:{seen}'.encode()).hexdigest()[:16]}"
 
 
 NONE = Target(None)
@@ -181,9 +156,79 @@ ADDED = "_GKX_AUTOCACHE_XLA_FLAG"  # the cap this package added to XLA_FLAGS, fo
 
 
 def features_of(payload: bytes) -> frozenset[str]:
-    """The ``+`` features every target-feature list in an executable names (XLA:CPU keeps LLVM's
-    ``+64bit,+adx,...,-amx-tile,...`` in its object code): found from ``+sse2,``, which every x86-64
-    list has, without a pattern run over megabytes."""
+    """The ``+`` features of XLA's own target-machine record in an executable (decompressed: JAX's
+    4-byte compile time, a length-prefixed header, then the executable's protobuf), never of the
+    program's data. XLA:CPU keeps LLVM's ``+64bit,+adx,...,-amx-tile,...`` as the features field of
+    a message that also names the target triple, three fields into the executable; a constant of
+    the program's that spells such a list, or even such a message, lies deeper (in an instruction's
+    literal), so the shallowest record is XLA's (issue 67's M1: a planted list taught a host a
+    feature its CPU lacks). Where no record is found (another jaxlib's layout), every list in the
+    bytes counts: a list found that way can only refuse an entry, never admit one."""
+    try:
+        size, at = _varint(payload, 4)
+        records = _records(payload, at + size, len(payload), 0)
+    except (ValueError, IndexError):
+        records = []
+    if records:
+        shallowest = min(depth for depth, _ in records)
+        return frozenset().union(*(found for depth, found in records if depth == shallowest))
+    return _every_list(payload)
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _fields(data: bytes, at: int, end: int) -> dict[int, tuple[int, int]]:
+    """The length-delimited fields of the protobuf message in ``data[at:end]``, by number (the last
+    of each), as ``(start, end)``; raises ValueError where those bytes are not one message."""
+    fields = {}
+    while at < end:
+        key, at = _varint(data, at)
+        number, wire = key >> 3, key & 7
+        if number == 0 or wire not in (0, 1, 2, 5):
+            raise ValueError("not a message")
+        if wire == 0:
+            _, at = _varint(data, at)
+        elif wire == 2:
+            size, at = _varint(data, at)
+            fields[number] = (at, at + size)
+            at += size
+        else:
+            at += 8 if wire == 1 else 4
+    if at != end:
+        raise ValueError("a field past the end")
+    return fields
+
+
+def _records(data: bytes, at: int, end: int, depth: int) -> list[tuple[int, frozenset[str]]]:
+    """Every target-machine record in the message ``data[at:end]`` or under it (a triple in field
+    1, the list in field 3), with its depth; only fields that hold a list are looked into."""
+    try:
+        fields = _fields(data, at, end)
+    except (ValueError, IndexError):
+        return []
+    triple, listed = fields.get(1), fields.get(3)
+    if triple is not None and listed is not None and data.startswith(b"x86_64", triple[0], triple[1]) \
+            and data.count(b",", *listed) >= MIN_LIST and data[listed[0]:listed[0] + 1] in (b"+", b"-"):
+        words = data[listed[0]:listed[1]].split(b",")
+        return [(depth, frozenset(w[1:].decode() for w in words if w.startswith(b"+") and _FEATURE.fullmatch(w[1:])))]
+    return [found for inner in fields.values() if data.find(b"+sse2,", *inner) >= 0
+            for found in _records(data, *inner, depth + 1)]
+
+
+def _every_list(payload: bytes) -> frozenset[str]:
+    """The ``+`` features every target-feature list in the bytes names, found from ``+sse2,``, which
+    every x86-64 list has, without a pattern run over megabytes."""
     found: set[str] = set()
     at = payload.find(b"+sse2,")  # (a list has dozens of names: fewer is other data, a constant of the user's)
     while at >= 0:
@@ -207,9 +252,9 @@ _FEATURE = re.compile(rb"[a-z0-9][a-z0-9_.-]*")
 
 
 def choose(level: str, machine: str, features: list[str], unread: str | None, jaxlib: tuple[int, int, int] | None,
-           xla_flags: str, serves: Callable[[], bool] = lambda: False) -> Target:
+           xla_flags: str, serves: Callable[[], bool] = lambda: False, known: frozenset[str] = _isa.KNOWN) -> Target:
     """The target for this process: ``level`` where this host and this XLA can take it, else the
-    host's ISA with the reason (one line for a warning and ``status``); ``serves``: ``Target``'s."""
+    host's ISA with the reason (one line for a warning and ``status``); ``serves``, ``known``: ``Target``'s."""
     if level == HOST:
         return NONE
     have = frozenset(features)
@@ -227,26 +272,25 @@ def choose(level: str, machine: str, features: list[str], unread: str | None, ja
         why = f"XLA_FLAGS already sets {FLAG}={given}"
     if why is not None:
         return Target(None, machine, have, f"cpu_target {level} not used, {why}: CPU entries are keyed on this host's "
-                                           "ISA, as with cpu_target = host", serves)
-    return Target(level, machine, have, serves=serves)
+                                           "ISA, as with cpu_target = host", serves, known)
+    return Target(level, machine, have, serves=serves, known=known)
 
 
 def here(level: str, jaxlib: tuple[int, int, int] | None, xla_flags: str,
          serves: Callable[[], bool] = lambda: False) -> Target:
     """``choose`` for this host, its ISA read now."""
-    machine, features, unread = _isa.read()
-    return choose(level, machine, features, unread, jaxlib, xla_flags, serves)
+    host = _isa.read()
+    return choose(level, host.machine, host.features, host.unread, jaxlib, xla_flags, serves, host.known())
 
 
-def take(jax: Any, level: str, serves: Any, directory: str | None = None) -> None:
+def take(jax: Any, level: str, serves: Any) -> None:
     """Cap XLA's CPU code at ``level`` and key CPU entries on it, where this host and this XLA can
     take it (``_cpu_target.choose``) and the store serves (it checks each entry's features before
     JAX loads it; ``serves``, None where it is not installed); else one warning, and the host's ISA
     keys them (SPEC §15). On ``import jax``, once: it sets ``active``."""
     global active
-    from gkx_autocache import _files, _jax, _trust
+    from gkx_autocache import _jax
     from gkx_autocache._diagnostics import logger, warn
-    from gkx_autocache._layout import META_DIR
 
     why = None
     if serves is None:
@@ -265,9 +309,6 @@ def take(jax: Any, level: str, serves: Any, directory: str | None = None) -> Non
     _jax.exclude_xla_flag(FLAG)  # the target is in the key's hook part; the flag leaves XLA_FLAGS
     add_flag(level)
     logger.debug("cpu_target %s: XLA_FLAGS=%s", level, os.environ["XLA_FLAGS"])
-    if directory is not None:  # what an earlier run learned XLA's code uses here (``LocalLevel.learn_features``)
-        kept = _files.read(os.path.join(directory, META_DIR, target.learned_name()), 4096, check=_trust.entry_problem)
-        target.remember((kept or b"").decode("ascii", "replace").split())
     active = target
 
 

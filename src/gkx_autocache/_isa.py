@@ -3,34 +3,40 @@
 XLA:CPU compiles for the host CPU (LLVM's ``-mcpu=host``), and its executables list the target
 features they were built with (``+avx512f,+amx-tile,...``). JAX's key says only ``cpu``, so an entry
 written on one CPU would be loaded on another that cannot run it (SIGILL, SIGSEGV). The key gets the
-host's ISA: the kernel's flags that are instruction sets, under LLVM's names, so that what a key
-says and what an entry lists can be compared (``tests/test_isa.py`` decompresses an entry written on
-the test host and checks that every ``+feature`` it lists is covered).
+host's ISA, under LLVM's names, so that what a key says and what an entry lists can be compared
+(``tests/test_isa.py`` decompresses an entry written on the test host and checks that every
+``+feature`` it lists is covered).
 
-- Linux: the first processor's ``flags`` (x86) or ``Features`` (ARM) line of ``/proc/cpuinfo``, and
-  no further (the file is ~400 KB on a 256-core host). Only the flags in the tables below count: the
-  rest are not instruction sets (``hypervisor``, ``constant_tsc``, ``rep_good``, ``nopl``,
-  ``cpuid``, ``arat``, the mitigation flags ``ibrs``, ``ibpb``, ``stibp``, ``ssbd``, ``md_clear``...),
-  so two hosts of one CPU model with other microcode or hypervisor flags share entries.
+- x86-64 Linux: the CPU's own CPUID, as LLVM reads it (``_cpuid``): a kernel older than its CPU
+  lists no flag it does not know, and may hide one it distrusts, while XLA's code uses them (issue
+  67: ``avx10.1`` and ``prefetchi`` on an Intel Xeon). The key's ISA then says ``cpuid`` first.
+- Elsewhere on Linux, or where CPUID cannot be read: the first processor's ``flags`` (x86) or
+  ``Features`` (ARM) line of ``/proc/cpuinfo``, and no further (the file is ~400 KB on a 256-core
+  host). Only the flags in the tables below count: the rest are not instruction sets
+  (``hypervisor``, ``constant_tsc``, ``rep_good``, the mitigation flags...), so two hosts of one CPU
+  model with other microcode or hypervisor flags share entries.
 - macOS: ``sysctl hw.optional`` (``arm.FEAT_*`` on Apple silicon) and, on Intel, ``machdep.cpu.*``.
 - Elsewhere: the machine and ``platform.processor()``, as they are.
-- Where none of these gives the ISA (``/proc/cpuinfo`` unreadable, empty or without its flags line;
-  ``sysctl`` failing), the host itself stands in (``host_id``): never ``<machine>:unknown``, which
-  every such host would share, and one of them would load another's entries.
+- Where none of these gives the ISA, the host itself stands in (``host_id``): never
+  ``<machine>:unknown``, which every such host would share, and one of them would load another's entries.
 
-A leaf: stdlib only, imported on ``import jax`` (where the package is enabled).
+A leaf: stdlib and ``_cpuid``, imported on ``import jax`` (where the package is enabled).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import NamedTuple
+
+from gkx_autocache import _cpuid
 
 CPUINFO = "/proc/cpuinfo"
 # systemd's and D-Bus's file of this host's id (machine-id(5)); read only where the ISA cannot be.
 MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 HOST_MARK = "host="  # what the stand-in for an ISA that cannot be read begins with
 TARGET_MARK = "target="  # what a key under a ``cpu_target`` holds in place of the features (``_cpu_target``)
+CPUID_MARK = "cpuid"  # the first word of an ISA read from CPUID (no feature has the name): keys before it read the flags
 
 # x86: the kernel's flag -> LLVM's target feature, for every flag that is an instruction set (or a
 # register state XLA's code may use). Where the names are equal the entry maps to itself.
@@ -92,6 +98,8 @@ ARM = {
 # What the kernel's flags can show, under LLVM's names: a feature an entry lists outside it (a newer
 # extension, APX's ``ndd``, ``usermsr``) can be neither confirmed nor ruled out from the flags.
 KNOWN = frozenset(X86.values()) | frozenset(ARM.values()) | {"crc32"}
+# What CPUID shows: every feature LLVM reads of an x86-64 host.
+KNOWN_CPUID = frozenset(name for *_, name, _state in _cpuid.BITS) | {"avx10.1", "avx10.2"}
 
 
 def _first_block(path: str) -> list[str]:
@@ -230,48 +238,83 @@ def host_id() -> list[str]:
     return found
 
 
-def read() -> tuple[str, list[str], str | None]:
-    """``(machine, features, why not read)`` of this host, read now; features are LLVM's names on
-    Linux, the system's elsewhere; where the ISA cannot be read, ``host_id()`` and the reason."""
+class Host(NamedTuple):
+    """This host's ISA as read: its machine, its features (LLVM's names where CPUID or the kernel's
+    flags were read; ``host_id()`` where nothing was), why it could not be read, and how it was."""
+
+    machine: str
+    features: list[str]
+    unread: str | None
+    source: str
+
+    def known(self) -> frozenset[str]:
+        """The features this reading can confirm or rule out (an entry may list others)."""
+        return KNOWN_CPUID if self.source.startswith("CPUID") else KNOWN
+
+    def text(self) -> str:
+        """The ISA as a key holds it: ``x86_64:cpuid,64bit,adx,...`` (``x86_64:64bit,...`` from the flags)."""
+        marked = [CPUID_MARK, *self.features] if self.source.startswith("CPUID") else self.features
+        return f"{self.machine}:{','.join(marked)}"
+
+
+def read() -> Host:
+    """This host's ISA, read now: CPUID on x86-64 Linux, else the system's view (SPEC §15)."""
     machine = os.uname().machine if hasattr(os, "uname") else sys.platform
     features: list[str] | None = None
     why: str | None = None
+    source = ""
     try:
         if sys.platform.startswith("linux"):
+            features, how = _cpuid.read(machine) if machine in ("x86_64", "AMD64") else (None, "")
+            if features:
+                return Host(machine, features, None, how)
             block = _first_block(CPUINFO)
-            features = from_cpuinfo(block, machine)
+            features, source = from_cpuinfo(block, machine), f"the kernel's flags ({CPUINFO})" + (f"; {how}" if how else "")
             why = f"{CPUINFO} is empty" if not block else f"{CPUINFO} has no flags line with an instruction set"
         elif sys.platform == "darwin":
-            features, why = _from_sysctl(), "sysctl gives no CPU features"
+            features, why, source = _from_sysctl(), "sysctl gives no CPU features", "sysctl"
         else:
             import platform
 
             # Windows: "Intel64 Family 6 Model 158 Stepping 10, GenuineIntel", as one name a key holds
             processor = "".join(c if c.isascii() and (c.isalnum() or c in ".-_") else "_" for c in platform.processor())
-            features, why = [processor] if processor else None, "platform.processor() is empty"
+            features, why, source = [processor] if processor else None, "platform.processor() is empty", "platform.processor()"
     except OSError as exc:
         features, why = None, f"{CPUINFO} cannot be read ({exc.strerror or exc})"
     except ValueError as exc:
         features, why = None, f"{CPUINFO} cannot be read ({exc})"
     if not features:  # none, or a flags line without one instruction set: nothing that tells CPUs apart
-        return machine, host_id(), why
-    return machine, features, None
+        return Host(machine, host_id(), why, "this host's name and machine id")
+    return Host(machine, features, None, source)
+
+
+def kernel_hides(host: Host) -> list[str]:
+    """What CPUID shows that the kernel's flags do not list (an older kernel, ``clearcpuid``): the
+    key holds them all the same, as XLA's code may use them. Empty where the ISA is not CPUID's."""
+    if not host.source.startswith("CPUID"):
+        return []
+    try:
+        flags = from_cpuinfo(_first_block(CPUINFO), host.machine)
+    except (OSError, ValueError):
+        return []
+    if flags is None:
+        return []
+    return sorted(f for f in host.features if f not in flags and f in KNOWN)
 
 
 _cached: list[str] = []
 
 
 def isa() -> str:
-    """This host's ISA as one string, read once per process: ``x86_64:64bit,adx,aes,avx,...``."""
+    """This host's ISA as one string, read once per process: ``x86_64:cpuid,64bit,adx,aes,avx,...``."""
     if not _cached:
-        machine, features, _why = read()
-        _cached.append(f"{machine}:{','.join(features)}")
+        _cached.append(read().text())
     return _cached[0]
 
 
 def unread() -> str | None:
     """Why this host's ISA cannot be read, read now (for ``status``), or None where it can."""
-    return read()[2]
+    return read().unread
 
 
 def parse(text: str) -> tuple[str, frozenset[str]] | None:
@@ -301,6 +344,11 @@ def difference(before: str, after: str) -> str:
         named = [f"host {host.removeprefix(HOST_MARK)} (its ISA could not be read)" if host else "a CPU whose ISA was read"
                  for host in hosts]
         return f"{named[0]} -> {named[1]}" if named[0] != named[1] else f"{named[0]}, with another machine id"
+    marked = [CPUID_MARK in isa for isa in (old[1], new[1])]
+    if marked[0] != marked[1]:  # the same CPU read two ways: gkx-autocache before and after issue 67
+        named = ["its CPUID" if m else "the kernel's flags" for m in marked]
+        return (f"the key's ISA read from {named[0]} -> from {named[1]} (gkx-autocache reads CPUID since 2026-12: "
+                "each CPU entry is compiled once again)")
     lacks, adds = sorted(old[1] - new[1]), sorted(new[1] - old[1])
     parts = ([f"this CPU lacks {', '.join(lacks)}"] if lacks else []) + ([f"has {', '.join(adds)} more"] if adds else [])
     return "; ".join(parts) or "the same features in another order"

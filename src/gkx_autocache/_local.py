@@ -111,29 +111,6 @@ class LocalLevel:
             return None  # JAX's loading meets it, as any entry that does not decompress
         return target.foreign(payload)
 
-    def learn_features(self, data: bytes) -> None:
-        """Under a ``cpu_target``, an entry this process compiled for a key that holds it: what XLA's
-        code uses on this CPU that the kernel's flags hide (``Target.learn``) is kept in the
-        bookkeeping, so that this host loads its own entries from now on, said once."""
-        target = _cpu_target.active
-        if target.level is None or not _key.targeted():
-            return
-        try:
-            hidden = target.learn(self._decompress(data))
-        except Exception:
-            return
-        if not hidden:
-            return
-        from gkx_autocache._diagnostics import NOTED, warn
-
-        folder = _files.bookkeeping_dir(self.path, self._team)
-        if folder is not None:
-            text = " ".join(sorted(target.learned)).encode()
-            _files.write_atomic(os.path.join(folder, target.learned_name()), text, self._file_mode)
-        warn("cpu_target:hidden", f"cpu_target {target.level}: XLA's code here uses {', '.join(hidden)}, which this "
-                                  "CPU has (its CPUID shows it) but the kernel's CPU flags do not list (an older kernel, "
-                                  "clearcpuid): this host loads its own entries all the same", silence=NOTED)
-
     def decompresses(self, data: bytes) -> bool:
         try:
             self._decompress(data)

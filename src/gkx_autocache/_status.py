@@ -68,10 +68,12 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
 
     if (target := cpu_target(settings["cpu_target"])).why_host is not None:
         attention.append(target.why_host)
-    unread = _isa.unread()
+    host = _isa.read()
+    cpu = {"isa": host.text(), "source": host.source, "kernel_hides": _isa.kernel_hides(host)}
+    unread = host.unread
     if unread is not None:
         attention.append(f"the CPU's instruction set cannot be read here ({unread}): CPU entries are keyed by this host "
-                         f"alone ({_isa.isa()}), so no other host loads them, and they are compiled again where the "
+                         f"alone ({host.text()}), so no other host loads them, and they are compiled again where the "
                          "host name or machine id changes")
 
     directory: dict[str, Any] = {"root": None, "version_dir": None, "usable": False}
@@ -146,7 +148,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         "package": distribution_version("gkx-autocache"), "python": sys.version.split()[0],
         "levels": levels, "signing_key": signing,
         "jax": ctx.jax_version, "jaxlib": distribution_version("jaxlib"),
-        "start_files": files, "hook_live": live, "settings": values,
+        "start_files": files, "hook_live": live, "cpu": cpu, "settings": values,
         "files": {path: v.status + (f": {v.problem}" if v.problem else "") for path, v in settings.files.items()},
         "directory": directory, "versions_present": present, "store": store,
         "features": features(store) if store and location is not None and location.local else None,

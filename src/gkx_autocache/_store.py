@@ -301,7 +301,6 @@ class Store:
             self._uncached(key, "WRITE_FAILED", exc.strerror or str(exc))
             return
         written = len(value)
-        local.learn_features(value)  # (under a cpu_target: what XLA's code uses here)
         compile_secs = max(compile_clock() - started, 0.0) if started is not None else 0.0
         if started is not None:
             written += local.write_sidecar(key, compile_secs, by=self._recorder.run.id)

@@ -29,6 +29,16 @@ STORES = {"gkx-autocache": "the package's own (gkx-autocache; what it gives on t
           "none": "none"}
 
 
+def cpu_line(cpu: dict[str, Any]) -> str:
+    """What CPU entries are keyed on here, and what the CPU has that its kernel does not say."""
+    machine, _, words = cpu["isa"].partition(":")
+    features = [w for w in words.split(",") if w and w != "cpuid"]
+    said = f"{machine}, {plural(len(features), 'feature')} read from {cpu['source']}"
+    if cpu["kernel_hides"]:
+        said += f"; the kernel's flags do not list {', '.join(cpu['kernel_hides'])}, which CPU entries are keyed on too"
+    return said
+
+
 def text(data: dict[str, Any]) -> str:
     files, directory = data["start_files"], data["directory"]
     lines = [
@@ -38,6 +48,7 @@ def text(data: dict[str, Any]) -> str:
         + (("the cache is disabled here" if not data["settings"]["enabled"]["value"] else
             f"{files['gkx_autocache.pth']} configures JAX in every process of this environment that imports it")
            if files["gkx_autocache.pth"] else "gkx_autocache.pth NOT installed"),
+        f"cpu         {cpu_line(data['cpu'])}",
         "settings",
     ]
     for key, entry in data["settings"].items():
