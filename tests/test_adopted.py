@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import COUNTING, Venv, autocache_warnings, run_program
+from conftest import COUNTING, PROGRAM, Venv, autocache_warnings, run_program
+from test_activation import VERSION_DIR
 
 FRAMEWORK = r"""
 import os, sys
@@ -251,3 +252,36 @@ def test_a_directory_jax_is_given_that_the_trust_rules_refuse_is_read_by_no_one(
     out, err = run_program(venv, env={**env, "GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"}, program=SWAPPABLE)
     assert out["hits"] == 2 and (out["f"], out["g"]) == (40.0, 8.0), (out, err)
     assert any("unchecked" in line for line in autocache_warnings(err)), err
+
+
+# -- JAX's own cap, where JAX's LRU cache cannot keep it (issue 67) --------------------------------------
+
+NO_FILELOCK = "import sys\nsys.modules['filelock'] = None  # (filelock is not installed: JAX's LRU cache cannot be built)\n"
+
+
+def test_jaxs_own_cap_without_filelock_is_kept_by_the_store(venv: Venv, tmp_path: Path) -> None:
+    """JAX's guide documents jax_compilation_cache_max_size; its LRU cache needs filelock, and without
+    it every lookup raised inside JAX (a UserWarning each: an error under -W error) and nothing was
+    cached, while `status` said "JAX's own LRU cache serves". The store serves now, with that size as
+    its cap, and `status` says so; at 0 (JAX caches nothing) nothing is cached, and that is said."""
+    cache = tmp_path / "c"
+    env = {"GKX_JAX_CACHE_DIR": str(cache), "JAX_COMPILATION_CACHE_MAX_SIZE": str(1 << 30)}
+    cold, err = run_program(venv, "-W", "error", env=env, program=NO_FILELOCK + PROGRAM)
+    warm, err = run_program(venv, "-W", "error", env=env, program=NO_FILELOCK + PROGRAM)
+    assert warm["hits"] == warm["requests"] == cold["requests"] > 0 and autocache_warnings(err) == [], (warm, err)
+    status = json.loads(venv.cli("--json", "status", env=env).stdout)
+    assert status["store"]["store"] == "gkx-autocache" and "jax_compilation_cache_max_size" in status["store"]["reason"]
+    assert "filelock" in status["store"]["reason"], status["store"]
+    before = len(list((cache / VERSION_DIR).glob("*-cache")))
+    small = {**env, "JAX_COMPILATION_CACHE_MAX_SIZE": "20000"}  # smaller than the directory: kept at exit
+    run_program(venv, env=small, program=NO_FILELOCK + PROGRAM.replace("* 3.0", "* 4.0"))
+    left = list((cache / VERSION_DIR).glob("*-cache"))
+    assert len(left) < before and sum(p.stat().st_size for p in left) <= 20000, (before, left)
+    none = {**env, "JAX_COMPILATION_CACHE_MAX_SIZE": "0"}
+    proc = venv.run("-W", "error", "-c", NO_FILELOCK + PROGRAM, env=none)
+    assert proc.returncode == 0, proc.stderr
+    said = autocache_warnings(proc.stderr)
+    assert len(said) == 1 and "nothing is cached" in said[0] and "jax_compilation_cache_max_size is 0" in said[0], said
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["hits"] == 0
+    status = json.loads(venv.cli("--json", "status", env=none).stdout)
+    assert status["store"]["store"] == "none" and "nothing is cached" in status["store"]["reason"], status["store"]

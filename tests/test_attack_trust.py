@@ -228,41 +228,61 @@ import jax, jax.numpy as jnp
 from jax._src import compiler
 
 seen = []
-original = compiler.get_compile_options
+name = "backend_compile_and_load" if hasattr(compiler, "backend_compile_and_load") else "backend_compile"
+original = getattr(compiler, name)
 
-def get_compile_options(*args, **kwargs):
-    options = original(*args, **kwargs)
+def spy(*args, **kwargs):  # what XLA is handed: the options JAX's compile ends with
+    options = next(a for a in (*args, *kwargs.values()) if hasattr(a, "executable_build_options"))
     debug = options.executable_build_options.debug_options
-    seen.extend(p for p in (debug.xla_gpu_kernel_cache_file, debug.xla_gpu_per_fusion_autotune_cache_dir) if p)
-    return options
+    seen.extend(os.path.abspath(p) for p in (debug.xla_gpu_kernel_cache_file, debug.xla_gpu_per_fusion_autotune_cache_dir) if p)
+    return original(*args, **kwargs)
 
-compiler.get_compile_options = get_compile_options
-if os.environ["HOW"] == "config.update":
-    jax.config.update("jax_compilation_cache_dir", os.environ["REFUSED"])
+setattr(compiler, name, spy)
+refused = os.environ["REFUSED"]
+if os.environ["HOW"] == "relative, then another current directory":  # jc: one's own here, another's there
+    os.makedirs(os.path.join(os.environ["MINE"], "jc"), mode=0o700)
+    os.chdir(os.environ["MINE"])
+    jax.config.update("jax_compilation_cache_dir", "jc")
+    jax.jit(lambda x: x - 1.0)(jnp.ones(3)).block_until_ready()
+    os.chdir(os.path.dirname(refused))
+elif os.environ["HOW"] != "env":
+    jax.config.update("jax_compilation_cache_dir", refused)
+if os.environ["HOW"] == "made after it was set":  # another user makes it before the first compile
+    os.mkdir(refused, 0o755)
+    os.chown(refused, 1002, 1002)
 jax.jit(lambda x: x + 1.0)(jnp.ones(3)).block_until_ready()
 jax.jit(lambda x: x * 2.0)(jnp.ones(3)).block_until_ready()
 print(json.dumps(sorted(set(seen))))
 """
 
 
-@pytest.mark.parametrize("how", ["config.update", "env"])
+@pytest.mark.parametrize("how", ["config.update", "env", "made after it was set", "relative, then another current directory"])
 def test_xlas_own_caches_read_nothing_of_a_refused_directory(venv: Venv, tmp_path: Path, how: str) -> None:
     """'Read by no one' (SPEC §5/§8, amended 2026-12-06) holds for XLA's GPU caches too: a kernel
     cache file in another user's directory is code XLA loads (with `xla_caches = all`), and its
     autotune results choose the kernels (JAX's default wherever a GPU plugin is installed). Here on a
-    CPU the compile options JAX hands XLA show where XLA would read."""
-    refused = tmp_path / "jax_cache"
-    refused.mkdir(mode=0o755)
-    os.chown(refused, 1002, 1002)
+    CPU the compile options XLA is handed show where it would read. Issue 67's M2: a directory that
+    did not exist when it was set, made by another user before the first compile, was refused to
+    JAX's cache but left to XLA's."""
+    refused = tmp_path / ("elsewhere/jc" if how.startswith("relative") else "jax_cache")
+    if how != "made after it was set":
+        refused.mkdir(mode=0o755, parents=True)
+        os.chown(refused, 1002, 1002)
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "GKX_JAX_CACHE_XLA_CACHES": "all", "HOW": how,
-           "REFUSED": str(refused)}
+           "REFUSED": str(refused), "MINE": str(tmp_path / "here")}
     if how == "env":
         env["JAX_COMPILATION_CACHE_DIR"] = str(refused)
     proc = venv.run("-W", "error", "-c", XLA_PATHS, env=env)
     assert proc.returncode == 0, proc.stderr
     paths = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(autocache_warnings(proc.stderr)) == 1, proc.stderr
+    assert len(autocache_warnings(proc.stderr)) == (0 if how.startswith("relative") else 1), proc.stderr
     assert not [p for p in paths if p.startswith(str(refused))], paths
+    if how.startswith("relative"):  # the first compile's, in one's own jc, kept them
+        assert [p for p in paths if p.startswith(str(tmp_path / "here" / "jc"))], paths
+    mine = dict(env, REFUSED=str(tmp_path / "mine"), HOW="config.update")  # a directory of one's own keeps them
+    allowed = venv.run("-W", "error", "-c", XLA_PATHS, env=mine)
+    assert allowed.returncode == 0, allowed.stderr
+    assert [p for p in json.loads(allowed.stdout.strip().splitlines()[-1]) if p.startswith(str(tmp_path / "mine"))]
 
 
 # -- the attacks that held: each fails where it works (they did on 1531a79) ------------------------------

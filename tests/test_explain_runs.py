@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Project, Venv, causes
+from conftest import InProcess, Project, Venv, causes, planted_run
 
 SWEEP = r"""
 import os, sys, time, pathlib
@@ -228,3 +228,31 @@ def test_a_warm_runs_tracing_and_lowering_time_is_reported_by_function(project: 
     text = project.venv.cli("explain", env=project.env).stdout
     assert re.search(r"tracing and lowering \d+\.\d+ s \(jit_unrolled \d+\.\d+ s, .*which no cache skips; "
                      r"reading its \d+ hits \d+\.\d+ s", text), text
+
+
+def test_explain_never_calls_a_stale_run_the_last(here: InProcess, tmp_path: Path) -> None:
+    """Issue 67: runs that JAX's own cache served since (the user's jax_compilation_cache_max_size,
+    with filelock installed) keep no records, and `explain` called the package's older run "last
+    run ... nothing missed". It says the runs since are not recorded, and why, and calls the one it
+    has the last recorded run."""
+    import time
+
+    from gkx_autocache import _formats
+
+    root = tmp_path / "c"
+    env = {"GKX_JAX_CACHE_DIR": str(root)}
+    vdir = planted_run(root, warm=1)
+    for n, ledger in enumerate(sorted((vdir / ".gkx-autocache" / "ledger").iterdir())):  # each its own run
+        start = json.dumps({"e": "start", "run": f"run{n}", "pid": 100 + n, "t": time.time() - 100 + n})
+        ledger.write_text(start + "\n" + ledger.read_text())
+    text = here.cli("explain", env=env).stdout
+    assert "last run:" in text and "not recorded" not in text, text
+    reason = "jax_compilation_cache_max_size is set by the user: JAX's own LRU cache serves"
+    _formats.write_verdict(str(vdir), "jax", reason)
+    later = time.time() + 60
+    os.utime(vdir / ".gkx-autocache" / "store.json", (later, later))
+    text = here.cli("explain", env=env).stdout
+    assert "last recorded run:" in text and "last run:" not in text and "nothing missed" not in text, text
+    assert f"are not recorded here: JAX's own cache served them: {reason}" in text, text
+    data = json.loads(here.cli("--json", "explain", env=env).stdout)
+    assert data["last_run"]["stale"]["store"] == "jax", data["last_run"]

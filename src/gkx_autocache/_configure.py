@@ -77,9 +77,23 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             _jax_config.set_thresholds(config, settings, location.version_dir)
             xla_caches.judge(location.version_dir)
         _route.watch_dir(config, xla_caches)
-        _route.route_only(jax, settings, env)
+        _route.route_only(jax, settings, env, xla_caches)
         return
     directory = location.version_dir
+    # The user's own jax_compilation_cache_max_size: JAX's LRU keeps it, where it can (it needs filelock);
+    # where it cannot, the store serves and keeps it as the cap, or at 0 nothing is cached, as JAX means.
+    jax_cap = None if _jax.jax_lru_usable() or not location.local else _jax_config.jax_cap(config)
+    if jax_cap == 0:
+        note = ("jax_compilation_cache_max_size is 0, at which JAX caches nothing, and its LRU cache cannot even be "
+                "built here (it needs filelock): nothing is cached; fix: unset it, or set it to -1 (no cap) or a size")
+        warn("jax:cap", note)
+        config.update("jax_enable_compilation_cache", False)
+        if settings["report"]:
+            atexit.register(print, f"gkx-autocache: this run was uncached: {note.split('; fix:')[0]}", file=sys.stderr,
+                            flush=True)
+        if location.keeps_books:
+            _formats.write_verdict(directory, "none", note, location.team)
+        return
     _fork.in_child(_jax.keep_backends)  # a warm run's forked child would hang at its exit (JAX's own cache too)
     serves: Any = None  # where the store serves: whether it serves the directory JAX uses now (cpu_target)
     if location.stock:  # Windows: said at every import jax, as status says it (issue 46)
@@ -119,7 +133,11 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     if location.local:
         # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
         cap = settings["max_size"] if location.packages or settings.origin("max_size") != "default" else 0
-        routing = functools.partial(_route.route, settings, location, recorder, env)
+        kept = None
+        if jax_cap is not None:  # (JAX's own LRU cannot keep it: the store does)
+            cap, kept = jax_cap, (f"it keeps jax_compilation_cache_max_size ({jax_cap} bytes) as its cap: JAX's own LRU "
+                                  "cache needs filelock, which is not installed")
+        routing = functools.partial(_route.route, settings, location, recorder, env, xla_caches)
         reason = _store.install(jax, directory, location.team, recorder, levels, routing,
                                 functools.partial(_route.recheck, location.version_dir if location.team else None))
         if reason is None:
@@ -141,13 +159,13 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         if unexplained:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:
-            verdict.write(directory, "jax" if reason else "gkx-autocache", reason, location.team, explain=unexplained,
-                          unkeyed=unkeyed, callbacks=callbacks)
+            verdict.write(directory, "jax" if reason else "gkx-autocache", reason or kept, location.team,
+                          explain=unexplained, unkeyed=unkeyed, callbacks=callbacks)
         # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7); also where this
         # directory is read-only, as JAX may be given another one since (``route``).
         atexit.register(_stats.finish, recorder, cap if not reason else 0)
     if not location.local and os.name != "nt":  # a bucket as dir: JAX's stock cache; a local one given later is judged
-        _route.route_only(jax, settings, env)
+        _route.route_only(jax, settings, env, xla_caches)
     if settings["cpu_target"] != "host":  # before XLA's backend starts: it reads XLA_FLAGS then
         _cpu_target.take(jax, settings["cpu_target"], serves)
     from gkx_autocache import _unread

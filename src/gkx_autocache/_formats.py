@@ -107,6 +107,15 @@ def read_verdict(version_dir: str) -> dict[str, Any] | None:
     return parse_verdict(_files.read(os.path.join(version_dir, META_DIR, VERDICT_FILE), 4096))
 
 
+def verdict_written(version_dir: str) -> float:
+    """When the verdict last changed (a process that configured JAX with another store than the one
+    before), or 0.0."""
+    try:
+        return os.lstat(os.path.join(version_dir, META_DIR, VERDICT_FILE)).st_mtime
+    except OSError:
+        return 0.0
+
+
 class Verdict:
     """The directory's verdict file (``write_verdict``): which store serves it, whether misses are
     explained, what to know of the ISA in CPU keys. Written once those are known, and again where

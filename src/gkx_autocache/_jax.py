@@ -23,8 +23,7 @@ WRITE = ["cache_key", "compile_time_secs", "module_name", "backend", "executable
 
 
 def unsupported(version: str) -> str | None:
-    """Why this JAX is left as it is (a line older than ``OLDEST``), or None. A version that does not
-    read as one (a local build) is supported: its seams are probed as on any line."""
+    """Why this JAX is left as it is (older than ``OLDEST``), or None (a local build's too: probed)."""
     line = version_tuple(version)
     if line is None or line >= OLDEST:
         return None
@@ -232,18 +231,28 @@ def probe() -> dict[str, str | None]:
 # -- the store: JAX's cache object and its loading (jax._src.compilation_cache) -----------------------
 
 
+FILE_CACHE_CHANGED = "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
+
+
 def _store_problem(cc: Any) -> str | None:
     """Why this JAX's cache module is not the one the store was written for, or None."""
     get_file_cache = _attr(cc, "get_file_cache")
     if get_file_cache is None or parameters(get_file_cache) != ["path"]:
-        return "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
+        return FILE_CACHE_CHANGED
     for name in ("decompress_executable", "compress_executable", "CacheInterface"):  # VerificationCache: 0.9.1+
         if _attr(cc, name) is None:
             return f"jax._src.compilation_cache.{name} is missing"
     return None
 
 
-FILE_CACHE_CHANGED = "jax._src.compilation_cache.get_file_cache(path) is missing or has changed"
+def jax_lru_usable() -> bool:
+    """Whether JAX's LRU cache can keep a size cap: it needs ``filelock`` (``lru_cache.filelock`` is
+    None without it, and every lookup then raises inside JAX, which warns and caches nothing)."""
+    try:
+        from jax._src import lru_cache
+    except Exception:
+        return False
+    return getattr(lru_cache, "filelock", None) is not None
 
 
 def serve_file_caches(jax: Any, route: Callable[[str], tuple[str, str] | None],
@@ -253,19 +262,16 @@ def serve_file_caches(jax: Any, route: Callable[[str], tuple[str, str] | None],
     """JAX sets up its cache object through ``get_file_cache(path)`` (at its first compile since the
     directory was set, 0.4.30 to 0.12). For a local directory, ``route(path)`` says what serves it:
 
-    - None: nothing; JAX takes None as "no cache" and reads and writes nothing there (a directory
-      the trust rules refuse);
-    - ``(real, "store")`` or ``(real, "store-read-only")``: the store, ``make(real, writable,
-      sample, decompress, check_payload)``, in the real path that was judged (``sample``: a payload
-      as this JAX compresses it); where the store cannot serve (or ``make`` is None), JAX's own
-      object as below;
+    - None: nothing; JAX reads and writes nothing there (a directory the trust rules refuse);
+    - ``(real, "store")`` or ``(real, "store-read-only")``: the store, ``make(real, writable, sample,
+      decompress, check_payload)``, in the real path judged (``sample``: a payload as this JAX
+      compresses it); where the store cannot serve (or ``make`` is None), JAX's own object as below;
     - ``(real, "jax")``: JAX's own object in the real path judged, which reads and writes nothing
-      once ``recheck(real)`` names why (one stat a lookup: a directory given to another user since,
-      who may rename the entries in it); ``(path, "unchecked")``: JAX's own object, as JAX would.
-
+      once ``recheck(real)`` names why (one stat a lookup: a directory given to another user since);
+      ``(path, "unchecked")``: JAX's own object, as JAX would.
     Where ``get_executable_and_time`` can be guarded, an entry the store served that does not load
-    is a miss when ``unloadable(key, error)`` says so. ``(why the store does not serve, why no
-    directory is routed)``, each None where it does."""
+    is a miss when ``unloadable(key, error)`` says so. Returns ``(why the store does not serve, why
+    no directory is routed)``, each None where it does."""
     try:
         from jax._src import compilation_cache as cc
     except Exception as exc:  # pragma: no cover - a JAX without the module
@@ -275,7 +281,7 @@ def serve_file_caches(jax: Any, route: Callable[[str], tuple[str, str] | None],
     if original is None or parameters(original) != ["path"]:
         return FILE_CACHE_CHANGED, FILE_CACHE_CHANGED
     store_why = "the package has no directory of its own here" if make is None else _store_problem(cc)
-    if store_why is None and jax.config.jax_compilation_cache_max_size != -1:
+    if store_why is None and jax.config.jax_compilation_cache_max_size != -1 and jax_lru_usable():
         store_why = "jax_compilation_cache_max_size is set by the user: JAX's own LRU cache serves"
     sample = cc.compress_executable(b"gkx-autocache") if store_why is None else b""
     guarded = store_why is None and _guard_loading(cc, jax, unloadable)
@@ -614,6 +620,36 @@ def serve_host_callbacks(jax: Any, is_ours: Callable[[], bool]) -> str | None:
     _patch(cc, "get_executable_and_time", get_executable_and_time)
     _patch(compiler, "_cache_write", _cache_write)
     _Callbacks.served = True
+    return None
+
+
+XLA_CACHE_PATHS = ("xla_gpu_per_fusion_autotune_cache_dir", "xla_gpu_kernel_cache_file")
+
+
+def guard_xla_caches(allowed: Callable[[str], bool]) -> str | None:
+    """XLA's own caches (``<dir>/xla_gpu_...`` in a compile's debug options) cleared where ``allowed(<dir>)``
+    says no, once JAX has routed its directory (``is_cache_used``), before key and compile (0.4.30+)."""
+    compiler, cc = _loaded("compiler"), _loaded("compilation_cache")  # (import jax loaded them)
+    original, set_up = _attr(compiler, "compile_or_get_cached"), _attr(cc, "is_cache_used")
+    if original is None or parameters(original)[:4] != ["backend", "computation", "devices", "compile_options"]:
+        return "jax._src.compiler.compile_or_get_cached has changed"
+    set_up = set_up if set_up is not None and parameters(set_up) == ["backend"] else None
+
+    def compile_or_get_cached(backend: Any, computation: Any, devices: Any, compile_options: Any,
+                              *rest: Any, **kwargs: Any) -> Any:
+        try:  # (JAX's options as they were where anything fails: never in the way of a compile)
+            debug = compile_options.executable_build_options.debug_options
+            named = [(name, path) for name in XLA_CACHE_PATHS if (path := getattr(debug, name, ""))]
+            if named and set_up is not None:
+                set_up(backend)  # (JAX's first step anyway: its directory routed, and judged, before XLA's are)
+            for name, path in named:
+                if not allowed(os.path.dirname(path)):
+                    setattr(debug, name, "")
+        except Exception as exc:
+            logger.debug("XLA's caches not judged: %s", exc)
+        return original(backend, computation, devices, compile_options, *rest, **kwargs)
+
+    _patch(compiler, "compile_or_get_cached", compile_or_get_cached)
     return None
 
 

@@ -26,35 +26,79 @@ def set_thresholds(config: Any, settings: _settings.Settings, directory: str) ->
         logger.debug("jax.config.update(%r, %r)", option, value)
 
 
+def jax_cap(config: Any) -> int | None:
+    """The user's own ``jax_compilation_cache_max_size`` (bytes; 0: JAX caches nothing), or None where
+    it is JAX's default (-1, no cap)."""
+    size = getattr(config, "jax_compilation_cache_max_size", -1)
+    return None if not isinstance(size, int) or size == -1 else size
+
+
 class XlaCaches:
-    """JAX puts XLA's own GPU caches (its autotune results, the kernel cache file: code) under the
-    cache directory whenever one is set, whether or not it set up a cache object there: for a
-    directory the trust rules refuse they are turned off (``none``), and back on as they were once a
-    directory that may be trusted is set. Judged when the directory is set (JAX builds a compile's
-    options, and these paths with them, before it sets up its cache object)."""
+    """XLA's own GPU caches (its autotune results; the kernel cache file: code) kept out of a
+    directory the trust rules refuse. JAX points them under its cache directory whenever one is
+    set, in each compile's options, before it sets up its cache object (and whether or not it sets
+    one up), so they are judged at each compile where the options point them (``allowed``, from
+    ``_jax.guard_xla_caches``), after JAX has routed its directory (``_route.route``), and turned off
+    for a refused one (``refuse``): also a directory another user made after it was set (issue 67's
+    M2), and a relative one wherever the working directory has moved it. ``judge``, when the
+    directory is set, turns them off in ``jax.config`` early, and back on as they were once a
+    directory that may be trusted is set."""
 
     def __init__(self, settings: _settings.Settings, config: Any) -> None:
         self._settings, self._config = settings, config
         self._before: str | None = None  # what was turned off, to turn it back on
+        self._refused: set[str] = set()  # real paths, refused once: for the rest of the process
+        self._judged: set[str] = set()  # real paths that passed, checked again by one stat
 
     def judge(self, path: str) -> None:
-        option = "jax_persistent_cache_enable_xla_caches"
-        if is_url(path) or not hasattr(self._config, option) or self._settings["read_untrusted_dir"]:
+        if is_url(path) or not hasattr(self._config, OPTION) or self._settings["read_untrusted_dir"]:
             return
         try:
-            _cache.prepare(path, None, create=False)
-            refused = False
-        except _cache.DirectoryRefused:
-            refused = True
+            refused = not self.allowed(path)
         except Exception:
             return
-        now = getattr(self._config, option)
+        now = getattr(self._config, OPTION)
         if refused and now != "none":
             self._before = now
-            self._config.update(option, "none")
+            self._config.update(OPTION, "none")
         elif not refused and self._before is not None and now == "none":
-            self._config.update(option, self._before)
+            self._config.update(OPTION, self._before)
             self._before = None
+
+    def refuse(self, path: str) -> None:
+        """JAX's directory ``path`` was refused where JAX routed it: XLA's caches go with it."""
+        self._refused.add(os.path.realpath(path))
+        if hasattr(self._config, OPTION) and getattr(self._config, OPTION) not in (None, "none"):
+            self._before = self._before or getattr(self._config, OPTION)
+            self._config.update(OPTION, "none")
+
+    def allowed(self, directory: str) -> bool:
+        """Whether XLA may keep its caches in ``directory`` now: judged as JAX's directory is, the
+        first time (``_cache.prepare``: the ancestors, a planted link, a bucket mount), then by one
+        stat a compile (a directory given to another user since); a refused one stays refused."""
+        if self._settings["read_untrusted_dir"]:
+            return True
+        real = os.path.realpath(directory)
+        if real in self._refused:
+            return False
+        if real not in self._judged:
+            try:
+                _cache.prepare(directory, None, create=False)
+            except _cache.DirectoryRefused:
+                self.refuse(real)
+                return False
+            if not os.path.isdir(real):  # judged where it would be made: judged again once it is
+                return True
+            self._judged.add(real)
+        from gkx_autocache import _trust
+
+        if _trust.directory_problem(real) is not None:
+            self.refuse(real)
+            return False
+        return True
+
+
+OPTION = "jax_persistent_cache_enable_xla_caches"
 
 
 def xla_caches_for(settings: _settings.Settings, directory: str) -> str | None:

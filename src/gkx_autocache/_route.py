@@ -16,7 +16,7 @@ from gkx_autocache._layout import is_url
 
 
 def route(settings: _settings.Settings, location: _cache.Location | None, recorder: Any, env: Mapping[str, str],
-          path: str) -> tuple[str, str] | None:
+          xla_caches: XlaCaches | None, path: str) -> tuple[str, str] | None:
     """What serves the directory JAX sets up its cache in (``_jax.serve_file_caches``), at its first
     compile since the directory was set (SPEC §5, §8, amended 2026-12-04 and 2026-12-06):
 
@@ -26,8 +26,8 @@ def route(settings: _settings.Settings, location: _cache.Location | None, record
       the recorder moving there (the cap applies only where ``max_size`` was set); else JAX's own
       object, in the real path judged, checked again at each lookup;
     - one the trust rules refuse: nothing at all (None): JAX reads no entry of it and writes none,
-      said once with a fix the user can make; unless ``read_untrusted_dir`` asks that JAX's own
-      cache read it unchecked."""
+      said once with a fix the user can make, and XLA's own caches there are off (``xla_caches``);
+      unless ``read_untrusted_dir`` asks that JAX's own cache read it unchecked."""
     from gkx_autocache import _adopted, _store
 
     own = location.version_dir if location is not None and location.local else None
@@ -43,6 +43,8 @@ def route(settings: _settings.Settings, location: _cache.Location | None, record
         warn(f"dir:{path}", note)
         if not unread:
             return path, "unchecked"
+        if xla_caches is not None:
+            xla_caches.refuse(path)
         if recorder is not None:  # the run's line: nothing was looked up there
             recorder.refuse(path, f"{path} (set by {by}) is refused ({exc.cause}): JAX read no entry there")
         return None
@@ -63,29 +65,33 @@ def route(settings: _settings.Settings, location: _cache.Location | None, record
     return real, "store" if prepared.writable else "store-read-only"
 
 
-def route_only(jax: Any, settings: _settings.Settings, env: Mapping[str, str]) -> None:
+def route_only(jax: Any, settings: _settings.Settings, env: Mapping[str, str], xla_caches: XlaCaches | None) -> None:
     """Where the store serves no directory of the package's (it has none it may use, or it is a
     bucket): JAX's stock cache serves any directory JAX is given, judged as ``route`` judges it, and
     one the trust rules refuse gets no cache. Where that seam has changed, a refused directory JAX
     has now turns its cache off for this process: the one way left to read none of it."""
     from gkx_autocache import _jax
 
-    _, why = _jax.serve_file_caches(jax, functools.partial(route, settings, None, None, env), None,
+    _, why = _jax.serve_file_caches(jax, functools.partial(route, settings, None, None, env, xla_caches), None,
                                     lambda key, error: False, functools.partial(recheck, None))
     if why is not None and not settings["read_untrusted_dir"]:
         logger.debug("a directory the trust rules refuse cannot be kept from JAX: %s", why)
         given = getattr(jax.config, "jax_compilation_cache_dir", None)
-        if given and not is_url(str(given)) and route(settings, None, None, env, str(given)) is None:
+        if given and not is_url(str(given)) and route(settings, None, None, env, xla_caches, str(given)) is None:
             jax.config.update("jax_enable_compilation_cache", False)
 
 
 def watch_dir(config: Any, xla_caches: XlaCaches) -> None:
     """From now on, who sets ``jax_compilation_cache_dir`` (``_adopted``), and XLA's caches judged
-    with it; not on Windows, where the trust rules do not run (``_cache.windows``)."""
+    with it, and at each compile where its options put them (``_jax.guard_xla_caches``); not on
+    Windows, where the trust rules do not run (``_cache.windows``)."""
     if os.name != "nt":
-        from gkx_autocache import _adopted
+        from gkx_autocache import _adopted, _jax
 
         _adopted.watch(config, on_set=xla_caches.judge)
+        unguarded = _jax.guard_xla_caches(xla_caches.allowed)
+        if unguarded is not None:
+            logger.debug("XLA's caches are judged only when the directory is set: %s", unguarded)
 
 
 def recheck(team: str | None, real: str) -> str | None:

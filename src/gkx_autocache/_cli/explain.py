@@ -45,8 +45,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         counts = [plural(last["hits"], "hit"), plural(last["misses"], "miss", "misses") + _show.by_cause(last["misses_by_cause"])]
         if last["not_cached"]:
             counts.append(f"{last['not_cached']} not cached{_show.by_cause(last['not_cached_by_reason'])}")
-        lines.append(f"last run: {local_time(last['started'])}, {last['label'] or 'a process'} "
-                     f"({plural(last['processes'], 'process', 'processes')}): {', '.join(counts)}")
+        stale = last.get("stale")
+        if stale is not None:  # runs since, served by JAX's own cache, keep no records
+            served = "no cache served them" if stale["store"] == "none" else "JAX's own cache served them"
+            lines.append(f"the runs since {local_time(stale['since'])} are not recorded here: {served}"
+                         + (f": {stale['why']}" if stale.get("why") else ""))
+        lines.append(f"{'last recorded run' if stale else 'last run'}: {local_time(last['started'])}, "
+                     f"{last['label'] or 'a process'} ({plural(last['processes'], 'process', 'processes')}): "
+                     f"{', '.join(counts)}")
         if (traced := tracing_line(last)) is not None:
             lines.append(f"  {traced}")
         lines.extend(_groups_text(data["groups"], "  ", with_time=False, every=args.all))
@@ -56,7 +62,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         lines.append("earlier" + (f" (since {args.since} ago)" if args.since else "") + ":")
         lines.extend(_groups_text(data["earlier"], "  ", with_time=True, every=args.all))
     filtered = " of " + args.function if args.function else ""
-    if last is not None and not data["groups"] and not data["earlier"] and not (last["misses"] or last["not_cached"]):
+    if last is not None and not last.get("stale") and not data["groups"] and not data["earlier"] \
+            and not (last["misses"] or last["not_cached"]):
         lines.append(f"nothing missed{filtered}: every lookup was served")
     emit(args, "\n".join(lines), data)
     return OK

@@ -109,6 +109,7 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
     vdir = version_dir or ctx.version_dir
     location = ctx.location
     unavailable = None
+    verdict = None
     if location is not None and not location.local:
         unavailable = "misses are explained for a local directory gkx-autocache resolved (not a bucket or JAX's own)"
     elif (verdict := _formats.read_verdict(vdir)) is not None and verdict.get("explain"):
@@ -123,6 +124,10 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
         totals = _ledger.Totals.from_json(entry["totals"])
         last_run = {"run": run, "started": entry["start"], "ended": entry["end"], "label": entry["label"],
                     "processes": entry["processes"], **_show.totals_dict(totals)}
+        # Runs JAX's own cache served since keep no records: the last one recorded is not the last run.
+        if verdict is not None and verdict.get("store") != "gkx-autocache" and \
+                (since_then := _formats.verdict_written(vdir)) > float(entry["end"] or entry["start"] or 0.0):
+            last_run["stale"] = {"since": since_then, "store": verdict.get("store"), "why": verdict.get("reason")}
     wanted = None if function is None else {function, f"jit_{function}"}
     cutoff = time.time() - since if since is not None else 0.0
     records = [r for r in (reading.recent() if reading else [])
