@@ -31,6 +31,7 @@ from gkx_autocache._shared.reads import Found
 from gkx_autocache._shared.seal import make_seal
 
 TIMEOUT = 2.5
+SECRET = b"the team's signing key"  # a signed seal's compile time bounds a read; an unsigned one's never does
 KINDS = ["http", "s3", "s3fs"]  # nginx; moto through the package's own S3 client; through s3fs
 
 
@@ -47,8 +48,8 @@ def entry(size: int) -> bytes:
 class Server:
     """Where the entries are (``put``), and a level that reads them through a proxy (``level``)."""
 
-    put: Callable[[str, bytes, float | None], None]
-    level: Callable[..., tuple[Level, Proxy]]
+    put: Callable[..., None]  # (name, data, compile_secs, secret=SECRET): an entry and its seal
+    level: Callable[..., tuple[Level, Proxy]]  # (timeout=TIMEOUT, secret=SECRET, **proxying)
 
 
 @pytest.fixture
@@ -65,9 +66,9 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
     local = tmp_path / "local"
     local.mkdir()
 
-    def make(backend: Any, url: str, proxy: Proxy, timeout: float) -> tuple[Level, Proxy]:
+    def make(backend: Any, url: str, proxy: Proxy, timeout: float, secret: bytes | None) -> tuple[Level, Proxy]:
         proxies.append(proxy)
-        levels.append(level := Level(url, backend, local=str(local), timeout=timeout, writes="never", secret=None))
+        levels.append(level := Level(url, backend, local=str(local), timeout=timeout, writes="never", secret=secret))
         return level, proxy
 
     before = set(threading.enumerate())  # (another test's thread left stuck on a silent server is not waited for)
@@ -87,14 +88,14 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
         nginx = Nginx(tmp_path / "nginx")
         origin = HttpCache(f"{nginx.url}/{VERSION_DIR}", env={})
 
-        def upload(name: str, data: bytes, compile_secs: float | None) -> None:
-            origin.write(name + "-gkx-shared", make_seal(name, data, compile_secs, time.time(), None))
+        def upload(name: str, data: bytes, compile_secs: float | None, secret: bytes | None = SECRET) -> None:
+            origin.write(name + "-gkx-shared", make_seal(name, data, compile_secs, time.time(), secret))
             origin.write(name + "-cache", data)
 
-        def reader(timeout: float = TIMEOUT, **proxying: Any) -> tuple[Level, Proxy]:
+        def reader(timeout: float = TIMEOUT, secret: bytes | None = SECRET, **proxying: Any) -> tuple[Level, Proxy]:
             proxy = Proxy(nginx.port, **proxying)
             url = f"{proxy.endpoint}/cache"
-            return make(HttpCache(f"{url}/{VERSION_DIR}", env={}), url, proxy, timeout)
+            return make(HttpCache(f"{url}/{VERSION_DIR}", env={}), url, proxy, timeout, secret)
 
         yield Server(upload, reader)
         close()
@@ -104,24 +105,24 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
     bucket: S3 = request.getfixturevalue("s3")
     port = int(bucket.endpoint.rsplit(":", 1)[1])
 
-    def put(name: str, data: bytes, compile_secs: float | None) -> None:
+    def put(name: str, data: bytes, compile_secs: float | None, secret: bytes | None = SECRET) -> None:
         client = bucket.client()
         prefix = f"team/{VERSION_DIR}/{name}"
         client.put_object(Bucket=bucket.bucket, Key=prefix + "-gkx-shared",
-                          Body=make_seal(name, data, compile_secs, time.time(), None))
+                          Body=make_seal(name, data, compile_secs, time.time(), secret))
         client.put_object(Bucket=bucket.bucket, Key=prefix + "-cache", Body=data)
 
-    def level(timeout: float = TIMEOUT, **proxying: Any) -> tuple[Level, Proxy]:
+    def level(timeout: float = TIMEOUT, secret: bytes | None = SECRET, **proxying: Any) -> tuple[Level, Proxy]:
         proxy = Proxy(port, **proxying)
         url = f"s3://{bucket.bucket}/team"
         env = {**bucket.env, "AWS_ENDPOINT_URL": proxy.endpoint}
         if kind == "s3":
             found = direct.keys(env, bucket.bucket)
             assert not isinstance(found, str), found
-            return make(direct.S3(f"{url}/{VERSION_DIR}", found), url, proxy, timeout)
+            return make(direct.S3(f"{url}/{VERSION_DIR}", found), url, proxy, timeout, secret)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        return make(Bucket(f"{url}/{VERSION_DIR}"), url, proxy, timeout)
+        return make(Bucket(f"{url}/{VERSION_DIR}"), url, proxy, timeout, secret)
 
     yield Server(put, level)
     close()
@@ -204,6 +205,34 @@ def test_a_seal_whose_compile_time_is_tiny_still_gets_its_entry_read(server: Ser
     assert level.channel.ensure()
     found, _ = timed(level, "big")
     assert isinstance(found, Found) and found.data == big and level.snapshot()["slow"] == 0
+
+
+@pytest.mark.parametrize("server", ["http", "s3"], indirect=True)
+def test_an_unsigned_seal_never_sets_how_long_a_read_may_take(server: Server) -> None:
+    """Issue 67's L10: a keyless reader takes unsigned seals, and a level writer's seal claimed 250 s
+    of compile: one `jit` waited 49 s, with no warning, for a 3.3 MB entry dripped at ~70 KB/s (above
+    the rate floor). Its claim is no one's word now: the read gets what a working link needs, or one
+    shared_timeout, and the warning says why; with the signing key, the signed claim of the same
+    writer still buys its time (``test_a_server_that_slows_down...``)."""
+    server.put(key("claimed"), entry(3_300_000), 250.0, secret=None)
+    level, _ = server.level(timeout=10.0, secret=None, pace=70 << 10)  # (the default timeout, as it was found)
+    assert level.channel.ensure()
+    with pytest.warns(AutocacheWarning, match="not read within 10.0 s .its seal is not signed, so its compile time is not taken"):
+        found, took = timed(level, "claimed")
+    assert found is None and took < 14.0 and level.channel.off is None, (found, took, level.channel.off)
+
+
+@pytest.mark.parametrize("server", ["http"], indirect=True)
+def test_a_read_longer_than_compiling_its_function_here_is_said(server: Server) -> None:
+    """Issue 67's L10, the other half: a read that outlasts the compile time this process measured for
+    the same function is said, once, where the bound let it finish (the link is slower than compiling)."""
+    server.put(key("f"), data := entry(200 << 10), None, secret=None)
+    level, _ = server.level(secret=None, delay=1.2, only="-cache")
+    assert level.channel.ensure()
+    level.put(key("f") + "0", b"x", 0.05)  # this process compiled another shape of jit_f in 0.05 s
+    with pytest.warns(AutocacheWarning, match=r"reading jit_f from the shared level .* took [0-9.]+ s, where this process compiles jit_f in 0\.05 s"):
+        found, took = timed(level, "f")
+    assert isinstance(found, Found) and found.data == data and took > 1.0, took
 
 
 @pytest.mark.parametrize("server", ["s3"], indirect=True)

@@ -48,16 +48,17 @@ class Abandoned(Exception):
     is dropped, not left downloading in the background."""
 
 
-def worth(size: int, compile_secs: float | None, timeout: float) -> tuple[float, str]:
+def worth(size: int, compile_secs: float | None, timeout: float,
+          unknown: str = "no compile time known (no seal)") -> tuple[float, str]:
     """How long a lookup may spend reading an entry of ``size`` bytes in all, and why: no longer
-    than compiling it took (its seal's compile time), never less than a link that works needs
+    than compiling it took (its signed seal's compile time), never less than a link that works needs
     (``LEAST_SECS`` and ``LEAST_RATE``: a tiny compile time cannot make an entry unreadable), never
     more than ``MOST_TIMEOUTS`` timeouts (a huge one cannot hold a lookup for hours). Without a
-    compile time (no seal: stock JAX wrote the entry), one ``shared_timeout``, or what a link
-    needs where that is more."""
+    compile time that can be taken (``unknown`` says why: no seal, as stock JAX writes; a seal no key
+    signed), one ``shared_timeout``, or what a link needs where that is more."""
     least = LEAST_SECS + size / LEAST_RATE
     if compile_secs is None:
-        return (max(least, timeout), "no compile time known (no seal): one shared_timeout" if timeout >= least
+        return (max(least, timeout), f"{unknown}: one shared_timeout" if timeout >= least
                 else f"what a link that works needs for {size >> 10} KiB")
     most = MOST_TIMEOUTS * timeout
     if compile_secs >= least:

@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gkx_autocache import _autotune, _fork, _jax
-from gkx_autocache._diagnostics import logger, warn
+from gkx_autocache._diagnostics import NOTED, logger, warn
 from gkx_autocache._landing import Landing
 from gkx_autocache._layout import ENTRY_SUFFIX
 from gkx_autocache._shared import manifest, pack, prefetch
 from gkx_autocache._shared.answer import MISS, Answer
 from gkx_autocache._shared.backend import Backend
-from gkx_autocache._shared.calls import ShuttingDown, Stalled, TooSlow, bounded, describe
+from gkx_autocache._shared.calls import LEAST_SECS, ShuttingDown, Stalled, TooSlow, bounded, describe
 from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.reads import Found, Reader
 from gkx_autocache._shared.seal import EntryRefused
@@ -53,6 +53,7 @@ class Level:
         self._seen: dict[str, int] = {}  # the keys this run looked up (hits and writes): its manifest
         self._forked_child = False
         self._missed = False  # a lookup missed the local level: a writer's run then leaves a manifest
+        self._compiled: dict[str, float] = {}  # function -> the longest compile of it this process measured
         self._lock = threading.Lock()
         self.uploads = Uploads(channel, self.reader, self.landing.uploadable, writes, queue_bytes)  # writes: None, uploads on; else why not
         _fork.in_child(self._forked)
@@ -191,8 +192,15 @@ class Level:
         if found is None:
             self.channel.count(misses=1)
             return MISS
-        self.channel.count(hits=1, bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
+        took = time.perf_counter() - started
+        self.channel.count(hits=1, bytes_read=len(found.data), read_secs=took, reads=1)
         self._saw(key, len(found.data))
+        name = key.rpartition("-")[0]
+        if (compiled := self._compiled.get(name)) is not None and took > max(compiled, LEAST_SECS):
+            warn("shared:slower", f"reading {name} from the shared level {channel.url} took {took:.1f} s, where this "
+                                  f"process compiles {name} in {compiled:.2f} s: the level is slower than compiling "
+                                  "here; fix: check the network path to it (`gkx-autocache status` probes it), or "
+                                  "lower shared_timeout", NOTED)
         return Answer(found)
 
     # -- writing ---------------------------------------------------------------------------------
@@ -202,6 +210,9 @@ class Level:
         """Queue the entry (just written to the local level, with ``seal`` where ``vouch`` made
         one) for upload; never blocks."""
         self._saw(key, len(data))
+        if compile_secs:
+            name = key.rpartition("-")[0]
+            self._compiled[name] = max(compile_secs, self._compiled.get(name, 0.0))
         self.uploads.put(key, data, seal, compile_secs, written)
 
     def finish(self, recorder: Any = None) -> None:
