@@ -724,3 +724,15 @@ def planted_run(root: Path, warm: int = 0, version: str | None = JAX_VERSION) ->
         (ledger / f"{n}-{n}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*records, {"e": "tally", "end": True}]))
     _formats.write_verdict(str(vdir), "gkx-autocache", None)
     return vdir
+
+
+def local_at(path: Path | str, signs: bool = False, writable: bool = True) -> Any:
+    """A local level in ``path`` (``_local.level.LocalLevel``), as the package builds it for a
+    shared level to stand in front of, with zlib's codec (JAX's where zstandard is not installed);
+    ``signs``: a signing key keeps a seal beside each entry."""
+    import zlib
+
+    from gkx_autocache._local.level import LocalLevel
+
+    return LocalLevel(str(path), compression="zlib", decompress=zlib.decompress, team=False, writable=writable,
+                      check_payload=lambda: True, whole=False, signs=signs)

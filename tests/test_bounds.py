@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import S3
+from conftest import S3, local_at
 from hostile import Proxy
 from test_activation import VERSION_DIR
 from webdav import Nginx
 
 from gkx_autocache import _diagnostics
 from gkx_autocache._diagnostics import AutocacheWarning
+from gkx_autocache._entry import Entry as Found
 from gkx_autocache._shared import calls
 from gkx_autocache._shared.level import Level
-from gkx_autocache._shared.reads import Found
 from gkx_autocache._shared.seal import make_seal
 
 TIMEOUT = 2.5
@@ -68,7 +68,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
 
     def make(backend: Any, url: str, proxy: Proxy, timeout: float, secret: bytes | None) -> tuple[Level, Proxy]:
         proxies.append(proxy)
-        levels.append(level := Level(url, backend, local=str(local), timeout=timeout, writes="never", secret=secret))
+        levels.append(level := Level(url, backend, local=local_at(local), timeout=timeout, writes="never", secret=secret))
         return level, proxy
 
     before = set(threading.enumerate())  # (another test's thread left stuck on a silent server is not waited for)
@@ -130,7 +130,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
 
 def timed(level: Level, name: str) -> tuple[Found | str | None, float]:
     started = time.monotonic()
-    answer = level.get(key(name))
+    answer = level.read(key(name))
     return (answer.found if answer.found is not None else answer.refused), time.monotonic() - started
 
 
@@ -176,11 +176,11 @@ def test_a_server_slow_only_on_the_largest_entry_costs_that_entry_only(server: S
     server.put(key("b"), b := entry(300 << 10), 0.5)
     level, _ = server.level(delay=1.75, only=key("large"))
     assert level.channel.ensure()
-    assert getattr(level.get(key("a")).found, "data", None) == a
+    assert getattr(level.read(key("a")).found, "data", None) == a
     with pytest.warns(AutocacheWarning, match="slower than compiling"):
         found, took = timed(level, "large")
     assert found is None and took < 7.0, took
-    assert getattr(level.get(key("b")).found, "data", None) == b and level.channel.off is None
+    assert getattr(level.read(key("b")).found, "data", None) == b and level.channel.off is None
 
 
 @pytest.mark.parametrize("server", ["http"], indirect=True)
@@ -246,7 +246,7 @@ def test_a_dripping_prefetch_holds_its_lookup_no_longer_than_the_entry_is_worth(
     server.put(key("big"), entry(4 << 20), 1.0)
     level, _ = server.level(delay=1.5, only="-cache")
     assert level.channel.ensure()
-    ahead = Prefetch(level.channel, level.reader, level.landing, 1 << 30)
+    ahead = Prefetch(level.channel, level.reader, level.local, 1 << 30)
     level._prefetch = ahead
     with ahead.flights.lock:
         ahead.flights.pending[key("big")] = 4 << 20

@@ -146,8 +146,8 @@ def three(venv: Venv, tmp_path: Path, program: str, *args: str, flags: tuple[str
 
 
 def skip_where_jax_writes_callbacks(venv: Venv) -> None:
-    probe = venv.run("-c", "import jax; from gkx_autocache import _jax; from jax._src import compiler; "
-                           "print('host_callbacks' in _jax.parameters(compiler._cache_write))", check=True)
+    probe = venv.run("-c", "import jax; from gkx_autocache._jax import versions; from jax._src import compiler; "
+                           "print('host_callbacks' in versions.parameters(compiler._cache_write))", check=True)
     if probe.stdout.strip() != "True":
         pytest.skip("this JAX writes host callbacks itself (0.11 and later): no seam of the package's to lose")
 
@@ -272,7 +272,7 @@ def test_the_diffrax_shape_of_error_check_is_named_by_its_library() -> None:
     """What names the library behind a callback: equinox's checks, the user's own module, JAX's print."""
     code = r"""
 import jax, jax.numpy as jnp, equinox as eqx
-from gkx_autocache import _jax
+from gkx_autocache._jax import callbacks as jax_callbacks, versions as jax_versions
 def user_callback(v):
     return v
 found = {}
@@ -281,7 +281,7 @@ for name, fn in {"equinox": lambda x: eqx.error_if(x, x < 0, "no"),
                  "jax": lambda x: (jax.debug.print("{x}", x=x), x)[1]}.items():
     lowered = jax.jit(fn).lower(jnp.ones(2))
     callbacks = lowered._lowering.compile_args["host_callbacks"]
-    found[name] = _jax.callbacks_by(callbacks)
+    found[name] = jax_callbacks.callbacks_by(callbacks)
 print(found)
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Venv, run_program
+from conftest import Venv, local_at, run_program
 from hostile import Proxy, Silent
 from test_activation import VERSION_DIR
 from test_levels import report
@@ -109,9 +109,9 @@ def test_a_lying_or_hanging_server_never_gets_an_entry_loaded(tmp_path: Path, ng
     import warnings
 
     from gkx_autocache import _diagnostics
+    from gkx_autocache._entry import Entry as Found
     from gkx_autocache._shared.http import HttpCache
     from gkx_autocache._shared.level import Level
-    from gkx_autocache._shared.reads import Found
     from gkx_autocache._shared.seal import make_seal
 
     origin = HttpCache(f"{nginx.url}/{VERSION_DIR}", env={})
@@ -127,13 +127,13 @@ def test_a_lying_or_hanging_server_never_gets_an_entry_loaded(tmp_path: Path, ng
     monkeypatch.setattr(_diagnostics, "_said", set())
     proxy = Proxy(nginx.port, mode=mode)
     url = nginx.url.replace(f":{nginx.port}/", f":{proxy.port}/")
-    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "r"), timeout=2.0,
+    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=local_at(tmp_path / "r"), timeout=2.0,
                   writes="never", secret=None)
     started = time.monotonic()
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            got = [level.get(key).found for key in kept]
+            got = [level.read(key).found for key in kept]
     finally:
         level.channel.backend.forget()
         proxy.close()
@@ -155,11 +155,11 @@ def looked_up(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout
     from gkx_autocache._shared.level import Level
 
     monkeypatch.setattr(_diagnostics, "_said", set())
-    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env=env), local=str(tmp_path / "local"), timeout=timeout,
+    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env=env), local=local_at(tmp_path / "local"), timeout=timeout,
                   writes="never", secret=None)
     try:
         with pytest.warns(Warning) as said:
-            answer = level.get("jit_f-" + "ab" * 32)
+            answer = level.read("jit_f-" + "ab" * 32)
             found = answer.found if answer.found is not None else answer.refused
     finally:
         level.channel.backend.forget()
@@ -504,7 +504,7 @@ def test_no_credential_crosses_the_network_in_clear_unless_asked(
     for asked, warned in (({}, True), ({"GKX_JAX_CACHE_SHARED_CREDENTIALS_OVER_HTTP": "1"}, False)):
         env = {"GKX_JAX_CACHE_SHARED": url, **asked}
         settings = _settings.resolve(env=env, prefix="/nonexistent", user_file="/nonexistent")
-        level, problems = setup.level_for(settings, location, "0.4.30", env)
+        level, problems = setup.level_for(settings, location, "0.4.30", env, local_at(tmp_path / "local"))
         assert level is not None
         level.channel.backend.forget()
         said = [message for cause, message in problems if cause == "shared:cleartext"]
@@ -528,9 +528,9 @@ def test_an_entry_above_the_server_s_body_limit_is_skipped_and_the_level_stays_o
 
     from gkx_autocache import _diagnostics
     from gkx_autocache._diagnostics import AutocacheWarning
+    from gkx_autocache._entry import Entry as Found
     from gkx_autocache._shared.http import HttpCache
     from gkx_autocache._shared.level import Level
-    from gkx_autocache._shared.reads import Found
 
     monkeypatch.setattr(_diagnostics, "_said", set())
     cache = Nginx(tmp_path / "n", location="dav_methods PUT DELETE; create_full_put_path on; "
@@ -538,7 +538,7 @@ def test_an_entry_above_the_server_s_body_limit_is_skipped_and_the_level_stays_o
     url = cache.url
     entries = {f"jit_{name}-" + name * 32: b"\x78\x01" + os.urandom(size)
                for name, size in (("aa", 100 << 10), ("bb", 1300 << 10), ("cc", 200 << 10), ("dd", 1400 << 10))}
-    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "l"), timeout=30.0,
+    level = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=local_at(tmp_path / "l"), timeout=30.0,
                   writes=None, secret=None)
     try:
         with pytest.warns(AutocacheWarning, match=r"refused an entry of 1\.3 MiB.*client_max_body_size") as said:
@@ -551,10 +551,10 @@ def test_an_entry_above_the_server_s_body_limit_is_skipped_and_the_level_stays_o
         assert held == {key for key in entries if key.startswith(("jit_aa", "jit_cc"))}, held
         shared = level.snapshot()
         assert shared["uploads"] == 2 and shared["skipped"] == 2 and shared["errors"] == 0, shared
-        fresh = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=str(tmp_path / "f"), timeout=5.0,
+        fresh = Level(url, HttpCache(f"{url}/{VERSION_DIR}", env={}), local=local_at(tmp_path / "f"), timeout=5.0,
                       writes="never", secret=None)
         key = next(k for k in entries if k.startswith("jit_cc"))
-        found = fresh.get(key).found
+        found = fresh.read(key).found
         assert isinstance(found, Found) and found.data == entries[key]
         fresh.channel.backend.forget()
     finally:

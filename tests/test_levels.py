@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from conftest import PEAK_RSS, PROGRAM, S3, InProcess, Venv, free_port, planted_run, run_program
+from conftest import PEAK_RSS, PROGRAM, S3, InProcess, Venv, free_port, local_at, planted_run, run_program
 from hostile import Proxy, Silent
 from test_activation import VERSION_DIR
 from test_multihost import RANK  # two jax.distributed ranks compiling one step
@@ -161,7 +161,7 @@ def test_a_silent_or_dribbling_server_costs_a_cold_run_one_timeout(tmp_path: Pat
     server = Silent(dribble=dribble)
     env = {**S3(server.endpoint, "x").env, "HOME": str(tmp_path)}
     url = "s3://bucket/team"
-    level = Level(url, backend_for(url, "0.4.30", False, env), local=str(tmp_path / "local"), timeout=2.0,
+    level = Level(url, backend_for(url, "0.4.30", False, env), local=local_at(tmp_path / "local"), timeout=2.0,
                   writes=None, secret=None, origin="env GKX_JAX_CACHE_SHARED_TIMEOUT")
     started = time.monotonic()
     try:
@@ -170,7 +170,7 @@ def test_a_silent_or_dribbling_server_costs_a_cold_run_one_timeout(tmp_path: Pat
             level.uploads.start()
             for i in range(12):
                 key = f"jit_f{i}-" + f"{i:064x}"
-                assert level.get(key) == (None, None)
+                assert level.read(key) == (None, None)
                 level.put(key, b"\x78\x01" + b"x" * 5000, 0.5, written=time.time())
             level.finish()
         took = time.monotonic() - started
@@ -593,7 +593,7 @@ def test_the_upload_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
 
     shared = tmp_path / "team"
     shared.mkdir(mode=0o700)
-    level = _levels.Level(str(shared), Gated(str(shared), "0.0.0", team=False), local=str(tmp_path),
+    level = _levels.Level(str(shared), Gated(str(shared), "0.0.0", team=False), local=local_at(tmp_path),
                           timeout=20.0, writes=None, secret=None, queue_bytes=3000)
     for i in range(6):
         level.put(f"jit_f-{i:064x}", bytes([i]) * 1000, 0.5)
@@ -727,7 +727,7 @@ def hostile_level(tmp_path: Path, secret: bytes | None = None) -> tuple[Any, Pat
     root = tmp_path / "team"
     (root / "jax-0.0.0").mkdir(parents=True, mode=0o700)
     root.chmod(0o700)
-    level = _levels.Level(str(root), _directory.Directory(str(root), "0.0.0", team=False), local=str(tmp_path / "l"),
+    level = _levels.Level(str(root), _directory.Directory(str(root), "0.0.0", team=False), local=local_at(tmp_path / "l"),
                           timeout=5.0, writes=None, secret=secret)
     return level, root / "jax-0.0.0"
 
@@ -743,8 +743,8 @@ def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: P
     """Entries and seals a group member or a bucket could plant are refused one by one, each a
     `rejected` miss with its reason (or served, where only a figure in the seal is absurd); none
     turns the level off, hangs, or raises."""
+    from gkx_autocache._entry import Entry as Found
     from gkx_autocache._shared import seal as _seal
-    from gkx_autocache._shared.reads import Found
 
     secret = b"k" if spoil in ("moved signed seal", "a non-ASCII signature") else None
     level, vdir = hostile_level(tmp_path, secret)
@@ -777,7 +777,7 @@ def test_a_hostile_shared_directory_entry_is_refused_and_never_hangs(tmp_path: P
         moved = json.loads(_seal.make_seal(OTHER_KEY, data, 0.5, time.time(), secret))
         (vdir / f"{GOOD}-gkx-shared").write_text(json.dumps(moved))
     started = time.monotonic()
-    answer = level.get(GOOD)
+    answer = level.read(GOOD)
     got = answer.found if answer.found is not None else answer.refused
     assert time.monotonic() - started < 3 and level.channel.off is None
     if spoil == "a compile time of a century":
@@ -821,14 +821,17 @@ def test_a_bucket_without_the_remote_extra_is_one_line_and_the_local_level_serve
 
 
 SPARSE_LOOKUP = r"""
-import json, resource, sys, time
+import json, resource, sys, time, zlib
+from gkx_autocache._local.level import LocalLevel
 from gkx_autocache._shared import directory as _directory
 from gkx_autocache._shared import level as _levels
 root, key, signed = sys.argv[1], sys.argv[2], sys.argv[3] == "signed"
-level = _levels.Level(root, _directory.Directory(root, "0.0.0", team=False), local=root + "-l", timeout=60.0,
+local = LocalLevel(root + "-l", compression="zlib", decompress=zlib.decompress, team=False, writable=True,
+                   check_payload=lambda: True, whole=False, signs=signed)
+level = _levels.Level(root, _directory.Directory(root, "0.0.0", team=False), local=local, timeout=60.0,
                       writes=None, secret=b"k" if signed else None)
 started = time.monotonic()
-answer = level.get(key)
+answer = level.read(key)
 got = answer.refused if answer.refused is not None else answer.found
 print(json.dumps({"got": got if isinstance(got, str) else type(got).__name__, "secs": time.monotonic() - started,
                   "peak_mb": (""" + PEAK_RSS + r""") / 2**20}))
@@ -867,7 +870,7 @@ def test_a_planted_sparse_entry_costs_a_reader_neither_memory_nor_time(tmp_path:
         return dict(json.loads(proc.stdout))
 
     clean, planted = lookup(OTHER_KEY), lookup(GOOD)
-    assert clean["got"] == "Found", clean
+    assert clean["got"] == "Entry", clean
     assert planted["got"].startswith(("not signed", "the shared entry")), planted
     assert planted["peak_mb"] < clean["peak_mb"] + 100, (clean, planted)
     assert planted["secs"] < 10, planted
@@ -1210,15 +1213,15 @@ def test_a_local_entry_is_uploaded_only_with_the_seal_its_key_vouched_for(tmp_pa
     level, _ = hostile_level(tmp_path, secret=KEY_A.encode())
     data, other = b"\x78\x9c" + b"a" * 100, b"\x78\x9c" + b"b" * 100
     vouched = level.vouch(GOOD, data, 1.5, 1000.0)
-    assert vouched is not None and level.seal_for(GOOD, data, vouched, None, 0.0) == vouched
+    assert vouched is not None and level.reader.seal_for(GOOD, data, vouched, None, 0.0) == vouched
     for name, raw, bytes_ in (("swapped after it was verified", vouched, other),
                               ("another key's", make_seal(GOOD, data, 1.5, 1000.0, KEY_B.encode()), data),
                               ("another entry's", level.vouch(OTHER_KEY, data, 1.5, 1000.0), data),
                               ("unsigned", make_seal(GOOD, data, 1.5, 1000.0, None), data),
                               ("none", None, data), ("not a seal", b"{", data)):
-        assert level.seal_for(GOOD, bytes_, raw, None, 0.0) is None, name
+        assert level.reader.seal_for(GOOD, bytes_, raw, None, 0.0) is None, name
     keyless, _ = hostile_level(tmp_path / "k")
-    minted = keyless.seal_for(GOOD, data, vouched, 2.0, 1000.0)
+    minted = keyless.reader.seal_for(GOOD, data, vouched, 2.0, 1000.0)
     assert minted is not None and b"hmac" not in minted and keyless.vouch(GOOD, data, 2.0, 1000.0) is None
 
 
@@ -1258,7 +1261,7 @@ def test_an_upload_the_worker_holds_when_the_level_turns_off_is_counted(tmp_path
             super().write(name, data)
 
     level, _ = hostile_level(tmp_path)
-    level = _levels.Level(level.url, Gated(level.url, "0.0.0", team=False), local=str(tmp_path / "l"),
+    level = _levels.Level(level.url, Gated(level.url, "0.0.0", team=False), local=local_at(tmp_path / "l"),
                           timeout=20.0, writes=None, secret=None)
     for i in range(5):
         level.put(f"jit_f-{i:064x}", bytes([i]) * 1000, 0.5)
@@ -1272,7 +1275,7 @@ def test_an_upload_the_worker_holds_when_the_level_turns_off_is_counted(tmp_path
     # The instant between the switch and the drop: the worker takes nothing once the level is off.
     gate.clear()
     writing.clear()
-    level = _levels.Level(level.url, Gated(level.url, "0.0.0", team=False), local=str(tmp_path / "l"),
+    level = _levels.Level(level.url, Gated(level.url, "0.0.0", team=False), local=local_at(tmp_path / "l"),
                           timeout=20.0, writes=None, secret=None)
     for i in range(5):
         level.put(f"jit_g-{i:064x}", bytes([i]) * 1000, 0.5)

@@ -265,17 +265,29 @@ class _Channel:
 
 
 def _landing(local: Path, land: Any) -> Any:
-    """The landing port (``_landing.Landing``) of a local level in ``local``, its store's write ``land``."""
-    from gkx_autocache._landing import Landing
+    """A local level in ``local`` (``_local.level.LocalLevel``) whose check and write of a landed
+    entry is ``land(key, entry) -> (bytes written or None, why not)``: what it books is its own."""
+    import time as _time
 
-    landing = Landing(str(local))
-    landing.open(land, True, lambda key: None)
-    return landing
+    from gkx_autocache._local.landing import Receipt
+    from gkx_autocache._local.level import LocalLevel
+
+    class Landing(LocalLevel):
+        def land(self, key: str, entry: Any) -> tuple[bool, str | None]:
+            written, why = land(key, entry)
+            if written is None:
+                return False, why
+            self.landings.book(key, Receipt(len(entry.data), written, entry.compile_secs or 0.0, _time.time()))
+            return True, None
+
+    return Landing(str(local), compression="zlib", decompress=lambda data: data, team=False, writable=True,
+                   check_payload=lambda: True, whole=False, signs=False)
 
 
 def _reader() -> Any:
     """A reader that takes any seal as it is (its shape is ``seal``'s tests'), bytes unchecked."""
-    from gkx_autocache._shared.reads import Found, Reader
+    from gkx_autocache._entry import Entry as Found
+    from gkx_autocache._shared.reads import Reader
 
     class Unchecked(Reader):
         def admit(self, key: str, raw_seal: bytes | None) -> dict[str, Any] | None:
@@ -631,8 +643,8 @@ def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it
     not landed (the lookup read the entry itself)."""
     import threading
 
+    from gkx_autocache._entry import Entry as Found
     from gkx_autocache._shared import prefetch
-    from gkx_autocache._shared.reads import Found
 
     channel = _Channel()
     channel.timeout = 0.5
@@ -653,7 +665,7 @@ def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it
     waited = time.monotonic() - started
     assert not waiting.is_alive() and 0.4 < waited < 3.0 and key in ahead.flights.asked, waited
     ahead._land(key, 10, Found(b"0123456789", None, 0.0))
-    assert landed == [] and key not in ahead.landing.landed
+    assert landed == [] and key not in ahead.local.landings
     event.set()
 
 

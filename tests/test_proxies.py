@@ -13,16 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import S3, start_s3_server, stop_s3_server
+from conftest import S3, local_at, start_s3_server, stop_s3_server
 from forward import Tinyproxy, certificate
 from test_activation import VERSION_DIR
 from webdav import Nginx
 
+from gkx_autocache._entry import Entry as Found
 from gkx_autocache._shared import proxies
 from gkx_autocache._shared.calls import Progress
 from gkx_autocache._shared.http import HttpCache
 from gkx_autocache._shared.level import Level
-from gkx_autocache._shared.reads import Found
 from gkx_autocache._shared.s3 import Deferred
 from gkx_autocache._shared.seal import make_seal
 from gkx_autocache._shared.setup import backend_for
@@ -100,12 +100,12 @@ def test_an_s3_level_goes_through_the_proxy_on_its_own_client(tmp_path: Path, tl
             before = len(proxy.requests())
             backend = backend_for(f"s3://{store.bucket}/team", "0.4.30", False, {**env, **around})
             assert isinstance(backend, Deferred)
-            level = Level(f"s3://{store.bucket}/team", backend, local=str(tmp_path / "local"), timeout=10.0,
+            level = Level(f"s3://{store.bucket}/team", backend, local=local_at(tmp_path / "local"), timeout=10.0,
                           writes="never", secret=None)
             try:
                 backend.write(key + "-gkx-shared", make_seal(key, data, 1.0, time.time(), None))
                 backend.write(key + "-cache", data)
-                found = level.get(key).found
+                found = level.read(key).found
                 assert isinstance(found, Found) and found.data == data, found
                 listed = backend.listing(Progress())
                 assert isinstance(listed, dict) and listed[key + "-cache"] == len(data)

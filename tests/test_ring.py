@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import local_at
 
+from gkx_autocache._chain import Chain, NoLevel
 from gkx_autocache._diagnostics import AutocacheWarning
 from gkx_autocache._shared.directory import Directory
 from gkx_autocache._shared.level import Level
@@ -25,14 +27,6 @@ class Told:
     def __init__(self) -> None:
         self.said: list[tuple[Any, ...]] = []
         self.run = type("Run", (), {"id": "1796000000.000-1"})()
-        self.local = {"hits": 0, "misses": 0}  # the local level's numbers: the recorder's alone
-
-    def local_hit(self, nbytes: int, secs: float) -> None:
-        self.local["hits"] += 1
-
-    def local_miss(self) -> None:
-        self.local["misses"] += 1
-
     def hit(self, key: str, nbytes: int, compile_secs: float, by: str = "") -> None:
         self.said.append(("hit", key))
 
@@ -67,10 +61,11 @@ class Machine:
         local.mkdir(parents=True, exist_ok=True)
         self.local = local
         self.told = Told()
-        self.level = Level(str(shared), backend or Directory(str(shared), "0.0.0", team=False), local=str(local),
+        self.local_level = local_at(local, signs=secret is not None)
+        self.level = Level(str(shared), backend or Directory(str(shared), "0.0.0", team=False), self.local_level,
                            timeout=30.0, writes=None, secret=secret)
-        self.store = Store(str(local), compression="zlib", decompress=zlib.decompress, team=False,
-                           recorder=self.told, levels=self.level)
+        self.chain = Chain(self.local_level, self.level)
+        self.store = Store(str(local), self.chain, self.told)
 
     def compile(self, n: int) -> bytes | None:
         """What JAX does for one ``jit``: look up, and write what it compiled after a miss."""
@@ -80,7 +75,7 @@ class Machine:
         return found
 
     def shared(self, kind: str) -> dict[str, float]:
-        return self.level.snapshot() if kind == "shared" else dict(self.told.local)
+        return self.level.snapshot() if kind == "shared" else self.chain.numbers()["local"]
 
 
 @pytest.fixture
@@ -130,7 +125,9 @@ def test_a_signed_entry_keeps_its_seal_beside_the_local_copy(tmp_path: Path, tea
     assert reader.compile(1) == entry(1)
     kept = (tmp_path / "b" / f"{key(1)}-gkx-shared").read_bytes()
     assert kept == (team / "jax-0.0.0" / f"{key(1)}-gkx-shared").read_bytes()  # what vouches for it, kept
-    assert reader.store.uploadable(key(1)) == (entry(1), kept)  # healing and packs upload that seal only
+    held = reader.local_level.uploadable(key(1))  # healing and packs upload that seal only
+    assert held is not None and held.data == entry(1) and held.seal == kept
+    assert reader.level.reader.seal_for(key(1), held.data, held.seal, held.compile_secs, held.written) == kept
 
 
 class Refusing(Directory):
@@ -195,7 +192,7 @@ def test_a_directory_that_becomes_anothers_mid_run_is_read_no_more(tmp_path: Pat
 
     local = tmp_path / "local"
     local.mkdir(mode=0o700)
-    store = Store(str(local), compression="zlib", decompress=zlib.decompress, team=False, recorder=Told())
+    store = Store(str(local), Chain(local_at(local), NoLevel()), Told())
     assert store.get(key(1)) is None
     store.put(key(1), entry(1))
     assert store.get(key(1)) == entry(1)

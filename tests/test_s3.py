@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import S3
+from conftest import S3, local_at
 
 from gkx_autocache._shared import s3 as client
 from gkx_autocache._shared.bucket import Bucket
@@ -508,11 +508,11 @@ def test_a_server_s_text_reaches_no_terminal_raw(hostile: str, scheme: str, tmp_
     assert main(["--json", "status"]) == 0
     assert escaped(capsys.readouterr().out)
     monkeypatch.setattr(_diagnostics, "_said", set())
-    level = Level(shared, backend_for(shared, "0.4.30", False, env), local=str(tmp_path / "l"), timeout=5.0,
+    level = Level(shared, backend_for(shared, "0.4.30", False, env), local=local_at(tmp_path / "l"), timeout=5.0,
                   writes="never", secret=None)
     try:
         with pytest.warns(AutocacheWarning) as said:
-            assert level.get("jit_f-" + "ab" * 32) == (None, None)
+            assert level.read("jit_f-" + "ab" * 32) == (None, None)
     finally:
         level.channel.backend.forget()
     assert len(said) == 1 and escaped(str(said[0].message)) and escaped(level.off_note or ""), said[0].message

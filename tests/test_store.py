@@ -200,7 +200,7 @@ def test_stock_jax_and_the_store_share_a_directory_but_not_cpu_entries(venv: Ven
     assert ours["hits"] == ours["requests"] and stock["hits"] == stock["requests"] > 0
 
 
-GUARD_TRIPPED = "import gkx_autocache._jax as j; j._store_problem = lambda cc: 'simulated: internals changed'\n" + PROGRAM
+GUARD_TRIPPED = "import gkx_autocache._jax.caching as j; j.store_problem = lambda cc: 'simulated: internals changed'\n" + PROGRAM
 
 
 def test_guard_falls_back_to_jax_stock_cache(venv: Venv, tmp_path: Path) -> None:
@@ -240,7 +240,7 @@ def test_a_jax_before_0_9_1_is_served_by_the_store(monkeypatch: pytest.MonkeyPat
 
     from jax._src import compilation_cache as cc
 
-    from gkx_autocache import _jax
+    from gkx_autocache._jax import caching as jax_caching
 
     monkeypatch.delattr(cc, "VerificationCache")
     monkeypatch.setattr(cc, "get_file_cache", cc.get_file_cache)  # put back after the test
@@ -252,7 +252,7 @@ def test_a_jax_before_0_9_1_is_served_by_the_store(monkeypatch: pytest.MonkeyPat
         made.append(args)
         return "store"
 
-    reason = _jax.serve_file_caches(old, lambda path: (path, "store"), make, lambda key, error: True, lambda path: None)
+    reason = jax_caching.serve_file_caches(old, lambda path: (path, "store"), make, lambda key, error: True, lambda path: None)
     assert reason == (None, None)
     served: Any = cc.get_file_cache(str(tmp_path))
     assert served == ("store", str(tmp_path))

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from conftest import COUNTING, Project, Venv, autocache_warnings, causes
 
-from gkx_autocache import _jax
+from gkx_autocache._jax import caching as jax_caching
 
 SUBSET = r"""
 import json, sys
-from gkx_autocache import _jax as adapter
-adapter.SUBSET_PLATFORMS = ("cpu",)  # this CPU stands in for a TPU: set before import jax configures
+from gkx_autocache._jax import caching as jax_caching
+jax_caching.SUBSET_PLATFORMS = ("cpu",)  # this CPU stands in for a TPU: set before import jax configures
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 """ + COUNTING + r"""
@@ -79,11 +79,11 @@ def test_the_devices_of_a_lookup_are_read_on_every_jax_line() -> None:
         class executable_build_options:  # noqa: N801 (the binding's name)
             device_assignment = "DeviceAssignment{replica_count=1, computation_count=2, Computation0{2} Computation1{3}}"
 
-    assert _jax.lookup_devices(({}, None, [Device(4), Device(5)]), {}) == [4, 5]
-    assert _jax.lookup_devices((Options(), None), {}) == [2, 3]
-    assert _jax.unsafe_subset("tpu", lambda: [2, 3]) is not None
-    assert _jax.unsafe_subset("tpu", lambda: [0, 1]) is None and _jax.unsafe_subset("cpu", lambda: [2, 3]) is None
-    assert _jax.unsafe_subset("tpu", lambda: []) is None  # nothing known: read as before
+    assert jax_caching.lookup_devices(({}, None, [Device(4), Device(5)]), {}) == [4, 5]
+    assert jax_caching.lookup_devices((Options(), None), {}) == [2, 3]
+    assert jax_caching.unsafe_subset("tpu", lambda: [2, 3]) is not None
+    assert jax_caching.unsafe_subset("tpu", lambda: [0, 1]) is None and jax_caching.unsafe_subset("cpu", lambda: [2, 3]) is None
+    assert jax_caching.unsafe_subset("tpu", lambda: []) is None  # nothing known: read as before
 
 
 def test_ci_key_holds_the_tpu_topology(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

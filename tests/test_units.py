@@ -718,8 +718,6 @@ class _Calls:
         self.calls: list[tuple[str, ...]] = []
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("local_"):  # the local level's numbers (``local_hit``, ``local_miss``)
-            return lambda *counts: None
         return lambda key, *rest: self.calls.append((name, key))
 
 
@@ -737,8 +735,12 @@ def test_a_payload_is_decompressed_before_serving_only_where_jax_loading_is_not_
     (tmp_path / f"{key}-cache").write_bytes(b"x\x9c" + b"not zlib" * 10)  # zlib's magic bytes, then garbage
     (tmp_path / f"jit_g-{'b' * 64}-cache").write_bytes(zlib.compress(b"an executable"))
     calls = _Calls()
-    store = Store(str(tmp_path), compression="zlib", decompress=zlib.decompress, team=False, recorder=calls,
-                  check_payload=check_payload)
+    from gkx_autocache._chain import Chain, NoLevel
+    from gkx_autocache._local.level import LocalLevel
+
+    local = LocalLevel(str(tmp_path), compression="zlib", decompress=zlib.decompress, team=False, writable=True,
+                       check_payload=lambda: check_payload, whole=False, signs=False)
+    store = Store(str(tmp_path), Chain(local, NoLevel()), calls)
     assert (store.get(key) is None) == check_payload
     assert calls.calls[0] == (("rejected", key) if check_payload else ("hit", key))
     assert store.get(f"jit_g-{'b' * 64}") is not None
@@ -805,7 +807,8 @@ def test_an_option_this_jax_lacks_is_nobody_s_setting() -> None:
 def test_a_jax_older_than_0_4_30_is_left_as_it_is(version: str, supported: bool,
                                                    recwarn: pytest.WarningsRecorder) -> None:
     """SPEC §16: an older JAX gets one line naming its version, and its config is never touched."""
-    from gkx_autocache import _configure, _diagnostics, _jax
+    from gkx_autocache import _configure, _diagnostics
+    from gkx_autocache._jax import versions as jax_versions
 
     class Config:
         jax_enable_compilation_cache = False  # a supported line stops here without an update: nothing to set up
@@ -816,7 +819,7 @@ def test_a_jax_older_than_0_4_30_is_left_as_it_is(version: str, supported: bool,
     _diagnostics._said.discard("jax:unsupported")
     _configure._configure(types.SimpleNamespace(__version__=version, config=Config()), {})
     said = [str(w.message) for w in recwarn if "not supported" in str(w.message)]
-    assert (_jax.unsupported(version) is None) is supported
+    assert (jax_versions.unsupported(version) is None) is supported
     assert said == ([] if supported else [f"gkx-autocache: JAX {version} is not supported (gkx-autocache supports "
                                           f"JAX 0.4.30 and later): JAX is left as it is "
                                           f"({_diagnostics.SILENCE})"]), said
@@ -876,7 +879,7 @@ def test_a_pytest_sessions_merged_line_names_its_uploads() -> None:
 def test_the_library_behind_host_callbacks_is_its_package_not_a_prefix() -> None:
     """`explain` names who put host callbacks in a function: jax_md's are jax_md's, not JAX's; an
     object whose attributes raise is passed over, never an exception into JAX's write."""
-    from gkx_autocache import _jax
+    from gkx_autocache._jax import callbacks as jax_callbacks
 
     def simulate(v: Any) -> Any:
         return v
@@ -894,9 +897,9 @@ def test_the_library_behind_host_callbacks_is_its_package_not_a_prefix() -> None
         def __getattribute__(self, name: str) -> Any:
             raise RuntimeError(name)
 
-    assert _jax.callbacks_by([wrapped]) == "jax_md"
-    assert _jax.callbacks_by([Hostile(), wrapped]) == "jax_md"
-    assert _jax.callbacks_by([Hostile()]) == "jax"
+    assert jax_callbacks.callbacks_by([wrapped]) == "jax_md"
+    assert jax_callbacks.callbacks_by([Hostile(), wrapped]) == "jax_md"
+    assert jax_callbacks.callbacks_by([Hostile()]) == "jax"
 
 
 def _scratch_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:

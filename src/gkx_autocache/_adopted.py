@@ -49,9 +49,9 @@ def watch(config: Any, on_set: Callable[[str], None] | None = None) -> None:
     update.__gkx_watch__ = True  # type: ignore[attr-defined]
 
     update.__wrapped__ = original  # type: ignore[attr-defined]
-    from gkx_autocache import _jax
+    from gkx_autocache._jax import runtime as jax_runtime
 
-    unwatched = _jax.replace_config_update(config, update)
+    unwatched = jax_runtime.replace_config_update(config, update)
     if unwatched is not None:  # a JAX whose config takes no attribute: the directory is still served, its setter unnamed
         logger.debug("who sets %s is not known on this JAX: %s", OPTION, unwatched)
 

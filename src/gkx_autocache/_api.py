@@ -9,12 +9,12 @@ called: nothing of it is imported at start-up or on ``import jax``.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from gkx_autocache import _context, _status
 from gkx_autocache._context import JSON_VERSION
 from gkx_autocache._explain import report as _report
-from gkx_autocache._record import recorder as _stats
 from gkx_autocache._record import show as _show
 
 
@@ -44,11 +44,18 @@ def _call(command: str, build: Any) -> dict[str, Any]:
 def _directory() -> str:
     """The directory this process's JAX uses, where the package configured it; else the one a
     process of this environment would use."""
-    recorder = _stats.recorder
+    recorder = _recorder()
     if recorder is not None and recorder.store_serving:
         recorder.flush()
-        return recorder.directory
+        return str(recorder.directory)
     return _context.load_context().version_dir
+
+
+def _recorder() -> Any:
+    """This process's recorder, where the package configured its JAX (``_process``), else None."""
+    process = sys.modules.get("gkx_autocache._process")
+    current = getattr(process, "current", None)
+    return None if current is None else current.recorder
 
 
 def stats() -> dict[str, Any]:
@@ -58,7 +65,7 @@ def stats() -> dict[str, Any]:
 
     def build() -> dict[str, Any]:
         data = _show.stats_data(_directory())
-        recorder = _stats.recorder
+        recorder = _recorder()
         if recorder is not None and recorder.store_serving:
             data["process"] = _show.totals_dict(recorder.totals)
         else:
@@ -86,6 +93,6 @@ def explain(since: float | str | None = None, function: str | None = None) -> di
 def status() -> dict[str, Any]:
     """``gkx-autocache --json status``: versions, hook, settings with origins, the directory, the
     store, the totals and what needs attention."""
-    if _stats.recorder is not None:
-        _stats.recorder.flush()
+    if (recorder := _recorder()) is not None:
+        recorder.flush()
     return _call("status", lambda: _status.gather(_context.load_context()))

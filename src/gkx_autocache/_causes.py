@@ -2,7 +2,7 @@
 that the explainer, the seams, the recorder, ``explain``, ``stats``, the report line and the API
 share (SPEC §13.1)."""
 
-from gkx_autocache._jax import HOOK
+from gkx_autocache._jax.hooks import HOOK
 
 # The causes of a miss (the explainer names one for each).
 NEW = "new"
@@ -43,7 +43,7 @@ def not_cached(reason: str) -> str:
     return NOT_CACHED + reason
 
 
-# What put host callbacks in a function, by the library whose function they call (``_jax.callbacks_by``).
+# What put host callbacks in a function, by the library whose function they call (``_jax.callbacks.callbacks_by``).
 CALLBACKS_BY = {"jax": "(jax.debug.print, pure_callback or io_callback)",
                 "equinox": "of equinox's runtime checks (eqx.error_if, as in every diffrax solve)",
                 "__main__": "of the program itself"}

@@ -10,7 +10,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from gkx_autocache import _cache, _formats, _jax_config, _route, _settings
+from gkx_autocache import _cache, _formats, _jax_config, _process, _route, _settings
+from gkx_autocache._chain import Chain, NoLevel
 from gkx_autocache._diagnostics import NOTED, logger, warn
 
 _lock = threading.Lock()
@@ -31,12 +32,16 @@ def configure(jax: Any, env: Mapping[str, str] = os.environ) -> None:
 
 
 def _configure(jax: Any, env: Mapping[str, str]) -> None:
-    from gkx_autocache import _cpu_target, _fork, _jax
+    from gkx_autocache import _cpu_target, _fork
+    from gkx_autocache._jax import caching as jax_caching
+    from gkx_autocache._jax import callbacks as jax_callbacks
+    from gkx_autocache._jax import runtime as jax_runtime
+    from gkx_autocache._jax import versions as jax_versions
 
     if _cpu_target.ADDED in os.environ:  # a parent's cpu_target cap, inherited: this process decides its own
         _cpu_target.strip_inherited()
 
-    old = _jax.unsupported(str(getattr(jax, "__version__", "")))
+    old = jax_versions.unsupported(str(getattr(jax, "__version__", "")))
     if old is not None:
         warn("jax:unsupported", old)
         return
@@ -82,7 +87,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     directory = location.version_dir
     # The user's own jax_compilation_cache_max_size: JAX's LRU keeps it, where it can (it needs filelock);
     # where it cannot, the store serves and keeps it as the cap, or at 0 nothing is cached, as JAX means.
-    jax_cap = None if _jax.jax_lru_usable() or not location.local else _jax_config.jax_cap(config)
+    jax_cap = None if jax_caching.jax_lru_usable() or not location.local else _jax_config.jax_cap(config)
     if jax_cap == 0:
         note = ("jax_compilation_cache_max_size is 0, at which JAX caches nothing, and its LRU cache cannot even be "
                 "built here (it needs filelock): nothing is cached; fix: unset it, or set it to -1 (no cap) or a size")
@@ -94,11 +99,11 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         if location.keeps_books:
             _formats.write_verdict(directory, "none", note, location.team)
         return
-    _fork.in_child(_jax.keep_backends)  # a warm run's forked child would hang at its exit (JAX's own cache too)
+    _fork.in_child(jax_runtime.keep_backends)  # a warm run's forked child would hang at its exit (JAX's own cache too)
     serves: Any = None  # where the store serves: whether it serves the directory JAX uses now (cpu_target)
     if location.stock:  # Windows: said at every import jax, as status says it (issue 46)
         warn("dir:stock", _cache.STOCK_NOTE.format(dir=directory), silence=NOTED)
-        unguarded = _jax.guard_stock(jax, directory)
+        unguarded = jax_caching.guard_stock(jax, directory)
         if unguarded:
             logger.debug("JAX's own errors reading and writing %s stay JAX's: %s", directory, unguarded)
     if not location.users_own:  # the user's own directory is left as they set it
@@ -111,25 +116,37 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     from gkx_autocache._record import recorder as _stats
 
     keeping = location.keeps_books  # a baked read-only cache is read and nothing else
-    levels = None
-    if settings["shared"] is not None:  # a second level behind this one (SPEC §14): objects only, no I/O here
-        from gkx_autocache import _autotune
-        from gkx_autocache._shared import setup as _levels
-
-        tunes = _autotune.enabled(getattr(config, "jax_persistent_cache_enable_xla_caches", None))
-        max_size = settings["max_size"]
-        room = functools.partial(_stats.prefetch_room, directory, max_size) if max_size else None
-        levels, problems = _levels.level_for(settings, location, jax.__version__, env, tunes, room)
-        for cause, message in problems:
-            warn(cause, message)
     set_by = None  # who gave JAX its own directory (``_adopted``)
     if location.local and location.users_own:
         from gkx_autocache import _adopted
 
         set_by = _adopted.who(directory, env.get("JAX_COMPILATION_CACHE_DIR"))
     recorder = _stats.start(settings, directory, ledger=keeping, remote=location.remote,
-                            team=location.team, levels=levels, set_by=set_by,
-                            serving=_store.installed, explainer=watch)
+                            team=location.team, set_by=set_by, serving=_store.installed, explainer=watch)
+    # The levels of the package's own directory, where it is a local one (SPEC §14): the local level
+    # first, then the shared one behind it, given the local one; objects only, no I/O here.
+    local = _local_level(jax, settings, location, env, recorder) if location.local else None
+    levels = None
+    if settings["shared"] is not None and local is not None:
+        from gkx_autocache import _autotune
+        from gkx_autocache._shared import setup as _shared_setup
+
+        tunes = _autotune.enabled(getattr(config, "jax_persistent_cache_enable_xla_caches", None))
+        max_size = settings["max_size"]
+        room = functools.partial(_stats.prefetch_room, directory, max_size) if max_size else None
+        levels, problems = _shared_setup.level_for(settings, location, jax.__version__, env, local, tunes, room)
+        for cause, message in problems:
+            warn(cause, message)
+    elif settings["shared"] is not None:
+        from gkx_autocache._shared import setup as _shared_setup
+
+        if (why := _shared_setup.problem(settings, location)) is not None:
+            warn(f"shared:{settings['shared']}", f"{settings.origin('shared')}: shared {settings['shared']} not used, "
+                                                 f"{why}; running with the local level only")
+    chain = Chain(local, levels if levels is not None else NoLevel()) if local is not None else None
+    _process.begin(_process.Process(recorder, chain if levels is not None else None))
+    if settings["report"]:
+        _process.report_at_exit()
     if location.local:
         # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
         cap = settings["max_size"] if location.packages or settings.origin("max_size") != "default" else 0
@@ -138,19 +155,19 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             cap, kept = jax_cap, (f"it keeps jax_compilation_cache_max_size ({jax_cap} bytes) as its cap: JAX's own LRU "
                                   "cache needs filelock, which is not installed")
         routing = functools.partial(_route.route, settings, location, recorder, env, xla_caches)
-        reason = _store.install(jax, directory, location.team, recorder, levels, routing,
+        reason = _store.install(jax, directory, chain, recorder, routing,
                                 functools.partial(_route.recheck, location.version_dir if location.team else None))
         if reason is None:
             serves = functools.partial(_store.serving_now, config)
-        callbacks = reason or _jax.serve_host_callbacks(  # before the other write seams: the one nearest JAX
+        callbacks = reason or jax_callbacks.serve_host_callbacks(  # before the other write seams: the one nearest JAX
             jax, lambda: _store.serving(str(config.jax_compilation_cache_dir)))
         if callbacks and not reason:
             logger.debug("compiles with host callbacks are not cached: %s", callbacks)
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
-        elif levels is not None:
-            _levels.at_exit(levels, recorder)
-            unwritten = _jax.rank_local_writes(jax, directory) if location.writable else None
+        elif levels is not None and chain is not None:
+            _shared_setup.at_exit(functools.partial(_finish_levels, chain, recorder))
+            unwritten = jax_caching.rank_local_writes(jax, directory) if location.writable else None
             if unwritten:
                 logger.debug("ranks other than 0 do not write their local level: %s", unwritten)
         thresholds = {k: (getattr(config, str(_settings.KEYS[k].jax_option), None), settings.origin(k))
@@ -171,3 +188,35 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     from gkx_autocache import _unread
 
     _unread.install(env, recorder.not_read)
+
+
+def _local_level(jax: Any, settings: _settings.Settings, location: _cache.Location, env: Mapping[str, str],
+                 recorder: Any) -> Any:
+    """The local level of the package's own directory, with JAX's codec, accounting its landings
+    to ``recorder``; None where this JAX's cache module has none (its store cannot serve:
+    ``_jax.caching.store_problem``)."""
+    from gkx_autocache import _mount
+    from gkx_autocache._formats import compression_of
+    from gkx_autocache._jax import caching as jax_caching
+    from gkx_autocache._local.level import LocalLevel
+
+    codec = jax_caching.codec(jax)
+    if codec is None or location.version_dir is None:
+        return None
+    sample, decompress = codec
+    signs = settings["shared"] is not None and _settings.signing_key(env) is not None
+    return LocalLevel(os.path.realpath(location.version_dir), compression=compression_of(sample) or "zlib",
+                      decompress=decompress, team=location.team, writable=location.writable,
+                      check_payload=jax_caching.payload_checks(jax), signs=signs,
+                      whole=_mount.bucket_mount(location.version_dir) is not None, account=recorder.landed)
+
+
+def _finish_levels(chain: Chain, recorder: Any) -> None:
+    """At exit, before the ledger closes: the shared level's uploads, manifest and pack; the entries
+    a prefetch landed that no lookup used, recorded as written; both levels' numbers."""
+    try:
+        for key, receipt in chain.finish():
+            recorder.put(key, receipt.disk, receipt.compile_secs, landed=True)
+        recorder.levels_record(chain.numbers())
+    except Exception as exc:  # never costs the exit
+        logger.debug("the levels' exit: %s", exc)

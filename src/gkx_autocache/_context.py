@@ -71,9 +71,9 @@ def distribution_version(name: str) -> str | None:
 
 def cpu_target(level: str) -> _cpu_target.Target:
     """What ``cpu_target`` comes to on this host, with this environment's jaxlib (from its metadata)."""
-    from gkx_autocache import _jax
+    from gkx_autocache._jax import versions as jax_versions
 
-    return _cpu_target.here(level, _jax.version_tuple(distribution_version("jaxlib") or ""), os.environ.get("XLA_FLAGS", ""))
+    return _cpu_target.here(level, jax_versions.version_tuple(distribution_version("jaxlib") or ""), os.environ.get("XLA_FLAGS", ""))
 
 
 def load_context(create: bool = False) -> Context:
@@ -132,8 +132,7 @@ def hook_live() -> bool:
     finder reads the variable when ``jax`` is imported); or, once ``jax`` is imported, whether the
     hook configured it in this process (the API's ``status()``). The finder is known by its name, as
     ``gkx_autocache.is_finder`` knows it (the package's ``__init__`` is imported by no module)."""
-    recorder = sys.modules.get("gkx_autocache._record.recorder")
-    if getattr(recorder, "recorder", None) is not None:  # the API, in a process whose JAX the hook configured
+    if getattr(sys.modules.get("gkx_autocache._process"), "current", None) is not None:  # the API, where the hook configured JAX
         return True
     off = os.environ.get("GKX_JAX_CACHE", "").strip().lower() in _settings.FALSE
     return not off and _layout.TARGET not in sys.modules and any(_is_finder(f) for f in sys.meta_path)

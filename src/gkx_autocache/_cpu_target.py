@@ -125,12 +125,12 @@ class Target:
         """At the first CPU key XLA's backend has read ``XLA_FLAGS``: the cap leaves them (children
         never see it), and where XLA did not take it (its backend started before ``import jax``
         ended, or ``XLA_FLAGS`` was replaced since) the host's ISA keys CPU entries, one warning."""
-        from gkx_autocache import _jax
         from gkx_autocache._diagnostics import warn
+        from gkx_autocache._jax import runtime as jax_runtime
 
         release()
         cap = LEVELS[str(self.level)][0]
-        if _jax.took_xla_flag(cap) is False:
+        if jax_runtime.took_xla_flag(cap) is False:
             self.why_host = (f"cpu_target {self.level} not used, XLA did not take its cap ({FLAG}={cap}): its backend "
                              "started before gkx-autocache set it, or XLA_FLAGS was replaced after import jax; CPU "
                              "entries are keyed on this host's ISA, as with cpu_target = host")
@@ -289,24 +289,26 @@ def take(jax: Any, level: str, serves: Any) -> None:
     JAX loads it; ``serves``, None where it is not installed); else one warning, and the host's ISA
     keys them (SPEC §15). On ``import jax``, once: it sets ``active``."""
     global active
-    from gkx_autocache import _jax
     from gkx_autocache._diagnostics import logger, warn
+    from gkx_autocache._jax import hooks as jax_hooks
+    from gkx_autocache._jax import runtime as jax_runtime
+    from gkx_autocache._jax import versions as jax_versions
 
     why = None
     if serves is None:
         why = (f"cpu_target {level} not used, gkx-autocache's store does not serve the cache here (only it checks an "
                "entry's features before JAX loads it): CPU entries are keyed on this host's ISA")
-    elif _jax.backends_started(jax):
+    elif jax_runtime.backends_started(jax):
         why = (f"cpu_target {level} not used, XLA's backend started before import jax finished, and it reads its "
                "cap then: CPU entries are keyed on this host's ISA")
     if why is not None:
         warn("cpu_target", why)
         return
-    target = here(level, _jax.version_tuple(_jax.jaxlib_version()), os.environ.get("XLA_FLAGS", ""), serves)
+    target = here(level, jax_versions.version_tuple(jax_versions.jaxlib_version()), os.environ.get("XLA_FLAGS", ""), serves)
     if target.why_host is not None:
         warn("cpu_target", target.why_host)
         return
-    _jax.exclude_xla_flag(FLAG)  # the target is in the key's hook part; the flag leaves XLA_FLAGS
+    jax_hooks.exclude_xla_flag(FLAG)  # the target is in the key's hook part; the flag leaves XLA_FLAGS
     add_flag(level)
     logger.debug("cpu_target %s: XLA_FLAGS=%s", level, os.environ["XLA_FLAGS"])
     active = target
@@ -334,7 +336,7 @@ def add_flag(level: str, environ: Any = os.environ) -> None:
 def release(environ: Any = os.environ) -> None:
     """XLA has read its flags: the cap this package added leaves ``XLA_FLAGS``, so that a process it
     starts (another Python, another JAX: 0.4.30's XLA stops on the flag) never inherits it. JAX's key
-    leaves the flag out (``_jax.exclude_xla_flag``): keys stay the same."""
+    leaves the flag out (``_jax.hooks.exclude_xla_flag``): keys stay the same."""
     strip_inherited(environ)
 
 

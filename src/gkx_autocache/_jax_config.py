@@ -38,7 +38,7 @@ class XlaCaches:
     directory the trust rules refuse. JAX points them under its cache directory whenever one is
     set, in each compile's options, before it sets up its cache object (and whether or not it sets
     one up), so they are judged at each compile where the options point them (``allowed``, from
-    ``_jax.guard_xla_caches``), after JAX has routed its directory (``_route.route``), and turned off
+    ``_jax.caching.guard_xla_caches``), after JAX has routed its directory (``_route.route``), and turned off
     for a refused one (``refuse``): also a directory another user made after it was set (issue 67's
     M2), and a relative one wherever the working directory has moved it. ``judge``, when the
     directory is set, turns them off in ``jax.config`` early, and back on as they were once a

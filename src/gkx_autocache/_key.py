@@ -30,8 +30,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from gkx_autocache import _cpu_target, _isa, _jax
+from gkx_autocache import _cpu_target, _isa
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._jax import callbacks as jax_callbacks
+from gkx_autocache._jax import hooks as jax_hooks
 
 ISA_MARK = "gkx-autocache-isa="  # what the package's part of the hook's string ends with: the ISA
 CALLBACKS_MARK = "gkx-autocache-callbacks=by-index;"  # before it, on a compile whose callbacks the package hands back
@@ -65,10 +67,10 @@ class Seam:
 
     def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
         if name == "backend version":  # before the hook's part: the platform the key is for (cpu_target)
-            self.thread.platform = _jax.key_platform(hashfn)
+            self.thread.platform = jax_hooks.key_platform(hashfn)
         if name == "custom_hook" and self.hook is not None:  # the package's hook in place, or replaced since
             thread = self.thread
-            hook = _jax.current_hook()
+            hook = jax_hooks.current_hook()
             if hook is not self.hook:
                 self._noticed(hook)
                 thread.text = None  # the user's string is not known here
@@ -85,7 +87,7 @@ class Seam:
         if self.replaced is not None:
             return
         self.replaced = f"{getattr(current, '__module__', '?')}.{getattr(current, '__qualname__', repr(current))}"[:200]
-        logger.debug("%s was replaced by %s: the ISA is added by the seam", _jax.HOOK, self.replaced)
+        logger.debug("%s was replaced by %s: the ISA is added by the seam", jax_hooks.HOOK, self.replaced)
         if self.on_replaced is not None:
             self.on_replaced()
 
@@ -105,10 +107,10 @@ _suffix: list[str] = []
 def package_part() -> str:
     """What the package adds to the hook's string: the host's ISA (a CPU key's, the ``cpu_target``
     where one is used), after a mark where this thread's compile has host callbacks that the
-    package hands back (``_jax.handing_callbacks``)."""
+    package hands back (``_jax.callbacks.handing_callbacks``)."""
     target = _cpu_target.active
     keyed = seam is not None and target.keys(getattr(seam.thread, "platform", None))
-    return (CALLBACKS_MARK if _jax.handing_callbacks() else "") + (ISA_MARK + target.isa_text() if keyed else isa_suffix())
+    return (CALLBACKS_MARK if jax_callbacks.handing_callbacks() else "") + (ISA_MARK + target.isa_text() if keyed else isa_suffix())
 
 
 def isa_suffix() -> str:
@@ -168,9 +170,9 @@ def install(jax: Any, listener: Listener | None = None, on_replaced: Callable[[]
         current.hook = custom_hook
         return custom_hook
 
-    why = _jax.install_hook(wrap)  # without the hook, the parts are still watched: explain needs them alone
+    why = jax_hooks.install_hook(wrap)  # without the hook, the parts are still watched: explain needs them alone
     seam = current
-    current.parts = _jax.watch_key_parts(current.on_part)
+    current.parts = jax_hooks.watch_key_parts(current.on_part)
     return why
 
 
@@ -179,5 +181,5 @@ def replaced_note() -> str | None:
     replaced = seam.replaced if seam is not None else None
     if replaced is None:
         return None
-    return (f"{_jax.HOOK} was replaced after import jax (by {replaced}): CPU keys still get the "
+    return (f"{jax_hooks.HOOK} was replaced after import jax (by {replaced}): CPU keys still get the "
             "ISA, added by gkx-autocache's key seam; chain the hook you replace to keep yours and ours in one place")

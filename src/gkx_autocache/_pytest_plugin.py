@@ -4,7 +4,7 @@ pytest-xdist workers included, instead of one ``report`` line per process.
 
 Loading it costs a session that never imports JAX nothing measurable: it imports neither ``jax``
 nor the package's configuration path; it only looks, at the end, for the counts of a process
-where JAX was configured (``gkx_autocache._record.recorder`` is then in ``sys.modules``).
+where JAX was configured (``gkx_autocache._process`` is then in ``sys.modules``).
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ class _Session:
 def _snapshot() -> dict[str, Any] | None:
     # pytester's in-process runs take the modules they imported out of sys.modules afterwards; the
     # package keeps its own reference to the submodule.
-    stats = (sys.modules.get("gkx_autocache._record.recorder")
-             or getattr(getattr(sys.modules.get("gkx_autocache"), "_record", None), "recorder", None))
+    process = sys.modules.get("gkx_autocache._process") or getattr(sys.modules.get("gkx_autocache"), "_process", None)
     try:
-        return stats.snapshot() if stats is not None else None
+        return process.snapshot() if process is not None else None
     except Exception:
         return None
 
@@ -76,10 +75,10 @@ def pytest_configure(config: Any) -> None:
 
         now = time.time()
         os.environ[RUN] = f"{now:.3f}-{os.getpid()}"
-        recording = sys.modules.get("gkx_autocache._record.recorder")
-        recorder = getattr(recording, "recorder", None)
-        if recorder is not None:  # JAX configured in an earlier session of this process: its run is not this one
-            recorder.begin(recording.Run(os.environ[RUN], now))  # type: ignore[union-attr]
+        current = getattr(sys.modules.get("gkx_autocache._process"), "current", None)
+        if current is not None:  # JAX configured in an earlier session of this process: its run is not this one
+            recording = sys.modules["gkx_autocache._record.recorder"]
+            current.recorder.begin(recording.Run(os.environ[RUN], now))
     config._gkx_autocache = _Session(set_start, previous)
     _sessions.append(config)
 

@@ -1,6 +1,6 @@
 """What serves each directory JAX sets up its cache in (SPEC §5, §8): the store, JAX's own cache
 object checked at each lookup, or nothing, for a directory the trust rules refuse. Given to the
-seam on JAX's ``get_file_cache`` (``_jax.serve_file_caches``) by ``_configure``."""
+seam on JAX's ``get_file_cache`` (``_jax.caching.serve_file_caches``) by ``_configure``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gkx_autocache._layout import is_url
 
 def route(settings: _settings.Settings, location: _cache.Location | None, recorder: Any, env: Mapping[str, str],
           xla_caches: XlaCaches | None, path: str) -> tuple[str, str] | None:
-    """What serves the directory JAX sets up its cache in (``_jax.serve_file_caches``), at its first
+    """What serves the directory JAX sets up its cache in (``_jax.caching.serve_file_caches``), at its first
     compile since the directory was set (SPEC §5, §8, amended 2026-12-04 and 2026-12-06):
 
     - the package's own version directory: the store;
@@ -70,9 +70,9 @@ def route_only(jax: Any, settings: _settings.Settings, env: Mapping[str, str], x
     bucket): JAX's stock cache serves any directory JAX is given, judged as ``route`` judges it, and
     one the trust rules refuse gets no cache. Where that seam has changed, a refused directory JAX
     has now turns its cache off for this process: the one way left to read none of it."""
-    from gkx_autocache import _jax
+    from gkx_autocache._jax import caching as jax_caching
 
-    _, why = _jax.serve_file_caches(jax, functools.partial(route, settings, None, None, env, xla_caches), None,
+    _, why = jax_caching.serve_file_caches(jax, functools.partial(route, settings, None, None, env, xla_caches), None,
                                     lambda key, error: False, functools.partial(recheck, None))
     if why is not None and not settings["read_untrusted_dir"]:
         logger.debug("a directory the trust rules refuse cannot be kept from JAX: %s", why)
@@ -83,13 +83,14 @@ def route_only(jax: Any, settings: _settings.Settings, env: Mapping[str, str], x
 
 def watch_dir(config: Any, xla_caches: XlaCaches) -> None:
     """From now on, who sets ``jax_compilation_cache_dir`` (``_adopted``), and XLA's caches judged
-    with it, and at each compile where its options put them (``_jax.guard_xla_caches``); not on
+    with it, and at each compile where its options put them (``_jax.caching.guard_xla_caches``); not on
     Windows, where the trust rules do not run (``_cache.windows``)."""
     if os.name != "nt":
-        from gkx_autocache import _adopted, _jax
+        from gkx_autocache import _adopted
+        from gkx_autocache._jax import caching as jax_caching
 
         _adopted.watch(config, on_set=xla_caches.judge)
-        unguarded = _jax.guard_xla_caches(xla_caches.allowed)
+        unguarded = jax_caching.guard_xla_caches(xla_caches.allowed)
         if unguarded is not None:
             logger.debug("XLA's caches are judged only when the directory is set: %s", unguarded)
 

@@ -8,10 +8,11 @@ import os
 import sys
 from typing import Any
 
-from gkx_autocache import _adopted, _cache, _entries, _formats, _jax, _settings
+from gkx_autocache import _adopted, _cache, _entries, _formats, _settings
 from gkx_autocache._context import Context, cpu_target, distribution_version, hook_live, start_files
 from gkx_autocache._diagnostics import human_bytes
 from gkx_autocache._formats import UNKEYED
+from gkx_autocache._jax import versions as jax_versions
 from gkx_autocache._layout import is_url, version_name
 from gkx_autocache._record import locks as _locks
 from gkx_autocache._record import show as _show
@@ -126,7 +127,7 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         attention.append(f"the cache is disabled by {settings.origin('enabled')}")
     elif ctx.jax_version is None:
         attention.append("JAX is not installed here: pip install 'gkx-autocache[jax]'")
-    if ctx.jax_version is not None and (old := _jax.unsupported(ctx.jax_version)) is not None:
+    if ctx.jax_version is not None and (old := jax_versions.unsupported(ctx.jax_version)) is not None:
         attention.append(old)
     from gkx_autocache._shared import probe as _probe
 
@@ -177,7 +178,7 @@ def line_features(ctx: Any) -> tuple[dict[str, str | None] | None, str]:
     that configured it with this directory found; or why that is not known."""
     if ctx.jax_version is None:
         return None, "JAX is not installed"
-    if (old := _jax.unsupported(ctx.jax_version)) is not None:
+    if (old := jax_versions.unsupported(ctx.jax_version)) is not None:
         return None, old
     location = ctx.location
     if location is None or location.version_dir is None:
@@ -188,8 +189,8 @@ def line_features(ctx: Any) -> tuple[dict[str, str | None] | None, str]:
         import subprocess
 
         try:
-            child = subprocess.run([sys.executable, "-c", "import json; from gkx_autocache import _jax; "
-                                    "print(json.dumps(_jax.probe()))"], capture_output=True, text=True, timeout=60,
+            child = subprocess.run([sys.executable, "-c", "import json; from gkx_autocache._jax import probe; "
+                                    "print(json.dumps(probe.probe()))"], capture_output=True, text=True, timeout=60,
                                    env={**os.environ, "GKX_JAX_CACHE": "0", "JAX_PLATFORMS": "cpu"})
             found = json.loads(child.stdout.strip().splitlines()[-1])
         except Exception as exc:

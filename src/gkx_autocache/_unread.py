@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gkx_autocache import _jax
 from gkx_autocache._diagnostics import NOTED, warn
+from gkx_autocache._jax import caching as jax_caching
 
 # The flags that make XLA dump: --xla_dump_to, or (to stdout) any format or filter; XLA's GPU dumps.
 DUMP_FLAGS = ("--xla_dump_to", "--xla_dump_hlo_as_", "--xla_dump_hlo_module_re", "--xla_dump_hlo_pass_re",
@@ -51,13 +51,13 @@ def install(env: Mapping[str, str], not_read: Callable[..., Any]) -> None:
     def skipped(platform: str, devices: Callable[[], list[int]]) -> tuple[str, str] | None:
         if (dump := dumping()) is not None:
             return "NOT_READ", dump
-        if (subset := _jax.unsafe_subset(platform, devices)) is not None:
+        if (subset := jax_caching.unsafe_subset(platform, devices)) is not None:
             warn("tpu:subset", f"{subset}: such lookups read no cache entry until a fixed runtime is known; their "
                                "compiles are still written", silence=NOTED)
             return "NOT_READ_SUBSET", subset
         return None
 
-    unskipped = _jax.skip_lookups(skipped, not_read)
+    unskipped = jax_caching.skip_lookups(skipped, not_read)
     if unskipped is not None and (dump := dump_asked(env)) is not None:
         warn("xla:dump", f"{dump} asks for an XLA dump, which a cache hit skips, and the cache cannot be left "
                          f"unread here ({unskipped}): set GKX_JAX_CACHE=0 while dumping")

@@ -15,9 +15,11 @@ import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from gkx_autocache import _jax, _key
+from gkx_autocache import _key
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._explain import inputs
+from gkx_autocache._jax import hooks as jax_hooks
+from gkx_autocache._jax import versions as jax_versions
 from gkx_autocache._key import PARTS
 
 PART_DIGITS = 16  # a part's hash, shortened: enough to tell parts apart, small to keep
@@ -53,7 +55,7 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
     readable: dict[str, str] = {}
     signature, place, files = "?", UNKNOWN_PLACE, ()
     for part, hashfn in parts:
-        cells = _jax.part_values(hashfn)
+        cells = jax_hooks.part_values(hashfn)
         if part == PARTS[0]:
             module = cells.get("module")
             if module is not None:
@@ -125,7 +127,7 @@ def _readable_once(part: str, hash_: str, cells: dict[str, Any]) -> str | None:
 
 def _readable(part: str, cells: dict[str, Any]) -> str | None:
     if part == "jax_lib version":
-        return _jax.jaxlib_version()
+        return jax_versions.jaxlib_version()
     if part == "backend version" and "backend" in cells:
         return f"{cells['backend'].platform} {cells['backend'].platform_version}"
     if part == "compile_options" and "compile_options" in cells:
@@ -147,7 +149,7 @@ def xla_flags() -> tuple[str, str]:
     ``--xla…`` arguments), less the ones it leaves out; and as a person reads them, those of
     ``LIBTPU_INIT_ARGS`` apart (``--xla_a=1 LIBTPU_INIT_ARGS: --xla_tpu_b=2``): a TPU flag is
     named by the variable that set it."""
-    excluded = _jax.excluded_xla_flags()
+    excluded = jax_hooks.excluded_xla_flags()
 
     def kept(flags: list[str]) -> list[str]:
         return [f for f in sorted(flags) if f.split("=")[0] not in excluded]
@@ -207,7 +209,7 @@ def _cleared_by_jax() -> frozenset[str]:
     their values never change a key, so they are never named as a change."""
     if not _cleared:
         try:
-            _cleared.append(_jax.cleared_debug_options())
+            _cleared.append(jax_hooks.cleared_debug_options())
         except Exception:
             _cleared.append(frozenset())
     return _cleared[0]
@@ -218,7 +220,7 @@ def compile_options(options: Any, strip_device_assignment: bool) -> dict[str, st
     included), ``env_option_overrides``, after JAX's own clearing; and ``#<n>`` digests of the
     serialised fields, for changes no exposed field shows (``field <n> changed``)."""
     cleared = _cleared_by_jax()
-    excluded = _jax.excluded_env_overrides()
+    excluded = jax_hooks.excluded_env_overrides()
     fields: dict[str, str] = {}
 
     def walk(obj: Any, prefix: str) -> None:
@@ -247,7 +249,7 @@ def _wire_digests(options: Any, strip: bool) -> dict[str, str]:
     """The serialised compile options (as JAX hashes them), field by field: ``#3`` for a top-level
     field, ``#3.14`` for a field of a message in it."""
     capture = _Capture()
-    _jax.hash_compile_options(capture, options, strip)
+    jax_hooks.hash_compile_options(capture, options, strip)
     found: dict[str, str] = {}
     for number, values in _by_number(_wire_fields(capture.data) or []).items():
         inner = _wire_fields(values[0]) if len(values) == 1 and isinstance(values[0], bytes) else None
@@ -637,7 +639,7 @@ def config_map() -> dict[str, str]:
     cannot change what is compiled."""
     import jax
 
-    holders = _jax.config_holders(jax)
+    holders = jax_hooks.config_holders(jax)
     if not _CONFIG_KEPT or _CONFIG_KEPT[0] is not holders or _CONFIG_KEPT[1] != len(holders):
         _CONFIG_KEPT[:] = [holders, len(holders), [(o, h) for o, h in holders.items() if not o.startswith(CONFIG_IGNORED)]]
     found = {}

@@ -11,8 +11,11 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from gkx_autocache import _jax, _key
+from gkx_autocache import _key
 from gkx_autocache._diagnostics import logger, plural
+from gkx_autocache._jax import caching as jax_caching
+from gkx_autocache._jax import callbacks as jax_callbacks
+from gkx_autocache._jax import hooks as jax_hooks
 from gkx_autocache._key import PARTS
 
 if TYPE_CHECKING:
@@ -124,14 +127,14 @@ def install(jax: Any, watch: Watch, recorder: Any, version_dir: str, load: Any =
     origins = origins or {}
     seam = _key.seam
     if seam is None or not seam.parts:
-        return _jax.PARTS_CHANGED
+        return jax_hooks.PARTS_CHANGED
     if seam.listener is not watch:  # installed before, by another (JAX's key seam is wrapped once a process)
         return "the key's parts are handed to another listener"
 
     def wrap(write: Any) -> Any:
         def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any,
                          *rest: Any, **kwargs: Any) -> None:
-            reason = _not_written(jax, compile_time_secs, _jax.host_callbacks(rest, kwargs), backend, origins)
+            reason = _not_written(jax, compile_time_secs, jax_callbacks.host_callbacks(rest, kwargs), backend, origins)
             before = recorder.writes
             write(cache_key, compile_time_secs, module_name, backend, executable, *rest, **kwargs)
             try:
@@ -151,7 +154,7 @@ def install(jax: Any, watch: Watch, recorder: Any, version_dir: str, load: Any =
 
         return _cache_write
 
-    why = _jax.wrap_cache_write(wrap)
+    why = jax_caching.wrap_cache_write(wrap)
     if why is not None:
         return why
     watch.start(version_dir, load)
@@ -174,9 +177,9 @@ def _not_written(jax: Any, compile_time_secs: float, host_callbacks: Any, backen
 
         if jax.process_index() != 0:
             return causes.NOT_PROCESS_0, f"process {jax.process_index()}: only process 0 of a multi-process run writes"
-        kept = _jax.callbacks_kept(host_callbacks, backend)
+        kept = jax_callbacks.callbacks_kept(host_callbacks, backend)
         if kept is not None:
-            by = _jax.callbacks_by(host_callbacks)
+            by = jax_callbacks.callbacks_by(host_callbacks)
             what = f"{plural(len(host_callbacks), 'host callback')} {causes.CALLBACKS_BY.get(by, f'of {by}')}"
             return causes.HOST_CALLBACKS, f"{what} in the function: {kept}", "", by
         minimum = jax.config.jax_persistent_cache_min_compile_time_secs

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,16 +22,6 @@ from gkx_autocache._record import ledger as _ledger
 
 if TYPE_CHECKING:  # (a type only: nothing to compile on import jax)
     from typing import Protocol
-
-    class Levels(Protocol):
-        """What the recorder reports of the shared level (``_shared.level.Level``)."""
-
-        url: str
-
-        @property
-        def signs(self) -> bool: ...
-
-        def snapshot(self) -> dict[str, float]: ...
 
     class Explains(Protocol):
         """What the recorder asks of who explains its misses (``_explain.seam.Watch``)."""
@@ -103,17 +92,12 @@ def module_name(traced: str) -> str:
     return traced if not traced or traced.startswith(("jit_", "pmap_", "xla_pmap_")) else f"jit_{traced}"
 
 
-def local_zero() -> dict[str, float]:
-    """The local level's numbers, named as the shared level's (``_shared.channel.COUNTS``)."""
-    return {"hits": 0, "misses": 0, "bytes_read": 0, "read_secs": 0.0, "reads": 0}
-
-
 class Recorder:
     """This process's counters and ledger file. Every method swallows its own errors: it runs
     inside JAX's compile path, where an exception would fail the user's ``jit`` call."""
 
     def __init__(self, directory: str, ledger: bool, team: bool = False, run: Run | None = None,
-                 levels: Levels | None = None, set_by: str | None = None,
+                 set_by: str | None = None,
                  serving: Callable[[], bool] = lambda: False, explainer: Explains | None = None) -> None:
         self.directory = directory
         self.team = team
@@ -122,8 +106,6 @@ class Recorder:
         self.jax_saved_secs = 0.0  # JAX's own figure, whole-second compile times: for remote dirs
         self.totals = _ledger.Totals()  # everything this process counted
         self.explainer = explainer  # names each miss's cause (SPEC §13), where JAX's key parts can be read
-        self.levels = levels  # the shared level and its numbers (SPEC §14), when one is set
-        self.local = local_zero()  # the local level's numbers (SPEC §14), recorded with the shared level's
         self.run = run or Run(f"{time.time():.3f}-{os.getpid()}", time.time())  # begin() changes it
         self.set_by = set_by  # who gave JAX this directory, where it was not the package (``move``)
         self.cap: int | None = None  # the cap of a directory moved to, where not the package's own
@@ -267,31 +249,12 @@ class Recorder:
             logger.debug("the miss of %s not kept with it: %s", key, exc)
         self._record(record, ("uncached", key, reason))
 
-    def local_hit(self, nbytes: int, secs: float) -> None:
-        """A lookup the local level answered, read in ``secs`` (the local level's numbers)."""
-        with self._lock:
-            local = self.local
-            local["hits"] += 1
-            local["bytes_read"] += nbytes
-            local["read_secs"] += secs
-            local["reads"] += 1
-
-    def local_miss(self) -> None:
-        """A lookup the local level did not answer (a prefetched entry's first use included: the
-        shared level's hit)."""
-        with self._lock:
-            self.local["misses"] += 1
-
-    def local_numbers(self) -> dict[str, float]:
-        with self._lock:
-            return dict(self.local)
-
-    def levels_record(self, shared: dict[str, float]) -> None:
-        """Both levels' numbers, once at exit (SPEC §14): the local level's, this recorder's; the
-        shared level's, as it counted them. The ledger sums them over processes."""
+    def levels_record(self, numbers: dict[str, dict[str, float]]) -> None:
+        """Both levels' numbers, once at exit (SPEC §14), as each level counted them
+        (``Chain.numbers``). The ledger sums them over processes."""
         self._record({"e": "levels", **{level: {k: round(v, 6) if isinstance(v, float) else v
                                                 for k, v in counts.items() if v}
-                                        for level, counts in (("local", self.local_numbers()), ("shared", shared))}})
+                                        for level, counts in numbers.items()}})
 
     def _settle(self, waiting: dict[str, Any] | None = None) -> None:
         """Record this thread's miss that was waiting, and (optionally) start waiting on another."""
@@ -503,7 +466,6 @@ class Recorder:
         self._repeats = _ledger.Totals()
         self._tallied = _ledger.Totals()
         self._ledger_run = None
-        self.local = local_zero()
         if self.explainer is not None:  # a lock another thread of the parent held at the fork stays held
             self.explainer.after_fork()
         self._new_ledger()
@@ -535,14 +497,7 @@ class Recorder:
         return {"dirs": [used], "set_by": self.set_by, "store": True, "hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
                 "causes": dict(t.causes), "not_cached": t.not_cached, "not_cached_secs": t.not_cached_secs, "reasons": dict(t.reasons),
                 "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
-                "tracing_secs": t.tracing_secs,
-                "levels": ({"local": self.local_numbers(), "shared": self.levels.snapshot()}
-                           if self.levels is not None else {}),
-                "shared": ({"url": self.levels.url, "signed": self.levels.signs}
-                           if self.levels is not None else None)}
-
-
-recorder: Recorder | None = None
+                "tracing_secs": t.tracing_secs, "levels": {}, "shared": None}
 
 
 def prefetch_room(version_dir: str, cap: int, unfolded: bool) -> int:
@@ -553,27 +508,22 @@ def prefetch_room(version_dir: str, cap: int, unfolded: bool) -> int:
 
 
 def start(settings: Any, directory: str, ledger: bool, remote: bool = False, team: bool = False,
-          levels: Levels | None = None, set_by: str | None = None, serving: Callable[[], bool] = lambda: False,
+          set_by: str | None = None, serving: Callable[[], bool] = lambda: False,
           explainer: Explains | None = None) -> Recorder:
     """Listen to JAX's cache events; with ``report``, print one line at exit. A remote directory
     gets this process's sums as one ledger object at exit. ``team``: the directory is a team's
-    (``trust_shared`` may be the shared level's alone, SPEC §14); ``levels``, the shared level
-    whose numbers it reports; ``set_by``, who gave JAX the directory where it was not the package;
+    (``trust_shared`` may be the shared level's alone, SPEC §14); ``set_by``, who gave JAX the
+    directory where it was not the package;
     ``serving()``, whether the store serves it (asked, not told: it is installed after the recorder);
     ``explainer``, who names a miss's cause (``_explain.seam.Watch``)."""
-    global recorder
     import jax.monitoring
 
-    recorder = Recorder(directory, ledger, team=team, run=begin_run(), levels=levels, set_by=set_by,
-                        serving=serving, explainer=explainer)
+    recorder = Recorder(directory, ledger, team=team, run=begin_run(), set_by=set_by, serving=serving,
+                        explainer=explainer)
     jax.monitoring.register_event_listener(recorder.on_event)
     jax.monitoring.register_event_duration_secs_listener(recorder.on_duration)
     if remote:
         _before_thread_pools_stop(_write_remote_ledger, recorder)
-    if settings["report"]:
-        from gkx_autocache._record import show  # noqa: F401  (now: at exit the package's files may be gone)
-
-        atexit.register(_report)
     return recorder
 
 
@@ -625,26 +575,3 @@ def _write_remote_ledger(rec: Recorder) -> None:
         _remote.write_ledger(rec.directory, json.dumps(record) + "\n")
     except Exception as exc:  # a ledger is bookkeeping: never a failure at exit
         logger.debug("remote ledger not written: %s", exc)
-
-
-def snapshot() -> dict[str, Any] | None:
-    """This process's counts, for the directory JAX uses now; None when JAX was not configured."""
-    if recorder is None:
-        return None
-    jax = sys.modules.get("jax")
-    used = getattr(getattr(jax, "config", None), "jax_compilation_cache_dir", None)
-    return recorder.snapshot(str(used) if used else recorder.directory)
-
-
-def _report() -> None:
-    try:
-        snap = snapshot()
-        plugin = sys.modules.get("gkx_autocache._pytest_plugin")
-        if snap is not None and plugin is not None:
-            snap = plugin.uncounted(snap)  # what no pytest session's line counted already
-        if snap is not None:
-            from gkx_autocache._record.show import summary_line
-
-            print(summary_line(snap), file=sys.stderr, flush=True)
-    except Exception:
-        pass

@@ -9,8 +9,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from gkx_autocache import _jax
 from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._jax import versions as jax_versions
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
 from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, bounded, refused
 from gkx_autocache._shared.seal import SEAL_LIMIT, EntryRefused
@@ -161,11 +161,11 @@ class Bucket:
         errors, a bucket that does not exist included (on S3)."""
         fs, path = self.filesystem()
         lsdir, list_objects = getattr(fs, "_lsdir", None), getattr(fs, "_list_objects", None)
-        if lsdir is not None and "max_items" in _jax.parameters(lsdir):  # s3fs
+        if lsdir is not None and "max_items" in jax_versions.parameters(lsdir):  # s3fs
             infos = self._run(lambda fs, path: lsdir(path, refresh=True, max_items=LIST_LIMIT + 1))
             fs.invalidate_cache(path)  # a page is no complete listing: keep it out of fsspec's cache
-        elif list_objects is not None and "max_results" in (_jax.parameters(list_objects)
-                                                            + _jax.parameters(getattr(fs, "_do_list_objects", None))):
+        elif list_objects is not None and "max_results" in (jax_versions.parameters(list_objects)
+                                                            + jax_versions.parameters(getattr(fs, "_do_list_objects", None))):
             # gcsfs: ``_list_objects(path, prefix, versions, **kwargs)`` hands max_results to
             # ``_do_list_objects``, which pages up to it (not tested here: no GCS server)
             fs.invalidate_cache(path)  # a cached listing would be returned whole, unbounded

@@ -14,18 +14,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
-from gkx_autocache import _autotune, _fork, _jax
+from gkx_autocache import _autotune, _fork
 from gkx_autocache._diagnostics import NOTED, logger, warn
-from gkx_autocache._landing import Landing
+from gkx_autocache._entry import MISS, Answer, Entry
+from gkx_autocache._jax import runtime as jax_runtime
 from gkx_autocache._layout import ENTRY_SUFFIX
 from gkx_autocache._shared import manifest, pack, prefetch
-from gkx_autocache._shared.answer import MISS, Answer
 from gkx_autocache._shared.backend import Backend
 from gkx_autocache._shared.calls import LEAST_SECS, ShuttingDown, Stalled, TooSlow, bounded, describe
 from gkx_autocache._shared.channel import Channel
-from gkx_autocache._shared.reads import Found, Reader
+from gkx_autocache._shared.local import LocalPort
+from gkx_autocache._shared.reads import Reader
 from gkx_autocache._shared.seal import EntryRefused
 from gkx_autocache._shared.uploads import QUEUE_BYTES, Uploads
 
@@ -33,18 +33,18 @@ MAX_ENTRY = 8 << 30  # without a cap, the most read of one shared entry (a lying
 
 
 class Level:
-    """The shared level of this process, as the store asks it: lookups, the prefetch, both levels'
-    numbers (the store reports its local hits and misses), and what a run leaves at exit. Its
-    ``channel`` (the backend, the listing, the off-switch) is what its ``reader``, its ``uploads``
-    and its prefetch are given."""
+    """The shared level of this process, as the chain asks it: lookups, the prefetch, its numbers,
+    and what a run leaves at exit. Its ``channel`` (the backend, the listing, the off-switch) is
+    what its ``reader``, its ``uploads`` and its prefetch are given; ``local``, the local level in
+    front of it (``LocalPort``: where a prefetch lands, what uploads read), built before it."""
 
-    def __init__(self, url: str, backend: Backend, *, local: str, timeout: float, writes: str | None,
+    def __init__(self, url: str, backend: Backend, local: LocalPort, *, timeout: float, writes: str | None,
                  secret: bytes | None, max_entry: int = MAX_ENTRY, origin: str = "shared",
-                 queue_bytes: int = QUEUE_BYTES, room: Callable[[bool], int] | None = None, local_team: bool = False,
-                 tunes: bool = False, rank: Callable[[], int] = _jax.process_id) -> None:
-        self.channel = channel = Channel(url, backend, timeout=timeout, rank=rank, origin=origin, local_dir=local)
+                 queue_bytes: int = QUEUE_BYTES, room: Callable[[bool], int] | None = None,
+                 tunes: bool = False, rank: Callable[[], int] = jax_runtime.process_id) -> None:
+        self.channel = channel = Channel(url, backend, timeout=timeout, rank=rank, origin=origin, local_dir=local.path)
         self.url = url  # as the user wrote it, for messages
-        self.landing = Landing(local, local_team)  # where a prefetch lands; the store opens it when JAX makes it
+        self.local = local
         self.tunes = tunes  # XLA keeps GPU autotune results in the local level (``_autotune``): they travel
         self.reader = Reader(channel, secret=secret, max_entry=max_entry)
         self.room = room  # the room under the local level's cap (``fold.prefetch_room``): a prefetch stays in it
@@ -55,7 +55,7 @@ class Level:
         self._missed = False  # a lookup missed the local level: a writer's run then leaves a manifest
         self._compiled: dict[str, float] = {}  # function -> the longest compile of it this process measured
         self._lock = threading.Lock()
-        self.uploads = Uploads(channel, self.reader, self.landing.uploadable, writes, queue_bytes)  # writes: None, uploads on; else why not
+        self.uploads = Uploads(channel, self.reader, local, writes, queue_bytes)  # writes: None, uploads on; else why not
         _fork.in_child(self._forked)
 
     def _forked(self) -> None:
@@ -110,12 +110,12 @@ class Level:
             return
         if self.writes is None and channel.rank() == 0:
             self.uploads.start()
-        if not self.landing.writable:  # the local level takes no writes: nothing can land
+        if not self.local.writable:  # the local level takes no writes: nothing can land
             return
         budget = prefetch.BUDGET if self.room is None else min(prefetch.BUDGET, self.room(False))  # under the cap
         if budget <= 0:
             return
-        ahead = prefetch.Prefetch(channel, self.reader, self.landing, budget, tunes=self.tunes, room=self.room)
+        ahead = prefetch.Prefetch(channel, self.reader, self.local, budget, tunes=self.tunes, room=self.room)
         ahead.take(key)  # this lookup's: fetched by it
         self._prefetch = ahead
         ahead.start()
@@ -140,7 +140,7 @@ class Level:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def get(self, key: str) -> Answer:
+    def read(self, key: str) -> Answer:
         """The entry from the shared level (``found``), why it must not be served (``refused``), or
         neither for a miss. Never raises. Before a miss goes to XLA to compile, the GPU autotune
         results of a prefetch (``_autotune``) are in place, or a timeout has passed."""
@@ -169,7 +169,7 @@ class Level:
             return MISS
         started = time.perf_counter()
         try:
-            found: Found | None = bounded(lambda progress: self.reader.fetch(key, progress), channel.timeout)
+            found: Entry | None = bounded(lambda progress: self.reader.fetch(key, progress), channel.timeout)
         except ShuttingDown:  # a compile while the interpreter exits: a miss, nothing wrong with the level
             self.channel.count(misses=1)
             return MISS
@@ -215,10 +215,10 @@ class Level:
             self._compiled[name] = max(compile_secs, self._compiled.get(name, 0.0))
         self.uploads.put(key, data, seal, compile_secs, written)
 
-    def finish(self, recorder: Any = None) -> None:
+    def finish(self) -> None:
         """At exit: what is pending gets one ``shared_timeout`` in all; the rest is dropped,
-        counted, with one warning. Then the shared level's numbers go to the ledger, with the local
-        level's (the recorder's)."""
+        counted, with one warning. The entries a prefetch landed that no lookup used are the local
+        level's to say (``Chain.finish``); what the prefetch fetched that no process used, its waste."""
         channel = self.channel
         deadline = time.monotonic() + channel.timeout
         channel.close()
@@ -226,9 +226,6 @@ class Level:
             wasted = self._prefetch.stop(min(1.0, channel.timeout))
             if wasted:
                 channel.count(prefetch_wasted_bytes=wasted)
-            if recorder is not None and self.landing.writable:  # the entries no lookup used, recorded as written
-                for key, landed in self.landing.rest():
-                    recorder.put(key, landed.written, landed.compile_secs, landed=True)
         try:
             objects = self._manifest_items()
         except Exception as exc:  # pragma: no cover - never costs the exit
@@ -240,11 +237,6 @@ class Level:
             warn("shared:exit", f"{left_over} uploads to the shared level {channel.url} were dropped at exit: they did "
                                 f"not finish within shared_timeout ({channel.timeout:g} s, {channel.origin}); they are "
                                 "compiled again by a later run")
-        if recorder is not None:
-            try:
-                recorder.levels_record(self.snapshot())
-            except Exception as exc:
-                logger.debug("per-level numbers not recorded: %s", exc)
 
     def _manifest_items(self) -> list[tuple[str, bytes]]:
         """At exit, a writer's run that missed locally: its manifest and (to a bucket) its pack, as
@@ -260,7 +252,7 @@ class Level:
         keys = list(seen.items())
         ahead = self._prefetch
         own = ahead.own if ahead is not None else None
-        tuned = _autotune.local(self.landing.path, self.landing.team, signing=self.reader.signs) if self.tunes else []
+        tuned = _autotune.local(self.local.path, self.local.team, signing=self.reader.signs) if self.tunes else []
         obj = _autotune.pack(tuned) if tuned else b""
         said = ahead.autotune[1:] if ahead is not None and ahead.autotune is not None else None
         # A process with no results of its own to vouch for (its XLA keeps none, its landing failed, or
@@ -274,7 +266,7 @@ class Level:
         ident, part, _, _ = manifest.program()
         name = manifest.manifest_name(ident, part)
         data, packed = b"", list[str]()
-        if self.landing.opened and self.channel.backend.streams():  # (not a directory, nor gcsfs)
+        if self.channel.backend.streams():  # (not a directory, nor gcsfs)
             data, packed = pack.build(self._records(keys))
         inside = set(packed)
         keys = [item for item in keys if item[0] in inside] + [item for item in keys if item[0] not in inside]
@@ -293,9 +285,9 @@ class Level:
             room -= size + pack.HEAD.size + len(key) + 512  # (a seal: about 300 bytes; ``build`` has the last word)
             if room < 0:
                 return
-            if (local := self.landing.uploadable(key)) is not None:
-                data, seal = local
-                yield key, seal, data
+            if (entry := self.local.uploadable(key)) is not None and \
+                    (seal := self.reader.seal_for(key, entry.data, entry.seal, entry.compile_secs, entry.written)):
+                yield key, seal, entry.data
 
     # -- what this process's key vouches for (``reads.Reader``) ------------------------------------
 
@@ -307,7 +299,3 @@ class Level:
         """``Reader.vouch``, where this process uploads (else None: then nothing it wrote is healed or
         packed by it)."""
         return None if self.writes is not None else self.reader.vouch(key, data, compile_secs, written)
-
-    def seal_for(self, key: str, data: bytes, raw_seal: bytes | None, compile_secs: float | None,
-                 written: float) -> bytes | None:
-        return self.reader.seal_for(key, data, raw_seal, compile_secs, written)

@@ -10,10 +10,10 @@ from typing import Any
 
 from gkx_autocache import _autotune
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._landing import Landing
 from gkx_autocache._shared import pack
 from gkx_autocache._shared.calls import ShuttingDown, bounded, describe
 from gkx_autocache._shared.channel import Channel
+from gkx_autocache._shared.local import LocalPort
 from gkx_autocache._shared.manifest import MANIFEST_LIMIT, autotune_name, manifest_name, program
 from gkx_autocache._shared.reads import Reader
 
@@ -86,7 +86,7 @@ def _small(channel: Channel, name: str, progress: Any) -> bytes:
     return data
 
 
-def land_autotune(channel: Channel, reader: Reader, landing: Landing, autotune: tuple[str, str, int]) -> None:
+def land_autotune(channel: Channel, reader: Reader, local: LocalPort, autotune: tuple[str, str, int]) -> None:
     """This program's GPU autotune results, into the local level's folder before any miss is
     compiled (a miss waits for them, at most one ``shared_timeout``): read whole (at most
     ``_autotune.TOTAL_LIMIT``), checked against the SHA-256 its manifest holds (signed, with a
@@ -99,7 +99,7 @@ def land_autotune(channel: Channel, reader: Reader, landing: Landing, autotune: 
         if len(data) != size or _autotune.digest(data) != sha:
             raise ValueError("it does not match its manifest's SHA-256")
         verified = reader.signs  # (decode refused a manifest the key did not sign)
-        landed = _autotune.land(landing.path, _autotune.unpack(data), landing.team, verified)
+        landed = _autotune.land(local.path, _autotune.unpack(data), local.team, verified)
         logger.debug("prefetch: %d GPU autotune results landed", landed)
     except Exception as exc:
         logger.debug("the autotune object %s is not used: %s", name, describe(exc))

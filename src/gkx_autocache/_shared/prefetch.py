@@ -27,14 +27,15 @@ import time
 from collections.abc import Callable
 
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._landing import Landing
+from gkx_autocache._entry import Entry
 from gkx_autocache._layout import ENTRY_SUFFIX
 from gkx_autocache._shared import plan
 from gkx_autocache._shared.calls import ShuttingDown, TooSlow, bounded, describe
 from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.flights import Flights
+from gkx_autocache._shared.local import LocalPort
 from gkx_autocache._shared.manifest import program
-from gkx_autocache._shared.reads import Found, Reader, TooLarge
+from gkx_autocache._shared.reads import Reader, TooLarge
 from gkx_autocache._shared.room import Reservation, cost
 from gkx_autocache._shared.seal import EntryRefused
 from gkx_autocache._shared.unpack import Unpack
@@ -44,23 +45,23 @@ BUDGET = 1 << 30  # the most a prefetch lands, where the cap leaves more room
 
 
 class Prefetch:
-    """One process's prefetch into its local level, through ``channel``, landing through ``landing``
+    """One process's prefetch into its local level, through ``channel``, landing in ``local``
     (where the local level takes no more, disk full, the prefetch ends): its plan (``plan.read``),
     its keys and bytes (``flights``), its workers and its pack's reading."""
 
-    def __init__(self, channel: Channel, reader: Reader, landing: Landing, budget: int, *, tunes: bool = False,
+    def __init__(self, channel: Channel, reader: Reader, local: LocalPort, budget: int, *, tunes: bool = False,
                  room: Callable[[bool], int] | None = None) -> None:
         self.channel = channel
         self.reader = reader
-        self.landing = landing
+        self.local = local
         self.tunes = tunes  # XLA keeps GPU autotune results in the local level (``_autotune``)
         self.room_left = room  # the room under the local cap (None: no cap)
-        self.flights = Flights(budget, reader.signs, lambda key: key in landing.landed)
+        self.flights = Flights(budget, reader.signs, lambda key: key in local.landings)
         self.refused: dict[str, str] = {}  # key -> why its bytes were not landed (its lookup says so)
         self.slow: dict[str, str] = {}  # key -> why its read was abandoned: slower than its compile (its lookup compiles)
         self.plan = plan.Plan()  # its manifests, as read
-        self.unpack = Unpack(channel, reader, self.flights, landing.has, self._land)  # its packs
-        self.reservation = Reservation(landing.meta)  # this process's share of the room under the cap
+        self.unpack = Unpack(channel, reader, self.flights, local.has, self._land)  # its packs
+        self.reservation = Reservation(local.meta)  # this process's share of the room under the cap
         self.tuned = threading.Event()  # the autotune results are in place (or there are none): a miss may go to XLA
         if not tunes:  # XLA keeps no autotune results in this process: no lookup waits for any
             self.tuned.set()
@@ -104,7 +105,7 @@ class Prefetch:
             wanted = []  # (filtered outside the lock: a lookup never waits on these stats)
             for key, size in read.keys:
                 listed = listing.get(key + ENTRY_SUFFIX) if listing is not None else size
-                if listed and not self.landing.has(key):
+                if listed and not self.local.has(key):
                     wanted.append((key, min(size, listed) if listing is None else listed))  # the listing's size, where it has one
             if self.room_left is not None:  # the room under the cap, less what unfolded ledgers added (a killed
                 # fresh process's landing), shared with other fresh processes: what is wanted of it
@@ -134,7 +135,7 @@ class Prefetch:
     def _land_autotune(self) -> None:
         assert self.plan.autotune is not None
         try:
-            plan.land_autotune(self.channel, self.reader, self.landing, self.plan.autotune)
+            plan.land_autotune(self.channel, self.reader, self.local, self.plan.autotune)
         finally:
             self.tuned.set()
 
@@ -164,12 +165,12 @@ class Prefetch:
                 self.flights.release(key, size, event)
 
     def _one(self, key: str, size: int) -> None:
-        if (claim := self.landing.claim(key, stale=2 * self.channel.timeout)) is None:
+        if (claim := self.local.claim(key, stale=2 * self.channel.timeout)) is None:
             return  # left to the other process, or to this one's lookup
         try:
             self._fetch_and_land(key, size)
         finally:
-            self.landing.unclaim(claim)
+            self.local.unclaim(claim)
 
     def _fetch_and_land(self, key: str, size: int) -> None:
         """``size``, the manifest's (or the listing's), is charged already; the entry may be larger
@@ -199,13 +200,13 @@ class Prefetch:
         channel.count(bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
         self._land(key, size, found)
 
-    def _land(self, key: str, size: int, found: Found) -> None:
-        """``found``, checked by its fetch, into the local level by the store's backfill."""
+    def _land(self, key: str, size: int, found: Entry) -> None:
+        """``found``, checked by its fetch, into the local level (``LocalLevel.land``)."""
         if not self.flights.begin_write(key, self.channel.closed):
             return
         written = None
         try:
-            landed, why = self.landing.land(key, found)
+            landed, why = self.local.land(key, found)
             if landed:  # (before ``writing`` falls: ``stop`` counts it)
                 written = len(found.data)
                 self.channel.count(prefetched=1, prefetched_bytes=written, backfills=1)
@@ -234,5 +235,5 @@ class Prefetch:
             time.sleep(0.005)
         self.reservation.close()
         # A hit sets the entry's mtime (the store's recency): another process used it.
-        return sum(landed.nbytes for key, landed in list(self.landing.landed.items())
-                   if not self.landing.touched_since(key, landed.at))
+        return sum(landed.nbytes for key, landed in self.local.landings.items()
+                   if not self.local.touched_since(key, landed.at))

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._entry import Entry
 from gkx_autocache._shared.calls import FIRST_BLOCK, MAX_BLOCK, Progress, worth
 from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.manifest import decode, encode
@@ -21,19 +22,6 @@ from gkx_autocache._shared.seal import EntryRefused, head_problem, mac, make_sea
 
 class TooLarge(Exception):
     """A prefetch's entry larger than its bounds leave: its lookup reads it."""
-
-
-class Found:
-    """A shared entry, checked: its bytes, compile time, write time, and its seal where this
-    process verified it under its signing key (kept beside the local copy: what vouches for it)."""
-
-    __slots__ = ("data", "compile_secs", "written", "seal")
-
-    def __init__(self, data: bytes, compile_secs: float | None, written: float, seal: bytes | None = None) -> None:
-        self.data = data
-        self.compile_secs = compile_secs
-        self.written = written
-        self.seal = seal
 
 
 class Reader:
@@ -70,7 +58,7 @@ class Reader:
             raise EntryRefused("not signed: its signature does not match (another key, or altered)")
         return seal
 
-    def fetch(self, key: str, progress: Progress, most: int | None = None) -> Found | None:
+    def fetch(self, key: str, progress: Progress, most: int | None = None) -> Entry | None:
         """The entry, checked (raises EntryRefused); ``most``: a prefetch's bound, beyond which the entry
         is left to its lookup (raises TooLarge). Metered from the start (``calls.FLOOR_RATE``), and
         once its seal is read, bounded by what it is worth (``calls.worth``: the caller raises
@@ -125,7 +113,7 @@ class Reader:
                 raise EntryRefused(f"the shared entry sent {len(data)} bytes where {size} were expected (a partial body or a wrong size)")
         return self.found(key, seal, data, raw)
 
-    def found(self, key: str, seal: dict[str, Any] | None, data: bytes, raw_seal: bytes | None = None) -> Found:
+    def found(self, key: str, seal: dict[str, Any] | None, data: bytes, raw_seal: bytes | None = None) -> Entry:
         """The entry, its bytes checked against its seal (``admit``'s, read from ``raw_seal``);
         raises EntryRefused. The seal is kept with it only where this process's key verified it."""
         if seal is not None and not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(seal["sha256"])):
@@ -134,7 +122,7 @@ class Reader:
         if compile_secs is None:
             compile_secs = self.backend.compile_secs(key)
         written = float(seal.get("written") or 0.0) if seal is not None else 0.0
-        return Found(data, compile_secs, written, raw_seal if seal is not None and self._secret is not None else None)
+        return Entry(data, compile_secs, written, raw_seal if seal is not None and self._secret is not None else None)
 
     # -- what this process's key vouches for -------------------------------------------------------
 

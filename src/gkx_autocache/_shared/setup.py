@@ -18,6 +18,7 @@ from gkx_autocache._shared.bucket import Bucket
 from gkx_autocache._shared.directory import Directory
 from gkx_autocache._shared.http import HttpCache, withheld_note
 from gkx_autocache._shared.level import MAX_ENTRY, Level
+from gkx_autocache._shared.local import LocalPort
 
 
 def same_place(shared: str, local_root: str | None) -> bool:
@@ -48,13 +49,13 @@ def problem(settings: Any, location: Any) -> str | None:
     return None
 
 
-def level_for(settings: Any, location: Any, jax_version: str, env: Mapping[str, str], tunes: bool = False,
-              room: Callable[[bool], int] | None = None) -> tuple[Level | None, list[tuple[str, str]]]:
-    """The shared level for this process, or None; and the problems worth a warning (each one
-    line: the run goes on with the local level). Builds objects only, and makes no request (an S3
-    level reads ``~/.aws`` where the environment has no keys). ``tunes``: XLA keeps GPU autotune
-    results in the local level (``_autotune``); ``room``, the room a prefetch has under the local
-    cap (None: no cap)."""
+def level_for(settings: Any, location: Any, jax_version: str, env: Mapping[str, str], local: LocalPort,
+              tunes: bool = False, room: Callable[[bool], int] | None = None) -> tuple[Level | None, list[tuple[str, str]]]:
+    """The shared level behind ``local`` for this process, or None; and the problems worth a
+    warning (each one line: the run goes on with the local level). Builds objects only, and makes
+    no request (an S3 level reads ``~/.aws`` where the environment has no keys). ``tunes``: XLA
+    keeps GPU autotune results in the local level (``_autotune``); ``room``, the room a prefetch
+    has under the local cap (None: no cap)."""
     shared = settings["shared"]
     if shared is None or not location.version_dir:
         return None, []
@@ -68,10 +69,10 @@ def level_for(settings: Any, location: Any, jax_version: str, env: Mapping[str, 
     if isinstance(backend, HttpCache) and backend.withheld:
         problems.append(("shared:cleartext", f"{where}: {withheld_note(shared, backend.credentials)}"))
     cap = settings["max_size"]
-    level = Level(shared, backend, local=location.version_dir, timeout=settings["shared_timeout"],
+    level = Level(shared, backend, local, timeout=settings["shared_timeout"],
                   writes=no_uploads(settings["shared_write"], env), secret=signing_key(env),
                   max_entry=min(cap, MAX_ENTRY) if cap else MAX_ENTRY,
-                  origin=settings.origin("shared_timeout"), room=room, local_team=location.team, tunes=tunes)
+                  origin=settings.origin("shared_timeout"), room=room, tunes=tunes)
     return level, problems
 
 
@@ -100,8 +101,8 @@ def signing_key(env: Mapping[str, str]) -> bytes | None:
     return _settings.signing_key(env)
 
 
-def at_exit(level: Level, recorder: Any) -> None:
-    """Finish the uploads while thread pools still take work (s3fs and gcsfs need them; by the
+def at_exit(finish: Callable[[], None]) -> None:
+    """``finish`` the uploads while thread pools still take work (s3fs and gcsfs need them; by the
     time ``atexit`` runs, ``concurrent.futures`` refuses new futures), and before the ledger is
     closed. ``threading._register_atexit`` hooks run last-registered first, before ``atexit``."""
     import concurrent.futures.thread  # noqa: F401  (registers its hook before ours)
@@ -109,10 +110,10 @@ def at_exit(level: Level, recorder: Any) -> None:
     register = getattr(threading, "_register_atexit", None)
     try:
         if register is not None:
-            register(level.finish, recorder)
+            register(finish)
             return
     except RuntimeError:  # already shutting down
         return
     import atexit
 
-    atexit.register(level.finish, recorder)
+    atexit.register(finish)

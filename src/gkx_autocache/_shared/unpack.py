@@ -9,12 +9,13 @@ import time
 from collections.abc import Callable
 
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._entry import Entry
 from gkx_autocache._shared import pack
 from gkx_autocache._shared.calls import ShuttingDown, bounded, describe
 from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.flights import Flights
 from gkx_autocache._shared.manifest import MANIFEST_KEYS
-from gkx_autocache._shared.reads import Found, Reader
+from gkx_autocache._shared.reads import Reader
 from gkx_autocache._shared.seal import EntryRefused, head_problem
 
 
@@ -24,7 +25,7 @@ class Unpack:
     prefetch's landing of one checked entry."""
 
     def __init__(self, channel: Channel, reader: Reader, flights: Flights, has: Callable[[str], bool],
-                 land: Callable[[str, int, Found], None]) -> None:
+                 land: Callable[[str, int, Entry], None]) -> None:
         self.channel = channel
         self.reader = reader
         self.flights = flights

@@ -19,6 +19,7 @@ from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, PACK_SUFFIX, SE
 from gkx_autocache._shared.calls import Progress, ShuttingDown, Stalled, bounded, describe
 from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.http import too_large
+from gkx_autocache._shared.local import LocalPort
 from gkx_autocache._shared.reads import Reader
 
 QUEUE_BYTES = 256 << 20  # entries waiting to be uploaded, held in memory
@@ -39,15 +40,14 @@ class Item(NamedTuple):
 
 class Uploads:
     """The queue of uploads through ``channel`` and its worker; ``reader`` seals what goes up, and
-    ``uploadable(key)`` reads a local entry to heal with (``_store.Store.uploadable``: None where
-    it may not go up). ``writes``: None where this process uploads, else why not
-    (``shared_write = never``, a read-only shared directory)."""
+    ``local`` holds the entries it heals (``LocalPort.uploadable``). ``writes``: None where this
+    process uploads, else why not (``shared_write = never``, a read-only shared directory)."""
 
-    def __init__(self, channel: Channel, reader: Reader, uploadable: Callable[[str], tuple[bytes, bytes] | None],
-                 writes: str | None, queue_bytes: int = QUEUE_BYTES) -> None:
+    def __init__(self, channel: Channel, reader: Reader, local: LocalPort, writes: str | None,
+                 queue_bytes: int = QUEUE_BYTES) -> None:
         self.channel = channel
         self.reader = reader
-        self.uploadable = uploadable
+        self.local = local
         self.writes = writes
         self.queue_bytes = queue_bytes
         self._closed = False
@@ -194,10 +194,12 @@ class Uploads:
         if item.heal:
             if channel.listing is None or key + ENTRY_SUFFIX in channel.listing:
                 return  # the bucket has it, or there is no listing to tell
-            found = self.uploadable(key)
-            if found is None:  # gone, another user's, or not vouched for by this key: never signed here
+            entry = self.local.uploadable(key)
+            seal = None if entry is None else self.reader.seal_for(key, entry.data, entry.seal, entry.compile_secs,
+                                                                   entry.written)
+            if entry is None or seal is None:  # gone, another user's, or not vouched for by this key: never signed here
                 return
-            data, seal = found
+            data = entry.data
         if not channel.writable:  # a read-only shared directory is never written
             with self._lock:
                 self.writes = "the shared directory is read-only here"

@@ -1,37 +1,50 @@
-"""The local level (SPEC §7): the entries of the version directory the store serves, in JAX's
-format. One trusted read (no link followed, its owner and mode checked), one check of whether
-bytes may be given to JAX (this environment's compression; they decompress, where JAX's loading is
-not guarded; under a ``cpu_target``, no feature this host lacks), and one write path: the entry
-atomically, then its compile-time sidecar and the seal kept beside it. The store (``_store``)
-decides what to read and write, and counts it; the shared level reads entries to upload here.
+"""The local level (SPEC §7, §14): the entries of the version directory the store serves, in JAX's
+format. One trusted read (no link followed, its owner and mode checked), one check of whether bytes
+may be given to JAX (this environment's compression; they decompress, where JAX's loading is not
+guarded; under a ``cpu_target``, no feature this host lacks), and one write path: the entry
+atomically, then its compile-time sidecar and the seal kept beside it. Built first, with JAX's
+codec, and given to the shared level behind it, which lands prefetched entries here, claims the
+ones it fetches, and reads the ones it uploads; the chain (``_chain``) asks it first.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 from gkx_autocache import _cpu_target, _files, _formats, _key, _trust
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._entry import Entry
 from gkx_autocache._formats import SEAL_LIMIT, compression_of, read_sidecar
-from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, SEAL_SIDECAR, TMP_SUFFIX
+from gkx_autocache._local.landing import Landings, Receipt
 
 
 class LocalLevel:
-    """The version directory's entries, for one compression format (``decompress``'s)."""
+    """The version directory ``path``'s entries, for one compression format (``decompress``'s);
+    ``check_payload()``: whether bytes are decompressed before they are given to JAX (where its
+    loading is not guarded, or its settings ask: read at each lookup); ``team``: a team directory
+    (§8); ``whole``: a bucket mount (``_mount``); ``signs``: a signing key keeps a seal beside each
+    entry it vouches for; ``account(disk)``: told of each prefetched entry's blocks as it lands (the
+    cap's account, which a killed process's landings must not escape: the recorder's ``landed``)."""
 
     def __init__(self, path: str, *, compression: str, decompress: Callable[[bytes], Any], team: bool,
-                 writable: bool, check_payload: bool, whole: bool, signs: bool) -> None:
+                 writable: bool, check_payload: Callable[[], bool], whole: bool, signs: bool,
+                 account: Callable[[int], None] = lambda disk: None) -> None:
         self.path = path
+        self.meta = os.path.join(path, META_DIR)
         self.compression = compression
         self.writable = writable  # a baked cache, read-only for this user: hits only
+        self.team = team  # a team directory (§8): group-writable files
+        self.landings = Landings()  # what a prefetch landed here that no lookup used yet
         self._decompress = decompress
         self._check_payload = check_payload  # decompress before serving (``_store.install``)
-        self._team = team  # a team directory (§8): group-writable files
         self._file_mode = _files.file_mode(team)
         self._whole = whole  # a bucket mount (``_mount``): each file made whole in one create, no times set
         self._signs = signs  # a signing key keeps a seal beside each entry it vouches for
+        self._account = account
 
     def entry(self, key: str) -> str:
         return os.path.join(self.path, key + ENTRY_SUFFIX)
@@ -44,12 +57,12 @@ class LocalLevel:
         path = self.entry(key)
         # The directory again (one stat): given to another user since it was checked (a chown), its
         # entries, still yours, can be renamed by the new owner: a swapped pair passes every check below.
-        if (moved := _trust.directory_problem(self.path, self._team)) is not None:
+        if (moved := _trust.directory_problem(self.path, self.team)) is not None:
             return None, f"its directory fails the trust rules now ({moved.split('; ', 1)[0]}): not read"
         refused: list[str] = []
 
         def trusted(st: os.stat_result) -> str | None:  # one fstat: an entry is code
-            why = _trust.entry_problem(st, self._team)
+            why = _trust.entry_problem(st, self.team)
             if why:
                 refused.append(why)
             return why
@@ -73,7 +86,7 @@ class LocalLevel:
         if kind not in (self.compression, None):
             logger.debug("%s is in another compression format: a miss, left alone", path)
             return f"written by an environment that compresses with {kind}: left alone"
-        if not self._check_payload:
+        if not self._check_payload():
             return None
         try:
             self._decompress(data)
@@ -90,7 +103,7 @@ class LocalLevel:
         kind = compression_of(data)
         if kind not in (self.compression, None):
             return f"the shared entry is compressed with {kind}, this environment with {self.compression}"
-        if self._check_payload:
+        if self._check_payload():
             try:
                 self._decompress(data)
             except Exception as exc:
@@ -128,14 +141,15 @@ class LocalLevel:
         except Exception:
             return 0.0, written, by
 
-    def uploadable(self, key: str, seal_for: Callable[..., bytes | None]) -> tuple[bytes, bytes] | None:
+    def uploadable(self, key: str) -> Entry | None:
         """A writer's entry to heal the shared level with or to pack (SPEC §14), read as a hit
-        reads it (trusted, in this environment's compression), and the seal it may go with
-        (``seal_for``, the shared level's: with a signing key, only the seal kept beside it,
-        verified now against these bytes); else None."""
+        reads it (trusted, in this environment's compression; in a team directory only this user's
+        own), with the seal kept beside it (where a signing key vouched for it) or its compile time
+        and when it was written (to seal it with no key): the shared level decides what it may go
+        up with. None where there is none to upload."""
         def signable(st: os.stat_result) -> str | None:  # in a team directory, only what this user wrote
-            mine = not self._team or not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
-            return _trust.entry_problem(st, self._team) or (None if mine else "another user's")
+            mine = not self.team or not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+            return _trust.entry_problem(st, self.team) or (None if mine else "another user's")
 
         data = _files.read(self.entry(key), check=signable)
         if data is None or compression_of(data) != self.compression:
@@ -145,8 +159,7 @@ class LocalLevel:
         compile_secs, written = None, 0.0
         if kept is None:
             compile_secs, written, _ = read_sidecar(os.path.join(self.path, key + COMPILE_SIDECAR))
-        seal = seal_for(key, data, kept, compile_secs, written)
-        return (data, seal) if seal is not None else None
+        return Entry(data, compile_secs, written, kept)
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -197,3 +210,70 @@ class LocalLevel:
         if self.writable:
             _files.remove(self.entry(key))
         return True
+
+    # -- what the chain writes here ----------------------------------------------------------------
+
+    def put(self, key: str, data: bytes, compile_secs: float | None, by: str, seal: bytes | None) -> int:
+        """A compile's entry, its compile time (None: not measured) and the seal this process's key
+        made for it; the bytes written. Raises OSError (disk full, a name too long)."""
+        self.write(key, data)
+        written = len(data)
+        if compile_secs is not None:
+            written += self.write_sidecar(key, compile_secs, by=by)
+        return written + self.keep_seal(key, seal)
+
+    def backfill(self, key: str, entry: Entry) -> int | None:
+        """A shared hit written here, with its compile time (dated when it was written, so that it
+        counts as an earlier run's entry) and its verified seal; the bytes written, None where it
+        was not (another environment's entry there, a disk full)."""
+        if self.other_format(key):
+            return None
+        try:
+            self.write(key, entry.data)
+        except OSError as exc:  # disk full: served without the backfill
+            logger.debug("cannot write %s: %s", self.entry(key), exc)
+            return None
+        written = len(entry.data) + self.keep_seal(key, entry.seal)
+        if entry.compile_secs is not None:
+            written += self.write_sidecar(key, entry.compile_secs, dated=entry.written)
+        return written
+
+    # -- what a prefetch lands here (SPEC §14) ----------------------------------------------------
+
+    def land(self, key: str, entry: Entry) -> tuple[bool, str | None]:
+        """A prefetched entry, checked as a shared hit is, then written (``backfill``) and booked:
+        ``(landed, why not)``, why None where this level took no write (read-only, disk full)."""
+        if not self.writable:
+            return False, None
+        why = self.unusable_shared(entry.data, landing=True)
+        if why is not None:
+            return False, why
+        written = self.backfill(key, entry)
+        if written is None:
+            return False, None
+        self._account(written)
+        # Dated once written: a later mtime is another process's hit (``touched_since``).
+        self.landings.book(key, Receipt(len(entry.data), written, entry.compile_secs or 0.0, time.time()))
+        return True, None
+
+    def has(self, key: str) -> bool:
+        """Whether the entry is there (landed by another process, or compiled meanwhile)."""
+        return os.path.exists(self.entry(key))
+
+    def touched_since(self, key: str, when: float) -> bool:
+        """Whether another process used the entry since ``when`` (a hit sets its mtime: recency)."""
+        try:
+            return os.stat(self.entry(key)).st_mtime > when
+        except OSError:
+            return False
+
+    def claim(self, key: str, stale: float) -> str | None:
+        """The claim file that keeps another process from fetching ``key`` here too, or None where
+        it is here already or being fetched by another."""
+        if self.has(key):
+            return None
+        claim = f".{key}{ENTRY_SUFFIX}.prefetch{TMP_SUFFIX}"
+        return claim if _files.claim(self.path, claim, stale=stale) else None
+
+    def unclaim(self, claim: str) -> None:
+        _files.unclaim(self.path, claim)
