@@ -662,7 +662,7 @@ class InProcess:
                 patch.delitem(sys.modules, name)  # no seam reaches a real JAX this pytest process imported
             patch.setitem(sys.modules, "jax", jax)
             patch.setitem(sys.modules, "jax.monitoring", monitoring)
-            patch.setattr(_configure, "_configured", False)
+            patch.setattr(_configure, "_once", threading.Event())  # not configured yet
 
             def register(function: Any, *args: Any, **kwargs: Any) -> Any:
                 hooks.append((function, args, kwargs))

@@ -162,3 +162,44 @@ def test_a_later_jax_keeps_what_its_seams_allow_and_says_what_not(venv: Venv, tm
     else:
         assert explained["unavailable"] == features["explain"] or features["explain"] == "they need the store", explained
         assert all(explained["unavailable"] in group["fix"] for group in explained["groups"]), explained["groups"]
+
+
+CHAINS = r"""
+import json, os
+import jax, jax.numpy as jnp
+from jax._src import cache_key, compilation_cache, compiler
+float(jax.jit(lambda x: x * 2.0)(jnp.ones(3)).sum())
+chains = {}
+for name, owner in (("cache_key.custom_hook", cache_key), ("cache_key._log_cache_key_hash", cache_key),
+                    ("compiler.compile_or_get_cached", compiler), ("compilation_cache.get_file_cache", compilation_cache),
+                    ("compilation_cache.get_executable_and_time", compilation_cache), ("compiler._cache_write", compiler)):
+    found, f = [], getattr(owner, name.split(".")[1])
+    while getattr(f, "__module__", "").startswith("gkx_autocache"):  # outermost first
+        found.append(f.__module__.removeprefix("gkx_autocache.") + "." + f.__qualname__.split(".<locals>")[0])
+        f = f.__wrapped__
+    chains[name] = found[::-1]
+print(json.dumps(chains))
+"""
+
+
+def test_jaxs_functions_are_wrapped_in_the_order_seams_declares(venv: Venv, tmp_path: Path) -> None:
+    """Which wrapper is outermost is written down (``_configure.SEAMS``), not implied by the order of
+    statements: each JAX function the package wraps, read back in a configured process (with a
+    shared level, so every seam is on), has its wrappers innermost first as the table lists them,
+    and every seam of the table that this line takes is there."""
+    from gkx_autocache import _configure
+
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_SHARED": str(tmp_path / "team")}
+    (tmp_path / "team").mkdir(mode=0o700)
+    proc = venv.run("-c", CHAINS, env=env)
+    assert proc.returncode == 0, proc.stderr
+    chains = json.loads(proc.stdout.strip().splitlines()[-1])
+    declared: dict[str, list[str]] = {}
+    for function, installer, _ in _configure.SEAMS:
+        declared.setdefault(function, []).append(installer)
+    for function, found in chains.items():
+        assert [w for w in declared[function] if w in found] == found, (function, found, declared[function])
+    assert set(chains["compilation_cache.get_executable_and_time"]) >= {"_jax.caching._guard_loading",
+                                                                         "_jax.caching.skip_lookups"}, chains
+    assert chains["compiler._cache_write"][-1] == "_explain.seam.install", chains
+    assert chains["cache_key.custom_hook"] == ["_key.install"], chains

@@ -664,7 +664,7 @@ def test_a_lookup_waits_for_a_record_in_flight_no_longer_than_the_timeout_and_it
     waiting.join(5.0)
     waited = time.monotonic() - started
     assert not waiting.is_alive() and 0.4 < waited < 3.0 and key in ahead.flights.asked, waited
-    ahead._land(key, 10, Found(b"0123456789", None, 0.0))
+    ahead.lands.land(key, 10, Found(b"0123456789", None, 0.0))
     assert landed == [] and key not in ahead.local.landings
     event.set()
 

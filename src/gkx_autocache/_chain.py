@@ -160,6 +160,7 @@ class Chain:
     def _backfilled(self, key: str, found: Entry) -> Lookup:
         """A shared hit: written into the local level first (the backfill, atomic) where it takes
         writes, so that the next run reads it there; served either way."""
+        found = self.local.believed(found)
         written = self.local.backfill(key, found) if self.local.writable else None
         if written is not None:
             self.shared.count(backfills=1)

@@ -1,4 +1,5 @@
-"""On the first ``import jax``: settings -> directory -> ``jax.config``. Never raises."""
+"""On the first ``import jax``: settings -> directory -> ``jax.config`` -> the process's cache (its
+recorder, its levels, the store) -> JAX's seams, in the order ``SEAMS`` declares. Never raises."""
 
 from __future__ import annotations
 
@@ -14,17 +15,34 @@ from gkx_autocache import _cache, _formats, _jax_config, _process, _route, _sett
 from gkx_autocache._chain import Chain, NoLevel
 from gkx_autocache._diagnostics import NOTED, logger, warn
 
+# JAX's functions the package wraps, by whom, and why, in the order the wrappers are put on: on one
+# function, a wrapper listed later is outside one listed earlier, and runs first. Each wrapper's
+# ``__wrapped__`` is the one before it (``_jax.versions.patch``): tests/test_jax_seams.py reads the
+# chains of a configured JAX back against this table.
+SEAMS = (
+    ("cache_key.custom_hook", "_key.install", "the host's ISA (or the cpu_target) in every key"),
+    ("cache_key._log_cache_key_hash", "_jax.hooks.watch_key_parts", "each key's parts, to the explain watch"),
+    ("compiler.compile_or_get_cached", "_jax.caching.guard_xla_caches", "XLA's caches kept out of a refused directory"),
+    ("compilation_cache.get_file_cache", "_jax.caching.serve_file_caches", "the store, JAX's own object, or none"),
+    ("compilation_cache.get_executable_and_time", "_jax.caching._guard_loading", "an entry JAX cannot load is a miss"),
+    ("compiler.compile_or_get_cached", "_jax.callbacks.serve_host_callbacks", "the compile's host callbacks"),
+    ("compilation_cache.get_executable_and_time", "_jax.callbacks.serve_host_callbacks", "loaded with this process's"),
+    ("compiler._cache_write", "_jax.callbacks.serve_host_callbacks", "an entry written without its callbacks"),
+    ("compiler._cache_write", "_jax.caching.rank_local_writes", "every rank writes its own local level"),
+    ("compiler._cache_write", "_explain.seam.install", "what each written key was made of"),
+    ("compilation_cache.get_executable_and_time", "_jax.caching.skip_lookups", "lookups that read no entry (_unread)"),
+)
+
+_once = threading.Event()  # configured (or given up on) in this process
 _lock = threading.Lock()
-_configured = False
 
 
 def configure(jax: Any, env: Mapping[str, str] = os.environ) -> None:
     """Configure JAX's persistent cache, once per process. Any failure is one warning."""
-    global _configured
     with _lock:
-        if _configured:
+        if _once.is_set():
             return
-        _configured = True
+        _once.set()
         try:
             _configure(jax, env)
         except Exception as exc:
@@ -32,7 +50,8 @@ def configure(jax: Any, env: Mapping[str, str] = os.environ) -> None:
 
 
 def _configure(jax: Any, env: Mapping[str, str]) -> None:
-    from gkx_autocache import _cpu_target, _fork
+    from gkx_autocache import _cpu_target, _fork, _key, _store
+    from gkx_autocache._explain import seam as _explain_seam
     from gkx_autocache._jax import caching as jax_caching
     from gkx_autocache._jax import callbacks as jax_callbacks
     from gkx_autocache._jax import runtime as jax_runtime
@@ -57,18 +76,20 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     if not settings["enabled"]:
         logger.debug("disabled by %s", settings.origin("enabled"))
         return
-    from gkx_autocache import _key
-    from gkx_autocache._explain import seam as _explain_seam
 
-    # Every CPU key of the process gets the host's ISA (or the cpu_target), whichever directory JAX uses (SPEC §15).
-    # Its parts go to the watch, which explains misses once started (where the store serves, below).
+    # Every CPU key of the process gets the host's ISA (or the cpu_target, where the store serves the
+    # directory JAX uses then), whichever directory JAX uses (SPEC §15). Its parts go to the watch,
+    # which explains misses once started (where the store serves, below).
+    location = _cache.locate(settings, jax.__version__)
+    installed = threading.Event()  # the store serves the package's own directory (set once it does)
     watch = _explain_seam.Watch()
-    verdict = _formats.Verdict(_key.replaced_note)
-    unkeyed = _key.install(jax, listener=watch, on_replaced=verdict.rewrite)
+    verdict = _formats.Verdict()
+    own = os.path.realpath(location.version_dir) if location.version_dir and location.local and not location.refused else None
+    target = _cpu_target.decide(settings["cpu_target"], functools.partial(_store.serving_now, config, own, installed.is_set))
+    keys, unkeyed = _key.install(jax, listener=watch, on_replaced=verdict.rewrite, target=target)
     if unkeyed:
         logger.debug("CPU entries are not keyed by ISA: %s", unkeyed)
 
-    location = _cache.locate(settings, jax.__version__)
     for cause, message in location.problems:
         warn(cause, message)
     if location.remote and _settings.signing_key(env) is not None:
@@ -86,21 +107,20 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         return
     directory = location.version_dir
     # The user's own jax_compilation_cache_max_size: JAX's LRU keeps it, where it can (it needs filelock);
-    # where it cannot, the store serves and keeps it as the cap, or at 0 nothing is cached, as JAX means.
-    jax_cap = None if jax_caching.jax_lru_usable() or not location.local else _jax_config.jax_cap(config)
+    # where it cannot, the store serves and keeps it as the cap; at 0 nothing is cached, as JAX means.
+    jax_cap = _jax_config.jax_cap(config)
     if jax_cap == 0:
-        note = ("jax_compilation_cache_max_size is 0, at which JAX caches nothing, and its LRU cache cannot even be "
-                "built here (it needs filelock): nothing is cached; fix: unset it, or set it to -1 (no cap) or a size")
+        note = _jax_config.NOTHING_CACHED.format(size=config.jax_compilation_cache_max_size)
         warn("jax:cap", note)
-        config.update("jax_enable_compilation_cache", False)
+        config.update("jax_enable_compilation_cache", False)  # (JAX's own cache would warn at every compile)
         if settings["report"]:
             atexit.register(print, f"gkx-autocache: this run was uncached: {note.split('; fix:')[0]}", file=sys.stderr,
                             flush=True)
         if location.keeps_books:
             _formats.write_verdict(directory, "none", note, location.team)
         return
+    lru = jax_caching.jax_lru_usable()
     _fork.in_child(jax_runtime.keep_backends)  # a warm run's forked child would hang at its exit (JAX's own cache too)
-    serves: Any = None  # where the store serves: whether it serves the directory JAX uses now (cpu_target)
     if location.stock:  # Windows: said at every import jax, as status says it (issue 46)
         warn("dir:stock", _cache.STOCK_NOTE.format(dir=directory), silence=NOTED)
         unguarded = jax_caching.guard_stock(jax, directory)
@@ -112,8 +132,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     _jax_config.set_thresholds(config, settings, directory)
     _route.watch_dir(config, xla_caches)  # who sets the directory from now on, and XLA's caches kept out of a refused one
 
-    from gkx_autocache import _store
-    from gkx_autocache._record import recorder as _stats
+    from gkx_autocache._record import recorder as recording
 
     keeping = location.keeps_books  # a baked read-only cache is read and nothing else
     set_by = None  # who gave JAX its own directory (``_adopted``)
@@ -121,44 +140,46 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         from gkx_autocache import _adopted
 
         set_by = _adopted.who(directory, env.get("JAX_COMPILATION_CACHE_DIR"))
-    recorder = _stats.start(settings, directory, ledger=keeping, remote=location.remote,
-                            team=location.team, set_by=set_by, serving=_store.installed, explainer=watch)
+    recorder = recording.start(settings, directory, ledger=keeping, remote=location.remote, team=location.team,
+                               set_by=set_by, serving=installed.is_set, explainer=watch)
     # The levels of the package's own directory, where it is a local one (SPEC §14): the local level
     # first, then the shared one behind it, given the local one; objects only, no I/O here.
-    local = _local_level(jax, settings, location, env, recorder) if location.local else None
+    local = _local_level(jax, settings, location, env, recorder, target, keys.targeted) if location.local else None
     levels = None
     if settings["shared"] is not None and local is not None:
         from gkx_autocache import _autotune
-        from gkx_autocache._shared import setup as _shared_setup
+        from gkx_autocache._shared import setup as shared_setup
 
         tunes = _autotune.enabled(getattr(config, "jax_persistent_cache_enable_xla_caches", None))
         max_size = settings["max_size"]
-        room = functools.partial(_stats.prefetch_room, directory, max_size) if max_size else None
-        levels, problems = _shared_setup.level_for(settings, location, jax.__version__, env, local, tunes, room)
+        room = functools.partial(recording.prefetch_room, directory, max_size) if max_size else None
+        levels, problems = shared_setup.level_for(settings, location, jax.__version__, env, local, tunes, room)
         for cause, message in problems:
             warn(cause, message)
     elif settings["shared"] is not None:
-        from gkx_autocache._shared import setup as _shared_setup
+        from gkx_autocache._shared import setup as shared_setup
 
-        if (why := _shared_setup.problem(settings, location)) is not None:
+        if (why := shared_setup.problem(settings, location)) is not None:
             warn(f"shared:{settings['shared']}", f"{settings.origin('shared')}: shared {settings['shared']} not used, "
                                                  f"{why}; running with the local level only")
     chain = Chain(local, levels if levels is not None else NoLevel()) if local is not None else None
     _process.begin(_process.Process(recorder, chain if levels is not None else None))
     if settings["report"]:
         _process.report_at_exit()
+    reason: str | None = "the directory is not a local one"
     if location.local:
         # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
         cap = settings["max_size"] if location.packages or settings.origin("max_size") != "default" else 0
         kept = None
-        if jax_cap is not None:  # (JAX's own LRU cannot keep it: the store does)
-            cap, kept = jax_cap, (f"it keeps jax_compilation_cache_max_size ({jax_cap} bytes) as its cap: JAX's own LRU "
-                                  "cache needs filelock, which is not installed")
-        routing = functools.partial(_route.route, settings, location, recorder, env, xla_caches)
+        if jax_cap is not None and not lru:  # (JAX's own LRU cannot keep it: the store does)
+            kept = (f"it keeps jax_compilation_cache_max_size ({jax_cap} bytes) as its cap: JAX's own LRU cache needs "
+                    "filelock, which is not installed")
+        routing = _route.Routing(settings, location, recorder, env, xla_caches, installed.is_set, config)
         reason = _store.install(jax, directory, chain, recorder, routing,
-                                functools.partial(_route.recheck, location.version_dir if location.team else None))
+                                functools.partial(_route.recheck, location.version_dir if location.team else None),
+                                target, keys.targeted)
         if reason is None:
-            serves = functools.partial(_store.serving_now, config)
+            installed.set()
         callbacks = reason or jax_callbacks.serve_host_callbacks(  # before the other write seams: the one nearest JAX
             jax, lambda: _store.serving(str(config.jax_compilation_cache_dir)))
         if callbacks and not reason:
@@ -166,13 +187,13 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
         elif levels is not None and chain is not None:
-            _shared_setup.at_exit(functools.partial(_finish_levels, chain, recorder))
+            shared_setup.at_exit(functools.partial(_finish_levels, chain, recorder))
             unwritten = jax_caching.rank_local_writes(jax, directory) if location.writable else None
             if unwritten:
                 logger.debug("ranks other than 0 do not write their local level: %s", unwritten)
         thresholds = {k: (getattr(config, str(_settings.KEYS[k].jax_option), None), settings.origin(k))
                       for k in ("min_compile_time_secs", "min_entry_size_bytes")}
-        unexplained = reason or _explain_seam.install(jax, watch, recorder, directory, origins=thresholds)
+        unexplained = reason or _explain_seam.install(jax, keys, watch, recorder, directory, origins=thresholds)
         if unexplained:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:
@@ -180,21 +201,21 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
                           explain=unexplained, unkeyed=unkeyed, callbacks=callbacks)
         # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7); also where this
         # directory is read-only, as JAX may be given another one since (``route``).
-        atexit.register(_stats.finish, recorder, cap if not reason else 0)
+        atexit.register(_finish_local, recorder, config, cap if not reason else None)
     if not location.local and os.name != "nt":  # a bucket as dir: JAX's stock cache; a local one given later is judged
         _route.route_only(jax, settings, env, xla_caches)
-    if settings["cpu_target"] != "host":  # before XLA's backend starts: it reads XLA_FLAGS then
-        _cpu_target.take(jax, settings["cpu_target"], serves)
+    # Before XLA's backend starts: it reads XLA_FLAGS then.
+    _cpu_target.take(jax, target, settings["cpu_target"], serving=reason is None)
     from gkx_autocache import _unread
 
     _unread.install(env, recorder.not_read)
 
 
 def _local_level(jax: Any, settings: _settings.Settings, location: _cache.Location, env: Mapping[str, str],
-                 recorder: Any) -> Any:
+                 recorder: Any, target: Any, keyed: Any) -> Any:
     """The local level of the package's own directory, with JAX's codec, accounting its landings
-    to ``recorder``; None where this JAX's cache module has none (its store cannot serve:
-    ``_jax.caching.store_problem``)."""
+    to ``recorder``, checking entries against the ``cpu_target`` where ``keyed()``; None where this
+    JAX's cache module has none (its store cannot serve: ``_jax.caching.store_problem``)."""
     from gkx_autocache import _mount
     from gkx_autocache._formats import compression_of
     from gkx_autocache._jax import caching as jax_caching
@@ -208,7 +229,18 @@ def _local_level(jax: Any, settings: _settings.Settings, location: _cache.Locati
     return LocalLevel(os.path.realpath(location.version_dir), compression=compression_of(sample) or "zlib",
                       decompress=decompress, team=location.team, writable=location.writable,
                       check_payload=jax_caching.payload_checks(jax), signs=signs,
-                      whole=_mount.bucket_mount(location.version_dir) is not None, account=recorder.landed)
+                      whole=_mount.bucket_mount(location.version_dir) is not None, account=recorder.landed,
+                      target=target, keyed=keyed)
+
+
+def _finish_local(recorder: Any, config: Any, cap: int | None) -> None:
+    """At exit: the recorder's ledger closed and folded, the directory kept under ``cap`` (None: the
+    store did not serve; 0: no cap), or under the user's own jax_compilation_cache_max_size where the
+    store served in place of JAX's LRU cache (set at ``import jax`` or since)."""
+    from gkx_autocache._record import recorder as recording
+
+    size = _jax_config.jax_cap(config)
+    recording.finish(recorder, 0 if cap is None else size if size else cap)
 
 
 def _finish_levels(chain: Chain, recorder: Any) -> None:

@@ -57,10 +57,13 @@ _OFF_ABOVE: dict[str, Callable[[str], bool]] = {
     "AVX2": lambda f: f.startswith("avx512") or f == "evex512",
     "AVX512": lambda f: f == "avx512vnni",
 }
-_APX_AND_LATER = ("amx", "avx10.2", "egpr", "ndd", "ccmp", "nf", "zu", "ppx", "push2pop2", "movrs", "jmpabs")
+# AMX, which the AVX512_BF16 row turns off under every level's cap. APX (egpr, ndd...) is kept and held
+# against an entry whatever the cap does with it: which XLA turns it off is not known, and a key that
+# names a feature the code does not use costs a miss, while one that leaves out one it uses costs a crash.
+_AMX = ("amx",)
 # XLA's list turns features on before it turns any off (it sorts ``+`` before ``-``), and LLVM turning a
-# feature off turns off every feature that implies it: AVX10 implies AVX-512's VNNI, BF16 and FP16, which
-# every level's cap turns off, so its code under a cap uses no AVX10, though the entry lists ``+avx10.1``.
+# feature off turns off every feature that implies it: AVX10 implies AVX-512's VNNI and BF16, which every
+# level's cap turns off, so its code under a cap uses no AVX10, though the entry lists ``+avx10.1``.
 _IMPLIES_OFF = ("avx10.",)
 
 
@@ -70,7 +73,7 @@ def xla_keeps(feature: str, cap: str) -> bool:
     for row in order[order.index(cap):]:
         if _OFF_ABOVE[row](feature):
             return False
-    return not (feature == "avx512bf16" or feature.startswith(_APX_AND_LATER) or feature.startswith(_IMPLIES_OFF))
+    return not (feature == "avx512bf16" or feature.startswith(_AMX) or feature.startswith(_IMPLIES_OFF))
 
 
 def extras(level: str, features: frozenset[str]) -> tuple[str, ...]:
@@ -108,6 +111,10 @@ class Target:
         use here (``x86_64:target=x86-64-v3,avxvnni,gfni``): hosts of one level share entries where
         those are the same."""
         return ",".join((f"{self.machine}:{_isa.TARGET_MARK}{self.level}", *self.extras))
+
+    def forgo(self, why: str) -> None:
+        """Not taken after all (``take``): CPU keys hold the host's ISA, and ``status`` says why."""
+        self.level, self.why_host, self.extras = None, why, ()
 
     def keys(self, platform: str | None) -> bool:
         """Whether a key for ``platform`` holds the level: a CPU key, where the store serves, once XLA
@@ -150,29 +157,58 @@ class Target:
                 f"wrote it): compiled again here and replaced")
 
 
-NONE = Target(None)
-active = NONE  # set once, by ``take`` on import jax
+NONE = Target(None)  # no target (``host``): never taken, never changed
 ADDED = "_GKX_AUTOCACHE_XLA_FLAG"  # the cap this package added to XLA_FLAGS, for a child to take out
 
 
 def features_of(payload: bytes) -> frozenset[str]:
     """The ``+`` features of XLA's own target-machine record in an executable (decompressed: JAX's
-    4-byte compile time, a length-prefixed header, then the executable's protobuf), never of the
-    program's data. XLA:CPU keeps LLVM's ``+64bit,+adx,...,-amx-tile,...`` as the features field of
-    a message that also names the target triple, three fields into the executable; a constant of
-    the program's that spells such a list, or even such a message, lies deeper (in an instruction's
-    literal), so the shallowest record is XLA's (issue 67's M1: a planted list taught a host a
-    feature its CPU lacks). Where no record is found (another jaxlib's layout), every list in the
-    bytes counts: a list found that way can only refuse an entry, never admit one."""
+    4-byte compile time, then the executable's protobuf, after a length-prefixed header from
+    jaxlib 0.10), never of the program's data. XLA:CPU keeps LLVM's ``+64bit,+adx,...,-amx-tile,...``
+    as the features field of a message that also names the target triple, two fields into the
+    executable; a constant of the program's that spells such a list, or even such a message, lies
+    deeper (in an instruction's literal), so the shallowest record is XLA's (issue 67's M1: a planted
+    list taught a host a feature its CPU lacks). The fields are read breadth first, a depth at a
+    time, each only where it holds a list: a large constant is passed over twice, not at every depth.
+    Where no record is found (another jaxlib's layout), every list in the bytes counts: a list found
+    that way can only refuse an entry, never admit one."""
+    starts = [(4, len(payload))]  # jaxlib before 0.10: the executable at once
     try:
         size, at = _varint(payload, 4)
-        records = _records(payload, at + size, len(payload), 0)
+        starts.insert(0, (at + size, len(payload)))  # 0.10 and later: a header first
     except (ValueError, IndexError):
-        records = []
-    if records:
-        shallowest = min(depth for depth, _ in records)
-        return frozenset().union(*(found for depth, found in records if depth == shallowest))
-    return _every_list(payload)
+        pass
+    found = _shallowest(payload, starts)
+    return found if found is not None else _every_list(payload)
+
+
+MAX_DEPTH = 8  # XLA's record is two fields down; a program's literal, five and more
+
+
+def _shallowest(data: bytes, spans: list[tuple[int, int]]) -> frozenset[str] | None:
+    """The features of the target-machine records at the shallowest depth under the messages
+    ``spans`` (``data[at:end]``) that has any (a triple in field 1, the list in field 3), or None."""
+    for _ in range(MAX_DEPTH):
+        records: list[frozenset[str]] = []
+        inner: list[tuple[int, int]] = []
+        for at, end in spans:
+            try:
+                fields = _fields(data, at, end)
+            except (ValueError, IndexError):
+                continue
+            triple, listed = fields.get(1), fields.get(3)
+            if triple is not None and listed is not None and data.startswith(b"x86_64", triple[0], triple[1]) \
+                    and data.count(b",", *listed) >= MIN_LIST and data[listed[0]:listed[0] + 1] in (b"+", b"-"):
+                words = data[listed[0]:listed[1]].split(b",")
+                records.append(frozenset(w[1:].decode() for w in words if w.startswith(b"+") and _FEATURE.fullmatch(w[1:])))
+            else:
+                inner.extend(span for span in fields.values() if data.find(b"+sse2,", *span) >= 0)
+        if records:
+            return frozenset().union(*records)
+        if not inner:
+            return None
+        spans = inner
+    return None
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:
@@ -208,22 +244,6 @@ def _fields(data: bytes, at: int, end: int) -> dict[int, tuple[int, int]]:
     if at != end:
         raise ValueError("a field past the end")
     return fields
-
-
-def _records(data: bytes, at: int, end: int, depth: int) -> list[tuple[int, frozenset[str]]]:
-    """Every target-machine record in the message ``data[at:end]`` or under it (a triple in field
-    1, the list in field 3), with its depth; only fields that hold a list are looked into."""
-    try:
-        fields = _fields(data, at, end)
-    except (ValueError, IndexError):
-        return []
-    triple, listed = fields.get(1), fields.get(3)
-    if triple is not None and listed is not None and data.startswith(b"x86_64", triple[0], triple[1]) \
-            and data.count(b",", *listed) >= MIN_LIST and data[listed[0]:listed[0] + 1] in (b"+", b"-"):
-        words = data[listed[0]:listed[1]].split(b",")
-        return [(depth, frozenset(w[1:].decode() for w in words if w.startswith(b"+") and _FEATURE.fullmatch(w[1:])))]
-    return [found for inner in fields.values() if data.find(b"+sse2,", *inner) >= 0
-            for found in _records(data, *inner, depth + 1)]
 
 
 def _every_list(payload: bytes) -> frozenset[str]:
@@ -283,36 +303,42 @@ def here(level: str, jaxlib: tuple[int, int, int] | None, xla_flags: str,
     return choose(level, host.machine, host.features, host.unread, jaxlib, xla_flags, serves, host.known())
 
 
-def take(jax: Any, level: str, serves: Any) -> None:
-    """Cap XLA's CPU code at ``level`` and key CPU entries on it, where this host and this XLA can
-    take it (``_cpu_target.choose``) and the store serves (it checks each entry's features before
-    JAX loads it; ``serves``, None where it is not installed); else one warning, and the host's ISA
-    keys them (SPEC §15). On ``import jax``, once: it sets ``active``."""
-    global active
+def decide(level: str, serves: Callable[[], bool]) -> Target:
+    """This process's target, chosen on ``import jax`` before any key (``here``: the host's ISA
+    where it cannot take ``level``), not taken yet: ``take`` caps XLA once the store is known to serve."""
+    from gkx_autocache._jax import versions as jax_versions
+
+    if level == HOST:
+        return Target(None)
+    return here(level, jax_versions.version_tuple(jax_versions.jaxlib_version()), os.environ.get("XLA_FLAGS", ""), serves)
+
+
+def take(jax: Any, target: Target, asked: str, serving: bool) -> None:
+    """Cap XLA's CPU code at ``target``'s level and key CPU entries on it, where this host and this
+    XLA can take it (``choose``) and the store serves (it checks each entry's features before JAX
+    loads it); else one warning, and the host's ISA keys them (SPEC §15). On ``import jax``, once."""
     from gkx_autocache._diagnostics import logger, warn
     from gkx_autocache._jax import hooks as jax_hooks
     from gkx_autocache._jax import runtime as jax_runtime
-    from gkx_autocache._jax import versions as jax_versions
 
+    if asked == HOST:
+        return
     why = None
-    if serves is None:
-        why = (f"cpu_target {level} not used, gkx-autocache's store does not serve the cache here (only it checks an "
+    if not serving:
+        why = (f"cpu_target {asked} not used, gkx-autocache's store does not serve the cache here (only it checks an "
                "entry's features before JAX loads it): CPU entries are keyed on this host's ISA")
     elif jax_runtime.backends_started(jax):
-        why = (f"cpu_target {level} not used, XLA's backend started before import jax finished, and it reads its "
+        why = (f"cpu_target {asked} not used, XLA's backend started before import jax finished, and it reads its "
                "cap then: CPU entries are keyed on this host's ISA")
+    elif target.level is None:
+        why = target.why_host
     if why is not None:
         warn("cpu_target", why)
-        return
-    target = here(level, jax_versions.version_tuple(jax_versions.jaxlib_version()), os.environ.get("XLA_FLAGS", ""), serves)
-    if target.why_host is not None:
-        warn("cpu_target", target.why_host)
+        target.forgo(why)
         return
     jax_hooks.exclude_xla_flag(FLAG)  # the target is in the key's hook part; the flag leaves XLA_FLAGS
-    add_flag(level)
-    logger.debug("cpu_target %s: XLA_FLAGS=%s", level, os.environ["XLA_FLAGS"])
-    active = target
-
+    add_flag(asked)
+    logger.debug("cpu_target %s: XLA_FLAGS=%s", asked, os.environ["XLA_FLAGS"])
 
 
 def strip_inherited(environ: Any = os.environ) -> None:

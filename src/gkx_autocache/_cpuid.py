@@ -6,10 +6,10 @@ Intel Xeon, issue 67), and one may hide a flag it distrusts (``rdseed`` on some 
 asks the CPU, so an entry lists them. Two ways to ask it, neither touching the program's data:
 
 - ``/dev/cpu/0/cpuid`` (the kernel's cpuid driver; readable by root): a read at offset
-  ``leaf | subleaf << 32`` is the four registers. No code runs; the state the OS saves (XCR0) is
-  taken as what the CPU can save (leaf 0xD), which Linux enables.
-- else a 45-byte helper in this process's memory, mapped writable, then executable and never both:
-  the two instructions LLVM runs, CPUID and XGETBV (XGETBV only where CPUID says the OS enabled it).
+  ``leaf | subleaf << 32`` is the four registers;
+- a 45-byte helper in this process's memory, mapped writable, then executable and never both:
+  the two instructions LLVM runs, CPUID and XGETBV (XGETBV only where CPUID says the OS enabled it),
+  which tells the state the OS saves (XCR0) also where the driver gives the registers.
 
 Where neither can be read (another machine, a kernel that refuses executable memory), None: the
 kernel's flags stand in (``_isa``). A leaf: stdlib only, imported on ``import jax`` where the ISA is read.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 
 DEVICE = "/dev/cpu/0/cpuid"
 EAX, EBX, ECX, EDX = range(4)
@@ -101,14 +100,21 @@ def features(regs: Registers, xcr0: int | None) -> list[str]:
 
 
 def _device(path: str) -> tuple[Registers, int | None] | None:
-    """The kernel's cpuid driver, where this process may read it: its registers, and XCR0 as the
-    state the CPU can save (leaf 0xD, which Linux enables; the driver cannot ask XGETBV)."""
+    """The kernel's cpuid driver, where this process may read it: its registers, and as XCR0 the
+    state the CPU can save (leaf 0xD, which Linux enables, though not always all of it: ``read``
+    asks XGETBV where it can). Only a character device (or, for tests, a file) is read: a FIFO put
+    there must not hold ``import jax``."""
+    import stat
+
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     regs: Registers = {}
     try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISCHR(mode) or stat.S_ISREG(mode)):
+            return None
         for leaf, subleaf in LEAVES:
             data = os.pread(fd, 16, leaf | subleaf << 32)
             if len(data) != 16:
@@ -161,18 +167,25 @@ def _helper() -> tuple[Registers, int | None] | None:
 
 
 def read(machine: str, device: str | None = None) -> tuple[list[str] | None, str]:
-    """``(LLVM's names for this CPU's features, how they were read)``, or ``(None, why not)``."""
+    """``(LLVM's names for this CPU's features, how they were read)``, or ``(None, why not)``. The
+    driver's registers where it can be read, with the state the OS enabled as XGETBV says it (LLVM's
+    question: a kernel may enable less than the CPU can save, AMX before Linux 5.16); else both
+    from the helper."""
     device = device or DEVICE
     if machine not in ("x86_64", "AMD64") or not sys.platform.startswith("linux"):
         return None, f"CPUID is read on x86-64 Linux only (this is {machine}, {sys.platform})"
     why = "no readable cpuid driver, and executable memory refused"
-    sources: tuple[tuple[str, Callable[[], tuple[Registers, int | None] | None]], ...] = (
-        (f"CPUID, through {device}", lambda: _device(str(device))), ("CPUID", _helper))
-    for how, source in sources:
-        try:
-            got = source()
-        except (OSError, ValueError, AttributeError, TypeError, ImportError) as exc:
-            got, why = None, f"{how} failed ({exc})"
-        if got is not None and (found := features(*got)):
-            return found, how
+    helper: tuple[Registers, int | None] | None = None
+    try:
+        helper = _helper()
+    except (OSError, ValueError, AttributeError, TypeError, ImportError) as exc:
+        why = f"CPUID failed ({exc})"
+    try:
+        driver = _device(device)
+    except (OSError, ValueError) as exc:
+        driver, why = None, f"CPUID, through {device}, failed ({exc})"
+    if driver is not None and (found := features(driver[0], helper[1] if helper is not None else driver[1])):
+        return found, f"CPUID, through {device}"
+    if helper is not None and (found := features(*helper)):
+        return found, "CPUID"
     return None, f"CPUID cannot be read here ({why})"

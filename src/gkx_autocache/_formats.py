@@ -120,12 +120,12 @@ class Verdict:
     """The directory's verdict file (``write_verdict``): which store serves it, whether misses are
     explained, what to know of the ISA in CPU keys. Written once those are known, and again where
     the user's code replaces the package's key hook after ``import jax`` (the key's seam calls
-    ``rewrite``; ``replaced()`` then says it, ``_key.replaced_note``)."""
+    ``rewrite`` with what to say of it: ``_key.Seam.replaced_note``)."""
 
-    def __init__(self, replaced: Callable[[], str | None]) -> None:
-        self._replaced = replaced
+    def __init__(self) -> None:
         self._write: Callable[..., None] | None = None  # None: nothing written (a read-only directory)
         self._unkeyed: str | None = None
+        self._replaced: str | None = None
 
     def write(self, version_dir: str, store: str, reason: str | None, team: bool, explain: str | None,
               unkeyed: str | None, callbacks: str | None) -> None:
@@ -134,6 +134,8 @@ class Verdict:
         self._unkeyed = unkeyed
         self.rewrite()
 
-    def rewrite(self) -> None:
+    def rewrite(self, replaced: str | None = None) -> None:
+        """Write (again); ``replaced``: what to say of the key's hook the user's code replaced."""
+        self._replaced = replaced or self._replaced
         if self._write is not None:
-            self._write(isa=f"{UNKEYED}{self._unkeyed}" if self._unkeyed else self._replaced())
+            self._write(isa=f"{UNKEYED}{self._unkeyed}" if self._unkeyed else self._replaced)

@@ -27,10 +27,14 @@ def set_thresholds(config: Any, settings: _settings.Settings, directory: str) ->
 
 
 def jax_cap(config: Any) -> int | None:
-    """The user's own ``jax_compilation_cache_max_size`` (bytes; 0: JAX caches nothing), or None where
-    it is JAX's default (-1, no cap)."""
+    """The user's own ``jax_compilation_cache_max_size`` in bytes (0 for any size at which JAX's
+    cache keeps nothing: 0, or a negative one but -1), or None where it is JAX's default (-1, no cap)."""
     size = getattr(config, "jax_compilation_cache_max_size", -1)
-    return None if not isinstance(size, int) or size == -1 else size
+    return None if not isinstance(size, int) or size == -1 else max(size, 0)
+
+
+NOTHING_CACHED = ("jax_compilation_cache_max_size is {size}, at which JAX caches nothing: nothing is cached; fix: "
+                  "unset it, or set it to -1 (no cap) or a size")
 
 
 class XlaCaches:
@@ -74,21 +78,23 @@ class XlaCaches:
 
     def allowed(self, directory: str) -> bool:
         """Whether XLA may keep its caches in ``directory`` now: judged as JAX's directory is, the
-        first time (``_cache.prepare``: the ancestors, a planted link, a bucket mount), then by one
-        stat a compile (a directory given to another user since); a refused one stays refused."""
+        first time (``_cache.prepare``: the ancestors, a planted link, a bucket mount; one not there
+        yet is made then, as route makes it, before XLA or another user can: issue 67's attack on M2
+        made it while JAX computed the first key), then by one stat a compile (a directory given to
+        another user since); a refused one stays refused."""
         if self._settings["read_untrusted_dir"]:
             return True
         real = os.path.realpath(directory)
         if real in self._refused:
             return False
         if real not in self._judged:
-            try:
-                _cache.prepare(directory, None, create=False)
+            try:  # made now, as this user's, where it is not there yet: no one else can make it first
+                _cache.prepare(directory, None)
             except _cache.DirectoryRefused:
                 self.refuse(real)
                 return False
-            if not os.path.isdir(real):  # judged where it would be made: judged again once it is
-                return True
+            except OSError:  # (JAX's own set-up meets it, and says so)
+                return False
             self._judged.add(real)
         from gkx_autocache import _trust
 

@@ -43,22 +43,28 @@ PARTS = ("computation", "jax_lib version", "backend version", "XLA flags", "comp
 
 
 class Listener(Protocol):
-    """Who is handed every part (``_explain.seam.Watch``)."""
+    """Who is handed every part (``_explain.seam.Watch``), with, at the last, what the hook part
+    hashed (``hook``: None where the user's own hook replaced the package's) and what the package
+    added to it (``package``: the seam chains it after the user's hook where that replaced its own)."""
 
-    def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None: ...
+    def on_part(self, hash_obj: Any, name: str, hashfn: Any, hook: str | None = None,
+                package: str | None = None) -> None: ...
 
 
 class Seam:
     """What the seam knows of the key being computed on each thread, and what it has noticed.
-    ``listener`` is handed every part; ``on_replaced()`` is told once that the user's code replaced
-    the package's hook (status's verdict file says it)."""
+    ``listener`` is handed every part; ``on_replaced(note)`` is told once that the user's code
+    replaced the package's hook (status's verdict file says it); ``target``: this process's
+    ``cpu_target`` (``_cpu_target.Target``), which CPU keys hold where it is taken."""
 
-    def __init__(self, listener: Listener | None = None, on_replaced: Callable[[], None] | None = None) -> None:
+    def __init__(self, listener: Listener | None = None, on_replaced: Callable[[str], None] | None = None,
+                 target: _cpu_target.Target = _cpu_target.NONE) -> None:
         self.hook: Any = None  # the package's hook, once in place
         self.thread = threading.local()  # the hook text of the key being computed on this thread
         self.listener = listener
         self.replaced: str | None = None  # the user's hook that replaced the package's, once noticed
         self.on_replaced = on_replaced
+        self.target = target
         self.parts = False  # whether _log_cache_key_hash is wrapped: the parts are seen
 
     def note(self, text: str, part: str) -> None:
@@ -74,14 +80,16 @@ class Seam:
             if hook is not self.hook:
                 self._noticed(hook)
                 thread.text = None  # the user's string is not known here
-                thread.part = package_part()
+                thread.part = self.package_part()
                 hash_obj.update(thread.part.encode())  # the same key as the hook's own, chained
             thread.last, thread.text = getattr(thread, "text", None), None
             thread.last_part, thread.part = getattr(thread, "part", None), None
         if name == "custom_hook":
             self.thread.platform = None
         if self.listener is not None:
-            self.listener.on_part(hash_obj, name, hashfn)
+            last = name == PARTS[-1]
+            self.listener.on_part(hash_obj, name, hashfn, self.last() if last else None,
+                                  getattr(self.thread, "last_part", None) if last else None)
 
     def _noticed(self, current: Any) -> None:
         if self.replaced is not None:
@@ -89,7 +97,7 @@ class Seam:
         self.replaced = f"{getattr(current, '__module__', '?')}.{getattr(current, '__qualname__', repr(current))}"[:200]
         logger.debug("%s was replaced by %s: the ISA is added by the seam", jax_hooks.HOOK, self.replaced)
         if self.on_replaced is not None:
-            self.on_replaced()
+            self.on_replaced(self.replaced_note() or "")
 
     def targeted(self) -> bool:
         """Whether this thread's last key holds a ``cpu_target`` (its entry's features are then checked)."""
@@ -100,17 +108,23 @@ class Seam:
         hook replaced the package's)."""
         return getattr(self.thread, "last", None)
 
+    def package_part(self) -> str:
+        """What the package adds to the hook's string: the host's ISA (a CPU key's, the ``cpu_target``
+        where one is taken), after a mark where this thread's compile has host callbacks that the
+        package hands back (``_jax.callbacks.handing_callbacks``)."""
+        keyed = self.target.keys(getattr(self.thread, "platform", None))
+        return ((CALLBACKS_MARK if jax_callbacks.handing_callbacks() else "")
+                + (ISA_MARK + self.target.isa_text() if keyed else isa_suffix()))
+
+    def replaced_note(self) -> str | None:
+        """What ``status`` says when the user's code replaced the package's key hook after ``import jax``."""
+        if self.replaced is None:
+            return None
+        return (f"{jax_hooks.HOOK} was replaced after import jax (by {self.replaced}): CPU keys still get the "
+                "ISA, added by gkx-autocache's key seam; chain the hook you replace to keep yours and ours in one place")
+
 
 _suffix: list[str] = []
-
-
-def package_part() -> str:
-    """What the package adds to the hook's string: the host's ISA (a CPU key's, the ``cpu_target``
-    where one is used), after a mark where this thread's compile has host callbacks that the
-    package hands back (``_jax.callbacks.handing_callbacks``)."""
-    target = _cpu_target.active
-    keyed = seam is not None and target.keys(getattr(seam.thread, "platform", None))
-    return (CALLBACKS_MARK if jax_callbacks.handing_callbacks() else "") + (ISA_MARK + target.isa_text() if keyed else isa_suffix())
 
 
 def isa_suffix() -> str:
@@ -130,11 +144,6 @@ def isa_suffix() -> str:
     return _suffix[0]
 
 
-def targeted() -> bool:
-    """Whether this thread's last key holds a ``cpu_target``."""
-    return seam is not None and seam.targeted()
-
-
 def without_callbacks(text: str) -> str:
     """A hook part's string less the mark of host callbacks (which follow the computation)."""
     return text.replace(CALLBACKS_MARK, "")
@@ -146,23 +155,18 @@ def isa_of(text: str) -> str | None:
     return text[at + len(ISA_MARK):] if at >= 0 else None
 
 
-seam: Seam | None = None
-
-
-def install(jax: Any, listener: Listener | None = None, on_replaced: Callable[[], None] | None = None) -> str | None:
+def install(jax: Any, listener: Listener | None = None, on_replaced: Callable[[str], None] | None = None,
+            target: _cpu_target.Target = _cpu_target.NONE) -> tuple[Seam, str | None]:
     """Put the package's hook in place (chaining the one set before) and wrap the parts' seam, which
-    hands them to ``listener``; return why CPU entries are not keyed by ISA, or None. Idempotent."""
-    global seam
-    if seam is not None:
-        return None
-    current = Seam(listener, on_replaced)
+    hands them to ``listener``; the seam, and why CPU entries are not keyed by ISA (or None)."""
+    current = Seam(listener, on_replaced, target)
 
     def wrap(previous: Any) -> Any:
         def custom_hook() -> str:
             base = previous()
             if not isinstance(base, str):  # the user's hook: JAX says what is wrong with it, as before
                 return base  # type: ignore[no-any-return]
-            part = package_part()
+            part = current.package_part()
             text = base + part
             current.note(text, part)
             return text
@@ -171,15 +175,5 @@ def install(jax: Any, listener: Listener | None = None, on_replaced: Callable[[]
         return custom_hook
 
     why = jax_hooks.install_hook(wrap)  # without the hook, the parts are still watched: explain needs them alone
-    seam = current
     current.parts = jax_hooks.watch_key_parts(current.on_part)
-    return why
-
-
-def replaced_note() -> str | None:
-    """What ``status`` says when the user's code replaced the package's key hook after ``import jax``."""
-    replaced = seam.replaced if seam is not None else None
-    if replaced is None:
-        return None
-    return (f"{jax_hooks.HOOK} was replaced after import jax (by {replaced}): CPU keys still get the "
-            "ISA, added by gkx-autocache's key seam; chain the hook you replace to keep yours and ours in one place")
+    return current, why

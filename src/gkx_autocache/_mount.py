@@ -77,8 +77,9 @@ class Mount:
         return f"a bucket mount ({self.tool}, {self.fstype}, at {self.point}): {CANNOT}"
 
 
-# (point, device "major:minor", type, source, super options) of each mount, where any is FUSE
-_table: list[tuple[str, str, str, str, str]] | None = None
+# (point, device "major:minor", type, source, super options) of each mount, where any is FUSE: read
+# once a process (the list holds the last reading), again where a directory is chosen.
+_read_once: list[list[tuple[str, str, str, str, str]]] = []
 
 
 def fuse_mount(path: str, fresh: bool = False) -> Mount | None:
@@ -87,9 +88,9 @@ def fuse_mount(path: str, fresh: bool = False) -> Mount | None:
     point alone would find the hidden one). Mounts are read once a process, and again with
     ``fresh`` (where a directory is chosen: a framework may name one mounted since); a machine
     without FUSE costs one read."""
-    global _table
-    if _table is None or fresh:
-        _table = _read()
+    if not _read_once or fresh:
+        _read_once[:] = [_read()]
+    _table = _read_once[0]
     if not _table:
         return None
     real = os.path.realpath(path)
@@ -122,7 +123,7 @@ def link_problem(path: str) -> str | None:
     """Why a symlink on the way to ``path`` must not be followed, or None: one inside a bucket mount
     is an object whoever can write the bucket made, and chooses where the cache goes. Each link is
     followed as the kernel would (one of yours may point into the bucket, to one of its links)."""
-    if not _table:
+    if not _read_once or not _read_once[0]:
         return None
     pending = os.path.abspath(path).split(os.sep)[1:]
     current, hops = "", 0

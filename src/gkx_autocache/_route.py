@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gkx_autocache import _cache, _formats, _settings
@@ -15,8 +16,25 @@ from gkx_autocache._jax_config import XlaCaches
 from gkx_autocache._layout import is_url
 
 
-def route(settings: _settings.Settings, location: _cache.Location | None, recorder: Any, env: Mapping[str, str],
-          xla_caches: XlaCaches | None, path: str) -> tuple[str, str] | None:
+@dataclass(frozen=True)
+class Routing:
+    """What ``route`` is given besides the path: the settings, the package's own directory
+    (``location``; None where it has none), the recorder, the environment, XLA's caches,
+    ``installed()``: whether the store serves the package's own directory, and JAX's ``config``."""
+
+    settings: _settings.Settings
+    location: _cache.Location | None
+    recorder: Any
+    env: Mapping[str, str]
+    xla_caches: XlaCaches | None
+    installed: Callable[[], bool]
+    config: Any
+
+    def __call__(self, path: str) -> tuple[str, str] | None:
+        return route(self, path)
+
+
+def route(routing: Routing, path: str) -> tuple[str, str] | None:
     """What serves the directory JAX sets up its cache in (``_jax.caching.serve_file_caches``), at its first
     compile since the directory was set (SPEC §5, §8, amended 2026-12-04 and 2026-12-06):
 
@@ -27,9 +45,16 @@ def route(settings: _settings.Settings, location: _cache.Location | None, record
       object, in the real path judged, checked again at each lookup;
     - one the trust rules refuse: nothing at all (None): JAX reads no entry of it and writes none,
       said once with a fix the user can make, and XLA's own caches there are off (``xla_caches``);
-      unless ``read_untrusted_dir`` asks that JAX's own cache read it unchecked."""
-    from gkx_autocache import _adopted, _store
+      unless ``read_untrusted_dir`` asks that JAX's own cache read it unchecked;
+    - none where JAX's own cap, set since ``import jax``, keeps nothing (0): said once."""
+    settings, location, recorder, env = routing.settings, routing.location, routing.recorder, routing.env
+    xla_caches, installed, config = routing.xla_caches, routing.installed, routing.config
+    from gkx_autocache import _adopted
+    from gkx_autocache._jax_config import NOTHING_CACHED, jax_cap
 
+    if jax_cap(config) == 0:  # (set after import jax: at import, the package turned JAX's cache off)
+        warn("jax:cap", NOTHING_CACHED.format(size=getattr(config, "jax_compilation_cache_max_size", 0)))
+        return None
     own = location.version_dir if location is not None and location.local else None
     if location is not None and own is not None and os.path.realpath(path) == os.path.realpath(own):
         recorder.move(own, location.writable, None, None)
@@ -52,7 +77,7 @@ def route(settings: _settings.Settings, location: _cache.Location | None, record
         logger.debug("%s (set by %s) not judged, so not used: %s", path, by, exc)
         return None
     real = prepared.version_dir
-    if location is None or own is None or not _store.installed():
+    if location is None or own is None or not installed():
         logger.debug("JAX's directory is %s, set by %s: JAX's own cache serves it, checked at each lookup", real, by)
         return real, "jax"
     cap = settings["max_size"] if settings.origin("max_size") != "default" else 0
@@ -72,12 +97,12 @@ def route_only(jax: Any, settings: _settings.Settings, env: Mapping[str, str], x
     has now turns its cache off for this process: the one way left to read none of it."""
     from gkx_autocache._jax import caching as jax_caching
 
-    _, why = jax_caching.serve_file_caches(jax, functools.partial(route, settings, None, None, env, xla_caches), None,
-                                    lambda key, error: False, functools.partial(recheck, None))
+    unserved = Routing(settings, None, None, env, xla_caches, lambda: False, jax.config)
+    _, why = jax_caching.serve_file_caches(jax, unserved, None, lambda key, error: False, functools.partial(recheck, None))
     if why is not None and not settings["read_untrusted_dir"]:
         logger.debug("a directory the trust rules refuse cannot be kept from JAX: %s", why)
         given = getattr(jax.config, "jax_compilation_cache_dir", None)
-        if given and not is_url(str(given)) and route(settings, None, None, env, xla_caches, str(given)) is None:
+        if given and not is_url(str(given)) and unserved(str(given)) is None:
             jax.config.update("jax_enable_compilation_cache", False)
 
 

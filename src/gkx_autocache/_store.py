@@ -157,65 +157,58 @@ class Store:
 # -- installing the store into JAX ------------------------------------------------------------
 
 
-_serving: Store | None = None  # the store JAX got for the package's directory, once it asked
-_own: str | None = None  # the package's own version directory (real path), once installed
-
-
 def install(jax: Any, version_dir: str, chain: Chain | None, recorder: Any,
-            route: Callable[[str], tuple[str, str] | None], recheck: Callable[[str], str | None]) -> str | None:
+            route: Callable[[str], tuple[str, str] | None], recheck: Callable[[str], str | None],
+            target: Any, keyed: Callable[[], bool]) -> str | None:
     """Serve JAX's cache objects as ``route`` says (``_jax.caching.serve_file_caches``): the store over
     ``chain`` for the package's own ``version_dir`` (None: this JAX's cache module lacks what the
     store needs, and it does not serve), and over a chain of a local level of its own for a
     directory someone else gave JAX that may be trusted; why the store does not serve (JAX's stock
-    cache then serves, checked at each lookup by ``recheck``), or None."""
-    global _own
+    cache then serves, checked at each lookup by ``recheck``), or None; ``target`` and ``keyed``:
+    the ``cpu_target`` a local level checks entries against (``LocalLevel``). Which store JAX has
+    is JAX's own to say (``current``): nothing is kept here."""
     ours = os.path.realpath(version_dir)
 
     def make(real: str, writable: bool, sample: bytes, decompress: Any, check_payload: bool) -> Store:
-        global _serving
         if real == ours and chain is not None:
-            _serving = Store(real, chain, recorder)
-            return _serving
+            return Store(real, chain, recorder)
         local = LocalLevel(real, compression=compression_of(sample) or "zlib", decompress=decompress, team=False,
                            writable=writable, check_payload=lambda: check_payload, signs=False,
-                           whole=_mount.bucket_mount(real) is not None)
-        _serving = Store(real, Chain(local, NoLevel()), recorder)
-        return _serving
+                           whole=_mount.bucket_mount(real) is not None, target=target, keyed=keyed)
+        return Store(real, Chain(local, NoLevel()), recorder)
 
     why, unrouted = jax_caching.serve_file_caches(jax, route, make, _unloadable, recheck)
     if unrouted is not None:
         logger.debug("JAX's directories are not judged: %s", unrouted)
-    if why is None:
-        _own = ours
     return why
 
 
-def installed() -> bool:
-    """Whether the store serves the package's own directory in this process (``install`` succeeded)."""
-    return _own is not None
+def current() -> Store | None:
+    """The store JAX reads through now, where it is one (JAX's own cache object otherwise, or none)."""
+    cache = jax_caching.cache_object()
+    return cache if isinstance(cache, Store) else None
 
 
 def serving(path: str) -> bool:
     """Whether the store serves ``path`` now (JAX's directory may have been set since)."""
-    store = _serving
+    store = current()
     return store is not None and os.path.realpath(store.path) == os.path.realpath(path)
 
 
-def serving_now(config: Any) -> bool:
+def serving_now(config: Any, own: str | None, installed: Callable[[], bool]) -> bool:
     """Whether the store serves the directory JAX's ``config`` names now (a framework may set
-    another): the package's own, or one the store was given since. (JAX computes a key before it
-    sets up its cache object at its first compile: the package's own directory is known before.)"""
+    another): the package's own (``own``, its real path, once ``installed()``), or one the store was given since.
+    JAX computes its first key before it sets up its cache object (at its first lookup): the
+    package's own directory is known before."""
     path = str(config.jax_compilation_cache_dir)
-    return (_own is not None and os.path.realpath(path) == _own) or serving(path)
+    return (own is not None and installed() and os.path.realpath(path) == own) or serving(path)
 
 
 def _unloadable(cache_key: str, exc: BaseException) -> bool:
     """Whether an entry JAX could not load is the store's to turn into a miss (it served it): then
     it is removed, and JAX compiles again."""
-    store = _serving
+    store = current()
     if store is None or not store.served(cache_key):
         return False
     store.reject(cache_key, exc)
     return True
-
-

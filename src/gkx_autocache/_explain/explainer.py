@@ -125,7 +125,7 @@ class Explainer:
             if not pending.parts:
                 return None
             pending.facts = measure(pending.parts, pending.computation.hex()[:PART_DIGITS], getattr(pending, "hook", None),
-                                    function_name(key))
+                                    function_name(key), getattr(pending, "package", None))
             pending.parts = None  # what the put needs is measured: the functions can go
         facts: Facts = pending.facts
         return facts

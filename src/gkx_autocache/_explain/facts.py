@@ -15,7 +15,6 @@ import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from gkx_autocache import _key
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._explain import inputs
 from gkx_autocache._jax import hooks as jax_hooks
@@ -48,9 +47,12 @@ class Facts(NamedTuple):
     rerun: str = ""
 
 
-def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, name: str) -> Facts:
+def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, name: str,
+            package: str | None = None) -> Facts:
     """Each part's own hash (the computation's was taken on the way: it is not hashed twice), the
-    readable values, the input signature, the place and the config."""
+    readable values, the input signature, the place and the config. ``hook``: what the hook part
+    hashed (None where the user's hook replaced the package's, whose string the seam chained
+    ``package`` to)."""
     hashes = {PARTS[0]: computation}
     readable: dict[str, str] = {}
     signature, place, files = "?", UNKNOWN_PLACE, ()
@@ -77,7 +79,7 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
             else:
                 hashfn(fresh)
                 if part == "custom_hook":  # a user's hook replaced the package's: the seam adds the ISA
-                    fresh.update(_key.package_part().encode())
+                    fresh.update((package or "").encode())
             hashes[part] = fresh.hexdigest()[:PART_DIGITS]
             if raw is not None:
                 if len(_OPTIONS_HASH) >= 256:

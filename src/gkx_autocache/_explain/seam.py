@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from gkx_autocache import _key
 from gkx_autocache._diagnostics import logger, plural
 from gkx_autocache._jax import caching as jax_caching
 from gkx_autocache._jax import callbacks as jax_callbacks
@@ -41,7 +40,8 @@ class Watch:
 
     # -- the seam: called for each part of each key -----------------------------------------------
 
-    def on_part(self, hash_obj: Any, name: str, hashfn: Any) -> None:
+    def on_part(self, hash_obj: Any, name: str, hashfn: Any, hook: str | None = None,
+                package: str | None = None) -> None:
         if self.version_dir is None:
             return
         pending = self.thread
@@ -59,7 +59,7 @@ class Watch:
             pending.before_hook = hash_obj.copy()
         elif name == PARTS[-1]:
             pending.final = hash_obj.digest().hex()
-            pending.hook = _key.seam.last() if _key.seam is not None else None
+            pending.hook, pending.package = hook, package
 
     def move(self, version_dir: str) -> None:
         """The recorder moved to another directory (``_adopted``): its records are the evidence now."""
@@ -118,14 +118,14 @@ class Watch:
             return self._explainer
 
 
-def install(jax: Any, watch: Watch, recorder: Any, version_dir: str, load: Any = None,
+def install(jax: Any, keys: Any, watch: Watch, recorder: Any, version_dir: str, load: Any = None,
             origins: dict[str, tuple[Any, str]] | None = None) -> str | None:
-    """Wrap the write seam and start ``watch`` (the key's seam and the recorder hold it); return why
+    """Wrap the write seam and start ``watch`` (the key's seam ``keys`` and the recorder hold it); return why
     explanations are unavailable (nothing else changes). ``load()`` reads the directory's evidence,
     at the first miss; ``origins``: the value applied and its source for each threshold
     (``min_compile_time_secs``), which an uncached compile names."""
     origins = origins or {}
-    seam = _key.seam
+    seam = keys  # the key's seam (``_key.Seam``): it hands ``watch`` each part
     if seam is None or not seam.parts:
         return jax_hooks.PARTS_CHANGED
     if seam.listener is not watch:  # installed before, by another (JAX's key seam is wrapped once a process)

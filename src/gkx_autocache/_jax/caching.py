@@ -337,3 +337,11 @@ def rank_local_writes(jax: Any, version_dir: str) -> str | None:
 
     patch(compiler, "_cache_write", _cache_write)
     return None
+
+
+def cache_object() -> Any:
+    """The cache object JAX set up and reads through now (``compilation_cache._cache``, 0.4.30 to 0.12;
+    within a VerificationCache, the one it wraps), or None before JAX's first compile or where it has none."""
+    cache = attr(loaded("compilation_cache"), "_cache")
+    wrapped = attr(cache, "_base_cache") if cache is not None else None
+    return wrapped if wrapped is not None else cache

@@ -137,7 +137,7 @@ def serve_host_callbacks(jax: Any, is_ours: Callable[[], bool]) -> str | None:
 
 def handing_callbacks() -> bool:
     """Whether the compile this thread is in has host callbacks that the package hands back: its key
-    gets a part of its own (``_key.package_part``, which calls this as it adds it), so that a process
+    gets a part of its own (``_key.Seam.package_part``, which calls this as it adds it), so that a process
     that would not hand them back (JAX alone, an older gkx-autocache, a seam changed) never loads its
     entry, which would call into nothing. Such a compile is written only where its key got it."""
     handing = _Callbacks.served and bool(getattr(_compiling, "callbacks", ()))

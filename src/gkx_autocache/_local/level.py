@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gkx_autocache import _cpu_target, _files, _formats, _key, _trust
+from gkx_autocache import _cpu_target, _files, _formats, _trust
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._entry import Entry
 from gkx_autocache._formats import SEAL_LIMIT, compression_of, read_sidecar
@@ -28,11 +28,14 @@ class LocalLevel:
     loading is not guarded, or its settings ask: read at each lookup); ``team``: a team directory
     (§8); ``whole``: a bucket mount (``_mount``); ``signs``: a signing key keeps a seal beside each
     entry it vouches for; ``account(disk)``: told of each prefetched entry's blocks as it lands (the
-    cap's account, which a killed process's landings must not escape: the recorder's ``landed``)."""
+    cap's account, which a killed process's landings must not escape: the recorder's ``landed``);
+    ``target``: this process's ``cpu_target``, whose entries are checked against this CPU where this
+    thread's key held it (``keyed()``: the key's seam says so)."""
 
     def __init__(self, path: str, *, compression: str, decompress: Callable[[bytes], Any], team: bool,
                  writable: bool, check_payload: Callable[[], bool], whole: bool, signs: bool,
-                 account: Callable[[int], None] = lambda disk: None) -> None:
+                 account: Callable[[int], None] = lambda disk: None,
+                 target: _cpu_target.Target = _cpu_target.NONE, keyed: Callable[[], bool] = lambda: False) -> None:
         self.path = path
         self.meta = os.path.join(path, META_DIR)
         self.compression = compression
@@ -45,6 +48,8 @@ class LocalLevel:
         self._whole = whole  # a bucket mount (``_mount``): each file made whole in one create, no times set
         self._signs = signs  # a signing key keeps a seal beside each entry it vouches for
         self._account = account
+        self._target = target
+        self._keyed = keyed
 
     def entry(self, key: str) -> str:
         return os.path.join(self.path, key + ENTRY_SUFFIX)
@@ -115,8 +120,8 @@ class LocalLevel:
         host lacks: another host at the target wrote it), or None. One more decompression a hit,
         only for a key that holds the target (this thread's last), or a prefetched entry, which
         may be one (``_cpu_target``)."""
-        target = _cpu_target.active
-        if target.level is None or not (landing or _key.targeted()):
+        target = self._target
+        if target.level is None or not (landing or self._keyed()):
             return None
         try:
             payload = self._decompress(data)
@@ -222,6 +227,21 @@ class LocalLevel:
             written += self.write_sidecar(key, compile_secs, by=by)
         return written + self.keep_seal(key, seal)
 
+    def believed(self, entry: Entry) -> Entry:
+        """The shared entry with a compile time this process can stand behind: a claim no key of its
+        verified (an unsigned seal, a directory's sidecar: anyone's) is held to JAX's own record in
+        the payload (whole seconds) plus one, so that a level claiming 250 s for a 0.1 s compile is
+        never counted 250 s avoided at each hit (issue 67's L10). A decompression only where the
+        claim is over a second."""
+        claimed = entry.compile_secs
+        if entry.seal is not None or claimed is None or claimed <= 1.0:
+            return entry
+        try:
+            recorded = float(int.from_bytes(self._decompress(entry.data)[:4], "big"))
+        except Exception:
+            recorded = 0.0
+        return Entry(entry.data, min(claimed, recorded + 1.0), entry.written, entry.seal)
+
     def backfill(self, key: str, entry: Entry) -> int | None:
         """A shared hit written here, with its compile time (dated when it was written, so that it
         counts as an earlier run's entry) and its verified seal; the bytes written, None where it
@@ -248,7 +268,7 @@ class LocalLevel:
         why = self.unusable_shared(entry.data, landing=True)
         if why is not None:
             return False, why
-        written = self.backfill(key, entry)
+        written = self.backfill(key, self.believed(entry))
         if written is None:
             return False, None
         self._account(written)

@@ -116,7 +116,7 @@ class Level:
         if budget <= 0:
             return
         ahead = prefetch.Prefetch(channel, self.reader, self.local, budget, tunes=self.tunes, room=self.room)
-        ahead.take(key)  # this lookup's: fetched by it
+        ahead.claim(key)  # this lookup's: fetched by it
         self._prefetch = ahead
         ahead.start()
 
@@ -152,11 +152,11 @@ class Level:
     def _get(self, key: str) -> Answer:
         ahead = self._prefetch
         if ahead is not None:
-            ahead.take(key)  # this lookup's own: never the prefetch's too
-            if (why := ahead.refused.pop(key, None)) is not None:
+            why, slow = ahead.claim(key)  # this lookup's own: never the prefetch's too
+            if why is not None:
                 self.channel.count(rejected=1, misses=1)  # the prefetch read it: refused, not read twice
                 return Answer(refused=why)
-            if ahead.slow.pop(key, None) is not None:  # slower than its compile: not read twice either
+            if slow:  # slower than its compile: not read twice either
                 self.channel.count(misses=1)
                 return MISS
         channel = self.channel

@@ -57,10 +57,10 @@ class Prefetch:
         self.tunes = tunes  # XLA keeps GPU autotune results in the local level (``_autotune``)
         self.room_left = room  # the room under the local cap (None: no cap)
         self.flights = Flights(budget, reader.signs, lambda key: key in local.landings)
-        self.refused: dict[str, str] = {}  # key -> why its bytes were not landed (its lookup says so)
+        self.lands = Lands(channel, self.flights, local)  # each fetched entry into the local level
         self.slow: dict[str, str] = {}  # key -> why its read was abandoned: slower than its compile (its lookup compiles)
         self.plan = plan.Plan()  # its manifests, as read
-        self.unpack = Unpack(channel, reader, self.flights, local.has, self._land)  # its packs
+        self.unpack = Unpack(channel, reader, self.flights, local.has, self.lands.land)  # its packs
         self.reservation = Reservation(local.meta)  # this process's share of the room under the cap
         self.tuned = threading.Event()  # the autotune results are in place (or there are none): a miss may go to XLA
         if not tunes:  # XLA keeps no autotune results in this process: no lookup waits for any
@@ -184,7 +184,7 @@ class Prefetch:
             self.flights.halt()
             return
         except EntryRefused as exc:
-            self.refused[key] = str(exc)
+            self.lands.refuse(key, str(exc))
             return
         except TooLarge:
             return  # more than the budget leaves: its lookup reads it
@@ -198,28 +198,14 @@ class Prefetch:
         if found is None:
             return
         channel.count(bytes_read=len(found.data), read_secs=time.perf_counter() - started, reads=1)
-        self._land(key, size, found)
+        self.lands.land(key, size, found)
 
-    def _land(self, key: str, size: int, found: Entry) -> None:
-        """``found``, checked by its fetch, into the local level (``LocalLevel.land``)."""
-        if not self.flights.begin_write(key, self.channel.closed):
-            return
-        written = None
-        try:
-            landed, why = self.local.land(key, found)
-            if landed:  # (before ``writing`` falls: ``stop`` counts it)
-                written = len(found.data)
-                self.channel.count(prefetched=1, prefetched_bytes=written, backfills=1)
-            elif why is not None:
-                self.refused[key] = why
-            else:  # the local level takes no more (disk full): what is left goes to its lookups
-                self.flights.halt()
-        finally:
-            self.flights.end_write(size, written)
-
-    def take(self, key: str) -> None:
-        """A lookup's key, fetched by it: never by the prefetch too."""
+    def claim(self, key: str) -> tuple[str | None, bool]:
+        """A lookup's key, fetched by it: never by the prefetch too. What the prefetch found of it: why
+        its bytes were refused (its lookup says so, and reads it no more), and whether its read was
+        slower than its compile (its lookup compiles it)."""
         self.flights.take(key)
+        return self.lands.refused(key), self.slow.pop(key, None) is not None
 
     def wait(self, key: str) -> None:
         """Before a lookup reads the local level: wait for this key's fetch if it is in flight
@@ -237,3 +223,35 @@ class Prefetch:
         # A hit sets the entry's mtime (the store's recency): another process used it.
         return sum(landed.nbytes for key, landed in self.local.landings.items()
                    if not self.local.touched_since(key, landed.at))
+
+
+class Lands:
+    """Each entry a prefetch fetched, checked by its fetch, into the local level (``LocalPort.land``)
+    as the flights allow; what was refused, by key, until its lookup asks."""
+
+    def __init__(self, channel: Channel, flights: Flights, local: LocalPort) -> None:
+        self.channel, self.flights, self.local = channel, flights, local
+        self._refused: dict[str, str] = {}  # key -> why its bytes were not landed (its lookup says so)
+
+    def land(self, key: str, size: int, found: Entry) -> None:
+        if not self.flights.begin_write(key, self.channel.closed):
+            return
+        written = None
+        try:
+            landed, why = self.local.land(key, found)
+            if landed:  # (before ``writing`` falls: ``stop`` counts it)
+                written = len(found.data)
+                self.channel.count(prefetched=1, prefetched_bytes=written, backfills=1)
+            elif why is not None:
+                self._refused[key] = why
+            else:  # the local level takes no more (disk full): what is left goes to its lookups
+                self.flights.halt()
+        finally:
+            self.flights.end_write(size, written)
+
+    def refuse(self, key: str, why: str) -> None:
+        self._refused[key] = why
+
+    def refused(self, key: str) -> str | None:
+        """Why ``key``'s bytes were refused, said once (its lookup's)."""
+        return self._refused.pop(key, None)
