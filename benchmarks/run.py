@@ -36,6 +36,7 @@ in the environment that runs it (`pip install -e '.[test]'`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -47,6 +48,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -656,8 +658,11 @@ def moto(work: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sys.path.insert(0, str(ROOT / "tests"))
+    import servers  # (it dies with this process, however this process ends)
+
+    server = servers.start([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -1309,6 +1314,29 @@ def table(r: dict[str, Any]) -> str:
 SECTIONS = ("startup", "import_jax", "workload", "explain", "cli", "bookkeeping", "levels")
 
 
+@contextlib.contextmanager
+def work_folder() -> Iterator[Path]:
+    """A temporary folder for the environments and caches (about 45 MB), removed however the run
+    ends: a Ctrl-C, or a SIGTERM (which ``tests/servers.run`` sends an interrupted runner); the
+    signals are ignored while it is removed, so a second one does not leave it half there."""
+    import signal
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupted)
+    work = Path(tempfile.mkdtemp(prefix="gkx-bench-"))
+    try:
+        yield work
+    finally:
+        handlers = [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)]
+        try:
+            shutil.rmtree(work, ignore_errors=True)
+        finally:
+            signal.signal(signal.SIGINT, handlers[0])
+            signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny run, for the smoke test")
@@ -1319,8 +1347,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = args.only or list(SECTIONS)
     command = "python benchmarks/run.py" + (" --quick" if quick else "") + "".join(f" --only {s}" for s in args.only or [])
     out = Path(args.out)
-    with tempfile.TemporaryDirectory(prefix="gkx-bench-") as tmp:
-        work = Path(tmp)
+    with work_folder() as work:
         with_py, without_py = make_venvs(work)
         jax_version = sh(str(with_py), "-c", "import importlib.metadata as m; print(m.version('jax'))").stdout.strip()
         here = {
