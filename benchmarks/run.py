@@ -483,11 +483,22 @@ def cli(with_py: Path, entries: int, work: Path) -> dict[str, float]:
     jax_version = sh(str(with_py), "-c", "import importlib.metadata as m; print(m.version('jax'))").stdout.strip()
     root = work / "synthetic"
     vdir = root / f"jax-{jax_version}"
-    synthetic(vdir, entries, *real_entry(with_py, work))
+    entry = real_entry(with_py, work)
+    synthetic(vdir, entries, *entry)
+    # A directory the package did not make (stock JAX's, given as JAX_COMPILATION_CACHE_DIR): no
+    # .gkx-autocache in it, so its count is kept in the user's cache (issue 71: counted at every status).
+    foreign = work / "foreign"
+    synthetic(foreign, entries, *entry)
+    (foreign / "CACHEDIR.TAG").unlink()
     env = base_env(GKX_JAX_CACHE_DIR=str(root), HOME=str(work), GKX_JAX_CACHE_MAX_SIZE="0")
     figures = {}
     (vdir / ".gkx-autocache").mkdir(exist_ok=True)  # as any run leaves it
     time.sleep(11)  # a directory last written a while ago: its count is kept (``_entries.count``, QUIET_SECS)
+    own = base_env(JAX_COMPILATION_CACHE_DIR=str(foreign), HOME=str(work))
+    figures["status, a directory the package did not make"] = timed([str(with_py), "-m", "gkx_autocache", "status"], own)
+    figures["status, again: that directory unchanged, its count kept in the user's cache"] = timed(
+        [str(with_py), "-m", "gkx_autocache", "status"], own)
+    assert not (foreign / ".gkx-autocache").exists()  # nothing written in it
     for command in (["status"], ["prune", "--dry-run", "--max-size", "1MB"], ["prune", "--dry-run", "--older-than", "1s"],
                     ["verify"]):
         figures[" ".join(command)] = timed([str(with_py), "-m", "gkx_autocache", *command], env)

@@ -5,11 +5,11 @@ through the command line's ``main``, on the user's file (``XDG_CONFIG_HOME``).""
 from __future__ import annotations
 
 import json
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import InProcess
 
 from gkx_autocache._cli.main import main
 
@@ -102,21 +102,20 @@ def test_unset_of_a_key_not_set_fails_and_changes_nothing(user_file: Path, befor
 @pytest.mark.parametrize("action", [["config", "set", "--user", "report", "true"],
                                     ["config", "set", "--venv", "report", "true"], ["config", "unset", "--user", "report"]])
 def test_editing_a_file_the_config_file_variable_hides_says_so(
-        user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-        action: list[str]) -> None:
+        here: InProcess, user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], action: list[str]) -> None:
     """With ``GKX_JAX_CACHE_CONFIG_FILE`` set, processes read the file it names in place of the
     user's and the policy file: ``config set --user`` (or ``--venv``) still writes the file asked
     for (the value may be meant for later, the variable unset), and says in one line that no process
     with this environment reads it, and which file they do (issue 71: it wrote it silently)."""
     named = tmp_path / "named.toml"
     monkeypatch.setenv("GKX_JAX_CACHE_CONFIG_FILE", str(named))
-    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
-    (tmp_path / "prefix").mkdir()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # (here's environment has none)
     user_file.write_text("report = false\n")
     assert main(action) == 0, capsys.readouterr().err
     err = capsys.readouterr().err
     assert "GKX_JAX_CACHE_CONFIG_FILE" in err and str(named) in err and len(err.strip().splitlines()) == 1, err
-    assert not named.exists()
+    assert not named.exists() and not (here.path / "gkx-autocache.toml").exists() or "--venv" in action
     user_file.write_text("report = false\n")
     assert main(["--json", *action]) == 0
     assert str(named) in json.loads(capsys.readouterr().out)["note"]

@@ -137,6 +137,7 @@ def test_the_readme_explain_example_is_what_explain_prints(venv: Venv, tmp_path:
     the report line and ``explain``'s text are the example's, line by line, times, sizes and paths
     aside (issue 71: the example showed a format explain no longer printed)."""
     said = outputs(example("When a warm run misses"))
+    venv.env.pop("PYTEST_XDIST_WORKER", None)  # (the runs are a script's, not an xdist worker's)
     (tmp_path / "sim.py").write_text(SIM)
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "cache"), "GKX_JAX_CACHE_REPORT": "1"}
     printed: dict[str, list[str]] = {}

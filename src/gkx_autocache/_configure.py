@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gkx_autocache import _cache, _formats, _jax_config, _route, _settings
-from gkx_autocache._diagnostics import NOTED, logger, warn
+from gkx_autocache._diagnostics import NOTED, logger, note_import_site, warn
 
 _lock = threading.Lock()
 _configured = False
@@ -25,6 +25,7 @@ def configure(jax: Any, env: Mapping[str, str] = os.environ) -> None:
             return
         _configured = True
         try:
+            note_import_site()  # where a warning at exit points: no line of the user's runs then
             _configure(jax, env)
         except Exception as exc:
             warn("configure", f"cache not configured, {type(exc).__name__}: {exc}; please report this")

@@ -21,7 +21,7 @@ FIXED_NUMPY = (2, 5, 0)
 
 def slow_import(version: Callable[[str], str | None] = distribution_version,
                 python: tuple[int, int] = (sys.version_info[0], sys.version_info[1])) -> dict[str, Any] | None:
-    """What slows ``import jax`` here, as ``status --json`` and ``explain --json`` give it (``cause``,
+    """What slows ``import jax`` here, as ``status --json`` and ``explain --json`` give it (``why``,
     ``cost``, ``fix``, the versions), or None where nothing known does (or JAX is not installed)."""
     if version("jax") is None:
         return None
@@ -34,11 +34,11 @@ def slow_import(version: Callable[[str], str | None] = distribution_version,
     else:
         fix = "pip install 'ml_dtypes<0.7' (NumPy 2.5, which fixes it too, needs Python 3.12)"
     return {"ml_dtypes": ml_dtypes, "numpy": numpy,
-            "cause": f"ml_dtypes {ml_dtypes} with NumPy {numpy}: ml_dtypes 0.7 registers its loops in quadratic "
+            "why": f"ml_dtypes {ml_dtypes} with NumPy {numpy}: ml_dtypes 0.7 registers its loops in quadratic "
                      "time under a NumPy before 2.5",
             "cost": "about 0.6 s more CPU at every import jax (0.47 -> 1.08 s measured)", "fix": fix}
 
 
 def said(found: dict[str, Any]) -> str:
     """The one line ``status`` and ``explain`` print."""
-    return f"import jax is slow here: {found['cause']}, {found['cost']}; fix: {found['fix']}"
+    return f"import jax is slow here: {found['why']}, {found['cost']}; fix: {found['fix']}"

@@ -8,7 +8,7 @@ import os
 import sys
 
 from gkx_autocache import _policy, _settings
-from gkx_autocache._cli.output import OK, USAGE, CliError, emit
+from gkx_autocache._cli.output import OK, USAGE, CliError, emit, table
 from gkx_autocache._context import load_context
 from gkx_autocache._diagnostics import one_line, shown
 
@@ -50,7 +50,7 @@ def cmd_config(args: argparse.Namespace) -> int:
             emit(args, resolved.shown(), {"key": name, "value": resolved.value, "written": resolved.shown(),
                                           "origin": resolved.origin})
             return OK
-        lines = [f"{k:<22} {r.shown():<28} {r.origin}" for k, r in settings.values.items()]
+        lines = table([(k, r.shown(), r.origin) for k, r in settings.values.items()])
         lines += [f"file {p}: {v.status}" for p, v in settings.files.items()]
         emit(args, "\n".join(lines), {"settings": {k: {"value": r.value, "written": r.shown(), "origin": r.origin}
                                                    for k, r in settings.values.items()},
