@@ -4,7 +4,7 @@ example) cold, then warm, in a local directory and on the two FUSE semantics of 
 line's hits. The test file system is Python (mfusepy), so its reads cost more than a real mount's
 page cache: the figures bound what a mount adds, they do not measure gcsfuse.
 
-    sudo python benchmarks/mount.py --python .venv/bin/python --pythonpath /path/to/diffrax/and/deps
+    sudo python benchmarks/mount.py --python .ci/venvs/3.11/bin/python --pythonpath /path/to/diffrax/and/deps
 
 Needs root, /dev/fuse, libfuse 2 and mfusepy (the test extra), and diffrax importable by PYTHON.
 """

@@ -36,6 +36,7 @@ in the environment that runs it (`pip install -e '.[test]'`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -47,6 +48,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -481,11 +483,22 @@ def cli(with_py: Path, entries: int, work: Path) -> dict[str, float]:
     jax_version = sh(str(with_py), "-c", "import importlib.metadata as m; print(m.version('jax'))").stdout.strip()
     root = work / "synthetic"
     vdir = root / f"jax-{jax_version}"
-    synthetic(vdir, entries, *real_entry(with_py, work))
+    entry = real_entry(with_py, work)
+    synthetic(vdir, entries, *entry)
+    # A directory the package did not make (stock JAX's, given as JAX_COMPILATION_CACHE_DIR): no
+    # .gkx-autocache in it, so its count is kept in the user's cache (issue 71: counted at every status).
+    foreign = work / "foreign"
+    synthetic(foreign, entries, *entry)
+    (foreign / "CACHEDIR.TAG").unlink()
     env = base_env(GKX_JAX_CACHE_DIR=str(root), HOME=str(work), GKX_JAX_CACHE_MAX_SIZE="0")
     figures = {}
     (vdir / ".gkx-autocache").mkdir(exist_ok=True)  # as any run leaves it
     time.sleep(11)  # a directory last written a while ago: its count is kept (``_entries.count``, QUIET_SECS)
+    own = base_env(JAX_COMPILATION_CACHE_DIR=str(foreign), HOME=str(work))
+    figures["status, a directory the package did not make"] = timed([str(with_py), "-m", "gkx_autocache", "status"], own)
+    figures["status, again: that directory unchanged, its count kept in the user's cache"] = timed(
+        [str(with_py), "-m", "gkx_autocache", "status"], own)
+    assert not (foreign / ".gkx-autocache").exists()  # nothing written in it
     for command in (["status"], ["prune", "--dry-run", "--max-size", "1MB"], ["prune", "--dry-run", "--older-than", "1s"],
                     ["verify"]):
         figures[" ".join(command)] = timed([str(with_py), "-m", "gkx_autocache", *command], env)
@@ -656,8 +669,11 @@ def moto(work: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sys.path.insert(0, str(ROOT / "tests"))
+    import servers  # (it dies with this process, however this process ends)
+
+    server = servers.start([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -1309,6 +1325,29 @@ def table(r: dict[str, Any]) -> str:
 SECTIONS = ("startup", "import_jax", "workload", "explain", "cli", "bookkeeping", "levels")
 
 
+@contextlib.contextmanager
+def work_folder() -> Iterator[Path]:
+    """A temporary folder for the environments and caches (about 45 MB), removed however the run
+    ends: a Ctrl-C, or a SIGTERM (which ``tests/servers.run`` sends an interrupted runner); the
+    signals are ignored while it is removed, so a second one does not leave it half there."""
+    import signal
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupted)
+    work = Path(tempfile.mkdtemp(prefix="gkx-bench-"))
+    try:
+        yield work
+    finally:
+        handlers = [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)]
+        try:
+            shutil.rmtree(work, ignore_errors=True)
+        finally:
+            signal.signal(signal.SIGINT, handlers[0])
+            signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny run, for the smoke test")
@@ -1319,8 +1358,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = args.only or list(SECTIONS)
     command = "python benchmarks/run.py" + (" --quick" if quick else "") + "".join(f" --only {s}" for s in args.only or [])
     out = Path(args.out)
-    with tempfile.TemporaryDirectory(prefix="gkx-bench-") as tmp:
-        work = Path(tmp)
+    with work_folder() as work:
         with_py, without_py = make_venvs(work)
         jax_version = sh(str(with_py), "-c", "import importlib.metadata as m; print(m.version('jax'))").stdout.strip()
         here = {

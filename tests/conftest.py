@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import servers
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER_SITE = sysconfig.get_paths()["purelib"]
@@ -352,13 +353,8 @@ def autocache_warnings(stderr: str) -> list[str]:
 # -- a real S3-compatible server (moto's standalone server) on 127.0.0.1 -------------------------------
 
 def stop(process: subprocess.Popen[bytes]) -> None:
-    """A server this test started (nginx, tinyproxy): asked to end, then made to."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    """A server this test started (nginx, tinyproxy: ``servers.start``): asked to end, then made to."""
+    servers.stop(process)
 
 
 def free_port() -> int:
@@ -406,9 +402,9 @@ def start_s3_server(tls: tuple[Path, Path] | None = None) -> tuple[str, subproce
 
     port = free_port()
     more = ["-c", str(tls[0]), "-k", str(tls[1])] if tls else []
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port), *more],
-                              env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = servers.start([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port), *more],
+                           env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -435,8 +431,7 @@ def start_s3_server(tls: tuple[Path, Path] | None = None) -> tuple[str, subproce
 
 def stop_s3_server(endpoint: str, server: subprocess.Popen[bytes]) -> None:
     SERVER_KEYS.pop(endpoint, None)
-    server.terminate()
-    server.wait(timeout=30)
+    servers.stop(server, timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import servers
 from conftest import free_port, stop
 
 
@@ -71,8 +72,8 @@ MaxClients 100
 Allow 127.0.0.1
 DisableViaHeader Yes
 """)
-        self.process = subprocess.Popen([binary, "-d", "-c", str(base / "tinyproxy.conf")],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = servers.start([binary, "-d", "-c", str(base / "tinyproxy.conf")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
             try:

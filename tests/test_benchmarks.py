@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from typing import Any
 
 import pytest
+import servers
 from conftest import ROOT
 
 
@@ -17,8 +17,9 @@ def run(tmp_path_factory: pytest.TempPathFactory, *sections: str) -> tuple[dict[
     """`benchmarks/run.py --quick` (its ``--only`` sections, all where none): its JSON, its printed table."""
     out = tmp_path_factory.mktemp("bench") / "results.json"
     only = [arg for section in sections for arg in ("--only", section)]
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", *only, "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+    # (interrupted, the runner is given the time to remove its temporary folder of environments)
+    proc = servers.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", *only, "--out", str(out)],
+                       timeout=900)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text()), proc.stdout
 

@@ -247,6 +247,49 @@ def test_bundles_larger_than_the_cache_are_refused_before_writing(here: InProces
     assert not [p for p in vdir.iterdir() if p.name != "CACHEDIR.TAG"]
 
 
+def test_two_exports_of_unchanged_entries_are_byte_identical(here: InProcess, tmp_path: Path,
+                                                             planted_bundle: tuple[Path, dict[str, object]]) -> None:
+    """A bundle can be content-addressed and compared (issue 71): exporting the same entries again,
+    later, gives the same bytes (the first export's reads had moved each entry's access time, which
+    the manifest carries as its recency: a new sha256 every time). Its members are in order, with no
+    time, owner or mode of the exporting machine; the bundle still imports, recency and all."""
+    first, exported = planted_bundle
+    vdir = Path(str(exported["dir"]))
+    entry = next(vdir.glob("*-cache"))
+    long_ago = time.time() - 3 * 86400  # (relatime moves an access time older than a day on a read)
+    for path in vdir.glob("jit_*"):
+        os.utime(path, (long_ago, long_ago))
+    again = tmp_path / "again.tar"
+    time.sleep(1.1)
+    assert export(here, again)["sha256"] == export(here, first)["sha256"]
+    assert first.read_bytes() == again.read_bytes()
+    assert abs(entry.stat().st_atime - long_ago) < 1, "export made the entry recently used"
+    with tarfile.open(again) as tar:
+        members = tar.getmembers()
+    assert members[0].name == MANIFEST and [m.name for m in members[1:]] == sorted(m.name for m in members[1:])
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o600)}
+    target = tmp_path / "target"
+    proc = here.cli("--json", "import", str(again), env={"GKX_JAX_CACHE_DIR": str(target)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["entries"] == exported["entries"] == 2
+    (landed,) = (target / VERSION_DIR).glob(entry.name)
+    assert abs(landed.stat().st_atime - long_ago) < 1  # (before a read of it here moves it)
+    assert landed.read_bytes() == entry.read_bytes()
+
+
+def test_a_read_that_keeps_the_access_time_reads_another_users_file_all_the_same(public: Path) -> None:
+    """``O_NOATIME`` is for the file's owner: an export by another member of a team directory reads
+    that member's entries plainly (EPERM, then an ordinary open), never skips them."""
+    from conftest import in_a_child_as
+
+    from gkx_autocache import _files
+
+    path = public / "jit_f-cache"
+    path.write_bytes(b"entry")
+    path.chmod(0o644)
+    assert in_a_child_as(65534, (), lambda: _files.read(str(path), keep_atime=True)) == b"entry"
+
+
 def test_a_bundle_of_the_earlier_layout_still_imports(here: InProcess, tmp_path: Path,
                                                       planted_bundle: tuple[Path, dict[str, object]]) -> None:
     """A bundle written before the manifest came first (manifest last) imports as before."""

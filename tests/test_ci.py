@@ -128,6 +128,26 @@ def test_ci_run_tests_every_python_it_finds(tmp_path: Path, versions: tuple[str,
     assert ("JAX 0.12" in proc.stdout) == any(v != "3.11" for v in versions)
 
 
+def test_ci_run_says_first_what_it_needs_and_keeps_to_a_folder_of_its_own(tmp_path: Path) -> None:
+    """Issue 71: the test command turned the README's ``.venv`` (the demo's) into an editable install,
+    downgraded ml_dtypes there, made about 3 GB of venvs and apt-installed packages as root, none of
+    it said. Its plan says the disk, where (``.ci/venvs/``, git-ignored), the time, and the Debian
+    packages it would install; none of its environments is ``.venv``."""
+    proc = plan(only(tmp_path, "3.11", "3.12"), ci=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    needs = [line for line in proc.stdout.splitlines() if line.startswith("needs: ")]
+    assert any("GB of disk" in line and ".ci/venvs/3.11 .ci/venvs/3.12" in line for line in needs), proc.stdout
+    assert any("minutes" in line for line in needs), proc.stdout
+    # (the PATH here has no ldconfig: libfuse2 counts as missing, and the packages are said)
+    assert any("libfuse2" in line for line in needs), proc.stdout
+    assert ".venv" not in proc.stdout.replace(".ci/venvs", ""), proc.stdout
+    script = (ROOT / ".ci" / "run").read_text()
+    code = [line for line in script.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in code if re.search(r"\.venv(?!s)", line)], "the test command names .venv"
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".ci/venvs/3.11/bin/python"], cwd=ROOT)
+    assert ignored.returncode == 0, ".ci/venvs/ is not git-ignored"
+
+
 def test_ci_run_fails_under_ci_when_a_line_is_missing(tmp_path: Path) -> None:
     proc = plan(only(tmp_path, "3.13"), ci=True)
     assert proc.returncode != 0 and "JAX 0.10" in proc.stderr and "3.11" in proc.stderr, proc.stdout + proc.stderr

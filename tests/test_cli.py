@@ -53,11 +53,12 @@ def test_status_origins_for_every_source(here: InProcess, tmp_path: Path) -> Non
 
 
 def test_status_does_not_import_jax_and_reads_the_ledger(here: InProcess, tmp_path: Path) -> None:
-    """status works without importing jax, and shows the entries and stats of (planted) runs."""
+    """status works without importing jax (nor NumPy or ml_dtypes, whose versions it reads), and
+    shows the entries and stats of (planted) runs."""
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
     planted_run(tmp_path / "c", warm=1)
     code = ("import sys; from gkx_autocache._cli.main import main; main(['status']); "
-            "print('JAX IMPORTED' if 'jax' in sys.modules else 'no jax')")
+            "print('JAX IMPORTED' if {'jax', 'numpy', 'ml_dtypes'} & set(sys.modules) else 'no jax')")
     # A fresh process of this interpreter: whether it imports jax is the point (no venv needed).
     proc = subprocess.run([sys.executable, "-c", code], env=clean_env(HOME=str(here.home), **env), cwd=str(tmp_path),
                           capture_output=True, text=True, timeout=600, check=True)
@@ -456,3 +457,63 @@ def test_config_get_shows_a_files_dir_as_written_where_its_variable_is_unset(
     assert _cli.main(["config", "get", "dir"]) == 0
     out, err = capsys.readouterr()
     assert out == "$SCRATCH/jax\n" and err == "", (out, err)
+
+
+def planted_distributions(folder: Path, **versions: str) -> Path:
+    """A folder of bare ``.dist-info`` metadata for ``versions`` (``ml_dtypes="0.7.0"``), as pip
+    leaves it: put first on ``sys.path``, ``importlib.metadata`` finds these before the real ones."""
+    folder.mkdir(exist_ok=True)
+    for name, version in versions.items():
+        info = folder / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return folder
+
+
+@pytest.mark.parametrize(("ml_dtypes", "numpy", "slow"), [("0.7.0", "2.4.6", True), ("0.7.1", "1.26.4", True),
+                                                         ("0.6.0", "2.4.6", False), ("0.7.0", "2.5.0", False)])
+def test_status_and_explain_name_a_slow_import_jax_and_its_fix(
+        here: InProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ml_dtypes: str, numpy: str, slow: bool) -> None:
+    """ml_dtypes 0.7 with a NumPy before 2.5 adds about 0.6 s of CPU to every ``import jax`` (issue
+    71): ``status`` says so among what needs attention, with the fix, and ``explain`` where the
+    run's time went; both from the distributions' metadata, in ``--json`` too. Not for 0.6, nor
+    with NumPy 2.5."""
+    monkeypatch.syspath_prepend(str(planted_distributions(tmp_path / "dists", ml_dtypes=ml_dtypes, numpy=numpy)))
+    planted_run(here.default_cache)
+    text = here.cli("status").stdout
+    said = [line for line in text.splitlines() if "import jax is slow" in line]
+    data = status(here)
+    explained = here.cli("explain")
+    explain = json.loads(here.cli("--json", "explain").stdout)
+    if not slow:
+        assert not said and data["slow_import"] is None and explain["slow_import"] is None, text
+        assert "import jax is slow" not in explained.stdout
+        return
+    (line,) = said
+    assert f"ml_dtypes {ml_dtypes} with NumPy {numpy}" in line and "pip install 'ml_dtypes<0.7'" in line, line
+    assert "0.6 s" in line, line
+    assert data["slow_import"]["ml_dtypes"] == ml_dtypes and data["slow_import"]["numpy"] == numpy
+    assert explain["slow_import"] == data["slow_import"]
+    assert explained.returncode == 0 and f"ml_dtypes {ml_dtypes} with NumPy {numpy}" in explained.stdout, explained.stdout
+
+
+@pytest.mark.parametrize(("python", "held"), [("3.11", True), ("3.12", False), ("3.13", False)])
+def test_the_jax_extra_holds_ml_dtypes_where_numpy_cannot_be_fast(python: str, held: bool) -> None:
+    """``pip install 'gkx-autocache[jax]'`` on Python 3.11 resolved ml_dtypes 0.7.0 with NumPy 2.4
+    (3.11's newest; NumPy 2.5 needs 3.12): about 0.6 s more CPU at every ``import jax`` (issue 71).
+    The extra holds ml_dtypes below 0.7 there, and only there: 3.12 resolves NumPy 2.5."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extra = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]["jax"]
+    environment = {"python_version": python, "python_full_version": f"{python}.0"}
+    applies = [Requirement(line) for line in extra]
+    applies = [r for r in applies if r.marker is None or r.marker.evaluate(environment)]
+    holds = [r for r in applies if r.name.replace("-", "_") == "ml_dtypes"]
+    assert any(r.name == "jax" for r in applies)
+    if held:
+        (hold,) = holds
+        assert "0.7.0" not in hold.specifier and "0.6.0" in hold.specifier, hold
+    else:
+        assert not holds, holds

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import servers
 from conftest import PEAK_RSS, PROGRAM, S3, InProcess, Venv, free_port, local_at, planted_run, run_program
 from hostile import Proxy, Silent
 from test_activation import VERSION_DIR
@@ -71,8 +72,8 @@ def local_entries(local: Path) -> set[str]:
 
 
 def start_moto(port: int) -> subprocess.Popen[bytes]:
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = servers.start([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -94,9 +95,7 @@ def own_s3() -> Iterator[tuple[S3, subprocess.Popen[bytes]]]:
     try:
         yield store, server
     finally:
-        if server.poll() is None:
-            server.terminate()
-            server.wait(timeout=30)
+        servers.stop(server, timeout=30)
 
 
 def test_a_bucket_fills_a_fresh_local_level_which_keeps_it_and_a_stopped_server_costs_nothing(

@@ -135,3 +135,24 @@ def test_the_users_own_jax_directory_keeps_records(here: InProcess, tmp_path: Pa
     assert "your own JAX directory" in stats_row and "no process" not in stats_row, stats_row
     said = here.cli("stats", env=env).stdout
     assert "your own JAX directory" in said and "no process" not in said, said
+
+
+def test_dir_lists_the_api_and_loads_nothing() -> None:
+    """``dir(gkx_autocache)`` lists what ``__getattr__`` loads on first use (``stats``, ``explain``,
+    ``status``, ``AutocacheError``, ``AutocacheWarning``: tab completion, ``help()``), not the
+    modules it imports for itself (issue 71: it listed ``os``, ``sys`` and ``TYPE_CHECKING``, and no
+    API); every name it lists resolves, and listing them imports nothing. In a fresh interpreter:
+    what it imports is the point."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys, gkx_autocache; before = set(sys.modules); names = dir(gkx_autocache); "
+            "after = set(sys.modules) - before; [getattr(gkx_autocache, n) for n in names]; "
+            "print(json.dumps({'names': names, 'loaded': sorted(after), 'all': gkx_autocache.__all__}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    data = json.loads(proc.stdout)
+    names = set(data["names"])
+    assert {"stats", "explain", "status", "AutocacheError", "AutocacheWarning", "install"} <= names, names
+    assert not {"os", "sys", "TYPE_CHECKING"} & names, names
+    assert set(data["all"]) <= names and data["names"] == sorted(names)
+    assert data["loaded"] == [], data["loaded"]

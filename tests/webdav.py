@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import servers
 from conftest import free_port, stop
 
 TOKEN = "s3cret-token-Zq9"  # a bearer token nginx requires where `auth` is "bearer"
@@ -75,8 +76,8 @@ http {{
     }}
 }}
 """)
-        self.process = subprocess.Popen([binary, "-p", str(base), "-c", str(base / "nginx.conf")],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = servers.start([binary, "-p", str(base), "-c", str(base / "nginx.conf")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
             try:

@@ -194,3 +194,9 @@ def __getattr__(name: str) -> object:
 
         return getattr(_api, name)
     raise AttributeError(f"module 'gkx_autocache' has no attribute {name!r}")
+
+
+def __dir__() -> "list[str]":
+    """The module's names with the API ``__getattr__`` loads on first use (tab completion, ``help()``),
+    less the modules it imports for its own use: listing them loads nothing."""
+    return sorted({*globals(), *__all__} - {"os", "sys", "TYPE_CHECKING"})

@@ -64,7 +64,9 @@ def stats() -> dict[str, Any]:
     the package did not configure JAX here: JAX not imported yet, or the cache off)."""
 
     def build() -> dict[str, Any]:
-        data = _show.stats_data(_directory())
+        vdir = _directory()
+        data = _show.stats_data(vdir)
+        data["size"] = _show.cache_size(vdir, _context.load_context().settings["max_size"])
         recorder = _recorder()
         if recorder is not None and recorder.store_serving:
             data["process"] = _show.totals_dict(recorder.totals)

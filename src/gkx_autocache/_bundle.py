@@ -105,7 +105,10 @@ def _export(version_dir: str, archive: str, env: dict[str, Any], progress: Any =
     paths: list[str] = []
     for unit in units:
         for path in sorted(unit.files):
-            data = _files.read(path)  # never through a symlink
+            # Never through a symlink; and not a use: under relatime the first read after a write (or a
+            # day) moved the access time, which the manifest carries as the entry's recency, so two
+            # exports of unchanged entries differed (issue 71), and export made every entry recent.
+            data = _files.read(path, keep_atime=True)
             if data is None:
                 continue  # pruned meanwhile
             item: dict[str, Any] = {"name": os.path.basename(path), "size": len(data),
@@ -120,13 +123,15 @@ def _export(version_dir: str, archive: str, env: dict[str, Any], progress: Any =
         paths.append(os.path.join(version_dir, _autotune.FOLDER, name))
     # What each entry's key was made of (SPEC §13.1: bundles carry the records of their entries), so
     # that a miss after the import is explained, and its ISA is known (SPEC §15).
-    records = _index.lines_of(version_dir, [u.key for u in units])
+    # In order (tables, then entries), not as the index holds them: a fold may compact it between two exports.
+    found_records = _index.lines_of(version_dir, [u.key for u in units])
+    records = sorted(r for r in found_records if not r.startswith("E\t")) + sorted(r for r in found_records if r.startswith("E\t"))
     manifest = {"format": FORMAT, "created_by": "gkx-autocache", **env, "version_dir": version_dir, "files": listed,
                 "records": records}
     with _files.atomic(archive, 0o644, follow=True) as out, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
         for done, (path, item) in enumerate(zip(paths, listed, strict=True)):
-            data = _files.read(path)
+            data = _files.read(path, keep_atime=True)
             if data is None or hashlib.sha256(data).hexdigest() != item["sha256"]:
                 raise _Changed(path)  # the temporary archive goes with it
             _add(tar, item["name"], data)
@@ -137,6 +142,8 @@ def _export(version_dir: str, archive: str, env: dict[str, Any], progress: Any =
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    # Nothing of the exporting machine or moment in a header (TarInfo's defaults: mtime 0, uid and
+    # gid 0, no user or group names), so that unchanged entries make the same bytes (issue 71).
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = 0o600

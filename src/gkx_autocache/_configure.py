@@ -13,7 +13,7 @@ from typing import Any
 
 from gkx_autocache import _cache, _formats, _jax_config, _process, _route, _settings
 from gkx_autocache._chain import Chain, NoLevel
-from gkx_autocache._diagnostics import NOTED, logger, warn
+from gkx_autocache._diagnostics import NOTED, logger, note_import_site, warn
 
 # JAX's functions the package wraps, by whom, and why, in the order the wrappers are put on: on one
 # function, a wrapper listed later is outside one listed earlier, and runs first. Each wrapper's
@@ -44,6 +44,7 @@ def configure(jax: Any, env: Mapping[str, str] = os.environ) -> None:
             return
         _once.set()
         try:
+            note_import_site()  # where a warning at exit points: no line of the user's runs then
             _configure(jax, env)
         except Exception as exc:
             warn("configure", f"cache not configured, {type(exc).__name__}: {exc}; please report this")

@@ -28,29 +28,55 @@ swallowed: list[str] = []  # warnings the user's filters turned into errors: the
 
 def warn(cause: str, message: str, silence: str = SILENCE) -> None:
     """Warn once per ``cause`` per process, pointing at the user's line that led to it (the
-    ``import jax``, the call that compiled), or at no line where there is none (the upload worker,
-    an at-exit hook): never at threading.py or at JAX's own code.
+    ``import jax``, the call that compiled): from a thread of the package's (the shared level's
+    reader, an upload), the line the main thread is on; where no thread is on a line of the user's
+    (an at-exit hook), the ``import jax`` configuration noted. Never at threading.py, JAX's own
+    code or the package's (``gkx_autocache:0``, issue 71).
 
     ``message`` is one line; it gets the ``gkx-autocache:`` prefix and the way to silence it
-    (``silence``: ``NOTED`` where there is nothing to fix).
-    A warning that the user's filters turn into an exception is logged instead.
+    (``silence``: ``NOTED`` where there is nothing to fix, and where the message says its fix
+    already: the fix is said once). A warning that the user's filters turn into an exception is
+    logged instead.
     """
     if cause in _said:
         return
     _said.add(cause)
+    if silence is SILENCE and any(word.strip(":;,.()") == "fix" for word in message.split()):
+        silence = NOTED
     text = f"gkx-autocache: {one_line(message)} ({silence})"
-    frame = user_frame()
+    frame = user_frame() or main_thread_frame()
     try:
-        if frame is None:  # a thread of the package's, or the interpreter's exit: no line of the user's
-            warnings.warn_explicit(text, AutocacheWarning, "gkx_autocache", 0, module="gkx_autocache",
-                                   registry=_registry)
-        else:
+        if frame is not None:
             found = frame.f_globals  # (no module_globals: a loader's get_source raises for `python -c`)
             warnings.warn_explicit(text, AutocacheWarning, frame.f_code.co_filename, frame.f_lineno,
                                    module=found.get("__name__"), registry=found.setdefault("__warningregistry__", {}))
+        else:  # the interpreter's exit: no line of the user's runs, and the import of jax is theirs
+            filename, lineno = _import_site[0] if _import_site else (getattr(sys.modules.get("__main__"), "__file__", None) or "<string>", 0)
+            warnings.warn_explicit(text, AutocacheWarning, filename, lineno, module="gkx_autocache", registry=_registry)
     except Exception:  # -W error: a cache must not cost the user their run
         swallowed.append(text)
         logger.warning("%s", text)
+
+
+_import_site: list[tuple[str, int]] = []  # the user's ``import jax`` (file, line), for warnings at exit (as ``_said``)
+
+
+def note_import_site() -> None:
+    """Keep where the user imported jax (configuration runs there): what a warning with no line of
+    the user's on any thread points at."""
+    frame = user_frame()
+    if frame is not None:
+        _import_site[:] = [(frame.f_code.co_filename, frame.f_lineno)]
+
+
+def main_thread_frame() -> types.FrameType | None:
+    """From another thread, the user's frame the main thread is on (the call that waits for this
+    thread's work); None on the main thread itself, or where it is on no line of the user's."""
+    threading = sys.modules.get("threading")  # (a thread of the package's exists: threading is imported)
+    if threading is None or threading.current_thread() is threading.main_thread():
+        return None
+    frame: types.FrameType | None = sys._current_frames().get(threading.main_thread().ident or -1)
+    return _first_users(frame)
 
 
 _registry: dict[str | tuple[str, type[Warning], int], int] = {}  # (the annotation is never evaluated)
@@ -64,13 +90,17 @@ def user_frame() -> types.FrameType | None:
     """The first frame outside this package, JAX (jax, jaxlib: the compile path runs through
     them) and the stdlib's plumbing (threading, importlib, ...): the user's; None when there is
     none."""
+    return _first_users(sys._getframe(2))
+
+
+def _first_users(frame: types.FrameType | None) -> types.FrameType | None:
+    """``frame`` or the first frame it was called from that is the user's (``user_frame``)."""
     skipped = [_PACKAGE_DIR + os.sep, *_PLUMBING]
     for name in ("jax", "jaxlib"):  # already imported wherever a warning can come from a compile
         where = getattr(sys.modules.get(name), "__file__", None)
         if where:
             skipped.append(os.path.dirname(os.path.abspath(where)) + os.sep)
     prefixes = tuple(skipped)
-    frame: types.FrameType | None = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(prefixes) and not filename.startswith("<frozen"):

@@ -34,6 +34,7 @@ def dir_mode(team: bool) -> int:
 
 
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+NOATIME = getattr(os, "O_NOATIME", 0)  # Linux: a read that leaves the file's access time as it was
 
 
 def open_regular(path: str, dir_fd: int | None = None, write: bool = False) -> int:
@@ -44,8 +45,16 @@ def open_regular(path: str, dir_fd: int | None = None, write: bool = False) -> i
     return _open_regular(path, dir_fd, write)[0]
 
 
-def _open_regular(path: str, dir_fd: int | None = None, write: bool = False) -> tuple[int, os.stat_result]:
-    fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | NOFOLLOW | NONBLOCK | BINARY, dir_fd=dir_fd)
+def _open_regular(path: str, dir_fd: int | None = None, write: bool = False,
+                  keep_atime: bool = False) -> tuple[int, os.stat_result]:
+    flags = (os.O_RDWR if write else os.O_RDONLY) | NOFOLLOW | NONBLOCK | BINARY
+    try:
+        fd = os.open(path, flags | (NOATIME if keep_atime else 0), dir_fd=dir_fd)
+    except PermissionError:
+        if not (keep_atime and NOATIME):
+            raise
+        # O_NOATIME is the owner's (or CAP_FOWNER's): another member's file in a team directory is read plainly.
+        fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -56,13 +65,16 @@ def _open_regular(path: str, dir_fd: int | None = None, write: bool = False) -> 
     return fd, st
 
 
-def read(path: str, limit: int = -1, check: Callable[[os.stat_result], str | None] | None = None) -> bytes | None:
+def read(path: str, limit: int = -1, check: Callable[[os.stat_result], str | None] | None = None,
+         keep_atime: bool = False) -> bytes | None:
     """The regular file's bytes (at most ``limit``), or None. Never through a symlink: a planted
     link must not feed JAX. ``check`` may refuse the file by its ``fstat`` (who may write it).
-    Every hit reads its entry and sidecar here: one ``fstat``, and ``read`` calls sized by it (five
-    system calls where a buffered file makes eight)."""
+    ``keep_atime``: the read is not a use (an export), so the access time, the entry's recency, is
+    left as it was where the kernel allows (``O_NOATIME``). Every hit reads its entry and sidecar
+    here: one ``fstat``, and ``read`` calls sized by it (five system calls where a buffered file
+    makes eight)."""
     try:
-        fd, st = _open_regular(path)
+        fd, st = _open_regular(path, keep_atime=keep_atime)
     except OSError as exc:
         if exc.errno not in (errno.ENOENT, errno.ELOOP):
             logger.debug("cannot read %s: %s", path, exc)

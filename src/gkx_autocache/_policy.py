@@ -127,20 +127,22 @@ def as_typed(key: str, typed: str, value: Any, cwd: str | None) -> Any:
     return value
 
 
-def _statements(text: str) -> tuple[dict[str, tuple[int, int]], int]:
+def _statements(text: str) -> tuple[dict[str, tuple[int, int, str]], int]:
     """The top-level keys of a TOML text, each with the lines its statement spans (``[first,
-    last]``: a value may run over several, a string of many lines or an array), by the key's name
+    last]``: a value may run over several, a string of many lines or an array) and the comment that
+    ends its last line, with the blanks before it (``"  # noisy"``, or ``""``), by the key's name
     as TOML reads it (``"dir"`` and ``'dir'`` are ``dir``); and the line where the top level ends
     (the first table header, or the end). A scan of the syntax, not a parser: what it gets wrong,
     the parse after the edit refuses."""
     lines = text.split("\n")
-    found: dict[str, tuple[int, int]] = {}
+    found: dict[str, tuple[int, int, str]] = {}
     string: str | None = None  # the delimiter of a string running over lines: ''' or """
     depth = 0  # brackets and braces open in a value
     key: str | None = None
     begun = 0
     for number, line in enumerate(lines):
         at = 0
+        comment = ""
         if string is None and depth == 0:
             stripped = line.lstrip()
             if stripped.startswith("["):
@@ -158,6 +160,7 @@ def _statements(text: str) -> tuple[dict[str, tuple[int, int]], int]:
                 continue
             c = line[at]
             if c == "#":
+                comment = line[len(line[:at].rstrip(" \t")):].removesuffix("\r")
                 break
             if line.startswith(('"""', "'''"), at):
                 string, at = line[at:at + 3], at + 3
@@ -172,14 +175,19 @@ def _statements(text: str) -> tuple[dict[str, tuple[int, int]], int]:
                 depth = max(depth - 1, 0)
             at += 1
         if key is not None and string is None and depth == 0:
-            found.setdefault(key, (begun, number))
+            found.setdefault(key, (begun, number, comment))
             key = None
     return found, len(lines)
 
 
+class NotSet(LookupError):
+    """``config unset`` of a key the file does not set."""
+
+
 def edited(text: str, key: str, literal: str | None) -> str:
     """``text`` with ``key = literal`` at its top level (``None``: the key removed), every other
-    line as it was; raises Unwritable where the result would not be exactly that (the text does
+    line as it was, and the edited line's own comment kept; raises NotSet to remove a key the top
+    level does not hold, and Unwritable where the result would not be exactly that (the text does
     not parse, or would not, or would differ in anything else)."""
     import tomllib
 
@@ -190,12 +198,17 @@ def edited(text: str, key: str, literal: str | None) -> str:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
+    # A file of CRLF lines gets a CRLF line: one LF line among them is a diff on every edit.
+    end = "\r" if lines and all(line.endswith("\r") for line in lines) else ""
     spans, top = _statements("\n".join(lines))
     span = spans.get(key)
+    if span is None and literal is None:
+        raise NotSet(key)
     if span is not None:
-        lines[span[0]:span[1] + 1] = [] if literal is None else [f"{key} = {literal}"]
+        first, last, comment = span
+        lines[first:last + 1] = [] if literal is None else [f"{key} = {literal}{comment}{end}"]
     elif literal is not None:  # before the first [table], so that it stays at the top level
-        lines.insert(top, f"{key} = {literal}")
+        lines.insert(top, f"{key} = {literal}{end}")
     after_text = "\n".join(lines) + ("\n" if lines else "")
     try:
         after = tomllib.loads(after_text)
@@ -214,8 +227,9 @@ def edited(text: str, key: str, literal: str | None) -> str:
 
 def set_key(path: str, key: str, literal: str | None) -> None:
     """Write ``key = literal`` into the file (``None`` removes the key), keeping every other line
-    (``edited``). Atomic: a temporary file beside it, then a rename. Raises Unwritable, the file
-    left as it was."""
+    (``edited``). Atomic: a temporary file beside it, then a rename. Raises Unwritable, or NotSet
+    (``None`` for a key the file, or a file that is not there, does not set), the file left as it
+    was."""
     try:
         with os.fdopen(open_regular(path), "rb") as f:  # never a FIFO: it would hang
             text = f.read(MAX_FILE).decode("utf-8")

@@ -129,6 +129,11 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         attention.append("JAX is not installed here: pip install 'gkx-autocache[jax]'")
     if ctx.jax_version is not None and (old := jax_versions.unsupported(ctx.jax_version)) is not None:
         attention.append(old)
+    from gkx_autocache import _slow_import
+
+    slow = _slow_import.slow_import()
+    if slow is not None:
+        attention.append(_slow_import.said(slow))
     from gkx_autocache._shared import probe as _probe
 
     signing = "set (env GKX_JAX_CACHE_SIGNING_KEY)" if _settings.signing_key() else "not set"
@@ -154,7 +159,8 @@ def gather(ctx: Context, probe: bool = True) -> dict[str, Any]:
         "directory": directory, "versions_present": present, "store": store,
         "features": features(store) if store and location is not None and location.local else None,
         "stats": _show.totals_dict(totals) if totals else None, "stats_reset_at": reset_at or None,
-        "sizes": "on disk: allocated blocks, as du counts them (what max_size caps)", "attention": attention,
+        "sizes": "on disk: allocated blocks, as du counts them (what max_size caps)", "slow_import": slow,
+        "attention": attention,
     }
 
 

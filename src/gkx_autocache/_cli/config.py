@@ -8,7 +8,7 @@ import os
 import sys
 
 from gkx_autocache import _policy, _settings
-from gkx_autocache._cli.output import OK, USAGE, CliError, emit
+from gkx_autocache._cli.output import OK, USAGE, CliError, emit, table
 from gkx_autocache._context import load_context
 from gkx_autocache._diagnostics import one_line, shown
 
@@ -50,7 +50,7 @@ def cmd_config(args: argparse.Namespace) -> int:
             emit(args, resolved.shown(), {"key": name, "value": resolved.value, "written": resolved.shown(),
                                           "origin": resolved.origin})
             return OK
-        lines = [f"{k:<22} {r.shown():<28} {r.origin}" for k, r in settings.values.items()]
+        lines = table([(k, r.shown(), r.origin) for k, r in settings.values.items()])
         lines += [f"file {p}: {v.status}" for p, v in settings.files.items()]
         emit(args, "\n".join(lines), {"settings": {k: {"value": r.value, "written": r.shown(), "origin": r.origin}
                                                    for k, r in settings.values.items()},
@@ -58,6 +58,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         return OK
     key = _key(args.key)
     named = _settings.config_files(os.environ, sys.prefix, None)
+    hidden = None  # a note where the file edited is one no process of this environment reads
     if os.environ.get(_settings.CONFIG_FILE_ENV, "").strip() and not (args.user or args.venv):
         if not named:  # /dev/null: every file ignored
             raise CliError(f"{_settings.CONFIG_FILE_ENV} is {os.devnull}: no settings file is read, so none is "
@@ -65,15 +66,26 @@ def cmd_config(args: argparse.Namespace) -> int:
         path: str | None = named[0]  # the file processes read now (pip config does the same)
     else:
         path = _policy.user_path() if args.user else _policy.policy_path()
+        if os.environ.get(_settings.CONFIG_FILE_ENV, "").strip():
+            # The file asked for is written (the value may be meant for when the variable is unset),
+            # and the user told, since processes with this environment read another one, or none.
+            reads = f"read {named[0]}" if named else "read no settings file"
+            hidden = (f"note: {_settings.CONFIG_FILE_ENV} is set, so processes with this environment {reads} in "
+                      f"place of {path}: this applies only where the variable is unset")
     if path is None:
         raise CliError("this user has no config directory: HOME is not set (or not absolute) and the password "
                        "database does not know the uid; set HOME or XDG_CONFIG_HOME, or edit the policy file (--venv)")
     if args.action == "unset":
         try:
             _policy.set_key(path, key.name, None)
+        except _policy.NotSet:
+            # As pip's `config unset` and git's `config --unset` of a key that is not there: a failure.
+            raise CliError(f"{key.name} is not set in {path}: nothing removed") from None
         except _policy.Unwritable as exc:
             raise CliError(str(exc)) from None
-        emit(args, f"{key.name} removed from {path}", {"key": key.name, "file": path})
+        if hidden:
+            print(f"gkx-autocache config: {one_line(hidden)}", file=sys.stderr)
+        emit(args, f"{key.name} removed from {path}", {"key": key.name, "file": path, **({"note": hidden} if hidden else {})})
         return OK
     raw: str = args.value
     # Written as typed, so a $VAR the setter lacks is no reason to refuse: other users of the
@@ -90,12 +102,15 @@ def cmd_config(args: argparse.Namespace) -> int:
         _policy.set_key(path, key.name, literal)
     except _policy.Unwritable as exc:
         raise CliError(str(exc)) from None
-    note = None
+    note = hidden
+    if hidden:
+        print(f"gkx-autocache config: {one_line(hidden)}", file=sys.stderr)
     if unset:
         names = ", ".join(f"${name}" for name in unset)
-        note = (f"note: {names} {'is' if len(unset) == 1 else 'are'} not set for you now, so {key.name} will be a bad "
+        said = (f"note: {names} {'is' if len(unset) == 1 else 'are'} not set for you now, so {key.name} will be a bad "
                 f"value for anyone without {'it' if len(unset) == 1 else 'them'} (written as typed)")
-        print(f"gkx-autocache config: {note}", file=sys.stderr)
+        print(f"gkx-autocache config: {said}", file=sys.stderr)
+        note = f"{note}; {said}" if note else said
         value = typed  # what was written: its expansion is each reader's
     emit(args, f"{key.name} = {literal} written to {path}",
          {"key": key.name, "value": value, "file": path, **({"note": note} if note else {})})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gkx_autocache import _adopted, _mount, _settings
+from gkx_autocache import _adopted, _mount, _settings, _slow_import
 from gkx_autocache._cli.output import OK, USAGE, CliError, emit, local_time
 from gkx_autocache._context import load_context
 from gkx_autocache._diagnostics import plural
@@ -55,12 +55,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
                      f"{', '.join(counts)}")
         if (traced := tracing_line(last)) is not None:
             lines.append(f"  {traced}")
+        if data["slow_import"]:  # where the time went too, and no cache skips it: said with its fix
+            lines.append(f"  {_slow_import.said(data['slow_import'])}")
         lines.extend(_groups_text(data["groups"], "  ", with_time=False, every=args.all))
         if not data["groups"] and (last["misses"] or last["not_cached"]):
             lines.append("  (its misses are older than --since, or of other functions)")
     if data["earlier"]:
         lines.append("earlier" + (f" (since {args.since} ago)" if args.since else "") + ":")
         lines.extend(_groups_text(data["earlier"], "  ", with_time=True, every=args.all))
+    if last is None and data["slow_import"]:
+        lines.append(_slow_import.said(data["slow_import"]))
     filtered = " of " + args.function if args.function else ""
     if last is not None and not last.get("stale") and not data["groups"] and not data["earlier"] \
             and not (last["misses"] or last["not_cached"]):

@@ -103,10 +103,28 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 
 def _confirm(args: argparse.Namespace, where: str) -> None:
-    """``clear`` asks first at a terminal, unless ``--yes`` or ``--dry-run``."""
-    asked = not args.dry_run and not args.yes and sys.stdin.isatty()
-    if asked and input(f"remove every cache entry in {where}? [y/N] ").strip().lower() not in ("y", "yes"):
-        raise CliError("nothing removed")
+    """``clear`` asks first, unless ``--yes`` or ``--dry-run``, and goes on only on a yes, as apt and
+    pip do: from a terminal or a pipe (``echo n |`` was not read, and cleared, exit 0: issue 71); the
+    end of input, or none (``< /dev/null``, a CI step), is a no. The question goes to stderr, so
+    that ``--json`` keeps stdout one object."""
+    if args.dry_run or args.yes:
+        return
+    print(f"remove every cache entry in {where}? [y/N] ", end="", file=sys.stderr, flush=True)
+    try:
+        answer = sys.stdin.readline() if sys.stdin is not None else ""
+    except (OSError, ValueError):  # no standard input at all (closed)
+        answer = ""
+    if not answer.endswith("\n") or not _isatty(sys.stdin):
+        print(file=sys.stderr)  # (no terminal echoed the answer's newline: what follows starts a line of its own)
+    if answer.strip().lower() not in ("y", "yes"):
+        raise CliError("nothing removed: answer y, or give --yes")
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def _clear_stock(args: argparse.Namespace, targets: list[str]) -> int:

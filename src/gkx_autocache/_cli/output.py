@@ -26,6 +26,18 @@ def emit(args: argparse.Namespace, human: str, data: dict[str, Any]) -> None:
         print(printable(human))
 
 
+VALUE_COLUMN = 44  # the widest a value column grows: a deeper path would push every row's origin right
+
+
+def table(rows: list[tuple[str, str, str]], indent: str = "") -> list[str]:
+    """Rows of a name, a value and where it comes from, one line each, in columns as wide as their
+    widest cell (the values' at most ``VALUE_COLUMN``): a value too long for its column (a deep path)
+    runs on in its own row, and pushes no other row's origin out of line."""
+    names = max((len(name) for name, _, _ in rows), default=0)
+    width = max((len(value) for _, value, _ in rows if len(value) <= VALUE_COLUMN), default=0)
+    return [f"{indent}{name:<{names}}  {value:<{width}}  {origin}" for name, value, origin in rows]
+
+
 def progress(message: str) -> None:
     """A progress line on a terminal's stderr; never mixed into stdout (or --json)."""
     if sys.stderr.isatty():

@@ -22,7 +22,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         vdir = moved["dir"]
     if args.reset:
         removed = _reset.reset(vdir, bool(ctx.settings["trust_shared"]))
-        emit(args, f"stats reset ({plural(removed, 'ledger')} folded and removed)", {"reset": True, "removed": removed})
+        # (the count is of bookkeeping files, the finished processes' records: said in words, not as ledgers)
+        emit(args, "stats reset: the totals count from zero now", {"reset": True, "removed": removed})
         return OK
     data = _show.stats_data(vdir)
     if args.written:  # bare, for a CI step's output: save the cache only when this run wrote entries
@@ -30,8 +31,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         emit(args, str(written), {"dir": vdir, "written": written})
         return OK
     stats = data["stats"]
+    data["size"] = _show.cache_size(vdir, ctx.settings["max_size"])
+    sized = size_line(data["size"], "\n")
     if stats is None and data["reset_at"]:
-        emit(args, f"no lookups in {vdir} since the last reset (stats --reset, {local_time(data['reset_at'])})", data)
+        emit(args, f"no lookups in {vdir} since the last reset (stats --reset, {local_time(data['reset_at'])}){sized}",
+             data)
         return OK
     if stats is None and ctx.location is not None and ctx.location.users_own and not ctx.location.local:
         emit(args, _cache.NOT_KEPT.format(dir=vdir), data)
@@ -40,9 +44,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         emit(args, _mount.UNKEPT.format(dir=vdir), {**data, "kept": False})
         return OK
     if stats is None:
-        emit(args, f"none yet: no process has used {vdir}", data)
+        emit(args, f"none yet: no process has used {vdir}{sized}", data)
         return OK
     lines = [stats_line(stats), f"directory {vdir}", *causes_lines(stats)]
+    if data["size"] is not None:
+        lines.insert(1, size_line(data["size"]))
     if data["levels"]:  # the local and shared levels' numbers (SPEC §14)
         from gkx_autocache._record.show import line
 
@@ -53,6 +59,17 @@ def cmd_stats(args: argparse.Namespace) -> int:
                      f"{'' if f['cached'] else '  (not cached: compiled on every run)'}" for f in data["top_functions"])
     emit(args, "\n".join(lines), data)
     return OK
+
+
+def size_line(found: dict[str, Any] | None, before: str = "") -> str:
+    """``cache size 1.2 GiB of 5.0 GiB (24 %), 3 100 entries``; "" without a figure."""
+    if found is None:
+        return ""
+    count = plural(found["entries"], "entry", "entries")
+    if not found["max_size"]:
+        return f"{before}cache size {human_bytes(found['bytes'])}, {count} (no cap: max_size 0)"
+    share = round(100 * found["bytes"] / found["max_size"])
+    return f"{before}cache size {human_bytes(found['bytes'])} of {human_bytes(found['max_size'])} ({share} %), {count}"
 
 
 def stats_line(t: dict[str, Any]) -> str:

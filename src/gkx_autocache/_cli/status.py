@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from gkx_autocache import _cache, _mount
-from gkx_autocache._cli.output import OK, emit
+from gkx_autocache._cli.output import OK, emit, table
 from gkx_autocache._cli.stats import stats_line
 from gkx_autocache._context import load_context
 from gkx_autocache._diagnostics import human_bytes, plural
@@ -25,8 +25,8 @@ def features_line(found: dict[str, str | None] | None) -> str | None:
     return None if found is None else f"  features {features_said(found)}"
 
 
-STORES = {"gkx-autocache": "the package's own (gkx-autocache; what it gives on this JAX: features)", "jax": "JAX's stock cache",
-          "none": "none"}
+STORES = {"gkx-autocache": "the package's own: JAX reads and writes its entries through gkx-autocache",
+          "jax": "JAX's stock cache", "none": "none"}
 
 
 def cpu_line(cpu: dict[str, Any]) -> str:
@@ -51,8 +51,7 @@ def text(data: dict[str, Any]) -> str:
         f"cpu         {cpu_line(data['cpu'])}",
         "settings",
     ]
-    for key, entry in data["settings"].items():
-        lines.append(f"  {key:<22} {entry['effective']:<40} {entry['origin']}")  # a long path: one line still
+    lines.extend(table([(key, entry["effective"], entry["origin"]) for key, entry in data["settings"].items()], "  "))
     for path, verdict in data["files"].items():
         lines.append(f"  file {path}: {verdict}")
     lines.append("directory")

@@ -145,8 +145,11 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
     for group in groups if unavailable else []:  # the misses JAX's key parts were not seen for: why not
         if group["cause"] == causes.UNEXPLAINED:
             group["fix"] = f"none here: explanations are unavailable ({unavailable})"
+    from gkx_autocache._slow_import import slow_import
+
     return {"unavailable": unavailable, "read_only": read_only, "last_run": last_run, "groups": groups,
-            "earlier": _grouped(earlier, ctx, every_run), "since": since, "function": function}
+            "earlier": _grouped(earlier, ctx, every_run), "since": since, "function": function,
+            "slow_import": slow_import()}
 
 
 def _whole_run(groups: list[dict[str, Any]], last_run: dict[str, Any], ctx: Context) -> list[dict[str, Any]]:

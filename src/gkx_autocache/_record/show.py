@@ -179,6 +179,21 @@ def top_functions(t: _ledger.Totals, n: int = 10) -> list[tuple[str, float, bool
     return sorted(costs[:n], key=lambda kv: kv[2])
 
 
+def cache_size(vdir: str, cap: Any) -> dict[str, Any] | None:
+    """What ``ccache -s`` says as "cache size": the bytes the cap counts (allocated blocks, with the
+    bookkeeping), the entries, the cap and its share (``--json``'s ``size``); None for a directory
+    not on this machine (a bucket, not listed for a figure) or not made yet."""
+    from gkx_autocache import _entries
+    from gkx_autocache._layout import is_url
+
+    if is_url(vdir) or not os.path.isdir(vdir):
+        return None
+    entries, used = _entries.count(vdir)
+    cap = cap if isinstance(cap, int) and cap > 0 else 0
+    return {"bytes": used, "entries": entries, "max_size": cap,
+            "percent": round(100 * used / cap, 1) if cap else None}
+
+
 def stats_data(vdir: str) -> dict[str, Any]:
     """What ``stats --json`` prints (less its version and command): the totals since the last reset,
     live processes included (None when there are none), and the costliest functions."""
