@@ -7,11 +7,45 @@ JAX; inserted layers are added inputs; donation, an input's sharding and the out
 
 from __future__ import annotations
 
+import math
 import re
+import time
 
 from conftest import Project
 
-from gkx_autocache._causes import NEW
+from gkx_autocache._causes import CHANGED_COMPUTATION, NEW
+
+CLOCK_SEED = r"""
+import json, time
+import jax, jax.numpy as jnp
+
+SEED = int(time.time() * 1000) % 2**31  # a clock seed, closed over: another constant every run
+
+@jax.jit
+def noisy_step(w, x):
+    noise = jax.random.normal(jax.random.key(SEED), x.shape)
+    return w - 0.01 * (x + noise)
+
+print(json.dumps({"result": float(noisy_step(jnp.ones(8), jnp.ones(8)).sum())}))
+"""
+
+
+def test_misses_on_every_run_does_not_depend_on_the_since_window(project: Project) -> None:
+    """A clock seed closed over misses on every run: `explain --since` with a window that holds the
+    last run alone still flags it (on 7906ae9 the flag was computed inside the window)."""
+    project.write("main.py", CLOCK_SEED)
+    for _ in range(3):
+        project.run()
+    time.sleep(2.5)
+    started = time.time()
+    project.run()
+    window = f"{math.ceil(time.time() - started) + 1}s"  # the last run, not the one before (2.5 s earlier)
+    data = project.explain("--since", window)
+    assert data["earlier"] == [], data["earlier"]
+    (group,) = [g for g in data["groups"] if g["cause"] == CHANGED_COMPUTATION]
+    step = next(f for f in group["functions"] if f["name"] == "jit_noisy_step")
+    assert "misses on every run" in step.get("every_run", ""), step
+
 
 LAMBDA = r"""
 import json
