@@ -13,7 +13,61 @@ import time
 
 from conftest import Project
 
-from gkx_autocache._causes import CHANGED_COMPUTATION, NEW
+from gkx_autocache._causes import CHANGED_COMPUTATION, NEW, changed
+
+DATA_PARALLEL = r"""
+import json, os
+import jax, jax.numpy as jnp
+import equinox as eqx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+mesh = Mesh(jax.devices()[:int(os.environ.get("MESH", "8"))], ("data",))
+batch = P("data") if os.environ.get("SPEC", "data") == "data" else P(None)
+
+class MLP(eqx.Module):
+    layers: list
+    def __init__(self, key):
+        keys = jax.random.split(key, 3)
+        self.layers = [eqx.nn.Linear(16, 32, key=keys[0]), eqx.nn.Linear(32, 32, key=keys[1]),
+                       eqx.nn.Linear(32, 1, key=keys[2])]
+    def __call__(self, x):
+        for layer in self.layers[:-1]:
+            x = jax.nn.relu(layer(x))
+        return self.layers[-1](x)[0]
+
+def loss(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+def train_step(model, x, y):
+    grads = jax.grad(loss)(model, x, y)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, model, grads)
+
+step = jax.jit(train_step, donate_argnums=(0,) if os.environ.get("DONATE") else ())
+model = MLP(jax.random.key(0))
+x = jax.device_put(jnp.ones((64, 16)), NamedSharding(mesh, batch))
+y = jax.device_put(jnp.zeros(64), NamedSharding(mesh, batch))
+model = step(model, x, y)
+print(json.dumps({"result": float(model.layers[-1].bias[0])}))
+"""
+EIGHT = {"JAX_NUM_CPU_DEVICES": "8"}
+
+
+def test_a_mesh_shrunk_is_a_change_of_devices_not_of_compile_options(project: Project) -> None:
+    """A data-parallel train step over a mesh of 8 host devices, then 4 (the process still has 8):
+    `num_partitions` and the device assignment follow from the mesh, which nobody set as a compile
+    option: `changed devices`, the mesh before and after, each field once, and a fix about meshes;
+    on 7906ae9 it was `changed compile options` ("set in code or jax.config"), each field twice."""
+    project.write("main.py", DATA_PARALLEL)
+    project.run(**EIGHT)
+    project.run(MESH="4", **EIGHT)
+    groups = {g["cause"]: g for g in project.explain()["groups"]}
+    assert "changed compile options" not in groups, groups
+    group = groups[changed("devices")]
+    step = next(f for f in group["functions"] if f["name"] == "jit_train_step")["detail"]
+    assert step.startswith("mesh of 8 -> 4 devices (num_partitions 8 -> 4, device_assignment "), step
+    assert step.count("num_partitions") == 1 and step.count("device_assignment") == 1, step
+    assert "set in code" not in group["fix"] and "a Mesh over other devices" in group["fix"], group["fix"]
+
 
 CLOCK_SEED = r"""
 import json, time
@@ -73,6 +127,29 @@ def test_a_lambda_has_one_name_in_the_tracing_line_and_the_causes(project: Proje
 
 
 # -- the pieces, in-process ---------------------------------------------------------------------
+
+def test_a_meshs_compile_options_are_said_as_the_mesh_once() -> None:
+    """num_partitions and the device assignment, at the top and under executable_build_options: the
+    mesh, each field once; the device assignment alone is still a rank's."""
+    import json
+
+    from gkx_autocache._explain import classify
+
+    def options(n: int) -> str:
+        assignment = (f"DeviceAssignment{{replica_count=1, computation_count={n}, "
+                      + " ".join(f"Computation{i}{{{i}}}" for i in range(n)) + "}")
+        return json.dumps({"num_partitions": str(n), "device_assignment": assignment,
+                           "executable_build_options.num_partitions": str(n),
+                           "executable_build_options.device_assignment": assignment})
+
+    found = classify.compile_options_change(options(8), options(4), "")
+    assert found == {"cause": "changed devices", "by": "mesh", "detail": "mesh of 8 -> 4 devices (num_partitions 8 -> "
+                     "4, device_assignment devices 0-7 -> 0-3)"}, found
+    rank = json.loads(options(1))
+    other = {**rank, "device_assignment": rank["device_assignment"].replace("{0}}", "{1}}")}
+    other["executable_build_options.device_assignment"] = other["device_assignment"]
+    assert classify.compile_options_change(json.dumps(rank), json.dumps(other), "")["cause"] == "changed device assignment"
+
 
 def test_a_traced_functions_name_is_its_modules() -> None:
     """JAX's tracing event names `jit(<lambda>)`, its module `jit__lambda`."""

@@ -84,6 +84,10 @@ FIXES = {
     changed("backend"): "entries of another backend version are never hit: expected after a driver or plugin upgrade",
     changed("devices"): "the device kinds or count differ (CUDA_VISIBLE_DEVICES, "
                         "--xla_force_host_platform_device_count, jax_num_cpu_devices): each set has its own entries",
+    f"{changed('devices')}:mesh": "nothing to fix if you changed the devices the computation runs on (a Mesh over "
+                                  "other devices or another number of them, pmap's devices): the compile options "
+                                  "follow them (num_partitions, the device assignment), and each set has its own "
+                                  "entries; a run on the devices of an earlier one is served",
     CHANGED_DEVICE_ASSIGNMENT: "expected for ranks other than 0 of a multi-process run on CPU (JAX keys the device "
                                "assignment there; on GPU it does not)",
     CHANGED_COMPILE_OPTIONS: "compile options set in code or jax.config differ between runs",

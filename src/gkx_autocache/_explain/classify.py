@@ -559,10 +559,16 @@ def compile_options_change(before: str | None, after: str | None, with_it: str) 
     CPU the device assignment is in the compile options (JAX strips it from the key on GPU only)."""
     old, new = _options(before), _options(after)
     named = option_fields(before, after)
-    if named == ["device_assignment"] or named == ["device_assignment", "executable_build_options.device_assignment"]:
+    # The binding shows the build options both at the top and under executable_build_options: once.
+    named = [k for k in named if not (k.startswith(BUILD) and k.removeprefix(BUILD) in named
+                                      and (old.get(k), new.get(k)) == (old.get(k.removeprefix(BUILD)),
+                                                                       new.get(k.removeprefix(BUILD))))]
+    if named == ["device_assignment"]:
         return {"cause": causes.CHANGED_DEVICE_ASSIGNMENT,
                 "detail": f"device assignment, in the compile options on CPU: {_short(old.get('device_assignment'))} -> "
                           f"{_short(new.get('device_assignment'))}{with_it}"}
+    if set(named) <= set(MESH_FIELDS) and set(named) & {"num_partitions", "num_replicas"}:
+        return {"cause": causes.changed("devices"), "by": "mesh", "detail": f"{mesh_change(old, new, named)}{with_it}"}
     if named:
         said = "; ".join(f"{k.removeprefix('executable_build_options.')}: {_pair(old.get(k), new.get(k))}"
                          for k in named[:4])
@@ -572,6 +578,40 @@ def compile_options_change(before: str | None, after: str | None, with_it: str) 
         return {"cause": causes.CHANGED_COMPILE_OPTIONS,
                 "detail": f"field {', '.join(fields[:4])} changed (not one the binding names){with_it}"}
     return {"cause": causes.CHANGED_COMPILE_OPTIONS, "detail": f"they serialise differently{with_it}"}
+
+
+BUILD = "executable_build_options."
+# The compile options JAX derives from the devices a computation is sharded over (a Mesh): none is
+# an option someone set.
+MESH_FIELDS = ("num_partitions", "num_replicas", "device_assignment")
+
+
+def mesh_change(old: dict[str, Any], new: dict[str, Any], named: list[str]) -> str:
+    """The devices a computation is sharded or replicated over, from the compile options that follow
+    them: ``mesh of 8 -> 4 devices (num_partitions 8 -> 4, device_assignment devices 0-7 -> 0-3)``."""
+    def size(options: dict[str, Any]) -> str:
+        try:
+            return str(int(options.get("num_partitions", 1)) * int(options.get("num_replicas", 1)))
+        except (TypeError, ValueError):
+            return "?"
+
+    said = [f"{k} {_pair(old.get(k), new.get(k))}" for k in MESH_FIELDS[:2] if k in named]
+    if "device_assignment" in named:
+        ids = [_device_ids(old.get("device_assignment")), _device_ids(new.get("device_assignment"))]
+        pair = (f"devices {inputs.ranges(ids[0])} -> {inputs.ranges(ids[1])}" if ids[0] is not None and ids[1] is not None
+                else _pair(old.get("device_assignment"), new.get("device_assignment")))
+        said.append(f"device_assignment {pair}")
+    over = "mesh of" if "num_partitions" in named else "replicas on"  # (pmap's devices: replicas, no mesh)
+    return f"{over} {size(old)} -> {size(new)} devices ({', '.join(said)})"
+
+
+def _device_ids(assignment: Any) -> list[int] | None:
+    """The devices of a device assignment as the binding writes it (``DeviceAssignment{replica_count=1,
+    computation_count=2, Computation0{0} Computation1{1}}``); None where it was kept in short."""
+    text = str(assignment or "")
+    if not text.endswith("}}") or " #" in text:
+        return None
+    return [int(i) for ids in re.findall(r"Computation\d+\{([\d ]+)\}", text) for i in ids.split()]
 
 
 def _options(readable: str | None) -> dict[str, Any]:

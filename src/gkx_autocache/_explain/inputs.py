@@ -68,6 +68,19 @@ def of_function_type(text: str) -> str:
     return "?"
 
 
+def ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2,5``."""
+    said: list[str] = []
+    for i in sorted(indices):
+        if said and "-" in said[-1] and int(said[-1].rpartition("-")[2]) == i - 1:
+            said[-1] = f"{said[-1].rpartition('-')[0]}-{i}"
+        elif said and "-" not in said[-1] and int(said[-1]) == i - 1:
+            said[-1] = f"{said[-1]}-{i}"
+        else:
+            said.append(str(i))
+    return ",".join(said)
+
+
 def kept(avals: list[str]) -> str:
     """The list of avals as the index keeps it: whole where short; else each aval's count, in order
     of first use, and a digest of the whole list (so that two lists are the same only where equal)."""
