@@ -69,6 +69,85 @@ def test_a_mesh_shrunk_is_a_change_of_devices_not_of_compile_options(project: Pr
     assert "set in code" not in group["fix"] and "a Mesh over other devices" in group["fix"], group["fix"]
 
 
+MLP_MODEL = """
+import jax, jax.numpy as jnp
+import equinox as eqx
+
+class MLP(eqx.Module):
+    layers: list
+    def __init__(self, key):
+        k1, k2 = jax.random.split(key)
+        self.layers = [eqx.nn.Linear(8, 16, key=k1), eqx.nn.Linear(16, 1, key=k2)]
+    def __call__(self, x):
+        return self.layers[1](jax.nn.relu(self.layers[0](x)))[0]
+
+def loss(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+@eqx.filter_jit
+def train_step(model, x, y):
+    grads = eqx.filter_grad(loss)(model, x, y)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, model, grads)
+"""
+CONV_MODEL = """
+import jax, jax.numpy as jnp
+import equinox as eqx
+
+LR = 0.01
+
+class CNN(eqx.Module):
+    conv: eqx.nn.Conv1d
+    head: eqx.nn.Linear
+    def __init__(self, key):
+        k1, k2 = jax.random.split(key)
+        self.conv = eqx.nn.Conv1d(1, 4, 3, key=k1)
+        self.head = eqx.nn.Linear(24, 1, key=k2)
+    def __call__(self, x):
+        return self.head(jax.nn.relu(self.conv(x[None])).ravel())[0]
+
+def loss(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+@eqx.filter_jit
+def train_step(model, x, y):
+    grads = eqx.filter_grad(loss)(model, x, y)
+    return jax.tree.map(lambda p, g: p - LR * g, model, grads)
+"""
+TWO_MODELS = """
+import json
+import jax, jax.numpy as jnp
+import mlp_model, conv_model
+x, y = jnp.ones((32, 8)), jnp.zeros(32)
+mlp = mlp_model.train_step(mlp_model.MLP(jax.random.key(0)), x, y)
+cnn = conv_model.train_step(conv_model.CNN(jax.random.key(1)), x, y)
+print(json.dumps({"result": float(mlp.layers[1].bias[0] + cnn.head.bias[0])}))
+"""
+
+
+def write_two_models(project: Project) -> None:
+    project.write("mlp_model.py", MLP_MODEL)
+    project.write("conv_model.py", CONV_MODEL)
+    project.write("main.py", TWO_MODELS)
+
+
+def test_one_name_in_two_modules_is_another_function_and_a_change_names_its_module(project: Project) -> None:
+    """`train_step` in mlp_model.py and in conv_model.py, both `eqx.filter_jit`: on the cold run the
+    second is another function, in its module (on 7906ae9: "a further variant of jit_train_step",
+    though no entry is at its place); after an edit of conv_model.py the miss says which module."""
+    write_two_models(project)
+    project.run()
+    (group,) = [g for g in project.explain()["groups"] if g["cause"] == NEW]
+    step = next(f for f in group["functions"] if f["name"] == "jit_train_step")
+    assert step["detail"] == "another jit_train_step, in conv_model.py (its entries here are in mlp_model.py)", step
+    project.write("conv_model.py", CONV_MODEL.replace("LR = 0.01", "LR = 0.02"))
+    project.run()
+    found = project.last()
+    assert set(found) == {CHANGED_COMPUTATION}, found
+    detail = found[CHANGED_COMPUTATION]["jit_train_step"]
+    assert detail.startswith("the jit_train_step in conv_model.py: same input shapes ("), detail
+    assert "a constant in its code changed, 0.01 -> 0.02" in detail, detail
+
+
 CLOCK_SEED = r"""
 import json, time
 import jax, jax.numpy as jnp

@@ -67,6 +67,12 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
     if ours and (found := upgraded(name, evidence, facts.place)) is not None:
         return found
     if ours and (facts.place == UNKNOWN_PLACE or not any(r.place == facts.place for r in recorded)):
+        # Every entry of the name is this run's, and each is at a known place other than this one (a
+        # `train_step` in mlp_model.py and in conv_model.py): another function, not a variant of one.
+        elsewhere = sorted({r.place for r in recorded})
+        if facts.place not in (UNKNOWN_PLACE, HELPER_PLACE) and not unrecorded and not set(elsewhere) & {
+                UNKNOWN_PLACE, HELPER_PLACE} and not any(_maybe_same(p, facts.place) for p in elsewhere):
+            return another(name, facts.place, elsewhere)
         return {"cause": causes.NEW, "detail": f"a further variant of {name} (inputs {inputs.shown(facts.signature)}): "
                                           f"every entry of {name} here was written by this run"}
     if facts.place == UNKNOWN_PLACE:
@@ -95,10 +101,28 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
             return {"cause": causes.CANNOT_TELL, "by": "moved",
                     "detail": f"new, or {name} moved from {_file(gone[0])} ({_file(gone[0])} is gone; this one is "
                               f"{_in(facts.place)}){_closest_differs(moved, facts, evidence)}"}
-        # Two functions of one name in one file (a `step` of two classes) are told apart by name.
-        qualified = facts.place.rsplit(":", 1)[0] in {p.rsplit(":", 1)[0] for p in elsewhere}
-        return {"cause": causes.NEW, "detail": f"another {name}, {_in(facts.place, qualified)} (its entries here are "
-                                          f"{', '.join(_in(p, qualified) for p in elsewhere[:3])})"}
+        return another(name, facts.place, elsewhere)
+    found = _at_place(name, here, unrecorded, facts, evidence, run)
+    others = {r.place for r in recorded} - {facts.place, UNKNOWN_PLACE}
+    if others and facts.place != HELPER_PLACE and found["cause"] in (causes.CHANGED_COMPUTATION, causes.NEW):
+        # The name has entries of other functions (mlp_model.py's train_step): say which this is.
+        qualified = _file(facts.place) in {_file(p) for p in others}
+        file, _, function = facts.place.rpartition(":")
+        found["detail"] = f"{f'{function} in {file}' if qualified else f'the {name} in {file}'}: {found['detail']}"
+    return found
+
+
+def another(name: str, place: str, elsewhere: list[str]) -> dict[str, Any]:
+    """``new``: another function of a known name, at another place than the name's entries."""
+    # Two functions of one name in one file (a `step` of two classes) are told apart by name.
+    qualified = _file(place) in {_file(p) for p in elsewhere}
+    return {"cause": causes.NEW, "detail": f"another {name}, {_in(place, qualified)} (its entries here are "
+                                      f"{', '.join(_in(p, qualified) for p in elsewhere[:3])})"}
+
+
+def _at_place(name: str, here: list[Record], unrecorded: list[str], facts: Facts, evidence: Evidence,
+              run: str) -> dict[str, Any]:
+    """The cause of a miss of a function with entries at its place (``here``)."""
     # What this run wrote cannot have been a hit for it: the question is what the directory held
     # before. Only where this run wrote every entry of the function is a further shape "new".
     earlier = [r for r in here if r.run != run]
