@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import time
 
 from conftest import Project
 
-from gkx_autocache._causes import CHANGED_COMPUTATION, NEW, changed
+from gkx_autocache._causes import CHANGED_COMPUTATION, CHANGED_JAX, NEW, changed
 
 DATA_PARALLEL = r"""
 import json, os
@@ -146,6 +147,28 @@ def test_one_name_in_two_modules_is_another_function_and_a_change_names_its_modu
     detail = found[CHANGED_COMPUTATION]["jit_train_step"]
     assert detail.startswith("the jit_train_step in conv_model.py: same input shapes ("), detail
     assert "a constant in its code changed, 0.01 -> 0.02" in detail, detail
+
+
+def test_after_a_jax_upgrade_jaxs_own_helper_is_changed_jax_like_the_others(project: Project) -> None:
+    """The old JAX's directory holds entries of JAX's own `jit_convert_element_type`, without a record
+    of where their code is (as stock JAX, an older gkx-autocache or a bundle without records leaves
+    them): in the run where every other function is `changed JAX`, the helper is too (on 7906ae9:
+    "cannot tell: new, or JAX 0.0.1 -> ...", with "if not, its first entry here")."""
+    write_two_models(project)
+    project.run()
+    older = project.vdir.parent / "jax-0.0.1"  # what the JAX before wrote (test_explain_real's way)
+    shutil.copytree(project.vdir, older)
+    shutil.rmtree(project.vdir)
+    index = older / ".gkx-autocache" / "index"
+    lines = index.read_text().splitlines()
+    assert any(ln.startswith("E\tjit_convert_element_type\t") for ln in lines), lines
+    index.write_text("".join(f"{ln}\n" for ln in lines if not ln.startswith("E\tjit_convert_element_type\t")))
+    project.run()
+    groups = {g["cause"]: g for g in project.explain()["groups"]}
+    assert set(groups) == {CHANGED_JAX}, groups
+    helper = next(f for f in groups[CHANGED_JAX]["functions"] if f["name"] == "jit_convert_element_type")
+    assert helper["helper"] and helper["detail"].startswith("JAX 0.0.1 -> "), helper
+    assert "its first entry here" not in groups[CHANGED_JAX]["fix"], groups[CHANGED_JAX]["fix"]
 
 
 CLOCK_SEED = r"""

@@ -469,9 +469,16 @@ def upgraded(name: str, evidence: Evidence, place: str) -> dict[str, Any] | None
                                                   f"{os.path.basename(other)}/; every entry is compiled once for {mine}"}
     if place != UNKNOWN_PLACE and places - {UNKNOWN_PLACE}:
         return None  # the older version's entries of this name are another function's
+    if place == HELPER_PLACE:
+        # A name JAX itself jits (no frame of the user's of that name): the older JAX's entries of it,
+        # none recorded at a user's function, are its helper's as well.
+        return {"cause": causes.CHANGED_JAX, "detail": f"JAX {theirs} -> {mine}: {os.path.basename(other)}/ holds "
+                                                  f"entries of {name}, which JAX compiles itself (recorded at no "
+                                                  f"function of yours); every entry is compiled once for {mine}"}
+    known = ("holds JAX's own helper of that name, and this compile's code has no place to tell it by"
+             if places == {HELPER_PLACE} else f"holds entries named {name}, with no record of where their code is")
     return {"cause": causes.CANNOT_TELL, "by": "jax",
-            "detail": f"new, or JAX {theirs} -> {mine}: {os.path.basename(other)}/ holds entries named {name}, "
-                      "with no record of where their code is"}
+            "detail": f"new, or JAX {theirs} -> {mine}: {os.path.basename(other)}/ {known}"}
 
 
 _places: dict[str, dict[str, set[str]]] = {}  # another version dir -> function name -> where its entries' code is
