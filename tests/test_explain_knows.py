@@ -12,7 +12,7 @@ import re
 import shutil
 import time
 
-from conftest import Project
+from conftest import Project, load_benchmark
 
 from gkx_autocache._causes import CHANGED_COMPUTATION, CHANGED_JAX, NEW, changed
 
@@ -171,6 +171,76 @@ def test_after_a_jax_upgrade_jaxs_own_helper_is_changed_jax_like_the_others(proj
     assert "its first entry here" not in groups[CHANGED_JAX]["fix"], groups[CHANGED_JAX]["fix"]
 
 
+GPT = load_benchmark("tpu_explain").MODEL  # the GPT-like model of test_explain_models, at width 16
+
+
+def test_inserted_layers_are_added_inputs_not_changed_shapes(project: Project) -> None:
+    """2 -> 4 layers and sequence 12 -> 8 in one run: the inputs are compared by their order, so the
+    layers inserted are added, and the position table is the one that changed (on 7906ae9, paired
+    by shape alone: "12 -> 16 in 3 inputs (f32[12,16] -> f32[16,16] x3)", a layer's weights)."""
+    project.write("main.py", GPT)
+    project.run(LAYERS="2", SEQ="12")
+    project.run(LAYERS="4", SEQ="8")
+    detail = project.last()[CHANGED_COMPUTATION]["jit_train_step"]
+    assert detail.startswith("86 -> 158 inputs: 12 -> 8 in 3 inputs (f32[12,16] -> f32[8,16] x3); 13 -> 9 in 1 input "
+                             "(i32[4,13] -> i32[4,9]); 72 added (f32[16,16] x24, f32[16] x30, f32[64] x6, f32[16,64] x6 "
+                             "and 1 more shape)"), detail
+
+
+def test_donation_is_named(project: Project) -> None:
+    """`donate_argnums=(0,)` added: the module marks the donated inputs, so the miss names them (on
+    7906ae9: "its code, a static argument, a closed-over constant, or a weak type ... changed")."""
+    project.write("main.py", DATA_PARALLEL)
+    project.run(**EIGHT)
+    project.run(DONATE="1", **EIGHT)
+    (group,) = [g for g in project.explain()["groups"] if g["cause"] == CHANGED_COMPUTATION]
+    assert group["fix"].startswith("nothing to fix if you changed which arguments are donated (donate_argnums"), group
+    detail = project.last()[CHANGED_COMPUTATION]["jit_train_step"]
+    assert detail == ("same input shapes (f32[32,16], f32[32], f32[32,32], f32[32], f32[1,32], f32[1], f32[64,16], "
+                      "f32[64]): donated inputs: none -> 6 of 8 (f32[32,16], f32[32] x2, f32[32,32], f32[1,32] and 1 "
+                      "more shape)"), detail
+
+
+def test_an_input_sharding_is_named(project: Project) -> None:
+    """The batch placed with `P('data')`, then `P(None)`: the module carries each input's sharding,
+    so the miss names it, before and after."""
+    project.write("main.py", DATA_PARALLEL)
+    project.run(**EIGHT)
+    project.run(SPEC="none", **EIGHT)
+    (group,) = [g for g in project.explain()["groups"] if g["cause"] == CHANGED_COMPUTATION]
+    assert group["fix"].startswith("nothing to fix if you placed the inputs otherwise (another PartitionSpec"), group
+    detail = project.last()[CHANGED_COMPUTATION]["jit_train_step"]
+    assert detail == ("same input shapes (f32[32,16], f32[32], f32[32,32], f32[32], f32[1,32], f32[1], f32[64,16], "
+                      "f32[64]): the sharding of 2 of 8 inputs: P('data') -> P(None) (f32[64,16], f32[64])"), detail
+
+
+TOP_K = r"""
+import json, os
+import jax, jax.numpy as jnp
+from jax import lax
+
+K = int(os.environ["K"])  # how many neighbours: a closed-over constant that sets an output shape
+
+@jax.jit
+def retrieve(queries, keys):
+    scores = queries @ keys.T
+    return lax.top_k(scores, K)
+
+values, indices = retrieve(jnp.ones((8, 16)), jnp.ones((100, 16)))
+print(json.dumps({"result": float(values.sum()), "k": int(indices.shape[-1])}))
+"""
+
+
+def test_output_shapes_are_compared(project: Project) -> None:
+    """A closed-over `k` of `lax.top_k` changes only the output shapes: named before and after."""
+    project.write("main.py", TOP_K)
+    project.run(K="3")
+    project.run(K="5")
+    detail = project.last()[CHANGED_COMPUTATION]["jit_retrieve"]
+    assert detail == ("same input shapes (f32[8,16], f32[100,16]): outputs f32[8,3], i32[8,3] -> f32[8,5], i32[8,5]: "
+                      "a static argument or a closed-over value that sets a shape changed, or its code"), detail
+
+
 CLOCK_SEED = r"""
 import json, time
 import jax, jax.numpy as jnp
@@ -229,6 +299,77 @@ def test_a_lambda_has_one_name_in_the_tracing_line_and_the_causes(project: Proje
 
 
 # -- the pieces, in-process ---------------------------------------------------------------------
+
+def gpt_inputs(layers: int, seq: int, dtype: str = "f32") -> list[str]:
+    """The avals of the GPT-like model's train step: parameters, Adam's count and two moments, the tokens."""
+    layer = ["f32[16,16]"] * 4 + ["f32[16]"] * 4 + ["f32[64]", "f32[16]", "f32[16,64]", "f32[64,16]"]
+    params = [a.replace("f32", dtype) for a in ["f32[32,16]", *layer * layers, "f32[16]", "f32[16]", f"f32[{seq},16]"]]
+    return [*params, "i32[]", *params, *params, f"i32[4,{seq + 1}]"]
+
+
+def test_a_long_lists_order_is_kept_in_short_and_read_back_only_as_itself() -> None:
+    """A train step's 338 inputs: their order in some 40 characters, read back whole; an order that
+    does not give the kept list back (another list's, a torn one) is not used."""
+    from gkx_autocache._explain import inputs
+
+    nine, eleven = gpt_inputs(9, 16), gpt_inputs(11, 16)
+    order = inputs.order_of(nine)
+    assert order is not None and len(order) < 80, order
+    assert inputs.listed(inputs.kept(nine), order) == nine
+    assert inputs.listed(inputs.kept(eleven), order) is None  # another list's order
+    torn = order[:20] + ("0" if order[20] != "0" else "1") + order[21:]
+    assert inputs.listed(inputs.kept(nine), torn) is None and inputs.listed(inputs.kept(nine), "%%") is None
+    assert inputs.order_of(["f32[8]", "i32[]"]) is None and inputs.listed("f32[8], i32[]") == ["f32[8]", "i32[]"]
+    assert inputs.ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and inputs.indices("0-2,5,7-8") == [0, 1, 2, 5, 7, 8]
+
+
+def test_inserted_inputs_are_aligned_and_the_rest_paired_by_what_is_new_to_the_list() -> None:
+    """Layers inserted with another change beside them: aligned, what was inserted is added; where
+    the order is not known, a removed aval is paired first with one new to the list (the position
+    table f32[256,16] -> f32[128,16], not a layer's f32[16,64], which there were before)."""
+    import random
+    from collections import Counter
+
+    from gkx_autocache._explain import inputs
+
+    old, new = gpt_inputs(4, 256), gpt_inputs(6, 128)
+    expected = ("158 -> 230 inputs: 256 -> 128 in 3 inputs (f32[256,16] -> f32[128,16] x3); 257 -> 129 in 1 input "
+                "(i32[4,257] -> i32[4,129]); 72 added (f32[16,16] x24, f32[16] x30, f32[64] x6, f32[16,64] x6 and 1 "
+                "more shape)")
+    kept_old, kept_new = inputs.kept(old), inputs.kept(new)
+    assert inputs.change(kept_old, kept_new, (inputs.order_of(old), inputs.order_of(new))) == expected
+    assert inputs.change(kept_old, kept_new) == expected  # by their counts alone
+    assert inputs.change(inputs.kept(gpt_inputs(6, 16)), inputs.kept(gpt_inputs(4, 16)), (
+        inputs.order_of(gpt_inputs(6, 16)), inputs.order_of(gpt_inputs(4, 16)))).startswith("230 -> 158 inputs: 72 removed")
+    # Lists of one length: place by place (a dtype and a batch changed, nothing inserted).
+    assert inputs.change("f32[8,3], f32[16,8], i32[4,17], f32[3]", "bf16[8,3], bf16[16,8], i32[8,17], f32[3]") == (
+        "f32 -> bf16 in 2 of 4 inputs; 4 -> 8 in 1 of 4 inputs (i32[4,17] -> i32[8,17])")
+    # The edit script is a shortest one: as long as the lists' longest common subsequence says.
+    rng = random.Random(70)
+    for _ in range(300):
+        a = [rng.choice("abc") for _ in range(rng.randint(0, 10))]
+        b = [rng.choice("abc") for _ in range(rng.randint(0, 10))]
+        blocks = inputs._blocks(a, b)
+        assert blocks is not None
+        common = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+        for i in range(len(a) - 1, -1, -1):
+            for j in range(len(b) - 1, -1, -1):
+                common[i][j] = common[i + 1][j + 1] + 1 if a[i] == b[j] else max(common[i + 1][j], common[i][j + 1])
+        assert sum(len(gone) for gone, _ in blocks) == len(a) - common[0][0], (a, b, blocks)
+        assert Counter(a) - Counter(x for gone, _ in blocks for x in gone) == \
+            Counter(b) - Counter(x for _, added in blocks for x in added), (a, b, blocks)
+
+
+def test_an_inputs_sharding_is_said_as_a_person_writes_it() -> None:
+    """Shardy's shardings as `P(...)` (the dimensions left whole: `None`); any other as written."""
+    from gkx_autocache._explain import facts
+
+    assert facts.sharding_text('#sdy.sharding<@mesh, [{"data"}, {}]>') == "P('data')"
+    assert facts.sharding_text("#sdy.sharding<@mesh, [{}, {}]>") == "P(None)"
+    assert facts.sharding_text('#sdy.sharding<@mesh, [{"a", "b"}, {"c"}]>') == "P(('a', 'b'), 'c')"
+    assert facts.sharding_text('"{devices=[8,1]<=[8]}"') == "{devices=[8,1]<=[8]}"
+    assert facts.sharding_text('#sdy.sharding<@mesh, [{"data", ?}, {}]>') == '#sdy.sharding<@mesh, [{"data", ?}, {}]>'
+
 
 def test_a_meshs_compile_options_are_said_as_the_mesh_once() -> None:
     """num_partitions and the device assignment, at the top and under executable_build_options: the

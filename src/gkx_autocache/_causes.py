@@ -71,6 +71,10 @@ FIXES = {
     CHANGED_COMPUTATION: "nothing to fix when you changed the code, the shapes or jax.config; a value that differs "
                          "on every run (a time, a seed, an id()) closed over by the function makes it miss every "
                          "time: pass it as an argument",
+    f"{CHANGED_COMPUTATION}:donated": "nothing to fix if you changed which arguments are donated (donate_argnums, "
+                                      "donate_argnames, equinox's donate): each choice has its own entry",
+    f"{CHANGED_COMPUTATION}:sharded": "nothing to fix if you placed the inputs otherwise (another PartitionSpec, mesh "
+                                      "axis or in_shardings): each placement has its own entry",
     CHANGED_XLA_FLAGS: "keep XLA_FLAGS (and --xla arguments) the same between runs: every entry depends on them",
     CHANGED_LIBTPU_INIT_ARGS: "set the same LIBTPU_INIT_ARGS between runs: every entry depends on them, as on XLA_FLAGS "
                               "(gkx-autocache ci-key keys a CI cache by them)",

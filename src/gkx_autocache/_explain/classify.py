@@ -169,7 +169,7 @@ def _at_place(name: str, here: list[Record], unrecorded: list[str], facts: Facts
         return _with_computation(nearest, facts, evidence)
     if facts.place == HELPER_PLACE:  # another use of JAX's own helper than its earlier entries
         if nearest.signature != facts.signature:
-            return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs.change(nearest.signature, facts.signature)}
+            return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs_change(nearest, facts, evidence)}
         return {"cause": causes.CHANGED_COMPUTATION,
                 "detail": f"same input shapes ({inputs.shown(facts.signature)}): {HELPER_SAME}"}
     if facts.place.endswith("<lambda>"):  # every lambda of a file (or of one function in it) has one place
@@ -179,10 +179,51 @@ def _at_place(name: str, here: list[Record], unrecorded: list[str], facts: Facts
                 "detail": f"changed, or another lambda in {file}{inside}: lambdas have no name to tell them apart"}
     same_inputs = [r for r in earlier if r.signature == facts.signature]
     if same_inputs:
-        changed = constant_change(closest_constants(same_inputs, facts, evidence), facts, evidence)
-        return {"cause": causes.CHANGED_COMPUTATION,
-                "detail": f"same input shapes ({inputs.shown(facts.signature)}): {changed or SAME_SHAPES}"}
-    return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs.change(nearest.signature, facts.signature)}
+        said, by = same_inputs_change(closest_constants(same_inputs, facts, evidence), facts, evidence)
+        return {"cause": causes.CHANGED_COMPUTATION, "detail": f"same input shapes ({inputs.shown(facts.signature)}): "
+                f"{said}", **({"by": by} if by else {})}
+    return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs_change(nearest, facts, evidence)}
+
+
+# What sets an output's shape without changing the inputs' (a top_k's k, a closed-over length).
+OTHER_OUTPUTS = "a static argument or a closed-over value that sets a shape changed, or its code"
+
+
+def same_inputs_change(nearest: Record, facts: Facts, evidence: Evidence) -> tuple[str, str | None]:
+    """What differs in a computation of the same inputs: what its module marks on them (donation,
+    shardings) and its outputs, where they differ; then its constants or its operations
+    (``constant_change``); the possible causes where nothing it can read differs. And, where the
+    donation or the shardings are all that differs, which (``by``: its fix)."""
+    marked = interface_change(nearest, facts, evidence)
+    changed = constant_change(nearest, facts, evidence)
+    if "out" in marked and changed is None:
+        marked["out"] += f": {OTHER_OUTPUTS}"
+    said = [*marked.values(), *([changed] if changed else [])]
+    only = "donated" if list(marked) == ["donated"] else "sharded" if list(marked) == ["sharded"] else None
+    return "; ".join(said) or SAME_SHAPES, only if changed is None else None
+
+
+def interface_change(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str, str]:
+    """``inputs.interface_change`` between an entry's computation and this one's."""
+    before = _readable_json(evidence.readable(PARTS[0], nearest.parts[0]))
+    return inputs.interface_change(before, _readable_json(facts.readable.get(PARTS[0])), facts.signature)
+
+
+def inputs_change(nearest: Record, facts: Facts, evidence: Evidence) -> str:
+    """``inputs.change`` between an entry's inputs and this one's, aligned where both orders are known."""
+    before = _readable_json(evidence.readable(PARTS[0], nearest.parts[0])).get("order")
+    after = _readable_json(facts.readable.get(PARTS[0])).get("order")
+    return inputs.change(nearest.signature, facts.signature, (before if isinstance(before, str) else None,
+                                                              after if isinstance(after, str) else None))
+
+
+def _readable_json(readable: str | None) -> dict[str, Any]:
+    """A computation's readable value as a dict (``facts.measure``); empty where none or not one."""
+    try:
+        found = json.loads(readable or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def constant_change(nearest: Record, facts: Facts, evidence: Evidence) -> str | None:
@@ -217,21 +258,24 @@ def _uses(constants: Counter[str]) -> str:
 
 def closest_constants(records: list[Record], facts: Facts, evidence: Evidence) -> Record:
     """Of entries with this compile's inputs, the one whose computation differs least as its readable
-    value tells (its operations, then how many uses of constants differ, then how many values; a
-    weight decay changed after a learning rate is one constant from the entry before both), the
-    most recent among equals; ``closest`` where that cannot be read."""
+    value tells (its operations, then what its module marks on its inputs and its outputs, then how
+    many uses of constants differ, then how many values; a weight decay changed after a learning
+    rate is one constant from the entry before both), the most recent among equals; ``closest``
+    where that cannot be read."""
     mine = _computation(facts.readable.get(PARTS[0]))
     if mine is None:
         return closest(records, facts)
     ours = Counter(dict(mine["constants"]))
-    best: tuple[tuple[int, int, int, float], Record] | None = None
+    interface = {k: mine.get(k) for k in INTERFACE}
+    best: tuple[tuple[int, int, int, int, float], Record] | None = None
     for r in sorted(records, key=lambda r: -r.written)[:TIED_COMPARED]:
         theirs = _computation(evidence.readable(PARTS[0], r.parts[0]))
         if theirs is None:
             continue
         constants = Counter(dict(theirs["constants"]))
         apart = (ours - constants) + (constants - ours)
-        rank = (int(theirs["ops"] != mine["ops"]), sum(apart.values()), len(apart), -r.written)
+        marked = sum(theirs.get(k) != v for k, v in interface.items())
+        rank = (int(theirs["ops"] != mine["ops"]), marked, sum(apart.values()), len(apart), -r.written)
         if best is None or rank < best[0]:
             best = (rank, r)
     return best[1] if best is not None else closest(records, facts)
@@ -304,13 +348,16 @@ def _with_computation(nearest: Record, facts: Facts, evidence: Evidence, also: s
     computation): every part that differs is named, the first as where the computation matches."""
     found = changed_part(nearest, facts, evidence)
     if found["cause"] == causes.CHANGED_COMPILE_OPTIONS and not also and _options_follow(nearest, facts, evidence):
-        shapes = (inputs.change(nearest.signature, facts.signature) if nearest.signature != facts.signature else
+        outputs = interface_change(nearest, facts, evidence).get("out") if nearest.signature == facts.signature else None
+        shapes = (inputs_change(nearest, facts, evidence) if nearest.signature != facts.signature else
                   f"same input shapes ({inputs.shown(facts.signature)}), other outputs")
         return {"cause": causes.CHANGED_COMPUTATION,
-                "detail": f"{shapes}: the compile options follow them ({found['detail']})"}
+                "detail": f"{shapes}: the compile options follow them ({found['detail']}){f'; {outputs}' if outputs else ''}"}
     sharded = (" (a computation sharded over the devices holds their number, or its code changed as well)"
-               if nearest.parts[PARTS.index("accelerator_config")] != facts.parts["accelerator_config"] else "")
-    changed = f", {inputs.change(nearest.signature, facts.signature)}" if nearest.signature != facts.signature else ""
+               if nearest.parts[PARTS.index("accelerator_config")] != facts.parts["accelerator_config"] else
+               " (a computation sharded over a mesh holds its size, or its code changed as well)"
+               if found.get("by") == "mesh" else "")
+    changed = f", {inputs_change(nearest, facts, evidence)}" if nearest.signature != facts.signature else ""
     return {**found, "detail": f"{found['detail']}{also}; its computation differs too{changed}{sharded}"}
 
 
@@ -353,9 +400,10 @@ def differences(nearest: Record, facts: Facts, evidence: Evidence) -> list[str]:
     if config[4:]:
         said.append(f"{len(config) - 4} more jax.config values")
     if nearest.signature != facts.signature:
-        said.append(inputs.change(nearest.signature, facts.signature))
+        said.append(inputs_change(nearest, facts, evidence))
     elif nearest.parts[0] != facts.parts[PARTS[0]]:
-        said.append(f"its computation, with the same input shapes ({inputs.shown(facts.signature)}): {SAME_SHAPES}")
+        marked = "; ".join(interface_change(nearest, facts, evidence).values())
+        said.append(f"its computation, with the same input shapes ({inputs.shown(facts.signature)}): {marked or SAME_SHAPES}")
     return said
 
 
@@ -404,6 +452,7 @@ def _more(items: list[Any], shown: int) -> str:
 
 
 TIED_COMPARED = 256  # records of equal distance whose inputs are compared (the most recent)
+INTERFACE = ("out", "donated", "sharded")  # what a computation's readable value says of what it takes and gives
 
 
 def closest(records: list[Record], facts: Facts) -> Record:
