@@ -71,6 +71,10 @@ FIXES = {
     CHANGED_COMPUTATION: "nothing to fix when you changed the code, the shapes or jax.config; a value that differs "
                          "on every run (a time, a seed, an id()) closed over by the function makes it miss every "
                          "time: pass it as an argument",
+    f"{CHANGED_COMPUTATION}:donated": "nothing to fix if you changed which arguments are donated (donate_argnums, "
+                                      "donate_argnames, equinox's donate): each choice has its own entry",
+    f"{CHANGED_COMPUTATION}:sharded": "nothing to fix if you placed the inputs otherwise (another PartitionSpec, mesh "
+                                      "axis or in_shardings): each placement has its own entry",
     CHANGED_XLA_FLAGS: "keep XLA_FLAGS (and --xla arguments) the same between runs: every entry depends on them",
     CHANGED_LIBTPU_INIT_ARGS: "set the same LIBTPU_INIT_ARGS between runs: every entry depends on them, as on XLA_FLAGS "
                               "(gkx-autocache ci-key keys a CI cache by them)",
@@ -84,6 +88,10 @@ FIXES = {
     changed("backend"): "entries of another backend version are never hit: expected after a driver or plugin upgrade",
     changed("devices"): "the device kinds or count differ (CUDA_VISIBLE_DEVICES, "
                         "--xla_force_host_platform_device_count, jax_num_cpu_devices): each set has its own entries",
+    f"{changed('devices')}:mesh": "nothing to fix if you changed the devices the computation runs on (a Mesh over "
+                                  "other devices or another number of them, pmap's devices): the compile options "
+                                  "follow them (num_partitions, the device assignment), and each set has its own "
+                                  "entries; a run on the devices of an earlier one is served",
     CHANGED_DEVICE_ASSIGNMENT: "expected for ranks other than 0 of a multi-process run on CPU (JAX keys the device "
                                "assignment there; on GPU it does not)",
     CHANGED_COMPILE_OPTIONS: "compile options set in code or jax.config differ between runs",

@@ -67,6 +67,12 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
     if ours and (found := upgraded(name, evidence, facts.place)) is not None:
         return found
     if ours and (facts.place == UNKNOWN_PLACE or not any(r.place == facts.place for r in recorded)):
+        # Every entry of the name is this run's, and each is at a known place other than this one (a
+        # `train_step` in mlp_model.py and in conv_model.py): another function, not a variant of one.
+        elsewhere = sorted({r.place for r in recorded})
+        if facts.place not in (UNKNOWN_PLACE, HELPER_PLACE) and not unrecorded and not set(elsewhere) & {
+                UNKNOWN_PLACE, HELPER_PLACE} and not any(_maybe_same(p, facts.place) for p in elsewhere):
+            return another(name, facts.place, elsewhere)
         return {"cause": causes.NEW, "detail": f"a further variant of {name} (inputs {inputs.shown(facts.signature)}): "
                                           f"every entry of {name} here was written by this run"}
     if facts.place == UNKNOWN_PLACE:
@@ -95,10 +101,28 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
             return {"cause": causes.CANNOT_TELL, "by": "moved",
                     "detail": f"new, or {name} moved from {_file(gone[0])} ({_file(gone[0])} is gone; this one is "
                               f"{_in(facts.place)}){_closest_differs(moved, facts, evidence)}"}
-        # Two functions of one name in one file (a `step` of two classes) are told apart by name.
-        qualified = facts.place.rsplit(":", 1)[0] in {p.rsplit(":", 1)[0] for p in elsewhere}
-        return {"cause": causes.NEW, "detail": f"another {name}, {_in(facts.place, qualified)} (its entries here are "
-                                          f"{', '.join(_in(p, qualified) for p in elsewhere[:3])})"}
+        return another(name, facts.place, elsewhere)
+    found = _at_place(name, here, unrecorded, facts, evidence, run)
+    others = {r.place for r in recorded} - {facts.place, UNKNOWN_PLACE}
+    if others and facts.place != HELPER_PLACE and found["cause"] in (causes.CHANGED_COMPUTATION, causes.NEW):
+        # The name has entries of other functions (mlp_model.py's train_step): say which this is.
+        qualified = _file(facts.place) in {_file(p) for p in others}
+        file, _, function = facts.place.rpartition(":")
+        found["detail"] = f"{f'{function} in {file}' if qualified else f'the {name} in {file}'}: {found['detail']}"
+    return found
+
+
+def another(name: str, place: str, elsewhere: list[str]) -> dict[str, Any]:
+    """``new``: another function of a known name, at another place than the name's entries."""
+    # Two functions of one name in one file (a `step` of two classes) are told apart by name.
+    qualified = _file(place) in {_file(p) for p in elsewhere}
+    return {"cause": causes.NEW, "detail": f"another {name}, {_in(place, qualified)} (its entries here are "
+                                      f"{', '.join(_in(p, qualified) for p in elsewhere[:3])})"}
+
+
+def _at_place(name: str, here: list[Record], unrecorded: list[str], facts: Facts, evidence: Evidence,
+              run: str) -> dict[str, Any]:
+    """The cause of a miss of a function with entries at its place (``here``)."""
     # What this run wrote cannot have been a hit for it: the question is what the directory held
     # before. Only where this run wrote every entry of the function is a further shape "new".
     earlier = [r for r in here if r.run != run]
@@ -145,7 +169,7 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
         return _with_computation(nearest, facts, evidence)
     if facts.place == HELPER_PLACE:  # another use of JAX's own helper than its earlier entries
         if nearest.signature != facts.signature:
-            return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs.change(nearest.signature, facts.signature)}
+            return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs_change(nearest, facts, evidence)}
         return {"cause": causes.CHANGED_COMPUTATION,
                 "detail": f"same input shapes ({inputs.shown(facts.signature)}): {HELPER_SAME}"}
     if facts.place.endswith("<lambda>"):  # every lambda of a file (or of one function in it) has one place
@@ -155,10 +179,51 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
                 "detail": f"changed, or another lambda in {file}{inside}: lambdas have no name to tell them apart"}
     same_inputs = [r for r in earlier if r.signature == facts.signature]
     if same_inputs:
-        changed = constant_change(closest_constants(same_inputs, facts, evidence), facts, evidence)
-        return {"cause": causes.CHANGED_COMPUTATION,
-                "detail": f"same input shapes ({inputs.shown(facts.signature)}): {changed or SAME_SHAPES}"}
-    return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs.change(nearest.signature, facts.signature)}
+        said, by = same_inputs_change(closest_constants(same_inputs, facts, evidence), facts, evidence)
+        return {"cause": causes.CHANGED_COMPUTATION, "detail": f"same input shapes ({inputs.shown(facts.signature)}): "
+                f"{said}", **({"by": by} if by else {})}
+    return {"cause": causes.CHANGED_COMPUTATION, "detail": inputs_change(nearest, facts, evidence)}
+
+
+# What sets an output's shape without changing the inputs' (a top_k's k, a closed-over length).
+OTHER_OUTPUTS = "a static argument or a closed-over value that sets a shape changed, or its code"
+
+
+def same_inputs_change(nearest: Record, facts: Facts, evidence: Evidence) -> tuple[str, str | None]:
+    """What differs in a computation of the same inputs: what its module marks on them (donation,
+    shardings) and its outputs, where they differ; then its constants or its operations
+    (``constant_change``); the possible causes where nothing it can read differs. And, where the
+    donation or the shardings are all that differs, which (``by``: its fix)."""
+    marked = interface_change(nearest, facts, evidence)
+    changed = constant_change(nearest, facts, evidence)
+    if "out" in marked and changed is None:
+        marked["out"] += f": {OTHER_OUTPUTS}"
+    said = [*marked.values(), *([changed] if changed else [])]
+    only = "donated" if list(marked) == ["donated"] else "sharded" if list(marked) == ["sharded"] else None
+    return "; ".join(said) or SAME_SHAPES, only if changed is None else None
+
+
+def interface_change(nearest: Record, facts: Facts, evidence: Evidence) -> dict[str, str]:
+    """``inputs.interface_change`` between an entry's computation and this one's."""
+    before = _readable_json(evidence.readable(PARTS[0], nearest.parts[0]))
+    return inputs.interface_change(before, _readable_json(facts.readable.get(PARTS[0])), facts.signature)
+
+
+def inputs_change(nearest: Record, facts: Facts, evidence: Evidence) -> str:
+    """``inputs.change`` between an entry's inputs and this one's, aligned where both orders are known."""
+    before = _readable_json(evidence.readable(PARTS[0], nearest.parts[0])).get("order")
+    after = _readable_json(facts.readable.get(PARTS[0])).get("order")
+    return inputs.change(nearest.signature, facts.signature, (before if isinstance(before, str) else None,
+                                                              after if isinstance(after, str) else None))
+
+
+def _readable_json(readable: str | None) -> dict[str, Any]:
+    """A computation's readable value as a dict (``facts.measure``); empty where none or not one."""
+    try:
+        found = json.loads(readable or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def constant_change(nearest: Record, facts: Facts, evidence: Evidence) -> str | None:
@@ -193,21 +258,24 @@ def _uses(constants: Counter[str]) -> str:
 
 def closest_constants(records: list[Record], facts: Facts, evidence: Evidence) -> Record:
     """Of entries with this compile's inputs, the one whose computation differs least as its readable
-    value tells (its operations, then how many uses of constants differ, then how many values; a
-    weight decay changed after a learning rate is one constant from the entry before both), the
-    most recent among equals; ``closest`` where that cannot be read."""
+    value tells (its operations, then what its module marks on its inputs and its outputs, then how
+    many uses of constants differ, then how many values; a weight decay changed after a learning
+    rate is one constant from the entry before both), the most recent among equals; ``closest``
+    where that cannot be read."""
     mine = _computation(facts.readable.get(PARTS[0]))
     if mine is None:
         return closest(records, facts)
     ours = Counter(dict(mine["constants"]))
-    best: tuple[tuple[int, int, int, float], Record] | None = None
+    interface = {k: mine.get(k) for k in INTERFACE}
+    best: tuple[tuple[int, int, int, int, float], Record] | None = None
     for r in sorted(records, key=lambda r: -r.written)[:TIED_COMPARED]:
         theirs = _computation(evidence.readable(PARTS[0], r.parts[0]))
         if theirs is None:
             continue
         constants = Counter(dict(theirs["constants"]))
         apart = (ours - constants) + (constants - ours)
-        rank = (int(theirs["ops"] != mine["ops"]), sum(apart.values()), len(apart), -r.written)
+        marked = sum(theirs.get(k) != v for k, v in interface.items())
+        rank = (int(theirs["ops"] != mine["ops"]), marked, sum(apart.values()), len(apart), -r.written)
         if best is None or rank < best[0]:
             best = (rank, r)
     return best[1] if best is not None else closest(records, facts)
@@ -280,13 +348,16 @@ def _with_computation(nearest: Record, facts: Facts, evidence: Evidence, also: s
     computation): every part that differs is named, the first as where the computation matches."""
     found = changed_part(nearest, facts, evidence)
     if found["cause"] == causes.CHANGED_COMPILE_OPTIONS and not also and _options_follow(nearest, facts, evidence):
-        shapes = (inputs.change(nearest.signature, facts.signature) if nearest.signature != facts.signature else
+        outputs = interface_change(nearest, facts, evidence).get("out") if nearest.signature == facts.signature else None
+        shapes = (inputs_change(nearest, facts, evidence) if nearest.signature != facts.signature else
                   f"same input shapes ({inputs.shown(facts.signature)}), other outputs")
         return {"cause": causes.CHANGED_COMPUTATION,
-                "detail": f"{shapes}: the compile options follow them ({found['detail']})"}
+                "detail": f"{shapes}: the compile options follow them ({found['detail']}){f'; {outputs}' if outputs else ''}"}
     sharded = (" (a computation sharded over the devices holds their number, or its code changed as well)"
-               if nearest.parts[PARTS.index("accelerator_config")] != facts.parts["accelerator_config"] else "")
-    changed = f", {inputs.change(nearest.signature, facts.signature)}" if nearest.signature != facts.signature else ""
+               if nearest.parts[PARTS.index("accelerator_config")] != facts.parts["accelerator_config"] else
+               " (a computation sharded over a mesh holds its size, or its code changed as well)"
+               if found.get("by") == "mesh" else "")
+    changed = f", {inputs_change(nearest, facts, evidence)}" if nearest.signature != facts.signature else ""
     return {**found, "detail": f"{found['detail']}{also}; its computation differs too{changed}{sharded}"}
 
 
@@ -329,9 +400,10 @@ def differences(nearest: Record, facts: Facts, evidence: Evidence) -> list[str]:
     if config[4:]:
         said.append(f"{len(config) - 4} more jax.config values")
     if nearest.signature != facts.signature:
-        said.append(inputs.change(nearest.signature, facts.signature))
+        said.append(inputs_change(nearest, facts, evidence))
     elif nearest.parts[0] != facts.parts[PARTS[0]]:
-        said.append(f"its computation, with the same input shapes ({inputs.shown(facts.signature)}): {SAME_SHAPES}")
+        marked = "; ".join(interface_change(nearest, facts, evidence).values())
+        said.append(f"its computation, with the same input shapes ({inputs.shown(facts.signature)}): {marked or SAME_SHAPES}")
     return said
 
 
@@ -380,6 +452,7 @@ def _more(items: list[Any], shown: int) -> str:
 
 
 TIED_COMPARED = 256  # records of equal distance whose inputs are compared (the most recent)
+INTERFACE = ("out", "donated", "sharded")  # what a computation's readable value says of what it takes and gives
 
 
 def closest(records: list[Record], facts: Facts) -> Record:
@@ -445,9 +518,16 @@ def upgraded(name: str, evidence: Evidence, place: str) -> dict[str, Any] | None
                                                   f"{os.path.basename(other)}/; every entry is compiled once for {mine}"}
     if place != UNKNOWN_PLACE and places - {UNKNOWN_PLACE}:
         return None  # the older version's entries of this name are another function's
+    if place == HELPER_PLACE:
+        # A name JAX itself jits (no frame of the user's of that name): the older JAX's entries of it,
+        # none recorded at a user's function, are its helper's as well.
+        return {"cause": causes.CHANGED_JAX, "detail": f"JAX {theirs} -> {mine}: {os.path.basename(other)}/ holds "
+                                                  f"entries of {name}, which JAX compiles itself (recorded at no "
+                                                  f"function of yours); every entry is compiled once for {mine}"}
+    known = ("holds JAX's own helper of that name, and this compile's code has no place to tell it by"
+             if places == {HELPER_PLACE} else f"holds entries named {name}, with no record of where their code is")
     return {"cause": causes.CANNOT_TELL, "by": "jax",
-            "detail": f"new, or JAX {theirs} -> {mine}: {os.path.basename(other)}/ holds entries named {name}, "
-                      "with no record of where their code is"}
+            "detail": f"new, or JAX {theirs} -> {mine}: {os.path.basename(other)}/ {known}"}
 
 
 _places: dict[str, dict[str, set[str]]] = {}  # another version dir -> function name -> where its entries' code is
@@ -559,10 +639,16 @@ def compile_options_change(before: str | None, after: str | None, with_it: str) 
     CPU the device assignment is in the compile options (JAX strips it from the key on GPU only)."""
     old, new = _options(before), _options(after)
     named = option_fields(before, after)
-    if named == ["device_assignment"] or named == ["device_assignment", "executable_build_options.device_assignment"]:
+    # The binding shows the build options both at the top and under executable_build_options: once.
+    named = [k for k in named if not (k.startswith(BUILD) and k.removeprefix(BUILD) in named
+                                      and (old.get(k), new.get(k)) == (old.get(k.removeprefix(BUILD)),
+                                                                       new.get(k.removeprefix(BUILD))))]
+    if named == ["device_assignment"]:
         return {"cause": causes.CHANGED_DEVICE_ASSIGNMENT,
                 "detail": f"device assignment, in the compile options on CPU: {_short(old.get('device_assignment'))} -> "
                           f"{_short(new.get('device_assignment'))}{with_it}"}
+    if set(named) <= set(MESH_FIELDS) and set(named) & {"num_partitions", "num_replicas"}:
+        return {"cause": causes.changed("devices"), "by": "mesh", "detail": f"{mesh_change(old, new, named)}{with_it}"}
     if named:
         said = "; ".join(f"{k.removeprefix('executable_build_options.')}: {_pair(old.get(k), new.get(k))}"
                          for k in named[:4])
@@ -572,6 +658,40 @@ def compile_options_change(before: str | None, after: str | None, with_it: str) 
         return {"cause": causes.CHANGED_COMPILE_OPTIONS,
                 "detail": f"field {', '.join(fields[:4])} changed (not one the binding names){with_it}"}
     return {"cause": causes.CHANGED_COMPILE_OPTIONS, "detail": f"they serialise differently{with_it}"}
+
+
+BUILD = "executable_build_options."
+# The compile options JAX derives from the devices a computation is sharded over (a Mesh): none is
+# an option someone set.
+MESH_FIELDS = ("num_partitions", "num_replicas", "device_assignment")
+
+
+def mesh_change(old: dict[str, Any], new: dict[str, Any], named: list[str]) -> str:
+    """The devices a computation is sharded or replicated over, from the compile options that follow
+    them: ``mesh of 8 -> 4 devices (num_partitions 8 -> 4, device_assignment devices 0-7 -> 0-3)``."""
+    def size(options: dict[str, Any]) -> str:
+        try:
+            return str(int(options.get("num_partitions", 1)) * int(options.get("num_replicas", 1)))
+        except (TypeError, ValueError):
+            return "?"
+
+    said = [f"{k} {_pair(old.get(k), new.get(k))}" for k in MESH_FIELDS[:2] if k in named]
+    if "device_assignment" in named:
+        ids = [_device_ids(old.get("device_assignment")), _device_ids(new.get("device_assignment"))]
+        pair = (f"devices {inputs.ranges(ids[0])} -> {inputs.ranges(ids[1])}" if ids[0] is not None and ids[1] is not None
+                else _pair(old.get("device_assignment"), new.get("device_assignment")))
+        said.append(f"device_assignment {pair}")
+    over = "mesh of" if "num_partitions" in named else "replicas on"  # (pmap's devices: replicas, no mesh)
+    return f"{over} {size(old)} -> {size(new)} devices ({', '.join(said)})"
+
+
+def _device_ids(assignment: Any) -> list[int] | None:
+    """The devices of a device assignment as the binding writes it (``DeviceAssignment{replica_count=1,
+    computation_count=2, Computation0{0} Computation1{1}}``); None where it was kept in short."""
+    text = str(assignment or "")
+    if not text.endswith("}}") or " #" in text:
+        return None
+    return [int(i) for ids in re.findall(r"Computation\d+\{([\d ]+)\}", text) for i in ids.split()]
 
 
 def _options(readable: str | None) -> dict[str, Any]:

@@ -61,11 +61,13 @@ def measure(parts: list[tuple[str, Any]], computation: str, hook: str | None, na
         if part == PARTS[0]:
             module = cells.get("module")
             if module is not None:
-                signature = _guarded(signature_of, module, "?")
+                signature, interface = _guarded(interface_of, module, ("?", {}))
                 place, files = _guarded(place_and_files, (module, name), (UNKNOWN_PLACE, ()))
-                constants = _guarded(computation_of, module, None)
-                if constants:  # the computation's readable value: its scalar constants (a t_final, a step size)
-                    readable[PARTS[0]] = constants
+                # The computation's readable value: its scalar constants (a t_final, a step size), and
+                # what its main takes and gives (its outputs, donation, shardings).
+                constants = {**(_guarded(computation_of, module, None) or {}), **interface}
+                if constants:
+                    readable[PARTS[0]] = json.dumps(constants, separators=(",", ":"))
             continue
         keyed, value = ((hook, hook) if part == "custom_hook" else
                         _guarded(xla_flags, (), (None, None)) if part == "XLA flags" else (None, None))
@@ -366,12 +368,79 @@ def _wire_fields(data: bytes) -> list[tuple[int, bytes | int]] | None:
     return found
 
 
-def signature_of(module: Any) -> str:
-    """The module's inputs, as JAX prints avals (``f32[8,8], i32[]``), kept (``_explain.inputs``)."""
+def interface_of(module: Any) -> tuple[str, dict[str, Any]]:
+    """The module's inputs, as JAX prints avals (``f32[8,8], i32[]``), kept (``_explain.inputs``);
+    and what else its ``main`` says of what it takes and gives, for the computation's readable
+    value: its outputs, kept (``out``); the order of a long list of inputs (``order``); the inputs
+    it marks donated (``donated``: ``0-5``) and each input's sharding (``sharded``: ``[["P('data')",
+    "6-7"]]``), where it marks any."""
     main = next((op for op in module.body.operations if str(op.attributes["sym_name"]).strip('"') == "main"), None)
     if main is None:
-        return "?"
-    return inputs.of_function_type(str(main.attributes["function_type"]))
+        return "?", {}
+    found = inputs.types_of(str(main.attributes["function_type"]))
+    if found is None:
+        return "?", {}
+    avals, results = found
+    said: dict[str, Any] = {"out": inputs.kept(results)}
+    order = inputs.order_of(avals)
+    if order is not None:
+        said["order"] = order
+    attributes = main.attributes
+    if "arg_attrs" in attributes:
+        # (guarded apart: a binding that cannot read them costs the marks, not the signature)
+        said.update(_guarded(_marked, attributes["arg_attrs"], {}))
+    return inputs.kept(avals), said
+
+
+MARKS = ("jax.buffer_donor", "tf.aliasing_output", "sdy.sharding", "mhlo.sharding")
+MAX_SHARDINGS = 32  # distinct input shardings kept by name (beyond: a digest of them all)
+
+
+def _marked(arg_attrs: Any) -> dict[str, Any]:
+    """The inputs ``main`` marks donated (``jax.buffer_donor``, or aliased to an output), and each
+    input's sharding, from its argument attributes (read one by one only where some input has one)."""
+    text = str(arg_attrs)
+    if not any(mark in text for mark in MARKS):
+        return {}
+    from jaxlib.mlir import ir
+
+    donated: list[int] = []
+    shardings: dict[str, list[int]] = {}
+    for i, attrs in enumerate(ir.ArrayAttr(arg_attrs)):
+        attrs = ir.DictAttr(attrs)
+        if "jax.buffer_donor" in attrs or "tf.aliasing_output" in attrs:
+            donated.append(i)
+        for mark in ("sdy.sharding", "mhlo.sharding"):
+            if mark in attrs:
+                shardings.setdefault(sharding_text(str(attrs[mark])), []).append(i)
+    said: dict[str, Any] = {}
+    if donated:
+        said["donated"] = inputs.ranges(donated)
+    if len(shardings) > MAX_SHARDINGS:
+        said["sharded"] = "#" + hashlib.sha256(repr(sorted(shardings.items())).encode()).hexdigest()[:12]
+    elif shardings:
+        said["sharded"] = [[text, inputs.ranges(at)] for text, at in shardings.items()]
+    return said
+
+
+_SDY = re.compile(r'#sdy\.sharding<@[\w.$-]+, \[((?:\{(?:"[^"{}]*"(?:, )?)*\}(?:, )?)*)\]>')
+
+
+def sharding_text(attr: str) -> str:
+    """An input's sharding as a person wrote it where it is a plain one: Shardy's ``#sdy.sharding<@mesh,
+    [{"data"}, {}]>`` as ``P('data')`` (``P(None)``: the dimensions left whole); GSPMD's, and any
+    other, as the module writes it (at most 120 characters, and a digest of the rest)."""
+    match = _SDY.fullmatch(attr)
+    if match is None:
+        text = attr.strip('"')
+        return text if len(text) <= 120 else f"{text[:100]}... #{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    dims = []
+    for axes in re.findall(r"\{([^{}]*)\}", match[1]):
+        names = re.findall(r'"([^"]*)"', axes)
+        dims.append("None" if not names else repr(names[0]) if len(names) == 1 else repr(tuple(names)))
+    while len(dims) > 1 and dims[-1] == "None":
+        dims.pop()
+    return f"P({', '.join(dims)})"
 
 
 _SCALAR = re.compile(r"dense<([^<>\[\],]+)> : tensor<(\w+)>$")
@@ -380,11 +449,11 @@ PLAIN_DTYPES = ("f32", "i32", "i1")  # a constant of another dtype is named with
 SMALL_CONSTANT = 64  # elements of a constant array printed into the digest (a larger one: a splat, or not kept)
 
 
-def computation_of(module: Any) -> str | None:
+def computation_of(module: Any) -> dict[str, Any] | None:
     """The computation's readable value: each scalar constant with the number of its uses (a
     ``t_final``, a learning rate used once a parameter), and a digest of the rest of it (its
     operations in order, its other constants), so that a constant is named as the change only
-    where it is the only one. JSON: ``{"constants": [["0.001", 112], ...], "ops": ..., "whole": ...}``;
+    where it is the only one: ``{"constants": [["0.001", 112], ...], "ops": ..., "whole": ...}``;
     ``whole`` false where the module has more than ``MAX_OPS`` operations, more than ``MAX_CONSTANTS``
     distinct constants, or a large constant array."""
     names: list[str] = []
@@ -414,8 +483,8 @@ def computation_of(module: Any) -> str | None:
             whole = False
     if len(scalars) > MAX_CONSTANTS:
         whole = False
-    return json.dumps({"constants": [[k, n] for k, n in list(scalars.items())[:MAX_CONSTANTS]],
-                       "ops": rest.hexdigest()[:PART_DIGITS], "whole": whole}, separators=(",", ":"))
+    return {"constants": [[k, n] for k, n in list(scalars.items())[:MAX_CONSTANTS]],
+            "ops": rest.hexdigest()[:PART_DIGITS], "whole": whole}
 
 
 def _printed(value: Any) -> str | None:

@@ -130,10 +130,12 @@ def explain(ctx: Context, since: float | None = None, function: str | None = Non
             last_run["stale"] = {"since": since_then, "store": verdict.get("store"), "why": verdict.get("reason")}
     wanted = None if function is None else {function, f"jit_{function}"}
     cutoff = time.time() - since if since is not None else 0.0
-    records = [r for r in (reading.recent() if reading else [])
+    recent = reading.recent() if reading else []
+    records = [r for r in recent
                if r.get("t", 0.0) >= cutoff and (wanted is None or function_name(r.get("key") or "?-") in wanted)]
-    recent_runs = list(runs)[-3:]
-    every_run = _every_run(records, recent_runs)
+    # Over the last runs whatever the window (--since) or the function asked: a window that holds
+    # the last run alone still shows a function that misses on every run.
+    every_run = _every_run(recent, list(runs)[-3:])
     in_last = [r for r in records if last is not None and r.get("run") == last[0]]
     earlier = [r for r in records if last is None or r.get("run") != last[0]]
     groups = _grouped(in_last, ctx, every_run)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -85,11 +86,14 @@ def begin_run() -> Run:
 
 def module_name(traced: str) -> str:
     """A traced function's name as its module and its key name it: JAX names the tracing
-    ``jit(step)`` (from 0.6; ``step`` before) and the lowering ``jit_step``."""
+    ``jit(step)`` (from 0.6; ``step`` before) and the lowering ``jit_step``; a lambda's ``jit(<lambda>)``
+    is ``jit__lambda`` (``mlir.sanitize_name``, the trailing ``_`` stripped as JAX strips it after 0.6)."""
     head, paren, rest = traced.partition("(")
     if paren and rest.endswith(")"):
-        return f"{head}_{rest[:-1]}"
-    return traced if not traced or traced.startswith(("jit_", "pmap_", "xla_pmap_")) else f"jit_{traced}"
+        traced = f"{head}_{rest[:-1]}"
+    elif traced and not traced.startswith(("jit_", "pmap_", "xla_pmap_")):
+        traced = f"jit_{traced}"
+    return re.sub(r"[^\w.-]", "_", traced).rstrip("_") if traced else traced
 
 
 class Recorder:
