@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from conftest import JAX_VERSION, S3
 
-from gkx_autocache._shared import s3 as client
+from gkx_autocache._backends import s3 as client
 from gkx_autocache._shared.calls import Progress
 from gkx_autocache._shared.setup import backend_for
 

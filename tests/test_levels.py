@@ -581,7 +581,7 @@ def test_the_upload_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
     queue in between (on a fast machine it did, and nothing was skipped)."""
     import threading
 
-    from gkx_autocache._shared import directory as _directory
+    from gkx_autocache._backends import directory as _directory
     from gkx_autocache._shared import level as _levels
 
     gate = threading.Event()
@@ -721,7 +721,7 @@ def test_a_full_or_read_only_local_level_is_served_without_the_backfill(venv: Ve
 
 
 def hostile_level(tmp_path: Path, secret: bytes | None = None) -> tuple[Any, Path]:
-    from gkx_autocache._shared import directory as _directory
+    from gkx_autocache._backends import directory as _directory
     from gkx_autocache._shared import level as _levels
 
     root = tmp_path / "team"
@@ -822,7 +822,7 @@ def test_a_bucket_without_the_remote_extra_is_one_line_and_the_local_level_serve
 
 SPARSE_LOOKUP = r"""
 import json, resource, sys, time
-from gkx_autocache._shared import directory as _directory
+from gkx_autocache._backends import directory as _directory
 from gkx_autocache._shared import level as _levels
 root, key, signed = sys.argv[1], sys.argv[2], sys.argv[3] == "signed"
 level = _levels.Level(root, _directory.Directory(root, "0.0.0", team=False), local=root + "-l", timeout=60.0,
@@ -960,7 +960,7 @@ class _FakeGcs:
 
 
 def _gcs_bucket(fs: Any) -> Any:
-    from gkx_autocache._shared import bucket as _bucket
+    from gkx_autocache._backends import bucket as _bucket
 
     bucket = _bucket.Bucket(f"gs://b/team/{VERSION_DIR}")
     bucket._fs, bucket._path = fs, f"b/team/{VERSION_DIR}"
@@ -970,7 +970,7 @@ def _gcs_bucket(fs: Any) -> Any:
 def test_a_gcs_listing_is_one_bounded_page() -> None:
     """gcsfs's ``_list_objects`` takes ``**kwargs``: the listing is still used, one page of at most
     LIST_LIMIT + 1 names (``max_results``); an empty prefix is an empty listing, not an error."""
-    from gkx_autocache._shared import bucket as _bucket
+    from gkx_autocache._backends import bucket as _bucket
     from gkx_autocache._shared import calls as _calls
 
     key = "jit_f-" + "0" * 64
@@ -1157,7 +1157,7 @@ def test_a_206_whose_content_range_is_not_the_range_asked_is_refused(content_ran
     import asyncio
     import random
 
-    from gkx_autocache._shared import bucket as _bucket
+    from gkx_autocache._backends import bucket as _bucket
     from gkx_autocache._shared import seal as _seal
 
     obj = random.Random(1).randbytes(16384)
@@ -1246,7 +1246,7 @@ def test_an_upload_the_worker_holds_when_the_level_turns_off_is_counted(tmp_path
     (the level's switch and the uploads' queue are two objects: the switch is thrown in the queue's lock)."""
     import threading
 
-    from gkx_autocache._shared import directory as _directory
+    from gkx_autocache._backends import directory as _directory
     from gkx_autocache._shared import level as _levels
 
     gate, writing = threading.Event(), threading.Event()

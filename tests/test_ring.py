@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from gkx_autocache._backends.directory import Directory
 from gkx_autocache._diagnostics import AutocacheWarning
-from gkx_autocache._shared.directory import Directory
 from gkx_autocache._shared.level import Level
 from gkx_autocache._store import Store
 

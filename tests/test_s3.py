@@ -1,4 +1,4 @@
-"""The S3 level's own client (``_shared/s3.py``, issues 42 and 61): requests signed as botocore signs
+"""The S3 level's own client (``_backends/s3.py``, issues 42 and 61): requests signed as botocore signs
 them, checked by a server that verifies signatures (conftest's moto); credentials, region and
 endpoint as botocore's own session resolves them (``test_credentials``: each source for real); the few
 settings that still choose s3fs; a bucket in another region. Every other S3 test (test_levels,
@@ -20,10 +20,10 @@ from urllib.parse import urlsplit
 import pytest
 from conftest import S3
 
-from gkx_autocache._shared import s3 as client
-from gkx_autocache._shared.bucket import Bucket
+from gkx_autocache._backends import s3 as client
+from gkx_autocache._backends.bucket import Bucket
+from gkx_autocache._backends.http import HttpError
 from gkx_autocache._shared.calls import Progress, describe
-from gkx_autocache._shared.http import HttpError
 from gkx_autocache._shared.setup import backend_for
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"

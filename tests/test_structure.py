@@ -119,7 +119,7 @@ def test_the_lower_rooms_import_nothing_of_the_higher_ones() -> None:
     graph = imports()
     upward = {(module, found) for module, imported in graph.items() for found in imported
               if (module.startswith("_record") or module in ("_store", "_entries")) and found.startswith("_explain")
-              or (module in ("_entries", "_shared.directory") and found == "_store")
+              or (module in ("_entries", "_backends.directory") and found == "_store")
               or (module.startswith("_shared") and found.startswith("_record"))
               or (module not in ("__main__",) and not module.startswith("_cli") and found.startswith("_cli"))}
     assert upward == set(), sorted(upward)

@@ -1,5 +1,5 @@
 """The channel to a shared level (SPEC §14): what its reader, its uploads and its prefetch all talk
-through, and nothing of the local level. The backend (``backend.Backend``), the listing, the
+through, and nothing of the local level. The backend (``port.Backend``), the listing, the
 off-switch, the shared level's numbers and this process's rank; built once with the level
 (``level.Level``), and each part is given it rather than the level.
 """
@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 
 from gkx_autocache import _fork
+from gkx_autocache._backends.port import Backend
 from gkx_autocache._diagnostics import NOTED, human_bytes, logger, warn
-from gkx_autocache._shared.backend import Backend
 from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
 
 LIST_TTL = 60.0

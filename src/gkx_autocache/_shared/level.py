@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gkx_autocache import _autotune, _fork, _jax
+from gkx_autocache._backends.port import Backend
 from gkx_autocache._diagnostics import NOTED, logger, warn
 from gkx_autocache._landing import Landing
 from gkx_autocache._layout import ENTRY_SUFFIX
 from gkx_autocache._shared import manifest, pack, prefetch
 from gkx_autocache._shared.answer import MISS, Answer
-from gkx_autocache._shared.backend import Backend
 from gkx_autocache._shared.calls import LEAST_SECS, ShuttingDown, Stalled, TooSlow, bounded, describe
 from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.reads import Found, Reader

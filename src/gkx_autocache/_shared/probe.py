@@ -10,11 +10,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from gkx_autocache._backends.bucket import NOT_LISTED
+from gkx_autocache._backends.http import NO_LISTING
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, is_url, key_match
 from gkx_autocache._settings import no_uploads
-from gkx_autocache._shared.bucket import NOT_LISTED
 from gkx_autocache._shared.calls import Progress, bounded, describe
-from gkx_autocache._shared.http import NO_LISTING
 from gkx_autocache._shared.setup import backend_for, is_http, problem, signing_key
 
 
@@ -50,7 +50,7 @@ def probe(backend: Any, timeout: float) -> dict[str, Any]:
 def chosen(backend: Any, timeout: float) -> str:
     """An ``s3://`` level's client and credentials' source, resolved (botocore may ask a credential
     process, SSO or instance metadata) within the timeout."""
-    from gkx_autocache._shared import s3
+    from gkx_autocache._backends import s3
 
     if not isinstance(backend, s3.Deferred):
         return f"s3fs's own ({s3.route(os.environ, backend.where[5:].split('/', 1)[0])})"
@@ -89,7 +89,7 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
                 "--shared` or a bucket lifecycle rule keeps it"),
     }
     if is_http(shared):  # which credentials, never their value
-        from gkx_autocache._shared.http import credentials_source
+        from gkx_autocache._backends.http import credentials_source
 
         info["credentials"] = credentials_source(shared, env, bool(settings["shared_credentials_over_http"]))
     why = problem(settings, location) if location is not None else "no local level"

@@ -11,12 +11,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gkx_autocache._backends import s3
+from gkx_autocache._backends.bucket import Bucket
+from gkx_autocache._backends.directory import Directory
+from gkx_autocache._backends.http import HttpCache, withheld_note
 from gkx_autocache._layout import is_url, version_name
 from gkx_autocache._settings import no_uploads
-from gkx_autocache._shared import s3
-from gkx_autocache._shared.bucket import Bucket
-from gkx_autocache._shared.directory import Directory
-from gkx_autocache._shared.http import HttpCache, withheld_note
 from gkx_autocache._shared.level import MAX_ENTRY, Level
 
 

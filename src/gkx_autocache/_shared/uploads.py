@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from gkx_autocache import _fork, _formats
+from gkx_autocache._backends.http import too_large
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, PACK_SUFFIX, SEAL_SIDECAR
 from gkx_autocache._shared.calls import Progress, ShuttingDown, Stalled, bounded, describe
 from gkx_autocache._shared.channel import Channel
-from gkx_autocache._shared.http import too_large
 from gkx_autocache._shared.reads import Reader
 
 QUEUE_BYTES = 256 << 20  # entries waiting to be uploaded, held in memory

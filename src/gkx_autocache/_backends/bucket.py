@@ -118,7 +118,7 @@ class Bucket:
     ``get_object`` with the body streamed (``_read_range``); gcsfs (no server to test against here)
     goes through fsspec's ``cat_ranges``, its lengths checked after."""
 
-    lists = True  # (``backend.Backend``)
+    lists = True  # (``port.Backend``)
     sealed = False  # stock JAX writes entries here without a seal (a ``dir = s3://`` user)
 
     def __init__(self, version_url: str) -> None:

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from gkx_autocache._shared.bucket import LIST_LIMIT, Bucket
+from gkx_autocache._backends.bucket import LIST_LIMIT, Bucket
+from gkx_autocache._backends.http import HttpCache, HttpError
 from gkx_autocache._shared.calls import Progress, waiting
-from gkx_autocache._shared.http import HttpCache, HttpError
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 ERROR_LIMIT = 64 << 10  # an error's XML body: a few hundred bytes
@@ -207,7 +207,7 @@ class Deferred:
     imported before: a run of local hits never resolves a credential (SPEC §14: a run that needs no
     request costs what a run without a shared level costs)."""
 
-    lists = True  # (``backend.Backend``)
+    lists = True  # (``port.Backend``)
     sealed = False  # stock JAX writes entries here without a seal (a ``dir = s3://`` user)
     said = "the bucket's endpoint"
 

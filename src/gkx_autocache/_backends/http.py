@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from gkx_autocache._backends import bucket
+from gkx_autocache._backends.bucket import RangeIgnored, wrong_range
 from gkx_autocache._diagnostics import human_bytes, one_line
 from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
-from gkx_autocache._shared import bucket
-from gkx_autocache._shared.bucket import RangeIgnored, wrong_range
 from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, bounded
 from gkx_autocache._shared.seal import SEAL_LIMIT, EntryRefused
 
@@ -154,14 +154,14 @@ class HttpCache:
     """``http://`` and ``https://``: an object store (ranged reads, whole-object writes, packs read as
     a stream), like a bucket, through one small pool of keep-alive connections."""
 
-    lists = True  # (``backend.Backend``)
+    lists = True  # (``port.Backend``)
     sealed = True  # the package writes every entry here with its seal (stock JAX cannot write here)
 
     said = "the HTTP cache"  # in messages
     cafile: str | None = None  # the certificates https is checked against (None: the system's, or SSL_CERT_FILE)
 
     def __init__(self, version_url: str, env: Any = os.environ, over_http: bool = False, signed: bool = False) -> None:
-        from gkx_autocache._shared import proxies
+        from gkx_autocache._backends import proxies
 
         self.where = version_url.rstrip("/")
         self.base = self.where  # what requests go to (a bucket's differs from its s3:// name: ``s3.py``)
@@ -203,7 +203,7 @@ class HttpCache:
         to end), an http one by asking the proxy for the whole URL."""
         import http.client
 
-        from gkx_autocache._shared import proxies
+        from gkx_autocache._backends import proxies
 
         scheme, host, port = target = origin(url)
         if target == origin(self.base):

@@ -43,7 +43,7 @@ class Directory:
     """A team directory (``trust_shared``) or a read-only one baked into an image, trusted by the
     rules of §8 before it is read."""
 
-    lists = False  # read whole under the trust checks, never listed (``backend.Backend``)
+    lists = False  # read whole under the trust checks, never listed (``port.Backend``)
     sealed = False  # a directory baked from a local level has no seals
 
     def __init__(self, root: str, jax_version: str, team: bool) -> None:
