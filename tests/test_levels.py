@@ -154,8 +154,8 @@ def test_a_silent_or_dribbling_server_costs_a_cold_run_one_timeout(tmp_path: Pat
     import warnings
 
     from gkx_autocache import _diagnostics
+    from gkx_autocache._backends.choose import backend_for
     from gkx_autocache._shared.level import Level
-    from gkx_autocache._shared.setup import backend_for
 
     monkeypatch.setattr(_diagnostics, "_said", set())
     server = Silent(dribble=dribble)

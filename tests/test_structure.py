@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "gkx_autocache"
@@ -102,10 +103,11 @@ def test_the_command_line_loads_a_command_s_module_only_when_it_runs() -> None:
 
 
 def test_the_leaves_import_nothing_of_the_package_but_the_layout() -> None:
-    """`_layout` is a leaf; `_remote` knows fsspec and the layout, not the ledger or entry rules."""
+    """`_layout` and the table of levels (`_backends.schemes`) are leaves; `_remote` knows fsspec,
+    the layout and the table, not the ledger or entry rules."""
     graph = imports()
-    assert graph["_layout"] == set()
-    assert graph["_remote"] <= {"_layout"}
+    assert graph["_layout"] == set() and graph["_backends.schemes"] == set()
+    assert graph["_remote"] <= {"_layout", "_backends.schemes"}
     assert graph["_trust"] == set()
 
 
@@ -131,7 +133,7 @@ def test_the_lower_rooms_import_nothing_of_the_higher_ones() -> None:
 # plugins keep their state on), and a finder undoing its own loader: not the package's objects.
 # Other libraries' names that have no public spelling: s3fs's calls, argparse's actions (what the
 # completion script is made from: argparse has no public way to list a parser's options)
-FOREIGN_PRIVATES = {"fs._call_s3", "fs._pipe_file", "config._gkx_autocache", "early.loader._loader",
+FOREIGN_PRIVATES = {"fs._call_s3", "fs._pipe_file", "fs._ls", "fs._rm_file", "config._gkx_autocache", "early.loader._loader",
                     "parser._actions", "command._actions", "sub._choices_actions"}
 
 
@@ -325,3 +327,38 @@ def test_subpackages_init_are_empty() -> None:
     """A subpackage's `__init__.py` is empty: importing one of its modules costs that module alone."""
     filled = [str(p.relative_to(PACKAGE)) for p in PACKAGE.glob("*/__init__.py") if p.read_text().strip()]
     assert not filled, filled
+
+
+# A scheme spelled as a URL's start (``s3://``), or alone as a word a URL's scheme is compared with.
+# A link with a host of its own (``https://bford.info/cachedir/``, the tag's text) names no scheme.
+SCHEME_FORM = re.compile(r"(?<![\w+.-])(?:s3|gs|az|azure|https?)://(?![a-z0-9-]+(?:\.[a-z0-9-]+)+/)", re.I)
+SCHEME_WORDS = {"s3", "gs", "az", "azure", "http", "https"}
+
+
+def scheme_names(text: str) -> list[str]:
+    """The string literals of code that name a scheme: docstrings and comments say which schemes a
+    module serves in prose, and are not read (only code can dispatch on one)."""
+    tree = ast.parse(text)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [f"{node.lineno} {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and (SCHEME_FORM.search(node.value) or node.value.lower() in SCHEME_WORDS)]
+
+
+def test_schemes_are_named_by_the_backends_and_their_table_alone() -> None:
+    """Adding a level is its backend module and one row of ``_backends/schemes.py`` (issue 68): the
+    settings, ``status``, the install check and maintenance read the table, and no other module
+    compares a URL's scheme or says one."""
+    named = {module: found for module, text in sources().items()
+             if not module.startswith("_backends.") and (found := scheme_names(text))}
+    assert not named, named
+
+
+def test_the_scheme_finder_finds_one() -> None:
+    """The check above can fail: on a scheme compared or said in code; not in a docstring, a
+    comment or a link."""
+    assert scheme_names('"""Reads s3:// and gs://."""\n# az://\nif scheme in ("http", "https"):\n'
+                        '    say(f"a gs://bucket or {x}")\nTAG = "see https://bford.info/cachedir/"\n') \
+        == ["3 'http'", "3 'https'", "4 'a gs://bucket or '"]

@@ -1,7 +1,7 @@
-"""What a shared level's storage is to the rest of ``_shared/``: one ``Backend`` Protocol, with its
-capabilities said as attributes rather than as a kind compared by name. Adding a level (an Azure
-container, a bazel-remote server) is one class against it: ``directory.Directory``, ``bucket.Bucket``
-(fsspec), ``http.HttpCache`` and ``s3.S3`` (with ``s3.Deferred`` choosing between the last two) are.
+"""The port: what a shared level's storage is to the rest of the package. One ``Backend`` Protocol,
+its capabilities said as attributes rather than as a kind compared by name, and its failures typed
+here (ccache's ``Failure { error, timeout }``), so that the level, its uploads and the commands
+never import a backend to read one. Each backend is a class against it, chosen by ``schemes``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,51 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from gkx_autocache._shared.calls import Progress
+# An object under the version prefix, for the commands: ``(name, bytes, last written, seconds since
+# the epoch)`` (an object store keeps no access time).
+Listed = tuple[str, int, float]
+
+
+class Progress(Protocol):
+    """What a backend tells the bounded call it runs in (``_shared/calls.Progress``): ``tick()`` a
+    request completed; ``got(n)`` bytes of a body arrived (raises where the caller stopped waiting)."""
+
+    def tick(self) -> None: ...
+
+    def got(self, n: int) -> None: ...
+
+
+class Failure(Exception):
+    """A backend's failure, typed for the generic code: ``kind`` says what becomes of the level.
+    ``error``: it turns off for the rest of the process (any untyped exception is one too)."""
+
+    kind = "error"
+
+
+class TimedOut(Failure):
+    """No progress: the level turns off, counted as a timeout (``calls.Stalled`` is one)."""
+
+    kind = "timeout"
+
+
+class TooLarge(Failure):
+    """One object refused for its size (HTTP 413, S3's ``EntityTooLarge``): that entry is skipped and
+    larger ones are not sent; the level stays on. ``fix``: what raises the limit, for the warning."""
+
+    kind = "too_large"
+    fix = "raise the server's limit on a request's body"
+
+
+class Refused(Failure):
+    """One object is there but must not be served (a seal that does not match, a file another user
+    may have written): a miss, named ``rejected: <why>``; the level stays on."""
+
+    kind = "refused"
+
+
+class Uncounted(str):
+    """A listing's answer where the level answers but cannot say how many entries it holds (an HTTP
+    cache, a filesystem without bounded pages): ``status`` says it, and never "more than 1000"."""
 
 
 class Stream(Protocol):
@@ -34,6 +78,9 @@ class Backend(Protocol):
       seal is refused.
     - ``streams()``: whether a pack can be read as one stream (``stream``); a method, as an fsspec
       bucket learns it from its client.
+
+    A run uses the reads and writes; ``status`` ``describe()``; ``prune --shared`` and ``clear
+    --shared`` ``names()`` and ``remove()``: one client, its credentials, proxies and bounds, for all.
     """
 
     where: str
@@ -49,7 +96,7 @@ class Backend(Protocol):
         """Check (and with ``create``, make) the version directory; whether it may be written."""
 
     def listing(self, progress: Progress) -> dict[str, int] | str:
-        """``{name: bytes}`` of the version prefix, or why there is none to use."""
+        """``{name: bytes}`` of the version prefix (one bounded page), or why there is none to use."""
 
     def small(self, name: str, limit: int = ...) -> bytes:
         """The first ``limit`` bytes of an object (a seal, a manifest); empty where it is not there."""
@@ -70,3 +117,17 @@ class Backend(Protocol):
     def write(self, name: str, data: bytes) -> None: ...
 
     def stream(self, name: str, timeout: float) -> Stream | None: ...
+
+    def describe(self) -> dict[str, str]:
+        """What ``status`` says of it beyond its row of ``schemes``: its client, where its credentials
+        come from (never their value). May resolve them (a credential process): called bounded."""
+
+    def caution(self) -> str | None:
+        """The one warning its set-up is worth (credentials withheld over plain ``http://``), or None."""
+
+    def names(self, progress: Progress) -> list[Listed]:
+        """Every object directly under the version prefix, all pages (a tick each), for the commands."""
+
+    def remove(self, name: str) -> None:
+        """Delete one object under the version prefix (the commands name only entries and sidecars);
+        one already gone is no error."""
