@@ -515,7 +515,7 @@ def test_explain_says_the_shared_level_was_off(venv: Venv, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("variable", "value", "says"), [
-    ("GKX_JAX_CACHE_SHARED", "ftp://host/cache", "gs://bucket, s3://bucket or https:// URL"),
+    ("GKX_JAX_CACHE_SHARED", "ftp://host/cache", "gs://bucket, s3://bucket, az://container or https:// URL"),
     ("GKX_JAX_CACHE_SHARED_TIMEOUT", "0", "above 0"),
     ("GKX_JAX_CACHE_SHARED_TIMEOUT", "nan", "above 0"),
     ("GKX_JAX_CACHE_SHARED_TIMEOUT", "1e12", "above 0"),

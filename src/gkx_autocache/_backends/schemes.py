@@ -48,8 +48,15 @@ HTTP = Row("http", "HttpCache", "https://", "http", "the server's access control
            no_user="credentials in the URL would be printed with it: give them in GKX_JAX_CACHE_SHARED_TOKEN or ~/.netrc",
            no_query="an HTTP cache's URL takes no query or fragment (each object's name is added to its path; a token "
                     "goes in GKX_JAX_CACHE_SHARED_TOKEN)")
-# In this order in messages ("a gs://bucket, s3://bucket or https:// URL").
-SCHEMES = {"gs": GS, "s3": S3, "http": HTTP, "https": HTTP}
+# az: the Blob REST API on the package's own HTTP transport; azure-identity only for a bearer token
+AZ = Row("azure", "Azure", "az://container", "bucket", "the storage account's access control", PRUNED_BY_HAND,
+         no_user="the storage account is named by AZURE_STORAGE_ACCOUNT or AZURE_STORAGE_CONNECTION_STRING, not in "
+                 "the URL",
+         no_query="an Azure level's URL takes no query (a SAS token goes in AZURE_STORAGE_SAS_TOKEN or the connection "
+                  "string, never in a setting that is shown)")
+
+# In this order in messages ("a gs://bucket, s3://bucket, az://container or https:// URL").
+SCHEMES = {"gs": GS, "s3": S3, "az": AZ, "http": HTTP, "https": HTTP}
 
 # A path, not a URL: a team directory, or a read-only one baked into an image.
 PATH = Row("directory", "Directory", "directory path", "directory", "yours or root's, no one else's", PRUNED_BY_HAND,
