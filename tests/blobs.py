@@ -18,6 +18,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from email.utils import formatdate
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -96,7 +97,7 @@ class Azurite:
     def request(self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b"") -> bytes:
         """A request signed with Shared Key, written here from Azure's documentation (not the package's
         signing): for setting up."""
-        date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime())
+        date = formatdate(usegmt=True)
         sent = {"x-ms-date": date, "x-ms-version": "2021-08-06", **(headers or {})}
         resource, _, query = path.partition("?")
         params = sorted(p.split("=", 1) for p in query.split("&") if p)

@@ -22,6 +22,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping
+from email.utils import formatdate
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -196,8 +197,8 @@ class Azure(HttpCache):
             url = f"{self.root}?{query}" if query else f"{self.base}/{quote(name)}"
             if found.how == "sas" and not self.withheld:
                 url += f"{'&' if '?' in url else '?'}{found.secret}"
-            sent = {**(headers or {}), "x-ms-version": VERSION,
-                    "x-ms-date": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime())}
+            # (formatdate, not strftime: a program's LC_TIME would put its own day names in the date)
+            sent = {**(headers or {}), "x-ms-version": VERSION, "x-ms-date": formatdate(usegmt=True)}
             if method == "PUT":
                 sent.update({"x-ms-blob-type": "BlockBlob", "Content-Length": str(len(body or b""))})
             if found.how == "key":
