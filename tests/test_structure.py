@@ -362,3 +362,18 @@ def test_the_scheme_finder_finds_one() -> None:
     assert scheme_names('"""Reads s3:// and gs://."""\n# az://\nif scheme in ("http", "https"):\n'
                         '    say(f"a gs://bucket or {x}")\nTAG = "see https://bford.info/cachedir/"\n') \
         == ["3 'http'", "3 'https'", "4 'a gs://bucket or '"]
+
+
+def backend_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Imports of a backend's module from outside ``_backends/``: only the port, the table and its
+    chooser are the rest of the package's to import."""
+    allowed = {"_backends.port", "_backends.schemes", "_backends.choose"}
+    return {(module, found) for module, imported in graph.items() if not module.startswith("_backends.")
+            for found in imported if found.startswith("_backends.") and found not in allowed}
+
+
+def test_no_module_outside_the_backends_imports_one() -> None:
+    """The level, its uploads, status and the commands see a backend through the port alone (issue
+    68: uploads imported HTTP's 413 rule, set-up and status each backend's module)."""
+    assert backend_imports(imports()) == set()
+    assert backend_imports({"_shared.uploads": {"_backends.http", "_backends.port"}}) == {("_shared.uploads", "_backends.http")}
