@@ -25,7 +25,7 @@ import json, os, sys, time
 peak = lambda: next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) * 1024
 before = peak()
 t0 = time.perf_counter()
-from gkx_autocache._shared import s3
+from gkx_autocache._backends import s3
 t1 = time.perf_counter()
 found = s3.keys(os.environ, "bench")
 t2 = time.perf_counter()

@@ -1,7 +1,7 @@
 """The levels' fixed costs alone, in a few minutes: two figures of a short program (``SHORT`` in
 run.py, 62 entries, a warm run of about 2.2 s on 2 cores), as alternated pairs of fresh processes.
 
-    python benchmarks/pairs_levels.py [--pairs 5] [--delay 0.02] [--http] [--proxy] [--credential-process]
+    python benchmarks/pairs_levels.py [--pairs 5] [--delay 0.02] [--http | --azure] [--proxy] [--credential-process]
                                       [--only a a_slow b] [--rev REV | --python PATH] [--json OUT]
 
   (a) a writer's warm run (every lookup a local hit) with ``GKX_JAX_CACHE_SHARED=s3://…`` set
@@ -15,7 +15,8 @@ run.py, 62 entries, a warm run of about 2.2 s on 2 cores), as alternated pairs o
 ``HTTP_PROXY``) in front of the delaying one; ``--credential-process``: the bucket's keys from a
 ``credential_process`` profile, none in the environment (issue 61).
 ``--http``: the same figures with an HTTP cache (nginx with WebDAV, ``tests/webdav.py``) in place
-of the bucket. moto's S3 server (or nginx) and a delaying proxy (``tests/hostile.py``) run once, on 127.0.0.1; the wheel is
+of the bucket; ``--azure``: with an Azure container (Azurite, ``tests/blobs.py``, Shared Key from a connection
+string). moto's S3 server (or nginx, or Azurite) and a delaying proxy (``tests/hostile.py``) run once, on 127.0.0.1; the wheel is
 built from the working tree into a throwaway venv that sees this interpreter's packages (JAX,
 s3fs), as ``run.py --only levels`` does; ``--rev`` builds it from a commit instead (``git archive``:
 a baseline while the working tree changes; the benchmark's own code stays the working tree's), and
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", help="an interpreter with the package and the remote extra installed (no build)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--http", action="store_true", help="an HTTP cache (nginx with WebDAV) in place of the bucket")
+    parser.add_argument("--azure", action="store_true", help="an Azure container (Azurite) in place of the bucket")
     parser.add_argument("--proxy", action="store_true", help="every request through a forward proxy (tinyproxy)")
     parser.add_argument("--credential-process", action="store_true", help="the keys from a credential_process profile")
     parser.add_argument("--only", nargs="+", choices=("a", "a_slow", "b"), default=(), help="only these figures")
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             run.build_wheel(work, source)
             python = run.remote_venvs(work)[0]
         results = run.level_pairs(work, args.pairs, args.delay, python, http=args.http, via_proxy=args.proxy,
-                                  process=args.credential_process, only=tuple(args.only))
+                                  process=args.credential_process, only=tuple(args.only), azure=args.azure)
     results["command"] = "python benchmarks/pairs_levels.py " + " ".join(argv if argv is not None else sys.argv[1:])
     results["date"] = time.strftime("%Y-%m-%d %H:%M")
     results["package"] = f"commit {args.rev}" if args.rev else args.python or "the working tree"

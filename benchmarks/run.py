@@ -1059,7 +1059,7 @@ def measured(python: Path, code: list[str], env: dict[str, str]) -> dict[str, fl
 
 def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | None = None,
                 http: bool = False, via_proxy: bool = False, process: bool = False,
-                only: tuple[str, ...] = (), warm_up: bool = True) -> dict[str, Any]:
+                only: tuple[str, ...] = (), warm_up: bool = True, azure: bool = False) -> dict[str, Any]:
     """The figures of ``PAIR_FIGURES``, ``pairs`` alternated pairs each, rounds interleaved across
     figures, against moto on 127.0.0.1 (``delay``: through ``hostile.Proxy``, which waits that long
     before forwarding each request). A bucket is filled once by a writer's cold run (its entries,
@@ -1067,6 +1067,7 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
     filled alongside. Every "fresh machine" run gets an empty local level of its own. One run of
     each configuration before the pairs is not counted (the page cache, moto's first requests).
     ``http``: nginx with WebDAV (``tests/webdav.py``) as an HTTP cache in place of the bucket;
+    ``azure``: Azurite (``tests/blobs.py``) as an Azure container, Shared Key from a connection string;
     ``via_proxy``: every request of the levels through a real forward proxy (tinyproxy,
     ``tests/forward.py``, named by ``HTTP_PROXY``) in front of the delaying one; ``process``: the
     bucket's keys from a ``credential_process`` profile (botocore's session resolves it), none in the
@@ -1087,6 +1088,16 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
         shared = server.url
         base = base_env(HOME=str(work))
         slow = {**base, "GKX_JAX_CACHE_SHARED": shared.replace(f":{server.port}/", f":{proxy.port}/")}
+        server_pid = server.process.pid
+    elif azure:
+        from blobs import Azurite
+
+        server = Azurite(work / "azurite")
+        proxy = Proxy(server.port, delay=delay)
+        shared = f"az://{server.container()}/pairs"
+        said = server.connection_string()
+        base = base_env(HOME=str(work), AZURE_STORAGE_CONNECTION_STRING=said)
+        slow = {**base, "AZURE_STORAGE_CONNECTION_STRING": said.replace(f":{server.port}/", f":{proxy.port}/")}
         server_pid = server.process.pid
     else:
         server, s3 = moto(work)
@@ -1148,12 +1159,13 @@ def level_pairs(work: Path, pairs: int, delay: float = 0.02, with_py: Path | Non
         proxy.close()
         if forward is not None:
             forward.close()
-        if http:
+        if http or azure:
             server.close()
         else:
             server.terminate()
             server.wait(timeout=30)
-    results: dict[str, Any] = {"server": ("nginx (HTTP)" if http else "moto (S3)") + (", through tinyproxy" if via_proxy else "")
+    results: dict[str, Any] = {"server": ("nginx (HTTP)" if http else "Azurite (Azure Blob)" if azure else "moto (S3)")
+                               + (", through tinyproxy" if via_proxy else "")
                                + (", keys from a credential_process profile" if process else ""), "pairs": pairs, "delay_ms": delay * 1000, "entries": cold["requests"],
                                "cold": cold["wall"], "figures": {}, "seconds_measured": elapsed,
                                "others_cpu": others, "cores": os.cpu_count()}

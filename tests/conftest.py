@@ -724,10 +724,11 @@ def planted_run(root: Path, warm: int = 0, version: str | None = JAX_VERSION) ->
 def local_at(path: Path | str, signs: bool = False, writable: bool = True) -> Any:
     """A local level in ``path`` (``_local.level.LocalLevel``), as the package builds it for a
     shared level to stand in front of, with zlib's codec (JAX's where zstandard is not installed);
-    ``signs``: a signing key keeps a seal beside each entry."""
+    ``signs``: a signing key keeps a seal beside each entry. The folder is made where it is not."""
     import zlib
 
     from gkx_autocache._local.level import LocalLevel
 
+    Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
     return LocalLevel(str(path), compression="zlib", decompress=zlib.decompress, team=False, writable=writable,
                       check_payload=lambda: True, whole=False, signs=signs)

@@ -56,9 +56,9 @@ class Server:
 def server(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     """nginx over WebDAV, or a bucket of moto's read by the package's own S3 client or by s3fs;
     each level reads through its own ``Proxy`` (closed after the test)."""
-    from gkx_autocache._shared import s3 as direct
-    from gkx_autocache._shared.bucket import Bucket
-    from gkx_autocache._shared.http import HttpCache
+    from gkx_autocache._backends import s3 as direct
+    from gkx_autocache._backends.bucket import Bucket
+    from gkx_autocache._backends.http import HttpCache
 
     monkeypatch.setattr(_diagnostics, "_said", set())  # (a warning is said once a process)
     proxies: list[Proxy] = []

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from conftest import JAX_VERSION, S3
 
-from gkx_autocache._shared import s3 as client
+from gkx_autocache._backends import s3 as client
+from gkx_autocache._backends.choose import backend_for
 from gkx_autocache._shared.calls import Progress
-from gkx_autocache._shared.setup import backend_for
 
 
 class Fake(http.server.BaseHTTPRequestHandler):
@@ -138,7 +138,7 @@ def test_a_credential_process_profile(s3: S3, tmp_path: Path, monkeypatch: pytes
     assert shared["credentials"] == ("a credential process (the profile 'ci'), resolved by botocore, signed here "
                                      "(no client library)"), shared
     assert shared["probe"]["answers"] is True and shared["probe"]["entries"] == 1, shared
-    fresh = subprocess.run([sys.executable, "-c", "import os, sys\nfrom gkx_autocache._shared.setup import backend_for\n"
+    fresh = subprocess.run([sys.executable, "-c", "import os, sys\nfrom gkx_autocache._backends.choose import backend_for\n"
                             f"backend = backend_for('s3://{s3.bucket}/team', '0.4.30', False, os.environ)\n"
                             "print(type(backend.chosen()).__name__, 's3fs' in sys.modules, 'aiobotocore' in sys.modules)"],
                            capture_output=True, text=True, env=dict(os.environ), check=True)

@@ -109,8 +109,8 @@ def test_a_lying_or_hanging_server_never_gets_an_entry_loaded(tmp_path: Path, ng
     import warnings
 
     from gkx_autocache import _diagnostics
+    from gkx_autocache._backends.http import HttpCache
     from gkx_autocache._entry import Entry as Found
-    from gkx_autocache._shared.http import HttpCache
     from gkx_autocache._shared.level import Level
     from gkx_autocache._shared.seal import make_seal
 
@@ -151,7 +151,7 @@ def looked_up(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout
     """One lookup of a level on ``url`` in this process (a warning is said once a process: counted
     afresh): what it returned, the warnings, and the level's off-switch."""
     from gkx_autocache import _diagnostics
-    from gkx_autocache._shared.http import HttpCache
+    from gkx_autocache._backends.http import HttpCache
     from gkx_autocache._shared.level import Level
 
     monkeypatch.setattr(_diagnostics, "_said", set())
@@ -235,7 +235,7 @@ class _Recording(http.server.BaseHTTPRequestHandler):
 def test_a_redirect_to_another_host_never_gets_the_credentials(tmp_path: Path) -> None:
     """A cache that redirects every read to another origin (a port of its own here): the read
     follows, without the token, and finds nothing there."""
-    from gkx_autocache._shared.http import HttpCache
+    from gkx_autocache._backends.http import HttpCache
 
     other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
     threading.Thread(target=other.serve_forever, daemon=True).start()
@@ -375,7 +375,7 @@ class _Big404(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_response_not_read_to_its_end_never_answers_the_next_request() -> None:
-    from gkx_autocache._shared.http import HttpCache
+    from gkx_autocache._backends.http import HttpCache
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Big404)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -435,7 +435,7 @@ def netrc(home: Path, text: str) -> None:
 
 def sent(url: str, **kwargs: Any) -> list[dict[str, str]]:
     """The headers an HTTP level's read of one object sent to ``url``'s server (``_Recording``)."""
-    from gkx_autocache._shared.http import HttpCache
+    from gkx_autocache._backends.http import HttpCache
 
     _Recording.seen = []
     cache = HttpCache(f"{url}/{VERSION_DIR}", **kwargs)
@@ -461,7 +461,7 @@ def test_netrc_s_default_entry_is_never_sent_only_the_machine_entry_of_the_host(
     """The standard library answers any host with ~/.netrc's ``default`` login: the HTTP level
     sent it to whatever cache it was pointed at. Now only a ``machine`` entry that names the host
     is used, and `status` says which entry, or why none."""
-    from gkx_autocache._shared.http import credentials_source
+    from gkx_autocache._backends.http import credentials_source
 
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
@@ -483,8 +483,8 @@ def test_no_credential_crosses_the_network_in_clear_unless_asked(
     `status`; ``shared_credentials_over_http`` sends them; over loopback they are sent."""
     from types import SimpleNamespace
 
+    from gkx_autocache._backends.http import credentials_source
     from gkx_autocache._shared import setup
-    from gkx_autocache._shared.http import credentials_source
 
     address = own_address()
     home = tmp_path / "home"
@@ -527,9 +527,9 @@ def test_an_entry_above_the_server_s_body_limit_is_skipped_and_the_level_stays_o
     import time
 
     from gkx_autocache import _diagnostics
+    from gkx_autocache._backends.http import HttpCache
     from gkx_autocache._diagnostics import AutocacheWarning
     from gkx_autocache._entry import Entry as Found
-    from gkx_autocache._shared.http import HttpCache
     from gkx_autocache._shared.level import Level
 
     monkeypatch.setattr(_diagnostics, "_said", set())

@@ -153,8 +153,8 @@ def test_a_silent_or_dribbling_server_costs_a_cold_run_one_timeout(tmp_path: Pat
     import warnings
 
     from gkx_autocache import _diagnostics
+    from gkx_autocache._backends.choose import backend_for
     from gkx_autocache._shared.level import Level
-    from gkx_autocache._shared.setup import backend_for
 
     monkeypatch.setattr(_diagnostics, "_said", set())
     server = Silent(dribble=dribble)
@@ -514,7 +514,7 @@ def test_explain_says_the_shared_level_was_off(venv: Venv, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("variable", "value", "says"), [
-    ("GKX_JAX_CACHE_SHARED", "ftp://host/cache", "gs://bucket, s3://bucket or https:// URL"),
+    ("GKX_JAX_CACHE_SHARED", "ftp://host/cache", "gs://bucket, s3://bucket, az://container or https:// URL"),
     ("GKX_JAX_CACHE_SHARED_TIMEOUT", "0", "above 0"),
     ("GKX_JAX_CACHE_SHARED_TIMEOUT", "nan", "above 0"),
     ("GKX_JAX_CACHE_SHARED_TIMEOUT", "1e12", "above 0"),
@@ -580,7 +580,7 @@ def test_the_upload_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
     queue in between (on a fast machine it did, and nothing was skipped)."""
     import threading
 
-    from gkx_autocache._shared import directory as _directory
+    from gkx_autocache._backends import directory as _directory
     from gkx_autocache._shared import level as _levels
 
     gate = threading.Event()
@@ -720,7 +720,7 @@ def test_a_full_or_read_only_local_level_is_served_without_the_backfill(venv: Ve
 
 
 def hostile_level(tmp_path: Path, secret: bytes | None = None) -> tuple[Any, Path]:
-    from gkx_autocache._shared import directory as _directory
+    from gkx_autocache._backends import directory as _directory
     from gkx_autocache._shared import level as _levels
 
     root = tmp_path / "team"
@@ -821,8 +821,8 @@ def test_a_bucket_without_the_remote_extra_is_one_line_and_the_local_level_serve
 
 SPARSE_LOOKUP = r"""
 import json, resource, sys, time, zlib
+from gkx_autocache._backends import directory as _directory
 from gkx_autocache._local.level import LocalLevel
-from gkx_autocache._shared import directory as _directory
 from gkx_autocache._shared import level as _levels
 root, key, signed = sys.argv[1], sys.argv[2], sys.argv[3] == "signed"
 local = LocalLevel(root + "-l", compression="zlib", decompress=zlib.decompress, team=False, writable=True,
@@ -962,7 +962,7 @@ class _FakeGcs:
 
 
 def _gcs_bucket(fs: Any) -> Any:
-    from gkx_autocache._shared import bucket as _bucket
+    from gkx_autocache._backends import bucket as _bucket
 
     bucket = _bucket.Bucket(f"gs://b/team/{VERSION_DIR}")
     bucket._fs, bucket._path = fs, f"b/team/{VERSION_DIR}"
@@ -972,7 +972,7 @@ def _gcs_bucket(fs: Any) -> Any:
 def test_a_gcs_listing_is_one_bounded_page() -> None:
     """gcsfs's ``_list_objects`` takes ``**kwargs``: the listing is still used, one page of at most
     LIST_LIMIT + 1 names (``max_results``); an empty prefix is an empty listing, not an error."""
-    from gkx_autocache._shared import bucket as _bucket
+    from gkx_autocache._backends import bucket as _bucket
     from gkx_autocache._shared import calls as _calls
 
     key = "jit_f-" + "0" * 64
@@ -1159,7 +1159,7 @@ def test_a_206_whose_content_range_is_not_the_range_asked_is_refused(content_ran
     import asyncio
     import random
 
-    from gkx_autocache._shared import bucket as _bucket
+    from gkx_autocache._backends import bucket as _bucket
     from gkx_autocache._shared import seal as _seal
 
     obj = random.Random(1).randbytes(16384)
@@ -1248,7 +1248,7 @@ def test_an_upload_the_worker_holds_when_the_level_turns_off_is_counted(tmp_path
     (the level's switch and the uploads' queue are two objects: the switch is thrown in the queue's lock)."""
     import threading
 
-    from gkx_autocache._shared import directory as _directory
+    from gkx_autocache._backends import directory as _directory
     from gkx_autocache._shared import level as _levels
 
     gate, writing = threading.Event(), threading.Event()

@@ -693,7 +693,7 @@ def test_a_dripping_pack_stalls_within_one_timeout() -> None:
     within ``shared_timeout`` (each byte counted as progress held a lookup 45 s at a 3 s timeout)."""
     import fsspec.asyn
 
-    from gkx_autocache._shared.bucket import Stream
+    from gkx_autocache._backends.bucket import Stream
     from gkx_autocache._shared.calls import Stalled
 
     stream = Stream(fsspec.asyn.get_loop(), _Drip(400), timeout=0.5)  # 8 s of drip in all

@@ -18,14 +18,14 @@ from forward import Tinyproxy, certificate
 from test_activation import VERSION_DIR
 from webdav import Nginx
 
+from gkx_autocache._backends import proxies
+from gkx_autocache._backends.choose import backend_for
+from gkx_autocache._backends.http import HttpCache
+from gkx_autocache._backends.s3 import Deferred
 from gkx_autocache._entry import Entry as Found
-from gkx_autocache._shared import proxies
 from gkx_autocache._shared.calls import Progress
-from gkx_autocache._shared.http import HttpCache
 from gkx_autocache._shared.level import Level
-from gkx_autocache._shared.s3 import Deferred
 from gkx_autocache._shared.seal import make_seal
-from gkx_autocache._shared.setup import backend_for
 
 
 @pytest.fixture

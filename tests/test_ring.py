@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from conftest import local_at
 
+from gkx_autocache._backends.directory import Directory
 from gkx_autocache._chain import Chain, NoLevel
 from gkx_autocache._diagnostics import AutocacheWarning
-from gkx_autocache._shared.directory import Directory
 from gkx_autocache._shared.level import Level
 from gkx_autocache._store import Store
 

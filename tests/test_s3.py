@@ -1,4 +1,4 @@
-"""The S3 level's own client (``_shared/s3.py``, issues 42 and 61): requests signed as botocore signs
+"""The S3 level's own client (``_backends/s3.py``, issues 42 and 61): requests signed as botocore signs
 them, checked by a server that verifies signatures (conftest's moto); credentials, region and
 endpoint as botocore's own session resolves them (``test_credentials``: each source for real); the few
 settings that still choose s3fs; a bucket in another region. Every other S3 test (test_levels,
@@ -20,11 +20,11 @@ from urllib.parse import urlsplit
 import pytest
 from conftest import S3, local_at
 
-from gkx_autocache._shared import s3 as client
-from gkx_autocache._shared.bucket import Bucket
+from gkx_autocache._backends import s3 as client
+from gkx_autocache._backends.bucket import Bucket
+from gkx_autocache._backends.choose import backend_for
+from gkx_autocache._backends.http import HttpError
 from gkx_autocache._shared.calls import Progress, describe
-from gkx_autocache._shared.http import HttpError
-from gkx_autocache._shared.setup import backend_for
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
 NO_FILES = {"AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
@@ -491,10 +491,10 @@ def test_a_server_s_text_reaches_no_terminal_raw(hostile: str, scheme: str, tmp_
     level off, and what `explain` is told of it (the off note) show its words with every control
     character escaped."""
     from gkx_autocache import _diagnostics
+    from gkx_autocache._backends.choose import backend_for
     from gkx_autocache._cli.main import main
     from gkx_autocache._diagnostics import AutocacheWarning
     from gkx_autocache._shared.level import Level
-    from gkx_autocache._shared.setup import backend_for
 
     shared = "s3://bucket/team" if scheme == "s3" else f"{hostile}/cache"
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "local"), "GKX_JAX_CACHE_SHARED": shared, "AWS_ENDPOINT_URL": hostile,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "gkx_autocache"
@@ -102,10 +103,11 @@ def test_the_command_line_loads_a_command_s_module_only_when_it_runs() -> None:
 
 
 def test_the_leaves_import_nothing_of_the_package_but_the_layout() -> None:
-    """`_layout` is a leaf; `_remote` knows fsspec and the layout, not the ledger or entry rules."""
+    """`_layout` and the table of levels (`_backends.schemes`) are leaves; `_remote` knows fsspec,
+    the layout and the table, not the ledger or entry rules."""
     graph = imports()
-    assert graph["_layout"] == set()
-    assert graph["_remote"] <= {"_layout"}
+    assert graph["_layout"] == set() and graph["_backends.schemes"] == set()
+    assert graph["_remote"] <= {"_layout", "_backends.schemes"}
     assert graph["_trust"] == set()
 
 
@@ -119,7 +121,7 @@ def test_the_lower_rooms_import_nothing_of_the_higher_ones() -> None:
     graph = imports()
     upward = {(module, found) for module, imported in graph.items() for found in imported
               if (module.startswith("_record") or module in ("_store", "_entries")) and found.startswith("_explain")
-              or (module in ("_entries", "_shared.directory") and found == "_store")
+              or (module in ("_entries", "_backends.directory") and found == "_store")
               or (module.startswith("_shared") and found.startswith("_record"))
               or (module not in ("__main__",) and not module.startswith("_cli") and found.startswith("_cli"))}
     assert upward == set(), sorted(upward)
@@ -131,7 +133,7 @@ def test_the_lower_rooms_import_nothing_of_the_higher_ones() -> None:
 # plugins keep their state on), and a finder undoing its own loader: not the package's objects.
 # Other libraries' names that have no public spelling: s3fs's calls, argparse's actions (what the
 # completion script is made from: argparse has no public way to list a parser's options)
-FOREIGN_PRIVATES = {"fs._call_s3", "fs._pipe_file", "config._gkx_autocache", "early.loader._loader",
+FOREIGN_PRIVATES = {"fs._call_s3", "fs._pipe_file", "fs._ls", "fs._rm_file", "config._gkx_autocache", "early.loader._loader",
                     "parser._actions", "command._actions", "sub._choices_actions"}
 
 
@@ -482,3 +484,53 @@ def test_the_process_is_one_object() -> None:
     found = sorted(f"{module}:{node.lineno} {', '.join(node.names)}" for module, text in sources().items()
                    for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Global))
     assert [line.split(":")[0] for line in found] == ["_process"] and found[0].endswith("current"), found
+
+
+# A scheme spelled as a URL's start (``s3://``), or alone as a word a URL's scheme is compared with.
+# A link with a host of its own (``https://bford.info/cachedir/``, the tag's text) names no scheme.
+SCHEME_FORM = re.compile(r"(?<![\w+.-])(?:s3|gs|az|azure|https?)://(?![a-z0-9-]+(?:\.[a-z0-9-]+)+/)", re.I)
+SCHEME_WORDS = {"s3", "gs", "az", "azure", "http", "https"}
+
+
+def scheme_names(text: str) -> list[str]:
+    """The string literals of code that name a scheme: docstrings and comments say which schemes a
+    module serves in prose, and are not read (only code can dispatch on one)."""
+    tree = ast.parse(text)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [f"{node.lineno} {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and (SCHEME_FORM.search(node.value) or node.value.lower() in SCHEME_WORDS)]
+
+
+def test_schemes_are_named_by_the_backends_and_their_table_alone() -> None:
+    """Adding a level is its backend module and one row of ``_backends/schemes.py`` (issue 68): the
+    settings, ``status``, the install check and maintenance read the table, and no other module
+    compares a URL's scheme or says one."""
+    named = {module: found for module, text in sources().items()
+             if not module.startswith("_backends.") and (found := scheme_names(text))}
+    assert not named, named
+
+
+def test_the_scheme_finder_finds_one() -> None:
+    """The check above can fail: on a scheme compared or said in code; not in a docstring, a
+    comment or a link."""
+    assert scheme_names('"""Reads s3:// and gs://."""\n# az://\nif scheme in ("http", "https"):\n'
+                        '    say(f"a gs://bucket or {x}")\nTAG = "see https://bford.info/cachedir/"\n') \
+        == ["3 'http'", "3 'https'", "4 'a gs://bucket or '"]
+
+
+def backend_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Imports of a backend's module from outside ``_backends/``: only the port, the table and its
+    chooser are the rest of the package's to import."""
+    allowed = {"_backends.port", "_backends.schemes", "_backends.choose"}
+    return {(module, found) for module, imported in graph.items() if not module.startswith("_backends.")
+            for found in imported if found.startswith("_backends.") and found not in allowed}
+
+
+def test_no_module_outside_the_backends_imports_one() -> None:
+    """The level, its uploads, status and the commands see a backend through the port alone (issue
+    68: uploads imported HTTP's 413 rule, set-up and status each backend's module)."""
+    assert backend_imports(imports()) == set()
+    assert backend_imports({"_shared.uploads": {"_backends.http", "_backends.port"}}) == {("_shared.uploads", "_backends.http")}

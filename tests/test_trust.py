@@ -425,8 +425,8 @@ def test_a_shared_directory_swapped_after_its_check_is_never_written_through(tmp
     path: a team member who later replaces the version directory with a symlink to a folder of the
     victim's own has the victim's process write entries there (no race: the swap may come at any
     time in a long run)."""
+    from gkx_autocache._backends import directory as _directory
     from gkx_autocache._shared import calls as _calls
-    from gkx_autocache._shared import directory as _directory
 
     team = tmp_path / "team"
     team.mkdir()

@@ -18,25 +18,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gkx_autocache._backends.schemes import SCHEMES, Row
 from gkx_autocache._layout import LEDGER_DIR, LEDGER_SUFFIX, META_DIR, VERSION_PREFIX, key_match
 
-EXTRA = "gkx-autocache[remote]"
-BACKENDS = {"s3": "s3fs", "gs": "gcsfs"}  # scheme -> the fsspec implementation it needs
 
-
-def scheme(url: str) -> str:
-    return url.split("://", 1)[0].lower()
+def row(url: str) -> Row:
+    """The table's row for ``url``'s scheme (the settings take for ``dir`` only those JAX's own
+    cache can hold: ``Row.as_dir``)."""
+    return SCHEMES[url.split("://", 1)[0].lower()]
 
 
 def unsupported(url: str) -> str | None:
-    """Why ``url`` (an ``s3://`` or ``gs://`` URL: the settings refuse other schemes) cannot hold
-    the cache here, in words for the user, or None. Nothing is imported (``find_spec`` of a
-    top-level name only looks), so this is cheap on ``import jax``."""
+    """Why ``url`` cannot hold the cache here (what its row says JAX's own cache needs, missing), in
+    words for the user, or None. Nothing is imported (``find_spec`` of a top-level name only
+    looks), so this is cheap on ``import jax``."""
     import importlib.util
 
-    needed = ["etils", "fsspec", BACKENDS[scheme(url)]]
-    missing = [name for name in needed if importlib.util.find_spec(name) is None]
-    return f"{', '.join(missing)} not installed: pip install '{EXTRA}'" if missing else None
+    found = row(url)
+    missing = [name for name in found.as_dir or () if importlib.util.find_spec(name) is None]
+    return f"{', '.join(missing)} not installed: pip install '{found.extra}'" if missing else None
 
 
 class RemoteError(OSError):
@@ -64,7 +64,7 @@ def filesystem(url: str, own: bool = False) -> tuple[Any, str]:
     import fsspec.core
 
     options: dict[str, Any] = {"skip_instance_cache": True} if own else {}
-    if scheme(url) == "gs" and any(name.lower() in ("https_proxy", "http_proxy", "all_proxy") and value
+    if row(url).proxy_session and any(name.lower() in ("https_proxy", "http_proxy", "all_proxy") and value
                                    for name, value in os.environ.items()):
         options["session_kwargs"] = {"trust_env": True}
     with _errors(url):
@@ -72,7 +72,7 @@ def filesystem(url: str, own: bool = False) -> tuple[Any, str]:
     return fs, path
 
 
-def _mtime(info: dict[str, Any]) -> float:
+def written(info: dict[str, Any]) -> float:
     """An object's last write, from a listing: S3 says ``LastModified``, GCS ``updated``."""
     stamp = info.get("LastModified") or info.get("updated") or info.get("mtime")
     if stamp is None:
@@ -99,7 +99,7 @@ def listing(url: str) -> list[tuple[str, int, float, bool]]:
     found = []
     for info in infos:
         name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
-        found.append((name, int(info.get("size") or 0), _mtime(info), info.get("type") == "directory"))
+        found.append((name, int(info.get("size") or 0), written(info), info.get("type") == "directory"))
     return found
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gkx_autocache import _policy
+from gkx_autocache._backends.schemes import SCHEMES
 from gkx_autocache._diagnostics import shown
 from gkx_autocache._layout import is_url
 
@@ -198,26 +199,27 @@ def no_uploads(setting: str, env: Mapping[str, str] = os.environ) -> str | None:
 _VAR = r"\$(?:(\w+)|\{([^}]*)\})"  # $NAME or ${NAME}
 
 
-def parse_dir(raw: Any, base: str | None, env: Mapping[str, str] = os.environ, http: bool = False) -> str:
+def parse_dir(raw: Any, base: str | None, env: Mapping[str, str] = os.environ, shared: bool = False) -> str:
     """A path with ``~`` and ``$VARS`` expanded (from ``env``), absolute against ``base``; a URL
-    verbatim (``http``: an HTTP(S) cache's too, which only ``shared`` takes). A ``$VAR`` that is not
-    set, or a ``~user`` that does not exist, is a bad value, never a literal directory of that name;
-    so is a relative path when ``base`` is None (the current directory was deleted)."""
-    schemes = ("s3", "gs", "http", "https") if http else ("s3", "gs")
-    said = "a gs://bucket, s3://bucket or https:// URL" if http else "a gs://bucket or s3://bucket URL"
+    verbatim, of a scheme the table of levels has (``_backends/schemes``): for ``dir``, those JAX's
+    own cache can hold; for ``shared``, every level's. A ``$VAR`` that is not set, or a ``~user``
+    that does not exist, is a bad value, never a literal directory of that name; so is a relative
+    path when ``base`` is None (the current directory was deleted)."""
+    rows = {scheme: row for scheme, row in SCHEMES.items() if shared or row.as_dir is not None}
+    forms = list(dict.fromkeys(row.form for row in rows.values()))
+    said = f"a {', '.join(forms[:-1])} or {forms[-1]} URL" if len(forms) > 1 else f"a {forms[0]} URL"
     if not isinstance(raw, str) or not raw.strip():
         raise BadValue(f"expected a directory path or {said}, got {shown(raw)}")
     text: str = raw.strip()
     if is_url(text):
         scheme, _, rest = text.partition("://")
-        if scheme.lower() not in schemes or not rest.strip("/"):
+        row = rows.get(scheme.lower())
+        if row is None or not rest.strip("/"):
             raise BadValue(f"expected a directory path or {said}, got {shown(raw)}")
-        if scheme.lower() in ("http", "https") and "@" in rest.split("/", 1)[0]:  # never shown, so never in a URL
-            raise BadValue("credentials in the URL would be printed with it: give them in GKX_JAX_CACHE_SHARED_TOKEN "
-                           "or ~/.netrc")
-        if scheme.lower() in ("http", "https") and ("?" in rest or "#" in rest):  # names are added to its path
-            raise BadValue("an HTTP cache's URL takes no query or fragment (each object's name is added to its path; "
-                           "a token goes in GKX_JAX_CACHE_SHARED_TOKEN), got the URL up to its '?' or '#': "
+        if row.no_user and "@" in rest.split("/", 1)[0]:  # (an HTTP cache's credentials: never shown, so never in a URL)
+            raise BadValue(row.no_user)
+        if row.no_query and ("?" in rest or "#" in rest):  # (an object's name is added to its path)
+            raise BadValue(f"{row.no_query}, got the URL up to its '?' or '#': "
                            f"{shown(text.split('?', 1)[0].split('#', 1)[0])}")
         return text
     if "\0" in text:
@@ -338,7 +340,7 @@ def validate(key: str, raw: Any, base: str | None, env: Mapping[str, str] = os.e
     """Parse ``raw`` for ``key``; a relative ``dir`` or ``shared`` is taken against ``base`` (None:
     there is no current directory, and a relative value is a bad one). Raises BadValue."""
     if key in ("dir", "shared"):
-        return parse_dir(raw, base, env, http=key == "shared")
+        return parse_dir(raw, base, env, shared=key == "shared")
     return KEYS[key].parse(raw)
 
 

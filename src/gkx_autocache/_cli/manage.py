@@ -8,7 +8,8 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from gkx_autocache import _bundle, _context, _entries, _isa, _remove, _settings
 from gkx_autocache._cli.output import FAILED, OK, USAGE, CliError, counter, emit, progress
@@ -19,10 +20,17 @@ from gkx_autocache._record import reset as _reset
 
 
 def _carry_out(args: argparse.Namespace, removal: _entries.Removal, extra: dict[str, Any] | None = None,
-               remains: bool = False) -> None:
-    """Remove (unless ``--dry-run``) and report one version directory's removal; with ``remains``,
-    what is left (or would be) too."""
-    if not args.dry_run:
+               remains: bool = False, level: Level | None = None) -> None:
+    """Remove (unless ``--dry-run``) and report one version directory's removal, or with ``level``
+    the shared level's (through its backend); with ``remains``, what is left (or would be) too."""
+    if not args.dry_run and level is not None:
+        from gkx_autocache._shared import upkeep
+
+        try:
+            upkeep.execute(level.backend, removal, level.timeout, counter(args, args.command))
+        except upkeep.Failed as exc:
+            raise CliError(f"{args.command} --shared: {exc}") from None
+    elif not args.dry_run:
         try:
             done = _entries.execute(removal, counter(args, args.command))
         except _remove.RemovalRefused as exc:
@@ -57,9 +65,18 @@ def _require_tag(vdir: str) -> None:
     raise CliError(f"{vdir} has no gkx-autocache CACHEDIR.TAG, so it is not known to be a cache: nothing removed")
 
 
-def _shared(ctx: Context, command: str) -> str:
-    """The shared level's version directory (SPEC §14), for ``--shared``."""
-    from gkx_autocache._shared import setup as _levels
+class Level(NamedTuple):
+    """The shared level as ``--shared`` acts on it: the backend a run uses, and its bound."""
+
+    backend: Any
+    timeout: float
+
+
+@contextlib.contextmanager
+def _shared(ctx: Context, command: str) -> Iterator[Level]:
+    """The shared level (SPEC §14), for ``--shared``: the backend a run would use (its client,
+    credentials and proxies), its connections closed after."""
+    from gkx_autocache._backends.choose import backend_for, row_for
 
     shared = ctx.settings["shared"]
     if shared is None:
@@ -67,20 +84,31 @@ def _shared(ctx: Context, command: str) -> str:
     if ctx.jax_version is None:
         raise CliError(ctx.why_no_dir())
     ctx.store_dir(f"{command} --shared")  # levels are the store's: none on Windows
-    if _levels.is_http(shared):
-        raise CliError(f"{command} --shared: {shared} is an HTTP cache, which cannot be listed: its server keeps it "
-                       "(remove the files under its root there)")
-    return str(_levels.backend_for(shared, ctx.jax_version, bool(ctx.settings["trust_shared"])).where)
+    if (why := row_for(shared).upkeep) is not None:
+        raise CliError(f"{command} --shared: {shared} is {why}")
+    backend = backend_for(shared, ctx.jax_version, bool(ctx.settings["trust_shared"]), os.environ,
+                          bool(ctx.settings["shared_credentials_over_http"]))
+    try:
+        yield Level(backend, ctx.settings["shared_timeout"])
+    finally:
+        backend.forget()  # its kept connections closed
+
+
+def _planned(command: str, level: Level, **how: Any) -> _entries.Removal:
+    from gkx_autocache._shared import upkeep
+
+    try:
+        return upkeep.plan(level.backend, level.timeout, **how)
+    except upkeep.Failed as exc:
+        raise CliError(f"{command} --shared: {exc}") from None
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
     ctx = load_context()
     if args.shared:  # entries and their sidecars only; the shared level keeps no bookkeeping
-        vdir = _shared(ctx, "clear")
-        _confirm(args, vdir)
-        if os.path.isdir(vdir):
-            _require_tag(vdir)
-        _carry_out(args, _entries.plan_clear(vdir), {"shared": True})
+        with _shared(ctx, "clear") as level:
+            _confirm(args, level.backend.where)
+            _carry_out(args, _planned("clear", level, everything=True), {"shared": True}, level=level)
         return OK
     refuse_skipped_dir(ctx, "clear")
     if ctx.location is not None and ctx.location.stock:
@@ -195,7 +223,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def _prune_shared(args: argparse.Namespace, ctx: Context) -> int:
     """``prune --shared``: the shared level has no cap of its own (``max_size`` is the local
     level's, and a team's bucket is no one process's to cap), so the limit is said each time."""
-    vdir = _shared(ctx, "prune")
     if args.max_size is None and args.older_than is None or args.stale_versions:
         raise CliError("prune --shared: the shared level has no cap of its own (max_size is the local level's); give "
                        "--max-size or --older-than (not --stale-versions), or let a bucket lifecycle rule expire old "
@@ -205,9 +232,9 @@ def _prune_shared(args: argparse.Namespace, ctx: Context) -> int:
         older = _settings.parse_age(args.older_than) if args.older_than else None
     except _settings.BadValue as exc:
         raise CliError(f"prune --shared: {exc}", USAGE) from None
-    if os.path.isdir(vdir):
-        _require_tag(vdir)
-    _carry_out(args, _entries.plan_prune(vdir, cap, older), {"max_size": cap, "shared": True})
+    with _shared(ctx, "prune") as level:
+        _carry_out(args, _planned("prune", level, cap=cap, older_than=older), {"max_size": cap, "shared": True},
+                   level=level)
     return OK
 
 

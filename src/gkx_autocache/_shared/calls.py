@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gkx_autocache._backends.port import TimedOut
 from gkx_autocache._diagnostics import one_line
 
 FIRST_BLOCK = 256 << 10  # most CPU entries fit in one block: one round trip
@@ -29,7 +30,7 @@ LINE = 240  # the most of an error said in a warning, its hint kept whole
 WATCH = 0.1  # how often a waiting caller looks at a read's bound and rate
 
 
-class Stalled(Exception):
+class Stalled(TimedOut):
     """No progress for ``shared_timeout`` seconds (or less than ``FLOOR_RATE`` for that long)."""
 
 

@@ -1,5 +1,5 @@
 """The channel to a shared level (SPEC §14): what its reader, its uploads and its prefetch all talk
-through, and nothing of the local level. The backend (``backend.Backend``), the listing, the
+through, and nothing of the local level. The backend (``port.Backend``), the listing, the
 off-switch, the shared level's numbers and this process's rank; built once with the level
 (``level.Level``), and each part is given it rather than the level.
 """
@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 
 from gkx_autocache import _fork
+from gkx_autocache._backends.port import Backend, TimedOut
 from gkx_autocache._diagnostics import NOTED, human_bytes, logger, warn
-from gkx_autocache._shared.backend import Backend
-from gkx_autocache._shared.calls import ShuttingDown, Stalled, bounded, describe, refused
+from gkx_autocache._shared.calls import ShuttingDown, bounded, describe, refused
 
 LIST_TTL = 60.0
 
@@ -136,7 +136,7 @@ class Channel:
                 if quiet:
                     logger.debug("the shared level %s is not healed: %s", self.url, describe(exc))
                     return False
-                if isinstance(exc, Stalled):
+                if isinstance(exc, TimedOut):
                     self.turn_off(str(exc), timed_out=True)
                 else:
                     self.turn_off(describe(exc))
@@ -174,7 +174,7 @@ class Channel:
         """An error of a prefetch's request: a stall or a refused connection is the level's (it
         turns off, as for a lookup: whether it did); any other (an object's 403, one deleted
         meanwhile) is that object's."""
-        if isinstance(exc, Stalled):
+        if isinstance(exc, TimedOut):
             self.turn_off(str(exc), timed_out=True)
             return True
         if refused(exc):
@@ -182,13 +182,12 @@ class Channel:
             return True
         return False
 
-    def too_large(self, size: int, why: str) -> None:
-        """An upload the server refused for its size (HTTP 413): that entry skipped, the level on,
-        one warning a process with the setting that raises the limit."""
+    def too_large(self, size: int, why: str, fix: str) -> None:
+        """An upload the server refused for its size (HTTP 413: ``port.TooLarge``): that entry
+        skipped, the level on, one warning a process with ``fix``, the backend's way to raise the limit."""
         warn("shared:too-large", f"the shared level {self.url} refused an entry of {human_bytes(size)} as too large "
                                  f"({why}); entries that large are not uploaded, the others are, and the level stays on; "
-                                 "fix: raise the server's limit on a request's body (nginx: client_max_body_size, 1 MiB "
-                                 "by default: client_max_body_size 0 takes any size)")
+                                 f"fix: {fix}")
 
     def too_slow(self, key: str, why: str) -> None:
         """A read past what its entry is worth (``calls.worth``): that entry is compiled here; the

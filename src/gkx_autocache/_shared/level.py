@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 
 from gkx_autocache import _autotune, _fork
+from gkx_autocache._backends.port import Backend, TimedOut
 from gkx_autocache._diagnostics import NOTED, logger, warn
 from gkx_autocache._entry import MISS, Answer, Entry
 from gkx_autocache._jax import runtime as jax_runtime
 from gkx_autocache._layout import ENTRY_SUFFIX
 from gkx_autocache._shared import manifest, pack, prefetch
-from gkx_autocache._shared.backend import Backend
-from gkx_autocache._shared.calls import LEAST_SECS, ShuttingDown, Stalled, TooSlow, bounded, describe
+from gkx_autocache._shared.calls import LEAST_SECS, ShuttingDown, TooSlow, bounded, describe
 from gkx_autocache._shared.channel import Channel
 from gkx_autocache._shared.local import LocalPort
 from gkx_autocache._shared.reads import Reader
@@ -177,7 +177,7 @@ class Level:
             self.channel.count(rejected=1, misses=1)
             logger.debug("shared entry %s not served: %s", key, exc)
             return Answer(refused=str(exc))
-        except Stalled as exc:
+        except TimedOut as exc:  # a stall (``calls.Stalled``) or the client's own timeout
             self.channel.count(misses=1)
             channel.turn_off(str(exc), timed_out=True)
             return MISS

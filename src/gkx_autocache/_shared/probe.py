@@ -10,12 +10,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, is_url, key_match
+from gkx_autocache._backends.choose import backend_for, row_for
+from gkx_autocache._backends.port import Uncounted
+from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, key_match
 from gkx_autocache._settings import no_uploads
-from gkx_autocache._shared.bucket import NOT_LISTED
 from gkx_autocache._shared.calls import Progress, bounded, describe
-from gkx_autocache._shared.http import NO_LISTING
-from gkx_autocache._shared.setup import backend_for, is_http, problem, signing_key
+from gkx_autocache._shared.setup import problem, signing_key
 
 
 def probe(backend: Any, timeout: float) -> dict[str, Any]:
@@ -27,7 +27,7 @@ def probe(backend: Any, timeout: float) -> dict[str, Any]:
         found: dict[str, Any] = {}
         if backend.lists:
             names = backend.listing(progress)
-            if names in (NOT_LISTED, NO_LISTING):  # it answered, and cannot say how many: never "more than 1000"
+            if isinstance(names, Uncounted):  # it answered, and cannot say how many: never "more than 1000"
                 return {"entries": None, "listing": names}
             if isinstance(names, str):
                 return {"entries": names}
@@ -47,17 +47,13 @@ def probe(backend: Any, timeout: float) -> dict[str, Any]:
     return {"answers": True, **found, "secs": round(time.monotonic() - started, 3)}
 
 
-def chosen(backend: Any, timeout: float) -> str:
-    """An ``s3://`` level's client and credentials' source, resolved (botocore may ask a credential
-    process, SSO or instance metadata) within the timeout."""
-    from gkx_autocache._shared import s3
-
-    if not isinstance(backend, s3.Deferred):
-        return f"s3fs's own ({s3.route(os.environ, backend.where[5:].split('/', 1)[0])})"
+def described(backend: Any, timeout: float) -> dict[str, str]:
+    """What the backend says of itself (its client, its credentials' source), resolved within the
+    timeout (botocore may ask a credential process, SSO or instance metadata)."""
     try:
-        said: str = bounded(lambda progress: backend.credentials, timeout)
+        said: dict[str, str] = bounded(lambda progress: backend.describe(), timeout)
     except Exception as exc:
-        return f"not resolved: {describe(exc)}"
+        return {"credentials": f"not resolved: {describe(exc)}"}
     return said
 
 
@@ -76,22 +72,16 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
     local = {"dir": location.version_dir if location is not None else None,
              "trust": ("a team directory (trust_shared)" if getattr(location, "team", False) else
                        "not checked on Windows" if getattr(location, "stock", False) else "private to you")}
+    row = row_for(shared)
     info: dict[str, Any] = {
-        "url": shared, "origin": settings.origin("shared"),
-        "kind": "http" if is_http(shared) else "bucket" if is_url(shared) else "directory",
-        "trust": ("the server's access control" if is_http(shared) else "the bucket's access policy" if is_url(shared) else
-                  "a team directory (trust_shared)" if settings["trust_shared"] else "yours or root's, no one else's"),
+        "url": shared, "origin": settings.origin("shared"), "kind": row.kind,
+        "trust": row.team_trust if settings["trust_shared"] else row.trust,
         "writes": no_uploads(settings["shared_write"], env) or f"on (shared_write = {settings['shared_write']})",
         "timeout": settings["shared_timeout"],
         "signing": ("set (env GKX_JAX_CACHE_SIGNING_KEY): uploads are signed, unsigned entries never loaded"
                     if secret is not None else "not set: entries are neither signed nor checked"),
-        "cap": ("none of the package's: the server's own, or remove the files under its root" if is_http(shared) else "none: the shared level is never pruned by itself; `gkx-autocache prune "
-                "--shared` or a bucket lifecycle rule keeps it"),
+        "cap": row.cap,
     }
-    if is_http(shared):  # which credentials, never their value
-        from gkx_autocache._shared.http import credentials_source
-
-        info["credentials"] = credentials_source(shared, env, bool(settings["shared_credentials_over_http"]))
     why = problem(settings, location) if location is not None else "no local level"
     if why is not None or jax_version is None:
         info["unused"] = why or "JAX is not installed"
@@ -99,9 +89,8 @@ def describe_levels(settings: Any, location: Any, jax_version: str | None, env: 
     backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env,
                           bool(settings["shared_credentials_over_http"]))
     info["version_dir"] = backend.where
-    try:
-        if shared.lower().startswith("s3://"):  # which client, and whose credentials (never their value)
-            info["credentials"] = chosen(backend, settings["shared_timeout"])
+    try:  # which client, and whose credentials (never their value)
+        info.update(described(backend, settings["shared_timeout"]))
         info["probe"] = probe(backend, settings["shared_timeout"]) if probing else "skipped (--no-probe)"
     finally:
         backend.forget()  # its kept connections closed: status is done with it

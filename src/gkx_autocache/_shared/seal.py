@@ -10,6 +10,7 @@ import hmac
 import json
 from typing import Any
 
+from gkx_autocache._backends.port import Refused as EntryRefused
 from gkx_autocache._diagnostics import shown
 from gkx_autocache._formats import MAX_COMPILE_SECS, SEAL_LIMIT, compression_of
 
@@ -17,10 +18,8 @@ __all__ = ["SEAL_LIMIT", "EntryRefused", "head_problem", "mac", "make_seal", "re
 SEAL_FORMAT = 1
 DOMAIN = b"gkx-autocache shared entry v1\0"
 
-
-class EntryRefused(Exception):
-    """The entry is there but must not be served: a miss, named ``rejected: <why>``."""
-
+# EntryRefused: the port's ``Refused`` (the entry is there but must not be served: a miss, named
+# ``rejected: <why>``), raised by the backends and by the checks here alike.
 
 
 def seal_body(key: str, data: bytes, compile_secs: float | None, written: float) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Settings into a shared level (SPEC §14): whether ``shared`` can be used with this local level,
-which storage speaks to it (an HTTP cache, S3 spoken directly, another bucket through fsspec, a
-directory), whether this process uploads, and the hook that finishes its uploads at exit. Builds
-objects only; ``status`` reads the same answers (``probe``).
+the storage that speaks to it (``_backends/choose``, from the table of schemes), whether this
+process uploads, and the hook that finishes its uploads at exit. Builds objects only; ``status``
+reads the same answers (``probe``).
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gkx_autocache._layout import is_url, version_name
+from gkx_autocache._backends.choose import backend_for, missing
+from gkx_autocache._layout import is_url
 from gkx_autocache._settings import no_uploads
-from gkx_autocache._shared import s3
-from gkx_autocache._shared.bucket import Bucket
-from gkx_autocache._shared.directory import Directory
-from gkx_autocache._shared.http import HttpCache, withheld_note
 from gkx_autocache._shared.level import MAX_ENTRY, Level
 from gkx_autocache._shared.local import LocalPort
 
@@ -38,15 +35,7 @@ def problem(settings: Any, location: Any) -> str | None:
         return "on Windows JAX's own cache serves the directory, and levels need gkx-autocache's store (POSIX-only)"
     if same_place(shared, location.root):
         return "it is the same directory as dir"
-    if is_url(shared) and not is_http(shared):  # fsspec and its backend; not etils, which only JAX's own remote cache needs
-        import importlib.util
-
-        from gkx_autocache import _remote
-
-        missing = [name for name in ("fsspec", _remote.BACKENDS[_remote.scheme(shared)])
-                   if importlib.util.find_spec(name) is None]
-        return f"{', '.join(missing)} not installed: pip install '{_remote.EXTRA}'" if missing else None
-    return None
+    return missing(shared)  # the packages its row of the table needs (not etils: JAX's own remote cache's)
 
 
 def level_for(settings: Any, location: Any, jax_version: str, env: Mapping[str, str], local: LocalPort,
@@ -66,33 +55,14 @@ def level_for(settings: Any, location: Any, jax_version: str, env: Mapping[str, 
     backend = backend_for(shared, jax_version, bool(settings["trust_shared"]), env,
                           bool(settings["shared_credentials_over_http"]))
     problems = []
-    if isinstance(backend, HttpCache) and backend.withheld:
-        problems.append(("shared:cleartext", f"{where}: {withheld_note(shared, backend.credentials)}"))
+    if (caution := backend.caution()) is not None:
+        problems.append(("shared:cleartext", f"{where}: {caution}"))
     cap = settings["max_size"]
     level = Level(shared, backend, local, timeout=settings["shared_timeout"],
                   writes=no_uploads(settings["shared_write"], env), secret=signing_key(env),
                   max_entry=min(cap, MAX_ENTRY) if cap else MAX_ENTRY,
                   origin=settings.origin("shared_timeout"), room=room, tunes=tunes)
     return level, problems
-
-
-def backend_for(shared: str, jax_version: str, team: bool, env: Mapping[str, str] = os.environ,
-                over_http: bool = False) -> Bucket | HttpCache | Directory | s3.Deferred:
-    """The level's storage: an HTTP cache (``over_http``: its credentials sent over plain
-    ``http://`` to another machine too), an S3 bucket spoken directly (``s3.py``; s3fs where its
-    settings are s3fs's), another bucket through fsspec, or a directory."""
-    version_url = f"{shared.rstrip('/')}/{version_name(jax_version)}"
-    if is_http(shared):
-        return HttpCache(version_url, env, over_http)
-    if is_url(shared) and shared.lower().startswith("s3://") and s3.route(env, shared[5:].split("/", 1)[0]) is None:
-        return s3.Deferred(version_url, env)  # this package's client, or s3fs, chosen at the first request
-    if is_url(shared):
-        return Bucket(version_url)
-    return Directory(shared, jax_version, team)
-
-
-def is_http(shared: str) -> bool:
-    return shared.split("://", 1)[0].lower() in ("http", "https") and "://" in shared
 
 
 def signing_key(env: Mapping[str, str]) -> bytes | None:

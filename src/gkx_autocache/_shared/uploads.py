@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from gkx_autocache import _fork, _formats
+from gkx_autocache._backends.port import TimedOut, TooLarge
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, PACK_SUFFIX, SEAL_SIDECAR
-from gkx_autocache._shared.calls import Progress, ShuttingDown, Stalled, bounded, describe
+from gkx_autocache._shared.calls import Progress, ShuttingDown, bounded, describe
 from gkx_autocache._shared.channel import Channel
-from gkx_autocache._shared.http import too_large
 from gkx_autocache._shared.local import LocalPort
 from gkx_autocache._shared.reads import Reader
 
@@ -226,18 +226,18 @@ class Uploads:
                 bounded(upload, channel.timeout)
             except ShuttingDown:  # at exit this worker uploads itself: ``finish``'s deadline bounds it
                 upload(Progress())
-        except Stalled as exc:
+        except TimedOut as exc:
             channel.turn_off(f"an upload made {exc}", timed_out=True)
             return
-        except Exception as exc:
-            if not too_large(exc):
-                channel.turn_off(describe(exc))
-                return
+        except TooLarge as exc:
             # The server's limit on a body (nginx's client_max_body_size: 1 MiB by default): that
             # entry is skipped, and the level stays on for the others (it turned off before).
             self._refused_at = min(self._refused_at or len(data), len(data))
             channel.count(skipped=1)
-            channel.too_large(len(data), describe(exc))
+            channel.too_large(len(data), describe(exc), exc.fix)
+            return
+        except Exception as exc:
+            channel.turn_off(describe(exc))
             return
         channel.count(uploads=1, bytes_written=len(data) + len(sealed),
                     requests=2 if backend.lists else 0)

@@ -9,14 +9,15 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gkx_autocache._backends.port import Listed, Progress, Refused, TooLarge, Uncounted
 from gkx_autocache._diagnostics import human_bytes
+from gkx_autocache._formats import SEAL_LIMIT
 from gkx_autocache._jax import versions as jax_versions
-from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
-from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, bounded, refused
-from gkx_autocache._shared.seal import SEAL_LIMIT, EntryRefused
+from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, version_name
+from gkx_autocache._shared.calls import FIRST_BLOCK, bounded, refused
 
 LIST_LIMIT = 1000  # one S3 listing page
-NOT_LISTED = "not counted: this filesystem cannot list a bounded page"
+NOT_LISTED = Uncounted("not counted: this filesystem cannot list a bounded page")
 
 
 class RangeIgnored(OSError):
@@ -78,9 +79,9 @@ async def _read_range(fs: Any, path: str, start: int, end: int, progress: Progre
             raise RangeIgnored(f"the bucket's endpoint ignores Range: it sent more than the {human_bytes(asked)} "
                                f"asked of {key.rsplit('/', 1)[-1]}")
         if have > asked:
-            raise EntryRefused(f"the shared entry sent more than the {asked} bytes of its range")
+            raise Refused(f"the shared entry sent more than the {asked} bytes of its range")
         if ranged and (why := wrong_range(str(resp.get("ContentRange")), start, end, have)):
-            raise EntryRefused(f"the shared entry sent {why}")
+            raise Refused(f"the shared entry sent {why}")
         return b"".join(chunks)
     finally:
         body.close()  # a body left unread is dropped with its connection, never read on
@@ -118,13 +119,25 @@ class Bucket:
     ``get_object`` with the body streamed (``_read_range``); gcsfs (no server to test against here)
     goes through fsspec's ``cat_ranges``, its lengths checked after."""
 
-    lists = True  # (``backend.Backend``)
+    lists = True  # (``port.Backend``)
     sealed = False  # stock JAX writes entries here without a seal (a ``dir = s3://`` user)
 
-    def __init__(self, version_url: str) -> None:
+    def __init__(self, version_url: str, said: str | None = None) -> None:
         self.where = version_url
+        self.said = said  # for ``status``: why s3fs serves an ``s3://`` level (``s3.Deferred.opened``)
         self._fs: Any = None
         self._path = ""
+
+    @classmethod
+    def opened(cls, url: str, jax_version: str, env: Any, *, team: bool, over_http: bool) -> Bucket:
+        """``schemes``' factory: the bucket's version prefix, through fsspec."""
+        return cls(f"{url.rstrip('/')}/{version_name(jax_version)}")
+
+    def describe(self) -> dict[str, str]:
+        return {"credentials": self.said} if self.said else {}
+
+    def caution(self) -> str | None:
+        return None
 
     def filesystem(self) -> tuple[Any, str]:
         if self._fs is None:
@@ -254,8 +267,32 @@ class Bucket:
         return None  # a bucket's entries carry theirs in the seal
 
     def write(self, name: str, data: bytes) -> None:
-        """One PUT of the whole bytes: the object appears whole or not at all."""
-        self._run(lambda fs, path: fs._pipe_file(f"{path}/{name}", data))
+        """One PUT of the whole bytes: the object appears whole or not at all. S3 refuses one above
+        5 GiB (``EntityTooLarge``): that object's refusal (``port.TooLarge``), not the level's."""
+        try:
+            self._run(lambda fs, path: fs._pipe_file(f"{path}/{name}", data))
+        except Exception as exc:
+            if "EntityTooLarge" in str(exc):
+                raise TooLarge(" ".join(str(exc).split())) from exc
+            raise
+
+    def names(self, progress: Progress) -> list[Listed]:
+        """Every object directly under the version prefix, as fsspec lists it (all its pages)."""
+        from gkx_autocache._remote import written
+
+        try:
+            infos = self._run(lambda fs, path: fs._ls(path, detail=True, refresh=True))
+        except FileNotFoundError:
+            return []
+        progress.tick()
+        return [(str(info["name"]).rstrip("/").rsplit("/", 1)[-1], int(info.get("size") or 0), written(info))
+                for info in infos if info.get("type") != "directory"]
+
+    def remove(self, name: str) -> None:
+        try:
+            self._run(lambda fs, path: fs._rm_file(f"{path}/{name}"))
+        except FileNotFoundError:
+            pass
 
 
 class Stream:

@@ -22,9 +22,11 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from gkx_autocache._shared.bucket import LIST_LIMIT, Bucket
-from gkx_autocache._shared.calls import Progress, waiting
-from gkx_autocache._shared.http import HttpCache, HttpError
+from gkx_autocache._backends.bucket import LIST_LIMIT, Bucket
+from gkx_autocache._backends.http import HttpCache, HttpError
+from gkx_autocache._backends.port import Listed, Progress
+from gkx_autocache._layout import version_name
+from gkx_autocache._shared.calls import waiting
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 ERROR_LIMIT = 64 << 10  # an error's XML body: a few hundred bytes
@@ -207,7 +209,7 @@ class Deferred:
     imported before: a run of local hits never resolves a credential (SPEC §14: a run that needs no
     request costs what a run without a shared level costs)."""
 
-    lists = True  # (``backend.Backend``)
+    lists = True  # (``port.Backend``)
     sealed = False  # stock JAX writes entries here without a seal (a ``dir = s3://`` user)
     said = "the bucket's endpoint"
 
@@ -217,6 +219,15 @@ class Deferred:
         self._chosen: S3 | Bucket | None = None
         self.why: str | None = None  # why s3fs serves it, once chosen
         self._choosing = threading.Lock()
+
+    @classmethod
+    def opened(cls, url: str, jax_version: str, env: Mapping[str, str], *, team: bool,
+               over_http: bool) -> Deferred | Bucket:
+        """``schemes``' factory: this package's client or s3fs, chosen at the first request; s3fs at
+        once where the environment alone says so (``route``)."""
+        version_url = f"{url.rstrip('/')}/{version_name(jax_version)}"
+        why = route(env, url[len("s3://"):].split("/", 1)[0])
+        return cls(version_url, env) if why is None else Bucket(version_url, said=f"s3fs's own ({why})")
 
     def chosen(self) -> S3 | Bucket:
         with self._choosing:
@@ -234,6 +245,12 @@ class Deferred:
         chosen = self.chosen()
         return (f"s3fs's own ({self.why})" if isinstance(chosen, Bucket) else
                 f"{chosen.keys.source}, signed here (no client library)")
+
+    def describe(self) -> dict[str, str]:
+        return {"credentials": self.credentials}
+
+    def caution(self) -> str | None:
+        return None  # (each request is signed: no credential is sent as it is)
 
     def forget(self) -> None:
         self._choosing = threading.Lock()
@@ -321,6 +338,9 @@ class S3(HttpCache):
             response.read(ERROR_LIMIT)
             connection.close()
 
+    def describe(self) -> dict[str, str]:
+        return {"credentials": f"{self.keys.source}, signed here (no client library)"}
+
     def _error(self, response: Any, url: str, more: str = "") -> OSError:
         """S3's error in one line: its code and message from the XML body."""
         code = message = ""
@@ -328,8 +348,8 @@ class S3(HttpCache):
             text = response.read(ERROR_LIMIT).decode("utf-8", "replace")
             code, message = _tag(text, "Code"), _tag(text, "Message")
         name = unquote(url[len(self.base):].split("?")[0]) if url.startswith(self.base + "/") else ""
-        return HttpError(response.status, f"{code or response.reason}{f' ({message})' if message else ''}{more}",
-                         self.where + name, credentials=self._keys.source)
+        return HttpError.of(response.status, f"{code or response.reason}{f' ({message})' if message else ''}{more}",
+                            self.where + name, self._keys.source, too_large=code == "EntityTooLarge")
 
     def listing(self, progress: Progress) -> dict[str, int] | str:
         """``{name: bytes}`` directly under the version prefix from one page (``LIST_LIMIT`` names),
@@ -351,6 +371,29 @@ class S3(HttpCache):
         self._done(connection, response)
         progress.tick()
         return _names(text.decode("utf-8", "replace"), prefix)
+
+    def names(self, progress: Progress) -> list[Listed]:
+        """Every object directly under the version prefix: ``ListObjectsV2`` page after page, each a
+        tick."""
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        found: list[Listed] = []
+        token = ""
+        while True:
+            after = f"continuation-token={quote(token, safe='')}&" if token else ""  # (names in order: signed so)
+            query = f"{after}delimiter=%2F&list-type=2&max-keys={LIST_LIMIT}&prefix={quote(prefix, safe='-_.~')}"
+            connection, response, url = self._request("GET", "", query=query)
+            if response.status != 200:
+                error = self._error(response, url)
+                response.close()
+                connection.close()
+                raise error
+            text = response.read(LISTING_LIMIT + 1).decode("utf-8", "replace")
+            self._done(connection, response)
+            progress.tick()
+            found += _page(text, prefix)
+            token = _tag(text, "NextContinuationToken") if re.search(r"<IsTruncated>\s*true", text) else ""
+            if not token:
+                return found
 
 
 def _certifi() -> str | None:
@@ -386,6 +429,29 @@ def _names(text: str, prefix: str) -> dict[str, int] | str:
         if name and "/" not in name:
             names[name] = int(size[1]) if size else 0
     return names
+
+
+def _page(text: str, prefix: str) -> list[Listed]:
+    """A ``ListObjectsV2`` page's objects directly under ``prefix``: name, size, last write."""
+    import html
+    from datetime import datetime
+
+    if "<ListBucketResult" not in text:
+        raise HttpError(200, "an answer that is not a listing", prefix or "/")
+    found: list[Listed] = []
+    for block in re.findall(r"<Contents>(.*?)</Contents>", text, re.S):
+        key = re.search(r"<Key>([^<]{1,3100})</Key>", block)
+        full = html.unescape(key[1]) if key else ""
+        name = full[len(prefix):] if full.startswith(prefix) else ""
+        if not name or "/" in name:
+            continue
+        size, stamp = _tag(block, "Size"), _tag(block, "LastModified")
+        try:
+            written = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0
+        except ValueError:
+            written = 0.0
+        found.append((name, int(size) if size.isdigit() else 0, written))
+    return found
 
 
 def sign(method: str, url: str, headers: dict[str, str], body: bytes | None, found: Keys, region: str,

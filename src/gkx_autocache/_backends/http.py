@@ -20,18 +20,19 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from gkx_autocache._backends import bucket
+from gkx_autocache._backends.bucket import RangeIgnored, wrong_range
+from gkx_autocache._backends.port import Failure, Listed, Progress, Refused, TooLarge, Uncounted
 from gkx_autocache._diagnostics import human_bytes, one_line
-from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR
-from gkx_autocache._shared import bucket
-from gkx_autocache._shared.bucket import RangeIgnored, wrong_range
-from gkx_autocache._shared.calls import FIRST_BLOCK, Progress, bounded
-from gkx_autocache._shared.seal import SEAL_LIMIT, EntryRefused
+from gkx_autocache._formats import SEAL_LIMIT
+from gkx_autocache._layout import ENTRY_SUFFIX, SEAL_SIDECAR, version_name
+from gkx_autocache._shared.calls import FIRST_BLOCK, bounded
 
 TOKEN_ENV = "GKX_JAX_CACHE_SHARED_TOKEN"
 REDIRECTS = 3
 POOL = 4  # idle connections kept for the next request
 PROBE = "gkx-autocache-probe"  # the name a HEAD asks for to see that the cache answers
-NO_LISTING = "not counted: an HTTP cache cannot be listed"
+NO_LISTING = Uncounted("not counted: an HTTP cache cannot be listed")
 
 
 
@@ -51,11 +52,20 @@ class HttpError(OSError):
         super().__init__(one_line(f"{url} answered {status} {reason}{' ' + self.hint if self.hint else ''}"))
         self.status = status  # (a server's words in it: escaped)
 
+    @classmethod
+    def of(cls, status: int, reason: str, url: str, credentials: str | None = None,
+           too_large: bool = False) -> HttpError:
+        """The error for a status: a refusal for the body's size (413, or a store's own code for one:
+        ``too_large``) is ``BodyTooLarge``, that object's and not the level's."""
+        made = BodyTooLarge if status == 413 or too_large else cls
+        return made(status, reason, url) if credentials is None else made(status, reason, url, credentials)
 
-def too_large(exc: BaseException) -> bool:
-    """Whether the server refused an upload for its size: 413 (nginx's ``client_max_body_size``,
-    1 MiB by default), or S3's ``EntityTooLarge``. That entry is skipped, not the level."""
-    return isinstance(exc, HttpError) and (exc.status == 413 or "EntityTooLarge" in str(exc))
+
+class BodyTooLarge(HttpError, TooLarge):
+    """An upload the server refused for its size: that entry is skipped, not the level."""
+
+    fix = ("raise the server's limit on a request's body (nginx: client_max_body_size, 1 MiB by default: "
+           "client_max_body_size 0 takes any size)")
 
 
 def origin(url: str) -> tuple[str, str, int]:
@@ -154,14 +164,19 @@ class HttpCache:
     """``http://`` and ``https://``: an object store (ranged reads, whole-object writes, packs read as
     a stream), like a bucket, through one small pool of keep-alive connections."""
 
-    lists = True  # (``backend.Backend``)
+    lists = True  # (``port.Backend``)
     sealed = True  # the package writes every entry here with its seal (stock JAX cannot write here)
 
     said = "the HTTP cache"  # in messages
     cafile: str | None = None  # the certificates https is checked against (None: the system's, or SSL_CERT_FILE)
 
+    @classmethod
+    def opened(cls, url: str, jax_version: str, env: Any, *, team: bool, over_http: bool) -> HttpCache:
+        """``schemes``' factory: the cache's version URL."""
+        return cls(f"{url.rstrip('/')}/{version_name(jax_version)}", env, over_http)
+
     def __init__(self, version_url: str, env: Any = os.environ, over_http: bool = False, signed: bool = False) -> None:
-        from gkx_autocache._shared import proxies
+        from gkx_autocache._backends import proxies
 
         self.where = version_url.rstrip("/")
         self.base = self.where  # what requests go to (a bucket's differs from its s3:// name: ``s3.py``)
@@ -203,7 +218,7 @@ class HttpCache:
         to end), an http one by asking the proxy for the whole URL."""
         import http.client
 
-        from gkx_autocache._shared import proxies
+        from gkx_autocache._backends import proxies
 
         scheme, host, port = target = origin(url)
         if target == origin(self.base):
@@ -350,9 +365,9 @@ class HttpCache:
                                    f"{f' ({human_bytes(length)})' if length is not None else ''}")
             data = _body(response, asked + 1, progress)
             if len(data) > asked:
-                raise EntryRefused(f"the shared entry sent more than the {asked} bytes of its range")
+                raise Refused(f"the shared entry sent more than the {asked} bytes of its range")
             if ranged and (why := wrong_range(str(response.getheader("Content-Range")), start, end, len(data))):
-                raise EntryRefused(f"the shared entry sent {why}")
+                raise Refused(f"the shared entry sent {why}")
             self._done(connection, response)
             return data
         except BaseException:
@@ -362,7 +377,7 @@ class HttpCache:
 
     def _error(self, response: Any, url: str, more: str = "") -> OSError:
         """The error a response that is not the one asked for stands for, in one line."""
-        return HttpError(response.status, f"{response.reason}{more}", url)
+        return HttpError.of(response.status, f"{response.reason}{more}", url)
 
     def listing(self, progress: Progress) -> dict[str, int] | str:
         """No listing: one ``HEAD`` of a name no entry has says whether the cache answers, and takes
@@ -420,6 +435,27 @@ class HttpCache:
         if response.status not in (200, 201, 204):
             error = self._error(response, url, " (a redirect: an upload follows none)" if 300 <= response.status < 400 else "")
             response.close()  # (where the server closes after it, the response holds the socket)
+            connection.close()
+            raise error
+        response.read(64 << 10)
+        self._done(connection, response)
+
+    def describe(self) -> dict[str, str]:
+        """Which credentials, never their value."""
+        return {"credentials": self.credentials}
+
+    def caution(self) -> str | None:
+        return withheld_note(self.where, self.credentials) if self.withheld else None
+
+    def names(self, progress: Progress) -> list[Listed]:
+        raise Failure(f"{self.where}: an HTTP cache cannot be listed")
+
+    def remove(self, name: str) -> None:
+        """One ``DELETE``; an object already gone is no error."""
+        connection, response, url = self._request("DELETE", name)
+        if response.status not in (200, 202, 204, 404):
+            error = self._error(response, url)
+            response.close()
             connection.close()
             raise error
         response.read(64 << 10)

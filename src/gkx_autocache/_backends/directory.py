@@ -9,19 +9,22 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
+from typing import Any
 
 from gkx_autocache import _files, _trust
+from gkx_autocache._backends.port import Failure, Listed, Progress, Refused
 from gkx_autocache._diagnostics import human_bytes
-from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, version_name
-from gkx_autocache._shared.calls import FIRST_BLOCK, Progress
-from gkx_autocache._shared.seal import SEAL_LIMIT, EntryRefused, head_problem
+from gkx_autocache._formats import SEAL_LIMIT
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, SEAL_SIDECAR, is_temporary, version_name
+from gkx_autocache._shared.calls import FIRST_BLOCK
+from gkx_autocache._shared.seal import head_problem
 
 
 def _read_exactly(fd: int, size: int, progress: Progress) -> bytes:
     """``size`` bytes of the file, by blocks (each one progress), and not one more: a file that
     grew or shrank while it was read is refused."""
     if size <= 0:  # no first block to check: an empty file is no executable
-        raise EntryRefused("the shared entry is empty")
+        raise Refused("the shared entry is empty")
     chunks: list[bytes] = []
     left = size
     while left > 0:
@@ -29,13 +32,13 @@ def _read_exactly(fd: int, size: int, progress: Progress) -> bytes:
         if not chunk:
             break
         if not chunks and (why := head_problem(chunk)):
-            raise EntryRefused(why)
+            raise Refused(why)
         chunks.append(chunk)
         left -= len(chunk)
         progress.tick()
         progress.got(len(chunk))
     if left or os.read(fd, 1):
-        raise EntryRefused("the shared entry changed size while it was read")
+        raise Refused("the shared entry changed size while it was read")
     return b"".join(chunks)
 
 
@@ -43,7 +46,7 @@ class Directory:
     """A team directory (``trust_shared``) or a read-only one baked into an image, trusted by the
     rules of §8 before it is read."""
 
-    lists = False  # read whole under the trust checks, never listed (``backend.Backend``)
+    lists = False  # read whole under the trust checks, never listed (``port.Backend``)
     sealed = False  # a directory baked from a local level has no seals
 
     def __init__(self, root: str, jax_version: str, team: bool) -> None:
@@ -53,8 +56,19 @@ class Directory:
         self.team = team
         self.whole = False  # a bucket mount (``_mount``): each file made whole in one create
 
+    @classmethod
+    def opened(cls, url: str, jax_version: str, env: Any, *, team: bool, over_http: bool) -> Directory:
+        """``schemes``' factory: ``url`` is a path here."""
+        return cls(url, jax_version, team)
+
     def forget(self) -> None:
         pass
+
+    def describe(self) -> dict[str, str]:
+        return {}
+
+    def caution(self) -> str | None:
+        return None
 
     def prepare(self, progress: Progress, create: bool = True) -> bool:
         """Check (and, with ``create``, where it may be written and is missing, create) the version
@@ -86,15 +100,15 @@ class Directory:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
             if exc.errno == errno.ELOOP:
-                raise EntryRefused("the shared entry is a symlink: never read") from None
+                raise Refused("the shared entry is a symlink: never read") from None
             if exc.errno in (errno.EACCES, errno.EPERM, errno.EINVAL):
-                raise EntryRefused(f"the shared entry cannot be read ({exc.strerror})") from None
+                raise Refused(f"the shared entry cannot be read ({exc.strerror})") from None
             raise
         st = os.fstat(fd)
         why = _trust.entry_problem(st, self.team)
         if why:
             os.close(fd)
-            raise EntryRefused(f"the shared entry: {why}")
+            raise Refused(f"the shared entry: {why}")
         return fd, st
 
     def small(self, name: str, limit: int = SEAL_LIMIT) -> bytes:
@@ -133,7 +147,7 @@ class Directory:
             size, exact = admit(raw_seal, st.st_size)
             if st.st_size != size if exact else st.st_size > size:
                 said = f"its seal says {size} bytes" if exact else f"the most read of one entry is {human_bytes(size)}"
-                raise EntryRefused(f"the shared entry has {st.st_size} bytes where {said}")
+                raise Refused(f"the shared entry has {st.st_size} bytes where {said}")
             return _read_exactly(fd, st.st_size, progress)
         finally:
             os.close(fd)
@@ -164,3 +178,39 @@ class Directory:
         when it is closed): never a partial file under the entry's name."""
         with _files.atomic(os.path.join(self.where, name), _files.file_mode(self.team), whole=self.whole) as f:
             f.write(data)
+
+    def names(self, progress: Progress) -> list[Listed]:
+        """Its entries, sidecars and temporary files, for the commands: in a directory the package
+        did not make, only what it can show it wrote (``_entries.ours``). An entry's recency is its
+        last access or write. Raises Failure where the directory does not carry the package's tag."""
+        from gkx_autocache import _entries, _remove
+
+        if not os.path.isdir(self.where):
+            return []
+        if not _remove.has_tag(self.where):
+            raise Failure(f"{self.where} has no gkx-autocache CACHEDIR.TAG, so it is not known to be a cache")
+        found = _entries.scan(self.where)
+        listed: list[Listed] = []
+        for unit in _entries.ours(self.where, list(found.units.values())):
+            for path in unit.files:
+                try:
+                    st = os.lstat(path)
+                except OSError:  # removed meanwhile
+                    continue
+                used = max(st.st_atime, st.st_mtime) if path.endswith(ENTRY_SUFFIX) else st.st_mtime
+                listed.append((os.path.basename(path), _remove.on_disk(st), used))
+        listed += [(os.path.basename(path), size, mtime) for path, size, mtime in found.temporary
+                   if os.path.dirname(path) == self.where and is_temporary(os.path.basename(path))]
+        progress.tick()
+        return listed
+
+    def remove(self, name: str) -> None:
+        """Through ``_remove``: in the tagged directory only, never through a symlink."""
+        from gkx_autocache import _remove
+
+        try:
+            done = _remove.remove_files(self.where, [os.path.join(self.where, name)])
+        except _remove.RemovalRefused as exc:
+            raise Failure(str(exc)) from None
+        if done.failed:
+            raise Failure(f"{done.failed[0]} could not be removed")
