@@ -387,8 +387,8 @@ from gkx_autocache._explain import seam as _explain_seam
 from gkx_autocache._record.recorder import Recorder
 watch = _explain_seam.Watch()
 recorder = Recorder("/nonexistent", ledger=False, explainer=watch)
-_key.install(jax, listener=watch)
-reason = _explain_seam.install(jax, watch, recorder, "/nonexistent", lambda: {})
+keys, _ = _key.install(jax, listener=watch)
+reason = _explain_seam.install(jax, keys, watch, recorder, "/nonexistent", lambda: {})
 assert reason is None, reason
 wrapped = per_key()
 keys = [compilation_cache.get_cache_key(m, devices, options, backend) for m in modules]

@@ -62,7 +62,9 @@ def test_runner_produces_every_figure(quick_run: tuple[dict[str, Any], str]) -> 
     assert data["workload"]["JAX stock cache, default thresholds"]["warm_hits"] == 0
     assert set(data["cli"]) == {"status", "prune --dry-run --max-size 1MB", "prune --dry-run --older-than 1s", "verify",
                                 "status, again: the directory unchanged, its count kept", "status, after that run",
-                                "ordinary run, folding the ledgers at exit (extra seconds)"}
+                                "ordinary run, folding the ledgers at exit (extra seconds)",
+                                "status, a directory the package did not make",
+                                "status, again: that directory unchanged, its count kept in the user's cache"}
     assert "| `import jax`, bytecode absent |" in table
     book = data["bookkeeping"]
     assert 0 < book["index of 300 entries: bytes per entry"] < 1000 and book["index of 300 entries: first miss reads it and lists the directory"] > 0
