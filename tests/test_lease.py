@@ -400,3 +400,46 @@ def test_a_warm_run_takes_no_lease(venv: Venv, tmp_path: Path) -> None:
     leases.rmdir()
     (run,) = outputs(start_together(venv, tmp_path, 1, env, 2))
     assert run["hits"] == run["requests"] and not leases.exists(), run
+
+
+MEMBER_A, MEMBER_B, TEAM = 1001, 1002, 3000
+
+
+def test_a_hostile_team_member_holds_a_victim_one_bound_at_most(venv: Venv, public: Path) -> None:
+    """In a team directory, a member plants a lease for every key the victim will compile, each
+    claiming a compile of days from another host, its heartbeat set in the future (never stale):
+    the victim waits out ``shared_timeout`` once, then no more for that member; it compiles and
+    writes every key, gets the right results, and leaves the member's files alone."""
+    team = public / "team"
+    team.mkdir()
+    os.chown(team, 0, TEAM)
+    team.chmod(0o2770)
+    (venv.path / "gkx-autocache.toml").write_text(f'dir = "{team}"\ntrust_shared = true\n')
+    from conftest import PROGRAM, run_program
+
+    run_program(venv, env={"GKX_JAX_CACHE_DIR": str(public / "learn")})  # the victim's keys (the path is not in them)
+    first = PROGRAM.replace("* 3.0", "* 4.0").replace("** 2", "** 3")  # a member's own run: makes the folders
+    run_program(venv, user=MEMBER_A, groups=(TEAM,), program=first)
+    leases = folder(team / VERSION_DIR)
+    there = {p.name for p in (team / VERSION_DIR).glob("*-cache")}  # (JAX's helpers both programs use)
+    keys = sorted(p.name.removesuffix("-cache") for p in (public / "learn" / VERSION_DIR).glob("*-cache")
+                  if p.name not in there)
+    assert leases.is_dir() and len(keys) >= 2, keys
+    for key in keys:
+        plant(team / VERSION_DIR, key, host="elsewhere", pid=4242, expect=86400.0, uid=MEMBER_A,
+              mtime=time.time() + 86400)
+        os.chmod(leases / key, 0o640)
+        os.chown(leases / key, MEMBER_A, TEAM)
+    log = public / "victim.log"
+    log.touch()
+    os.chown(log, MEMBER_B, TEAM)
+    logged = ("import logging\nlogging.getLogger('gkx_autocache').setLevel(logging.DEBUG)\n"
+              f"logging.getLogger('gkx_autocache').addHandler(logging.FileHandler({str(log)!r}))\n")
+    run, err = run_program(venv, "-W", "error", user=MEMBER_B, groups=(TEAM,), program=logged + PROGRAM,
+                           env={"GKX_JAX_CACHE_SHARED_TIMEOUT": "1"})
+    clean, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(public / "clean")})
+    assert run["result"] == clean["result"] and run["requests"] - run["hits"] == len(keys) and "Traceback" not in err, err
+    text = log.read_text()
+    assert text.count("waited out its holder elsewhere:4242") == 1 and text.count("waiting for") == 1, text
+    assert all((team / VERSION_DIR / f"{key}-cache").exists() for key in keys)
+    assert sorted(p.name for p in leases.iterdir()) == keys  # the member's files, as they were
