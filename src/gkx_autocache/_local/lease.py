@@ -332,15 +332,18 @@ class Leases:
     def _unwritten(self, version_dir: str, key: str) -> None:
         """Mark the lease of a key JAX did not write: waiters compile at once, and so do later misses
         of it while this process keeps it (``UNWRITTEN_KEEP``)."""
-        with self._lock:
+        with self._lock:  # (under the lock: a descriptor closed meanwhile may be another file's by now)
             found = self._held.get((version_dir, key))
             if found is None:
                 return
             fd, folder, _ = found
             self._held[(version_dir, key)] = (fd, folder, time.monotonic())
-        try:
-            os.pwrite(fd, UNWRITTEN, os.fstat(fd).st_size - 1)
-        except OSError:
+            try:
+                os.lseek(fd, -1, os.SEEK_END)
+                marked = os.write(fd, UNWRITTEN) == 1
+            except OSError:
+                marked = False
+        if not marked:
             self._let_go((version_dir, key))
 
     def _beat(self) -> None:
@@ -349,19 +352,21 @@ class Leases:
         while True:
             time.sleep(BEAT)
             now = time.monotonic()
-            with self._lock:
+            expired = []
+            with self._lock:  # (under the lock: a descriptor let go meanwhile may be another file's by now)
                 if not self._held:
                     self._beating.clear()
                     return
-                held = list(self._held.items())
-            for name, (fd, _, unwritten) in held:
-                if unwritten is not None and now - unwritten > UNWRITTEN_KEEP:
-                    self._let_go(name)
-                    continue
-                try:
-                    os.utime(fd)
-                except OSError:
-                    pass
+                for name, (fd, _, unwritten) in self._held.items():
+                    if unwritten is not None and now - unwritten > UNWRITTEN_KEEP:
+                        expired.append(name)
+                        continue
+                    try:
+                        os.utime(fd)
+                    except Exception:  # (a platform without futimens: the lease goes stale, others break it)
+                        pass
+            for name in expired:
+                self._let_go(name)
 
 
 def _running(pid: int, born: int | None) -> bool:
