@@ -155,13 +155,15 @@ class Leases:
         except OSError as exc:
             logger.debug("no lease for %s: %s", key, exc)
             return ALONE
+        outcome, fd = ALONE, None
         try:
             outcome, fd = self._settle(folder, team, key, ready, expected)
         except Exception as exc:  # a lease is an optimisation: never in the way of a compile
             logger.debug("lease of %s: %s", key, exc)
-            outcome, fd = ALONE, None
+        finally:  # (a KeyboardInterrupt while it waits goes on to the user, the folder closed)
+            if fd is None:
+                os.close(folder)
         if fd is None:
-            os.close(folder)
             return outcome
         with self._lock:
             self._held[(version_dir, key)] = (fd, folder, None)
