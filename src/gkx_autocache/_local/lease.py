@@ -176,11 +176,16 @@ class Leases:
     def _folder(self, version_dir: str, team: bool) -> int:
         """``.gkx-autocache/leases`` of ``version_dir``, made where missing (once a process), opened
         without following a link at any level. Raises OSError."""
-        if version_dir not in self._made:
-            if _files.bookkeeping_dir(version_dir, team, LEASE_DIR) is None:
-                raise OSError(f"no bookkeeping folder in {version_dir}")
-            self._made.add(version_dir)
-        return _files.open_dir(os.path.join(version_dir, META_DIR, LEASE_DIR), search=True)
+        path = os.path.join(version_dir, META_DIR, LEASE_DIR)
+        if version_dir in self._made:
+            try:
+                return _files.open_dir(path, search=True)
+            except FileNotFoundError:  # removed since (``clear``): made again
+                self._made.discard(version_dir)
+        if _files.bookkeeping_dir(version_dir, team, LEASE_DIR) is None:
+            raise OSError(f"no bookkeeping folder in {version_dir}")
+        self._made.add(version_dir)
+        return _files.open_dir(path, search=True)
 
     def _settle(self, folder: int, team: bool, key: str, ready: Callable[[], bool],
                 expected: float | None) -> tuple[str, int | None]:
