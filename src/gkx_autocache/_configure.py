@@ -26,6 +26,7 @@ SEAMS = (
     ("compilation_cache.get_file_cache", "_jax.caching.serve_file_caches", "the store, JAX's own object, or none"),
     ("compilation_cache.get_executable_and_time", "_jax.caching._guard_loading", "an entry JAX cannot load is a miss"),
     ("compiler.compile_or_get_cached", "_jax.callbacks.serve_host_callbacks", "the compile's host callbacks"),
+    ("compiler.compile_or_get_cached", "_jax.caching.bracket_compiles", "a key's lease let go where JAX wrote nothing"),
     ("compilation_cache.get_executable_and_time", "_jax.callbacks.serve_host_callbacks", "loaded with this process's"),
     ("compiler._cache_write", "_jax.callbacks.serve_host_callbacks", "an entry written without its callbacks"),
     ("compiler._cache_write", "_jax.caching.rank_local_writes", "every rank writes its own local level"),
@@ -176,15 +177,21 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             kept = (f"it keeps jax_compilation_cache_max_size ({jax_cap} bytes) as its cap: JAX's own LRU cache needs "
                     "filelock, which is not installed")
         routing = _route.Routing(settings, location, recorder, env, xla_caches, installed.is_set, config)
+        from gkx_autocache._local.lease import Leases
+
+        leases = Leases(settings["shared_timeout"])  # once per key across processes (objects only: no I/O)
         reason = _store.install(jax, directory, chain, recorder, routing,
                                 functools.partial(_route.recheck, location.version_dir if location.team else None),
-                                target, keys.targeted)
+                                target, keys.targeted, leases)
         if reason is None:
             installed.set()
         callbacks = reason or jax_callbacks.serve_host_callbacks(  # before the other write seams: the one nearest JAX
             jax, lambda: _store.serving(str(config.jax_compilation_cache_dir)))
         if callbacks and not reason:
             logger.debug("compiles with host callbacks are not cached: %s", callbacks)
+        unleased = reason or jax_caching.bracket_compiles(leases.begin, leases.end)  # outermost: its end runs last
+        if unleased and not reason:
+            logger.debug("every process compiles each key it misses: %s", unleased)
         if reason:
             logger.debug("JAX's stock cache serves %s: %s", directory, reason)
         elif levels is not None and chain is not None:

@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from gkx_autocache import _mount
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._layout import LEDGER_DIR, META_DIR, TAG, TAG_NAME, VERSION_PREFIX, tmp_name
+from gkx_autocache._layout import LEASE_DIR, LEDGER_DIR, META_DIR, TAG, TAG_NAME, VERSION_PREFIX, tmp_name
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -325,7 +325,7 @@ def make_dir(path: str, team: bool, tag: str | None = None, mounted: bool = Fals
 
 def _ours(name: str) -> bool:
     """What a concurrent process of the package may already have put in a directory just made."""
-    return name in (TAG_NAME, META_DIR, LEDGER_DIR) or name.startswith(VERSION_PREFIX)
+    return name in (TAG_NAME, META_DIR, LEDGER_DIR, LEASE_DIR) or name.startswith(VERSION_PREFIX)
 
 
 def write_new_at(name: str, data: bytes, dir_fd: int, mode: int = 0o644, chmod: bool = True) -> bool:

@@ -1,6 +1,5 @@
-"""Names on disk (SPEC §7), shared by the store, the ledger, trust, pruning, the CLI and bundles,
-and the start-up hook's two names (its finder's, its target's). A leaf: stdlib only, and nothing
-of the package. ::
+"""Names on disk (SPEC §7), shared by the store, the ledger, trust, pruning, the CLI and bundles, and
+the start-up hook's two names (its finder's, its target's). A leaf: stdlib only, nothing of the package. ::
 
     <root>/CACHEDIR.TAG                   only when the package created <root>
     <root>/jax-<jax version>/             one version directory per JAX version
@@ -19,6 +18,7 @@ of the package. ::
             prune.lock                    taken (non-blocking) to prune and to fold
             fold.lock                     the same lock where flock does not work (O_EXCL)
             no-flock                      this file system has no working flock (said once)
+            leases/<key>                  a key a process compiles now: host, pid, expected time (O_EXCL)
 
 A key is JAX's: the function's module name, a dash, a sha256 in hex (``jit_step-<64 hex>``).
 A bucket (``s3://``, ``gs://``) has the same names under its version prefix, and so has a shared
@@ -50,6 +50,7 @@ PACK_SUFFIX = "-gkx-pack"  # beside a manifest in a bucket: the first of its ent
 AUTOTUNE_SUFFIX = "-gkx-autotune"  # beside a manifest: XLA's GPU autotune results (``_autotune``), its SHA-256 in it
 META_DIR = ".gkx-autocache"
 LEDGER_DIR = "ledger"
+LEASE_DIR = "leases"  # a key's lease while a process compiles it (``_local.lease``)
 LEDGER_SUFFIX = ".jsonl"
 VERDICT_FILE = "store.json"
 SUMMARY_FILE = "summary.json"

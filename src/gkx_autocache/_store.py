@@ -25,10 +25,12 @@ from collections.abc import Callable
 from typing import Any
 
 from gkx_autocache import _mount
-from gkx_autocache._chain import Chain, NoLevel
+from gkx_autocache._chain import Chain, Lookup, NoLevel
 from gkx_autocache._diagnostics import logger
+from gkx_autocache._entry import Entry
 from gkx_autocache._formats import compression_of
 from gkx_autocache._jax import caching as jax_caching
+from gkx_autocache._local import lease as _lease
 from gkx_autocache._local.level import LocalLevel
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -58,13 +60,16 @@ def compile_clock() -> float:
 
 
 class Store:
-    """JAX's ``CacheInterface`` over ``chain``, for the version directory ``path`` (real)."""
+    """JAX's ``CacheInterface`` over ``chain``, for the version directory ``path`` (real);
+    ``leases``: a key one process compiles, the others wait for (``_local.lease``)."""
 
-    def __init__(self, path: str, chain: Chain, recorder: Any) -> None:
+    def __init__(self, path: str, chain: Chain, recorder: Any,
+                 leases: _lease.Leases | _lease.Unleased | None = None) -> None:
         self._path = path  # JAX's VerificationCache reads this attribute
         self._chain = chain
         self._local = chain.local
         self._recorder = recorder
+        self._leases = leases if leases is not None else _lease.Unleased()
         self._misses = threading.local()  # key -> process CPU time at the miss, per thread
         self._served = threading.local()  # the key whose bytes this thread was last given
 
@@ -80,6 +85,8 @@ class Store:
 
     def get(self, key: str) -> bytes | None:
         looked = self._chain.lookup(key)
+        if looked.entry is None and not looked.refused and self._local.writable:
+            looked = self._settle(key, looked)
         recorder = self._recorder
         entry = looked.entry
         if entry is not None:
@@ -98,6 +105,22 @@ class Store:
         else:
             recorder.miss(key)
         return None
+
+    def _settle(self, key: str, missed: Lookup) -> Lookup:
+        """A miss: this thread takes the key's lease and compiles (``put`` lets it go), or another
+        process compiles it now and its entry is read once written (a hit), or, the wait over, this
+        thread compiles it too (``_local.lease``). A hit never comes here: a warm run takes no lease."""
+        local = self._local
+        outcome = self._leases.settle(local.path, local.team, key, lambda: local.has(key),
+                                      _lease.recorded(local.path, key))
+        if outcome != _lease.READY:
+            return missed
+        data, why = local.read(key)
+        if data is None or why is not None:
+            return missed
+        compile_secs, written, run = local.compile_secs(key, data)
+        logger.debug("%s: another process compiled it while this one waited", key)
+        return Lookup(Entry(data, compile_secs, written), "local", run)
 
     # -- the compile that follows a miss ---------------------------------------------------------
 
@@ -136,6 +159,12 @@ class Store:
             logger.debug("uncached %s not recorded: %s", key, exc)
 
     def put(self, key: str, value: bytes) -> None:
+        try:
+            self._put(key, value)
+        finally:  # written or not: waiters read it, or compile it themselves, now
+            self._leases.release(self._local.path, key)
+
+    def _put(self, key: str, value: bytes) -> None:
         started = getattr(self._misses, "keys", {}).pop(key, None)
         local = self._local
         if not local.writable:
@@ -159,23 +188,24 @@ class Store:
 
 def install(jax: Any, version_dir: str, chain: Chain | None, recorder: Any,
             route: Callable[[str], tuple[str, str] | None], recheck: Callable[[str], str | None],
-            target: Any, keyed: Callable[[], bool]) -> str | None:
+            target: Any, keyed: Callable[[], bool], leases: _lease.Leases | None = None) -> str | None:
     """Serve JAX's cache objects as ``route`` says (``_jax.caching.serve_file_caches``): the store over
     ``chain`` for the package's own ``version_dir`` (None: this JAX's cache module lacks what the
     store needs, and it does not serve), and over a chain of a local level of its own for a
     directory someone else gave JAX that may be trusted; why the store does not serve (JAX's stock
     cache then serves, checked at each lookup by ``recheck``), or None; ``target`` and ``keyed``:
-    the ``cpu_target`` a local level checks entries against (``LocalLevel``). Which store JAX has
-    is JAX's own to say (``current``): nothing is kept here."""
+    the ``cpu_target`` a local level checks entries against (``LocalLevel``); ``leases``: this
+    process's, which every store it makes shares (``_local.lease``). Which store JAX has is JAX's
+    own to say (``current``): nothing is kept here."""
     ours = os.path.realpath(version_dir)
 
     def make(real: str, writable: bool, sample: bytes, decompress: Any, check_payload: bool) -> Store:
         if real == ours and chain is not None:
-            return Store(real, chain, recorder)
+            return Store(real, chain, recorder, leases)
         local = LocalLevel(real, compression=compression_of(sample) or "zlib", decompress=decompress, team=False,
                            writable=writable, check_payload=lambda: check_payload, signs=False,
                            whole=_mount.bucket_mount(real) is not None, target=target, keyed=keyed)
-        return Store(real, Chain(local, NoLevel()), recorder)
+        return Store(real, Chain(local, NoLevel()), recorder, leases)
 
     why, unrouted = jax_caching.serve_file_caches(jax, route, make, _unloadable, recheck)
     if unrouted is not None:
