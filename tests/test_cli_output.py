@@ -97,7 +97,7 @@ def test_a_warning_with_no_user_frame_points_at_the_import_of_jax(monkeypatch: p
     """At exit, no frame of the user's is on any thread: the warning points at the line that
     imported jax, which configuration noted, not at ``gkx_autocache:0``."""
     monkeypatch.setattr(_diagnostics, "_said", set())
-    monkeypatch.setattr(_diagnostics, "_import_site", None)
+    monkeypatch.setattr(_diagnostics, "_import_site", [])
     _diagnostics.note_import_site()  # what configuration does, on the user's import jax
     site = (__file__, sys._getframe().f_lineno - 1)
     monkeypatch.setattr(_diagnostics, "user_frame", lambda: None)
