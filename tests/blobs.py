@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -50,6 +51,9 @@ class Azurite:
         self.port = free_port()
         self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/{ACCOUNT}"
         more = ["--cert", str(tls[0]), "--key", str(tls[1]), "--oauth", "basic"] if tls else []
+        # Its own trust, not SSL_CERT_FILE's: from Python 3.12 urlopen keeps one opener, and its
+        # context, built by whichever test used it first in this process (before the certificate).
+        self.context = ssl.create_default_context(cafile=str(tls[0])) if tls else None
         self.log = base / "azurite.log"
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
@@ -109,18 +113,20 @@ class Azurite:
         sent["Authorization"] = f"SharedKey {ACCOUNT}:{signature}"
         request = urllib.request.Request(f"{self.endpoint}/{path}", data=body or None,
                                          headers=sent, method=method)
-        with urllib.request.urlopen(request, timeout=30) as answer:
+        with urllib.request.urlopen(request, timeout=30, context=self.context) as answer:
             return bytes(answer.read())
 
     def objects(self, container: str, prefix: str = "") -> dict[str, bytes]:
         """Every blob under ``prefix`` and its bytes, read anonymously (the container is public)."""
         text = urllib.request.urlopen(f"{self.endpoint}/{container}?restype=container&comp=list"
-                                      f"&prefix={quote(prefix, safe='')}", timeout=30).read().decode()
+                                      f"&prefix={quote(prefix, safe='')}", timeout=30,
+                                      context=self.context).read().decode()
         import html
         import re
 
         names = [html.unescape(n) for n in re.findall(r"<Blob><Name>([^<]*)</Name>", text)]
-        return {name: urllib.request.urlopen(f"{self.endpoint}/{container}/{quote(name)}", timeout=30).read()
+        return {name: urllib.request.urlopen(f"{self.endpoint}/{container}/{quote(name)}", timeout=30,
+                                                       context=self.context).read()
                 for name in names}
 
     def account_sas(self, permissions: str = "racwdl") -> str:
