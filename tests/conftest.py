@@ -732,7 +732,7 @@ class InProcess:
                                   "min_entry": config.jax_persistent_cache_min_entry_size_bytes,
                                   "xla_caches": config.jax_persistent_cache_enable_xla_caches,
                                   "enabled": config.jax_enable_compilation_cache}
-                    before = set(threading.enumerate())
+                    before = ran.before = set(threading.enumerate())
                     try:
                         yield ran
                     finally:
@@ -759,10 +759,19 @@ def _gone(before: set[threading.Thread]) -> None:
     channel = getattr(shared, "channel", None)
     if channel is not None:
         channel.turn_off("the process exited")
+    settle(before, 5)
+
+
+def settle(before: set[threading.Thread], timeout: float) -> bool:
+    """Wait until no thread started since ``before`` runs the package's code (``_busy``), at most
+    ``timeout`` seconds; whether they did."""
     started = [t for t in threading.enumerate() if t not in before]
-    deadline = time.monotonic() + 10
-    while any(_busy(t) for t in started) and time.monotonic() < deadline:
+    deadline = time.monotonic() + timeout
+    while any(_busy(t) for t in started):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.01)
+    return True
 
 
 def _busy(thread: threading.Thread) -> bool:
@@ -791,10 +800,16 @@ class Ran:
     jax: Any
     values: dict[str, Any] = field(default_factory=dict)
     stderr: str = ""
+    before: set[threading.Thread] = field(default_factory=set)  # the threads that were not the process's
 
     def jit(self, name: str, variant: str = "", **more: Any) -> bool:
         """One compile (``standin.StandInJax.jit``); whether the cache served it."""
         return bool(self.jax.jit(name, variant, **more))
+
+    def settle(self, timeout: float = 120) -> None:
+        """Wait until the process's threads have done what they were given (its uploads and heals
+        sent, its prefetch landed or given up): each waits for more work, or has ended."""
+        assert settle(self.before, timeout), "the process's threads are still at work"
 
     @property
     def report(self) -> str:
