@@ -663,14 +663,16 @@ class InProcess:
             yield ran
 
     def run_program(self, env: dict[str, str] | None = None, names: tuple[str, ...] = ("f", "g"), *,
-                    user: int | None = None, groups: tuple[int, ...] = (), **jit: Any) -> tuple[dict[str, Any], str]:
+                    w_error: bool = False, user: int | None = None, groups: tuple[int, ...] = (),
+                    **jit: Any) -> tuple[dict[str, Any], str]:
         """A process that compiles each of ``names`` once (PROGRAM's two functions; ``"f:v"``: ``f``
         with another shape or constant, another key): what PROGRAM prints (the cache's counts, its
-        result, the values in ``jax.config``) and its stderr. ``user``: in a forked child that is
-        that user (``in_a_child_as``)."""
+        result, the values in ``jax.config``) and its stderr (``w_error``: under ``-W error``).
+        ``user``: in a forked child that is that user (``in_a_child_as``)."""
         if user is not None:
-            return in_a_child_as(user, groups, lambda: self.run_program(env, names, **jit))  # type: ignore[no-any-return]
-        with self.process(env) as ran:
+            return in_a_child_as(user, groups,  # type: ignore[no-any-return]
+                                 lambda: self.run_program(env, names, w_error=w_error, **jit))
+        with self.process(env, w_error=w_error) as ran:
             for name in names:
                 ran.jit(*name.split(":", 1), **jit)
         assert ran.jax is not None
