@@ -272,6 +272,9 @@ def test_a_members_reset_keeps_the_team_cache_usable(public: Path, monkeypatch: 
     assert list((meta / "ledger").iterdir()) == []  # member B folded
 
 
+# -- what a checked-out repository may choose (SPEC §3) -------------------------------------------
+
+
 def test_a_relative_xdg_cache_home_cannot_make_a_checkout_the_cache(here: InProcess, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A relative XDG_CACHE_HOME is ignored (XDG spec): a run from a repository holding a planted,
