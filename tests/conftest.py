@@ -690,6 +690,7 @@ class InProcess:
         hooks: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         err = io.StringIO()
         ran = Ran(standin)
+        printed: list[str] = []  # what the process printed, up to its end (not what its threads say after)
         with pytest.MonkeyPatch.context() as patch:
             # A fresh process's module state: each global restored after (a rebinding), and each
             # list, dict and set a copy (a change in place).
@@ -743,10 +744,10 @@ class InProcess:
                                 function(*args, **kwargs)
                             except Exception as exc:  # as the interpreter says it, and goes on
                                 print(f"Exception ignored in atexit callback {function!r}: {exc!r}", file=sys.stderr)
-                        ran.stderr = err.getvalue()  # what the process printed, up to its end
+                        printed.append(err.getvalue())
                         _gone(before)
             finally:
-                ran.stderr = ran.stderr or err.getvalue()
+                ran.stderr = printed[0] if printed else err.getvalue()
 
 
 def _gone(before: set[threading.Thread]) -> None:

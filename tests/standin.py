@@ -166,11 +166,17 @@ class StandInJax:
         for listen in list(self.duration_listeners):
             listen(name, secs, **kwargs)
 
+    def key(self, name: str, variant: str = "") -> str:
+        """The key of ``name`` in this process: XLA's own caches enter it (JAX puts their options in
+        the compile options it hashes)."""
+        caches = self.config.jax_persistent_cache_enable_xla_caches
+        return key_of(name, variant if caches in (None, "", "none") else f"{variant}|xla_caches={caches}")
+
     def jit(self, name: str, variant: str = "", *, size: int = 2000, compile_secs: float = 1.5) -> bool:
         """One compile of the function ``name`` (``variant``: another shape, constant or flag: another
         key), as JAX's ``compile_or_get_cached``; whether it was a hit. The executable it runs is kept
         in ``served``: a hit's is the one a compile makes, or the test sees it."""
-        key = key_of(name, variant)
+        key = self.key(name, variant)
         if not self.config.jax_enable_compilation_cache or not self.config.jax_compilation_cache_dir:
             self.served[key] = executable(name, variant, size)
             return False

@@ -231,7 +231,7 @@ def test_a_directory_jax_is_given_that_the_trust_rules_refuse_is_read_by_no_one(
     loaded, under -W error too, and one line says so with a fix the user can make (SPEC §5/§8,
     amended 2026-12-06). Until then JAX's stock cache read it, and the victim's results came out
     swapped. `read_untrusted_dir` is the opt-in to JAX's unchecked reads there, and does what it says."""
-    from standin import executable, key_of
+    from standin import executable
 
     planted = tmp_path / "jax_cache"
     owner, mode = (1002, 0o755) if who == "another owner" else (0, 0o777)
@@ -249,14 +249,14 @@ def test_a_directory_jax_is_given_that_the_trust_rules_refuse_is_read_by_no_one(
         return ran
 
     ran = victim({})
-    assert ran.jax.served[key_of("f")] == executable("f") and ran.jax.hits == 0, ran.stderr
+    assert ran.jax.served[ran.jax.key("f")] == executable("f") and ran.jax.hits == 0, ran.stderr
     said = autocache_warnings(ran.stderr)
     assert len(said) == 1, ran.stderr
     assert str(planted) in said[0] and "reads no entry" in said[0] and "chmod" not in said[0], said
     assert "read_untrusted_dir" in said[0] and "a directory of your own" in said[0], said
     # The opt-in, named for what it does: JAX's own cache reads it, unchecked (and is fooled).
     ran = victim({"GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"})
-    assert ran.jax.hits == 2 and ran.jax.served[key_of("f")] == executable("g"), ran.stderr
+    assert ran.jax.hits == 2 and ran.jax.served[ran.jax.key("f")] == executable("g"), ran.stderr
     assert any("unchecked" in line for line in autocache_warnings(ran.stderr)), ran.stderr
 
 

@@ -40,9 +40,7 @@ def victim(here: InProcess, env: dict[str, str], given: str, first_cwd: Path, th
 
 def results(ran: Ran) -> tuple[bytes, bytes]:
     """The executables the victim's f and g ran."""
-    from standin import key_of
-
-    return ran.jax.served[key_of("f")], ran.jax.served[key_of("g")]
+    return ran.jax.served[ran.jax.key("f")], ran.jax.served[ran.jax.key("g")]
 
 
 def right() -> tuple[bytes, bytes]:
