@@ -708,12 +708,21 @@ class InProcess:
                 patch.setitem(sys.modules, name, module)
             patch.setattr(_configure, "_once", threading.Event())  # not configured yet
 
-            def register(function: Any, *args: Any, **kwargs: Any) -> Any:
-                hooks.append((function, args, kwargs))
-                return function
+            def registering(original: Any) -> Any:
+                def register(function: Any, *args: Any, **kwargs: Any) -> Any:
+                    # The package's hooks are this process's exit; a library imported meanwhile
+                    # (concurrent.futures' own, which would refuse every thread pool after it ran)
+                    # registers for the pytest process, where it stays.
+                    if not str(sys._getframe(1).f_globals.get("__name__", "")).startswith("gkx_autocache"):
+                        return original(function, *args, **kwargs)
+                    hooks.append((function, args, kwargs))
+                    return function
 
-            patch.setattr(atexit, "register", register)
-            patch.setattr(threading, "_register_atexit", register, raising=False)
+                return register
+
+            patch.setattr(atexit, "register", registering(atexit.register))
+            if hasattr(threading, "_register_atexit"):
+                patch.setattr(threading, "_register_atexit", registering(threading._register_atexit))
             patch.setenv(RUN, "-")  # (a fresh process begins its own run: the one it names is undone after)
             patch.delenv(RUN)
             for name, value in (env or {}).items():
