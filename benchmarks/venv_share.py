@@ -1,4 +1,4 @@
-"""How many of the suite's test functions need a virtual environment (issue 60: at most 45 %).
+"""How many of the suite's test functions need a virtual environment (issue 60: at most 45 %; issue 68: 30 %).
 
     python benchmarks/venv_share.py [--list] [pytest arguments, e.g. tests/test_cli.py]
 

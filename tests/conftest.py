@@ -630,7 +630,7 @@ class InProcess:
         in a forked child that is that user (``in_a_child_as``)."""
         if user is not None:
             return in_a_child_as(user, groups, lambda: self.configure(env, w_error=w_error))  # type: ignore[no-any-return]
-        from gkx_autocache import _configure, _settings
+        from gkx_autocache import _settings
 
         config = types.SimpleNamespace(jax_enable_compilation_cache=True, **_settings.JAX_DEFAULTS)
         config.update = lambda name, value: setattr(config, name, value)
@@ -640,8 +640,57 @@ class InProcess:
         jax.__version__ = JAX_VERSION  # type: ignore[attr-defined]
         jax.config = config  # type: ignore[attr-defined]
         jax.monitoring = monitoring  # type: ignore[attr-defined]
+        with self._a_process({"jax": jax, "jax.monitoring": monitoring}, env, w_error) as ran:
+            pass
+        return ran.values, ran.stderr
+
+    @contextlib.contextmanager
+    def process(self, env: dict[str, str] | None = None, *, w_error: bool = False,
+                version: str = JAX_VERSION) -> Iterator[Ran]:
+        """One process of a program, here: its first ``import jax`` (``_configure`` given the stand-in
+        JAX of ``standin``, whose cache module the store serves), the block's compiles
+        (``ran.jit("f")``, as JAX's compiler asks its cache), then its exit (the hooks it registered:
+        the shared level's uploads, manifest and pack, the ledger's fold, the cap, the `report`
+        line). What it printed is ``ran.stderr`` once the block is left. For what the chain, the
+        levels, the ledgers and the settings do in a run: no JAX's key, seams or compiles (STYLE's
+        third ring has those). Each process is its own run, as a fresh one is, unless ``env`` names
+        one (``GKX_JAX_CACHE_RUN``). The package's module state and the real ``jax`` modules are
+        restored afterwards."""
+        from standin import StandInJax
+
+        jax = StandInJax(version)
+        with self._a_process(jax.modules, env, w_error, jax) as ran:
+            yield ran
+
+    def run_program(self, env: dict[str, str] | None = None, names: tuple[str, ...] = ("f", "g"), *,
+                    w_error: bool = False, user: int | None = None, groups: tuple[int, ...] = (),
+                    **jit: Any) -> tuple[dict[str, Any], str]:
+        """A process that compiles each of ``names`` once (PROGRAM's two functions; ``"f:v"``: ``f``
+        with another shape or constant, another key): what PROGRAM prints (the cache's counts, its
+        result, the values in ``jax.config``) and its stderr (``w_error``: under ``-W error``).
+        ``user``: in a forked child that is that user (``in_a_child_as``)."""
+        if user is not None:
+            return in_a_child_as(user, groups,  # type: ignore[no-any-return]
+                                 lambda: self.run_program(env, names, w_error=w_error, **jit))
+        with self.process(env, w_error=w_error) as ran:
+            for name in names:
+                ran.jit(*name.split(":", 1), **jit)
+        assert ran.jax is not None
+        return {**ran.values, "requests": ran.jax.requests, "hits": ran.jax.hits, "result": ran.jax.result()}, ran.stderr
+
+    @contextlib.contextmanager
+    def _a_process(self, modules: dict[str, types.ModuleType], env: dict[str, str] | None, w_error: bool,
+                   standin: Any = None) -> Iterator[Ran]:
+        """``_configure`` on ``modules["jax"]`` in a fresh process's state, the block, then the exit hooks."""
+        from gkx_autocache import _configure
+        from gkx_autocache._record.recorder import RUN
+
+        jax = modules["jax"]
+        config: Any = jax.config
         hooks: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         err = io.StringIO()
+        ran = Ran(standin)
+        printed: list[str] = []  # what the process printed, up to its end (not what its threads say after)
         with pytest.MonkeyPatch.context() as patch:
             # A fresh process's module state: each global restored after (a rebinding), and each
             # list, dict and set a copy (a change in place).
@@ -655,39 +704,129 @@ class InProcess:
             fresh_filesystems(patch)
             for name in [n for n in sys.modules if n.split(".")[0] in ("jax", "jaxlib")]:
                 patch.delitem(sys.modules, name)  # no seam reaches a real JAX this pytest process imported
-            patch.setitem(sys.modules, "jax", jax)
-            patch.setitem(sys.modules, "jax.monitoring", monitoring)
+            for name, module in modules.items():
+                patch.setitem(sys.modules, name, module)
             patch.setattr(_configure, "_once", threading.Event())  # not configured yet
 
-            def register(function: Any, *args: Any, **kwargs: Any) -> Any:
-                hooks.append((function, args, kwargs))
-                return function
+            def registering(original: Any) -> Any:
+                def register(function: Any, *args: Any, **kwargs: Any) -> Any:
+                    # The package's hooks are this process's exit; a library imported meanwhile
+                    # (concurrent.futures' own, which would refuse every thread pool after it ran)
+                    # registers for the pytest process, where it stays.
+                    if not str(sys._getframe(1).f_globals.get("__name__", "")).startswith("gkx_autocache"):
+                        return original(function, *args, **kwargs)
+                    hooks.append((function, args, kwargs))
+                    return function
 
-            patch.setattr(atexit, "register", register)
-            patch.setattr(threading, "_register_atexit", register, raising=False)
+                return register
+
+            patch.setattr(atexit, "register", registering(atexit.register))
+            if hasattr(threading, "_register_atexit"):
+                patch.setattr(threading, "_register_atexit", registering(threading._register_atexit))
+            patch.setenv(RUN, "-")  # (a fresh process begins its own run: the one it names is undone after)
+            patch.delenv(RUN)
             for name, value in (env or {}).items():
                 patch.setenv(name, value)
             # As JAX's import does: an option whose JAX_* variable is set starts from it.
             parsers: dict[str, Any] = {"jax_enable_compilation_cache": lambda v: v.lower() in ("y", "yes", "t", "true", "on", "1"),
                                        "jax_compilation_cache_dir": str, "jax_persistent_cache_min_compile_time_secs": float,
                                        "jax_persistent_cache_min_entry_size_bytes": int,
-                                       "jax_persistent_cache_enable_xla_caches": str}
+                                       "jax_persistent_cache_enable_xla_caches": str,
+                                       "jax_compilation_cache_max_size": int}
             for option, parse in parsers.items():
-                if option.upper() in os.environ:
+                if option.upper() in os.environ and hasattr(config, option):
                     setattr(config, option, parse(os.environ[option.upper()]))
-            with contextlib.redirect_stdout(err), contextlib.redirect_stderr(err), fresh_stderr(w_error):
-                _configure.configure(jax, os.environ)
-                values = {"dir": config.jax_compilation_cache_dir,
-                          "min_compile": config.jax_persistent_cache_min_compile_time_secs,
-                          "min_entry": config.jax_persistent_cache_min_entry_size_bytes,
-                          "xla_caches": config.jax_persistent_cache_enable_xla_caches,
-                          "enabled": config.jax_enable_compilation_cache}
-                for function, args, kwargs in reversed(hooks):  # the exit: last registered, first run
+            try:
+                with contextlib.redirect_stdout(err), contextlib.redirect_stderr(err), fresh_stderr(w_error):
+                    _configure.configure(jax, os.environ)
+                    ran.values = {"dir": config.jax_compilation_cache_dir,
+                                  "min_compile": config.jax_persistent_cache_min_compile_time_secs,
+                                  "min_entry": config.jax_persistent_cache_min_entry_size_bytes,
+                                  "xla_caches": config.jax_persistent_cache_enable_xla_caches,
+                                  "enabled": config.jax_enable_compilation_cache}
+                    before = ran.before = set(threading.enumerate())
                     try:
-                        function(*args, **kwargs)
-                    except Exception as exc:  # as the interpreter says it, and goes on
-                        print(f"Exception ignored in atexit callback {function!r}: {exc!r}", file=sys.stderr)
-        return values, err.getvalue()
+                        yield ran
+                    finally:
+                        for function, args, kwargs in reversed(hooks):  # the exit: last registered, first run
+                            try:
+                                function(*args, **kwargs)
+                            except Exception as exc:  # as the interpreter says it, and goes on
+                                print(f"Exception ignored in atexit callback {function!r}: {exc!r}", file=sys.stderr)
+                        printed.append(err.getvalue())
+                        _gone(before)
+            finally:
+                ran.stderr = printed[0] if printed else err.getvalue()
+
+
+def _gone(before: set[threading.Thread]) -> None:
+    """A process's exit, past its hooks: its threads end with it. Here they would go on in the pytest
+    process, an upload in flight warning into a later test: its shared level is turned off (what it
+    says then is not the process's: it is gone), so that nothing more is asked of it, and the
+    threads it started (the upload worker, prefetch workers, bounded calls) get a few seconds to
+    end. One that waits for work it will never get (the upload worker) stays, idle."""
+    from gkx_autocache import _process
+
+    shared = getattr(getattr(_process.current, "levels", None), "shared", None)
+    channel = getattr(shared, "channel", None)
+    if channel is not None:
+        channel.turn_off("the process exited")
+    settle(before, 5)
+
+
+def settle(before: set[threading.Thread], timeout: float) -> bool:
+    """Wait until no thread started since ``before`` runs the package's code (``_busy``), at most
+    ``timeout`` seconds; whether they did."""
+    started = [t for t in threading.enumerate() if t not in before]
+    deadline = time.monotonic() + timeout
+    while any(_busy(t) for t in started):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _busy(thread: threading.Thread) -> bool:
+    """Whether ``thread`` runs the package's code, but for the upload worker waiting for its next
+    item (``Uploads._drain``); a library's own thread (fsspec's event loop) is not the process's."""
+    import gkx_autocache
+
+    package = os.path.dirname(gkx_autocache.__file__)
+    frame = sys._current_frames().get(thread.ident or 0) if thread.is_alive() else None
+    first = True
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(package):
+            return not (first and frame.f_code.co_name == "_drain")
+        if frame.f_code.co_filename != threading.__file__:
+            first = False
+        frame = frame.f_back
+    return False
+
+
+@dataclass
+class Ran:
+    """What ``InProcess.process`` yields: the stand-in ``jax`` (``jit``), the values ``_configure``
+    set in ``jax.config`` (as PROGRAM prints them), and once the block is left, the process's
+    stderr (its warnings as a fresh process prints them, and its `report` line)."""
+
+    jax: Any
+    values: dict[str, Any] = field(default_factory=dict)
+    stderr: str = ""
+    before: set[threading.Thread] = field(default_factory=set)  # the threads that were not the process's
+
+    def jit(self, name: str, variant: str = "", **more: Any) -> bool:
+        """One compile (``standin.StandInJax.jit``); whether the cache served it."""
+        return bool(self.jax.jit(name, variant, **more))
+
+    def settle(self, timeout: float = 120) -> None:
+        """Wait until the process's threads have done what they were given (its uploads and heals
+        sent, its prefetch landed or given up): each waits for more work, or has ended."""
+        assert settle(self.before, timeout), "the process's threads are still at work"
+
+    @property
+    def report(self) -> str:
+        """The process's `report` line (the last one)."""
+        return [ln for ln in self.stderr.splitlines() if ln.startswith("gkx-autocache: ")][-1]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import COUNTING, PROGRAM, Venv, autocache_warnings, run_program
+from conftest import InProcess, Ran, Venv, autocache_warnings
 from test_activation import VERSION_DIR
 
 FRAMEWORK = r"""
@@ -32,6 +32,28 @@ def step(x):
 
 print(float(step(jnp.ones((8, 8)))))
 """
+
+
+def framework(ran: Ran, directory: Path | str) -> str:
+    """A framework's own setting, after import jax, in a process here (``jax.config.update``): the
+    line that set it, as the package names it."""
+    import inspect
+
+    frame = inspect.currentframe()
+    assert frame is not None
+    line = frame.f_lineno + 1
+    ran.jax.config.update("jax_compilation_cache_dir", str(directory))
+    return f"{__file__}:{line}"
+
+
+def train(here: InProcess, env: dict[str, str], directory: Path | str) -> tuple[Ran, str]:
+    """FRAMEWORK as a process here: the framework's directory set after import jax, then its two
+    functions compiled; the process, and the line that set the directory."""
+    with here.process(env) as ran:
+        by = framework(ran, directory)
+        ran.jit("step")
+        ran.jit("loss")
+    return ran, by
 
 
 def _run(venv: Venv, folder: Path, env: dict[str, str]) -> str:
@@ -66,116 +88,109 @@ def test_a_directory_a_framework_sets_after_import_is_served_and_explained(venv:
     assert f"JAX's directory is {framework}, set by {line}" in status, status
 
 
-def test_a_framework_directory_others_can_write_is_left_unused_and_said(venv: Venv, tmp_path: Path) -> None:
+def test_a_framework_directory_others_can_write_is_left_unused_and_said(here: InProcess, tmp_path: Path) -> None:
     """Never trust a directory others can write (SPEC §8, amended 2026-12-06): JAX sets up no cache
     there (it reads and writes nothing), and one line says so, naming the framework's line."""
-    (tmp_path / "train.py").write_text(FRAMEWORK)
-    framework = tmp_path / "open"
-    framework.mkdir()
-    framework.chmod(0o777)
-    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "FRAMEWORK_DIR": str(framework)}
-    proc = venv.run(str(tmp_path / "train.py"), env=env, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    said = [w for w in autocache_warnings(proc.stderr) if "AutocacheWarning" in w]
-    assert len(said) == 1 and "set by train.py:10" in said[0] and "others can write" in said[0], proc.stderr
-    assert not any(framework.iterdir())
+    directory = tmp_path / "open"
+    directory.mkdir()
+    directory.chmod(0o777)
+    ran, by = train(here, {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours")}, directory)
+    said = [w for w in autocache_warnings(ran.stderr) if "AutocacheWarning" in w]
+    assert len(said) == 1 and f"set by {by}" in said[0] and "others can write" in said[0], ran.stderr
+    assert ran.jax.requests == 2 and ran.jax.hits == 0 and not any(directory.iterdir())
 
 
-def test_the_cap_applies_to_a_framework_directory_only_where_max_size_is_set(venv: Venv, tmp_path: Path) -> None:
+def test_the_cap_applies_to_a_framework_directory_only_where_max_size_is_set(here: InProcess, tmp_path: Path) -> None:
     """A framework's directory may be shared with tools that expect their entries to stay: the
     package prunes it only where the user set max_size (here, 1 byte)."""
-    (tmp_path / "train.py").write_text(FRAMEWORK)
     for cap, kept in ((None, True), ("1", False)):
-        framework = tmp_path / f"cache-{cap}"
-        env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "FRAMEWORK_DIR": str(framework),
-               **({"GKX_JAX_CACHE_MAX_SIZE": cap} if cap else {})}
-        assert venv.run(str(tmp_path / "train.py"), env=env, cwd=str(tmp_path)).returncode == 0
-        assert any(p.name.endswith("-cache") for p in framework.iterdir()) == kept, (cap, list(framework.iterdir()))
+        directory = tmp_path / f"cache-{cap}"
+        env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), **({"GKX_JAX_CACHE_MAX_SIZE": cap} if cap else {})}
+        train(here, env, directory)
+        assert (directory / ".gkx-autocache").is_dir()  # the store served it
+        assert any(p.name.endswith("-cache") for p in directory.iterdir()) == kept, (cap, list(directory.iterdir()))
 
 
-def test_a_framework_directory_through_a_link_of_roots_is_served_where_it_points(venv: Venv, tmp_path: Path) -> None:
+def test_a_framework_directory_through_a_link_of_roots_is_served_where_it_points(here: InProcess,
+                                                                                 tmp_path: Path) -> None:
     """An HPC home (`/home/u -> /gpfs/...`, a link of root's): the store writes where the link
     points. A review found every write refused (the store was handed JAX's spelling, and opens
     nothing through a link): nothing cached, nothing said."""
     import os
 
-    (tmp_path / "train.py").write_text(FRAMEWORK)
     (tmp_path / "gpfs" / "u").mkdir(parents=True)
-    (tmp_path / "home").symlink_to(tmp_path / "gpfs" / "u")
-    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "GKX_JAX_CACHE_REPORT": "1",
-           "FRAMEWORK_DIR": str(tmp_path / "home" / "cache")}
-    _run(venv, tmp_path, env)
-    assert re.match(r"gkx-autocache: [1-9]\d* hits, 0 misses", _run(venv, tmp_path, env))
+    (tmp_path / "hpc-home").symlink_to(tmp_path / "gpfs" / "u")  # ("home" is the process's own)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "GKX_JAX_CACHE_REPORT": "1"}
+    train(here, env, tmp_path / "hpc-home" / "cache")
+    assert re.match(r"gkx-autocache: [1-9]\d* hits, 0 misses", train(here, env, tmp_path / "hpc-home" / "cache")[0].report)
     assert any(p.name.endswith("-cache") for p in (tmp_path / "gpfs" / "u" / "cache").iterdir())
     # a link another user planted (in a sticky /tmp) would choose where the cache goes: refused, said
     planted = tmp_path / "planted"
     planted.symlink_to(tmp_path / "gpfs" / "u" / "elsewhere")
     os.lchown(planted, 1001, 1001)
-    proc = venv.run(str(tmp_path / "train.py"), env={**env, "FRAMEWORK_DIR": str(planted)}, cwd=str(tmp_path))
-    said = [w for w in autocache_warnings(proc.stderr) if "AutocacheWarning" in w]
-    assert proc.returncode == 0 and len(said) == 1 and "symlink of uid 1001" in said[0], proc.stderr
+    ran, _ = train(here, env, planted)
+    said = [w for w in autocache_warnings(ran.stderr) if "AutocacheWarning" in w]
+    assert len(said) == 1 and "symlink of uid 1001" in said[0], ran.stderr
     assert not (tmp_path / "gpfs" / "u" / "elsewhere" / ".gkx-autocache").exists()
 
 
-RELATIVE = FRAMEWORK.replace('setup(os.environ["FRAMEWORK_DIR"])', 'setup("rel-cache")') + r"""
-os.makedirs("elsewhere", mode=0o777, exist_ok=True)
-os.chmod("elsewhere", 0o777)  # a folder anyone can write: the relative name must not follow the process there
-os.chdir("elsewhere")
-print(float(jax.jit(lambda x: x * 7)(jnp.ones(3)).sum()))
-"""
-
-
-def test_a_relative_framework_directory_is_the_one_checked_whatever_the_current_directory(venv: Venv,
-                                                                                           tmp_path: Path) -> None:
+def test_a_relative_framework_directory_is_the_one_checked_whatever_the_current_directory(
+        here: InProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A relative setting, then `os.chdir`: the directory checked is the one served and recorded
     (a review found the store serving the relative name in the new current directory)."""
-    (tmp_path / "train.py").write_text(RELATIVE)
+    import os
+
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "GKX_JAX_CACHE_REPORT": "1"}
     for _ in range(2):
-        proc = venv.run(str(tmp_path / "train.py"), env=env, cwd=str(tmp_path))
-        assert proc.returncode == 0, proc.stderr
+        monkeypatch.chdir(tmp_path)
+        with here.process(env) as ran:
+            by = framework(ran, "rel-cache")
+            ran.jit("step")
+            os.makedirs("elsewhere", mode=0o777, exist_ok=True)
+            os.chmod("elsewhere", 0o777)  # a folder anyone can write: the relative name must not follow the process there
+            os.chdir("elsewhere")
+            ran.jit("_lambda")
     assert any(p.name.startswith("jit__lambda") for p in (tmp_path / "rel-cache").iterdir())
     assert not (tmp_path / "elsewhere" / "rel-cache").exists()
-    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("gkx-autocache:")]
-    assert re.match(r"gkx-autocache: [1-9]\d* hits, 0 misses", line) and line.endswith("(set by train.py:10)"), line
+    assert re.match(r"gkx-autocache: [1-9]\d* hits, 0 misses", ran.report) and ran.report.endswith(f"(set by {by})"), ran.report
 
 
-def test_a_framework_directory_that_existed_keeps_its_bookkeeping_folded_and_its_cap(venv: Venv, tmp_path: Path) -> None:
+def test_a_framework_directory_that_existed_keeps_its_bookkeeping_folded_and_its_cap(here: InProcess,
+                                                                                    tmp_path: Path) -> None:
     """A directory that existed gets no tag of its own (it would hide it from backups), but the
     bookkeeping folder the package makes in it does: ledgers are folded and an explicit cap is kept
     (a review found every ledger kept for good, and max_size never applied there)."""
     import os
 
-    (tmp_path / "train.py").write_text(FRAMEWORK)
-    framework = tmp_path / "existing"
-    framework.mkdir(mode=0o700)
+    directory = tmp_path / "existing"
+    directory.mkdir(mode=0o700)
     # What a folder named by mistake (`.`, a project's, one shared with another tool) holds: none of it
     # the package's, all of it named like a cache's at a glance (issue 57's M: each of these was removed).
     theirs = {".notes.tmp": b"a draft", ".jit_f.tmp": b"another tool's", "weights-" + "ab" * 32 + "-weights": b"w",
               "model-" + "cd" * 32 + "-cache": b"not an executable", "model-" + "cd" * 32 + "-config": b"{}"}
     ours = ".jit_g-" + "ef" * 32 + "-cache.4242.1.tmp"  # a writer of the package's, killed mid-write
     for name, data in {**theirs, ours: b"half"}.items():
-        (framework / name).write_bytes(data)
-        os.utime(framework / name, (time.time() - 7200, time.time() - 7200))
-    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "FRAMEWORK_DIR": str(framework)}
+        (directory / name).write_bytes(data)
+        os.utime(directory / name, (time.time() - 7200, time.time() - 7200))
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours")}
     for _ in range(3):
-        assert venv.run(str(tmp_path / "train.py"), env=env, cwd=str(tmp_path)).returncode == 0
-    assert not (framework / "CACHEDIR.TAG").exists() and (framework / ".gkx-autocache" / "CACHEDIR.TAG").exists()
-    assert len(list((framework / ".gkx-autocache" / "ledger").iterdir())) == 0
-    assert all((framework / name).exists() for name in theirs) and (framework / ours).exists()  # no cap: no sweep
-    assert venv.run(str(tmp_path / "train.py"), env={**env, "GKX_JAX_CACHE_MAX_SIZE": "1"},
-                    cwd=str(tmp_path)).returncode == 0
-    assert not any(p.name.startswith("jit_") and p.name.endswith("-cache") for p in framework.iterdir())
-    assert all((framework / name).read_bytes() == data for name, data in theirs.items())
-    assert not (framework / ours).exists()  # its own temporary, by its own name pattern, under a cap
+        train(here, env, directory)
+    assert not (directory / "CACHEDIR.TAG").exists() and (directory / ".gkx-autocache" / "CACHEDIR.TAG").exists()
+    assert len(list((directory / ".gkx-autocache" / "ledger").iterdir())) == 0
+    assert all((directory / name).exists() for name in theirs) and (directory / ours).exists()  # no cap: no sweep
+    assert any(p.name.startswith("jit_") and p.name.endswith("-cache") for p in directory.iterdir())
+    train(here, {**env, "GKX_JAX_CACHE_MAX_SIZE": "1"}, directory)
+    assert not any(p.name.startswith("jit_") and p.name.endswith("-cache") for p in directory.iterdir())
+    assert all((directory / name).read_bytes() == data for name, data in theirs.items())
+    assert not (directory / ours).exists()  # its own temporary, by its own name pattern, under a cap
 
 
-def test_a_pointer_to_a_directory_others_can_write_is_not_followed(venv: Venv, tmp_path: Path) -> None:
+def test_a_pointer_to_a_directory_others_can_write_is_not_followed(here: InProcess, tmp_path: Path) -> None:
     """`moved.json` names a directory `explain` reads and `status` shows: one others can write is
     never followed, and who moved it is shown printable."""
     ours = tmp_path / "ours"
     env = {"GKX_JAX_CACHE_DIR": str(ours)}
-    assert venv.run("-c", "import jax", env=env).returncode == 0
+    here.run_program(env, names=())  # `import jax`, nothing more
     meta = next(ours.glob("jax-*")) / ".gkx-autocache"
     meta.mkdir(exist_ok=True)
     for mode, followed in ((0o777, False), (0o700, True)):
@@ -183,40 +198,20 @@ def test_a_pointer_to_a_directory_others_can_write_is_not_followed(venv: Venv, t
         target.mkdir()
         target.chmod(mode)
         (meta / "moved.json").write_text(json.dumps({"dir": str(target), "by": "x\n  FAKE \x1b[31m", "t": time.time()}))
-        status = venv.cli("status", env=env).stdout
+        status = here.cli("status", env=env).stdout
         assert (f"JAX's directory is {target}" in status) == followed, status
         assert "\x1b" not in status and "\n  FAKE" not in status, status
 
 
-# Two functions of one signature: an attacker who swaps their entries in a directory JAX reads
-# swaps the victim's results (issue 57: what a planted entry does, without any code of his own).
-SWAPPABLE = r"""
-import json, os
-import jax, jax.numpy as jnp
-""" + COUNTING + r"""
-if os.environ.get("HOW") == "config.update":
-    jax.config.update("jax_compilation_cache_dir", os.environ["PLANTED"])
-
-@jax.jit
-def f(x):
-    return x + 1.0
-
-@jax.jit
-def g(x):
-    return x * 10.0
-
-x = jnp.ones(4)
-print(json.dumps({**counts, "f": float(f(x).sum()), "g": float(g(x).sum())}))
-"""
-
-
-def _plant(venv: Venv, planted: Path, owner: int, mode: int) -> None:
+def _plant(here: InProcess, planted: Path, owner: int, mode: int) -> None:
     """Fill ``planted`` as its owner would (the same machine: the same keys), then swap the two
-    functions' entries and hand it to ``owner`` with ``mode``."""
+    functions' entries and hand it to ``owner`` with ``mode``: an attacker who swaps two entries
+    of one signature in a directory JAX reads swaps the victim's results (issue 57: what a planted
+    entry does, without any code of his own)."""
     import os
 
-    out, _ = run_program(venv, env={"JAX_COMPILATION_CACHE_DIR": str(planted), "HOW": "env"}, program=SWAPPABLE)
-    assert (out["f"], out["g"]) == (8.0, 40.0)
+    out, _ = here.run_program({"JAX_COMPILATION_CACHE_DIR": str(planted)}, ("f", "g"))
+    assert out["requests"] == 2 and out["hits"] == 0
     (f_entry,) = planted.glob("jit_f-*-cache")
     (g_entry,) = planted.glob("jit_g-*-cache")
     f_bytes = f_entry.read_bytes()
@@ -229,59 +224,67 @@ def _plant(venv: Venv, planted: Path, owner: int, mode: int) -> None:
 
 @pytest.mark.parametrize("how", ["config.update", "env"])
 @pytest.mark.parametrize("who", ["another owner", "others can write"])
-def test_a_directory_jax_is_given_that_the_trust_rules_refuse_is_read_by_no_one(venv: Venv, tmp_path: Path,
+def test_a_directory_jax_is_given_that_the_trust_rules_refuse_is_read_by_no_one(here: InProcess, tmp_path: Path,
                                                                                 how: str, who: str) -> None:
     """Another user's directory (the tutorials' /tmp/jax_cache, made first by someone else), or one
     others can write, given to JAX after import or in JAX_COMPILATION_CACHE_DIR: no entry of it is
     loaded, under -W error too, and one line says so with a fix the user can make (SPEC §5/§8,
     amended 2026-12-06). Until then JAX's stock cache read it, and the victim's results came out
     swapped. `read_untrusted_dir` is the opt-in to JAX's unchecked reads there, and does what it says."""
+    from standin import executable
+
     planted = tmp_path / "jax_cache"
     owner, mode = (1002, 0o755) if who == "another owner" else (0, 0o777)
-    _plant(venv, planted, owner, mode)
-    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "HOW": how, "PLANTED": str(planted)}
+    _plant(here, planted, owner, mode)
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours")}
     if how == "env":
         env["JAX_COMPILATION_CACHE_DIR"] = str(planted)
-    out, err = run_program(venv, "-W", "error", env=env, program=SWAPPABLE)
-    assert (out["f"], out["g"]) == (8.0, 40.0) and out["hits"] == 0, (out, err)
-    said = autocache_warnings(err)
-    assert len(said) == 1, err
+
+    def victim(extra: dict[str, str]) -> Ran:
+        with here.process({**env, **extra}, w_error=True) as ran:
+            if how == "config.update":
+                framework(ran, planted)
+            ran.jit("f")
+            ran.jit("g")
+        return ran
+
+    ran = victim({})
+    assert ran.jax.served[ran.jax.key("f")] == executable("f") and ran.jax.hits == 0, ran.stderr
+    said = autocache_warnings(ran.stderr)
+    assert len(said) == 1, ran.stderr
     assert str(planted) in said[0] and "reads no entry" in said[0] and "chmod" not in said[0], said
     assert "read_untrusted_dir" in said[0] and "a directory of your own" in said[0], said
     # The opt-in, named for what it does: JAX's own cache reads it, unchecked (and is fooled).
-    out, err = run_program(venv, env={**env, "GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"}, program=SWAPPABLE)
-    assert out["hits"] == 2 and (out["f"], out["g"]) == (40.0, 8.0), (out, err)
-    assert any("unchecked" in line for line in autocache_warnings(err)), err
+    ran = victim({"GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"})
+    assert ran.jax.hits == 2 and ran.jax.served[ran.jax.key("f")] == executable("g"), ran.stderr
+    assert any("unchecked" in line for line in autocache_warnings(ran.stderr)), ran.stderr
 
 
 # -- JAX's own cap, where JAX's LRU cache cannot keep it (issue 67) --------------------------------------
 
-NO_FILELOCK = "import sys\nsys.modules['filelock'] = None  # (filelock is not installed: JAX's LRU cache cannot be built)\n"
-
-
-def test_jaxs_own_cap_without_filelock_is_kept_by_the_store(venv: Venv, tmp_path: Path) -> None:
+def test_jaxs_own_cap_without_filelock_is_kept_by_the_store(here: InProcess, tmp_path: Path) -> None:
     """JAX's guide documents jax_compilation_cache_max_size; its LRU cache needs filelock, and without
     it every lookup raised inside JAX (a UserWarning each: an error under -W error) and nothing was
     cached, while `status` said "JAX's own LRU cache serves". The store serves now, with that size as
-    its cap, and `status` says so; at 0 (JAX caches nothing) nothing is cached, and that is said."""
+    its cap, and `status` says so; at 0 (JAX caches nothing) nothing is cached, and that is said.
+    (A process here has no LRU cache of JAX's: as one without filelock.)"""
     cache = tmp_path / "c"
     env = {"GKX_JAX_CACHE_DIR": str(cache), "JAX_COMPILATION_CACHE_MAX_SIZE": str(1 << 30)}
-    cold, err = run_program(venv, "-W", "error", env=env, program=NO_FILELOCK + PROGRAM)
-    warm, err = run_program(venv, "-W", "error", env=env, program=NO_FILELOCK + PROGRAM)
+    cold, err = here.run_program(env, w_error=True, size=12_000)
+    warm, err = here.run_program(env, w_error=True, size=12_000)
     assert warm["hits"] == warm["requests"] == cold["requests"] > 0 and autocache_warnings(err) == [], (warm, err)
-    status = json.loads(venv.cli("--json", "status", env=env).stdout)
+    status = json.loads(here.cli("--json", "status", env=env).stdout)
     assert status["store"]["store"] == "gkx-autocache" and "jax_compilation_cache_max_size" in status["store"]["reason"]
     assert "filelock" in status["store"]["reason"], status["store"]
     before = len(list((cache / VERSION_DIR).glob("*-cache")))
     small = {**env, "JAX_COMPILATION_CACHE_MAX_SIZE": "20000"}  # smaller than the directory: kept at exit
-    run_program(venv, env=small, program=NO_FILELOCK + PROGRAM.replace("* 3.0", "* 4.0"))
+    here.run_program(small, ("f:changed", "g"), size=12_000)
     left = list((cache / VERSION_DIR).glob("*-cache"))
     assert len(left) < before and sum(p.stat().st_size for p in left) <= 20000, (before, left)
     none = {**env, "JAX_COMPILATION_CACHE_MAX_SIZE": "0"}
-    proc = venv.run("-W", "error", "-c", NO_FILELOCK + PROGRAM, env=none)
-    assert proc.returncode == 0, proc.stderr
-    said = autocache_warnings(proc.stderr)
+    out, err = here.run_program(none, w_error=True)
+    said = autocache_warnings(err)
     assert len(said) == 1 and "nothing is cached" in said[0] and "jax_compilation_cache_max_size is 0" in said[0], said
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["hits"] == 0
-    status = json.loads(venv.cli("--json", "status", env=none).stdout)
+    assert out["hits"] == 0
+    status = json.loads(here.cli("--json", "status", env=none).stdout)
     assert status["store"]["store"] == "none" and "nothing is cached" in status["store"]["reason"], status["store"]

@@ -11,56 +11,42 @@ import os
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import COUNTING, Venv, autocache_warnings, run_program
-from test_adopted import SWAPPABLE, _plant
+from conftest import COUNTING, InProcess, Ran, Venv, autocache_warnings, run_program
+from test_adopted import framework
 
 # The victim: the JAX guide's thresholds (every compile written), a cache directory given after
 # import, a first compile (JAX sets its cache up there, where the package checks it), then more
-# compiles after something changed what the name JAX holds leads to (THEN).
-VICTIM = r"""
-import json, os
-import jax, jax.numpy as jnp
-""" + COUNTING + r"""
-os.chdir(os.environ["FIRST_CWD"])
-jax.config.update("jax_compilation_cache_dir", os.environ["GIVEN"])
-
-@jax.jit
-def warm_up(x):
-    return x - 3.0
-
-warm_up(jnp.ones(4)).block_until_ready()  # JAX's cache is set up here, in the directory checked
-then = os.environ.get("THEN")
-if then == "chdir":  # the program moves on (a run folder, the temporary directory)
-    os.chdir(os.environ["LATER_CWD"])
-elif then == "repoint":  # what the other user, who owns the link on the way, does after the check
-    hop = os.environ["HOP"]
-    os.remove(hop)
-    os.symlink(os.environ["PLANTED"], hop)
-    os.lchown(hop, 1002, 1002)
-elif then == "chown":  # the directory is given to another user (an admin's chown), who renames what is in it
-    import glob
-    folder = os.path.abspath(os.environ["GIVEN"])
-    os.chown(folder, 1002, 1002)
-    (f_entry,), (g_entry,) = glob.glob(f"{folder}/jit_f-*-cache"), glob.glob(f"{folder}/jit_g-*-cache")
-    os.rename(f_entry, f"{folder}/swap")
-    os.rename(g_entry, f_entry)
-    os.rename(f"{folder}/swap", g_entry)
-
-@jax.jit
-def f(x):
-    return x + 1.0
-
-@jax.jit
-def g(x):
-    return x * 10.0
-
-x = jnp.ones(4)
-results = {"f": float(f(x).sum()), "g": float(g(x).sum())}  # before the counts are read
-print(json.dumps({**counts, **results}))
-"""
+# compiles after something changed what the name JAX holds leads to (``then``).
 THRESHOLDS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+
+
+def victim(here: InProcess, env: dict[str, str], given: str, first_cwd: Path, then: Any = None,
+           w_error: bool = False) -> Ran:
+    """The victim as a process here: a directory given after import (from ``first_cwd``), a first
+    compile (JAX sets its cache up there, where the package checks it), ``then()``, then f and g."""
+    os.chdir(first_cwd)  # (the test's monkeypatch.chdir puts the current directory back)
+    with here.process(env, w_error=w_error) as ran:
+        framework(ran, given)
+        ran.jit("warm_up")
+        if then is not None:
+            then()
+        ran.jit("f")
+        ran.jit("g")
+    return ran
+
+
+def results(ran: Ran) -> tuple[bytes, bytes]:
+    """The executables the victim's f and g ran."""
+    return ran.jax.served[ran.jax.key("f")], ran.jax.served[ran.jax.key("g")]
+
+
+def right() -> tuple[bytes, bytes]:
+    from standin import executable
+
+    return executable("f"), executable("g")
 
 
 def _swap_and_give(planted: Path, owner: int) -> None:
@@ -77,7 +63,8 @@ def _swap_and_give(planted: Path, owner: int) -> None:
 
 
 @pytest.mark.parametrize("then", ["chdir", "repoint", "chown"])
-def test_a_directory_checked_for_jaxs_stock_cache_is_the_one_it_reads(venv: Venv, tmp_path: Path, then: str) -> None:
+def test_a_directory_checked_for_jaxs_stock_cache_is_the_one_it_reads(here: InProcess, tmp_path: Path, then: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The package checks a directory JAX is given when JAX sets its cache up there (issue 57's
     critical): also where JAX's stock cache serves it, which reads each entry by the name it was
     given. Another user who planted a swapped pair where that name leads later (a `jax_cache` in
@@ -86,23 +73,35 @@ def test_a_directory_checked_for_jaxs_stock_cache_is_the_one_it_reads(venv: Venv
     results. The package's own directory here is another user's: it runs uncached, and only the
     guard stands between JAX and the planted entries (the user's jax_compilation_cache_max_size
     does the same with filelock installed, which the test extra lacks)."""
-    victim = tmp_path / "victim"
-    victim.mkdir(mode=0o700)
+    import glob
+
+    monkeypatch.chdir(tmp_path)
+    me = tmp_path / "victim"
+    me.mkdir(mode=0o700)
     elsewhere = tmp_path / "elsewhere"  # where the other user waits (the temporary directory, a shared folder)
     elsewhere.mkdir(mode=0o755)
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     os.chown(theirs, 1002, 1002)
-    env = {**THRESHOLDS, "GKX_JAX_CACHE_DIR": str(theirs), "THEN": then}
+    env = {**THRESHOLDS, "GKX_JAX_CACHE_DIR": str(theirs)}
     if then == "chdir":
-        env.update(GIVEN="jax_cache", FIRST_CWD=str(victim), LATER_CWD=str(elsewhere))
-        planted = elsewhere / "jax_cache"
-        # The other user fills it as the victim's program would (the same name: the same keys).
-        run_program(venv, env={**env, "FIRST_CWD": str(elsewhere), "THEN": ""}, program=VICTIM)
+        given, planted = "jax_cache", elsewhere / "jax_cache"
+        victim(here, env, given, elsewhere)  # the other user fills it as the victim's program would: the same keys
+
+        def later() -> None:  # the program moves on (a run folder, the temporary directory)
+            os.chdir(elsewhere)
     elif then == "chown":
-        planted = victim / "jax_cache"
-        env.update(GIVEN=str(planted), FIRST_CWD=str(victim))
-        run_program(venv, env={**env, "THEN": ""}, program=VICTIM)  # the victim's own entries, as they were
+        planted = me / "jax_cache"
+        given = str(planted)
+        victim(here, env, given, me)  # the victim's own entries, as they were
+
+        def later() -> None:  # the directory is given to another user (an admin's chown), who renames what is in it
+            folder = str(planted)
+            os.chown(folder, 1002, 1002)
+            (f_entry,), (g_entry,) = glob.glob(f"{folder}/jit_f-*-cache"), glob.glob(f"{folder}/jit_g-*-cache")
+            os.rename(f_entry, f"{folder}/swap")
+            os.rename(g_entry, f_entry)
+            os.rename(f"{folder}/swap", g_entry)
     else:
         sticky = tmp_path / "tmp"
         sticky.mkdir()
@@ -110,72 +109,69 @@ def test_a_directory_checked_for_jaxs_stock_cache_is_the_one_it_reads(venv: Venv
         hop, planted = sticky / "cache", elsewhere / "jax_cache"
         mine = tmp_path / "mine"  # the victim's own link to a name in the temporary directory
         mine.symlink_to(hop)
-        env.update(GIVEN=str(mine), FIRST_CWD=str(victim), HOP=str(hop), PLANTED=str(planted))
+        given = str(mine)
         hop.symlink_to(planted)
-        run_program(venv, env={**env, "THEN": ""}, program=VICTIM)
+        victim(here, env, given, me)
         hop.unlink()
-        hop.symlink_to(victim)  # at the check: the link leads to the victim's own folder
+        hop.symlink_to(me)  # at the check: the link leads to the victim's own folder
+
+        def later() -> None:  # what the other user, who owns the link on the way, does after the check
+            os.remove(hop)
+            os.symlink(planted, hop)
+            os.lchown(hop, 1002, 1002)
+
         os.lchown(hop, 1002, 1002)
     if then != "chown":
         _swap_and_give(planted, 1002)
-    out, err = run_program(venv, "-W", "error", env=env, program=VICTIM)
-    assert (out["f"], out["g"]) == (8.0, 40.0), (out, err)
+    ran = victim(here, env, given, me, later, w_error=True)
+    assert ran.jax.requests == 3 and results(ran) == right(), ran.stderr
 
 
-def test_the_report_line_of_a_run_given_a_refused_directory_says_it_was_uncached(venv: Venv, tmp_path: Path) -> None:
+def test_the_report_line_of_a_run_given_a_refused_directory_says_it_was_uncached(here: InProcess, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The run's line tells the truth: JAX had no cache in the refused directory, so nothing was
     looked up or missed there; the line says the run was uncached, as it does where the refused
     directory came from JAX_COMPILATION_CACHE_DIR."""
+    monkeypatch.chdir(tmp_path)
     refused = tmp_path / "jax_cache"
     refused.mkdir()
     os.chown(refused, 1002, 1002)
-    env = {**THRESHOLDS, "GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "GKX_JAX_CACHE_REPORT": "1", "THEN": "",
-           "GIVEN": str(refused), "FIRST_CWD": str(tmp_path)}
-    out, err = run_program(venv, env=env, program=VICTIM)
-    assert out["hits"] == 0
-    (line,) = [ln for ln in err.splitlines() if ln.startswith("gkx-autocache:") and str(refused) in ln
+    env = {**THRESHOLDS, "GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "GKX_JAX_CACHE_REPORT": "1"}
+    ran = victim(here, env, str(refused), tmp_path)
+    assert ran.jax.hits == 0 and ran.jax.requests == 3 and not any(refused.iterdir())
+    (line,) = [ln for ln in ran.stderr.splitlines() if ln.startswith("gkx-autocache:") and str(refused) in ln
                and "AutocacheWarning" not in ln and "refused, it is" not in ln]
     assert "uncached" in line and " misses" not in line, line
 
 
-FRAMEWORK = r"""
-import os
-import jax, jax.numpy as jnp
-jax.config.update("jax_compilation_cache_dir", os.environ["FRAMEWORK_DIR"])  # a framework's setting, after import
-
-@jax.jit
-def step(x):
-    return jnp.tanh(x @ x.T).sum()
-
-print(float(step(jnp.ones((8, 8)))))
-"""
 HEX = "ab" * 32
 
 
 @pytest.mark.parametrize("theirs", ["a note named -atime", "another user's zlib file named -cache"])
-def test_a_directory_the_package_did_not_make_keeps_what_it_cannot_have_written(venv: Venv, tmp_path: Path,
+def test_a_directory_the_package_did_not_make_keeps_what_it_cannot_have_written(here: InProcess, tmp_path: Path,
                                                                                theirs: str) -> None:
     """SPEC §7 (amended 2026-12-06): in a directory the package did not make it removes only what it
     can show it wrote. A unit with no entry is no proof (another tool's `-atime`), and neither is a
     compressed frame in a file another user owns (the package writes as this user; a framework's
     folder is not a team cache)."""
-    framework = tmp_path / "existing"
-    framework.mkdir(mode=0o700)
+    from test_adopted import train
+
+    directory = tmp_path / "existing"
+    directory.mkdir(mode=0o700)
     if theirs == "a note named -atime":
         name, data = f"notes-{HEX}-atime", b"another tool's access times"
     else:
         name, data = f"model-{HEX}-cache", zlib.compress(b"weights another user put here, compressed")
-    (framework / name).write_bytes(data)
+    (directory / name).write_bytes(data)
     if theirs != "a note named -atime":
-        os.chown(framework / name, 1002, 1002)
-    os.utime(framework / name, (time.time() - 7200, time.time() - 7200))  # the least recently used of all
-    (tmp_path / "train.py").write_text(FRAMEWORK)
-    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "FRAMEWORK_DIR": str(framework)}
-    assert venv.run(str(tmp_path / "train.py"), env=env, cwd=str(tmp_path)).returncode == 0
-    proc = venv.run(str(tmp_path / "train.py"), env={**env, "GKX_JAX_CACHE_MAX_SIZE": "1"}, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    assert not any(p.name.startswith("jit_") and p.name.endswith("-cache") for p in framework.iterdir())  # the cap ran
-    assert (framework / name).read_bytes() == data
+        os.chown(directory / name, 1002, 1002)
+    os.utime(directory / name, (time.time() - 7200, time.time() - 7200))  # the least recently used of all
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours")}
+    train(here, env, directory)
+    assert any(p.name.startswith("jit_") and p.name.endswith("-cache") for p in directory.iterdir())
+    train(here, {**env, "GKX_JAX_CACHE_MAX_SIZE": "1"}, directory)
+    assert not any(p.name.startswith("jit_") and p.name.endswith("-cache") for p in directory.iterdir())  # the cap ran
+    assert (directory / name).read_bytes() == data
 
 
 def test_verify_repair_in_a_directory_the_package_did_not_make_removes_only_its_own(tmp_path: Path) -> None:
@@ -196,11 +192,13 @@ def test_verify_repair_in_a_directory_the_package_did_not_make_removes_only_its_
     assert doomed == {f"jit_f-{'cd' * 32}-cache"}, doomed
 
 
-def test_another_users_link_reached_through_one_of_yours_is_refused_like_one_named_directly(venv: Venv,
+def test_another_users_link_reached_through_one_of_yours_is_refused_like_one_named_directly(here: InProcess,
                                                                                           tmp_path: Path) -> None:
     """A link of the user's own (`~/.jaxcache -> /tmp/cache`) to a name in a sticky folder that
     another user made first, as a link to a folder of the user's: the same link named directly is
     refused ("a symlink of uid 1002's"); reached through the user's own link it must be too."""
+    from test_adopted import train
+
     sticky = tmp_path / "tmp"
     sticky.mkdir()
     sticky.chmod(0o1777)
@@ -210,12 +208,10 @@ def test_another_users_link_reached_through_one_of_yours_is_refused_like_one_nam
     os.lchown(sticky / "cache", 1002, 1002)
     mine = tmp_path / "jaxcache"
     mine.symlink_to(sticky / "cache")
-    (tmp_path / "train.py").write_text(FRAMEWORK)
-    proc = venv.run(str(tmp_path / "train.py"), env={"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"),
-                                                     "FRAMEWORK_DIR": str(mine)}, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    said = [w for w in autocache_warnings(proc.stderr) if "AutocacheWarning" in w]
-    assert len(said) == 1 and "symlink of uid 1002" in said[0], proc.stderr
+    for given in (sticky / "cache", mine):
+        ran, _ = train(here, {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours")}, given)
+        said = [w for w in autocache_warnings(ran.stderr) if "AutocacheWarning" in w]
+        assert len(said) == 1 and "symlink of uid 1002" in said[0], (given, ran.stderr)
     assert not any(yours.iterdir())
 
 
@@ -292,6 +288,45 @@ def test_xlas_own_caches_read_nothing_of_a_refused_directory(venv: Venv, tmp_pat
     assert [p for p in json.loads(allowed.stdout.strip().splitlines()[-1]) if p.startswith(str(tmp_path / "mine"))]
 
 
+# Two functions of one signature: an attacker who swaps their entries in a directory JAX reads
+# swaps the victim's results (issue 57: what a planted entry does, without any code of his own).
+SWAPPABLE = r"""
+import json, os
+import jax, jax.numpy as jnp
+""" + COUNTING + r"""
+if os.environ.get("HOW") == "config.update":
+    jax.config.update("jax_compilation_cache_dir", os.environ["PLANTED"])
+
+@jax.jit
+def f(x):
+    return x + 1.0
+
+@jax.jit
+def g(x):
+    return x * 10.0
+
+x = jnp.ones(4)
+print(json.dumps({**counts, "f": float(f(x).sum()), "g": float(g(x).sum())}))
+"""
+
+
+def _plant_for(venv: Venv, planted: Path, owner: int, mode: int) -> None:
+    """Fill ``planted`` as its owner would (the same machine: the same keys), then swap the two
+    functions' entries and hand it to ``owner`` with ``mode``."""
+    import os
+
+    out, _ = run_program(venv, env={"JAX_COMPILATION_CACHE_DIR": str(planted), "HOW": "env"}, program=SWAPPABLE)
+    assert (out["f"], out["g"]) == (8.0, 40.0)
+    (f_entry,) = planted.glob("jit_f-*-cache")
+    (g_entry,) = planted.glob("jit_g-*-cache")
+    f_bytes = f_entry.read_bytes()
+    f_entry.write_bytes(g_entry.read_bytes())
+    g_entry.write_bytes(f_bytes)
+    for path in [planted, *planted.rglob("*")]:
+        os.lchown(path, owner, owner)
+        path.chmod(mode if path == planted or path.is_dir() else 0o644)
+
+
 # -- the attacks that held: each fails where it works (they did on 1531a79) ------------------------------
 
 FORKED = r"""
@@ -316,7 +351,7 @@ def test_a_refused_directory_stays_unread_in_a_fork_and_where_the_store_does_not
     configured JAX (it inherits the seams), and the user's own jax_compilation_cache_max_size (the
     store does not serve: the guard on JAX's get_file_cache alone judges), under -W error."""
     planted = tmp_path / "jax_cache"
-    _plant(venv, planted, 1002, 0o755)
+    _plant_for(venv, planted, 1002, 0o755)
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "ours"), "PLANTED": str(planted), "HOW": "config.update",
            "SWAPPABLE": SWAPPABLE}
     program = SWAPPABLE
@@ -332,21 +367,21 @@ def test_a_refused_directory_stays_unread_in_a_fork_and_where_the_store_does_not
     assert len(said) == 1 and "reads no entry" in said[0], err
 
 
-def test_a_refused_directory_stays_unread_where_the_package_has_no_directory_of_its_own(venv: Venv,
-                                                                                       tmp_path: Path) -> None:
+def test_a_refused_directory_stays_unread_where_the_package_has_no_directory_of_its_own(
+        here: InProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The package's own directory unusable (another user's `dir`: the run is uncached) and a refused
     directory given after import: JAX's stock cache would serve it; the guard on get_file_cache
     alone keeps it unread, under -W error. The opt-in shows the plant works (results swapped)."""
+    monkeypatch.chdir(tmp_path)
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     os.chown(theirs, 1002, 1002)
     planted = tmp_path / "jax_cache"
-    env = {**THRESHOLDS, "GKX_JAX_CACHE_DIR": str(theirs), "GIVEN": str(planted), "FIRST_CWD": str(tmp_path),
-           "THEN": ""}
-    run_program(venv, env=env, program=VICTIM)  # filled as the victim's setup fills it: the same keys
+    env = {**THRESHOLDS, "GKX_JAX_CACHE_DIR": str(theirs)}
+    victim(here, env, str(planted), tmp_path)  # filled as the victim's setup fills it: the same keys
     _swap_and_give(planted, 1002)
-    out, err = run_program(venv, "-W", "error", env=env, program=VICTIM)
-    assert (out["f"], out["g"]) == (8.0, 40.0), (out, err)
-    assert any("reads no entry" in line for line in autocache_warnings(err)), err
-    out, err = run_program(venv, env={**env, "GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"}, program=VICTIM)
-    assert (out["f"], out["g"]) == (40.0, 8.0), (out, err)
+    ran = victim(here, env, str(planted), tmp_path, w_error=True)
+    assert results(ran) == right() and ran.jax.hits == 0, ran.stderr
+    assert any("reads no entry" in line for line in autocache_warnings(ran.stderr)), ran.stderr
+    ran = victim(here, {**env, "GKX_JAX_CACHE_READ_UNTRUSTED_DIR": "1"}, str(planted), tmp_path)
+    assert results(ran) == right()[::-1] and ran.jax.hits == 3, ran.stderr

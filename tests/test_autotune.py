@@ -13,9 +13,10 @@ import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import S3, Venv, run_program
+from conftest import S3, InProcess
 from test_activation import VERSION_DIR
 from test_levels import levels_env
 from webdav import Nginx
@@ -27,32 +28,30 @@ ON = {"GKX_JAX_CACHE_XLA_CACHES": FOLDER}  # as JAX's default is where a GPU plu
 
 # The writer's XLA tunes three fusions while it compiles; a reader compiles one function the writer
 # never did (a miss all the way down), and lists the folder right after: XLA would have read it then.
-PROGRAM = r"""
-import base64, hashlib, json, os
-import jax, jax.numpy as jnp
-folder = os.path.join(jax.config.jax_compilation_cache_dir, "xla_gpu_per_fusion_autotune_cache_dir")
-
-@jax.jit
-def f(x):
-    return jnp.tanh(x @ x.T).sum()
-result = float(f(jnp.ones((8, 8))))
-if os.environ["ROLE"] == "writer":
-    os.makedirs(os.path.join(folder, "tmp"), exist_ok=True)
-    for i in range(3):
-        key = f"CUDA: 9.0, Cores: 132|fusion.{i}|3"
-        name = base64.urlsafe_b64encode(hashlib.sha256(key.encode()).digest()).decode().rstrip("=") + ".textproto"
-        tmp = os.path.join(folder, "tmp", "tmp_per_fusion_cache_" + name)
-        with open(tmp, "w") as out:
-            out.write(f"scratch_bytes: 0\nrun_time {{\n  nanos: {20480 + i}\n}}\ntriton {{\n  block_m: 64\n  num_warps: 4\n}}\n")
-        os.rename(tmp, os.path.join(folder, name))
-else:
-    jax.jit(lambda x: jnp.cos(x) * 7)(jnp.ones(5)).block_until_ready()
-def read(name):
-    with open(os.path.join(folder, name), "rb") as f:
-        return f.read().hex()
-seen = {n: read(n) for n in sorted(os.listdir(folder)) if n.endswith(".textproto")} if os.path.isdir(folder) else {}
-print(json.dumps({"result": round(result, 4), "seen": seen}))
-"""
+def program(here: InProcess, env: dict[str, str], role: str, other: str = "7",
+            w_error: bool = False) -> dict[str, Any]:
+    """The program as a process here (``role``: ``writer`` or ``reader``; ``other``: the reader's
+    own function, another constant another key): what its f computed, and the results it saw."""
+    with here.process({**env, "ROLE": role}, w_error=w_error) as ran:
+        folder = os.path.join(str(ran.jax.config.jax_compilation_cache_dir), FOLDER)
+        ran.jit("f")
+        if role == "writer":
+            os.makedirs(os.path.join(folder, "tmp"), exist_ok=True)
+            for i in range(3):
+                key = f"CUDA: 9.0, Cores: 132|fusion.{i}|3"
+                name = base64.urlsafe_b64encode(hashlib.sha256(key.encode()).digest()).decode().rstrip("=") + ".textproto"
+                tmp = os.path.join(folder, "tmp", "tmp_per_fusion_cache_" + name)
+                with open(tmp, "w") as out:
+                    out.write(f"scratch_bytes: 0\nrun_time {{\n  nanos: {20480 + i}\n}}\ntriton {{\n  block_m: 64\n  num_warps: 4\n}}\n")
+                os.rename(tmp, os.path.join(folder, name))
+        else:
+            ran.jit("_lambda", f"cos * {other}")
+        seen = {n: Path(folder, n).read_bytes().hex() for n in sorted(os.listdir(folder))
+                if n.endswith(".textproto")} if os.path.isdir(folder) else {}
+        # (a real program's compiles take long enough for its prefetch to have read the manifest by
+        # its exit, where the manifest it leaves names the writer's results: here, it is waited for)
+        ran.settle()
+    return {"result": hashlib.sha256(ran.jax.served[ran.jax.key("f")]).hexdigest(), "seen": seen, "stderr": ran.stderr}
 
 
 def tuned(local: Path) -> dict[str, str]:
@@ -78,35 +77,32 @@ def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str,
             server.close()
 
 
-def test_a_fresh_machine_gets_the_writers_autotune_results_before_its_first_compile(venv: Venv, tmp_path: Path,
+def test_a_fresh_machine_gets_the_writers_autotune_results_before_its_first_compile(here: InProcess, tmp_path: Path,
                                                                                     shared: dict[str, str]) -> None:
     """The writer's three results reach a fresh machine byte for byte, in place before it compiles its
     first miss, vouched for by the signing key through the manifest. (On JAX 0.10 the folder's path is
     in every key, so the reader's entries miss: its results are what it gets.)"""
     key = {"GKX_JAX_CACHE_SIGNING_KEY": "k" * 32, "GKX_JAX_CACHE_REPORT": "1", **ON, **shared}
-    writer, err = run_program(venv, "-W", "error", env={**key, "ROLE": "writer", "GKX_JAX_CACHE_DIR": str(tmp_path / "w")},
-                              program=PROGRAM)
+    writer = program(here, {**key, "GKX_JAX_CACHE_DIR": str(tmp_path / "w")}, "writer", w_error=True)
     written = tuned(tmp_path / "w")
-    assert len(written) == 3 and writer["seen"] == written, err
-    reader, err = run_program(venv, "-W", "error", env={**key, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "r")},
-                              program=PROGRAM)
-    assert reader["seen"] == written and reader["result"] == writer["result"], err  # listed right after its miss
+    assert len(written) == 3 and writer["seen"] == written, writer["stderr"]
+    reader = program(here, {**key, "GKX_JAX_CACHE_DIR": str(tmp_path / "r")}, "reader", w_error=True)
+    assert reader["seen"] == written and reader["result"] == writer["result"], reader["stderr"]  # listed right after its miss
     assert tuned(tmp_path / "r") == written
 
 
-def test_autotune_results_the_key_never_vouched_for_are_not_landed(venv: Venv, tmp_path: Path) -> None:
+def test_autotune_results_the_key_never_vouched_for_are_not_landed(here: InProcess, tmp_path: Path) -> None:
     """A bucket writer without the signing key swaps the autotune object (a result of its own under a
     name a key holder wrote): it no longer matches the signed manifest, and nothing of it lands."""
     team = tmp_path / "team"
     team.mkdir()
     key = {"GKX_JAX_CACHE_SIGNING_KEY": "k" * 32, "GKX_JAX_CACHE_SHARED": str(team), **ON}
-    run_program(venv, env={**key, "ROLE": "writer", "GKX_JAX_CACHE_DIR": str(tmp_path / "w")}, program=PROGRAM)
+    program(here, {**key, "GKX_JAX_CACHE_DIR": str(tmp_path / "w")}, "writer")
     [obj] = list((team / VERSION_DIR).glob("*-gkx-autotune"))
     files = _autotune.unpack(obj.read_bytes())
     obj.write_bytes(_autotune.pack([(files[0][0], b"triton { block_m: 16 num_warps: 32 }\n"), *files[1:]]))
-    reader, err = run_program(venv, env={**key, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "r")},
-                              program=PROGRAM)
-    assert reader["seen"] == {} and tuned(tmp_path / "r") == {}, err
+    reader = program(here, {**key, "GKX_JAX_CACHE_DIR": str(tmp_path / "r")}, "reader")
+    assert reader["seen"] == {} and tuned(tmp_path / "r") == {}, reader["stderr"]
 
 
 def test_an_autotune_object_names_only_files_xla_writes() -> None:
@@ -124,16 +120,16 @@ def test_an_autotune_object_names_only_files_xla_writes() -> None:
         _autotune.unpack(_autotune.pack(good)[:-5])  # a record cut short
 
 
-def test_a_warm_bundle_carries_autotune_results(venv: Venv, tmp_path: Path) -> None:
+def test_a_warm_bundle_carries_autotune_results(here: InProcess, tmp_path: Path) -> None:
     """``export`` takes the results with the entries and ``import`` places them (the ones there kept);
     a bundle member under that folder with another name is refused, having written nothing."""
     source = {"GKX_JAX_CACHE_DIR": str(tmp_path / "w"), **ON}
-    run_program(venv, env={**source, "ROLE": "writer"}, program=PROGRAM)
+    program(here, source, "writer")
     archive = tmp_path / "warm.tar.gz"
-    exported = venv.cli("--json", "export", str(archive), env=source)
+    exported = here.cli("--json", "export", str(archive), env=source)
     assert exported.returncode == 0, exported.stderr
     target = {"GKX_JAX_CACHE_DIR": str(tmp_path / "fresh")}
-    imported = venv.cli("import", str(archive), env=target)
+    imported = here.cli("import", str(archive), env=target)
     assert imported.returncode == 0, imported.stderr
     assert tuned(tmp_path / "fresh") == tuned(tmp_path / "w") and len(tuned(tmp_path / "w")) == 3
     bad = tmp_path / "bad.tar"
@@ -145,7 +141,7 @@ def test_a_warm_bundle_carries_autotune_results(venv: Venv, tmp_path: Path) -> N
             info = tarfile.TarInfo(member)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    refused = venv.cli("import", str(bad), "--force", env={"GKX_JAX_CACHE_DIR": str(tmp_path / "other")})
+    refused = here.cli("import", str(bad), "--force", env={"GKX_JAX_CACHE_DIR": str(tmp_path / "other")})
     assert refused.returncode != 0 and "not the name of a cache entry" in refused.stderr, refused.stderr
     assert not (tmp_path / "evil.textproto").exists() and not (tmp_path / "other" / VERSION_DIR / "evil.textproto").exists()
     assert not os.path.isdir(tmp_path / "other" / VERSION_DIR / FOLDER)
@@ -158,39 +154,36 @@ def _manifest_of(archive: Path) -> bytes:
         return member.read()
 
 
-def test_results_landed_without_a_key_are_never_vouched_for_by_one(venv: Venv, tmp_path: Path) -> None:
+def test_results_landed_without_a_key_are_never_vouched_for_by_one(here: InProcess, tmp_path: Path) -> None:
     """A keyless run (a CI job whose secret was not passed) lands a keyless writer's results, made
     read-only; the user's next run with the key and a miss does not sign them into its manifest, so
     a fresh key holder gets none of them (a planted result would otherwise be laundered by the key)."""
     team = tmp_path / "team"
     team.mkdir()
     env = {"GKX_JAX_CACHE_SHARED": str(team), **ON}
-    run_program(venv, env={**env, "ROLE": "writer", "GKX_JAX_CACHE_DIR": str(tmp_path / "attacker")}, program=PROGRAM)
+    program(here, {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "attacker")}, "writer")
     victim = tmp_path / "victim"
-    keyless, err = run_program(venv, env={**env, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(victim)}, program=PROGRAM)
-    assert len(keyless["seen"]) == 3, err
+    keyless = program(here, {**env, "GKX_JAX_CACHE_DIR": str(victim)}, "reader")
+    assert len(keyless["seen"]) == 3, keyless["stderr"]
     assert {p.stat().st_mode & 0o777 for p in (victim / VERSION_DIR / FOLDER).glob("*.textproto")} == {0o400}
     key = {**env, "GKX_JAX_CACHE_SIGNING_KEY": "k" * 32}
     for obj in (team / VERSION_DIR).glob("*-gkx-*"):
         obj.unlink()  # the victim's keyed run writes the program's manifest afresh
-    program = PROGRAM.replace("jnp.cos(x) * 7", "jnp.cos(x) * 8")  # one more miss: a manifest is written
-    run_program(venv, env={**key, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(victim)}, program=program)
-    fresh, err = run_program(venv, env={**key, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "fresh")},
-                             program=program)
-    assert fresh["seen"] == {} and tuned(tmp_path / "fresh") == {}, err
+    program(here, {**key, "GKX_JAX_CACHE_DIR": str(victim)}, "reader", other="8")  # one more miss: a manifest is written
+    fresh = program(here, {**key, "GKX_JAX_CACHE_DIR": str(tmp_path / "fresh")}, "reader", other="8")
+    assert fresh["seen"] == {} and tuned(tmp_path / "fresh") == {}, fresh["stderr"]
 
 
-def test_a_process_whose_xla_keeps_no_results_neither_waits_nor_lands(venv: Venv, tmp_path: Path) -> None:
+def test_a_process_whose_xla_keeps_no_results_neither_waits_nor_lands(here: InProcess, tmp_path: Path) -> None:
     """Without a GPU plugin (``xla_caches`` none: XLA reads no folder) a reader lands nothing, though
     the program's manifest names results."""
     team = tmp_path / "team"
     team.mkdir()
     env = {"GKX_JAX_CACHE_SHARED": str(team)}
-    run_program(venv, env={**env, **ON, "ROLE": "writer", "GKX_JAX_CACHE_DIR": str(tmp_path / "w")}, program=PROGRAM)
+    program(here, {**env, **ON, "GKX_JAX_CACHE_DIR": str(tmp_path / "w")}, "writer")
     assert list((team / VERSION_DIR).glob("*-gkx-autotune"))
-    reader, err = run_program(venv, env={**env, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "r")},
-                              program=PROGRAM)
-    assert reader["seen"] == {} and not (tmp_path / "r" / VERSION_DIR / FOLDER).exists(), err
+    reader = program(here, {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "r")}, "reader")
+    assert reader["seen"] == {} and not (tmp_path / "r" / VERSION_DIR / FOLDER).exists(), reader["stderr"]
 
 
 def test_an_object_never_outgrows_what_a_reader_takes(tmp_path: Path) -> None:
@@ -206,18 +199,18 @@ def test_an_object_never_outgrows_what_a_reader_takes(tmp_path: Path) -> None:
     assert len(_autotune.unpack(obj)) < 20_000
 
 
-def test_a_bundle_into_a_folder_that_is_a_symlink_imports_the_entries(venv: Venv, tmp_path: Path) -> None:
+def test_a_bundle_into_a_folder_that_is_a_symlink_imports_the_entries(here: InProcess, tmp_path: Path) -> None:
     """The target's autotune folder is a symlink (to a big disk, or planted): its results are left
     out, nothing is written through the link, and every entry is imported."""
     source = {"GKX_JAX_CACHE_DIR": str(tmp_path / "w"), **ON}
-    run_program(venv, env={**source, "ROLE": "writer"}, program=PROGRAM)
+    program(here, source, "writer")
     archive = tmp_path / "warm.tar"
-    assert venv.cli("export", str(archive), env=source).returncode == 0
+    assert here.cli("export", str(archive), env=source).returncode == 0
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / "t" / VERSION_DIR).mkdir(parents=True)
     (tmp_path / "t" / VERSION_DIR / FOLDER).symlink_to(elsewhere)
-    imported = venv.cli("import", str(archive), env={"GKX_JAX_CACHE_DIR": str(tmp_path / "t")})
+    imported = here.cli("import", str(archive), env={"GKX_JAX_CACHE_DIR": str(tmp_path / "t")})
     assert imported.returncode == 0, imported.stderr
     assert list(elsewhere.iterdir()) == []
     assert len(list((tmp_path / "t" / VERSION_DIR).glob("*-cache"))) == len(list((tmp_path / "w" / VERSION_DIR).glob("*-cache")))
@@ -237,14 +230,13 @@ def test_landed_results_make_the_object_they_came_from(tmp_path: Path) -> None:
     assert _autotune.pack(_autotune.local(str(tmp_path / "b"))) == obj
 
 
-def test_a_run_without_results_of_its_own_keeps_the_writers_object_named(venv: Venv, tmp_path: Path) -> None:
+def test_a_run_without_results_of_its_own_keeps_the_writers_object_named(here: InProcess, tmp_path: Path) -> None:
     """A run whose XLA keeps no results (no GPU plugin) that writes the program's manifest (a new
     miss) names the writer's object still: the next fresh machine gets the results."""
     team = tmp_path / "team"
     team.mkdir()
     env = {"GKX_JAX_CACHE_SHARED": str(team)}
-    run_program(venv, env={**env, **ON, "ROLE": "writer", "GKX_JAX_CACHE_DIR": str(tmp_path / "w")}, program=PROGRAM)
-    run_program(venv, env={**env, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "cpu")}, program=PROGRAM)
-    fresh, err = run_program(venv, env={**env, **ON, "ROLE": "reader", "GKX_JAX_CACHE_DIR": str(tmp_path / "r")},
-                             program=PROGRAM)
-    assert len(fresh["seen"]) == 3 and fresh["seen"] == tuned(tmp_path / "w"), err
+    program(here, {**env, **ON, "GKX_JAX_CACHE_DIR": str(tmp_path / "w")}, "writer")
+    program(here, {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "cpu")}, "reader")
+    fresh = program(here, {**env, **ON, "GKX_JAX_CACHE_DIR": str(tmp_path / "r")}, "reader")
+    assert len(fresh["seen"]) == 3 and fresh["seen"] == tuned(tmp_path / "w"), fresh["stderr"]

@@ -9,10 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import InProcess, Venv, planted_run, run_program
+from conftest import InProcess, Venv, planted_run
 from test_activation import VERSION_DIR
 
 MEMBER_A, MEMBER_B, TEAM = 1001, 1002, 3000
@@ -30,6 +31,36 @@ print(json.dumps({{"requests": {n}, "result": 1.0}}))
 """
 
 
+SIZE = 5000  # an executable's bytes in a process here: its entry and sidecar take 12 KiB on disk
+
+
+def compiles(n: int, salt: float) -> tuple[str, ...]:
+    """``compiling``'s functions for a process here (conftest's ``InProcess.run_program``)."""
+    return tuple(f"_lambda:{i}.0+{salt}" for i in range(n))
+
+
+def forked(call: Callable[[], object]) -> int:
+    """``call()`` in a forked child of this process that then ends by ``os._exit`` (no at-exit hook
+    runs; 1 where ``call`` raised), unless it ended itself; how it ended (``os.waitpid``'s status)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        # (3.12 warns of a fork in a process with threads: the child runs ``call`` alone and exits)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            call()
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    return os.waitpid(pid, 0)[1]
+
+
 def on_disk(vdir: Path) -> int:
     """Every file in the version directory but the tag, as `du` counts it (allocated blocks: an
     entry of 3.5 kB and its sidecar take 8 KiB), the package's bookkeeping included: what the cap
@@ -37,92 +68,87 @@ def on_disk(vdir: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in vdir.rglob("*") if p.is_file() and p.name != "CACHEDIR.TAG")
 
 
-def test_a_second_team_member_brings_the_cache_under_the_cap(venv: Venv, public: Path) -> None:
+def test_a_second_team_member_brings_the_cache_under_the_cap(public: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two users of one group share a trust_shared cache: the second member's writing run can take
     the lock the first created, and prunes the directory under the cap."""
+    here = InProcess(public, monkeypatch)  # where the members reach it
     team = public / "team"
     team.mkdir()
     os.chown(team, 0, TEAM)
     team.chmod(0o2770)
     cap = 200_000
-    (venv.path / "gkx-autocache.toml").write_text(f'dir = "{team}"\ntrust_shared = true\nmax_size = {cap}\n')
+    (here.path / "gkx-autocache.toml").write_text(f'dir = "{team}"\ntrust_shared = true\nmax_size = {cap}\n')
     vdir = team / VERSION_DIR
-    run_program(venv, user=MEMBER_A, groups=(TEAM,), program=compiling(10, 1.0))
+    here.run_program(names=compiles(10, 1.0), user=MEMBER_A, groups=(TEAM,), size=SIZE)
     assert 80_000 < on_disk(vdir) <= cap
     lock = vdir / ".gkx-autocache" / "prune.lock"
     assert lock.stat().st_uid == MEMBER_A and lock.stat().st_mode & 0o060 == 0o060
-    run_program(venv, user=MEMBER_B, groups=(TEAM,), program=compiling(10, 2.0))
+    here.run_program(names=compiles(10, 2.0), user=MEMBER_B, groups=(TEAM,), size=SIZE)
     assert on_disk(vdir) <= cap, on_disk(vdir)
     assert len(list(vdir.glob("*-cache"))) < 20
 
 
-def test_workers_that_end_by_os_exit_are_counted(venv: Venv, tmp_path: Path) -> None:
+def test_workers_that_end_by_os_exit_are_counted(here: InProcess, tmp_path: Path) -> None:
     """Three forked workers import JAX after the fork, compile and end by `os._exit` (no at-exit
     hook runs), overfilling the cap after an ordinary run recorded the size; the next ordinary
     writing run brings the directory back under it."""
     cap = 160_000
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": str(cap)}
     vdir = tmp_path / "c" / VERSION_DIR
-    run_program(venv, env=env, program=compiling(3, 1.0))
-    workers = """
-import os
-pids = []
-for w in range(3):
-    pid = os.fork()
-    if pid == 0:
-        import jax, jax.numpy as jnp
-        x = jnp.ones(16)
-        for i in range(6):
-            jax.jit(lambda v, c=float(i): jnp.sin(v * c + 10.0 * (w + 1)).sum())(x).block_until_ready()
-        os._exit(0)
-    pids.append(pid)
-for pid in pids:
-    os.waitpid(pid, 0)
-print('{"requests": 18, "result": 1.0}')
-"""
-    run_program(venv, env=env, program=workers)
+    here.run_program(env, compiles(3, 1.0), size=SIZE)
+
+    def worker(w: int) -> None:
+        with here.process(env) as ran:  # its own import of jax, after the fork
+            for i in range(6):
+                ran.jit("_lambda", f"sin {i} {w}", size=SIZE)
+            os._exit(0)
+
+    assert [forked(lambda w=w: worker(w)) for w in range(3)] == [0, 0, 0]  # type: ignore[misc]
     assert on_disk(vdir) > cap  # nobody pruned: every worker ended by os._exit
-    run_program(venv, env=env, program=compiling(1, 99.0))
+    here.run_program(env, compiles(1, 99.0), size=SIZE)
     assert on_disk(vdir) <= cap, on_disk(vdir)
 
 
-def test_a_killed_process_is_counted(venv: Venv, tmp_path: Path) -> None:
+def test_a_killed_process_is_counted(here: InProcess, tmp_path: Path) -> None:
     """A process killed with SIGKILL after writing: its writes reach the totals and the account,
     and the next writing run prunes what it overfilled."""
     cap = 160_000
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": str(cap)}
     vdir = tmp_path / "c" / VERSION_DIR
-    run_program(venv, env=env, program=compiling(2, 1.0))
-    killed = venv.run("-c", compiling(14, 5.0, tail="os.kill(os.getpid(), 9)"), env=env)
-    assert killed.returncode == -signal.SIGKILL
+    here.run_program(env, compiles(2, 1.0), size=SIZE)
+
+    def killed() -> None:
+        with here.process(env) as ran:
+            for name in compiles(14, 5.0):
+                ran.jit(*name.split(":"), size=SIZE)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    assert os.WTERMSIG(forked(killed)) == signal.SIGKILL
     assert on_disk(vdir) > cap
-    run_program(venv, env=env, program=compiling(1, 99.0))
+    here.run_program(env, compiles(1, 99.0), size=SIZE)
     assert on_disk(vdir) <= cap, on_disk(vdir)
-    stats = json.loads(venv.cli("--json", "stats", env=env).stdout)["stats"]
+    stats = json.loads(here.cli("--json", "stats", env=env).stdout)["stats"]
     assert stats["writes"] >= 2 + 14 + 1  # the killed process's writes are in the totals
 
 
-# A run without JAX that records like a warm one: real Recorder, real ledger, real fold at exit.
-RUN = r"""
-import sys
-import time
+def warm_run(vdir: Path) -> None:
+    """A run without JAX that records like a warm one: real Recorder, real ledger, real fold at exit."""
+    from gkx_autocache._record import recorder as _stats
 
-import pytest
-from gkx_autocache._record import recorder as _stats
-vdir, n = sys.argv[1], int(sys.argv[2])
-rec = _stats.Recorder(vdir, ledger=True)
-for i in range(20):
-    key = f"jit_f{i}-" + f"{i:064x}"
-    rec.hit(key, 3500, 0.25)
-    rec.on_duration(_stats.RETRIEVAL, 0.001)
-rec.miss("jit_debug_print-" + "d" * 64)  # the same uncached function, every run
-_stats.finish(rec, 0)
-"""
+    rec = _stats.Recorder(str(vdir), ledger=True)
+    for i in range(20):
+        key = f"jit_f{i}-" + f"{i:064x}"
+        rec.hit(key, 3500, 0.25)
+        rec.on_duration(_stats.RETRIEVAL, 0.001)
+    rec.miss("jit_debug_print-" + "d" * 64)  # the same uncached function, every run
+    _stats.finish(rec, 0)
 
 
 def runs(vdir: Path, first: int, last: int) -> None:
-    for n in range(first, last):
-        subprocess.run([sys.executable, "-c", RUN, str(vdir), str(n)], check=True)
+    """``warm_run`` in a process of its own for each run (its own pid, its own ledger): forked from
+    this one, not a fresh interpreter each (0.4 s apiece)."""
+    for _ in range(first, last):
+        assert forked(lambda: warm_run(vdir)) == 0
 
 
 def meta_bytes(vdir: Path) -> int:
@@ -174,41 +200,31 @@ def test_clear_leaves_stats_at_zero(here: InProcess) -> None:
     assert json.loads(here.cli("--json", "status").stdout)["stats"] is None
 
 
-def test_a_driver_whose_pool_compiled_everything_folds_and_prunes(venv: Venv, tmp_path: Path) -> None:
+def test_a_driver_whose_pool_compiled_everything_folds_and_prunes(here: InProcess, tmp_path: Path) -> None:
     """The parent imports JAX and records nothing itself; its forked workers compile and end by
     `os._exit`: the parent's exit folds their ledgers and keeps the cap, run after run."""
     cap = 150_000
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": str(cap)}
     vdir = tmp_path / "c" / VERSION_DIR
-    driver = """
-import os, sys
-import jax
-salt = float(sys.argv[1])
-pids = []
-for w in range(2):
-    pid = os.fork()
-    if pid == 0:
-        import jax.numpy as jnp
-        for i in range(6):
-            jax.jit(lambda v, c=float(i): jnp.sin(v * c + salt + w).sum())(jnp.ones(16)).block_until_ready()
-        os._exit(0)
-    pids.append(pid)
-for pid in pids:
-    os.waitpid(pid, 0)
-"""
     for run in range(3):
-        venv.run("-c", driver, str(10.0 * run), env=env, check=True, timeout=300)
+        with here.process(env) as ran:  # the driver: jax imported before the fork
+            def work(w: int, run: int = run) -> None:
+                for i in range(6):
+                    ran.jit("_lambda", f"sin {i} {10.0 * run + w}", size=SIZE)
+
+            assert [forked(lambda w=w: work(w)) for w in range(2)] == [0, 0]  # type: ignore[misc]
+            assert ran.jax.requests == 0
         assert list((vdir / ".gkx-autocache" / "ledger").iterdir()) == []
-        assert on_disk(vdir) <= cap, (run, on_disk(vdir))
+        assert len(list(vdir.glob("*-cache"))) >= 6 and on_disk(vdir) <= cap, (run, on_disk(vdir))
 
 
-def test_temporaries_of_killed_writers_are_pruned_at_exit(venv: Venv, tmp_path: Path) -> None:
+def test_temporaries_of_killed_writers_are_pruned_at_exit(here: InProcess, tmp_path: Path) -> None:
     """Temporary files two hours old (writers killed mid-write) count against the cap, and the
     at-exit scan (at least hourly: its writers never recorded them) removes them; a fresh one (a
     write in progress) stays."""
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": "150kB"}
     vdir = tmp_path / "c" / VERSION_DIR
-    run_program(venv, env=env)
+    here.run_program(env)
     old = [vdir / f".jit_x{i}-{i:064x}-cache.1.2.tmp" for i in range(3)] + [vdir / ".gkx-autocache" / ".summary.json.3.4.tmp"]
     for path in old:
         path.write_bytes(bytes(20_000))
@@ -218,18 +234,19 @@ def test_temporaries_of_killed_writers_are_pruned_at_exit(venv: Venv, tmp_path: 
     summary = vdir / ".gkx-autocache" / "summary.json"
     data = json.loads(summary.read_text())
     summary.write_text(json.dumps({**data, "scanned_at": time.time() - 7200}))  # the last full scan: two hours ago
-    run_program(venv, env=env, program=compiling(1, 42.0))
+    here.run_program(env, compiles(1, 42.0), size=SIZE)
     assert not any(p.exists() for p in old) and fresh.exists()
     assert on_disk(vdir) <= 150_000
 
 
-def test_a_version_directory_someone_else_made_is_kept_under_the_cap(venv: Venv, tmp_path: Path) -> None:
+def test_a_version_directory_someone_else_made_is_kept_under_the_cap(here: InProcess, tmp_path: Path) -> None:
     """A `jax-<version>` made by hand (no tag): the package tags it and prunes it like its own."""
     vdir = tmp_path / "c" / VERSION_DIR
     vdir.mkdir(parents=True, mode=0o700)
     (tmp_path / "c").chmod(0o700)
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_MAX_SIZE": "120kB"}
-    run_program(venv, env=env, program=compiling(12, 3.0))
+    out, _ = here.run_program(env, compiles(12, 3.0), size=SIZE)
+    assert out["requests"] == 12 and len(list(vdir.glob("*-cache"))) < 12
     assert (vdir / "CACHEDIR.TAG").exists() and on_disk(vdir) <= 120_000
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import InProcess, Venv, clean_env, planted_run, run_program
+from conftest import InProcess, Venv, clean_env, planted_run
 from test_activation import JAX_VERSION, VERSION_DIR
 
 from gkx_autocache._cli import main as _cli
@@ -157,20 +157,20 @@ def test_prune_stale_versions_keeps_the_installed_one(here: InProcess) -> None:
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_verify_repair_removes_only_the_corrupt(venv: Venv) -> None:
-    run_program(venv)
-    vdir = venv.default_cache / VERSION_DIR
+def test_verify_repair_removes_only_the_corrupt(here: InProcess) -> None:
+    here.run_program()
+    vdir = here.default_cache / VERSION_DIR
     good = sorted(vdir.glob("*-cache"))
     bad = vdir / f"jit_bad-{'e' * 64}-cache"
     bad.write_bytes(b"not zlib at all")
     orphan = vdir / f"jit_gone-{'f' * 64}-gkx-compile"
     orphan.write_text("0.5")
-    proc = venv.cli("verify")
+    proc = here.cli("verify")
     assert proc.returncode == 1 and "jit_bad" in proc.stdout and "jit_gone" in proc.stdout
-    assert venv.cli("verify", "--repair").returncode == 0
+    assert here.cli("verify", "--repair").returncode == 0
     assert not bad.exists() and not orphan.exists() and all(p.exists() for p in good)
-    assert venv.cli("verify").returncode == 0
-    warm, _ = run_program(venv)
+    assert here.cli("verify").returncode == 0
+    warm, _ = here.run_program()
     assert warm["hits"] == warm["requests"]
 
 
@@ -356,14 +356,24 @@ def test_json_usage_errors_are_json_too(here: InProcess) -> None:
 
 
 @pytest.mark.line  # what the command does to the cache, not argparse's words: each JAX line's first Python
-def test_verify_names_what_is_not_a_regular_file_and_repair_removes_it(venv: Venv, monkeypatch: Any) -> None:
+def test_verify_names_what_is_not_a_regular_file_and_repair_removes_it(here: InProcess, monkeypatch: Any) -> None:
     """An entry replaced by a FIFO, a socket or a directory is reported as not a regular file (not
     as an orphan sidecar alone); --repair removes each without blocking or following a link,
     removes an empty directory and leaves one that holds something, saying so."""
+    import signal
     import socket
 
-    run_program(venv)
-    vdir = venv.default_cache / VERSION_DIR
+    from conftest import in_a_child_as
+
+    def within_120_s(call: Any) -> Any:  # in a child a 120 s alarm ends: a repair that blocks fails the test
+        def bounded() -> Any:
+            signal.alarm(120)
+            return call()
+
+        return in_a_child_as(0, (), bounded)
+
+    here.run_program()
+    vdir = here.default_cache / VERSION_DIR
     fifo, sock = sorted(vdir.glob("*-cache"))[:2]
     fifo.unlink()
     os.mkfifo(fifo)
@@ -382,24 +392,24 @@ def test_verify_names_what_is_not_a_regular_file_and_repair_removes_it(venv: Ven
     link = vdir / f"jit_link-{'c' * 64}-cache"
     link.symlink_to(elsewhere)
     try:
-        proc = venv.cli("--json", "verify")
+        proc = here.cli("--json", "verify")
         assert proc.returncode == 1, proc.stderr
         data = json.loads(proc.stdout)
         kinds = {os.path.basename(item["path"]): item["kind"] for item in data["not_regular"]}
         assert kinds == {fifo.name: "a FIFO", sock.name: "a socket", device.name: "a character device",
                          empty.name: "a directory", full.name: "a directory"}, kinds
-        text = venv.cli("verify").stdout
+        text = here.cli("verify").stdout
         assert f"{fifo.name}: not a regular file: a FIFO" in text and f"{sock.name}: not a regular file: a socket" in text
-        proc = venv.run("-m", "gkx_autocache", "verify", "--repair", timeout=120)
+        proc = within_120_s(lambda: here.cli("verify", "--repair"))
         assert proc.returncode == 1 and f"{full.name}" in proc.stdout and "not empty" in proc.stdout, proc
         assert not any(p.exists() or p.is_symlink() for p in (fifo, sock, device, empty, link))
         assert (full / "theirs").read_text() == "kept" and elsewhere.exists()
         (full / "theirs").unlink()
-        assert venv.cli("verify", "--repair").returncode == 0 and not full.exists()
-        assert venv.cli("verify").returncode == 0
+        assert here.cli("verify", "--repair").returncode == 0 and not full.exists()
+        assert here.cli("verify").returncode == 0
     finally:
         server.close()
-    warm, _ = run_program(venv)
+    warm, _ = here.run_program()
     assert warm["hits"] == warm["requests"] - 2
 
 

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
 import pytest
-from conftest import InProcess, Venv, autocache_warnings, clean_env, run_program
+from conftest import InProcess, Venv, autocache_warnings, clean_env
 from test_activation import JAX_VERSION, VERSION_DIR
 
 from gkx_autocache._cli import main as _cli
@@ -80,19 +82,18 @@ def test_config_shows_values_as_written(here: InProcess) -> None:
         assert proc.returncode == 2 and "--user" in proc.stderr, proc.stderr
 
 
-def test_counts_agree_in_number_and_prune_says_what_remains(venv: Venv, tmp_path: Path) -> None:
+@pytest.mark.line  # what a run and a command say of the cache, not argparse's words: each JAX line's first Python
+def test_counts_agree_in_number_and_prune_says_what_remains(here: InProcess, tmp_path: Path) -> None:
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_REPORT": "1"}
-    one = "import jax, jax.numpy as jnp\nprint(float(jax.jit(lambda v: v * 2.0)(3.0)))\n"
-    _, err = run_program(venv, env=env, program=one + 'print(\'{"ok": 1}\')')
-    assert "1 miss (1 new)" in err and "0 hits" in err, err
-    _, err = run_program(venv, env=env, program=one + 'print(\'{"ok": 1}\')')
+    _, err = here.run_program(env, ("f",))
+    assert "1 miss (1 unexplained)" in err and "0 hits" in err, err  # (a process here explains nothing)
+    _, err = here.run_program(env, ("f",))
     assert "gkx-autocache: 1 hit, 0 misses" in err, err
-    proc = venv.cli("prune", "--max-size", "0", env=env)  # 0: no cap, nothing to remove
+    proc = here.cli("prune", "--max-size", "0", env=env)  # 0: no cap, nothing to remove
     assert proc.returncode == 0 and "0 entries" in proc.stdout and "1 entry (" in proc.stdout and "remain" in proc.stdout, proc.stdout
-    import time
-
-    time.sleep(1.2)  # the entry's last use more than the 1 s below ago
-    data = json.loads(venv.cli("--json", "prune", "--dry-run", "--older-than", "1s", env=env).stdout)
+    for path in (tmp_path / "c" / VERSION_DIR).iterdir():  # the entry's last use more than the 1 s below ago
+        os.utime(path, (time.time() - 10, time.time() - 10), follow_symlinks=False)
+    data = json.loads(here.cli("--json", "prune", "--dry-run", "--older-than", "1s", env=env).stdout)
     assert data["remaining_entries"] == 0 and data["entries"] == 1, data
 
 
@@ -102,14 +103,16 @@ def test_a_bad_setting_says_how_to_silence_it_without_turning_the_cache_off(here
     assert "GKX_JAX_CACHE=0" not in warning and "filter gkx_autocache.AutocacheWarning" in warning, warning
 
 
-def test_a_corrupt_entry_is_called_one(venv: Venv, tmp_path: Path) -> None:
+@pytest.mark.line  # what a run and a command say of the cache, not argparse's words: each JAX line's first Python
+def test_a_corrupt_entry_is_called_one(here: InProcess, tmp_path: Path) -> None:
     """`rejected` says "corrupt entry" in words before zlib's own message."""
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
-    run_program(venv, env=env)
+    here.run_program(env)
     victim = max((tmp_path / "c" / VERSION_DIR).glob("jit_f-*-cache"), key=lambda p: p.stat().st_size)
     victim.write_bytes(zlib.compress(b"x" * 100)[:-6] + b"garbage")
-    run_program(venv, env=env)
-    data = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    out, _ = here.run_program(env)
+    assert out["requests"] - out["hits"] == 1
+    data = json.loads(here.cli("--json", "explain", env=env).stdout)
     (group,) = [g for g in data["groups"] if g["cause"] == "rejected"]
     assert group["functions"][0]["detail"].startswith("corrupt entry: it does not decompress"), group
 

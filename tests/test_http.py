@@ -9,15 +9,16 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Venv, local_at, run_program
+from conftest import InProcess, local_at
 from hostile import Proxy, Silent
 from test_activation import VERSION_DIR
-from test_levels import report
+from test_levels import FUNCTIONS, report
 from webdav import PASSWORD, TOKEN, USER, Nginx
 
 from gkx_autocache import _settings
@@ -51,12 +52,12 @@ def drop_packs(server: Nginx) -> int:
     return len(packs)
 
 
-def test_entries_go_up_by_put_and_a_fresh_machine_is_served(venv: Venv, tmp_path: Path, nginx: Nginx) -> None:
+def test_entries_go_up_by_put_and_a_fresh_machine_is_served(here: InProcess, tmp_path: Path, nginx: Nginx) -> None:
     """A writer uploads each entry with its seal (signed: the key is set), and its program's manifest
     and pack; a fresh machine with the key is served every entry, most from the pack, and the
     next run is all local. `status` says the level answers."""
     key = {"GKX_JAX_CACHE_SIGNING_KEY": "k" * 32}
-    cold, err = run_program(venv, env=http_env(nginx.url, tmp_path / "w", **key))
+    cold, err = here.run_program(http_env(nginx.url, tmp_path / "w", **key), FUNCTIONS)
     assert not warned(err), err
     held = nginx.files()
     names = entries(nginx)
@@ -66,23 +67,23 @@ def test_entries_go_up_by_put_and_a_fresh_machine_is_served(venv: Venv, tmp_path
         assert seal["bytes"] == names[name] and "hmac" in seal, seal
     assert any(n.endswith("-gkx-pack") for n in held) and any(n.endswith("-gkx-manifest") for n in held), held
     env = http_env(nginx.url, tmp_path / "fresh", **key)
-    fresh, err = run_program(venv, env=env)
+    fresh, err = here.run_program(env, FUNCTIONS)
     assert fresh["hits"] == fresh["requests"] and fresh["result"] == cold["result"], err
     assert report(err)["shared"] == fresh["requests"] and "prefetched" in err, err
-    again, err = run_program(venv, env=env)
+    again, err = here.run_program(env, FUNCTIONS)
     assert report(err)["local"] == again["requests"], err
-    status = json.loads(venv.cli("--json", "status", env=env).stdout)
+    status = json.loads(here.cli("--json", "status", env=env).stdout)
     shared = status["levels"]["shared"]
     assert shared["kind"] == "http" and shared["probe"]["answers"] is True, shared
-    refused = venv.cli("clear", "--shared", "--yes", env=env)
+    refused = here.cli("clear", "--shared", "--yes", env=env)
     assert refused.returncode != 0 and "HTTP cache, which cannot be listed" in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 
 
-def test_each_entry_is_read_by_ranges_and_checked(venv: Venv, tmp_path: Path, nginx: Nginx) -> None:
+def test_each_entry_is_read_by_ranges_and_checked(here: InProcess, tmp_path: Path, nginx: Nginx) -> None:
     """Without the pack, each lookup reads the seal and the entry's first block by ranged GETs; an
     entry whose bytes were swapped on the server is refused by its seal (`rejected`), the rest served."""
-    cold, _ = run_program(venv, env=http_env(nginx.url, tmp_path / "w"))
+    cold, _ = here.run_program(http_env(nginx.url, tmp_path / "w"), FUNCTIONS)
     assert drop_packs(nginx) == 1
     names = sorted(entries(nginx))
     top = nginx.root / "cache"
@@ -90,9 +91,9 @@ def test_each_entry_is_read_by_ranges_and_checked(venv: Venv, tmp_path: Path, ng
     (top / names[0]).write_bytes(second)
     (top / names[1]).write_bytes(first)
     env = http_env(nginx.url, tmp_path / "r")
-    out, err = run_program(venv, env=env)
+    out, err = here.run_program(env, FUNCTIONS)
     assert out["result"] == cold["result"] and report(err)["shared"] == len(names) - 2, err
-    explained = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    explained = json.loads(here.cli("--json", "explain", env=env).stdout)
     (rejected,) = [g for g in explained["groups"] if g["cause"] == "rejected"]
     assert rejected["count"] == 2, explained
 
@@ -185,32 +186,32 @@ def test_a_server_error_or_a_dead_server_turns_the_level_off_with_one_line(tmp_p
     assert found is None and off is not None and len(said) == 1 and "no progress for 1 s" in said[0], said
 
 
-def test_credentials_come_from_the_environment_or_netrc_and_are_never_printed(venv: Venv, tmp_path: Path) -> None:
+def test_credentials_come_from_the_environment_or_netrc_and_are_never_printed(here: InProcess, tmp_path: Path) -> None:
     """A cache that wants a bearer token: without it, 401 in one line that names where credentials
     come from, never the token; with it, served. One that wants basic: from ~/.netrc."""
     bearer = Nginx(tmp_path / "bearer", auth="bearer")
     try:
-        out, err = run_program(venv, env=http_env(bearer.url, tmp_path / "a", GKX_JAX_CACHE_SHARED_TOKEN="wrong-Xy1"))
+        out, err = here.run_program(http_env(bearer.url, tmp_path / "a", GKX_JAX_CACHE_SHARED_TOKEN="wrong-Xy1"), FUNCTIONS)
         (warning,) = warned(err)
         assert "401" in warning and "GKX_JAX_CACHE_SHARED_TOKEN" in warning and "wrong-Xy1" not in err, err
         env = http_env(bearer.url, tmp_path / "b", GKX_JAX_CACHE_SHARED_TOKEN=TOKEN)
-        cold, err = run_program(venv, env=env)
+        cold, err = here.run_program(env, FUNCTIONS)
         assert not warned(err) and entries(bearer), err
-        fresh, err = run_program(venv, env={**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "c")})
-        assert fresh["hits"] == fresh["requests"], err
+        fresh, err = here.run_program({**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "c")}, FUNCTIONS)
+        assert fresh["hits"] == fresh["requests"] == len(FUNCTIONS), err
         for command in (("status",), ("--json", "status"), ("stats",)):
-            shown = venv.cli(*command, env=env)
+            shown = here.cli(*command, env=env)
             assert TOKEN not in shown.stdout + shown.stderr
     finally:
         bearer.close()
     basic = Nginx(tmp_path / "basic", auth="basic")
-    home = tmp_path / "home"
+    home = tmp_path / "netrc-home"  # ("home" is the process's own)
     home.mkdir()
     (home / ".netrc").write_text(f"machine 127.0.0.1 login {USER} password {PASSWORD}\n")
     (home / ".netrc").chmod(0o600)
     try:
         env = http_env(basic.url, tmp_path / "d", HOME=str(home))
-        cold, err = run_program(venv, env=env)
+        cold, err = here.run_program(env, FUNCTIONS)
         assert not warned(err) and entries(basic), err
         assert PASSWORD not in err
     finally:
@@ -265,9 +266,9 @@ def test_an_http_url_is_a_shared_level_only_and_holds_no_credentials() -> None:
     assert "GKX_JAX_CACHE_SHARED_TOKEN" in said and "hunter2" not in said, said
 
 
-def test_the_version_directory_is_the_same_layout_as_a_buckets(venv: Venv, tmp_path: Path, nginx: Nginx) -> None:
+def test_the_version_directory_is_the_same_layout_as_a_buckets(here: InProcess, tmp_path: Path, nginx: Nginx) -> None:
     """`<url>/jax-<version>/<key>-cache` and `<key>-gkx-shared`: what `status` and docs/levels.md say."""
-    run_program(venv, env=http_env(nginx.url, tmp_path / "w"))
+    here.run_program(http_env(nginx.url, tmp_path / "w"), FUNCTIONS)
     assert all(name.startswith(f"{VERSION_DIR}/") for name in nginx.files()), nginx.files()
 
 
@@ -295,7 +296,7 @@ class _KeepAlive(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_connection_a_redirect_opened_elsewhere_is_never_used_for_the_cache(venv: Venv, tmp_path: Path) -> None:
+def test_a_connection_a_redirect_opened_elsewhere_is_never_used_for_the_cache(here: InProcess, tmp_path: Path) -> None:
     """Reads of entries redirected to another origin that keeps its connections: the cache's
     uploads and later reads still go to the cache, and the other origin never gets the token nor
     an upload (a kept connection is kept only for the cache's own origin)."""
@@ -307,7 +308,7 @@ def test_a_connection_a_redirect_opened_elsewhere_is_never_used_for_the_cache(ve
         location ~ -cache$ {{ if ($request_method = GET) {{ return 302 http://127.0.0.1:{port}$request_uri; }} }}"""
     cache = Nginx(tmp_path / "n", location=location)
     try:
-        out, err = run_program(venv, env=http_env(cache.url, tmp_path / "a", GKX_JAX_CACHE_SHARED_TOKEN=TOKEN))
+        out, err = here.run_program(http_env(cache.url, tmp_path / "a", GKX_JAX_CACHE_SHARED_TOKEN=TOKEN), FUNCTIONS)
     finally:
         cache.close()
         other.shutdown()
@@ -317,45 +318,38 @@ def test_a_connection_a_redirect_opened_elsewhere_is_never_used_for_the_cache(ve
     assert len(entries(cache)) == out["requests"] and not warned(err), err  # every upload reached the cache
 
 
-def test_a_token_with_a_newline_is_used_stripped_or_never_shown(venv: Venv, tmp_path: Path) -> None:
+def test_a_token_with_a_newline_is_used_stripped_or_never_shown(here: InProcess, tmp_path: Path) -> None:
     """A token mounted from a file ends with a newline: it is stripped. One with a control character
     inside cannot be sent: the level is off with one line that does not show it, anywhere."""
     bearer = Nginx(tmp_path / "bearer", auth="bearer")
     try:
-        out, err = run_program(venv, env=http_env(bearer.url, tmp_path / "a", GKX_JAX_CACHE_SHARED_TOKEN=TOKEN + "\n"))
+        out, err = here.run_program(http_env(bearer.url, tmp_path / "a", GKX_JAX_CACHE_SHARED_TOKEN=TOKEN + "\n"), FUNCTIONS)
         assert not warned(err) and entries(bearer), err
         env = http_env(bearer.url, tmp_path / "b", GKX_JAX_CACHE_SHARED_TOKEN="tok\ren-Zq8")
-        out, err = run_program(venv, env=env)
+        out, err = here.run_program(env, FUNCTIONS)
     finally:
         bearer.close()
     (warning,) = warned(err)
     assert "header is not valid" in warning and "en-Zq8" not in err, err
     for command in (("status",), ("--json", "status"), ("explain",), ("--json", "explain")):
-        shown = venv.cli(*command, env=env)
+        shown = here.cli(*command, env=env)
         assert "en-Zq8" not in shown.stdout + shown.stderr, command
     assert not any("en-Zq8" in p.read_text(errors="replace") for p in (tmp_path / "b").rglob("*") if p.is_file())
 
 
-SLOW = r"""
-import json, time
-import jax, jax.numpy as jnp
-a = float(jax.jit(lambda x: jnp.sin(x).sum())(jnp.ones(8)))
-time.sleep(2.5)  # longer than the cache keeps an idle connection
-b = float(jax.jit(lambda x: jnp.cos(x).sum())(jnp.ones(8)))
-print(json.dumps({"result": a + b}))
-"""
-
-
-def test_a_connection_the_server_closed_meanwhile_is_tried_again_on_a_new_one(venv: Venv, tmp_path: Path) -> None:
+def test_a_connection_the_server_closed_meanwhile_is_tried_again_on_a_new_one(here: InProcess, tmp_path: Path) -> None:
     """nginx closes a kept connection after its keepalive_timeout (75 s by default; 1 s here): the
     next request on it is tried once on a new connection, and the level stays on."""
     cache = Nginx(tmp_path / "n", http="keepalive_timeout 1s;")
     try:
-        proc = venv.run("-c", SLOW, env=http_env(cache.url, tmp_path / "a"))
+        with here.process(http_env(cache.url, tmp_path / "a")) as ran:
+            ran.jit("sin")
+            time.sleep(2.5)  # longer than the cache keeps an idle connection
+            ran.jit("cos")
     finally:
         cache.close()
-    assert proc.returncode == 0 and not warned(proc.stderr), proc.stderr
-    assert "2 uploaded" in proc.stderr or len(entries(cache)) >= 2, proc.stderr
+    assert not warned(ran.stderr), ran.stderr
+    assert "2 uploaded" in ran.stderr or len(entries(cache)) >= 2, ran.stderr
 
 
 class _Big404(http.server.BaseHTTPRequestHandler):
@@ -387,17 +381,17 @@ def test_a_response_not_read_to_its_end_never_answers_the_next_request() -> None
         server.server_close()
 
 
-def test_an_entry_without_its_seal_is_refused_without_a_key_too(venv: Venv, tmp_path: Path, nginx: Nginx) -> None:
+def test_an_entry_without_its_seal_is_refused_without_a_key_too(here: InProcess, tmp_path: Path, nginx: Nginx) -> None:
     """The package puts every entry of an HTTP cache there with its seal: one without (another's bytes
     a server serves, a seal taken away) is refused by a reader without the key as well."""
-    cold, _ = run_program(venv, env=http_env(nginx.url, tmp_path / "w"))
+    cold, _ = here.run_program(http_env(nginx.url, tmp_path / "w"), FUNCTIONS)
     drop_packs(nginx)
     name = sorted(entries(nginx))[0]
     (nginx.root / "cache" / name.replace("-cache", "-gkx-shared")).unlink()
     env = http_env(nginx.url, tmp_path / "r")
-    out, err = run_program(venv, env=env)
+    out, err = here.run_program(env, FUNCTIONS)
     assert report(err)["shared"] == out["requests"] - 1 and out["result"] == cold["result"], err
-    explained = json.loads(venv.cli("--json", "explain", env=env).stdout)
+    explained = json.loads(here.cli("--json", "explain", env=env).stdout)
     (rejected,) = [g for g in explained["groups"] if g["cause"] == "rejected"]
     assert "no seal" in rejected["functions"][0]["detail"], rejected
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from conftest import COUNTING, S3, Venv, run_program
+from conftest import COUNTING, S3, InProcess, Venv, run_program
 from hostile import Proxy
 from test_activation import VERSION_DIR
 from test_levels import KEY_A, KEY_B, autocache_warnings, drop_packs, entries, levels_env, local_entries, report
@@ -50,8 +50,34 @@ def run_many(venv: Venv, env: dict[str, str], n: int = 12, shift: float = 0.0) -
     return run_program(venv, env={**env, "MANY_N": str(n), "MANY_SHIFT": str(shift)}, program=MANY)
 
 
-def shared_stats(venv: Venv, env: dict[str, str]) -> dict[str, Any]:
-    proc = venv.run("-m", "gkx_autocache", "--json", "stats", env=env)
+def many(here: InProcess, env: dict[str, str], n: int = 12, shift: float = 0.0, pause: float = 0.0,
+         size: int = 2000, settle: bool = False, ahead: bool = False) -> tuple[dict[str, Any], str]:
+    """MANY as a process here (conftest's ``InProcess.process``): ``n`` functions, each its own
+    entry, the odd ones changed by ``shift``; ``pause``: after the first lookup, the program's own
+    work while a prefetch goes on, until the local level holds no new entry for that long (at most
+    60 s); ``size``: each executable's bytes; ``settle``: its threads' work done before it exits (a
+    real compile takes that long: its prefetch has read the manifest by then); ``ahead``: the same
+    after its first lookup (its prefetch lands all it will before the next lookup). What PROGRAM
+    prints, and stderr."""
+    with here.process(env) as ran:
+        for i in range(n):
+            if i == 1 and ahead:
+                ran.settle()
+            if i == 1 and pause:
+                vdir, seen, still = Path(str(ran.values["dir"])), -1, time.monotonic()
+                begun = still
+                while time.monotonic() - still < pause and time.monotonic() - begun < 60:
+                    now = len(list(vdir.glob("*-cache")))
+                    seen, still = now, still if now == seen else time.monotonic()
+                    time.sleep(0.05)
+            ran.jit("_lambda", str(float(i + 1) + (shift if i % 2 else 0.0)), size=size)
+        if settle:
+            ran.settle()
+    return {"requests": ran.jax.requests, "hits": ran.jax.hits, "result": ran.jax.result()}, ran.stderr
+
+
+def shared_stats(runs: Venv | InProcess, env: dict[str, str]) -> dict[str, Any]:
+    proc = runs.cli("--json", "stats", env=env)
     assert proc.returncode == 0, proc.stderr
     levels: dict[str, Any] = json.loads(proc.stdout)["levels"]["shared"]
     return levels
@@ -87,13 +113,13 @@ def pack_of(s3: S3) -> tuple[str, list[tuple[str, bytes, bytes]]]:
 
 @pytest.mark.parametrize("packed", ["from its pack", "entry by entry"])
 def test_a_fresh_local_level_fetches_the_last_runs_entries_ahead(
-        venv: Venv, tmp_path: Path, s3: S3, s3_server: str, packed: str) -> None:
+        here: InProcess, tmp_path: Path, s3: S3, s3_server: str, packed: str) -> None:
     """A writer's cold run leaves its manifest and its pack beside its entries; a fresh local level
     then gets them ahead of its lookups: from the pack, one request, or (the pack gone: dropped at
     a writer's exit, or a bucket that cannot stream one) several requests at once. Each entry is
     read once, every prefetched entry used and none wasted; the report line says how many were
     prefetched."""
-    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    cold, _ = many(here, levels_env(s3.env, s3.bucket, tmp_path / "a"))
     uploaded = entries(s3, "team")
     assert len(manifests(s3)) == 1 and len(uploaded) == cold["requests"] >= 12
     assert sorted(key + "-cache" for key, _, _ in pack_of(s3)[1]) == sorted(uploaded)
@@ -102,7 +128,7 @@ def test_a_fresh_local_level_fetches_the_last_runs_entries_ahead(
 
     proxy, env = behind(s3, s3_server, delay=0.05)
     try:
-        fresh, err = run_many(venv, levels_env(env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never"))
+        fresh, err = many(here, levels_env(env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never"))
     finally:
         proxy.close()
     assert fresh["hits"] == fresh["requests"] == cold["requests"] and fresh["result"] == cold["result"], err
@@ -115,27 +141,26 @@ def test_a_fresh_local_level_fetches_the_last_runs_entries_ahead(
         assert proxy.peak >= 4 and not packs, proxy.peak  # in parallel, not one after another
     else:  # the first lookups, before the pack arrives, read their own
         assert len(packs) == 1 and len(reads) == len(set(reads)) < len(uploaded) // 2, (packs, reads)
-    shared = shared_stats(venv, levels_env(s3.env, s3.bucket, tmp_path / "b"))
+    shared = shared_stats(here, levels_env(s3.env, s3.bucket, tmp_path / "b"))
     assert cold["requests"] // 2 <= shared["prefetched"] == shared["prefetch_used"], shared
     assert shared["prefetch_wasted_bytes"] == 0 and shared["backfills"] == cold["requests"], shared
     assert f": {shared['prefetch_used']} prefetched)" in err, err
 
 
-@pytest.mark.once  # the same on every JAX line: the first Python's
-def test_a_changed_program_counts_what_it_fetched_for_nothing(venv: Venv, tmp_path: Path, s3: S3) -> None:
+def test_a_changed_program_counts_what_it_fetched_for_nothing(here: InProcess, tmp_path: Path, s3: S3) -> None:
     """Half the program's keys are new since the manifest: the run is right, its new keys compile,
     and the bytes prefetched that it never looked up are counted as wasted, exactly."""
-    run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    many(here, levels_env(s3.env, s3.bucket, tmp_path / "a"))
     old = entries(s3, "team")
-    reference, _ = run_many(venv, {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}, shift=0.5)  # its keys, unshared
+    reference, _ = many(here, {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}, shift=0.5)  # its keys, unshared
     new_keys = local_entries(tmp_path / "c")
     env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never")
-    changed, err = run_many(venv, env, shift=0.5)
+    changed, err = many(here, env, shift=0.5)
     assert changed["result"] == reference["result"] and changed["requests"] == reference["requests"], err
     assert 0 < changed["hits"] < changed["requests"], err
     landed_unused = (local_entries(tmp_path / "b") & set(old)) - new_keys
     assert landed_unused, err  # the old program's keys the new one does not look up
-    shared = shared_stats(venv, env)
+    shared = shared_stats(here, env)
     assert shared["prefetch_wasted_bytes"] == sum(old[name] for name in landed_unused), shared
     assert shared["prefetched"] - shared["prefetch_used"] == len(landed_unused), shared
 
@@ -153,13 +178,13 @@ def read_manifest(s3: S3) -> dict[str, Any]:
     return body
 
 
-def test_a_hostile_bucket_never_lands_a_byte_its_seal_refused(venv: Venv, tmp_path: Path, s3: S3) -> None:
+def test_a_hostile_bucket_never_lands_a_byte_its_seal_refused(here: InProcess, tmp_path: Path, s3: S3) -> None:
     """A manifest naming paths outside the level and an entry whose bytes do not match its seal: no
     file lands outside the version directory, the planted bytes never land in it, the lookup of
     that key is a rejected miss, and the run is right."""
     from gkx_autocache._shared import pack
 
-    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=6)
+    cold, _ = many(here, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=6)
     body = read_manifest(s3)
     victim = body["keys"][-1][0]
     client = s3.client()
@@ -173,24 +198,24 @@ def test_a_hostile_bucket_never_lands_a_byte_its_seal_refused(venv: Venv, tmp_pa
     body["keys"] = [["../../../escaped-0000000000000000000000000000000000000000000000000000000000000000", 10],
                     ["/abs-0000000000000000000000000000000000000000000000000000000000000000", 10], *body["keys"]]
     planted_manifest(s3, body)
-    out, err = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never"), n=6)
+    out, err = many(here, levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never"), n=6)
     assert out["result"] == cold["result"] and out["hits"] == cold["requests"] - 1, err
     local = tmp_path / "b" / VERSION_DIR / f"{victim}-cache"
     assert not local.exists() or local.read_bytes() != planted
     assert not list(tmp_path.rglob("*escaped*")) and not Path("/abs-" + "0" * 64 + "-cache").exists()
     assert not (tmp_path / "b" / VERSION_DIR / f"{extra}-cache").exists()
-    assert "1 rejected" in shared_line(venv, levels_env(s3.env, s3.bucket, tmp_path / "b")), err
+    assert "1 rejected" in shared_line(here, levels_env(s3.env, s3.bucket, tmp_path / "b")), err
 
 
 @pytest.mark.parametrize("fault", ["cut short", "an impossible size", "not a pack", "another entry's seal"])
-def test_a_pack_that_cannot_be_read_on_leaves_its_entries_to_their_own_reads(venv: Venv, tmp_path: Path, s3: S3,
+def test_a_pack_that_cannot_be_read_on_leaves_its_entries_to_their_own_reads(here: InProcess, tmp_path: Path, s3: S3,
                                                                               fault: str) -> None:
     """A pack cut in the middle of an entry, one whose record claims 2**60 bytes, one that is not a
     pack, or one whose first record carries its neighbour's seal: what it does not give is read
     entry by entry. Every lookup hits, every entry landed is the bucket's own, nothing is said."""
     from gkx_autocache._shared import pack
 
-    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    cold, _ = many(here, levels_env(s3.env, s3.bucket, tmp_path / "a"))
     name, records = pack_of(s3)
     half = len(records) // 2
     if fault == "cut short":
@@ -204,7 +229,7 @@ def test_a_pack_that_cannot_be_read_on_leaves_its_entries_to_their_own_reads(ven
         body = pack.build([(records[0][0], records[1][1], records[0][2]), *records[1:]])[0]
     s3.client().put_object(Bucket=s3.bucket, Key=name, Body=body)
     env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never")
-    out, err = run_many(venv, env)
+    out, err = many(here, env)
     assert out["hits"] == out["requests"] == cold["requests"] and out["result"] == cold["result"], err
     assert not autocache_warnings(err), err
     client = s3.client()
@@ -330,21 +355,21 @@ def test_a_hostile_pack_is_read_no_further_than_a_writer_packs_and_a_cut_record_
     assert flights.pending == {wanted: 10} and not flights.flight and flights.spent == flights.holding == 0
 
 
-def shared_line(venv: Venv, env: dict[str, str]) -> str:
-    proc = venv.run("-m", "gkx_autocache", "stats", env=env)
+def shared_line(runs: Venv | InProcess, env: dict[str, str]) -> str:
+    proc = runs.cli("stats", env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
 
 @pytest.mark.once  # the same on every JAX line: the first Python's
 @pytest.mark.parametrize("case", ["a million keys", "not json", "signed by another key"])
-def test_a_manifest_that_cannot_be_used_costs_no_more_than_no_manifest(venv: Venv, tmp_path: Path, s3: S3,
+def test_a_manifest_that_cannot_be_used_costs_no_more_than_no_manifest(here: InProcess, tmp_path: Path, s3: S3,
                                                                        case: str) -> None:
     """A manifest of a million keys (beyond what is read of one), one that is not JSON, or (with a
     signing key) one not signed by it: nothing is prefetched, every lookup is served as without a
     prefetch, and nothing is said (a manifest is a hint)."""
     signing = {"GKX_JAX_CACHE_SIGNING_KEY": KEY_A} if case == "signed by another key" else {}
-    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a", **signing), n=6)
+    cold, _ = many(here, levels_env(s3.env, s3.bucket, tmp_path / "a", **signing), n=6)
     if case == "a million keys":
         keys = ",".join(f'["jit_f-{i:064x}",4096]' for i in range(1_000_000))
         planted_manifest(s3, f'{{"v":1,"program":"x","keys":[{keys}]}}'.encode())
@@ -356,28 +381,28 @@ def test_a_manifest_that_cannot_be_used_costs_no_more_than_no_manifest(venv: Ven
 
         planted_manifest(s3, manifest.encode([tuple(k) for k in body["keys"]], body["program"], KEY_B.encode()))
     env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never", **signing)
-    out, err = run_many(venv, env, n=6)
+    out, err = many(here, env, n=6)
     assert out["hits"] == out["requests"] == cold["requests"] and not autocache_warnings(err), err
-    assert shared_stats(venv, env)["prefetched"] == 0
+    assert shared_stats(here, env)["prefetched"] == 0
 
 
 @pytest.mark.once  # the same on every JAX line: the first Python's
-def test_a_signed_manifest_is_used_by_a_reader_with_the_key(venv: Venv, tmp_path: Path, s3: S3) -> None:
-    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a", GKX_JAX_CACHE_SIGNING_KEY=KEY_A), n=6)
+def test_a_signed_manifest_is_used_by_a_reader_with_the_key(here: InProcess, tmp_path: Path, s3: S3) -> None:
+    cold, _ = many(here, levels_env(s3.env, s3.bucket, tmp_path / "a", GKX_JAX_CACHE_SIGNING_KEY=KEY_A), n=6)
     assert "hmac" in read_manifest(s3)
     env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never",
                      GKX_JAX_CACHE_SIGNING_KEY=KEY_A)
-    out, err = run_many(venv, env, n=6)
-    assert out["hits"] == cold["requests"] and shared_stats(venv, env)["prefetched"] > 0, err
+    out, err = many(here, env, n=6)
+    assert out["hits"] == cold["requests"] and shared_stats(here, env)["prefetched"] > 0, err
 
 
 @pytest.mark.once  # the same on every JAX line: the first Python's
 @pytest.mark.parametrize("sizes", ["true", "lying"])
-def test_a_tiny_cap_bounds_what_is_prefetched(venv: Venv, tmp_path: Path, s3: S3, sizes: str) -> None:
+def test_a_tiny_cap_bounds_what_is_prefetched(here: InProcess, tmp_path: Path, s3: S3, sizes: str) -> None:
     """The local level's cap leaves little room: the prefetch lands no more than 90 % of it (the
     level it prunes to), also where the manifest says each entry has 1 byte; the rest is served
     by lookups as without a prefetch."""
-    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=16)
+    cold, _ = many(here, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=16, size=20_000)
     if sizes == "lying":
         body = read_manifest(s3)
         body["keys"] = [[k, 1] for k, _ in body["keys"]]
@@ -386,9 +411,9 @@ def test_a_tiny_cap_bounds_what_is_prefetched(venv: Venv, tmp_path: Path, s3: S3
     cap = total // 2
     env = levels_env(s3.env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_WRITE="never",
                      GKX_JAX_CACHE_MAX_SIZE=str(cap))
-    out, err = run_many(venv, env, n=16)
-    assert out["hits"] == out["requests"] == cold["requests"], err
-    shared = shared_stats(venv, env)
+    out, err = many(here, env, n=16, size=20_000)
+    assert out["hits"] == out["requests"] == cold["requests"] and out["result"] == cold["result"], err
+    shared = shared_stats(here, env)
     assert 0 < shared["prefetched_bytes"] + 4096 * shared["prefetched"] <= cap * 0.9, (shared, cap)
 
 
@@ -417,16 +442,16 @@ def test_two_processes_prefetching_into_one_local_level(venv: Venv, tmp_path: Pa
     assert len(reads) <= len(set(reads)) + 2 * 8, len(reads) - len(set(reads))  # at most a window in flight twice
 
 
-def test_a_bucket_that_stalls_during_the_prefetch_costs_one_timeout(venv: Venv, tmp_path: Path, s3: S3,
+def test_a_bucket_that_stalls_during_the_prefetch_costs_one_timeout(here: InProcess, tmp_path: Path, s3: S3,
                                                                     s3_server: str) -> None:
     """The listing and the manifest answer, then every entry read hangs: the lookups waiting on the
     prefetch's fetches are released by the first stall, the level turns off with one warning, and
     the run compiles the rest; one timeout in all, not one per entry."""
-    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    cold, _ = many(here, levels_env(s3.env, s3.bucket, tmp_path / "a"))
     proxy, env = behind(s3, s3_server, mode="hang")
     try:
         started = time.monotonic()
-        out, err = run_many(venv, levels_env(env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_TIMEOUT="5"))
+        out, err = many(here, levels_env(env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_TIMEOUT="5"))
         elapsed = time.monotonic() - started
     finally:
         proxy.close()
@@ -436,19 +461,18 @@ def test_a_bucket_that_stalls_during_the_prefetch_costs_one_timeout(venv: Venv, 
     assert elapsed < 45, elapsed  # twelve timeouts would be 60 s
 
 
-def test_a_pack_that_drips_holds_no_lookup_beyond_one_timeout(venv: Venv, tmp_path: Path, s3: S3,
+def test_a_pack_that_drips_holds_no_lookup_beyond_one_timeout(here: InProcess, tmp_path: Path, s3: S3,
                                                               s3_server: str) -> None:
     """The pack arrives at once up to the middle of a record, then a byte every 40 ms (a bad
     proxy) while the program works before its next lookups: the lookup of the record in flight
     waits no longer than shared_timeout, the drip is a stall (the level turns off, one warning),
     and the run is right. Counting each byte as progress held that lookup until its record had
     dripped (45 s at a 3 s timeout)."""
-    cold, _ = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"))
+    cold, _ = many(here, levels_env(s3.env, s3.bucket, tmp_path / "a"))
     proxy, env = behind(s3, s3_server, mode="drip")
     try:
         started = time.monotonic()
-        out, err = run_many(venv, levels_env(env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_TIMEOUT="3",
-                                             MANY_PAUSE="6"))
+        out, err = many(here, levels_env(env, s3.bucket, tmp_path / "b", GKX_JAX_CACHE_SHARED_TIMEOUT="3"), pause=6)
         elapsed = time.monotonic() - started
     finally:
         proxy.close()
@@ -460,26 +484,26 @@ def test_a_pack_that_drips_holds_no_lookup_beyond_one_timeout(venv: Venv, tmp_pa
 
 
 @pytest.mark.once  # the same on every JAX line: the first Python's
-def test_a_shared_directory_is_prefetched_too(venv: Venv, tmp_path: Path) -> None:
+def test_a_shared_directory_is_prefetched_too(here: InProcess, tmp_path: Path) -> None:
     """A shared directory (NFS, a baked image): the same manifest, read in parallel."""
     team = tmp_path / "team"
     team.mkdir(mode=0o755)
     env = {"GKX_JAX_CACHE_SHARED": str(team), "GKX_JAX_CACHE_REPORT": "1"}
-    cold, _ = run_many(venv, {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "a")})
+    cold, _ = many(here, {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "a")})
     assert [p.name for p in (team / VERSION_DIR).glob("*-gkx-manifest")]
     fresh_env = {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "b"), "GKX_JAX_CACHE_SHARED_WRITE": "never"}
-    out, err = run_many(venv, fresh_env)
+    out, err = many(here, fresh_env)
     assert out["hits"] == out["requests"] == cold["requests"] and report(err)["shared"] == cold["requests"], err
-    assert shared_stats(venv, fresh_env)["prefetched"] > 0
+    assert shared_stats(here, fresh_env)["prefetched"] > 0
 
 
 @pytest.mark.once  # the same on every JAX line: the first Python's
-def test_a_warm_local_run_asks_the_bucket_for_no_manifest(venv: Venv, tmp_path: Path, s3: S3, s3_server: str) -> None:
+def test_a_warm_local_run_asks_the_bucket_for_no_manifest(here: InProcess, tmp_path: Path, s3: S3, s3_server: str) -> None:
     """Prefetch begins at the first local miss: a warm local run reads no manifest and writes none."""
-    run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=4)
+    many(here, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=4)
     proxy, env = behind(s3, s3_server)
     try:
-        warm, err = run_many(venv, levels_env(env, s3.bucket, tmp_path / "a"), n=4)
+        warm, err = many(here, levels_env(env, s3.bucket, tmp_path / "a"), n=4)
     finally:
         proxy.close()
     assert warm["hits"] == warm["requests"], err
@@ -549,18 +573,6 @@ def test_pytest_xdist_workers_read_their_siblings_manifests(monkeypatch: pytest.
 
 # MANY, then (with WANT set) alive until the bucket holds WANT entries (at most 120 s) and 2 s more:
 # healing is never waited for at exit, and a loaded machine can outlast a short run's uploads.
-HEALING = MANY + r"""
-if os.environ.get("WANT"):
-    import boto3, time
-    c = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and sum(o["Key"].endswith("-cache") for o in c.list_objects_v2(
-            Bucket=os.environ["BUCKET"], Prefix="team/").get("Contents", [])) < int(os.environ["WANT"]):
-        time.sleep(0.2)
-    time.sleep(2)
-"""
-
-
 def swap(a: Path, b: Path) -> tuple[bytes, bytes]:
     """Swap two files' bytes in place (each keeps its owner and mode, as a group member's write
     into a team directory's 0660 entry would): two executables of the same shape, other constants."""
@@ -572,7 +584,7 @@ def swap(a: Path, b: Path) -> tuple[bytes, bytes]:
     return da, db
 
 
-def test_a_key_holder_heals_the_bucket_only_with_entries_its_key_vouched_for(venv: Venv, tmp_path: Path,
+def test_a_key_holder_heals_the_bucket_only_with_entries_its_key_vouched_for(here: InProcess, tmp_path: Path,
                                                                              s3: S3) -> None:
     """Someone without the key swaps two entries' bytes in a key holder's local level; the bucket
     loses its copies; the key holder's next run (one new compile: it asks the bucket) heals the
@@ -580,7 +592,7 @@ def test_a_key_holder_heals_the_bucket_only_with_entries_its_key_vouched_for(ven
     never the swapped two: a fresh key holder computes what the clean run computed."""
     key = {"GKX_JAX_CACHE_SIGNING_KEY": KEY_A}
     writer = levels_env(s3.env, s3.bucket, tmp_path / "w", **key)
-    clean, _ = run_many(venv, writer, n=6)
+    clean, _ = many(here, writer, n=6)
     local = tmp_path / "w" / VERSION_DIR
     lambdas = sorted(local.glob("jit__lambda*-cache"))
     assert len(lambdas) == 6
@@ -588,19 +600,25 @@ def test_a_key_holder_heals_the_bucket_only_with_entries_its_key_vouched_for(ven
     swap(*lambdas[:2])
     for name in s3.objects("team/"):
         s3.client().delete_object(Bucket=s3.bucket, Key=name)
-    out, err = run_program(venv, env={**writer, "MANY_N": "7", "BUCKET": s3.bucket, "WANT": str(len(local_entries(
-        tmp_path / "w")) - 1)}, program=HEALING)
-    assert report(err)["misses"] == 1, err
+    want = len(local_entries(tmp_path / "w")) - 1  # its new compile, and the four it can vouch for
+    with here.process(writer) as ran:
+        for i in range(7):
+            ran.jit("_lambda", str(float(i + 1)))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(entries(s3, "team")) < want:
+            time.sleep(0.05)
+        ran.settle()  # (what else it queued to heal, sent)
+    assert report(ran.stderr)["misses"] == 1, ran.stderr
     healed = entries(s3, "team")
     assert swapped.isdisjoint(healed) and len(healed) == len(local_entries(tmp_path / "w")) - 2, (healed, swapped)
     kept = next(p for p in lambdas[2:])
     seal = s3.client().get_object(Bucket=s3.bucket, Key=f"team/{VERSION_DIR}/{kept.name[:-len('-cache')]}-gkx-shared")
     assert seal["Body"].read() == Path(f"{kept}"[:-len("-cache")] + "-gkx-shared").read_bytes()  # the seal kept, not a new one
-    fresh, err = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "f", **key), n=6)
+    fresh, err = many(here, levels_env(s3.env, s3.bucket, tmp_path / "f", **key), n=6)
     assert fresh["result"] == clean["result"], err
 
 
-def test_a_keyless_runs_backfill_is_never_signed_into_a_key_holders_pack(venv: Venv, tmp_path: Path,
+def test_a_keyless_runs_backfill_is_never_signed_into_a_key_holders_pack(here: InProcess, tmp_path: Path,
                                                                          s3: S3) -> None:
     """A bucket writer without the key swaps two entries and writes unsigned seals that match; a
     keyless run of the user (a CI job whose secret was not passed) backfills them; the user's next
@@ -609,8 +627,8 @@ def test_a_keyless_runs_backfill_is_never_signed_into_a_key_holders_pack(venv: V
     from gkx_autocache._shared.seal import make_seal
 
     key = {"GKX_JAX_CACHE_SIGNING_KEY": KEY_A}
-    clean, _ = run_many(venv, {"GKX_JAX_CACHE_DIR": str(tmp_path / "plain")}, n=7)
-    run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "w", **key), n=6)
+    clean, _ = many(here, {"GKX_JAX_CACHE_DIR": str(tmp_path / "plain")}, n=7)
+    many(here, levels_env(s3.env, s3.bucket, tmp_path / "w", **key), n=6)
     drop_packs(s3)  # (the writer's pack holds sound copies: the keyless run reads the swapped objects)
     client = s3.client()
     under = f"team/{VERSION_DIR}/"
@@ -622,13 +640,13 @@ def test_a_keyless_runs_backfill_is_never_signed_into_a_key_holders_pack(venv: V
         client.put_object(Bucket=s3.bucket, Key=under + key_name + "-gkx-shared",
                           Body=make_seal(key_name, body, None, time.time(), None))
     user = tmp_path / "u"
-    run_many(venv, levels_env(s3.env, s3.bucket, user), n=6)  # keyless: the swapped two land unchecked
+    many(here, levels_env(s3.env, s3.bucket, user), n=6)  # keyless: the swapped two land unchecked
     assert {(user / VERSION_DIR / n).read_bytes() for n in names} == set(bodies)
-    out, err = run_many(venv, levels_env(s3.env, s3.bucket, user, **key), n=7)
+    out, err = many(here, levels_env(s3.env, s3.bucket, user, **key), n=7)
     assert report(err)["misses"] == 1, err
     _, records = pack_of(s3)
     assert records and not {k + "-cache" for k, _, _ in records} & set(names), [k for k, _, _ in records]
-    fresh, err = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "f", **key), n=7)
+    fresh, err = many(here, levels_env(s3.env, s3.bucket, tmp_path / "f", **key), n=7)
     assert fresh["result"] == clean["result"], err
     for name, planted in zip(names, reversed(bodies), strict=True):  # (its own compile may give the bytes it had)
         assert not (tmp_path / "f" / VERSION_DIR / name).exists() or (tmp_path / "f" / VERSION_DIR / name).read_bytes() != planted
@@ -762,19 +780,20 @@ def test_two_fresh_programs_prefetching_together_stay_under_the_cap_on_disk(venv
 
 
 @pytest.mark.once  # the same on every JAX line: the first Python's
-def test_a_run_stopped_after_its_first_compile_keeps_its_programs_manifest(venv: Venv, tmp_path: Path,
+def test_a_run_stopped_after_its_first_compile_keeps_its_programs_manifest(here: InProcess, tmp_path: Path,
                                                                           s3: S3) -> None:
     """A run of the program that stops after one new compile writes a manifest that still holds
     the keys of the one it read (its own first): the next fresh machine prefetches them all, as
     before (a 154-key manifest was cut to 5, and the next fresh machine prefetched 3 of 40)."""
-    run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=12)
+    many(here, levels_env(s3.env, s3.bucket, tmp_path / "a"), n=12)
     before = [key for key, _ in read_manifest(s3)["keys"]]
-    out, err = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "b"), n=2, shift=0.5)
+    out, err = many(here, levels_env(s3.env, s3.bucket, tmp_path / "b"), n=2, shift=0.5, settle=True)
     assert report(err)["misses"] == 1, err
     after = [key for key, _ in read_manifest(s3)["keys"]]
     assert len(after) == len(before) + 1 and set(before) < set(after), (before, after)
-    fresh, err = run_many(venv, levels_env(s3.env, s3.bucket, tmp_path / "c", GKX_JAX_CACHE_SHARED_WRITE="never"), n=12)
-    assert shared_stats(venv, levels_env(s3.env, s3.bucket, tmp_path / "c"))["prefetched"] >= len(before) - 1, err
+    fresh, err = many(here, levels_env(s3.env, s3.bucket, tmp_path / "c", GKX_JAX_CACHE_SHARED_WRITE="never"), n=12,
+                      ahead=True)
+    assert shared_stats(here, levels_env(s3.env, s3.bucket, tmp_path / "c"))["prefetched"] >= len(before) - 1, err
 
 
 def test_a_reservation_counts_only_live_holders_and_the_earlier_keeps_its_share(tmp_path: Path) -> None:

@@ -268,46 +268,27 @@ def test_config_set_refuses_line_separators_and_unreadable_files(here: InProcess
 # -- a current directory that no longer exists (SPEC §3) ------------------------------------------
 
 
-def in_deleted_cwd(venv: Venv, where: Path, *command: str, env: dict[str, str] | None = None
-                   ) -> subprocess.CompletedProcess[str]:
-    """``command`` run from a directory that is deleted just before it starts (``cd``, ``rmdir``,
-    ``exec``: the process's current directory no longer exists)."""
-    where.mkdir()
-    script = 'cd "$1" && rmdir "$1" && shift && exec "$@"'
-    return subprocess.run(["sh", "-c", script, "sh", str(where), *command], env={**venv.env, **(env or {})},
-                          capture_output=True, text=True, timeout=600)
-
-
-def jax_without_a_cwd(venv: Venv, where: Path) -> None:
-    """Skip where JAX itself cannot be imported from a deleted directory, with the package off
-    (numpy 2.5 on CPython 3.13.0: "SystemError: error return without exception set" in numpy's
-    own import): nothing of this package is then left to test."""
-    proc = in_deleted_cwd(venv, where, venv.python, "-c", "import jax.numpy", env={"GKX_JAX_CACHE": "0"})
-    if proc.returncode != 0:
-        pytest.skip("JAX cannot be imported from a deleted directory here, with the package off: "
-                    f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-
-
-def test_a_deleted_current_directory_leaves_an_absolute_dir_working(venv: Venv, tmp_path: Path) -> None:
-    """With an absolute dir, a process whose current directory was deleted is cached as usual,
-    cold then warm, with no warning, under -W error too."""
-    jax_without_a_cwd(venv, tmp_path / "plain")
-    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
-    runs = []
-    for i in range(2):
-        proc = in_deleted_cwd(venv, tmp_path / f"gone{i}", venv.python, "-W", "error", "-c", PROGRAM, env=env)
-        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert runs[0]["dir"] == runs[1]["dir"] == str(tmp_path / "c" / VERSION_DIR)
-    assert runs[0]["hits"] == 0 and runs[1]["hits"] == runs[1]["requests"] > 0
-
-
 def leave_a_deleted_directory(monkeypatch: pytest.MonkeyPatch, where: Path) -> None:
     """This process's current directory made ``where``, then deleted (as ``cd``, ``rmdir`` in a
     shell); the one before is restored after the test."""
     where.mkdir()
     monkeypatch.chdir(where)
     where.rmdir()
+
+
+def test_a_deleted_current_directory_leaves_an_absolute_dir_working(here: InProcess, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an absolute dir, a process whose current directory was deleted is cached as usual,
+    cold then warm, with no warning, under -W error too."""
+    env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
+    runs = []
+    for i in range(2):
+        leave_a_deleted_directory(monkeypatch, tmp_path / f"gone{i}")
+        out, err = here.run_program(env, w_error=True)
+        assert err == "", err
+        runs.append(out)
+    assert runs[0]["dir"] == runs[1]["dir"] == str(tmp_path / "c" / VERSION_DIR)
+    assert runs[0]["hits"] == 0 and runs[1]["hits"] == runs[1]["requests"] > 0
 
 
 def test_a_relative_dir_from_a_variable_needs_the_current_directory(here: InProcess, tmp_path: Path,

@@ -3,6 +3,7 @@ settings file the trust rules leave also in this process, with a stand-in ``jax`
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROGRAM, InProcess, Venv, autocache_warnings, planted_run, run_program
+from conftest import InProcess, autocache_warnings, in_a_child_as, planted_run
 from test_activation import VERSION_DIR
 
 
@@ -31,7 +32,7 @@ def foreign(p: Path) -> None:
 
 @pytest.mark.parametrize("spoil", [world_writable, group_writable, foreign])
 @pytest.mark.parametrize("via_link", [False, True])
-def test_untrusted_explicit_dir_turns_the_cache_off(venv: Venv, tmp_path: Path, spoil: Callable[[Path], None],
+def test_untrusted_explicit_dir_turns_the_cache_off(here: InProcess, tmp_path: Path, spoil: Callable[[Path], None],
                                                     via_link: bool) -> None:
     """World-writable, group-writable, foreign-owned, or a symlink to one: uncached, one warning
     naming the path, and the right result."""
@@ -42,8 +43,8 @@ def test_untrusted_explicit_dir_turns_the_cache_off(venv: Venv, tmp_path: Path, 
     if via_link:
         target = tmp_path / "link"
         target.symlink_to(bad)
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(target)})
-    assert out["dir"] is None and out["result"]
+    out, err = here.run_program({"GKX_JAX_CACHE_DIR": str(target)})
+    assert out["dir"] is None and out["requests"] == 0 and out["result"]
     (warning,) = autocache_warnings(err)
     assert str(target) in warning and "filter gkx_autocache.AutocacheWarning" in warning
     assert not (bad / VERSION_DIR).exists()
@@ -60,28 +61,31 @@ def test_world_writable_policy_file_is_ignored(here: InProcess) -> None:
     assert str(policy) in warning and "others can write" in warning
 
 
-def test_trust_shared_accepts_a_group_directory(venv: Venv, tmp_path: Path) -> None:
+def test_trust_shared_accepts_a_group_directory(here: InProcess, tmp_path: Path) -> None:
     """trust_shared with a 2770 directory of one of the user's groups: used; what the package
     creates is 0770 with setgid, and entries are 0660."""
     team = tmp_path / "team"
     team.mkdir()
     team.chmod(0o2770)
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(team), "GKX_JAX_CACHE_TRUST_SHARED": "1"})
+    out, err = here.run_program({"GKX_JAX_CACHE_DIR": str(team), "GKX_JAX_CACHE_TRUST_SHARED": "1"})
     vdir = team / VERSION_DIR
     assert out["dir"] == str(vdir) and autocache_warnings(err) == []
     assert stat.S_IMODE(vdir.stat().st_mode) == 0o2770
     for folder in (vdir / ".gkx-autocache", vdir / ".gkx-autocache" / "ledger"):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o2770, folder  # group members keep ledgers too
     assert {stat.S_IMODE(p.stat().st_mode) for p in vdir.glob("*-cache")} == {0o660}
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(team)})
+    out, err = here.run_program({"GKX_JAX_CACHE_DIR": str(team)})
     assert out["dir"] is None and len(autocache_warnings(err)) == 1
 
 
-def test_umask_000_still_creates_private_directories(venv: Venv, tmp_path: Path) -> None:
+def test_umask_000_still_creates_private_directories(here: InProcess, tmp_path: Path) -> None:
     """Under umask 000 every directory the package creates is 0700 and entries are 0600."""
-    proc = subprocess.run(["bash", "-c", f"umask 000; exec {venv.python} -c 'import jax, jax.numpy as j; j.ones(3).sum()'"],
-                          env={**venv.env, "GKX_JAX_CACHE_DIR": str(tmp_path / "a" / "b")}, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    def under_umask_000() -> Any:  # (in a child: the umask is the process's)
+        os.umask(0)
+        return here.run_program({"GKX_JAX_CACHE_DIR": str(tmp_path / "a" / "b")})
+
+    out, _ = in_a_child_as(0, (), under_umask_000)
+    assert out["requests"] == 2 and out["hits"] == 0
     for p in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / VERSION_DIR):
         assert stat.S_IMODE(p.stat().st_mode) == 0o700, p
     assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "a" / "b" / VERSION_DIR).glob("*-cache")} == {0o600}
@@ -101,9 +105,10 @@ def test_untrusted_default_falls_back_silently(here: InProcess, tmp_path: Path) 
 ATTACKER, VICTIM, MEMBER_A, MEMBER_B, TEAM = 4242, 1001, 1001, 1002, 3000
 
 
-def test_sticky_ancestor_owned_by_another_user_is_refused(venv: Venv, public: Path) -> None:
+def test_sticky_ancestor_owned_by_another_user_is_refused(public: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 1777 /scratch owned by someone else: its owner can rename the victim's cache away and put
     their own in its place, so the victim's explicit dir is refused; owned by root, it is fine."""
+    here = InProcess(public, monkeypatch)  # where the victim reaches it
     scratch = public / "scratch"
     scratch.mkdir()
     os.chown(scratch, ATTACKER, ATTACKER)
@@ -111,13 +116,13 @@ def test_sticky_ancestor_owned_by_another_user_is_refused(venv: Venv, public: Pa
     cache = scratch / "victim-cache"
     cache.mkdir(mode=0o700)
     os.chown(cache, VICTIM, VICTIM)
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(cache)}, user=VICTIM)
+    out, err = here.run_program({"GKX_JAX_CACHE_DIR": str(cache)}, user=VICTIM)
     assert out["dir"] is None and out["result"]
     (warning,) = autocache_warnings(err)
     assert str(scratch) in warning and f"uid {ATTACKER}" in warning and "sticky" in warning, warning
     assert not (cache / VERSION_DIR).exists()
     os.chown(scratch, 0, 0)  # /tmp's case: a sticky directory owned by root
-    out, err = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(cache)}, user=VICTIM)
+    out, err = here.run_program({"GKX_JAX_CACHE_DIR": str(cache)}, user=VICTIM)
     assert out["dir"] == str(cache / VERSION_DIR) and autocache_warnings(err) == []
 
 
@@ -142,15 +147,16 @@ def test_policy_file_writable_by_the_users_own_primary_group_is_ignored(public: 
     assert out["min_compile"] == 5.0 and autocache_warnings(err) == []
 
 
-def test_baked_root_owned_cache_is_read_only_for_other_users(venv: Venv, public: Path) -> None:
+def test_baked_root_owned_cache_is_read_only_for_other_users(public: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The container recipe: root populates a cache, `chmod -R a+rX` it, and names it in the
     image's policy file; a non-root user gets every hit, writes nothing, and sees no warning."""
+    here = InProcess(public, monkeypatch)  # where uid 65534 reaches it
     baked = public / "baked"
-    cold, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)})
+    cold, _ = here.run_program({"GKX_JAX_CACHE_DIR": str(baked)})
     subprocess.run(["chmod", "-R", "a+rX", str(baked)], check=True)
-    (venv.path / "gkx-autocache.toml").write_text(f'dir = "{baked}"\n')
+    (here.path / "gkx-autocache.toml").write_text(f'dir = "{baked}"\n')
     before = sorted(str(p) for p in baked.rglob("*"))
-    warm, err = run_program(venv, "-W", "error", user=65534)
+    warm, err = here.run_program(w_error=True, user=65534)
     assert warm["dir"] == str(baked / VERSION_DIR)
     assert warm["hits"] == warm["requests"] >= 2 and warm["result"] == cold["result"]
     assert err.strip() == "", err
@@ -167,36 +173,38 @@ def test_baked_cache_writable_by_its_group_is_still_refused(public: Path, monkey
     assert out["dir"] is None and len(autocache_warnings(err)) == 1
 
 
-def test_two_members_of_one_group_share_a_team_cache(venv: Venv, public: Path) -> None:
+def test_two_members_of_one_group_share_a_team_cache(public: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's cluster recipe (`install -d -m 2770 -g simteam`, a policy file with
     trust_shared): each member is served what the other compiled."""
+    here = InProcess(public, monkeypatch)  # where the members reach it
     team = public / "team"
     team.mkdir()
     os.chown(team, 0, TEAM)
     team.chmod(0o2770)
-    (venv.path / "gkx-autocache.toml").write_text(f'dir = "{team}"\ntrust_shared = true\n')
-    first, err = run_program(venv, user=MEMBER_A, groups=(TEAM,))
+    (here.path / "gkx-autocache.toml").write_text(f'dir = "{team}"\ntrust_shared = true\n')
+    first, err = here.run_program(user=MEMBER_A, groups=(TEAM,))
     assert first["dir"] == str(team / VERSION_DIR) and first["hits"] == 0 and autocache_warnings(err) == []
-    second, err = run_program(venv, user=MEMBER_B, groups=(TEAM,))
+    second, err = here.run_program(user=MEMBER_B, groups=(TEAM,))
     assert second["hits"] == second["requests"] >= 2 and autocache_warnings(err) == []
-    other = PROGRAM.replace("x @ x.T", "x @ x.T + 1.0")  # one new function, written by member B
-    third, _ = run_program(venv, user=MEMBER_B, groups=(TEAM,), program=other)
+    other = ("f:changed", "g")  # one new function, written by member B
+    third, _ = here.run_program(names=other, user=MEMBER_B, groups=(TEAM,))
     assert third["requests"] - third["hits"] == 1
-    fourth, _ = run_program(venv, user=MEMBER_A, groups=(TEAM,), program=other)
+    fourth, _ = here.run_program(names=other, user=MEMBER_A, groups=(TEAM,))
     assert fourth["hits"] == fourth["requests"]
-    outsider, err = run_program(venv, user=ATTACKER)  # not in the group: cannot even look
+    outsider, err = here.run_program(user=ATTACKER)  # not in the group: cannot even look
     assert outsider["dir"] is None and len(autocache_warnings(err)) == 1
 
 
-def test_an_entry_others_can_write_is_never_loaded(venv: Venv, public: Path) -> None:
+def test_an_entry_others_can_write_is_never_loaded(public: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An entry is code: one that others can write (stock JAX under umask 000, say) could have been
     swapped, so it is a miss, silently, even in a trusted directory."""
+    here = InProcess(public, monkeypatch)  # where uid 65534 reaches it
     baked = public / "baked"
-    cold, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(baked)})
+    cold, _ = here.run_program({"GKX_JAX_CACHE_DIR": str(baked)})
     subprocess.run(["chmod", "-R", "a+rX", str(baked)], check=True)
     victim = sorted((baked / VERSION_DIR).glob("*-cache"))[0]
     victim.chmod(0o666)
-    warm, err = run_program(venv, "-W", "error", env={"GKX_JAX_CACHE_DIR": str(baked)}, user=65534)
+    warm, err = here.run_program({"GKX_JAX_CACHE_DIR": str(baked)}, w_error=True, user=65534)
     assert warm["requests"] - warm["hits"] == 1 and warm["result"] == cold["result"] and err.strip() == "", err
 
 
@@ -214,60 +222,72 @@ def test_commands_on_a_cache_they_cannot_write_say_so(public: Path, monkeypatch:
     assert sorted(p.name for p in (baked / VERSION_DIR).iterdir()) == before
 
 
-def test_planted_fifos_never_hang(venv: Venv, tmp_path: Path) -> None:
+def test_planted_fifos_never_hang(here: InProcess, tmp_path: Path) -> None:
     """FIFOs where the policy file, an entry, the tag and a ledger should be: `import jax` and
-    the commands finish (a timeout fails the test), with one line where something is refused."""
+    the commands finish (each in a child that a 120 s alarm ends: a hang fails the test), with
+    one line where something is refused."""
+    import signal
+
+    def within_120_s(call: Callable[[], Any]) -> Any:
+        def bounded() -> Any:
+            signal.alarm(120)
+            return call()
+
+        return in_a_child_as(0, (), bounded)
+
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c")}
-    cold, _ = run_program(venv, env=env)
+    cold, _ = here.run_program(env)
     vdir = tmp_path / "c" / VERSION_DIR
     victim = sorted(vdir.glob("*-cache"))[0]
     victim.unlink()
     os.mkfifo(victim)
     os.mkfifo(vdir / ".gkx-autocache" / "ledger" / "1-2.jsonl")
-    os.mkfifo(venv.path / "gkx-autocache.toml")
-    proc = venv.run("-c", PROGRAM, env=env, timeout=120)
-    assert proc.returncode == 0 and len(autocache_warnings(proc.stderr)) == 1, proc.stderr
+    os.mkfifo(here.path / "gkx-autocache.toml")
+    out, err = within_120_s(lambda: here.run_program(env))
+    assert out["requests"] - out["hits"] == 1 and out["result"] == cold["result"], err
+    assert len(autocache_warnings(err)) == 1, err
     for command in (["status"], ["stats"], ["verify"]):
-        assert venv.cli(*command, env=env).returncode in (0, 1)
+        assert within_120_s(functools.partial(here.cli, *command, env=env)).returncode in (0, 1)
     (vdir / "CACHEDIR.TAG").unlink()
     os.mkfifo(vdir / "CACHEDIR.TAG")
-    proc = venv.cli("clear", "--yes", env=env)
+    proc = within_120_s(lambda: here.cli("clear", "--yes", env=env))
     assert proc.returncode == 1 and "CACHEDIR.TAG" in proc.stderr
 
 
-def test_a_members_reset_keeps_the_team_cache_usable(venv: Venv, public: Path) -> None:
+def test_a_members_reset_keeps_the_team_cache_usable(public: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`stats --reset` by one member of a team cache leaves the lock and the summary writable by
     the group, so the other member's runs still fold and are explained."""
+    here = InProcess(public, monkeypatch)  # where the members reach it
     team = public / "team"
     team.mkdir()
     os.chown(team, 0, TEAM)
     team.chmod(0o2770)
-    (venv.path / "gkx-autocache.toml").write_text(f'dir = "{team}"\ntrust_shared = true\n')
-    run_program(venv, user=MEMBER_A, groups=(TEAM,))
-    assert venv.cli("stats", "--reset", user=MEMBER_A, groups=(TEAM,)).returncode == 0
+    (here.path / "gkx-autocache.toml").write_text(f'dir = "{team}"\ntrust_shared = true\n')
+    here.run_program(user=MEMBER_A, groups=(TEAM,))
+    assert here.cli("stats", "--reset", user=MEMBER_A, groups=(TEAM,)).returncode == 0
     meta = team / VERSION_DIR / ".gkx-autocache"
     for name in ("prune.lock", "summary.json"):
         assert (meta / name).stat().st_mode & 0o060 == 0o060, name
-    run_program(venv, user=MEMBER_B, groups=(TEAM,))
+    here.run_program(user=MEMBER_B, groups=(TEAM,))
     assert list((meta / "ledger").iterdir()) == []  # member B folded
 
 
 # -- what a checked-out repository may choose (SPEC §3) -------------------------------------------
 
 
-def test_a_relative_xdg_cache_home_cannot_make_a_checkout_the_cache(venv: Venv, tmp_path: Path) -> None:
+def test_a_relative_xdg_cache_home_cannot_make_a_checkout_the_cache(here: InProcess, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A relative XDG_CACHE_HOME is ignored (XDG spec): a run from a repository holding a planted,
     trusted cache under that relative path gets no hit from it and uses ~/.cache instead."""
     repo = tmp_path / "repo"
     planted = repo / "xdg" / "gkx" / "jax"
-    cold, _ = run_program(venv, env={"GKX_JAX_CACHE_DIR": str(planted)})  # entries that pass every check
+    cold, _ = here.run_program({"GKX_JAX_CACHE_DIR": str(planted)})  # entries that pass every check
     assert cold["hits"] == 0 and any((planted / VERSION_DIR).glob("*-cache"))
-    (venv.path / ".cache").write_text("")  # the venv's own cache cannot be made: the user cache is next
-    proc = venv.run("-c", PROGRAM, env={"XDG_CACHE_HOME": "xdg"}, cwd=str(repo))
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["hits"] == 0 and out["dir"] == str(venv.home / ".cache" / "gkx" / "jax" / VERSION_DIR)
-    assert autocache_warnings(proc.stderr) == []
+    (here.path / ".cache").write_text("")  # the venv's own cache cannot be made: the user cache is next
+    monkeypatch.chdir(repo)
+    out, err = here.run_program({"XDG_CACHE_HOME": "xdg"})
+    assert out["hits"] == 0 and out["dir"] == str(here.home / ".cache" / "gkx" / "jax" / VERSION_DIR)
+    assert autocache_warnings(err) == []
 
 
 def test_a_relative_xdg_config_home_cannot_make_a_checkout_the_config(here: InProcess, tmp_path: Path,
