@@ -272,3 +272,40 @@ def test_rebuild_with_nothing_to_read_says_so(cache: Cache) -> None:
     bad = cache.cli("rebuild", "--from", "9.9.9")
     assert bad.returncode == 1 and "Traceback" not in bad.stderr and "--from 9.9.9" in bad.stderr
     shutil.rmtree(cache.root, ignore_errors=True)
+
+
+SCRIPT = """
+import json, sys
+import jax, jax.numpy as jnp
+
+def step(v):
+    return jnp.tanh(v @ v.T).sum(axis=0) * SCALE
+
+def decay(v):
+    return jnp.cumsum(jnp.sin(v) ** 2)
+
+x = jnp.linspace(0.0, 1.0, 64).reshape(8, 8)
+print(json.dumps([jnp.asarray(jax.jit(f)(x)).tobytes().hex() for f in (step, decay)]))
+"""
+
+
+def test_a_miss_whose_module_changed_across_the_upgrade_stays_changed_jax(cache: Cache, tmp_path: Path) -> None:
+    """After an upgrade and a rebuild, a function whose module is not the one the older JAX lowered
+    (here: its code, as a JAX that lowers it otherwise would make it) misses as ``changed JAX``,
+    which says that its entries here were rebuilt and this compile is not one of them; the function
+    that lowers the same is a hit of a rebuilt entry."""
+    script = tmp_path / "sim.py"
+    script.write_text(SCRIPT.replace("SCALE", "3.0"))
+    proc = cache.venv.run(str(script), env=cache.env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    cache.upgrade()
+    assert cache.rebuild()["rebuilt"] > 0
+    script.write_text(SCRIPT.replace("SCALE", "4.0"))
+    proc = cache.venv.run(str(script), env=cache.env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    explained = json.loads(cache.cli("--json", "explain").stdout)
+    groups = {g["cause"]: {f["name"]: f["detail"] for f in g["functions"]} for g in explained["groups"]}
+    assert set(groups) == {"changed JAX"}, groups
+    (detail,) = groups["changed JAX"].values()
+    assert "were rebuilt from the records of 0.1.0" in detail and "this compile is not one of them" in detail, detail
+    assert cache.stats()["rebuilt_hits"] >= 1

@@ -61,6 +61,11 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
     same = [r for r in recorded if r.parts[0] == facts.parts[PARTS[0]]]
     if same:
         return changed_part(closest(same, facts), facts, evidence)
+    # Its entries here were all rebuilt from an older JAX's records (SPEC §18): this module is not
+    # one of those it lowered, so the upgrade is the cause, said as such, not a change of the code.
+    if recorded and all(evidence.rebuilt(f"{name}-{r.hex}") for r in recorded) and \
+            (found := upgraded(name, evidence, facts.place)) is not None:
+        return found
     # Every entry of the name written by this run (this process, or another of the run: an xdist
     # worker, a pool), by its record or its sidecar; not one another run wrote while this one ran
     # (a sweep's other job): the directory held none before, so whatever this compile is, it is new.
@@ -545,7 +550,8 @@ def _rebuilt(name: str, version_dir: str, other: str, theirs: str, mine: str) ->
         return ""
     if rebuilt:
         return (f"; {rebuilt} of its entries here were rebuilt from the records of {theirs}, and this compile is not "
-                f"one of them: its module lowers differently under {mine}")
+                f"one of them: its module is not the one {theirs} lowered (JAX {mine} lowers it differently, or its "
+                "code changed since)")
     if recorded:
         return f"; {theirs} kept records of {recorded} of its entries: gkx-autocache rebuild compiles them for {mine}"
     return ""
