@@ -318,7 +318,7 @@ def test_a_dry_run_compiles_nothing() -> None:
 def test_a_rebuild_stops_at_the_cap_and_says_so() -> None:
     """The directory's cap is not passed: the rebuild stops, and says the cap stopped it."""
     store = FakeStore()
-    out = engine.Rebuild(store, FakeJax(), jobs=1, cap=10_000, used=7_500).run(records(*range(10)))
+    out = engine.Rebuild(store, FakeJax(), jobs=1, cap=10_000, used=7_500).run(records(*range(10, 20)))
     assert out.rebuilt == 2 and out.stopped == "cap", vars(out)
     assert sum(out.failed.values()) == 1 and out.done < 10
 
@@ -326,7 +326,7 @@ def test_a_rebuild_stops_at_the_cap_and_says_so() -> None:
 def test_a_full_disk_stops_the_rebuild() -> None:
     """A write that finds the disk full stops the rebuild (the next write would too), said once."""
     store = FakeStore(full_after=3)
-    out = engine.Rebuild(store, FakeJax(secs=0.0), jobs=1).run(records(*range(10)))
+    out = engine.Rebuild(store, FakeJax(secs=0.0), jobs=1).run(records(*range(10, 20)))
     assert out.rebuilt == 3 and (out.stopped or "").startswith("disk"), vars(out)
     assert out.done == 4
 
@@ -350,3 +350,21 @@ def test_a_stopped_rebuild_takes_no_more_records() -> None:
     rebuild.stop("the program ended")
     thread.join(5)
     assert not thread.is_alive() and rebuild.outcome.rebuilt < 5
+
+
+def test_a_rebuild_ahead_stops_where_the_program_compiles_none_of_its_keys() -> None:
+    """Ahead after a change of both the flags and the code: once the program's last misses are
+    none of the keys the rebuild computed, the rebuild stops (futile) instead of compiling on."""
+    inflight = Inflight(timeout=1.0)
+    inflight.begin()
+    for i in range(Inflight.WINDOW):
+        inflight.wait(f"jit_g-{i:064x}")  # the program's own, changed, modules
+    store = FakeStore()
+    out = engine.Rebuild(store, FakeJax(secs=0.01), jobs=1, claims=inflight).run(records(*range(10, 40)))
+    assert out.stopped == "futile" and out.rebuilt < 5, vars(out)
+    related = Inflight(timeout=1.0)
+    related.begin()
+    for i in range(Inflight.WINDOW):
+        related.wait(f"jit_f-{i + 40:064x}")  # keys the rebuild computes: the same modules
+    out = engine.Rebuild(FakeStore(), FakeJax(secs=0.01), jobs=1, claims=related).run(records(*range(10, 50)))
+    assert out.stopped is None and out.rebuilt == 32 and out.taken == 8, vars(out)

@@ -7,6 +7,7 @@ it again. Nothing happens on a run that only hits. Why it is on by default: docs
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 from collections.abc import Callable
@@ -21,19 +22,27 @@ EXIT_WAIT = 30.0  # at exit, the most waited for the compiles running (none is s
 class Inflight:
     """The keys a rebuild in this process is compiling (``claim``, ``done``): a lookup of one waits
     for it, bounded by twice the compile time recorded for it, at least ``timeout`` seconds. A key
-    looked up before the rebuild reached it is the lookup's to compile: the rebuild skips it."""
+    looked up before the rebuild reached it is the lookup's to compile: the rebuild skips it. Where
+    the program's last ``WINDOW`` misses are none of the keys the rebuild computed (``known``), its
+    code changed too, and the rebuild is ``futile``: it stops."""
+
+    WINDOW = 8
 
     def __init__(self, timeout: float) -> None:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._compiling: dict[str, tuple[threading.Event, float]] = {}
         self._looked: set[str] = set()
+        self._recent: collections.deque[str] = collections.deque(maxlen=self.WINDOW)
+        self._known: set[str] = set()
+        self._keyed = False
         self._active = False
         _fork.in_child(self._forked)
 
     def _forked(self) -> None:  # the rebuild's threads are the parent's: nothing is being compiled here
         self._lock = threading.Lock()
         self._compiling, self._looked, self._active = {}, set(), False
+        self._recent, self._known, self._keyed = collections.deque(maxlen=self.WINDOW), set(), False
 
     def begin(self) -> None:
         with self._lock:
@@ -42,10 +51,24 @@ class Inflight:
     def end(self) -> None:
         with self._lock:
             self._active = False
-            self._looked = set()
+            self._looked, self._known, self._keyed = set(), set(), False
+            self._recent.clear()
             for event, _ in self._compiling.values():
                 event.set()
             self._compiling = {}
+
+    def known(self, key: str) -> None:
+        with self._lock:
+            self._known.add(key)
+
+    def keyed(self) -> None:
+        with self._lock:
+            self._keyed = True
+
+    def futile(self) -> bool:
+        with self._lock:
+            recent = list(self._recent)
+            return self._keyed and len(recent) == self.WINDOW and not any(k in self._known for k in recent)
 
     def claim(self, key: str, compile_secs: float) -> bool:
         with self._lock:
@@ -68,6 +91,7 @@ class Inflight:
             found = self._compiling.get(key)
             if found is None:
                 self._looked.add(key)
+                self._recent.append(key)
                 return False
         event, secs = found
         return event.wait(max(2.0 * secs + 1.0, self._timeout))
@@ -170,8 +194,9 @@ class Ahead:
         self.outcome = rebuild.run(gathered.found)
         out = self.outcome
         logger.info("rebuild ahead of %d records: %d rebuilt, %d already there, %d compiled by the program, %d failed "
-                    "in %.2f s", len(gathered.found), out.rebuilt, out.present, out.taken, sum(out.failed.values()),
-                    out.seconds)
+                    "in %.2f s%s", len(gathered.found), out.rebuilt, out.present, out.taken, sum(out.failed.values()),
+                    out.seconds, "; stopped: the program's compiles are none of the records' (its code changed)"
+                    if out.stopped == "futile" else f"; stopped: {out.stopped}" if out.stopped else "")
 
     def finish(self) -> None:
         """At exit: no more records taken; the compiles running are waited for (bounded), so that

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import queue
 import stat
 import threading
 import time
@@ -37,11 +38,19 @@ class Target(Protocol):
 
 
 class Claims(Protocol):
-    """Keys being rebuilt in this process, which its lookups wait for (``ahead.Inflight``)."""
+    """Keys being rebuilt in this process, which its lookups wait for (``ahead.Inflight``): told each
+    key the rebuild will compile (``known``) and when all are known (``keyed``); asked whether the
+    program's compiles are none of them (``futile``: its code changed too)."""
 
     def claim(self, key: str, compile_secs: float) -> bool: ...
 
     def done(self, key: str) -> None: ...
+
+    def known(self, key: str) -> None: ...
+
+    def keyed(self) -> None: ...
+
+    def futile(self) -> bool: ...
 
 
 class Unclaimed:
@@ -52,6 +61,26 @@ class Unclaimed:
 
     def done(self, key: str) -> None:
         pass
+
+    def known(self, key: str) -> None:
+        pass
+
+    def keyed(self) -> None:
+        pass
+
+    def futile(self) -> bool:
+        return False
+
+
+class Keyed(NamedTuple):
+    """A record whose key this JAX computed, missing here: what its compile needs."""
+
+    found: Found
+    key: str
+    backend: Any
+    module: Any
+    devices: Any
+    options: Any
 
 
 class Found(NamedTuple):
@@ -204,25 +233,47 @@ class Rebuild:
         self._stop.set()
 
     def run(self, found: list[Found]) -> Outcome:
+        """One thread computes the keys, in the records' order (parsing and keying hold the GIL: more
+        would not go faster), and hands the missing ones to ``jobs`` threads that compile them."""
         started = time.perf_counter()
-        todo = iter(list(found))
-        lock = threading.Lock()
+        jobs = min(self._jobs, max(len(found), 1))
+        ready: queue.Queue[Keyed | None] = queue.Queue()
+
+        def told() -> None:
+            if self._progress is not None:
+                try:
+                    self._progress(self.outcome, len(found))
+                except Exception:
+                    pass
+
+        def keyer() -> None:
+            try:
+                for item in found:
+                    if self._stop.is_set():
+                        break
+                    keyed = self._key(item)
+                    if isinstance(keyed, Keyed):
+                        ready.put(keyed)
+                    else:
+                        self.outcome.add(keyed)
+                        told()
+            finally:
+                self._claims.keyed()
+                for _ in range(jobs):
+                    ready.put(None)
 
         def work() -> None:
-            while not self._stop.is_set():
-                with lock:
-                    item = next(todo, None)
-                if item is None:
-                    return
-                self.outcome.add(*self._one(item))
-                if self._progress is not None:
-                    try:
-                        self._progress(self.outcome, len(found))
-                    except Exception:
-                        pass
+            while (item := ready.get()) is not None:
+                if self._stop.is_set():
+                    continue  # (drained: the keyer's end comes through)
+                if self._claims.futile():
+                    self.stop("futile")
+                    continue
+                self.outcome.add(*self._claimed(item))
+                told()
 
-        threads = [threading.Thread(target=work, name=f"gkx-autocache rebuild {i}", daemon=True)
-                   for i in range(min(self._jobs, max(len(found), 1)))]
+        threads = [threading.Thread(target=keyer, name="gkx-autocache rebuild keys", daemon=True)]
+        threads += [threading.Thread(target=work, name=f"gkx-autocache rebuild {i}", daemon=True) for i in range(jobs)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -230,8 +281,9 @@ class Rebuild:
         self.outcome.seconds = time.perf_counter() - started
         return self.outcome
 
-    def _one(self, found: Found) -> tuple[str, int, float]:
-        """One record: ``(what came of it, bytes written, compile seconds)``; never raises."""
+    def _key(self, found: Found) -> Keyed | str:
+        """A record's key as this JAX computes it, with what its compile needs; or what came of it
+        (present, would be rebuilt, not here, not parsed...). Never raises."""
         rebuilder, fields = self._rebuilder, found.record.fields
         step = "its devices"
         try:
@@ -244,19 +296,25 @@ class Rebuild:
             step = "its key cannot be computed"
             key = rebuilder.key(module, devices, options, backend)
         except LookupError as exc:
-            return f"not here: {exc}", 0, 0.0
+            return f"not here: {exc}"
         except Exception as exc:
-            return f"{step} ({_first_line(exc)})", 0, 0.0
+            return f"{step} ({_first_line(exc)})"
+        self._claims.known(key)
         if self._target.has(key):
-            return "present", 0, 0.0
+            return "present"
         if self._dry_run:
-            return "would", 0, 0.0
-        if not self._claims.claim(key, float(fields.get("compile", 0.0))):
+            return "would"
+        return Keyed(found, key, backend, module, devices, options)
+
+    def _claimed(self, item: Keyed) -> tuple[str, int, float]:
+        if not self._claims.claim(item.key, float(item.found.record.fields.get("compile", 0.0))):
             return "taken", 0, 0.0
         try:
-            return self._compile(found, key, backend, module, devices, options)
+            if self._target.has(item.key):  # (written meanwhile: another process, the program)
+                return "present", 0, 0.0
+            return self._compile(item.found, item.key, item.backend, item.module, item.devices, item.options)
         finally:
-            self._claims.done(key)
+            self._claims.done(item.key)
 
     def _compile(self, found: Found, key: str, backend: Any, module: Any, devices: Any,
                  options: Any) -> tuple[str, int, float]:
