@@ -11,9 +11,11 @@ processes on copies of one cache directory, with the package from a wheel of thi
           --jobs 1 (the rebuild's own seconds, from its --json)
   warm    a warm run with records kept against raw JAX at threshold 0 (benchmarks/run.py's
           ``warm_vs_raw``: bytecode present and absent)
+  own     the package's own time in a warm run (benchmarks/run.py's ``own_time``), this tree against
+          ``--rev`` (default: the commit issue 69 began from): what the records' seam and modules add
   size    what the records cost on disk, against the entries
 
-    python benchmarks/rebuild.py [--pairs 7] [--only flags ...] [--flags "--xla_cpu_enable_fast_math=false"]
+    python benchmarks/rebuild.py [--pairs 7] [--only flags ...] [--flags "--xla_cpu_enable_fast_math=false"] [--rev REV]
 
 Prints each figure with its medians and spread. Needs uv and JAX in the running environment.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import resource
 import shutil
 import statistics
 import subprocess
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("flags", "code", "jobs", "warm", "size")
+SECTIONS = ("flags", "code", "jobs", "warm", "own", "size")
 FLAGS = "--xla_cpu_enable_fast_math=false"
 
 
@@ -73,10 +76,14 @@ class Bench:
         return env
 
     def child(self, code: list[str], env: dict[str, str]) -> dict[str, Any]:
+        """One run: its JSON line, its wall seconds and its CPU seconds (the process's, from outside)."""
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run([str(self.python), *code], env=env, capture_output=True, text=True, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
         out["seconds"] = time.perf_counter() - started
+        out["cpu"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         return out
 
     def fresh(self) -> Path:
@@ -120,12 +127,16 @@ def code_section(bench: Bench, pairs: int) -> dict[str, Any]:
     for name, flags in (("code changed", ""), ("code and flags changed", bench.flags)):
         on: list[float] = []
         off: list[float] = []
+        on_cpu: list[float] = []
+        off_cpu: list[float] = []
         for i in range(pairs):
             for ahead in ([False, True] if i % 2 == 0 else [True, False]):
                 root = bench.fresh()
-                (on if ahead else off).append(bench.child(bench.changed, bench.env(root, ahead=ahead, flags=flags))["seconds"])
+                ran = bench.child(bench.changed, bench.env(root, ahead=ahead, flags=flags))
+                (on if ahead else off).append(ran["seconds"])
+                (on_cpu if ahead else off_cpu).append(ran["cpu"])
                 shutil.rmtree(root)
-        out[name] = pairs_of(on, off)
+        out[name] = {"wall": pairs_of(on, off), "cpu": pairs_of(on_cpu, off_cpu)}
     return out
 
 
@@ -148,6 +159,26 @@ def jobs_section(bench: Bench, pairs: int) -> dict[str, Any]:
             "jobs 1 / jobs 2 (the command, from outside)": pairs_of(walls[1], walls[2])}
 
 
+def own_section(bench: Bench, rev: str, runs: int) -> dict[str, Any]:
+    """``own_time`` of this tree's package and of ``rev``'s, each in a venv like run.py's."""
+    run, work = bench.run_module, bench.work
+    tree = work / "rev-tree"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    wheel = run.build_wheel(work / "rev-wheel", source=tree)
+    venv = work / "rev-venv"
+    run.sh(sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(venv))
+    python = venv / "bin" / "python"
+    site = run.sh(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    Path(site, "zz_bench_deps.pth").write_text(f"{work / 'deps'}\n")
+    run.sh(sys.executable, "-m", "uv", "pip", "install", "-q", "--no-deps", "--python", str(python), str(wheel))
+    for name in ("own-this", "own-rev"):
+        (work / name).mkdir()
+    return {"this tree": run.own_time(bench.python, 24, runs, work / "own-this"), rev: run.own_time(python, 24, runs,
+                                                                                                   work / "own-rev")}
+
+
 def size_section(bench: Bench) -> dict[str, Any]:
     vdir = next(p for p in bench.template.iterdir() if p.name.startswith("jax-"))
     entries = sum(p.stat().st_size for p in vdir.glob("*-cache"))
@@ -161,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--only", action="append", choices=SECTIONS)
     parser.add_argument("--flags", default=FLAGS, help="the XLA_FLAGS of the changed start")
+    parser.add_argument("--rev", default="10855d5", help="the tree the own section compares with")
     args = parser.parse_args(argv)
     run = load_run()
     results: dict[str, Any] = {}
@@ -177,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                 results["jobs"] = jobs_section(bench, args.pairs)
             elif section == "warm":
                 results["warm"] = run.warm_vs_raw(with_py, without_py, 24, args.pairs, work)
+            elif section == "own":
+                results["own"] = own_section(bench, args.rev, args.pairs)
             elif section == "size":
                 results["size"] = size_section(bench)
             print(json.dumps({section: results.get(section)}, indent=1), flush=True)

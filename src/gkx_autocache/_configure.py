@@ -259,9 +259,9 @@ def _rebuilds(jax: Any, settings: _settings.Settings, location: _cache.Location,
     keeper = _keeper.Keeper(local.path, local.keep_record, location.team, secret,
                             functools.partial(_keeper.this_program, functools.partial(_isa_of, target)),
                             str(jax.__version__))
-    # One core is the program's (its tracing, its own compiles): the rebuild compiles on the others.
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    jobs = max(1, cores - 1)
+    # Every core: where the rebuild serves the program, its main thread mostly waits for it (on one
+    # fewer, 2 cores gave 1.01 x today's cold: docs/benchmarks.md); where it does not, it stops.
+    jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     ahead = _ahead.Ahead(local.path, location.team, secret, keeper.program, keeper.noted, cap, jobs,
                          float(settings["shared_timeout"]), bool(settings["rebuild_ahead"]))
     return keeper, ahead
