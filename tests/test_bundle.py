@@ -514,3 +514,25 @@ def test_a_bundle_from_another_cpu_is_kept_old_and_never_loaded(venv: Venv, whee
         assert json.loads(proc.stdout.strip().splitlines()[-1])["hits"] == 0
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_a_bundle_carries_no_record_and_one_with_a_record_is_refused(here: InProcess, tmp_path: Path) -> None:
+    """Records (issue 69) are compiled by ``rebuild``, which trusts only those written here: an
+    export leaves them out, and a bundle holding one is refused, before anything is written."""
+    from gkx_autocache import _cache
+
+    vdir = Path(_cache.prepare(str(here.default_cache), JAX_VERSION).version_dir or "")
+    key = f"jit_f-{zlib.crc32(b'jit_f'):064x}"
+    (vdir / f"{key}-cache").write_bytes(zlib.compress(os.urandom(2000)))
+    (vdir / f"{key}-gkx-record").write_bytes(b"gkx-autocache record 1\n{}\n")
+    archive = tmp_path / "warm.tar"
+    export(here, archive)
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert f"{key}-cache" in names and f"{key}-gkx-record" not in names
+    bad = tmp_path / "bad.tar"
+    crafted(bad, [(f"{key}-cache", zlib.compress(b"x" * 100)), (f"{key}-gkx-record", b"planted")])
+    target = tmp_path / "target"
+    proc = here.cli("import", str(bad), env={"GKX_JAX_CACHE_DIR": str(target)})
+    assert proc.returncode == 1 and "is a record" in proc.stderr, proc.stdout + proc.stderr
+    assert not [p for p in (target / VERSION_DIR).iterdir() if p.name != "CACHEDIR.TAG"]

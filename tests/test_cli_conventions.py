@@ -39,8 +39,8 @@ def test_version_names_the_package_jax_jaxlib_and_python_without_importing_jax(t
     assert data["jax"] == JAX_VERSION and data["jaxlib"] and data["gkx-autocache"] and data["command"] == "version"
     # SPEC §16: the JAX line's features; here no process has recorded them, so this JAX's seams are probed
     assert data["features"] == {"store": None, "cap": None, "explain": None, "ISA key": None, "levels": None,
-                                "host callbacks": None}, data
-    assert "features store, cap, explain, ISA key, levels, host callbacks (this JAX's seams, probed)" in proc.stdout, proc.stdout
+                                "host callbacks": None, "rebuild": None}, data
+    assert "features store, cap, explain, ISA key, levels, host callbacks, rebuild (this JAX's seams, probed)" in proc.stdout, proc.stdout
 
 
 def test_every_command_and_option_says_what_it_does() -> None:

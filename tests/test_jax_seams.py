@@ -72,23 +72,23 @@ NOTHING = "def ALTER(module):\n    pass\n"
 # (module, rename, ALTER, the features status must still list, the features it must say are missing)
 LATER_JAX: dict[str, tuple[str, tuple[str, str] | None, str, set[str], set[str]]] = {
     "the key's custom hook is gone": (
-        "cache_key", ("custom_hook", "custom_hook_v2"), NOTHING, {"store", "cap", "explain", "levels"},
+        "cache_key", ("custom_hook", "custom_hook_v2"), NOTHING, {"store", "cap", "explain", "levels", "rebuild"},
         {"ISA key", "host callbacks"}),
     "the key's part logger has a parameter more": (
         "cache_key", None, with_parameter("_log_cache_key_hash", "depth", 3),
-        {"store", "cap", "ISA key", "levels", "host callbacks"}, {"explain"}),
+        {"store", "cap", "ISA key", "levels", "host callbacks", "rebuild"}, {"explain"}),
     "get_file_cache has a parameter more": (
         "compilation_cache", None, with_parameter("get_file_cache", "options", 1), {"ISA key"},
-        {"store", "cap", "explain", "levels", "host callbacks"}),
+        {"store", "cap", "explain", "levels", "host callbacks", "rebuild"}),
     "the write has a parameter more in its first five": (
-        "compiler", None, with_parameter("_cache_write", "options", 2), {"store", "cap", "ISA key", "levels"},
+        "compiler", None, with_parameter("_cache_write", "options", 2), {"store", "cap", "ISA key", "levels", "rebuild"},
         {"explain", "host callbacks"}),
     "the compile seam has a parameter more in its first five": (
         "compiler", None, with_parameter("compile_or_get_cached", "options", 1),
-        {"store", "cap", "explain", "ISA key", "levels"}, {"host callbacks"}),
+        {"store", "cap", "explain", "ISA key", "levels"}, {"host callbacks", "rebuild"}),
     "the loader has a parameter more first": (
         "compilation_cache", None, with_parameter("get_executable_and_time", "options", 0),
-        {"store", "cap", "explain", "ISA key", "levels"}, {"host callbacks"}),
+        {"store", "cap", "explain", "ISA key", "levels", "rebuild"}, {"host callbacks"}),
     "CacheInterface behind a deprecation shim": (
         "compilation_cache", None, """
 def ALTER(module):
@@ -99,7 +99,7 @@ def ALTER(module):
             return moved
         raise AttributeError(name)
     module.__getattr__ = __getattr__
-""", {"ISA key"}, {"store", "cap", "explain", "levels", "host callbacks"}),
+""", {"ISA key"}, {"store", "cap", "explain", "levels", "host callbacks", "rebuild"}),
 }
 
 

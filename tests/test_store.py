@@ -221,7 +221,7 @@ def test_guard_falls_back_to_jax_stock_cache(venv: Venv, tmp_path: Path) -> None
     assert cache_files(vdir) and not list(vdir.glob("*-gkx-compile"))
     verdict = json.loads((vdir / ".gkx-autocache" / "store.json").read_text())
     assert verdict == {"store": "jax", "reason": "simulated: internals changed", "explain": "simulated: internals changed",
-                       "isa": None, "callbacks": "simulated: internals changed"}
+                       "isa": None, "callbacks": "simulated: internals changed", "rebuild": "simulated: internals changed"}
     warm, _ = run_program(venv, env=env, program=GUARD_TRIPPED)
     assert warm["hits"] == warm["requests"]
     status = json.loads(venv.cli("--json", "status", env=env).stdout)

@@ -718,7 +718,7 @@ class _Calls:
         self.calls: list[tuple[str, ...]] = []
 
     def __getattr__(self, name: str) -> Any:
-        return lambda key, *rest: self.calls.append((name, key))
+        return lambda key, *rest, **named: self.calls.append((name, key))
 
 
 @pytest.mark.parametrize("check_payload", [True, False])
@@ -826,23 +826,26 @@ def test_a_jax_older_than_0_4_30_is_left_as_it_is(version: str, supported: bool,
 
 
 @pytest.mark.parametrize(("verdict", "line"), [
-    ({"store": "gkx-autocache", "reason": None, "explain": None, "isa": None, "callbacks": None},
-     "  features store, cap, explain, ISA key, levels, host callbacks (as the last process here found this JAX)"),
+    ({"store": "gkx-autocache", "reason": None, "explain": None, "isa": None, "callbacks": None, "rebuild": None},
+     "  features store, cap, explain, ISA key, levels, host callbacks, rebuild (as the last process here found this JAX)"),
     ({"store": "gkx-autocache", "reason": None, "explain": "jax._src.compiler._cache_write has changed",
-      "isa": "CPU entries are not keyed by ISA: jax._src.cache_key cannot be imported (x)", "callbacks": None},
-     "  features store, cap, levels, host callbacks; no explain (jax._src.compiler._cache_write has changed); no ISA "
-     "key (jax._src.cache_key cannot be imported (x)) (as the last process here found this JAX)"),
+      "isa": "CPU entries are not keyed by ISA: jax._src.cache_key cannot be imported (x)", "callbacks": None,
+      "rebuild": None},
+     "  features store, cap, levels, host callbacks, rebuild; no explain (jax._src.compiler._cache_write has changed); "
+     "no ISA key (jax._src.cache_key cannot be imported (x)) (as the last process here found this JAX)"),
     ({"store": "gkx-autocache", "reason": None, "explain": None, "isa": None,
-      "callbacks": "jaxlib 0.6.2 cannot give a loaded executable its host callbacks: cached from JAX 0.8.1"},
+      "callbacks": "jaxlib 0.6.2 cannot give a loaded executable its host callbacks: cached from JAX 0.8.1",
+      "rebuild": "jax._src.compiler.compile_or_get_cached has changed"},
      "  features store, cap, explain, ISA key, levels; no host callbacks (jaxlib 0.6.2 cannot give a loaded "
-     "executable its host callbacks: cached from JAX 0.8.1) (as the last process here found this JAX)"),
+     "executable its host callbacks: cached from JAX 0.8.1); no rebuild (jax._src.compiler.compile_or_get_cached has "
+     "changed) (as the last process here found this JAX)"),
     ({"store": "gkx-autocache", "reason": None, "explain": None, "isa": None},  # written by an older package
-     "  features store, cap, explain, ISA key, levels; no host callbacks (not known: recorded by an older "
+     "  features store, cap, explain, ISA key, levels; no host callbacks, rebuild (not known: recorded by an older "
      "gkx-autocache) (as the last process here found this JAX)"),
     ({"store": "jax", "reason": "jax._src.compilation_cache.get_file_cache(path) is missing or has changed",
       "explain": None, "isa": None},
      "  features ISA key; no store (jax._src.compilation_cache.get_file_cache(path) is missing or has changed); "
-     "no cap, explain, levels, host callbacks (they need the store) (as the last process here found this JAX)"),
+     "no cap, explain, levels, host callbacks, rebuild (they need the store) (as the last process here found this JAX)"),
     ({"store": None, "reason": "no process has used it yet"}, None),
 ])
 def test_status_names_what_this_jax_line_gives(verdict: dict[str, Any], line: str | None) -> None:

@@ -40,7 +40,7 @@ from typing import IO, Any
 
 from gkx_autocache import _autotune, _entries, _files, _isa
 from gkx_autocache._diagnostics import human_bytes, one_line, shown
-from gkx_autocache._layout import ENTRY_SUFFIX, key_match, tmp_name
+from gkx_autocache._layout import ENTRY_SUFFIX, RECORD_SIDECAR, key_match, tmp_name
 from gkx_autocache._record import index as _index
 
 MANIFEST = "gkx-autocache-manifest.json"
@@ -105,6 +105,8 @@ def _export(version_dir: str, archive: str, env: dict[str, Any], progress: Any =
     paths: list[str] = []
     for unit in units:
         for path in sorted(unit.files):
+            if path.endswith(RECORD_SIDECAR):  # a record is compiled by rebuild: only this user's own are trusted
+                continue
             # Never through a symlink; and not a use: under relatime the first read after a write (or a
             # day) moved the access time, which the manifest carries as the entry's recency, so two
             # exports of unchanged entries differed (issue 71), and export made every entry recent.
@@ -250,6 +252,9 @@ def check_member(member: tarfile.TarInfo, files: dict[str, tuple[int, str]]) -> 
         raise BundleRefused(f"{shown(name)} is a {kind}; a bundle holds plain files only")
     if not autotune_member(name) and ("/" in name or "\\" in name or name.startswith(".") or key_match(name) is None):
         raise BundleRefused(f"{shown(name)} is not the name of a cache entry or sidecar (it could escape the directory)")
+    if name.endswith(RECORD_SIDECAR):
+        raise BundleRefused(f"{shown(name)} is a record: bundles carry none (rebuild compiles records, and trusts only "
+                            "those written here)")
     if name not in files:
         raise BundleRefused(f"{shown(name)} is not listed in the manifest")
     if member.size != files[name][0]:

@@ -83,8 +83,9 @@ FIXES = {
     CHANGED_TPU_TOPOLOGY: "each TPU slice (its chips and topology) has its own entries: key a CI cache by the topology, "
                           "which gkx-autocache ci-key holds, so that a v6e-1 job's cache is not restored for v6e-4 jobs",
     changed("jaxlib"): "entries of another jaxlib are never hit: expected after an upgrade",
-    CHANGED_JAX: "expected after an upgrade; gkx-autocache prune --stale-versions removes the old directory once "
-                 "unused for 30 days",
+    CHANGED_JAX: "expected after an upgrade; what lowers the same under the new JAX is compiled ahead from the old "
+                 "directory's records (rebuild ahead, or gkx-autocache rebuild); gkx-autocache prune --stale-versions "
+                 "removes the old directory once unused for 30 days",
     changed("backend"): "entries of another backend version are never hit: expected after a driver or plugin upgrade",
     changed("devices"): "the device kinds or count differ (CUDA_VISIBLE_DEVICES, "
                         "--xla_force_host_platform_device_count, jax_num_cpu_devices): each set has its own entries",

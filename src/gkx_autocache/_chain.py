@@ -90,7 +90,7 @@ class NoLevel:
 
 class Lookup(NamedTuple):
     """What a lookup came to: the entry served and the level that served it (``local``,
-    ``shared``), the run that wrote a local one, the receipt of a prefetched entry's first use, a
+    ``shared``), the run that wrote a local one (and whether a rebuild compiled it), the receipt of a prefetched entry's first use, a
     shared hit's bytes written into the local level; or why an entry there could not be served,
     or that the shared level was off (it may have held it)."""
 
@@ -98,6 +98,7 @@ class Lookup(NamedTuple):
     level: str = ""
     run: str = ""
     receipt: Receipt | None = None
+    rebuilt: bool = False
     backfilled: int | None = None
     refused: str | None = None
     shared_off: str | None = None
@@ -136,12 +137,12 @@ class Chain:
         started = time.perf_counter()
         data, why = local.read(key)
         if data is not None and why is None:
-            compile_secs, written, run = local.compile_secs(key, data)
+            compile_secs, written, run, rebuilt = local.compile_secs(key, data)
             receipt = local.landings.take(key)
             # A prefetched entry's first use is the shared level's hit, and the local level's miss.
             self._tally(len(data) if receipt is None else None, time.perf_counter() - started)
             shared.local_hit(key, len(data), prefetched=receipt is not None)
-            return Lookup(Entry(data, compile_secs, written), "local", run, receipt)
+            return Lookup(Entry(data, compile_secs, written), "local", run, receipt, rebuilt)
         self._tally(None)
         shared.local_miss(key)
         if not why or compression_of(data or b"") is None:  # another environment's entry is left alone
@@ -166,13 +167,14 @@ class Chain:
             self.shared.count(backfills=1)
         return Lookup(found, "shared", backfilled=written)
 
-    def write(self, key: str, data: bytes, compile_secs: float | None, run: str) -> int:
-        """A compile's entry (``compile_secs``: measured, or None), into the local level with the
-        seal this process's key makes for it, then handed to the shared level (queued: off the
-        compile path); the bytes written locally. Raises OSError where the local level cannot take it."""
+    def write(self, key: str, data: bytes, compile_secs: float | None, run: str, rebuilt: bool = False) -> int:
+        """A compile's entry (``compile_secs``: measured, or None; ``rebuilt``: a rebuild's), into
+        the local level with the seal this process's key makes for it, then handed to the shared
+        level (queued: off the compile path); the bytes written locally. Raises OSError where the
+        local level cannot take it."""
         now = time.time()  # what this process compiled, its key vouches for: kept beside it
         seal = self.shared.vouch(key, data, compile_secs, now)
-        written = self.local.put(key, data, compile_secs, run, seal)
+        written = self.local.put(key, data, compile_secs, run, seal, rebuilt)
         self.shared.put(key, data, compile_secs, seal, now)
         return written
 

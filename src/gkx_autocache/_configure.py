@@ -26,6 +26,7 @@ SEAMS = (
     ("compilation_cache.get_file_cache", "_jax.caching.serve_file_caches", "the store, JAX's own object, or none"),
     ("compilation_cache.get_executable_and_time", "_jax.caching._guard_loading", "an entry JAX cannot load is a miss"),
     ("compiler.compile_or_get_cached", "_jax.callbacks.serve_host_callbacks", "the compile's host callbacks"),
+    ("compiler.compile_or_get_cached", "_jax.recipes.watch_compiles", "each compile's module and options, for its record"),
     ("compiler.compile_or_get_cached", "_jax.caching.bracket_compiles", "a key's lease let go where JAX wrote nothing"),
     ("compilation_cache.get_executable_and_time", "_jax.callbacks.serve_host_callbacks", "loaded with this process's"),
     ("compiler._cache_write", "_jax.callbacks.serve_host_callbacks", "an entry written without its callbacks"),
@@ -56,6 +57,7 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     from gkx_autocache._explain import seam as _explain_seam
     from gkx_autocache._jax import caching as jax_caching
     from gkx_autocache._jax import callbacks as jax_callbacks
+    from gkx_autocache._jax import recipes as jax_recipes
     from gkx_autocache._jax import runtime as jax_runtime
     from gkx_autocache._jax import versions as jax_versions
 
@@ -168,10 +170,11 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
     _process.begin(_process.Process(recorder, chain if levels is not None else None))
     if settings["report"]:
         _process.report_at_exit()
+    # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
+    cap = settings["max_size"] if location.packages or settings.origin("max_size") != "default" else 0
+    keeper, ahead = _rebuilds(jax, settings, location, env, local, target, cap)
     reason: str | None = "the directory is not a local one"
     if location.local:
-        # The cap: in the package's own directory; in the user's own JAX directory only where they set max_size.
-        cap = settings["max_size"] if location.packages or settings.origin("max_size") != "default" else 0
         kept = None
         if jax_cap is not None and not lru:  # (JAX's own LRU cannot keep it: the store does)
             kept = (f"it keeps jax_compilation_cache_max_size ({jax_cap} bytes) as its cap: JAX's own LRU cache needs "
@@ -182,13 +185,20 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
         leases = Leases(settings["shared_timeout"])  # once per key across processes (objects only: no I/O)
         reason = _store.install(jax, directory, chain, recorder, routing,
                                 functools.partial(_route.recheck, location.version_dir if location.team else None),
-                                target, keys.targeted, leases)
+                                target, keys.targeted, leases, keeper, ahead)
         if reason is None:
             installed.set()
         callbacks = reason or jax_callbacks.serve_host_callbacks(  # before the other write seams: the one nearest JAX
             jax, lambda: _store.serving(str(config.jax_compilation_cache_dir)))
         if callbacks and not reason:
             logger.debug("compiles with host callbacks are not cached: %s", callbacks)
+        unrecorded: str | None
+        if reason or keeper is None:
+            unrecorded = reason or "this user cannot write the directory"
+        else:
+            unrecorded = jax_recipes.watch_compiles()
+        if unrecorded:
+            logger.debug("entries are written without records (rebuild cannot make them again): %s", unrecorded)
         unleased = reason or jax_caching.bracket_compiles(leases.begin, leases.end)  # outermost: its end runs last
         if unleased and not reason:
             logger.debug("every process compiles each key it misses: %s", unleased)
@@ -206,10 +216,12 @@ def _configure(jax: Any, env: Mapping[str, str]) -> None:
             logger.debug("misses are not explained: %s", unexplained)
         if keeping:
             verdict.write(directory, "jax" if reason else "gkx-autocache", reason or kept, location.team,
-                          explain=unexplained, unkeyed=unkeyed, callbacks=callbacks)
+                          explain=unexplained, unkeyed=unkeyed, callbacks=callbacks, rebuild=unrecorded)
         # At exit: close the ledger, fold finished ledgers, keep the cap (SPEC §7); also where this
         # directory is read-only, as JAX may be given another one since (``route``).
         atexit.register(_finish_local, recorder, config, cap if not reason else None)
+        if ahead is not None:  # (registered after: runs before, while the ledger is open and JAX's backend is up)
+            atexit.register(ahead.finish)
     if not location.local and os.name != "nt":  # a bucket as dir: JAX's stock cache; a local one given later is judged
         _route.route_only(jax, settings, env, xla_caches)
     # Before XLA's backend starts: it reads XLA_FLAGS then.
@@ -239,6 +251,34 @@ def _local_level(jax: Any, settings: _settings.Settings, location: _cache.Locati
                       check_payload=jax_caching.payload_checks(jax), signs=signs,
                       whole=_mount.bucket_mount(location.version_dir) is not None, account=recorder.landed,
                       target=target, keyed=keyed)
+
+
+def _rebuilds(jax: Any, settings: _settings.Settings, location: _cache.Location, env: Mapping[str, str],
+              local: Any, target: Any, cap: int) -> tuple[Any, Any]:
+    """The records the package's own directory keeps of each entry written, and the rebuild ahead
+    of this process's program (SPEC §18); ``(None, None)`` where this user cannot write there."""
+    if local is None or not location.writable or not location.keeps_books:
+        return None, None
+    from gkx_autocache._rebuild import ahead as _ahead
+    from gkx_autocache._rebuild import keeper as _keeper
+
+    secret = _settings.signing_key(env)
+    keeper = _keeper.Keeper(local.path, local.keep_record, location.team, secret,
+                            functools.partial(_keeper.this_program, functools.partial(_isa_of, target)),
+                            str(jax.__version__))
+    # Every core: where the rebuild serves the program, its main thread mostly waits for it (on one
+    # fewer, 2 cores gave 1.01 x today's cold: docs/benchmarks.md); where it does not, it stops.
+    jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ahead = _ahead.Ahead(local.path, location.team, secret, keeper.program, keeper.noted, cap, jobs,
+                         float(settings["shared_timeout"]), bool(settings["rebuild_ahead"]))
+    return keeper, ahead
+
+
+def _isa_of(target: Any) -> str:
+    """What a CPU key holds of this host: its ISA, or the ``cpu_target`` taken."""
+    from gkx_autocache._key import isa_suffix
+
+    return str(target.isa_text()) if target.level is not None else isa_suffix()
 
 
 def _finish_local(recorder: Any, config: Any, cap: int | None) -> None:

@@ -23,6 +23,7 @@ from gkx_autocache._layout import (
     LEDGER_DIR,
     META_DIR,
     OWN_SUFFIXES,
+    RECORD_SIDECAR,
     TAG_NAME,
     VERSION_PREFIX,
     common_name,
@@ -562,7 +563,8 @@ class Verification:
     def doomed(self) -> list[str]:
         """What ``--repair`` unlinks (directories are ``doomed_dirs``: removed only when empty)."""
         odd = [p for p, kind in self.not_regular if kind != "a directory"] + self.links if self.made else []
-        return [p for u, _ in self.corrupt for p in u.files] + self.orphans + self.stale + odd
+        corrupt = [p for u, _ in self.corrupt for p in u.files if not p.endswith(RECORD_SIDECAR)]  # (its record: rebuild's)
+        return corrupt + self.orphans + self.stale + odd
 
     @property
     def doomed_dirs(self) -> list[str]:
@@ -572,15 +574,16 @@ class Verification:
 def verify(version_dir: str, progress: Any = None) -> Verification:
     """Read back every entry of ``version_dir``."""
     found = scan(version_dir)
-    corrupt, orphans = [], []
+    corrupt: list[tuple[Unit, str]] = []
+    orphans: list[str] = []
     made = made_here(version_dir)
     units = ours(version_dir, list(found.units.values()), made)  # another tool's file of an entry's name is not one
     for i, unit in enumerate(units):
         if progress is not None and i % 1000 == 0:
             progress(f"verify: {i}/{len(units)} entries checked")
         entry = next((p for p in unit.files if p.endswith(ENTRY_SUFFIX)), None)
-        if entry is None:
-            orphans.extend(unit.files)
+        if entry is None:  # a record stays: it is what rebuild makes the entry again from (SPEC §18)
+            orphans.extend(p for p in unit.files if not p.endswith(RECORD_SIDECAR))
             continue
         why = check_entry(entry)
         if why:

@@ -17,7 +17,8 @@ from gkx_autocache._layout import META_DIR, VERDICT_FILE
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_COMPILE_SECS = 86400.0 * 7  # a sidecar claiming more was not written by a compile
 SEAL_LIMIT = 4096  # the most read of a seal (``<key>-gkx-shared``): about 300 bytes are written
-VERDICT_KEYS = ("store", "reason", "explain", "isa", "callbacks")
+VERDICT_KEYS = ("store", "reason", "explain", "isa", "callbacks", "rebuild")
+REBUILT_MARK = "rebuilt"  # a sidecar's third word where a rebuild compiled its entry (SPEC §18)
 UNKEYED = "CPU entries are not keyed by ISA: "  # the verdict's "isa" where the ISA key is missing (then why)
 
 
@@ -30,9 +31,12 @@ def compression_of(data: bytes) -> str | None:
     return None
 
 
-def sidecar(compile_secs: float, run: str = "") -> bytes:
+def sidecar(compile_secs: float, run: str = "", rebuilt: bool = False) -> bytes:
     """A compile-time sidecar's bytes: the compile time, and the run that compiled it (SPEC §13.1:
-    an entry is "this run's" only when this run wrote it), where one did."""
+    an entry is "this run's" only when this run wrote it), where one did; ``rebuilt``: a rebuild
+    compiled it from a record (SPEC §18), which ``stats`` counts the hits of."""
+    if rebuilt:
+        return f"{compile_secs:.6f} {run or '-'} {REBUILT_MARK}".encode()
     return f"{compile_secs:.6f} {run}".rstrip().encode()
 
 
@@ -48,9 +52,15 @@ def compile_secs_of(data: bytes | None) -> float | None:
 
 def sidecar_run(data: bytes | None) -> str:
     """The run a sidecar's bytes name, or "" (none, or not a run's name: ``<start time>-<pid>``)."""
-    run = (data or b"").partition(b" ")[2].decode("ascii", "replace")
+    words = (data or b"").split(b" ")
+    run = words[1].decode("ascii", "replace") if len(words) > 1 else ""
     start, _, pid = run.partition("-")
     return run if len(run) <= 40 and pid.isdigit() and start.replace(".", "", 1).isdigit() else ""
+
+
+def sidecar_rebuilt(data: bytes | None) -> bool:
+    """Whether a sidecar's bytes say a rebuild compiled the entry (``sidecar``)."""
+    return REBUILT_MARK.encode() in (data or b"").split(b" ")[2:3]
 
 
 def read_compile_secs(sidecar: str) -> float | None:
@@ -59,26 +69,27 @@ def read_compile_secs(sidecar: str) -> float | None:
     return read_sidecar(sidecar)[0]
 
 
-def read_sidecar(sidecar: str) -> tuple[float | None, float, str]:
-    """``(compile seconds or None, when the entry was written, the run that wrote it or "")``: the
-    sidecar is written with its entry and never touched after (hits touch the entry, for recency),
-    so its mtime is the entry's write time; 0.0 when there is no sidecar."""
+def read_sidecar(sidecar: str) -> tuple[float | None, float, str, bool]:
+    """``(compile seconds or None, when the entry was written, the run that wrote it or "", whether a
+    rebuild compiled it)``: the sidecar is written with its entry and never touched after (hits touch
+    the entry, for recency), so its mtime is the entry's write time; 0.0 when there is no sidecar."""
     written: list[float] = []
 
     def when(st: os.stat_result) -> None:
         written.append(st.st_mtime)
 
     data = _files.read(sidecar, 64, check=lambda st: when(st))
-    return compile_secs_of(data), (written[0] if written else 0.0), sidecar_run(data)
+    return compile_secs_of(data), (written[0] if written else 0.0), sidecar_run(data), sidecar_rebuilt(data)
 
 
 def verdict(store: str, reason: str | None, explain: str | None, isa: str | None,
-            callbacks: str | None = None) -> bytes:
+            callbacks: str | None = None, rebuild: str | None = None) -> bytes:
     """``store.json``: which store serves the directory, why not the package's, whether misses are
     explained (None: they are; else why not), what to know of the ISA in CPU keys (None: nothing),
-    whether compiles with host callbacks are cached (None: they are; else why not)."""
+    whether compiles with host callbacks are cached (None: they are; else why not), whether entries
+    are written with records a rebuild reads (None: they are; else why not)."""
     return (json.dumps({"store": store, "reason": reason, "explain": explain, "isa": isa,
-                        "callbacks": callbacks}) + "\n").encode()
+                        "callbacks": callbacks, "rebuild": rebuild}) + "\n").encode()
 
 
 def parse_verdict(data: bytes | None) -> dict[str, Any] | None:
@@ -92,10 +103,11 @@ def parse_verdict(data: bytes | None) -> dict[str, Any] | None:
 
 
 def write_verdict(version_dir: str, store: str, reason: str | None, team: bool = False,
-                  explain: str | None = None, isa: str | None = None, callbacks: str | None = None) -> None:
+                  explain: str | None = None, isa: str | None = None, callbacks: str | None = None,
+                  rebuild: str | None = None) -> None:
     """Record which store serves the directory, whether misses are explained and what to know of
     the ISA in CPU keys (``verdict``), so ``status`` can say it without importing jax."""
-    text = verdict(store, reason, explain, isa, callbacks)
+    text = verdict(store, reason, explain, isa, callbacks, rebuild)
     path = os.path.join(version_dir, META_DIR, VERDICT_FILE)
     if _files.read(path) == text:
         return
@@ -128,9 +140,9 @@ class Verdict:
         self._replaced: str | None = None
 
     def write(self, version_dir: str, store: str, reason: str | None, team: bool, explain: str | None,
-              unkeyed: str | None, callbacks: str | None) -> None:
+              unkeyed: str | None, callbacks: str | None, rebuild: str | None = None) -> None:
         self._write = functools.partial(write_verdict, version_dir, store, reason, team, explain=explain,
-                                        callbacks=callbacks)
+                                        callbacks=callbacks, rebuild=rebuild)
         self._unkeyed = unkeyed
         self.rewrite()
 

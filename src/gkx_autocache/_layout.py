@@ -5,7 +5,7 @@ the start-up hook's two names (its finder's, its target's). A leaf: stdlib only,
     <root>/jax-<jax version>/             one version directory per JAX version
         CACHEDIR.TAG                      the package's own tag text (TAG)
         <key>-cache                       JAX's entry, JAX's name and format
-        <key>-gkx-compile                 the package's sidecars begin with the key
+        <key>-gkx-compile, -gkx-record    the package's sidecars begin with the key (a record: §18)
         <key>-gkx-shared                  a shared level's seal: size, sha256, compile time, HMAC (§14);
                                           beside a local entry, the seal a signing key vouched for it with
         <hash>-gkx-manifest, -gkx-pack    a shared level's: what a program's run looked up (prefetch, §14)
@@ -15,10 +15,10 @@ the start-up hook's two names (its finder's, its target's). A leaf: stdlib only,
             ledger/<pid>-<ns>.jsonl       one append-only ledger per process
             summary.json                  the ledgers of finished processes, folded
             index                         what each entry's key was made of (for `explain`)
-            prune.lock                    taken (non-blocking) to prune and to fold
-            fold.lock                     the same lock where flock does not work (O_EXCL)
+            prune.lock, fold.lock         taken (non-blocking) to prune and fold; fold.lock: O_EXCL, no flock
             no-flock                      this file system has no working flock (said once)
             leases/<key>                  a key a process compiles now: host, pid, expected time (O_EXCL)
+            programs/<program>, rebuild.lock  a program's records, one line each; one rebuild at a time
 
 A key is JAX's: the function's module name, a dash, a sha256 in hex (``jit_step-<64 hex>``).
 A bucket (``s3://``, ``gs://``) has the same names under its version prefix, and so has a shared
@@ -48,6 +48,7 @@ SEAL_SIDECAR = "-gkx-shared"  # beside an entry of a shared level (SPEC §14), w
 MANIFEST_SUFFIX = "-gkx-manifest"  # in a shared level: the keys a program's run looked up (prefetch)
 PACK_SUFFIX = "-gkx-pack"  # beside a manifest in a bucket: the first of its entries, with their seals, in one object
 AUTOTUNE_SUFFIX = "-gkx-autotune"  # beside a manifest: XLA's GPU autotune results (``_autotune``), its SHA-256 in it
+RECORD_SIDECAR = "-gkx-record"  # beside an entry: its module and what its compile options are built from (rebuild)
 META_DIR = ".gkx-autocache"
 LEDGER_DIR = "ledger"
 LEASE_DIR = "leases"  # a key's lease while a process compiles it (``_local.lease``)
@@ -59,12 +60,14 @@ LOCK_FILE = "prune.lock"
 EXCL_LOCK_FILE = "fold.lock"
 NO_FLOCK_FILE = "no-flock"
 INDEX_FILE = "index"
+PROGRAMS_DIR = "programs"
+REBUILD_LOCK = "rebuild.lock"
 TMP_SUFFIX = ".tmp"
 
 JAX_ATIME = "-atime"  # JAX's own LRU cache's access time beside an entry (its max_size)
 # Every suffix the package reads and removes: JAX's two and the package's own. A file beside them
 # with another suffix (a model's ``weights-<sha256>-weights``) is not the cache's: never touched.
-OWN_SUFFIXES = (COMPILE_SIDECAR, SEAL_SIDECAR, MANIFEST_SUFFIX, PACK_SUFFIX, AUTOTUNE_SUFFIX)  # the package's alone
+OWN_SUFFIXES = (COMPILE_SIDECAR, SEAL_SIDECAR, MANIFEST_SUFFIX, PACK_SUFFIX, AUTOTUNE_SUFFIX, RECORD_SIDECAR)  # the package's alone
 KNOWN_SUFFIXES = (ENTRY_SUFFIX, JAX_ATIME, *OWN_SUFFIXES)
 _KEY = (r"(?P<key>[^/\\\s]+-[0-9a-f]{64})(?P<suffix>" + "|".join(KNOWN_SUFFIXES) + ")")  # compiled on first use
 _TMP = r"\.(?P<name>.+)\.\d+\.\d+" + re.escape(TMP_SUFFIX)  # ``tmp_name``'s: the name it replaces, a pid, a thread

@@ -297,6 +297,7 @@ KEYS = {
         Key("shared", "GKX_JAX_CACHE_SHARED", None, None, lambda raw: raw),
         Key("shared_write", "GKX_JAX_CACHE_SHARED_WRITE", None, "always", parse_shared_write),
         Key("shared_timeout", "GKX_JAX_CACHE_SHARED_TIMEOUT", None, 10.0, parse_timeout),
+        Key("rebuild_ahead", "GKX_JAX_CACHE_REBUILD_AHEAD", None, True, parse_bool),
         Key("shared_credentials_over_http", "GKX_JAX_CACHE_SHARED_CREDENTIALS_OVER_HTTP", None, False, parse_bool),
     )
 }

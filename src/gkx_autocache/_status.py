@@ -176,7 +176,9 @@ def features(store: dict[str, Any]) -> dict[str, str | None] | None:
             "cap": needs, "explain": store.get("explain") or needs,
             "ISA key": isa.removeprefix(UNKEYED) if isa.startswith(UNKEYED) else None, "levels": needs,
             "host callbacks": needs or (store.get("callbacks") if "callbacks" in store
-                                        else "not known: recorded by an older gkx-autocache")}
+                                        else "not known: recorded by an older gkx-autocache"),
+            "rebuild": needs or (store.get("rebuild") if "rebuild" in store
+                                 else "not known: recorded by an older gkx-autocache")}
 
 
 def line_features(ctx: Any) -> tuple[dict[str, str | None] | None, str]:

@@ -18,6 +18,7 @@ JAX's seams, patched by ``_jax.caching.serve_file_caches`` (if one changes, JAX'
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -59,17 +60,36 @@ def compile_clock() -> float:
     return total
 
 
+class NoRecords:
+    """No records kept (a directory someone else gave JAX), and no rebuild in this process: the
+    store's ports for them (SPEC §18) answered as nothing."""
+
+    def keep(self, key: str, compile_secs: float | None) -> tuple[int, str | None]:
+        return 0, None
+
+    def copy(self, key: str, data: bytes) -> int:
+        return 0
+
+    def missed(self, key: str) -> bool:
+        return False
+
+
 class Store:
     """JAX's ``CacheInterface`` over ``chain``, for the version directory ``path`` (real);
-    ``leases``: a key one process compiles, the others wait for (``_local.lease``)."""
+    ``leases``: a key one process compiles, the others wait for (``_local.lease``); ``records``:
+    keeps each written entry's record (``_rebuild.keeper``); ``rebuilds``: told of each miss, which
+    waits where a rebuild in this process compiles its key (``_rebuild.ahead``)."""
 
     def __init__(self, path: str, chain: Chain, recorder: Any,
-                 leases: _lease.Leases | _lease.Unleased | None = None) -> None:
+                 leases: _lease.Leases | _lease.Unleased | None = None,
+                 records: Any = None, rebuilds: Any = None) -> None:
         self._path = path  # JAX's VerificationCache reads this attribute
         self._chain = chain
         self._local = chain.local
         self._recorder = recorder
         self._leases = leases if leases is not None else _lease.Unleased()
+        self._records = records if records is not None else NoRecords()
+        self._rebuilds = rebuilds if rebuilds is not None else NoRecords()
         self._misses = threading.local()  # key -> process CPU time at the miss, per thread
         self._served = threading.local()  # the key whose bytes this thread was last given
 
@@ -85,6 +105,8 @@ class Store:
 
     def get(self, key: str) -> bytes | None:
         looked = self._chain.lookup(key)
+        if looked.entry is None and self._rebuilds.missed(key):  # compiled by a rebuild here meanwhile: its entry
+            looked = self._chain.lookup(key)
         if looked.entry is None and not looked.refused and self._local.writable:
             looked = self._settle(key, looked)
         recorder = self._recorder
@@ -94,7 +116,8 @@ class Store:
                 recorder.put(key, looked.receipt.disk, looked.receipt.compile_secs, landed=True)
             if looked.backfilled is not None:
                 recorder.put(key, looked.backfilled, entry.compile_secs or 0.0)
-            recorder.hit(key, len(entry.data), entry.compile_secs or 0.0, looked.run)  # (a shared one: another run's)
+            recorder.hit(key, len(entry.data), entry.compile_secs or 0.0, looked.run,  # (a shared one: another run's)
+                         rebuilt=looked.rebuilt)
             self._served.key = key
             return bytes(entry.data)
         self._missed(key)
@@ -118,9 +141,9 @@ class Store:
         data, why = local.read(key)
         if data is None or why is not None:
             return missed
-        compile_secs, written, run = local.compile_secs(key, data)
+        compile_secs, written, run, rebuilt = local.compile_secs(key, data)
         logger.debug("%s: another process compiled it while this one waited", key)
-        return Lookup(Entry(data, compile_secs, written), "local", run)
+        return Lookup(Entry(data, compile_secs, written), "local", run, rebuilt=rebuilt)
 
     # -- the compile that follows a miss ---------------------------------------------------------
 
@@ -180,7 +203,23 @@ class Store:
             logger.debug("cannot write %s: %s", local.entry(key), exc)
             self._uncached(key, "WRITE_FAILED", exc.strerror or str(exc))
             return
-        self._recorder.put(key, written, compile_secs or 0.0)
+        kept, unrecorded = self._records.keep(key, compile_secs)
+        self._recorder.put(key, written + kept, compile_secs or 0.0, unrecorded=unrecorded)
+
+    def has(self, key: str) -> bool:
+        """Whether the local level holds an entry of ``key`` (a rebuild skips it)."""
+        return self._local.has(key)
+
+    def rebuilt(self, key: str, value: bytes, compile_secs: float, record: bytes) -> int:
+        """An entry a rebuild compiled from ``record`` (SPEC §18), written as a compile's is (atomic,
+        with its compile time, sealed where a key is set, handed to the shared level), with its
+        record beside it; the bytes written. Raises OSError (read-only, a disk full)."""
+        if not self._local.writable:
+            raise OSError(errno.EROFS, "this user cannot write the cache (a baked image)")
+        written = self._chain.write(key, value, compile_secs, self._recorder.run.id, rebuilt=True)
+        written += self._records.copy(key, record)
+        self._recorder.put(key, written, compile_secs, rebuilt=True)
+        return written
 
 
 # -- installing the store into JAX ------------------------------------------------------------
@@ -188,20 +227,22 @@ class Store:
 
 def install(jax: Any, version_dir: str, chain: Chain | None, recorder: Any,
             route: Callable[[str], tuple[str, str] | None], recheck: Callable[[str], str | None],
-            target: Any, keyed: Callable[[], bool], leases: _lease.Leases | None = None) -> str | None:
+            target: Any, keyed: Callable[[], bool], leases: _lease.Leases | None = None,
+            records: Any = None, rebuilds: Any = None) -> str | None:
     """Serve JAX's cache objects as ``route`` says (``_jax.caching.serve_file_caches``): the store over
     ``chain`` for the package's own ``version_dir`` (None: this JAX's cache module lacks what the
     store needs, and it does not serve), and over a chain of a local level of its own for a
     directory someone else gave JAX that may be trusted; why the store does not serve (JAX's stock
     cache then serves, checked at each lookup by ``recheck``), or None; ``target`` and ``keyed``:
     the ``cpu_target`` a local level checks entries against (``LocalLevel``); ``leases``: this
-    process's, which every store it makes shares (``_local.lease``). Which store JAX has is JAX's
+    process's, which every store it makes shares (``_local.lease``); ``records`` and ``rebuilds``:
+    the package's own directory's records and rebuilds (SPEC §18). Which store JAX has is JAX's
     own to say (``current``): nothing is kept here."""
     ours = os.path.realpath(version_dir)
 
     def make(real: str, writable: bool, sample: bytes, decompress: Any, check_payload: bool) -> Store:
         if real == ours and chain is not None:
-            return Store(real, chain, recorder, leases)
+            return Store(real, chain, recorder, leases, records, rebuilds)
         local = LocalLevel(real, compression=compression_of(sample) or "zlib", decompress=decompress, team=False,
                            writable=writable, check_payload=lambda: check_payload, signs=False,
                            whole=_mount.bucket_mount(real) is not None, target=target, keyed=keyed)

@@ -79,6 +79,7 @@ ELSEWHERE = {  # command -> (its module in _cli, its function)
     "ci-key": ("ci", "cmd_ci_key"), "clear": ("manage", "cmd_clear"), "prune": ("manage", "cmd_prune"),
     "verify": ("manage", "cmd_verify"), "export": ("manage", "cmd_export"), "import": ("manage", "cmd_import"),
     "config": ("config", "cmd_config"), "completion": ("completion", "cmd_completion"),
+    "rebuild": ("rebuild", "cmd_rebuild"),
 }
 
 
@@ -169,6 +170,15 @@ def build_parser() -> Parser:
     bundle_in.add_argument("file", help="the archive to read")
     bundle_in.add_argument("--sha256", metavar="HASH", help="refuse unless the archive has this sha256 (from its author)")
     bundle_in.add_argument("--force", action="store_true", help="import a bundle made for another JAX or platform")
+    rebuild = add("rebuild", elsewhere("rebuild"),
+                  "compile again, in parallel, the entries recorded under another JAX version or other flags")
+    rebuild.add_argument("--jobs", metavar="N", type=int, help="compile N at a time (default: the cores)")
+    rebuild.add_argument("--program", metavar="NAME",
+                         help="only the records of programs whose name contains NAME (train.py, pytest)")
+    rebuild.add_argument("--from", dest="source", metavar="VERSION",
+                         help="read the records of this JAX version's directory only (this: this one's); "
+                              "default: this one's and the newest older one's")
+    rebuild.add_argument("--dry-run", action="store_true", help="say what would be compiled, and compile nothing")
     add("demo", cmd_demo, "run a compile-heavy JAX program cold, then warm")
     add("completion", elsewhere("completion"), "print a shell's completion script (bash, zsh, fish)").add_argument(
         "shell", choices=("bash", "zsh", "fish"), help="the shell: eval \"$(gkx-autocache completion bash)\" in ~/.bashrc")

@@ -77,6 +77,8 @@ def stats_line(t: dict[str, Any]) -> str:
     lookups not served, each with its breakdown."""
     rate = f" ({t['hit_rate']:.0%} hit rate)" if t["hit_rate"] is not None else ""
     own = f", {t['own_hits']} of them of a run's own compiles" if t["own_hits"] else ""
+    if t.get("rebuilt_hits"):  # entries a rebuild compiled from records (SPEC §18)
+        own += f", {t['rebuilt_hits']} of entries rebuilt from records"
     cost = f" ({human_secs(t['not_cached_secs'])} compile, paid again every run)" if t.get("not_cached_secs") else ""
     not_cached = f", {t['not_cached']} not cached{cost}" if t["not_cached"] else ""
     return (f"{plural(t['hits'], 'hit')}{own}, {plural(t['misses'], 'miss', 'misses')}{rate}{not_cached}, "
@@ -92,4 +94,10 @@ def causes_lines(t: dict[str, Any]) -> list[str]:
     if t["not_cached_by_reason"]:
         lines.append("compiles not cached, by reason:")
         lines.extend(f"  {n:8d}  {reason}" for reason, n in t["not_cached_by_reason"].items())
+    if t.get("rebuilt"):
+        lines.append(f"rebuilt: {plural(t['rebuilt'], 'entry', 'entries')} compiled again from records "
+                     f"(gkx-autocache rebuild, or ahead), {t.get('rebuilt_hits', 0)} hits of them")
+    if t.get("unrecorded"):  # what rebuild cannot make again (SPEC §18)
+        lines.append("entries written without a record (rebuild cannot make them again), by why:")
+        lines.extend(f"  {n:8d}  {why}" for why, n in t["unrecorded"].items())
     return lines

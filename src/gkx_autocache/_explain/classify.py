@@ -25,8 +25,9 @@ from gkx_autocache._explain.facts import (
     Facts,
     runs,
 )
+from gkx_autocache._formats import read_sidecar
 from gkx_autocache._key import PARTS
-from gkx_autocache._layout import ENTRY_SUFFIX, VERSION_PREFIX, function_name
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, RECORD_SIDECAR, VERSION_PREFIX, function_name
 from gkx_autocache._record import index as _index
 from gkx_autocache._record.index import Evidence, Record
 
@@ -60,6 +61,12 @@ def classify(key: str, facts: Facts, evidence: Evidence, run: str) -> dict[str, 
     same = [r for r in recorded if r.parts[0] == facts.parts[PARTS[0]]]
     if same:
         return changed_part(closest(same, facts), facts, evidence)
+    # Its entries here were all rebuilt from an older JAX's records (SPEC §18): this module is not
+    # one of those it lowered, so the upgrade is the cause, said as such, not a change of the code.
+    # (A rebuilt entry has no record of what its key was made of: no program compiled it here.)
+    if (recorded or unrecorded) and all(evidence.rebuilt(f"{name}-{r.hex}") for r in recorded) and \
+            all(evidence.rebuilt(k) for k in unrecorded) and (found := upgraded(name, evidence, facts.place)) is not None:
+        return found
     # Every entry of the name written by this run (this process, or another of the run: an xdist
     # worker, a pool), by its record or its sidecar; not one another run wrote while this one ran
     # (a sweep's other job): the directory held none before, so whatever this compile is, it is new.
@@ -515,7 +522,8 @@ def upgraded(name: str, evidence: Evidence, place: str) -> dict[str, Any] | None
     places = _places_of(other).get(name, set())
     if place != UNKNOWN_PLACE and place in places:
         return {"cause": causes.CHANGED_JAX, "detail": f"JAX {theirs} -> {mine}: the entries of {theirs} are in "
-                                                  f"{os.path.basename(other)}/; every entry is compiled once for {mine}"}
+                                                  f"{os.path.basename(other)}/; every entry is compiled once for {mine}"
+                                                  + _rebuilt(name, evidence.version_dir, other, theirs, mine)}
     if place != UNKNOWN_PLACE and places - {UNKNOWN_PLACE}:
         return None  # the older version's entries of this name are another function's
     if place == HELPER_PLACE:
@@ -523,11 +531,31 @@ def upgraded(name: str, evidence: Evidence, place: str) -> dict[str, Any] | None
         # none recorded at a user's function, are its helper's as well.
         return {"cause": causes.CHANGED_JAX, "detail": f"JAX {theirs} -> {mine}: {os.path.basename(other)}/ holds "
                                                   f"entries of {name}, which JAX compiles itself (recorded at no "
-                                                  f"function of yours); every entry is compiled once for {mine}"}
+                                                  f"function of yours); every entry is compiled once for {mine}"
+                                                  + _rebuilt(name, evidence.version_dir, other, theirs, mine)}
     known = ("holds JAX's own helper of that name, and this compile's code has no place to tell it by"
              if places == {HELPER_PLACE} else f"holds entries named {name}, with no record of where their code is")
     return {"cause": causes.CANNOT_TELL, "by": "jax",
             "detail": f"new, or JAX {theirs} -> {mine}: {os.path.basename(other)}/ {known}"}
+
+
+def _rebuilt(name: str, version_dir: str, other: str, theirs: str, mine: str) -> str:
+    """What a rebuild did for ``name`` (SPEC §18), said after a JAX upgrade's miss: the entries of it
+    rebuilt here from the older directory's records, none of which this compile is (its module
+    lowers differently under this JAX); or that such records wait for a rebuild."""
+    try:
+        recorded = sum(1 for e in os.listdir(other) if e.startswith(f"{name}-") and e.endswith(RECORD_SIDECAR))
+        rebuilt = sum(1 for e in os.listdir(version_dir) if e.startswith(f"{name}-") and e.endswith(COMPILE_SIDECAR)
+                      and read_sidecar(os.path.join(version_dir, e))[3])
+    except OSError:
+        return ""
+    if rebuilt:
+        return (f"; {rebuilt} of its entries here were rebuilt from the records of {theirs}, and this compile is not "
+                f"one of them: its module is not the one {theirs} lowered (JAX {mine} lowers it differently, or its "
+                "code changed since)")
+    if recorded:
+        return f"; {theirs} kept records of {recorded} of its entries: gkx-autocache rebuild compiles them for {mine}"
+    return ""
 
 
 _places: dict[str, dict[str, set[str]]] = {}  # another version dir -> function name -> where its entries' code is

@@ -21,4 +21,18 @@ def probe() -> dict[str, str | None]:
     needs = "they need the store" if store else None
     return {"store": store, "cap": needs, "explain": needs or explain,
             "ISA key": None if callable(attr(cache_key, "custom_hook")) else f"{HOOK} is missing", "levels": needs,
-            "host callbacks": needs or callbacks_problem(jax, compiler, compilation_cache)}
+            "host callbacks": needs or callbacks_problem(jax, compiler, compilation_cache),
+            "rebuild": needs or rebuild_problem()}
+
+
+def rebuild_problem() -> str | None:
+    """Why entries cannot be recorded and compiled again here (SPEC §18), or None."""
+    from gkx_autocache._jax.rebuild import Rebuilder
+    from gkx_autocache._jax.recipes import COMPILE_CHANGED
+    from gkx_autocache._jax.versions import loaded, parameters
+
+    compile_ = attr(loaded("compiler"), "compile_or_get_cached")
+    if compile_ is None or parameters(compile_)[:5] != ["backend", "computation", "devices", "compile_options",
+                                                        "host_callbacks"]:
+        return COMPILE_CHANGED
+    return Rebuilder().problem

@@ -18,7 +18,7 @@ from gkx_autocache import _cpu_target, _files, _formats, _trust
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._entry import Entry
 from gkx_autocache._formats import SEAL_LIMIT, compression_of, read_sidecar
-from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, SEAL_SIDECAR, TMP_SUFFIX
+from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, META_DIR, RECORD_SIDECAR, SEAL_SIDECAR, TMP_SUFFIX
 from gkx_autocache._local.landing import Landings, Receipt
 
 
@@ -136,15 +136,16 @@ class LocalLevel:
             return False
         return True
 
-    def compile_secs(self, key: str, data: bytes) -> tuple[float, float, str]:
-        """What the entry cost to compile, when it was written (0.0: unknown) and by which run ("")."""
-        recorded, written, by = read_sidecar(os.path.join(self.path, key + COMPILE_SIDECAR))
+    def compile_secs(self, key: str, data: bytes) -> tuple[float, float, str, bool]:
+        """What the entry cost to compile, when it was written (0.0: unknown), by which run (""), and
+        whether a rebuild compiled it (SPEC §18)."""
+        recorded, written, by, rebuilt = read_sidecar(os.path.join(self.path, key + COMPILE_SIDECAR))
         if recorded is not None:
-            return recorded, written, by
+            return recorded, written, by, rebuilt
         try:  # JAX's own record: whole seconds, in the first 4 bytes of the payload
-            return float(int.from_bytes(self._decompress(data)[:4], "big")), written, by
+            return float(int.from_bytes(self._decompress(data)[:4], "big")), written, by, rebuilt
         except Exception:
-            return 0.0, written, by
+            return 0.0, written, by, rebuilt
 
     def uploadable(self, key: str) -> Entry | None:
         """A writer's entry to heal the shared level with or to pack (SPEC §14), read as a hit
@@ -163,7 +164,7 @@ class LocalLevel:
         # The compile time as recorded (0.0 is a time: a compile the clock's ticks could not see), else none.
         compile_secs, written = None, 0.0
         if kept is None:
-            compile_secs, written, _ = read_sidecar(os.path.join(self.path, key + COMPILE_SIDECAR))
+            compile_secs, written, _, _ = read_sidecar(os.path.join(self.path, key + COMPILE_SIDECAR))
         return Entry(data, compile_secs, written, kept)
 
     # -- writing ---------------------------------------------------------------------------------
@@ -179,11 +180,12 @@ class LocalLevel:
         with _files.atomic(self.entry(key), self._file_mode, whole=self._whole) as f:
             f.write(data)
 
-    def write_sidecar(self, key: str, compile_secs: float, by: str = "", dated: float = 0.0) -> int:
-        """The compile time beside the entry (``dated``: when another run wrote it); its bytes, 0
-        where it could not be written."""
+    def write_sidecar(self, key: str, compile_secs: float, by: str = "", dated: float = 0.0,
+                      rebuilt: bool = False) -> int:
+        """The compile time beside the entry (``dated``: when another run wrote it; ``rebuilt``: a
+        rebuild compiled it); its bytes, 0 where it could not be written."""
         path = os.path.join(self.path, key + COMPILE_SIDECAR)
-        sidecar = _formats.sidecar(compile_secs, by)
+        sidecar = _formats.sidecar(compile_secs, by, rebuilt)
         if not _files.write_atomic(path, sidecar, self._file_mode, self._whole):
             return 0
         if dated and not self._whole:
@@ -218,14 +220,24 @@ class LocalLevel:
 
     # -- what the chain writes here ----------------------------------------------------------------
 
-    def put(self, key: str, data: bytes, compile_secs: float | None, by: str, seal: bytes | None) -> int:
+    def put(self, key: str, data: bytes, compile_secs: float | None, by: str, seal: bytes | None,
+            rebuilt: bool = False) -> int:
         """A compile's entry, its compile time (None: not measured) and the seal this process's key
-        made for it; the bytes written. Raises OSError (disk full, a name too long)."""
+        made for it (``rebuilt``: a rebuild compiled it); the bytes written. Raises OSError (disk
+        full, a name too long)."""
         self.write(key, data)
         written = len(data)
         if compile_secs is not None:
-            written += self.write_sidecar(key, compile_secs, by=by)
+            written += self.write_sidecar(key, compile_secs, by=by, rebuilt=rebuilt)
         return written + self.keep_seal(key, seal)
+
+    def keep_record(self, key: str, data: bytes) -> int:
+        """The entry's record (``<key>-gkx-record``, SPEC §18), atomically, in the entries' mode
+        (0600 in a private directory); its bytes, 0 where it could not be written (a disk full:
+        the entry is served, and rebuild cannot make it again)."""
+        if not _files.write_atomic(os.path.join(self.path, key + RECORD_SIDECAR), data, self._file_mode, self._whole):
+            return 0
+        return len(data)
 
     def believed(self, entry: Entry) -> Entry:
         """The shared entry with a compile time this process can stand behind: a claim no key of its

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from gkx_autocache import _files
 from gkx_autocache._diagnostics import logger
-from gkx_autocache._formats import sidecar_run
+from gkx_autocache._formats import sidecar_rebuilt, sidecar_run
 from gkx_autocache._key import PARTS
 from gkx_autocache._layout import COMPILE_SIDECAR, ENTRY_SUFFIX, INDEX_FILE, META_DIR, function_name
 
@@ -216,6 +216,11 @@ class Evidence:
             self._listing = listing
         known = {r.hex for r in recorded}
         return sorted(key for hex_, key in self._listing.get(name, {}).items() if hex_ not in known)
+
+    def rebuilt(self, key: str) -> bool:
+        """Whether a rebuild compiled the entry from an earlier JAX's or context's record (its
+        compile-time sidecar says so, SPEC §18)."""
+        return sidecar_rebuilt(_files.read(os.path.join(self.version_dir, key + COMPILE_SIDECAR), 128))
 
     def written_by(self, key: str) -> str:
         """The run that wrote an entry without a record, as its compile-time sidecar names it; ""

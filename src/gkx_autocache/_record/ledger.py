@@ -36,12 +36,12 @@ UNSUPPORTED = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errn
 
 # -- records ------------------------------------------------------------------------------------
 
-_FIELDS = {**dict.fromkeys(("bytes", "hits", "misses", "own_hits", "uncached", "pid", "born", "disk", "bytes_read"),
-                           "count"),
+_FIELDS = {**dict.fromkeys(("bytes", "hits", "misses", "own_hits", "uncached", "pid", "born", "disk", "bytes_read",
+                            "rebuilt_hits"), "count"),
            **dict.fromkeys(("saved", "compile", "t", "uncached_secs", "read", "reads", "tracing"), "number"),
            **dict.fromkeys(("key", "cause", "detail", "reason", "change", "run", "host", "label", "by", "off",
-                            "origin", "rerun"), "text"),
-           "own": "flag", "end": "flag", "helper": "flag", "more": "flag", "rec": "long", "causes": "counts",
+                            "origin", "rerun", "norec"), "text"),
+           "own": "flag", "rebuilt": "flag", "end": "flag", "helper": "flag", "more": "flag", "rec": "long", "causes": "counts",
            "reasons": "counts", "local": "level", "shared": "level", "traced": "seconds"}
 
 
@@ -145,11 +145,15 @@ class Totals:
     ``not_cached`` (compiles JAX does not write); each has its breakdown in full, ``causes`` and
     ``reasons``; the hit rate is over cacheable lookups."""
 
-    COUNTS = ("hits", "own_hits", "misses", "not_cached", "bytes_read", "bytes_written", "writes")
+    COUNTS = ("hits", "own_hits", "misses", "not_cached", "bytes_read", "bytes_written", "writes", "rebuilt_hits",
+              "rebuilt")
 
     def __init__(self) -> None:
         self.hits = 0
         self.own_hits = 0  # hits of entries written in the same run: not the cache being warm
+        self.rebuilt_hits = 0  # hits of entries a rebuild compiled from a record (SPEC §18)
+        self.rebuilt = 0  # entries a rebuild wrote (of ``writes``)
+        self.unrecorded: dict[str, int] = {}  # entries written without a record, by why (SPEC §18)
         self.misses = 0
         self.not_cached = 0
         self.saved_secs = 0.0
@@ -172,6 +176,7 @@ class Totals:
         if kind == "hit":
             self.hits += 1
             self.own_hits += bool(record.get("own"))
+            self.rebuilt_hits += bool(record.get("rebuilt"))
             self.saved_secs += record.get("saved", 0.0)
             self.bytes_read += record.get("bytes", 0)
             self.reads_secs += record.get("read", 0.0)
@@ -191,6 +196,9 @@ class Totals:
             self._cost(record, written=False)
         elif kind == "put":
             self.writes += 1
+            self.rebuilt += bool(record.get("rebuilt"))
+            if record.get("norec"):
+                _add_counts(self.unrecorded, {record["norec"][:200]: 1})
             self.bytes_written += record.get("bytes", 0)
             self._cost(record, written=True)
         elif kind == "levels":
@@ -198,6 +206,7 @@ class Totals:
         elif kind in ("sum", "tally"):  # a remote directory's process at exit; the repeats of a ledger
             self.hits += record.get("hits", 0)
             self.own_hits += record.get("own_hits", 0)
+            self.rebuilt_hits += record.get("rebuilt_hits", 0)
             self.misses += record.get("misses", 0)
             self.not_cached += record.get("uncached", 0)
             self.not_cached_secs += record.get("uncached_secs", 0.0)
@@ -223,7 +232,8 @@ class Totals:
 
     def tally(self) -> dict[str, Any]:
         """These counts as a ``tally`` record (what was counted but not written as records)."""
-        return {"e": "tally", "hits": self.hits, "own_hits": self.own_hits, "misses": self.misses,
+        return {"e": "tally", "hits": self.hits, "own_hits": self.own_hits, "rebuilt_hits": self.rebuilt_hits,
+                "misses": self.misses,
                 "uncached": self.not_cached, "uncached_secs": round(self.not_cached_secs, 6), "saved": round(self.saved_secs, 6), "bytes_read": self.bytes_read,
                 "causes": dict(self.causes), "reasons": dict(self.reasons), "reads": round(self.reads_secs, 6),
                 "tracing": round(self.tracing_secs, 6), "traced": slowest(self.traced)}
@@ -234,6 +244,7 @@ class Totals:
         _add_seconds(self.traced, other.traced, sign)
         _add_counts(self.causes, other.causes, sign)
         _add_counts(self.reasons, other.reasons, sign)
+        _add_counts(self.unrecorded, other.unrecorded, sign)
         add_levels(self.levels, other.levels, sign)
         if sign > 0:
             for name, (secs, writes) in other.functions.items():
@@ -249,6 +260,7 @@ class Totals:
     def to_json(self, functions: bool = True) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.COUNTS}
         data.update(saved_secs=round(self.saved_secs, 6), not_cached_secs=round(self.not_cached_secs, 6), causes=self.causes, reasons=self.reasons, levels=self.levels,
+                    unrecorded=self.unrecorded,
                     reads_secs=round(self.reads_secs, 6), tracing_secs=round(self.tracing_secs, 6), traced=slowest(self.traced))
         if functions:
             data["functions"] = self.functions
@@ -269,6 +281,7 @@ class Totals:
         totals.traced = _field("seconds", data.get("traced")) or {}
         totals.causes = _field("counts", data.get("causes")) or {}
         totals.reasons = _field("counts", data.get("reasons")) or {}
+        totals.unrecorded = _field("counts", data.get("unrecorded")) or {}
         if isinstance(data.get("levels"), dict):
             add_levels(totals.levels, data["levels"])
         functions = data.get("functions")

@@ -161,11 +161,13 @@ class Recorder:
                 pending = getattr(self._pending, "hit", None)
                 if pending is not None:
                     self._pending.hit = None
-                    key, nbytes, compile_secs, by = pending
+                    key, nbytes, compile_secs, by, rebuilt = pending
                     record = {"e": "hit", "key": key, "bytes": nbytes, "saved": round(max(compile_secs - duration_secs, 0.0), 6),
                               "read": round(max(duration_secs, 0.0), 6)}
                     if by == self.run.id:  # this run's own compile (SPEC §13.1), not one written while it ran
                         record["own"] = True
+                    if rebuilt:  # a rebuild compiled it from a record (SPEC §18)
+                        record["rebuilt"] = True
                     self._record(record, ("hit", key))
         except Exception:
             pass
@@ -173,11 +175,11 @@ class Recorder:
     # The store's calls. A miss is recorded once the compile's fate is known (written, or not
     # written and why), so that it gets one cause: a compile JAX never writes is "not cached:
     # host callbacks" on every run, not "new".
-    def hit(self, key: str, nbytes: int, compile_secs: float, by: str = "") -> None:
-        """An entry was read (written by the run ``by``, where its sidecar names one); it is
-        recorded when JAX reports its load time, on this thread."""
+    def hit(self, key: str, nbytes: int, compile_secs: float, by: str = "", rebuilt: bool = False) -> None:
+        """An entry was read (written by the run ``by``, where its sidecar names one; ``rebuilt``: a
+        rebuild compiled it); it is recorded when JAX reports its load time, on this thread."""
         self._settle()
-        self._pending.hit = (key, nbytes, compile_secs, by)
+        self._pending.hit = (key, nbytes, compile_secs, by, rebuilt)
 
     def miss(self, key: str, shared_off: str | None = None) -> None:
         self._pending.hit = None
@@ -215,12 +217,20 @@ class Recorder:
         process's landings count until the next fold), its ``put`` later (``put(landed=True)``)."""
         self._record({"e": "added", "disk": self._disk(nbytes)})
 
-    def put(self, key: str, nbytes: int, compile_secs: float, landed: bool = False) -> None:
-        self._pending.hit = None  # an entry read but not loadable is compiled and written again
-        self._settle()
+    def put(self, key: str, nbytes: int, compile_secs: float, landed: bool = False, rebuilt: bool = False,
+            unrecorded: str | None = None) -> None:
+        """An entry written (``rebuilt``: by a rebuild, not by a lookup's compile on this thread;
+        ``unrecorded``: why no record was kept with it, SPEC §18)."""
+        if not rebuilt:
+            self._pending.hit = None  # an entry read but not loadable is compiled and written again
+            self._settle()
         disk = 0 if landed else self._disk(nbytes)  # (a landing's blocks were counted as it landed)
         record: dict[str, Any] = {"e": "put", "key": key, "bytes": nbytes, "disk": disk,
                                   "compile": round(compile_secs, 6), "t": round(time.time(), 3)}
+        if rebuilt:
+            record["rebuilt"] = True
+        if unrecorded:
+            record["norec"] = unrecorded[:200]
         if self.explainer is not None:
             record.update(self.explainer.ingredients(key, self.run))
         self._record(record)
@@ -498,7 +508,8 @@ class Recorder:
 
             return {**empty(), "dirs": [used], "hits": self.jax_hits, "misses": self.requests - self.jax_hits,
                     "tracing_secs": t.tracing_secs}
-        return {"dirs": [used], "set_by": self.set_by, "store": True, "hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
+        return {"dirs": [used], "set_by": self.set_by, "store": True, "hits": t.hits, "own_hits": t.own_hits,
+                "rebuilt_hits": t.rebuilt_hits, "rebuilt": t.rebuilt, "misses": t.misses,
                 "causes": dict(t.causes), "not_cached": t.not_cached, "not_cached_secs": t.not_cached_secs, "reasons": dict(t.reasons),
                 "saved_secs": t.saved_secs, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
                 "tracing_secs": t.tracing_secs, "levels": {}, "shared": None}

@@ -64,7 +64,7 @@ class Reading:
 # -- a process's counts, as `report` and the pytest summary print them -------------------------
 
 NUMBERS = ("hits", "own_hits", "misses", "not_cached", "not_cached_secs", "saved_secs", "bytes_read", "bytes_written",
-           "tracing_secs")
+           "tracing_secs", "rebuilt_hits", "rebuilt")
 TABLES = ("causes", "reasons")
 
 
@@ -117,9 +117,13 @@ def summary_line(snap: dict[str, Any]) -> str:
               if snap.get("levels") and snap["hits"] else [])
     if snap["own_hits"]:
         within.append(f"{snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles")
+    if snap.get("rebuilt_hits"):  # entries a rebuild compiled from records (SPEC §18)
+        within.append(f"{snap['rebuilt_hits']} rebuilt")
     if within:
         hits += f" ({'; '.join(within)})"
     parts = [hits, f"{plural(snap['misses'], 'miss', 'misses')}{by_cause(snap['causes'])}"]
+    if snap.get("rebuilt"):
+        parts.append(f"{plural(snap['rebuilt'], 'entry', 'entries')} rebuilt ahead")
     if snap["not_cached"]:
         cost = f": {snap['not_cached_secs']:.2f} s compile" if snap.get("not_cached_secs") else ""
         parts.append(f"{snap['not_cached']} not cached{by_cause(snap['reasons'], cost)}")
@@ -153,7 +157,8 @@ def by_cause(causes: dict[str, int], after: str = "") -> str:
 def totals_dict(t: _ledger.Totals) -> dict[str, Any]:
     """The totals as ``stats --json`` and ``explain --json`` (``last_run``) name them."""
     lookups = t.hits + t.misses
-    return {"hits": t.hits, "own_hits": t.own_hits, "misses": t.misses,
+    return {"hits": t.hits, "own_hits": t.own_hits, "misses": t.misses, "rebuilt_hits": t.rebuilt_hits,
+            "rebuilt": t.rebuilt, "unrecorded": dict(sorted(t.unrecorded.items(), key=lambda kv: -kv[1])),
             "misses_by_cause": dict(sorted(t.causes.items(), key=lambda kv: -kv[1])),
             "not_cached": t.not_cached, "not_cached_secs": round(t.not_cached_secs, 3), "not_cached_by_reason": dict(sorted(t.reasons.items(), key=lambda kv: -kv[1])),
             "hit_rate": t.hits / lookups if lookups else None, "saved_secs": round(t.saved_secs, 3),
