@@ -87,7 +87,11 @@ def test_each_line_is_served_by_the_store_explained_and_capped(line: Venv, tmp_p
     assert status["store"]["store"] == "gkx-autocache", status["store"]
     assert not status["attention"], status["attention"]
 
-    _, flags_err = run(line, {**env, "XLA_FLAGS": "--xla_cpu_enable_fast_math=true"})
+    # Other flags: a cold start that is not a code change, which rebuild ahead serves (issue 69)
+    # but for the key the program reached first; that miss is explained.
+    flagged, flags_err = run(line, {**env, "XLA_FLAGS": "--xla_cpu_enable_fast_math=true"})
+    fresh, _ = run(line, {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "fresh"), "XLA_FLAGS": "--xla_cpu_enable_fast_math=true"})
+    assert flagged["result"] == fresh["result"] and flagged["hits"] < flagged["requests"], (flagged, fresh)
     explained = json.loads(line.cli("--json", "explain", env=env).stdout)
     causes = {group["cause"] for group in explained["groups"]}
     assert causes == {"changed XLA_FLAGS"}, (causes, flags_err)
@@ -95,10 +99,11 @@ def test_each_line_is_served_by_the_store_explained_and_capped(line: Venv, tmp_p
     totals = json.loads(line.cli("--json", "stats", env=env).stdout)["stats"]
     (present,) = json.loads(line.cli("--json", "status", env=env).stdout)["versions_present"]
     assert totals["writes"] == present["entries"] == 2 * cold["requests"], (totals, present, cold)
-    assert totals["hits"] == warm["hits"] and totals["misses"] == cold["requests"] * 2, (totals, warm)
+    assert totals["hits"] == warm["hits"] + flagged["hits"] == warm["hits"] + totals["rebuilt_hits"], (totals, warm)
+    assert totals["misses"] == cold["requests"] + flagged["requests"] - flagged["hits"], (totals, flagged)
     features = json.loads(line.cli("--json", "--version", env=env).stdout)["features"]
     assert features == {**dict.fromkeys(("store", "cap", "explain", "ISA key", "levels")),
-                        "host callbacks": CALLBACKS[version(line)]}, features
+                        "host callbacks": CALLBACKS[version(line)], "rebuild": None}, features
 
     capped = {**env, "GKX_JAX_CACHE_DIR": str(tmp_path / "capped"), "GKX_JAX_CACHE_MAX_SIZE": "64KiB"}
     _, capped_err = run(line, capped, n=40)
