@@ -309,3 +309,47 @@ def test_a_miss_whose_module_changed_across_the_upgrade_stays_changed_jax(cache:
     (detail,) = groups["changed JAX"].values()
     assert "were rebuilt from the records of 0.1.0" in detail and "this compile is not one of them" in detail, detail
     assert cache.stats()["rebuilt_hits"] >= 1
+
+
+def test_a_child_forked_while_ahead_rebuilds_does_not_keep_the_rebuild_lock(shared_venv: Venv, tmp_path: Path) -> None:
+    """A child forked while rebuild ahead holds the directory's rebuild lock (a worker pool started
+    after the first compile) does not hold it: once the parent is done, ``rebuild`` runs while the
+    child lives on (an ``flock`` is its open file's, and a child inherits the descriptor)."""
+    cache = Cache(shared_venv, tmp_path)
+    many = PROGRAM.replace("fns = [", "fns = [*(jax.jit(lambda v, i=i: jnp.tanh(v + i) @ v) for i in range(24)), ")
+    script = tmp_path / "train.py"
+    script.write_text(many)
+    assert shared_venv.run(str(script), env=cache.env, cwd=str(tmp_path)).returncode == 0
+    cache.upgrade()
+    script.write_text(many.replace("bits = [", """import fcntl, os, time
+fns[0](x)
+lock = os.path.join(os.environ["GKX_JAX_CACHE_DIR"], "VERSION_DIR", ".gkx-autocache", "rebuild.lock")
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:  # until rebuild ahead holds the lock
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        continue
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        break
+    finally:
+        os.close(fd)
+child = os.fork()
+if child == 0:
+    for out in (1, 2):  # (the test reads the parent's output to its end)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out)
+    time.sleep(120)
+    os._exit(0)
+print("child", child)
+bits = [""".replace("VERSION_DIR", VERSION_DIR)))
+    proc = shared_venv.run(str(script), env=cache.env, cwd=str(tmp_path), timeout=300)
+    assert proc.returncode == 0 and "rebuilt ahead" in proc.stderr, proc.stderr
+    (child,) = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("child ")]
+    try:
+        done = cache.cli("--json", "rebuild")
+        assert done.returncode == 0 and "another rebuild runs" not in done.stderr, done.stderr
+    finally:
+        os.kill(child, signal.SIGKILL)

@@ -119,12 +119,24 @@ class Ahead:
         self._started = False
         self._thread: threading.Thread | None = None
         self._rebuild: Any = None
+        self._locked: tuple[int, int, int] | None = None  # the rebuild lock held: its descriptor, device, inode
         self.outcome: Any = None  # what the rebuild came to, once it ran
         _fork.in_child(self._forked)
 
     def _forked(self) -> None:
         self._lock = threading.Lock()
         self._started, self._thread, self._rebuild = False, None, None
+        # An flock is its open file's: the child's copy of the descriptor would hold the rebuild lock
+        # for the child's whole life (a worker pool), long after the parent's rebuild ended.
+        locked, self._locked = self._locked, None
+        if locked is not None:
+            fd, device, inode = locked
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == (device, inode):
+                    os.close(fd)
+            except OSError:
+                pass
 
     def missed(self, key: str) -> bool:
         """A lookup missed ``key``: at the first, the check starts (in a thread); whether a rebuild
@@ -166,10 +178,14 @@ class Ahead:
         if fd is None:
             logger.debug("rebuild ahead: %s rebuilds %s already", holder, self.version_dir)
             return
+        if fd >= 0:
+            st = os.fstat(fd)
+            self._locked = (fd, st.st_dev, st.st_ino)
         try:
             self._rebuild_from(keys)
         finally:
             if fd >= 0:
+                self._locked = None
                 os.close(fd)
 
     def _rebuild_from(self, keys: dict[str, set[str]]) -> None:
