@@ -353,3 +353,39 @@ bits = [""".replace("VERSION_DIR", VERSION_DIR)))
         assert done.returncode == 0 and "another rebuild runs" not in done.stderr, done.stderr
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+SLOW = r"""
+import functools, os, sys, time
+import jax, jax.numpy as jnp
+from gkx_autocache import _store
+from gkx_autocache._rebuild import ahead
+
+x = jnp.ones((16, 16))
+slow = jax.jit(lambda v: functools.reduce(lambda a, i: jnp.sin(a @ a.T + i) * jnp.cos(a), range(150), v))
+if os.environ.get("COLD"):
+    slow(x).block_until_ready()
+else:
+    ahead.EXIT_WAIT = 0.1
+    jax.jit(lambda v: v + 1)(jnp.ones(3))  # a miss of a key with no record: ahead starts
+    rebuilds = _store.current()._rebuilds
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not getattr(rebuilds._rebuild, "_compiling", 0):
+        time.sleep(0.01)
+    print("compiling" if rebuilds._rebuild._compiling else "done", flush=True)
+"""
+
+
+def test_a_program_that_exits_while_ahead_compiles_exits_whole(shared_venv: Venv, tmp_path: Path) -> None:
+    """A program that ends while rebuild ahead is in a compile longer than the exit's wait exits
+    with its own status: a thread that comes back from XLA once the interpreter finalizes would
+    abort the process ("terminate called ... FATAL: exception not rethrown")."""
+    cache = Cache(shared_venv, tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text(SLOW)
+    cold = shared_venv.run(str(script), env={**cache.env, "COLD": "1"}, cwd=str(tmp_path), timeout=300)
+    assert cold.returncode == 0, cold.stderr
+    cache.upgrade()
+    proc = shared_venv.run(str(script), env=cache.env, cwd=str(tmp_path), timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ["compiling"], proc.stdout + proc.stderr
+    assert "terminate" not in proc.stderr and "FATAL" not in proc.stderr, proc.stderr

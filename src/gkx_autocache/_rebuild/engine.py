@@ -225,6 +225,12 @@ class Rebuild:
         self._compiling = 0  # compiles running now: each one's CPU is its share of the process's
         self.outcome = Outcome()
 
+    @property
+    def compiling(self) -> int:
+        """The compiles running now."""
+        with self._lock:
+            return self._compiling
+
     def stop(self, why: str) -> None:
         """Take no more records (those compiling finish)."""
         with self._lock:
