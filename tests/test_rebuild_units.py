@@ -271,11 +271,23 @@ class FakeJax:
 
 
 class FakeStore:
-    def __init__(self, present: set[str] = set(), full_after: int | None = None) -> None:  # noqa: B006
+    def __init__(self, present: set[str] = set(), full_after: int | None = None,  # noqa: B006
+                 elsewhere: set[str] = set()) -> None:  # noqa: B006
         self.path = "/nowhere"
         self.present = set(present)
         self.written: list[str] = []
         self.full_after = full_after
+        self.elsewhere = elsewhere  # keys another process is compiling now
+        self.held: set[str] = set()
+
+    def lease(self, key: str, compile_secs: float) -> bool:
+        if key in self.elsewhere:
+            return False
+        self.held.add(key)
+        return True
+
+    def let_go(self, key: str) -> None:
+        self.held.discard(key)
 
     def has(self, key: str) -> bool:
         return key in self.present
@@ -368,3 +380,12 @@ def test_a_rebuild_ahead_stops_where_the_program_compiles_none_of_its_keys() -> 
         related.wait(f"jit_f-{i + 40:064x}")  # keys the rebuild computes: the same modules
     out = engine.Rebuild(FakeStore(), FakeJax(secs=0.01), jobs=1, claims=related).run(records(*range(10, 50)))
     assert out.stopped is None and out.rebuilt == 32 and out.taken == 8, vars(out)
+
+
+def test_a_key_another_process_compiles_now_is_left_to_it() -> None:
+    """A key whose lease another process holds (it compiles it now) is not compiled a second time
+    by the rebuild; every lease the rebuild took is let go."""
+    store = FakeStore(elsewhere={f"jit_f-{2:064x}"})
+    out = engine.Rebuild(store, FakeJax(secs=0.0), jobs=2).run(records(1, 2, 3))
+    assert out.rebuilt == 2 and f"jit_f-{2:064x}" not in store.written, vars(out)
+    assert out.failed == {"another process compiles it now": 1} and store.held == set(), vars(out)

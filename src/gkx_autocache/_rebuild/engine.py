@@ -22,6 +22,7 @@ from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import RECORD_SIDECAR, VERSION_PREFIX, key_match
 from gkx_autocache._rebuild import record as _record
 
+ELSEWHERE = "another process compiles it now"
 TEAM_UNSIGNED = ("in a directory others can write (a team directory), records are read only when signed: set "
                  "GKX_JAX_CACHE_SIGNING_KEY")
 
@@ -33,6 +34,10 @@ class Target(Protocol):
     def path(self) -> str: ...
 
     def has(self, key: str) -> bool: ...
+
+    def lease(self, key: str, compile_secs: float) -> bool: ...
+
+    def let_go(self, key: str) -> None: ...
 
     def rebuilt(self, key: str, value: bytes, compile_secs: float, record: bytes) -> int: ...
 
@@ -318,7 +323,14 @@ class Rebuild:
         try:
             if self._target.has(item.key):  # (written meanwhile: another process, the program)
                 return "present", 0, 0.0
-            return self._compile(item.found, item.key, item.backend, item.module, item.devices, item.options)
+            # Once per key across processes, as a miss: copies of the program started together
+            # wait for this compile, and one that another process is in is left to it.
+            if not self._target.lease(item.key, float(item.found.record.fields.get("compile", 0.0))):
+                return ("present", 0, 0.0) if self._target.has(item.key) else (ELSEWHERE, 0, 0.0)
+            try:
+                return self._compile(item.found, item.key, item.backend, item.module, item.devices, item.options)
+            finally:
+                self._target.let_go(item.key)
         finally:
             self._claims.done(item.key)
 
