@@ -389,3 +389,26 @@ def test_a_program_that_exits_while_ahead_compiles_exits_whole(shared_venv: Venv
     proc = shared_venv.run(str(script), env=cache.env, cwd=str(tmp_path), timeout=300)
     assert proc.returncode == 0 and proc.stdout.split() == ["compiling"], proc.stdout + proc.stderr
     assert "terminate" not in proc.stderr and "FATAL" not in proc.stderr, proc.stderr
+
+
+def test_a_rebuild_interrupted_mid_compile_ends_whole(shared_venv: Venv, tmp_path: Path) -> None:
+    """Ctrl-C on ``rebuild`` while it compiles: it stops taking records, lets the compile running
+    end, and exits 1 with whole entries only; never the abort of a thread that comes back from XLA
+    while the interpreter finalizes ("terminate called ... FATAL: exception not rethrown")."""
+    cache = Cache(shared_venv, tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text(SLOW)
+    cold = shared_venv.run(str(script), env={**cache.env, "COLD": "1"}, cwd=str(tmp_path), timeout=300)
+    assert cold.returncode == 0, cold.stderr
+    cache.upgrade()
+    proc = subprocess.Popen([cache.venv.python, "-m", "gkx_autocache", "rebuild", "--jobs", "1"],
+                            env={**cache.venv.env, **cache.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(cache.vdir.glob("*-cache")):  # the small ones are in
+        time.sleep(0.05)
+    time.sleep(1.0)  # the slow one compiles
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode in (0, 1) and "terminate" not in err and "FATAL" not in err, (proc.returncode, err)
+    assert not [p for p in cache.vdir.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]

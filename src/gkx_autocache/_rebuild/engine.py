@@ -287,8 +287,18 @@ class Rebuild:
         threads += [threading.Thread(target=work, name=f"gkx-autocache rebuild {i}", daemon=True) for i in range(jobs)]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        # Not ``join``: one that Ctrl-C interrupts marks its thread stopped while it still runs
+        # (CPython 3.11's threading, bpo-45274), and nothing could wait for it any more.
+        try:
+            while any(thread.is_alive() for thread in threads):
+                time.sleep(0.02)
+        except KeyboardInterrupt:
+            # A compile cannot be interrupted, and a thread that comes back from XLA once the
+            # interpreter finalizes aborts the process ("terminate called ..."): the running ones end first.
+            self.stop("interrupted")
+            while any(thread.is_alive() for thread in threads):
+                time.sleep(0.02)
+            raise
         self.outcome.seconds = time.perf_counter() - started
         return self.outcome
 
