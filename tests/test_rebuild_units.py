@@ -389,3 +389,25 @@ def test_a_key_another_process_compiles_now_is_left_to_it() -> None:
     out = engine.Rebuild(store, FakeJax(secs=0.0), jobs=2).run(records(1, 2, 3))
     assert out.rebuilt == 2 and f"jit_f-{2:064x}" not in store.written, vars(out)
     assert out.failed == {"another process compiles it now": 1} and store.held == set(), vars(out)
+
+
+def test_a_child_forked_while_a_rebuild_thread_notes_a_key_can_note_its_own(tmp_path: Path) -> None:
+    """A fork while a thread of the parent holds the keeper's lock (a rebuild ahead noting an entry
+    it wrote) leaves the child a lock of its own: its own records are kept, never a hang."""
+    kept = keeper.Keeper(str(tmp_path), lambda key, data: len(data), False, None,
+                         lambda: keeper.Program("p" * 32, "train.py", "c" * 16), "0.0")
+    kept._lock.acquire()  # as the parent's rebuild thread holds it, at the fork
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            import signal
+
+            signal.alarm(10)  # (a hang ends the child, and the test fails)
+            kept.noted()
+            code = 0
+        finally:
+            os._exit(code)
+    kept._lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
