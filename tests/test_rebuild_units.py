@@ -272,11 +272,12 @@ class FakeJax:
 
 class FakeStore:
     def __init__(self, present: set[str] = set(), full_after: int | None = None,  # noqa: B006
-                 elsewhere: set[str] = set()) -> None:  # noqa: B006
+                 elsewhere: set[str] = set(), full: int = errno.ENOSPC) -> None:  # noqa: B006
         self.path = "/nowhere"
         self.present = set(present)
         self.written: list[str] = []
         self.full_after = full_after
+        self.full = full
         self.elsewhere = elsewhere  # keys another process is compiling now
         self.held: set[str] = set()
 
@@ -294,7 +295,7 @@ class FakeStore:
 
     def rebuilt(self, key: str, value: bytes, compile_secs: float, data: bytes) -> int:
         if self.full_after is not None and len(self.written) >= self.full_after:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(self.full, os.strerror(self.full))
         self.written.append(key)
         self.present.add(key)
         return len(value)
@@ -335,9 +336,11 @@ def test_a_rebuild_stops_at_the_cap_and_says_so() -> None:
     assert sum(out.failed.values()) == 1 and out.done < 10
 
 
-def test_a_full_disk_stops_the_rebuild() -> None:
-    """A write that finds the disk full stops the rebuild (the next write would too), said once."""
-    store = FakeStore(full_after=3)
+@pytest.mark.parametrize("full", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG])
+def test_a_full_disk_stops_the_rebuild(full: int) -> None:
+    """A write that finds the disk full, the quota or the file size limit (``ulimit -f``) reached
+    stops the rebuild (the next write would fail too: its compile would be lost), said once."""
+    store = FakeStore(full_after=3, full=full)
     out = engine.Rebuild(store, FakeJax(secs=0.0), jobs=1).run(records(*range(10, 20)))
     assert out.rebuilt == 3 and (out.stopped or "").startswith("disk"), vars(out)
     assert out.done == 4

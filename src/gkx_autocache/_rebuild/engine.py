@@ -378,7 +378,7 @@ class Rebuild:
         try:
             written = self._target.rebuilt(key, entry, cpu, found.data)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):  # (EFBIG: `ulimit -f`)
                 self.stop(f"disk: {exc.strerror or exc}")
             return f"not written ({exc.strerror or exc})", 0, cpu
         return "rebuilt", written, cpu
