@@ -146,6 +146,21 @@ def test_a_lease_whose_process_is_gone_is_broken_and_taken(vdir: Path) -> None:
     assert _lease.parse((folder(vdir) / KEY).read_bytes())[1] == os.getpid()  # type: ignore[index]
 
 
+def test_a_rebuild_leaves_a_key_another_process_compiles_and_holds_those_it_compiles(vdir: Path) -> None:
+    """A rebuild (``rebuild``, or ahead) takes the lease of each key it compiles, without waiting:
+    a key another process is compiling now is left to it (``BUSY``), and one it takes makes the
+    other processes that miss it wait for its entry; the write lets it go."""
+    plant(vdir)  # another process compiles KEY now
+    leases = Leases(LONG)
+    assert leases.take(str(vdir), False, KEY, never) == _lease.BUSY
+    other = "jit_g-" + "cd" * 32
+    assert leases.take(str(vdir), False, other, never) == HELD
+    assert _lease.parse((folder(vdir) / other).read_bytes())[1] == os.getpid()  # type: ignore[index]
+    leases.release(str(vdir), other)
+    assert not (folder(vdir) / other).exists()
+    assert leases.take(str(vdir), False, other, lambda: True) == READY  # written meanwhile
+
+
 def test_a_lease_whose_heartbeat_stopped_is_broken(vdir: Path) -> None:
     """A holder on another host (no pid to ask) whose heartbeat stopped: broken, taken."""
     plant(vdir, host="elsewhere", pid=1, mtime=time.time() - _lease.STALE - 30)

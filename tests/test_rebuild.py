@@ -309,3 +309,106 @@ def test_a_miss_whose_module_changed_across_the_upgrade_stays_changed_jax(cache:
     (detail,) = groups["changed JAX"].values()
     assert "were rebuilt from the records of 0.1.0" in detail and "this compile is not one of them" in detail, detail
     assert cache.stats()["rebuilt_hits"] >= 1
+
+
+def test_a_child_forked_while_ahead_rebuilds_does_not_keep_the_rebuild_lock(shared_venv: Venv, tmp_path: Path) -> None:
+    """A child forked while rebuild ahead holds the directory's rebuild lock (a worker pool started
+    after the first compile) does not hold it: once the parent is done, ``rebuild`` runs while the
+    child lives on (an ``flock`` is its open file's, and a child inherits the descriptor)."""
+    cache = Cache(shared_venv, tmp_path)
+    many = PROGRAM.replace("fns = [", "fns = [*(jax.jit(lambda v, i=i: jnp.tanh(v + i) @ v) for i in range(24)), ")
+    script = tmp_path / "train.py"
+    script.write_text(many)
+    assert shared_venv.run(str(script), env=cache.env, cwd=str(tmp_path)).returncode == 0
+    cache.upgrade()
+    script.write_text(many.replace("bits = [", """import fcntl, os, time
+fns[0](x)
+lock = os.path.join(os.environ["GKX_JAX_CACHE_DIR"], "VERSION_DIR", ".gkx-autocache", "rebuild.lock")
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:  # until rebuild ahead holds the lock
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        continue
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        break
+    finally:
+        os.close(fd)
+child = os.fork()
+if child == 0:
+    for out in (1, 2):  # (the test reads the parent's output to its end)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out)
+    time.sleep(120)
+    os._exit(0)
+print("child", child)
+bits = [""".replace("VERSION_DIR", VERSION_DIR)))
+    proc = shared_venv.run(str(script), env=cache.env, cwd=str(tmp_path), timeout=300)
+    assert proc.returncode == 0 and "rebuilt ahead" in proc.stderr, proc.stderr
+    (child,) = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("child ")]
+    try:
+        done = cache.cli("--json", "rebuild")
+        assert done.returncode == 0 and "another rebuild runs" not in done.stderr, done.stderr
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+SLOW = r"""
+import functools, os, sys, time
+import jax, jax.numpy as jnp
+from gkx_autocache import _store
+from gkx_autocache._rebuild import ahead
+
+x = jnp.ones((16, 16))
+slow = jax.jit(lambda v: functools.reduce(lambda a, i: jnp.sin(a @ a.T + i) * jnp.cos(a), range(150), v))
+if os.environ.get("COLD"):
+    slow(x).block_until_ready()
+else:
+    ahead.EXIT_WAIT = 0.1
+    jax.jit(lambda v: v + 1)(jnp.ones(3))  # a miss of a key with no record: ahead starts
+    rebuilds = _store.current()._rebuilds
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not getattr(rebuilds._rebuild, "_compiling", 0):
+        time.sleep(0.01)
+    print("compiling" if rebuilds._rebuild._compiling else "done", flush=True)
+"""
+
+
+def test_a_program_that_exits_while_ahead_compiles_exits_whole(shared_venv: Venv, tmp_path: Path) -> None:
+    """A program that ends while rebuild ahead is in a compile longer than the exit's wait exits
+    with its own status: a thread that comes back from XLA once the interpreter finalizes would
+    abort the process ("terminate called ... FATAL: exception not rethrown")."""
+    cache = Cache(shared_venv, tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text(SLOW)
+    cold = shared_venv.run(str(script), env={**cache.env, "COLD": "1"}, cwd=str(tmp_path), timeout=300)
+    assert cold.returncode == 0, cold.stderr
+    cache.upgrade()
+    proc = shared_venv.run(str(script), env=cache.env, cwd=str(tmp_path), timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ["compiling"], proc.stdout + proc.stderr
+    assert "terminate" not in proc.stderr and "FATAL" not in proc.stderr, proc.stderr
+
+
+def test_a_rebuild_interrupted_mid_compile_ends_whole(shared_venv: Venv, tmp_path: Path) -> None:
+    """Ctrl-C on ``rebuild`` while it compiles: it stops taking records, lets the compile running
+    end, and exits 1 with whole entries only; never the abort of a thread that comes back from XLA
+    while the interpreter finalizes ("terminate called ... FATAL: exception not rethrown")."""
+    cache = Cache(shared_venv, tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text(SLOW)
+    cold = shared_venv.run(str(script), env={**cache.env, "COLD": "1"}, cwd=str(tmp_path), timeout=300)
+    assert cold.returncode == 0, cold.stderr
+    cache.upgrade()
+    proc = subprocess.Popen([cache.venv.python, "-m", "gkx_autocache", "rebuild", "--jobs", "1"],
+                            env={**cache.venv.env, **cache.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(cache.vdir.glob("*-cache")):  # the small ones are in
+        time.sleep(0.05)
+    time.sleep(1.0)  # the slow one compiles
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode in (0, 1) and "terminate" not in err and "FATAL" not in err, (proc.returncode, err)
+    assert not [p for p in cache.vdir.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]

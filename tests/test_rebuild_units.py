@@ -271,18 +271,31 @@ class FakeJax:
 
 
 class FakeStore:
-    def __init__(self, present: set[str] = set(), full_after: int | None = None) -> None:  # noqa: B006
+    def __init__(self, present: set[str] = set(), full_after: int | None = None,  # noqa: B006
+                 elsewhere: set[str] = set(), full: int = errno.ENOSPC) -> None:  # noqa: B006
         self.path = "/nowhere"
         self.present = set(present)
         self.written: list[str] = []
         self.full_after = full_after
+        self.full = full
+        self.elsewhere = elsewhere  # keys another process is compiling now
+        self.held: set[str] = set()
+
+    def lease(self, key: str, compile_secs: float) -> bool:
+        if key in self.elsewhere:
+            return False
+        self.held.add(key)
+        return True
+
+    def let_go(self, key: str) -> None:
+        self.held.discard(key)
 
     def has(self, key: str) -> bool:
         return key in self.present
 
     def rebuilt(self, key: str, value: bytes, compile_secs: float, data: bytes) -> int:
         if self.full_after is not None and len(self.written) >= self.full_after:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(self.full, os.strerror(self.full))
         self.written.append(key)
         self.present.add(key)
         return len(value)
@@ -323,9 +336,11 @@ def test_a_rebuild_stops_at_the_cap_and_says_so() -> None:
     assert sum(out.failed.values()) == 1 and out.done < 10
 
 
-def test_a_full_disk_stops_the_rebuild() -> None:
-    """A write that finds the disk full stops the rebuild (the next write would too), said once."""
-    store = FakeStore(full_after=3)
+@pytest.mark.parametrize("full", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG])
+def test_a_full_disk_stops_the_rebuild(full: int) -> None:
+    """A write that finds the disk full, the quota or the file size limit (``ulimit -f``) reached
+    stops the rebuild (the next write would fail too: its compile would be lost), said once."""
+    store = FakeStore(full_after=3, full=full)
     out = engine.Rebuild(store, FakeJax(secs=0.0), jobs=1).run(records(*range(10, 20)))
     assert out.rebuilt == 3 and (out.stopped or "").startswith("disk"), vars(out)
     assert out.done == 4
@@ -368,3 +383,34 @@ def test_a_rebuild_ahead_stops_where_the_program_compiles_none_of_its_keys() -> 
         related.wait(f"jit_f-{i + 40:064x}")  # keys the rebuild computes: the same modules
     out = engine.Rebuild(FakeStore(), FakeJax(secs=0.01), jobs=1, claims=related).run(records(*range(10, 50)))
     assert out.stopped is None and out.rebuilt == 32 and out.taken == 8, vars(out)
+
+
+def test_a_key_another_process_compiles_now_is_left_to_it() -> None:
+    """A key whose lease another process holds (it compiles it now) is not compiled a second time
+    by the rebuild; every lease the rebuild took is let go."""
+    store = FakeStore(elsewhere={f"jit_f-{2:064x}"})
+    out = engine.Rebuild(store, FakeJax(secs=0.0), jobs=2).run(records(1, 2, 3))
+    assert out.rebuilt == 2 and f"jit_f-{2:064x}" not in store.written, vars(out)
+    assert out.failed == {"another process compiles it now": 1} and store.held == set(), vars(out)
+
+
+def test_a_child_forked_while_a_rebuild_thread_notes_a_key_can_note_its_own(tmp_path: Path) -> None:
+    """A fork while a thread of the parent holds the keeper's lock (a rebuild ahead noting an entry
+    it wrote) leaves the child a lock of its own: its own records are kept, never a hang."""
+    kept = keeper.Keeper(str(tmp_path), lambda key, data: len(data), False, None,
+                         lambda: keeper.Program("p" * 32, "train.py", "c" * 16), "0.0")
+    kept._lock.acquire()  # as the parent's rebuild thread holds it, at the fork
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            import signal
+
+            signal.alarm(10)  # (a hang ends the child, and the test fails)
+            kept.noted()
+            code = 0
+        finally:
+            os._exit(code)
+    kept._lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status

@@ -210,6 +210,18 @@ class Store:
         """Whether the local level holds an entry of ``key`` (a rebuild skips it)."""
         return self._local.has(key)
 
+    def lease(self, key: str, compile_secs: float) -> bool:
+        """Whether a rebuild may compile ``key`` now: its lease taken, as a miss takes it (the
+        processes that miss it meanwhile wait for its entry), or none to take; False where another
+        process compiles it now (or its entry is there)."""
+        local = self._local
+        return self._leases.take(local.path, local.team, key, lambda: local.has(key),
+                                 compile_secs or None) in (_lease.HELD, _lease.ALONE)
+
+    def let_go(self, key: str) -> None:
+        """The rebuild's compile of ``key`` is over (written or not): its lease let go."""
+        self._leases.release(self._local.path, key)
+
     def rebuilt(self, key: str, value: bytes, compile_secs: float, record: bytes) -> int:
         """An entry a rebuild compiled from ``record`` (SPEC §18), written as a compile's is (atomic,
         with its compile time, sealed where a key is set, handed to the shared level), with its

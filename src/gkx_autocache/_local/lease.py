@@ -22,7 +22,8 @@ from gkx_autocache._record import ledger as _ledger  # host(), alive(), born(): 
 
 # What a lookup that missed comes to: this process holds the key's lease (it compiles, and lets go
 # after its write); another's entry appeared while it waited (a hit); or it compiles without one.
-HELD, READY, ALONE = "held", "ready", "alone"
+# A rebuild's compile, which never waits, may also find another process compiling the key now.
+HELD, READY, ALONE, BUSY = "held", "ready", "alone", "busy"
 
 BEAT = 1.0  # a holder touches its leases this often (their mtime is the heartbeat)
 STALE = 5.0  # a lease whose heartbeat is older was left by a holder that stopped (killed on another host, stopped)
@@ -85,6 +86,10 @@ class Unleased:
 
     def settle(self, version_dir: str, team: bool, key: str, ready: Callable[[], bool],
                expected: float | None = None) -> str:
+        return ALONE
+
+    def take(self, version_dir: str, team: bool, key: str, ready: Callable[[], bool],
+             expected: float | None = None) -> str:
         return ALONE
 
     def release(self, version_dir: str, key: str) -> None:
@@ -165,13 +170,39 @@ class Leases:
                 os.close(folder)
         if fd is None:
             return outcome
+        self._hold(version_dir, key, fd, folder)
+        taken.append((version_dir, key))
+        return HELD
+
+    def take(self, version_dir: str, team: bool, key: str, ready: Callable[[], bool],
+             expected: float | None = None) -> str:
+        """A compile outside JAX's (a rebuild's) of ``key``, which never waits: ``HELD`` (this thread
+        compiles it; ``release`` after the write), ``READY`` (its entry is there now), ``BUSY``
+        (another process compiles it now: leave it to that one), or ``ALONE`` (no lease can be
+        made: compile). Never raises."""
+        try:
+            folder = self._folder(version_dir, team)
+        except OSError as exc:
+            logger.debug("no lease for %s: %s", key, exc)
+            return ALONE
+        outcome, fd = ALONE, None
+        try:
+            outcome, fd = self._settle(folder, team, key, ready, expected, wait=False)
+        except Exception as exc:
+            logger.debug("lease of %s: %s", key, exc)
+        finally:
+            if fd is None:
+                os.close(folder)
+        if fd is not None:
+            self._hold(version_dir, key, fd, folder)
+        return outcome
+
+    def _hold(self, version_dir: str, key: str, fd: int, folder: int) -> None:
         with self._lock:
             self._held[(version_dir, key)] = (fd, folder, None)
             if not self._beating.is_set():
                 self._beating.set()
                 threading.Thread(target=self._beat, name="gkx-autocache-lease", daemon=True).start()
-        taken.append((version_dir, key))
-        return HELD
 
     def _folder(self, version_dir: str, team: bool) -> int:
         """``.gkx-autocache/leases`` of ``version_dir``, made where missing (once a process), opened
@@ -188,8 +219,9 @@ class Leases:
         return _files.open_dir(path, search=True)
 
     def _settle(self, folder: int, team: bool, key: str, ready: Callable[[], bool],
-                expected: float | None) -> tuple[str, int | None]:
-        """``settle``'s outcome, with the lease's descriptor where it is ``HELD``."""
+                expected: float | None, wait: bool = True) -> tuple[str, int | None]:
+        """``settle``'s outcome, with the lease's descriptor where it is ``HELD``; ``wait``: False
+        for ``take`` (``BUSY`` where a live holder has it)."""
         deadline: float | None = None
         delay = FIRST_POLL
         for _ in range(8):  # takes: each after a lease was let go or broken (a race lost to another waiter: waits again)
@@ -217,6 +249,8 @@ class Leases:
                 if found.unwritten or (found.uid, found.host, found.pid) in self._distrusted \
                         or (found.uid, "", -1) in self._distrusted:
                     return ALONE, None
+                if not wait:
+                    return (READY if ready() else BUSY), None
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + self._bound(found, expected)

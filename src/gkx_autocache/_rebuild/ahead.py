@@ -16,7 +16,7 @@ from typing import Any
 from gkx_autocache import _fork
 from gkx_autocache._diagnostics import logger
 
-EXIT_WAIT = 30.0  # at exit, the most waited for the compiles running (none is started after)
+EXIT_WAIT = 30.0  # at exit, the most waited for the rest of a rebuild (a compile running: to its end)
 
 
 class Inflight:
@@ -117,14 +117,27 @@ class Ahead:
         self._enabled = enabled
         self._lock = threading.Lock()
         self._started = False
+        self._finished = False  # the program ended: no rebuild starts
         self._thread: threading.Thread | None = None
         self._rebuild: Any = None
+        self._locked: tuple[int, int, int] | None = None  # the rebuild lock held: its descriptor, device, inode
         self.outcome: Any = None  # what the rebuild came to, once it ran
         _fork.in_child(self._forked)
 
     def _forked(self) -> None:
         self._lock = threading.Lock()
         self._started, self._thread, self._rebuild = False, None, None
+        # An flock is its open file's: the child's copy of the descriptor would hold the rebuild lock
+        # for the child's whole life (a worker pool), long after the parent's rebuild ended.
+        locked, self._locked = self._locked, None
+        if locked is not None:
+            fd, device, inode = locked
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == (device, inode):
+                    os.close(fd)
+            except OSError:
+                pass
 
     def missed(self, key: str) -> bool:
         """A lookup missed ``key``: at the first, the check starts (in a thread); whether a rebuild
@@ -166,10 +179,14 @@ class Ahead:
         if fd is None:
             logger.debug("rebuild ahead: %s rebuilds %s already", holder, self.version_dir)
             return
+        if fd >= 0:
+            st = os.fstat(fd)
+            self._locked = (fd, st.st_dev, st.st_ino)
         try:
             self._rebuild_from(keys)
         finally:
             if fd >= 0:
+                self._locked = None
                 os.close(fd)
 
     def _rebuild_from(self, keys: dict[str, set[str]]) -> None:
@@ -190,6 +207,8 @@ class Ahead:
         used = _entries.count(self.version_dir)[1] if self._cap else 0
         rebuild = engine.Rebuild(store, rebuilder, self._jobs, self.inflight, self._cap, used)
         with self._lock:
+            if self._finished:  # (the program ended while the records were read)
+                return
             self._rebuild = rebuild
         self.outcome = rebuild.run(gathered.found)
         out = self.outcome
@@ -199,11 +218,17 @@ class Ahead:
                     if out.stopped == "futile" else f"; stopped: {out.stopped}" if out.stopped else "")
 
     def finish(self) -> None:
-        """At exit: no more records taken; the compiles running are waited for (bounded), so that
-        JAX's backend is not torn down under them."""
+        """At exit: no more records taken; the compiles running are waited for to their end, and
+        the rest of the rebuild at most ``EXIT_WAIT``."""
         with self._lock:
+            self._finished = True
             rebuild, thread = self._rebuild, self._thread
         if rebuild is not None:
             rebuild.stop("the program ended")
-        if thread is not None:
-            thread.join(EXIT_WAIT)
+        if thread is None:
+            return
+        thread.join(EXIT_WAIT)
+        # A compile cannot be interrupted, and a thread that comes back from XLA once the interpreter
+        # finalizes aborts the process ("terminate called ... FATAL: exception not rethrown", exit 134).
+        while thread.is_alive() and rebuild is not None and rebuild.compiling:
+            thread.join(0.05)

@@ -22,6 +22,7 @@ from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import RECORD_SIDECAR, VERSION_PREFIX, key_match
 from gkx_autocache._rebuild import record as _record
 
+ELSEWHERE = "another process compiles it now"
 TEAM_UNSIGNED = ("in a directory others can write (a team directory), records are read only when signed: set "
                  "GKX_JAX_CACHE_SIGNING_KEY")
 
@@ -33,6 +34,10 @@ class Target(Protocol):
     def path(self) -> str: ...
 
     def has(self, key: str) -> bool: ...
+
+    def lease(self, key: str, compile_secs: float) -> bool: ...
+
+    def let_go(self, key: str) -> None: ...
 
     def rebuilt(self, key: str, value: bytes, compile_secs: float, record: bytes) -> int: ...
 
@@ -225,6 +230,12 @@ class Rebuild:
         self._compiling = 0  # compiles running now: each one's CPU is its share of the process's
         self.outcome = Outcome()
 
+    @property
+    def compiling(self) -> int:
+        """The compiles running now."""
+        with self._lock:
+            return self._compiling
+
     def stop(self, why: str) -> None:
         """Take no more records (those compiling finish)."""
         with self._lock:
@@ -276,8 +287,18 @@ class Rebuild:
         threads += [threading.Thread(target=work, name=f"gkx-autocache rebuild {i}", daemon=True) for i in range(jobs)]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        # Not ``join``: one that Ctrl-C interrupts marks its thread stopped while it still runs
+        # (CPython 3.11's threading, bpo-45274), and nothing could wait for it any more.
+        try:
+            while any(thread.is_alive() for thread in threads):
+                time.sleep(0.02)
+        except KeyboardInterrupt:
+            # A compile cannot be interrupted, and a thread that comes back from XLA once the
+            # interpreter finalizes aborts the process ("terminate called ..."): the running ones end first.
+            self.stop("interrupted")
+            while any(thread.is_alive() for thread in threads):
+                time.sleep(0.02)
+            raise
         self.outcome.seconds = time.perf_counter() - started
         return self.outcome
 
@@ -312,7 +333,14 @@ class Rebuild:
         try:
             if self._target.has(item.key):  # (written meanwhile: another process, the program)
                 return "present", 0, 0.0
-            return self._compile(item.found, item.key, item.backend, item.module, item.devices, item.options)
+            # Once per key across processes, as a miss: copies of the program started together
+            # wait for this compile, and one that another process is in is left to it.
+            if not self._target.lease(item.key, float(item.found.record.fields.get("compile", 0.0))):
+                return ("present", 0, 0.0) if self._target.has(item.key) else (ELSEWHERE, 0, 0.0)
+            try:
+                return self._compile(item.found, item.key, item.backend, item.module, item.devices, item.options)
+            finally:
+                self._target.let_go(item.key)
         finally:
             self._claims.done(item.key)
 
@@ -350,7 +378,7 @@ class Rebuild:
         try:
             written = self._target.rebuilt(key, entry, cpu, found.data)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):  # (EFBIG: `ulimit -f`)
                 self.stop(f"disk: {exc.strerror or exc}")
             return f"not written ({exc.strerror or exc})", 0, cpu
         return "rebuilt", written, cpu

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gkx_autocache import _files
+from gkx_autocache import _files, _fork
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._layout import PROGRAMS_DIR
 
@@ -68,6 +68,10 @@ class Keeper:
         self._jax_version = jax_version
         self._lock = threading.Lock()
         self._listed: set[str] = set()  # the keys this process put in its program's list
+        _fork.in_child(self._forked)
+
+    def _forked(self) -> None:  # a lock a thread of the parent held at the fork (a rebuild's note) stays held
+        self._lock = threading.Lock()
 
     def program(self) -> Program:
         if self._program is None:
