@@ -190,7 +190,7 @@ def test_a_mixed_pair_shares_entries_under_a_target_and_none_without(venv: Venv,
     key = venv.cli("ci-key", env=env).stdout
     assert on_cpu(venv, avx2_host, "-m", "gkx_autocache", "ci-key", env=env).stdout == key  # one CI cache too
 
-    host_env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "h")}
+    host_env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "h"), "GKX_JAX_CACHE_REBUILD_AHEAD": "0"}  # (on: rebuilt for it)
     run_program(venv, env=host_env)
     assert {f for f in listed(tmp_path / "h" / VERSION_DIR) if f.startswith("avx512")}  # the host's own code
     assert counts(on_cpu(venv, avx2_host, "-c", PROGRAM, env=host_env))["hits"] == 0
@@ -233,7 +233,7 @@ def test_a_host_below_the_target_loads_nothing_of_it_and_says_so(venv: Venv, tmp
     env = {"GKX_JAX_CACHE_DIR": str(tmp_path / "c"), **V3}
     cold, _ = run_program(venv, env=env)
     below = cpus.real_less(tmp_path, {"avx2"})
-    proc = on_cpu(venv, below, "-c", PROGRAM, env=env)
+    proc = on_cpu(venv, below, "-c", PROGRAM, env={**env, "GKX_JAX_CACHE_REBUILD_AHEAD": "0"})  # (on: rebuilt for it)
     other = counts(proc)
     assert other["hits"] == 0 and other["result"] == cold["result"]
     said = autocache_warnings(proc.stderr)

@@ -27,7 +27,7 @@ class Told:
     def __init__(self) -> None:
         self.said: list[tuple[Any, ...]] = []
         self.run = type("Run", (), {"id": "1796000000.000-1"})()
-    def hit(self, key: str, nbytes: int, compile_secs: float, by: str = "") -> None:
+    def hit(self, key: str, nbytes: int, compile_secs: float, by: str = "", rebuilt: bool = False) -> None:
         self.said.append(("hit", key))
 
     def miss(self, key: str, shared_off: str | None = None) -> None:
@@ -36,7 +36,8 @@ class Told:
     def rejected(self, key: str, reason: str) -> None:
         self.said.append(("rejected", key, reason))
 
-    def put(self, key: str, nbytes: int, compile_secs: float, landed: bool = False) -> None:
+    def put(self, key: str, nbytes: int, compile_secs: float, landed: bool = False, rebuilt: bool = False,
+            unrecorded: str | None = None) -> None:
         self.said.append(("landed" if landed else "put", key))
 
     def landed(self, nbytes: int) -> None:

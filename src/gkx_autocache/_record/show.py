@@ -115,10 +115,13 @@ def summary_line(snap: dict[str, Any]) -> str:
     shared, ahead = int(shared_level.get("hits", 0)), int(shared_level.get("prefetch_used", 0))
     within = ([f"{snap['hits'] - shared} local, {shared} shared{f': {ahead} prefetched' if ahead else ''}"]
               if snap.get("levels") and snap["hits"] else [])
-    if snap["own_hits"]:
-        within.append(f"{snap['hits'] - snap['own_hits']} from earlier runs, {snap['own_hits']} of this run's own compiles")
-    if snap.get("rebuilt_hits"):  # entries a rebuild compiled from records (SPEC §18)
-        within.append(f"{snap['rebuilt_hits']} rebuilt")
+    rebuilt_hits = int(snap.get("rebuilt_hits") or 0)  # entries a rebuild compiled from records (SPEC §18)
+    # A hit of an entry this run's rebuild ahead compiled is a rebuilt one, not one of its own compiles.
+    own = max(snap["own_hits"] - min(rebuilt_hits, int(snap.get("rebuilt") or 0)), 0)
+    if own:
+        within.append(f"{snap['hits'] - snap['own_hits']} from earlier runs, {own} of this run's own compiles")
+    if rebuilt_hits:
+        within.append(f"{rebuilt_hits} rebuilt")
     if within:
         hits += f" ({'; '.join(within)})"
     parts = [hits, f"{plural(snap['misses'], 'miss', 'misses')}{by_cause(snap['causes'])}"]
