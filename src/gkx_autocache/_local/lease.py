@@ -155,6 +155,22 @@ class Leases:
         taken = getattr(self._compiles, "taken", None)
         if taken is None:  # a lookup outside JAX's compile (a probe): nothing would let the lease go
             return ALONE
+        outcome = self._lease(version_dir, team, key, ready, expected, wait=True)
+        if outcome == HELD:
+            taken.append((version_dir, key))
+        return outcome
+
+    def take(self, version_dir: str, team: bool, key: str, ready: Callable[[], bool],
+             expected: float | None = None) -> str:
+        """A compile outside JAX's (a rebuild's) of ``key``, which never waits: ``HELD`` (this thread
+        compiles it; ``release`` after the write), ``READY`` (its entry is there now), ``BUSY``
+        (another process compiles it now: leave it to that one), or ``ALONE`` (no lease can be
+        made: compile). Never raises."""
+        return self._lease(version_dir, team, key, ready, expected, wait=False)
+
+    def _lease(self, version_dir: str, team: bool, key: str, ready: Callable[[], bool], expected: float | None,
+               wait: bool) -> str:
+        """``settle``'s and ``take``'s outcome; a lease taken is held (``HELD``). Never raises."""
         try:
             folder = self._folder(version_dir, team)
         except OSError as exc:
@@ -162,7 +178,7 @@ class Leases:
             return ALONE
         outcome, fd = ALONE, None
         try:
-            outcome, fd = self._settle(folder, team, key, ready, expected)
+            outcome, fd = self._settle(folder, team, key, ready, expected, wait=wait)
         except Exception as exc:  # a lease is an optimisation: never in the way of a compile
             logger.debug("lease of %s: %s", key, exc)
         finally:  # (a KeyboardInterrupt while it waits goes on to the user, the folder closed)
@@ -171,31 +187,7 @@ class Leases:
         if fd is None:
             return outcome
         self._hold(version_dir, key, fd, folder)
-        taken.append((version_dir, key))
         return HELD
-
-    def take(self, version_dir: str, team: bool, key: str, ready: Callable[[], bool],
-             expected: float | None = None) -> str:
-        """A compile outside JAX's (a rebuild's) of ``key``, which never waits: ``HELD`` (this thread
-        compiles it; ``release`` after the write), ``READY`` (its entry is there now), ``BUSY``
-        (another process compiles it now: leave it to that one), or ``ALONE`` (no lease can be
-        made: compile). Never raises."""
-        try:
-            folder = self._folder(version_dir, team)
-        except OSError as exc:
-            logger.debug("no lease for %s: %s", key, exc)
-            return ALONE
-        outcome, fd = ALONE, None
-        try:
-            outcome, fd = self._settle(folder, team, key, ready, expected, wait=False)
-        except Exception as exc:
-            logger.debug("lease of %s: %s", key, exc)
-        finally:
-            if fd is None:
-                os.close(folder)
-        if fd is not None:
-            self._hold(version_dir, key, fd, folder)
-        return outcome
 
     def _hold(self, version_dir: str, key: str, fd: int, folder: int) -> None:
         with self._lock:
