@@ -664,16 +664,20 @@ class InProcess:
 
     def run_program(self, env: dict[str, str] | None = None, names: tuple[str, ...] = ("f", "g"), *,
                     w_error: bool = False, user: int | None = None, groups: tuple[int, ...] = (),
-                    **jit: Any) -> tuple[dict[str, Any], str]:
+                    ahead: bool = False, **jit: Any) -> tuple[dict[str, Any], str]:
         """A process that compiles each of ``names`` once (PROGRAM's two functions; ``"f:v"``: ``f``
         with another shape or constant, another key): what PROGRAM prints (the cache's counts, its
         result, the values in ``jax.config``) and its stderr (``w_error``: under ``-W error``).
-        ``user``: in a forked child that is that user (``in_a_child_as``)."""
+        ``user``: in a forked child that is that user (``in_a_child_as``). ``ahead``: its threads'
+        work done after the first lookup (a real program's tracing gives a prefetch that long; the
+        stand-in's next lookup comes at once)."""
         if user is not None:
             return in_a_child_as(user, groups,  # type: ignore[no-any-return]
-                                 lambda: self.run_program(env, names, w_error=w_error, **jit))
+                                 lambda: self.run_program(env, names, w_error=w_error, ahead=ahead, **jit))
         with self.process(env, w_error=w_error) as ran:
-            for name in names:
+            for i, name in enumerate(names):
+                if i == 1 and ahead:
+                    ran.settle()
                 ran.jit(*name.split(":", 1), **jit)
         assert ran.jax is not None
         return {**ran.values, "requests": ran.jax.requests, "hits": ran.jax.hits, "result": ran.jax.result()}, ran.stderr
