@@ -256,3 +256,25 @@ def test_explain_never_calls_a_stale_run_the_last(here: InProcess, tmp_path: Pat
     assert f"are not recorded here: JAX's own cache served them: {reason}" in text, text
     data = json.loads(here.cli("--json", "explain", env=env).stdout)
     assert data["last_run"]["stale"]["store"] == "jax", data["last_run"]
+
+
+def test_a_rerun_s_digest_leaves_out_the_package_s_own_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a process runs is digested once, at its first miss, over the modules imported by then:
+    the package's own threads import some of its modules about then (rebuild ahead, at that very
+    miss), a race that made two runs of one command differ and "misses on every run" go unsaid under
+    load. Its modules are left out, as JAX's and the standard library's are."""
+    import types
+
+    import gkx_autocache
+    from gkx_autocache._explain import facts
+
+    monkeypatch.setattr(facts, "_process", [])
+    before = facts._program()
+    late = types.ModuleType("gkx_autocache._imported_late")
+    late.__file__ = os.path.join(os.path.dirname(gkx_autocache.__file__), "_layout.py")
+    monkeypatch.setitem(__import__("sys").modules, late.__name__, late)
+    assert facts._program() == before
+    mine = types.ModuleType("a_users_module_imported_late")
+    mine.__file__ = __file__
+    monkeypatch.setitem(__import__("sys").modules, mine.__name__, mine)
+    assert facts._program() != before  # (a user's module still counts)

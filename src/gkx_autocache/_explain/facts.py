@@ -611,9 +611,10 @@ def _program() -> str:
     env = sorted((k, v) for k, v in os.environ.items() if not k.startswith(VOLATILE_ENV))
     files = []
     # The standard library and JAX itself do not change under a version directory (a JAX upgrade
-    # is another directory): 600 of a model's 700 modules, not stat-ed.
+    # is another directory): 600 of a model's 700 modules, not stat-ed. Nor this package's: its
+    # threads import some of its modules about now (rebuild ahead, at this very miss), a race.
     skip = tuple(os.path.dirname(getattr(sys.modules.get(name), "__file__", None) or "/nonexistent/x") + os.sep
-                 for name in ("os", "jax", "jaxlib"))
+                 for name in ("os", "jax", "jaxlib", "gkx_autocache"))
     for module in list(sys.modules.values())[:MAX_MODULES]:
         # (from the module's own dict: a module's __getattr__, a lazy loader's, may import on access)
         path = getattr(module, "__dict__", {}).get("__file__")
