@@ -266,8 +266,9 @@ def _rebuilds(jax: Any, settings: _settings.Settings, location: _cache.Location,
     keeper = _keeper.Keeper(local.path, local.keep_record, location.team, secret,
                             functools.partial(_keeper.this_program, functools.partial(_isa_of, target)),
                             str(jax.__version__))
-    # Every core: where the rebuild serves the program, its main thread mostly waits for it (on one
-    # fewer, 2 cores gave 1.01 x today's cold: docs/benchmarks.md); where it does not, it stops.
+    # Every core: where the rebuild serves the program, its main thread mostly waits for it; where it
+    # does not (the program's misses are none of its keys), it stops. (With every core, 2 cores gave
+    # 0.76-0.82 x today's cold: docs/benchmarks.md, "Rebuild".)
     jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     ahead = _ahead.Ahead(local.path, location.team, secret, keeper.program, keeper.noted, cap, jobs,
                          float(settings["shared_timeout"]), bool(settings["rebuild_ahead"]))
