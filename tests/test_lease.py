@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -256,6 +257,27 @@ def test_a_symlinked_folder_takes_no_lease(vdir: Path, tmp_path: Path, where: st
     (vdir / where).symlink_to(elsewhere)
     leases = Leases(LONG)
     in_compile(leases)
+    assert leases.settle(str(vdir), False, KEY, never) == ALONE
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_folder_removed_or_swapped_for_a_link_after_a_lease_is_opened_again(vdir: Path, tmp_path: Path) -> None:
+    """The lease folder is opened once a process and then reused while its path names it: removed
+    since (``clear``), the next lease is made in the new one, where other processes look; swapped
+    for a link to another folder, no lease is made and nothing is written there."""
+    leases = Leases(LONG)
+    in_compile(leases)
+    assert leases.settle(str(vdir), False, KEY, never) == HELD
+    leases.release(str(vdir), KEY)
+    shutil.rmtree(vdir / ".gkx-autocache")
+    other = "jit_g-" + "cd" * 32
+    assert leases.settle(str(vdir), False, other, never) == HELD
+    assert (folder(vdir) / other).is_file()
+    leases.release(str(vdir), other)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folder(vdir).rename(tmp_path / "moved")
+    folder(vdir).symlink_to(elsewhere)
     assert leases.settle(str(vdir), False, KEY, never) == ALONE
     assert list(elsewhere.iterdir()) == []
 

@@ -294,3 +294,38 @@ def test_a_warm_run_gives_the_bits_of_the_cold_one(venv: Venv, tmp_path: Path) -
         lines.append(next((ln for ln in proc.stderr.splitlines() if ln.startswith("gkx-autocache:")), ""))
     assert "0 hits" in lines[0] and " 0 misses" in lines[1] and " 0 misses" in lines[2], lines
     assert len(set(digests)) == 1, digests
+
+
+def test_the_compile_clock_counts_this_thread_and_xlas_not_another_python_threads_work() -> None:
+    """What a compile costs is the process's CPU less that of its other Python threads (each read
+    from its own CPU clock): another thread busy meanwhile is not counted; this thread's work is."""
+    import threading
+    import time
+
+    from gkx_autocache._store import compile_clock
+
+    def burn(secs: float) -> None:
+        until = time.thread_time() + secs
+        while time.thread_time() < until:
+            pass
+
+    go, burnt, end = threading.Event(), threading.Event(), threading.Event()
+
+    def busy() -> None:
+        go.wait()
+        burn(0.4)
+        burnt.set()
+        end.wait()
+
+    other = threading.Thread(target=busy)
+    other.start()
+    before = compile_clock()
+    go.set()
+    burnt.wait()
+    others = compile_clock() - before
+    end.set()
+    other.join()
+    before = compile_clock()
+    burn(0.4)
+    mine = compile_clock() - before
+    assert others < 0.1 and mine > 0.3, (others, mine)
