@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from conftest import local_at
 
 import gkx_autocache
 from gkx_autocache import _cache, _entries, _policy, _remove, _settings, _trust, _userdirs
@@ -980,3 +981,37 @@ def test_a_link_of_the_private_prefix_to_a_folder_of_yours_is_never_taken(monkey
     assert first.version_dir is not None and not first.version_dir.startswith(str(decoy)), first.version_dir
     assert not any(yours.iterdir())
     assert _cache.locate(settings, "9.9.9", prefix=sys.base_prefix).version_dir == first.version_dir
+
+
+def test_an_entry_appears_with_its_compile_time_and_seal_already_beside_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup of another thread or process that finds an entry finds beside it who wrote it and
+    whether a rebuild did (else a rebuilt entry read in that moment counted as the run's own hit:
+    test_jax_lines failed so under load); an entry that cannot be written leaves no compile time."""
+    import zlib
+
+    from gkx_autocache._local.level import LocalLevel
+
+    local = local_at(tmp_path / "l", signs=True)
+    key = "jit_f-" + "a" * 64
+    seen: list[tuple[float, bool, bool]] = []
+    write = LocalLevel.write
+
+    def watched(self: LocalLevel, k: str, data: bytes) -> None:
+        secs, _, _, rebuilt = self.compile_secs(k, data)
+        seen.append((secs, rebuilt, os.path.exists(self._seal(k))))
+        write(self, k, data)
+
+    monkeypatch.setattr(LocalLevel, "write", watched)
+    local.put(key, zlib.compress(b"\0\0\0\1an executable"), 2.5, "run-1", b"seal", rebuilt=True)
+    assert seen == [(2.5, True, True)], seen
+    assert local.compile_secs(key, b"")[3] is True
+
+    def full(self: LocalLevel, k: str, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(LocalLevel, "write", full)
+    other = "jit_g-" + "b" * 64
+    with pytest.raises(OSError):
+        local.put(other, zlib.compress(b"\0\0\0\1x"), 2.5, "run-1", None)
+    assert sorted(p.name for p in (tmp_path / "l").iterdir() if p.name.startswith("jit_g")) == []

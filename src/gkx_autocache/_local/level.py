@@ -225,11 +225,17 @@ class LocalLevel:
         """A compile's entry, its compile time (None: not measured) and the seal this process's key
         made for it (``rebuilt``: a rebuild compiled it); the bytes written. Raises OSError (disk
         full, a name too long)."""
-        self.write(key, data)
-        written = len(data)
+        # What is beside the entry first: a lookup of another thread or process that finds the
+        # entry finds with it who wrote it and whether a rebuild did (it was counted a run's own hit).
+        written = len(data) + self.keep_seal(key, seal)
         if compile_secs is not None:
             written += self.write_sidecar(key, compile_secs, by=by, rebuilt=rebuilt)
-        return written + self.keep_seal(key, seal)
+        try:
+            self.write(key, data)
+        except OSError:
+            _files.remove(os.path.join(self.path, key + COMPILE_SIDECAR))
+            raise
+        return written
 
     def keep_record(self, key: str, data: bytes) -> int:
         """The entry's record (``<key>-gkx-record``, SPEC §18), atomically, in the entries' mode
