@@ -128,6 +128,20 @@ def test_ci_run_tests_every_python_it_finds(tmp_path: Path, versions: tuple[str,
     assert ("JAX 0.12" in proc.stdout) == any(v != "3.11" for v in versions)
 
 
+def test_ci_run_says_what_each_python_runs(tmp_path: Path) -> None:
+    """Issue 68's 20 minutes: the first Python runs the whole suite; a second Python of a JAX line
+    only what depends on the line (3.12: the tests marked ``line``); the newest, what is the
+    interpreter's and the units (3.13: all but ``line`` and ``once``); a Python between two of its
+    line, nothing of its own."""
+    proc = plan(only(tmp_path, "3.11", "3.12", "3.13"), ci=False)
+    said = {line.split()[2]: line.split(" -> ", 1)[1].split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("plan: Python")}
+    assert said == {"3.11": "the whole suite", "3.12": '-m "not once and line"', "3.13": '-m "not once and not line"'}, said
+    (tmp_path / "two").mkdir()
+    proc = plan(only(tmp_path / "two", "3.12", "3.13"), ci=False)
+    said = {line.split()[2]: line.split(" -> ", 1)[1].split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("plan: Python")}
+    assert said == {"3.12": "the whole suite", "3.13": '-m "not once and not line"'}, said
+
+
 def test_ci_run_says_first_what_it_needs_and_keeps_to_a_folder_of_its_own(tmp_path: Path) -> None:
     """Issue 71: the test command turned the README's ``.venv`` (the demo's) into an editable install,
     downgraded ml_dtypes there, made about 3 GB of venvs and apt-installed packages as root, none of

@@ -376,6 +376,7 @@ else:
 """
 
 
+@pytest.mark.once  # the package's waiting, the same on every line (48 s on JAX 0.12, 10 s on 0.10)
 def test_a_program_that_exits_while_ahead_compiles_exits_whole(shared_venv: Venv, tmp_path: Path) -> None:
     """A program that ends while rebuild ahead is in a compile longer than the exit's wait exits
     with its own status: a thread that comes back from XLA once the interpreter finalizes would
@@ -391,6 +392,7 @@ def test_a_program_that_exits_while_ahead_compiles_exits_whole(shared_venv: Venv
     assert "terminate" not in proc.stderr and "FATAL" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.once  # the package's waiting, the same on every line (48 s on JAX 0.12, 10 s on 0.10)
 def test_a_rebuild_interrupted_mid_compile_ends_whole(shared_venv: Venv, tmp_path: Path) -> None:
     """Ctrl-C on ``rebuild`` while it compiles: it stops taking records, lets the compile running
     end, and exits 1 with whole entries only; never the abort of a thread that comes back from XLA
