@@ -438,3 +438,37 @@ print(len(mine), len(set(other)), len(mine | set(other)))
     proc = shared_venv.run("-c", code, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1", "1", "2"], proc.stdout
+
+
+def test_each_compile_is_of_a_module_parsed_by_its_own_thread(cache: Cache) -> None:
+    """XLA compiles a module without the GIL and loads dialects into its MLIR context: a module the
+    keying thread parsed, compiled while that thread parses the next one into the same context (or
+    while another compile loads into it), is a data race. Each compile's module is parsed by the
+    thread that compiles it, into that thread's own context."""
+    cache.run()
+    cache.upgrade()
+    probe = """
+import json, sys, threading
+import gkx_autocache
+from gkx_autocache._jax import rebuild
+parsed, compiled = {}, []
+parse, compile_ = rebuild.Rebuilder.parse, rebuild.Rebuilder.compile
+def parse_(self, data):
+    module = parse(self, data)
+    parsed.setdefault(id(module.context), set()).add(threading.get_ident())
+    return module
+def compile__(self, backend, module, *rest):
+    compiled.append((id(module.context), threading.get_ident()))
+    return compile_(self, backend, module, *rest)
+rebuild.Rebuilder.parse, rebuild.Rebuilder.compile = parse_, compile__
+from gkx_autocache._cli.main import main
+try:
+    main(["--json", "rebuild", "--jobs", "2"])
+except SystemExit:
+    pass
+print(json.dumps([sorted(parsed[c]) == [t] for c, t in compiled]))
+"""
+    proc = cache.venv.run("-c", probe, env=cache.env)
+    assert proc.returncode == 0, proc.stderr
+    own = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert own and all(own), own

@@ -77,10 +77,11 @@ class Rebuilder:
         return array.reshape(shape)
 
     def parse(self, data: bytes) -> Any:
-        """The module, in this thread's context: made once a thread, never shared between threads.
-        Making one registers every dialect under the GIL (5 ms on this EPYC, 50 ms on the TPU
-        v5e's host): one a module held every other thread of the process for the rebuild's keying
-        (4.4 s of 84 modules there, the program's tracing and the compiles' writes waiting on it)."""
+        """The module, in this thread's context: made once a thread, never used by another thread
+        (XLA's compile loads dialects into it without the GIL). Making one registers every dialect
+        under the GIL (5 ms on this EPYC, 50 ms on the TPU v5e's host): one a module held every
+        other thread of the process for the rebuild's keying (4.4 s of 84 modules there, the
+        program's tracing and the compiles' writes waiting on it)."""
         context = getattr(self._contexts, "context", None)
         if context is None:
             context = self._contexts.context = self._mlir.make_ir_context()

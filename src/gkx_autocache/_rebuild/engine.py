@@ -78,12 +78,12 @@ class Unclaimed:
 
 
 class Keyed(NamedTuple):
-    """A record whose key this JAX computed, missing here: what its compile needs."""
+    """A record whose key this JAX computed, missing here: what its compile needs (its module is
+    parsed again by the thread that compiles it: see ``_compile``)."""
 
     found: Found
     key: str
     backend: Any
-    module: Any
     devices: Any
     options: Any
 
@@ -325,7 +325,7 @@ class Rebuild:
             return "present"
         if self._dry_run:
             return "would"
-        return Keyed(found, key, backend, module, devices, options)
+        return Keyed(found, key, backend, devices, options)
 
     def _claimed(self, item: Keyed) -> tuple[str, int, float]:
         if not self._claims.claim(item.key, float(item.found.record.fields.get("compile", 0.0))):
@@ -338,17 +338,23 @@ class Rebuild:
             if not self._target.lease(item.key, float(item.found.record.fields.get("compile", 0.0))):
                 return ("present", 0, 0.0) if self._target.has(item.key) else (ELSEWHERE, 0, 0.0)
             try:
-                return self._compile(item.found, item.key, item.backend, item.module, item.devices, item.options)
+                return self._compile(item.found, item.key, item.backend, item.devices, item.options)
             finally:
                 self._target.let_go(item.key)
         finally:
             self._claims.done(item.key)
 
-    def _compile(self, found: Found, key: str, backend: Any, module: Any, devices: Any,
-                 options: Any) -> tuple[str, int, float]:
+    def _compile(self, found: Found, key: str, backend: Any, devices: Any, options: Any) -> tuple[str, int, float]:
         from gkx_autocache._store import compile_clock
 
         rebuilder = self._rebuilder
+        try:
+            # Parsed again, into this thread's own context: XLA compiles a module without the GIL
+            # and loads dialects into its context (its passes' dependencies), which is safe only
+            # where no other thread uses that context meanwhile (MLIR's threading rules).
+            module = rebuilder.parse(found.record.module)
+        except Exception as exc:
+            return f"its module does not parse under this JAX ({_first_line(exc)})", 0, 0.0
         with self._lock:
             self._compiling += 1
             sharing = self._compiling
