@@ -282,6 +282,61 @@ def test_the_folder_removed_or_swapped_for_a_link_after_a_lease_is_opened_again(
     assert list(elsewhere.iterdir()) == []
 
 
+def test_threads_leasing_at_once_on_first_use_never_copy_a_descriptor_another_closed(
+        vdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rebuild's threads take their first leases at once, and each opens the lease folder: the
+    one kept is replaced by the last. A thread that found the one replaced must not copy its
+    descriptor once closed, when its number is another folder's by then (a lease made there)."""
+    from gkx_autocache import _files
+
+    leases = Leases(LONG)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    b_in, b_go, c_in, c_go = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    outcome: dict[str, str] = {}
+    made, stat = _files.bookkeeping_dir, os.stat
+
+    def held_made(version_dir: str, team: bool, *parts: str) -> str | None:
+        if threading.current_thread().name == "b":  # the first use's open, after it found none kept
+            b_in.set()
+            b_go.wait(10)
+        return made(version_dir, team, *parts)
+
+    def held_stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if threading.current_thread().name == "c" and str(path) == str(folder(vdir)):
+            c_in.set()
+            c_go.wait(10)
+        return stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_files, "bookkeeping_dir", held_made)
+    monkeypatch.setattr(os, "stat", held_stat)
+
+    def take(name: str) -> threading.Thread:
+        key = f"jit_{name}-" + "cd" * 32
+        thread = threading.Thread(target=lambda: outcome.setdefault(name, leases.take(str(vdir), False, key, never)),
+                                  name=name)
+        thread.start()
+        return thread
+
+    b = take("b")
+    assert b_in.wait(10)
+    assert leases.take(str(vdir), False, KEY, never) == HELD  # the first folder kept
+    c = take("c")
+    assert c_in.wait(10)
+    b_go.set()
+    b.join(10)  # b's folder kept, the first closed
+    others = [os.open(elsewhere, os.O_RDONLY) for _ in range(64)]  # the closed number, another folder's
+    try:
+        c_go.set()
+        c.join(10)
+    finally:
+        for fd in others:
+            os.close(fd)
+    assert outcome == {"b": HELD, "c": HELD}, outcome
+    assert list(elsewhere.iterdir()) == [] and (folder(vdir) / ("jit_c-" + "cd" * 32)).is_file()
+    leases.release_all()
+
+
 def test_a_forked_child_holds_none_of_its_parents_leases(vdir: Path) -> None:
     """A child forked while its parent holds a lease does not let the parent's go (at its exit or
     its own write), and takes leases of its own."""

@@ -205,14 +205,18 @@ class Leases:
         without following a link at any level (once: then a copy of that descriptor, while the path
         still names that folder; removed since by ``clear``, made again). Raises OSError."""
         path = os.path.join(version_dir, META_DIR, LEASE_DIR)
-        known = self._folders.get(version_dir)
-        if known is not None:
-            try:
-                st = os.stat(path)
-                if (st.st_dev, st.st_ino) == known[1]:
+        try:
+            st = os.stat(path)
+            named: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            named = None
+        with self._lock:  # (under the lock: one another thread replaces is closed, its number soon another file's)
+            known = self._folders.get(version_dir)
+            if known is not None and known[1] == named:
+                try:
                     return os.dup(known[0])
-            except OSError:
-                pass
+                except OSError:
+                    pass
         if _files.bookkeeping_dir(version_dir, team, LEASE_DIR) is None:
             raise OSError(f"no bookkeeping folder in {version_dir}")
         fd = _files.open_dir(path, search=True)
@@ -225,8 +229,8 @@ class Leases:
         with self._lock:
             old = self._folders.get(version_dir)
             self._folders[version_dir] = (kept, (st.st_dev, st.st_ino))
-        if old is not None:
-            os.close(old[0])
+            if old is not None:
+                os.close(old[0])
         return fd
 
     def _settle(self, folder: int, team: bool, key: str, ready: Callable[[], bool],
