@@ -337,6 +337,36 @@ def test_threads_leasing_at_once_on_first_use_never_copy_a_descriptor_another_cl
     leases.release_all()
 
 
+def test_a_forked_child_that_closes_every_descriptor_leases_in_the_folder(vdir: Path, tmp_path: Path) -> None:
+    """A child forked after a lease (a daemon) closes every descriptor it inherited and opens its
+    own: the parent's lease folder, kept open, is not copied by its number in the child, which
+    may be another folder's by then."""
+    leases = Leases(LONG)
+    in_compile(leases)
+    assert leases.settle(str(vdir), False, KEY, never) == HELD
+    leases.release(str(vdir), KEY)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other = "jit_g-" + "cd" * 32
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            fd = os.open(elsewhere, os.O_RDONLY)
+            for n in range(3, 1024):  # every number past stdio: a folder of the child's own
+                if n != fd:
+                    os.dup2(fd, n)
+            in_compile(leases)
+            mine = leases.settle(str(vdir), False, other, never)
+            code = 0 if mine == HELD and (folder(vdir) / other).is_file() and not os.listdir(elsewhere) else 2
+            leases.release_all()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_forked_child_holds_none_of_its_parents_leases(vdir: Path) -> None:
     """A child forked while its parent holds a lease does not let the parent's go (at its exit or
     its own write), and takes leases of its own."""

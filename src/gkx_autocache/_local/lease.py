@@ -120,14 +120,17 @@ class Leases:
         atexit.register(self.release_all)
 
     def _forked(self) -> None:
-        """A forked child holds none of its parent's leases (their files name the parent), and has no heartbeat."""
-        for fd, folder, _ in self._held.values():
-            for descriptor in (fd, folder):
-                try:
-                    os.close(descriptor)
-                except OSError:
-                    pass
+        """A forked child holds none of its parent's leases (their files name the parent), and has no
+        heartbeat; it opens the lease folders again (a daemon closes every descriptor it inherited:
+        a number kept would be another file's by its first lease)."""
+        inherited = [d for fd, folder, _ in self._held.values() for d in (fd, folder)]
+        for descriptor in inherited + [kept for kept, _ in self._folders.values()]:
+            try:
+                os.close(descriptor)
+            except OSError:
+                pass
         self._held = {}
+        self._folders = {}
         self._lock = threading.Lock()
         self._compiles = threading.local()
         self._beating = threading.Event()
