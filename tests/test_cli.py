@@ -165,6 +165,7 @@ def test_verify_repair_removes_only_the_corrupt(here: InProcess) -> None:
     bad.write_bytes(b"not zlib at all")
     orphan = vdir / f"jit_gone-{'f' * 64}-gkx-compile"
     orphan.write_text("0.5")
+    os.utime(orphan, (time.time() - 7200, time.time() - 7200))  # a killed writer's (a young one may be mid-put)
     proc = here.cli("verify")
     assert proc.returncode == 1 and "jit_bad" in proc.stdout and "jit_gone" in proc.stdout
     assert here.cli("verify", "--repair").returncode == 0

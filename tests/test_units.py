@@ -17,7 +17,7 @@ from conftest import local_at
 
 import gkx_autocache
 from gkx_autocache import _cache, _entries, _policy, _remove, _settings, _trust, _userdirs
-from gkx_autocache._layout import TAG_NAME
+from gkx_autocache._layout import TAG, TAG_NAME
 
 
 def resolve(env: dict[str, str], prefix: Path, user: Path | None = None) -> _settings.Settings:
@@ -1015,3 +1015,42 @@ def test_an_entry_appears_with_its_compile_time_and_seal_already_beside_it(tmp_p
     with pytest.raises(OSError):
         local.put(other, zlib.compress(b"\0\0\0\1x"), 2.5, "run-1", None)
     assert sorted(p.name for p in (tmp_path / "l").iterdir() if p.name.startswith("jit_g")) == []
+
+
+def test_a_prune_in_the_moment_before_an_entry_lands_leaves_its_compile_time_and_seal(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seal and the compile time are written before the entry: a prune (the cap at another
+    process's exit, ``prune --older-than``) or ``verify`` that lists the directory in that moment
+    finds them without their entry. They are a writer's, mid-put, as its temporary file is: never
+    the orphans removed first, which left the entry without who wrote it and whether a rebuild did."""
+    import zlib
+
+    from gkx_autocache import _files
+    from gkx_autocache._local.level import LocalLevel
+
+    path = tmp_path / "l"
+    assert _files.make_dir(str(path), False, TAG)  # the package's: its entries are not read to be pruned
+    local = local_at(path, signs=True)
+    old = ["jit_f-" + c * 64 for c in "ce"]
+    day_ago = time.time() - 86400
+    for key in old:
+        local.put(key, zlib.compress(b"\0\0\0\1old"), 1.0, "", b"seal")
+        for p in path.glob(key + "*"):
+            os.utime(p, (day_ago, day_ago))
+    key = "jit_g-" + "d" * 64
+    orphans: list[str] = []
+    write = LocalLevel.write
+
+    def pruned_first(self: LocalLevel, k: str, data: bytes) -> None:
+        if k == key:
+            _entries.execute(_entries.plan_prune(str(path), _entries.scan(str(path)).bytes - 1))  # one unit goes
+            _entries.execute(_entries.plan_prune(str(path), 0, older_than=3600.0))
+            orphans.extend(_entries.verify(str(path)).orphans)
+        write(self, k, data)
+
+    monkeypatch.setattr(LocalLevel, "write", pruned_first)
+    local.put(key, zlib.compress(b"\0\0\0\1an executable"), 2.5, "", b"seal", rebuilt=True)
+    assert orphans == [] and not any(local.has(k) for k in old), orphans
+    secs, _, _, rebuilt = local.compile_secs(key, b"")
+    kept = local.uploadable(key)
+    assert (secs, rebuilt) == (2.5, True) and kept is not None and kept.seal == b"seal"

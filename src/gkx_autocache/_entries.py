@@ -46,7 +46,7 @@ STALE_VERSION_SECS = 30 * 86400.0
 class Unit:
     """One entry with its sidecars: pruned and cleared together."""
 
-    __slots__ = ("key", "files", "bytes", "last_used", "has_entry", "uids")
+    __slots__ = ("key", "files", "bytes", "last_used", "has_entry", "uids", "written")
 
     def __init__(self, key: str, bytes: int = 0, last_used: float = 0.0, has_entry: bool = False) -> None:
         self.key = key
@@ -55,6 +55,7 @@ class Unit:
         self.last_used = last_used
         self.has_entry = has_entry
         self.uids: set[int] = set()  # who owns its files (none known on a bucket)
+        self.written = 0.0  # its newest sidecar's write (``in_flight``; none known on a bucket)
 
 
 class Scan:
@@ -113,6 +114,8 @@ def scan(version_dir: str) -> Scan:
             if suffix == ENTRY_SUFFIX:
                 unit.has_entry = True
                 unit.last_used = max(unit.last_used, st.st_atime, st.st_mtime)
+            else:
+                unit.written = max(unit.written, st.st_mtime)
     try:  # the bookkeeping's own temporaries: a summary whose writer was killed
         with os.scandir(os.path.join(version_dir, META_DIR)) as items:
             for item in items:
@@ -304,8 +307,16 @@ def _scan_remote(version_dir: str, result: Scan) -> Scan:
     return result
 
 
+def in_flight(unit: Unit, now: float) -> bool:
+    """Whether the unit's sidecars, without their entry, may be a writer's, mid-put (the seal and
+    the compile time are written before the entry, ``LocalLevel.put``): as young as a temporary
+    file that is not stale. Not an orphan: one removed now leaves the entry without it."""
+    return not unit.has_entry and unit.written > now - STALE_TMP_SECS
+
+
 def least_recent_first(units: list[Unit]) -> list[Unit]:
-    return sorted(units, key=lambda u: (u.has_entry, u.last_used))  # orphans first
+    now = time.time()  # orphans first; sidecars mid-put as recent as their write
+    return sorted(units, key=lambda u: (u.has_entry or in_flight(u, now), u.last_used if u.has_entry else u.written))
 
 
 def select_over(units: list[Unit], target: int) -> list[Unit]:
@@ -496,7 +507,7 @@ def plan_prune(version_dir: str, cap: int, older_than: float | None = None) -> R
     chosen: list[Unit] = []
     rest: list[Unit] = []
     for unit in units:  # one pass: `unit not in chosen` compared dataclasses, 100 000 x 100 000
-        old = older_than is not None and unit.last_used < now - older_than
+        old = older_than is not None and unit.last_used < now - older_than and not in_flight(unit, now)
         (chosen if old else rest).append(unit)
     if cap:
         chosen += select_over(rest, cap)
@@ -578,6 +589,7 @@ def verify(version_dir: str, progress: Any = None) -> Verification:
     orphans: list[str] = []
     made = made_here(version_dir)
     units = ours(version_dir, list(found.units.values()), made)  # another tool's file of an entry's name is not one
+    units = [u for u in units if not in_flight(u, time.time())]
     for i, unit in enumerate(units):
         if progress is not None and i % 1000 == 0:
             progress(f"verify: {i}/{len(units)} entries checked")
