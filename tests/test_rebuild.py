@@ -451,10 +451,11 @@ def test_each_compile_is_of_a_module_parsed_by_its_own_thread(cache: Cache) -> N
 import json, sys, threading
 import gkx_autocache
 from gkx_autocache._jax import rebuild
-parsed, compiled = {}, []
+parsed, compiled, kept = {}, [], []
 parse, compile_ = rebuild.Rebuilder.parse, rebuild.Rebuilder.compile
 def parse_(self, data):
     module = parse(self, data)
+    kept.append(module.context)  # (a context freed, the keying thread's at its end: another may take its id)
     parsed.setdefault(id(module.context), set()).add(threading.get_ident())
     return module
 def compile__(self, backend, module, *rest):
