@@ -440,6 +440,28 @@ print(len(mine), len(set(other)), len(mine | set(other)))
     assert proc.stdout.split() == ["1", "1", "2"], proc.stdout
 
 
+def test_a_threads_mlir_context_is_made_again_once_many_modules_were_parsed_into_it(shared_venv: Venv) -> None:
+    """A context keeps what is parsed into it (a module's constants) until it is freed: the keying
+    thread's, which parses every record of the directory, held them all (24 MB of modules kept
+    18 MB, where a context a module kept 2). A thread's context is made again after a bound of
+    modules' bytes, not after each module."""
+    code = """
+import numpy as np, jax, jax.numpy as jnp
+from jax._src.interpreters import mlir
+from gkx_autocache._jax.rebuild import Rebuilder
+c = np.random.RandomState(0).rand(1 << 18).astype(np.float32)  # a constant of 1 MB
+data = mlir.module_to_bytecode(jax.jit(lambda x: x + c).lower(jnp.ones(1 << 18)).compiler_ir())
+r = Rebuilder()
+assert r.problem is None, r.problem
+contexts = [r.parse(data).context for _ in range(48)]  # (kept: a context freed, its id may come back)
+print(len(data) >> 20, len({id(c) for c in contexts}))
+"""
+    proc = shared_venv.run("-c", code, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    megabytes, made = map(int, proc.stdout.split())
+    assert megabytes == 1 and 2 <= made <= 4, proc.stdout
+
+
 def test_each_compile_is_of_a_module_parsed_by_its_own_thread(cache: Cache) -> None:
     """XLA compiles a module without the GIL and loads dialects into its MLIR context: a module the
     keying thread parsed, compiled while that thread parses the next one into the same context (or

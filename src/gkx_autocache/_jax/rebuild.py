@@ -11,6 +11,8 @@ from typing import Any
 from gkx_autocache._jax.recipes import EFFORTS
 from gkx_autocache._jax.versions import attr, parameters
 
+CONTEXT_BYTES = 16 << 20  # the modules parsed into a thread's MLIR context before it is made again
+
 
 class Rebuilder:
     """This JAX's own functions for compiling a record again, found once (``problem``: why not)."""
@@ -81,10 +83,15 @@ class Rebuilder:
         (XLA's compile loads dialects into it without the GIL). Making one registers every dialect
         under the GIL (5 ms on this EPYC, 50 ms on the TPU v5e's host): one a module held every
         other thread of the process for the rebuild's keying (4.4 s of 84 modules there, the
-        program's tracing and the compiles' writes waiting on it)."""
-        context = getattr(self._contexts, "context", None)
-        if context is None:
-            context = self._contexts.context = self._mlir.make_ir_context()
+        program's tracing and the compiles' writes waiting on it). A context keeps what is parsed
+        into it (a module's constants) until it is freed: made again after ``CONTEXT_BYTES`` of
+        modules (the keying parses every record: 24 MB of modules kept 18 MB in one context)."""
+        held = self._contexts
+        context = getattr(held, "context", None)
+        if context is None or held.parsed > CONTEXT_BYTES:
+            context = held.context = self._mlir.make_ir_context()
+            held.parsed = 0
+        held.parsed += len(data)
         with context:
             return self._ir.Module.parse(data)
 
