@@ -1054,3 +1054,20 @@ def test_a_prune_in_the_moment_before_an_entry_lands_leaves_its_compile_time_and
     secs, _, _, rebuilt = local.compile_secs(key, b"")
     kept = local.uploadable(key)
     assert (secs, rebuilt) == (2.5, True) and kept is not None and kept.seal == b"seal"
+
+
+def test_a_rebuilt_compile_time_whose_entry_never_landed_is_no_entry_rebuilt_here(tmp_path: Path) -> None:
+    """A rebuild killed between an entry's compile time and the entry (written in that order)
+    leaves the compile time alone: explain does not count it among the entries rebuilt here (the
+    key's miss would be told its module lowers differently under this JAX), but tells the records
+    a rebuild compiles."""
+    from gkx_autocache._explain import classify
+    from gkx_autocache._formats import sidecar
+
+    mine, theirs = tmp_path / "jax-0.5.0", tmp_path / "jax-0.4.1"
+    mine.mkdir()
+    theirs.mkdir()
+    (theirs / f"jit_f-{'b' * 64}-gkx-record").write_bytes(b"{}")
+    (mine / f"jit_f-{'a' * 64}-gkx-compile").write_bytes(sidecar(2.5, "", rebuilt=True))
+    said = classify._rebuilt("jit_f", str(mine), str(theirs), "0.4.1", "0.5.0")
+    assert "were rebuilt" not in said and "rebuild compiles them" in said, said

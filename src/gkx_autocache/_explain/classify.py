@@ -546,7 +546,8 @@ def _rebuilt(name: str, version_dir: str, other: str, theirs: str, mine: str) ->
     try:
         recorded = sum(1 for e in os.listdir(other) if e.startswith(f"{name}-") and e.endswith(RECORD_SIDECAR))
         rebuilt = sum(1 for e in os.listdir(version_dir) if e.startswith(f"{name}-") and e.endswith(COMPILE_SIDECAR)
-                      and read_sidecar(os.path.join(version_dir, e))[3])
+                      and read_sidecar(os.path.join(version_dir, e))[3]  # (written before its entry: one there)
+                      and os.path.exists(os.path.join(version_dir, e[:-len(COMPILE_SIDECAR)] + ENTRY_SUFFIX)))
     except OSError:
         return ""
     if rebuilt:
