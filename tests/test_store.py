@@ -329,3 +329,52 @@ def test_the_compile_clock_counts_this_thread_and_xlas_not_another_python_thread
     burn(0.4)
     mine = compile_clock() - before
     assert others < 0.1 and mine > 0.3, (others, mine)
+
+
+def test_a_python_thread_that_ends_during_a_compile_does_not_count_its_work_in_it() -> None:
+    """A Python thread that ends while a compile runs (the rebuild's keying thread, a compiling
+    thread whose last compile ended before another's): its CPU stays in the process's, so the
+    compile would count the whole of it. Only what it spent since it was last read may count."""
+    import threading
+    import time
+
+    from gkx_autocache._store import compile_clock
+
+    burnt, end = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        until = time.thread_time() + 0.4
+        while time.thread_time() < until:
+            pass
+        burnt.set()
+        end.wait()
+
+    other = threading.Thread(target=busy)
+    other.start()
+    burnt.wait()
+    before = compile_clock()
+    end.set()
+    other.join()
+    counted = compile_clock() - before
+    assert counted < 0.1, counted
+
+
+def test_the_compile_clock_of_a_child_forked_while_another_thread_read_it() -> None:
+    """The readings are kept under a lock: a child forked while another thread held it (a worker
+    forked mid-compile) reads its own clock, never waiting on a lock no thread of it will free."""
+    import signal
+
+    from gkx_autocache import _store
+
+    _store.compile_clock()
+    with _store._threads.lock:  # (as the other thread holds it at the fork)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            code = 1
+            try:
+                signal.alarm(20)
+                code = 0 if _store.compile_clock() >= 0.0 else 2
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

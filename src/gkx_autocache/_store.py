@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gkx_autocache import _mount
+from gkx_autocache import _fork, _mount
 from gkx_autocache._chain import Chain, Lookup, NoLevel
 from gkx_autocache._diagnostics import logger
 from gkx_autocache._entry import Entry
@@ -38,6 +38,27 @@ from gkx_autocache._local.level import LocalLevel
 _LINUX = sys.platform.startswith("linux")
 
 
+class _Threads:
+    """Each Python thread's CPU as ``compile_clock`` last read it (in any thread), and that of those
+    that ended since, which stays in the process's."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.read: dict[threading.Thread, float] = {}  # (the thread itself: an ended one's id comes back)
+        self.ended = 0.0
+
+
+_threads = _Threads()
+
+
+def _forked() -> None:  # the parent's threads are none of the child's (and its lock may have been held)
+    global _threads
+    _threads = _Threads()
+
+
+_fork.in_child(_forked)
+
+
 def compile_clock() -> float:
     """CPU seconds of this process, less those of its other Python threads: what a compile costs
     is measured as the difference of two readings. Not wall time: under contention (pytest-xdist
@@ -45,24 +66,34 @@ def compile_clock() -> float:
     compiling thread's own CPU time either: XLA compiles on worker threads of its own (the calling
     thread does 0.2 % of it, measured), so that would read as nothing. Not the whole process's: a
     busy thread of the user's program would count as compiling (SPEC §7). XLA's threads that run
-    another thread's computations meanwhile are counted in, an overestimate, where that happens."""
+    another thread's computations meanwhile are counted in, an overestimate, where that happens.
+    A Python thread that ended since its last reading is less its CPU as read then: else the whole
+    of it counted in the compile it ended during (a rebuild's keying thread, seconds)."""
     total = time.process_time()
     if not _LINUX:
         return total
     me = threading.get_native_id()
+    read: dict[threading.Thread, float] = {}
     for thread in threading.enumerate():
         tid = thread.native_id
-        if tid is None or tid == me:
+        if tid is None:
             continue
         try:
             # The thread's own CPU clock, as glibc's pthread_getcpuclockid names it from its kernel
             # id (a thread that ended meanwhile: EINVAL). Read without letting go of the GIL, where
             # /proc/self/task/<tid>/stat cost three hand-overs a thread: 84 a compile of the
             # rebuild's 13 threads on a TPU host, 50 ms a compile waiting for the GIL.
-            total -= time.clock_gettime(((~tid) << 3) | 6)
+            read[thread] = time.clock_gettime(((~tid) << 3) | 6)
         except OSError:
             continue
-    return total
+        if tid != me:
+            total -= read[thread]
+    threads = _threads
+    with threads.lock:
+        for thread in [t for t in threads.read if t not in read]:
+            threads.ended += threads.read.pop(thread)
+        threads.read.update(read)
+        return total - threads.ended
 
 
 class NoRecords:
