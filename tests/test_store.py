@@ -367,7 +367,7 @@ def test_the_compile_clock_of_a_child_forked_while_another_thread_read_it() -> N
     from gkx_autocache import _store
 
     _store.compile_clock()
-    with _store._threads.lock:  # (as the other thread holds it at the fork)
+    with _store._THREADS._lock:  # (as the other thread holds it at the fork)
         pid = os.fork()
         if pid == 0:  # pragma: no cover (the child)
             code = 1

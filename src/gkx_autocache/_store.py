@@ -43,20 +43,24 @@ class _Threads:
     that ended since, which stays in the process's."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.read: dict[threading.Thread, float] = {}  # (the thread itself: an ended one's id comes back)
-        self.ended = 0.0
+        self._forked()
+        _fork.in_child(self._forked)
+
+    def _forked(self) -> None:  # the parent's threads are none of the child's (and its lock may have been held)
+        self._lock = threading.Lock()
+        self._read: dict[threading.Thread, float] = {}  # (the thread itself: an ended one's id comes back)
+        self._ended = 0.0
+
+    def ended(self, read: dict[threading.Thread, float]) -> float:
+        """The CPU of the threads that ended, each as last read, ``read`` the threads' CPU now."""
+        with self._lock:
+            for thread in [t for t in self._read if t not in read]:
+                self._ended += self._read.pop(thread)
+            self._read.update(read)
+            return self._ended
 
 
-_threads = _Threads()
-
-
-def _forked() -> None:  # the parent's threads are none of the child's (and its lock may have been held)
-    global _threads
-    _threads = _Threads()
-
-
-_fork.in_child(_forked)
+_THREADS = _Threads()
 
 
 def compile_clock() -> float:
@@ -88,12 +92,7 @@ def compile_clock() -> float:
             continue
         if tid != me:
             total -= read[thread]
-    threads = _threads
-    with threads.lock:
-        for thread in [t for t in threads.read if t not in read]:
-            threads.ended += threads.read.pop(thread)
-        threads.read.update(read)
-        return total - threads.ended
+    return total - _THREADS.ended(read)
 
 
 class NoRecords:
