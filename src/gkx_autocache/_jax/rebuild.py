@@ -42,10 +42,6 @@ class Rebuilder:
         self._key = key if parameters(key)[:4] == ["options", "backend", "computation", "devices"] else None
         if self._key is None and parameters(attr(cc, "get_cache_key"))[:4] != ["module", "devices", "compile_options", "backend"]:
             self.problem = "jax._src.compilation_cache.get_cache_key has changed"
-        self._load = attr(compiler, "backend_compile_and_load")  # 0.6+; before, backend_compile loads
-        self._compile = attr(compiler, "backend_compile")
-        if self._load is None and parameters(self._compile)[:3] != ["backend", "module", "options"]:
-            self.problem = "jax._src.compiler.backend_compile has changed"
         for name in ("combine_executable_and_time", "compress_executable", "_get_cache"):
             if attr(cc, name) is None:
                 self.problem = f"jax._src.compilation_cache.{name} is missing"
@@ -133,11 +129,16 @@ class Rebuilder:
             return str(key)
         return str(self._cc.get_cache_key(module, devices, options, backend))
 
-    def compile(self, backend: Any, module: Any, devices: Any, options: Any) -> Any:
-        """The executable, as JAX's own compile makes it (no host callbacks: records have none)."""
-        if self._load is not None:
-            return self._load(backend, module, self._xc.DeviceList(tuple(devices.flat)), options, [])
-        return self._compile(backend, module, options, [])
+    def compile(self, backend: Any, data: bytes, devices: Any, options: Any) -> Any:
+        """The executable of a module's bytes, as JAX's own compile makes it (no host callbacks:
+        records have none). The client is given the bytes, as JAX's compile gave it until 0.5: XLA
+        parses them into a context of its own, where it loads dialects without the GIL, so no
+        compiling thread makes a Python MLIR context (50 ms of the GIL each on the TPU v5e's host)
+        or shares one (a data race)."""
+        if hasattr(backend, "compile_and_load"):  # (jaxlib 0.6+: ``compile`` makes an unloaded one)
+            return backend.compile_and_load(data, executable_devices=self._xc.DeviceList(tuple(devices.flat)),
+                                            compile_options=options)
+        return backend.compile(data, compile_options=options)
 
     def entry(self, executable: Any, backend: Any, compile_secs: float) -> bytes:
         """The entry's bytes, as JAX's ``put_executable_and_time`` makes them: the serialised

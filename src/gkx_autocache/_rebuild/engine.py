@@ -78,8 +78,8 @@ class Unclaimed:
 
 
 class Keyed(NamedTuple):
-    """A record whose key this JAX computed, missing here: what its compile needs (its module is
-    parsed again by the thread that compiles it: see ``_compile``)."""
+    """A record whose key this JAX computed, missing here: what its compile needs (its module's
+    bytes are the record's: see ``Rebuilder.compile``)."""
 
     found: Found
     key: str
@@ -348,19 +348,12 @@ class Rebuild:
         from gkx_autocache._store import compile_clock
 
         rebuilder = self._rebuilder
-        try:
-            # Parsed again, into this thread's own context: XLA compiles a module without the GIL
-            # and loads dialects into its context (its passes' dependencies), which is safe only
-            # where no other thread uses that context meanwhile (MLIR's threading rules).
-            module = rebuilder.parse(found.record.module)
-        except Exception as exc:
-            return f"its module does not parse under this JAX ({_first_line(exc)})", 0, 0.0
         with self._lock:
             self._compiling += 1
             sharing = self._compiling
         cpu, wall = compile_clock(), time.perf_counter()
         try:
-            executable = rebuilder.compile(backend, module, devices, options)
+            executable = rebuilder.compile(backend, found.record.module, devices, options)
             wall = time.perf_counter() - wall
             # The process's CPU over the compile, shared among the compiles running meanwhile.
             cpu = max(compile_clock() - cpu, 0.0) / max(sharing, 1)
