@@ -40,7 +40,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         show = counter(args, "rebuild")
         rebuild = engine.Rebuild(store, rebuilder, jobs, cap=cap, used=used, dry_run=args.dry_run,
                                  progress=(lambda out, total: show(out.done, total)) if show else None)
-        outcome = rebuild.run(gathered.found)
+        outcome = rebuild.run(engine.longest_first(gathered.found))
         if show is not None:
             show(len(gathered.found), len(gathered.found))
     finally:

@@ -169,6 +169,22 @@ def gather(dirs: Iterable[str], secret: bytes | None, program: str | None = None
     return gathered
 
 
+def longest_first(found: list[Found]) -> list[Found]:
+    """``found`` with the compiles recorded as the longest first (a record without a time, last):
+    where no program waits for its keys in its order (the ``rebuild`` command), the last compiles
+    to start are short and the threads end together. In the program's order, on the TPU v5e's 13
+    threads, a long compile started last kept the other twelve idle (docs/benchmarks.md)."""
+    return sorted(found, key=lambda f: -_secs(f.record.fields.get("compile")))
+
+
+def _secs(value: Any) -> float:
+    try:
+        secs = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return secs if secs == secs else 0.0  # (a NaN sorts nowhere)
+
+
 def _names(version_dir: str, only: set[str] | None) -> list[str]:
     """The keys whose records ``version_dir`` holds (``only``: of these)."""
     if only is not None:
