@@ -149,11 +149,17 @@ def test_rebuild_after_an_upgrade_serves_every_module_that_lowers_the_same(cache
 
 def test_rebuild_after_other_xla_flags_serves_the_next_run(cache: Cache) -> None:
     """Other ``XLA_FLAGS``: this directory's records, compiled under the new flags, serve the
-    run under them (the module is the same; only the compile differs)."""
+    run under them (the module is the same; only the compile differs). The command's own report
+    line (``report``) names what it rebuilt as the command's, not as rebuilt ahead."""
     cold, _ = cache.run()
     flags = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
-    done = cache.rebuild("--from", "this", **flags)
+    proc = cache.cli("--json", "rebuild", "--from", "this", GKX_JAX_CACHE_REPORT="1", **flags)
+    assert proc.returncode == 0, proc.stderr
+    done = json.loads(proc.stdout)
     assert done["rebuilt"] == cold["requests"] and done["failed"] == {}, done
+    # The command's own process reports what it rebuilt, not "ahead" (nothing ran that it was ahead of).
+    (report,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("gkx-autocache:")]
+    assert f"{cold['requests']} entries rebuilt by the rebuild command," in report and "ahead" not in report, report
     warm, _ = cache.run(**flags)
     assert warm["hits"] == warm["requests"] == cold["requests"] and warm["bits"] == cold["bits"]
 

@@ -21,11 +21,19 @@ class Process:
     def __init__(self, recorder: Recorder, levels: Chain | None) -> None:
         self.recorder = recorder
         self.levels = levels
+        self.command: str | None = None  # the package's own command this process runs (``rebuild``)
+
+    def runs_command(self, name: str) -> None:
+        """This process runs the package's own command ``name`` (``rebuild``): its report line says
+        what it rebuilt as the command's, not as rebuilt ahead of a program."""
+        self.command = name
 
     def snapshot(self, used: str | None = None) -> dict[str, Any]:
         """This process's counts, as ``report`` and the pytest summary show them (``Recorder.snapshot``),
         with both levels' numbers where the store served the directory JAX uses now."""
         shown = self.recorder.snapshot(used)
+        if self.command is not None:  # (what it rebuilt is the command's, not rebuilt ahead of a program)
+            shown["command"] = self.command
         levels = self.levels
         if shown.get("store") and levels is not None:
             shown["levels"] = levels.numbers()

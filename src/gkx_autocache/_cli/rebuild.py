@@ -87,6 +87,7 @@ def _jax_here(vdir: str) -> tuple[Any, Any]:
         rebuilder.backend(jax.default_backend())  # JAX sets up its cache object (the store) at its first use
     except Exception as exc:
         raise CliError(f"JAX cannot start here: {exc}") from None
+    _process.current.runs_command("rebuild")
     store = _store.current()
     if store is None or os.path.realpath(store.path) != os.path.realpath(vdir):
         used = getattr(store, "path", None) or getattr(jax.config, "jax_compilation_cache_dir", None)

@@ -126,7 +126,8 @@ def summary_line(snap: dict[str, Any]) -> str:
         hits += f" ({'; '.join(within)})"
     parts = [hits, f"{plural(snap['misses'], 'miss', 'misses')}{by_cause(snap['causes'])}"]
     if snap.get("rebuilt"):
-        parts.append(f"{plural(snap['rebuilt'], 'entry', 'entries')} rebuilt ahead")
+        by = f"by the {snap['command']} command" if snap.get("command") else "ahead"
+        parts.append(f"{plural(snap['rebuilt'], 'entry', 'entries')} rebuilt {by}")
     if snap["not_cached"]:
         cost = f": {snap['not_cached_secs']:.2f} s compile" if snap.get("not_cached_secs") else ""
         parts.append(f"{snap['not_cached']} not cached{by_cause(snap['reasons'], cost)}")
