@@ -475,7 +475,7 @@ def test_each_compile_is_given_the_modules_bytes_and_only_the_keying_thread_pars
     """XLA compiles a module without the GIL and loads dialects into its MLIR context: a module the
     keying thread parsed, compiled while that thread parses the next one into the same context, is a
     data race. A compile is given the record's bytes, which XLA parses into a context of its own (as
-    JAX's own compile did before 0.5); no compiling thread makes a Python MLIR context, which costs
+    JAX's own compile did through 0.7); no compiling thread makes a Python MLIR context, which costs
     50 ms of the GIL each on the TPU v5e's host, every other thread waiting."""
     cache.run()
     cache.upgrade()
@@ -483,8 +483,13 @@ def test_each_compile_is_given_the_modules_bytes_and_only_the_keying_thread_pars
 import json, sys, threading
 import gkx_autocache
 from gkx_autocache._jax import rebuild
-parsers, given = set(), []
-parse, compile_ = rebuild.Rebuilder.parse, rebuild.Rebuilder.compile
+from gkx_autocache._rebuild import engine
+parsers, given, order = set(), [], []
+parse, compile_, run = rebuild.Rebuilder.parse, rebuild.Rebuilder.compile, engine.Rebuild.run
+def run_(self, found):
+    order.extend(float(f.record.fields["compile"]) for f in found)
+    return run(self, found)
+engine.Rebuild.run = run_
 def parse_(self, data):
     parsers.add(threading.get_ident())
     return parse(self, data)
@@ -497,10 +502,12 @@ try:
     main(["--json", "rebuild", "--jobs", "2"])
 except SystemExit:
     pass
-print(json.dumps([len(parsers), given]))
+print(json.dumps([len(parsers), given, order]))
 """
     proc = cache.venv.run("-c", probe, env=cache.env)
     assert proc.returncode == 0, proc.stderr
-    parsers, given = json.loads(proc.stdout.strip().splitlines()[-1])
+    parsers, given, order = json.loads(proc.stdout.strip().splitlines()[-1])
     assert given and set(given) == {"bytes"}, given
     assert parsers == 1, parsers
+    # The command starts the longest recorded compiles first (no program waits on its order).
+    assert len(order) == len(given) and order == sorted(order, reverse=True) and order[0] > order[-1], order

@@ -589,7 +589,8 @@ def verify(version_dir: str, progress: Any = None) -> Verification:
     orphans: list[str] = []
     made = made_here(version_dir)
     units = ours(version_dir, list(found.units.values()), made)  # another tool's file of an entry's name is not one
-    units = [u for u in units if not in_flight(u, time.time())]
+    now = time.time()
+    units = [u for u in units if not in_flight(u, now)]
     for i, unit in enumerate(units):
         if progress is not None and i % 1000 == 0:
             progress(f"verify: {i}/{len(units)} entries checked")

@@ -131,11 +131,11 @@ class Rebuilder:
 
     def compile(self, backend: Any, data: bytes, devices: Any, options: Any) -> Any:
         """The executable of a module's bytes, as JAX's own compile makes it (no host callbacks:
-        records have none). The client is given the bytes, as JAX's compile gave it until 0.5: XLA
+        records have none). The client is given the bytes, as JAX's compile gave it through 0.7: XLA
         parses them into a context of its own, where it loads dialects without the GIL, so no
         compiling thread makes a Python MLIR context (50 ms of the GIL each on the TPU v5e's host)
         or shares one (a data race)."""
-        if hasattr(backend, "compile_and_load"):  # (jaxlib 0.6+: ``compile`` makes an unloaded one)
+        if hasattr(backend, "compile_and_load"):  # (after jaxlib 0.6.0, ``compile`` makes an unloaded one)
             return backend.compile_and_load(data, executable_devices=self._xc.DeviceList(tuple(devices.flat)),
                                             compile_options=options)
         return backend.compile(data, compile_options=options)

@@ -174,15 +174,7 @@ def longest_first(found: list[Found]) -> list[Found]:
     where no program waits for its keys in its order (the ``rebuild`` command), the last compiles
     to start are short and the threads end together. In the program's order, on the TPU v5e's 13
     threads, a long compile started last kept the other twelve idle (docs/benchmarks.md)."""
-    return sorted(found, key=lambda f: -_secs(f.record.fields.get("compile")))
-
-
-def _secs(value: Any) -> float:
-    try:
-        secs = float(value)
-    except (TypeError, ValueError):
-        return 0.0
-    return secs if secs == secs else 0.0  # (a NaN sorts nowhere)
+    return sorted(found, key=lambda f: -float(f.record.fields.get("compile", 0.0)))  # (a time: ``record``'s check)
 
 
 def _names(version_dir: str, only: set[str] | None) -> list[str]:
