@@ -1071,3 +1071,31 @@ def test_a_rebuilt_compile_time_whose_entry_never_landed_is_no_entry_rebuilt_her
     (mine / f"jit_f-{'a' * 64}-gkx-compile").write_bytes(sidecar(2.5, "", rebuilt=True))
     said = classify._rebuilt("jit_f", str(mine), str(theirs), "0.4.1", "0.5.0")
     assert "were rebuilt" not in said and "rebuild compiles them" in said, said
+
+
+def test_a_write_that_fails_leaves_another_writers_entry_with_its_own_seal_and_compile_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes compile one key; the second's entry cannot be written (a disk full) after its
+    seal and compile time were put beside the first's entry: the first's entry keeps a compile time
+    of its key, and no seal of bytes it does not hold goes up with it (a seal over other bytes is a
+    forged entry to every machine that checks it). Where no entry is there, nothing is left."""
+    import errno
+    import zlib
+
+    local = local_at(tmp_path / "l", signs=True)
+    key, theirs, ours = "jit_f-" + "0" * 64, zlib.compress(b"their executable"), zlib.compress(b"our executable")
+    local.put(key, theirs, 2.0, "run-a", b"their seal")
+
+    def full(self: Any, key: str, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(type(local), "write", full)
+    with pytest.raises(OSError):
+        local.put(key, ours, 3.0, "run-b", b"our seal")
+    kept = local.uploadable(key)
+    assert kept is not None and kept.data == theirs and kept.seal is None, kept
+    assert local.compile_secs(key, theirs)[0] in (2.0, 3.0)
+    other = "jit_g-" + "1" * 64
+    with pytest.raises(OSError):
+        local.put(other, ours, 3.0, "run-b", b"our seal")
+    assert sorted(p.name for p in (tmp_path / "l").iterdir() if p.name.startswith("jit_g")) == []

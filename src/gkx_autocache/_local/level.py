@@ -233,7 +233,13 @@ class LocalLevel:
         try:
             self.write(key, data)
         except OSError:
-            _files.remove(os.path.join(self.path, key + COMPILE_SIDECAR))
+            # Not written: the seal vouched for these bytes, which are not there (another process's
+            # entry may be, whose own seal this one replaced: one over other bytes is a forged entry
+            # to every machine that checks it); the compile time is of the key, true of that entry.
+            if seal is not None:
+                _files.remove(self._seal(key))
+            if not os.path.exists(self.entry(key)):
+                _files.remove(os.path.join(self.path, key + COMPILE_SIDECAR))
             raise
         return written
 
