@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Venv
+from conftest import S3, Venv
 from test_activation import VERSION_DIR
 
 from gkx_autocache._local import lease as _lease
@@ -468,6 +468,21 @@ def test_copies_started_together_compile_each_key_once(venv: Venv, tmp_path: Pat
     compiled = sum(int(run["requests"]) - int(run["hits"]) for run in runs)  # type: ignore[call-overload]
     assert compiled == lookups.pop(), runs
     assert list((tmp_path / "c" / VERSION_DIR / ".gkx-autocache" / "leases").iterdir()) == []
+
+
+def test_an_entry_another_copy_wrote_while_this_one_waited_is_a_local_hit(venv: Venv, tmp_path: Path, s3: S3) -> None:
+    """Copies started together with a shared level: a copy that waited for another's compile is
+    served from the local level, and `stats` counts it there (its hits and the shared level's add
+    up to the runs' hits), not as a local miss that JAX then saw hit."""
+    env = {**s3.env, "GKX_JAX_CACHE_DIR": str(tmp_path / "c"), "GKX_JAX_CACHE_SHARED": f"s3://{s3.bucket}/team",
+           "GKX_JAX_CACHE_SHARED_TIMEOUT": "3600"}
+    runs = outputs(start_together(venv, tmp_path, 3, env, 4))
+    hits = sum(int(run["hits"]) for run in runs)  # type: ignore[call-overload]
+    requests = sum(int(run["requests"]) for run in runs)  # type: ignore[call-overload]
+    assert hits >= requests // 3, runs  # (the waits happened: one copy's lookups compiled, at most)
+    levels = json.loads(venv.cli("--json", "stats", env=env).stdout)["levels"]
+    assert levels["local"]["hits"] + levels["shared"].get("hits", 0) == hits, (levels, runs)
+    assert levels["local"]["misses"] == requests - levels["local"]["hits"], (levels, runs)
 
 
 def test_copies_of_a_program_jax_does_not_write_all_compile(venv: Venv, tmp_path: Path) -> None:

@@ -178,6 +178,13 @@ class Chain:
         self.shared.put(key, data, compile_secs, seal, now)
         return written
 
+    def waited(self, nbytes: int, secs: float) -> None:
+        """A lookup the local level missed whose entry another process wrote while this one waited
+        for it (``Store._settle``): served from the local level after all, so counted as its hit."""
+        with self._lock:
+            self._local_counts["misses"] -= 1
+        self._tally(nbytes, secs)
+
     def _tally(self, hit_bytes: int | None, secs: float = 0.0) -> None:
         with self._lock:
             counts = self._local_counts

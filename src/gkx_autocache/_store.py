@@ -173,9 +173,11 @@ class Store:
                                       _lease.recorded(local.path, key))
         if outcome != _lease.READY:
             return missed
+        started = time.perf_counter()
         data, why = local.read(key)
         if data is None or why is not None:
             return missed
+        self._chain.waited(len(data), time.perf_counter() - started)
         compile_secs, written, run, rebuilt = local.compile_secs(key, data)
         logger.debug("%s: another process compiled it while this one waited", key)
         return Lookup(Entry(data, compile_secs, written), "local", run, rebuilt=rebuilt)
