@@ -204,3 +204,34 @@ def test_a_directory_that_becomes_anothers_mid_run_is_read_no_more(tmp_path: Pat
     assert store.get(key(1)) is None
     local.chmod(0o700)
     assert store.get(key(1)) == entry(1)
+
+
+class _Waits:
+    """Leases whose wait ends with another process's entry written."""
+
+    def __init__(self, local: Any) -> None:
+        self.local = local
+
+    def settle(self, path: str, team: bool, k: str, ready: Any, expected: Any = None) -> str:
+        from gkx_autocache._local import lease as _lease
+
+        self.local.put(k, entry(1), 2.0, "run-a", None)
+        return _lease.READY if ready() else _lease.BUSY
+
+    def release(self, path: str, k: str) -> None:
+        pass
+
+
+def test_an_entry_waited_for_that_jax_cannot_load_is_a_local_miss(tmp_path: Path) -> None:
+    """A lookup served the entry another process wrote while it waited is the local level's hit; one
+    JAX then cannot load is a miss there too, as it is to the run (the levels' numbers agree with it)."""
+    shared = tmp_path / "team"
+    (shared / "jax-0.0.0").mkdir(parents=True, mode=0o700)
+    m = Machine(shared, tmp_path / "a")
+    m.store._leases = _Waits(local_at(tmp_path / "a"))  # type: ignore[assignment]
+    assert m.store.get(key(1)) == entry(1)
+    assert (m.chain.numbers()["local"]["hits"], m.chain.numbers()["local"]["misses"]) == (1, 0)
+    m.store.reject(key(1), ValueError("jaxlib rebuilt under the same version"))
+    m.store.put(key(1), entry(1))
+    local = m.chain.numbers()["local"]
+    assert (local["hits"], local["misses"]) == (0, 1), (local, m.told.said)

@@ -997,17 +997,19 @@ def test_an_entry_appears_with_its_compile_time_and_seal_already_beside_it(tmp_p
     seen: list[tuple[float, bool, bool]] = []
     write = LocalLevel.write
 
-    def watched(self: LocalLevel, k: str, data: bytes) -> None:
-        secs, _, _, rebuilt = self.compile_secs(k, data)
-        seen.append((secs, rebuilt, os.path.exists(self._seal(k))))
-        write(self, k, data)
+    def watched(self: LocalLevel, k: str, data: bytes, beside: Any = None) -> None:
+        def then() -> None:  # the moment before the entry appears
+            beside()
+            secs, _, _, rebuilt = self.compile_secs(k, data)
+            seen.append((secs, rebuilt, os.path.exists(self._seal(k))))
+        write(self, k, data, then)
 
     monkeypatch.setattr(LocalLevel, "write", watched)
     local.put(key, zlib.compress(b"\0\0\0\1an executable"), 2.5, "run-1", b"seal", rebuilt=True)
     assert seen == [(2.5, True, True)], seen
     assert local.compile_secs(key, b"")[3] is True
 
-    def full(self: LocalLevel, k: str, data: bytes) -> None:
+    def full(self: LocalLevel, k: str, data: bytes, *rest: Any) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(LocalLevel, "write", full)
@@ -1041,12 +1043,14 @@ def test_a_prune_in_the_moment_before_an_entry_lands_leaves_its_compile_time_and
     orphans: list[str] = []
     write = LocalLevel.write
 
-    def pruned_first(self: LocalLevel, k: str, data: bytes) -> None:
-        if k == key:
-            _entries.execute(_entries.plan_prune(str(path), _entries.scan(str(path)).bytes - 1))  # one unit goes
-            _entries.execute(_entries.plan_prune(str(path), 0, older_than=3600.0))
-            orphans.extend(_entries.verify(str(path)).orphans)
-        write(self, k, data)
+    def pruned_first(self: LocalLevel, k: str, data: bytes, beside: Any = None) -> None:
+        def then() -> None:
+            beside()
+            if k == key:
+                _entries.execute(_entries.plan_prune(str(path), _entries.scan(str(path)).bytes - 1))  # one unit goes
+                _entries.execute(_entries.plan_prune(str(path), 0, older_than=3600.0))
+                orphans.extend(_entries.verify(str(path)).orphans)
+        write(self, k, data, then)
 
     monkeypatch.setattr(LocalLevel, "write", pruned_first)
     local.put(key, zlib.compress(b"\0\0\0\1an executable"), 2.5, "", b"seal", rebuilt=True)
@@ -1075,10 +1079,10 @@ def test_a_rebuilt_compile_time_whose_entry_never_landed_is_no_entry_rebuilt_her
 
 def test_a_write_that_fails_leaves_another_writers_entry_with_its_own_seal_and_compile_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two processes compile one key; the second's entry cannot be written (a disk full) after its
-    seal and compile time were put beside the first's entry: the first's entry keeps a compile time
-    of its key, and no seal of bytes it does not hold goes up with it (a seal over other bytes is a
-    forged entry to every machine that checks it). Where no entry is there, nothing is left."""
+    """Two processes compile one key; the second's entry cannot be written (a disk full): its bytes
+    are staged before anything goes beside the entry, so the first's entry keeps its own seal and
+    compile time (removing them lost the compile time its waiters are bounded by). Where no entry
+    is there, nothing is left."""
     import errno
     import zlib
 
@@ -1086,16 +1090,82 @@ def test_a_write_that_fails_leaves_another_writers_entry_with_its_own_seal_and_c
     key, theirs, ours = "jit_f-" + "0" * 64, zlib.compress(b"their executable"), zlib.compress(b"our executable")
     local.put(key, theirs, 2.0, "run-a", b"their seal")
 
-    def full(self: Any, key: str, data: bytes) -> None:
+    def full(self: Any, key: str, data: bytes, *rest: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(type(local), "write", full)
     with pytest.raises(OSError):
         local.put(key, ours, 3.0, "run-b", b"our seal")
     kept = local.uploadable(key)
-    assert kept is not None and kept.data == theirs and kept.seal is None, kept
-    assert local.compile_secs(key, theirs)[0] in (2.0, 3.0)
+    assert kept is not None and kept.data == theirs and kept.seal == b"their seal", kept
+    assert local.compile_secs(key, theirs)[0] == 2.0
     other = "jit_g-" + "1" * 64
     with pytest.raises(OSError):
         local.put(other, ours, 3.0, "run-b", b"our seal")
     assert sorted(p.name for p in (tmp_path / "l").iterdir() if p.name.startswith("jit_g")) == []
+
+
+def test_a_full_disk_leaves_the_entry_there_with_its_own_seal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write fails (a full disk): this put's seal and compile time are never written, and the
+    entry already there keeps its own (its seal verifies against its bytes)."""
+    import errno
+    import zlib
+
+    from gkx_autocache import _files
+    from gkx_autocache._shared.seal import make_seal
+
+    local = local_at(tmp_path / "l", signs=True)
+    key, secret = "jit_f-" + "0" * 64, b"k" * 32
+    theirs, ours = zlib.compress(b"their executable"), zlib.compress(b"our executable")
+    their_seal = make_seal(key, theirs, 2.0, 1000.0, secret)
+    local.put(key, theirs, 2.0, "run-a", their_seal)
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_files, "atomic", full)
+    with pytest.raises(OSError):
+        local.put(key, ours, 3.0, "run-b", make_seal(key, ours, 3.0, 1001.0, secret))
+    monkeypatch.undo()
+    kept = local.uploadable(key)
+    assert kept is not None and kept.data == theirs and kept.seal == their_seal, kept
+    assert local.compile_secs(key, theirs)[0] == 2.0
+
+
+def test_a_writer_that_lands_while_a_put_fails_keeps_what_it_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process writes the key (seal, compile time, entry) while this put's replace fails:
+    what it wrote stays, this put removes only what is still its own; and a rebuild's put that fails
+    never marks the entry there as rebuilt."""
+    import errno
+    import zlib
+
+    from gkx_autocache._local.level import LocalLevel
+
+    local, other = local_at(tmp_path / "l", signs=True), local_at(tmp_path / "l", signs=True)
+    key = "jit_f-" + "0" * 64
+    theirs, ours = zlib.compress(b"their executable"), zlib.compress(b"our executable")
+    real = LocalLevel.write
+
+    def racing(self: Any, k: str, data: bytes, beside: Any = None) -> None:
+        def then() -> None:
+            beside()
+            monkeypatch.setattr(LocalLevel, "write", real)  # (the other process's own write)
+            other.put(k, theirs, 2.0, "run-a", b"their seal")
+            raise OSError(errno.ENOSPC, "No space left on device")  # (the replace, as it were)
+        real(self, k, data, then)
+
+    monkeypatch.setattr(LocalLevel, "write", racing)
+    with pytest.raises(OSError):
+        local.put(key, ours, 3.0, "run-b", b"our seal")
+    monkeypatch.undo()
+    kept = local.uploadable(key)
+    assert kept is not None and kept.data == theirs and kept.seal == b"their seal", kept
+
+    def staged_full(self: Any, k: str, data: bytes, beside: Any = None) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LocalLevel, "write", staged_full)
+    with pytest.raises(OSError):
+        local.put(key, ours, 3.0, "run-b", None, rebuilt=True)
+    secs, _, _, rebuilt = local.compile_secs(key, theirs)
+    assert (secs, rebuilt) == (2.0, False)

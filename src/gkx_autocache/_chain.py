@@ -180,10 +180,25 @@ class Chain:
 
     def waited(self, nbytes: int, secs: float) -> None:
         """A lookup the local level missed whose entry another process wrote while this one waited
-        for it (``Store._settle``): served from the local level after all, so counted as its hit."""
+        for it (``Store._settle``): served from the local level after all, so counted as its hit
+        (one step under the lock: a snapshot never sees the lookup in neither column)."""
         with self._lock:
-            self._local_counts["misses"] -= 1
-        self._tally(nbytes, secs)
+            counts = self._local_counts
+            if counts["misses"] < 1:  # (a fork reset the numbers since the miss: nothing to turn)
+                return
+            counts["misses"] -= 1
+            counts["hits"] += 1
+            counts["bytes_read"] += nbytes
+            counts["read_secs"] += secs
+            counts["reads"] += 1
+
+    def unserved(self) -> None:
+        """A local hit JAX could not load (``Store.reject``): the run counts it a miss, and so does the level."""
+        with self._lock:
+            counts = self._local_counts
+            if counts["hits"] >= 1:
+                counts["hits"] -= 1
+                counts["misses"] += 1
 
     def _tally(self, hit_bytes: int | None, secs: float = 0.0) -> None:
         with self._lock:

@@ -154,6 +154,7 @@ class Store:
             recorder.hit(key, len(entry.data), entry.compile_secs or 0.0, looked.run,  # (a shared one: another run's)
                          rebuilt=looked.rebuilt)
             self._served.key = key
+            self._served.local = looked.level == "local" and looked.receipt is None  # (a prefetched one: the shared level's)
             return bytes(entry.data)
         self._missed(key)
         if looked.refused:  # the entry was there but cannot be used: named, not "evicted" on every run
@@ -200,6 +201,9 @@ class Store:
         the entry. Silent but for a DEBUG line (SPEC §7). One that does not even decompress is
         removed at once: JAX may not write the recompile back (below its threshold, not process 0)."""
         self._served.key = None
+        if getattr(self._served, "local", False):
+            self._served.local = False
+            self._chain.unserved()
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         logger.debug("%s-cache could not be loaded (%s): it will be compiled again and replaced", key, reason)
         corrupt = self._local.remove_corrupt(key)

@@ -174,11 +174,15 @@ class LocalLevel:
         existing = _files.read(self.entry(key), limit=4)
         return existing is not None and compression_of(existing) not in (self.compression, None)
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: bytes, beside: Callable[[], None] | None = None) -> None:
         """The entry, atomically (a temporary file, then a replace, which heals a bad one); raises
-        OSError (disk full, a name too long for the file system)."""
+        OSError (disk full, a name too long for the file system). ``beside``: run once the bytes are
+        in the temporary file, before the replace (what goes beside the entry)."""
         with _files.atomic(self.entry(key), self._file_mode, whole=self._whole) as f:
             f.write(data)
+            if beside is not None:
+                f.flush()  # a disk full raises here: nothing beside the entry touched yet
+                beside()
 
     def write_sidecar(self, key: str, compile_secs: float, by: str = "", dated: float = 0.0,
                       rebuilt: bool = False) -> int:
@@ -225,21 +229,30 @@ class LocalLevel:
         """A compile's entry, its compile time (None: not measured) and the seal this process's key
         made for it (``rebuilt``: a rebuild compiled it); the bytes written. Raises OSError (disk
         full, a name too long)."""
-        # What is beside the entry first: a lookup of another thread or process that finds the
-        # entry finds with it who wrote it and whether a rebuild did (it was counted a run's own hit).
-        written = len(data) + self.keep_seal(key, seal)
-        if compile_secs is not None:
-            written += self.write_sidecar(key, compile_secs, by=by, rebuilt=rebuilt)
+        # The entry's bytes staged first (where a disk full fails), then what goes beside it, then
+        # the replace: a lookup that finds the entry finds with it who wrote it.
+        sidecar = os.path.join(self.path, key + COMPILE_SIDECAR)
+        ours: dict[str, bytes] = {}
+        written = len(data)
+
+        def beside() -> None:
+            nonlocal written
+            kept = self.keep_seal(key, seal)
+            if kept and seal is not None:
+                ours[self._seal(key)] = seal
+            written += kept
+            if compile_secs is not None:
+                done = self.write_sidecar(key, compile_secs, by=by, rebuilt=rebuilt)
+                if done:
+                    ours[sidecar] = _formats.sidecar(compile_secs, by, rebuilt)
+                written += done
+
         try:
-            self.write(key, data)
-        except OSError:
-            # Not written: the seal vouched for these bytes, which are not there (another process's
-            # entry may be, whose own seal this one replaced: one over other bytes is a forged entry
-            # to every machine that checks it); the compile time is of the key, true of that entry.
-            if seal is not None:
-                _files.remove(self._seal(key))
-            if not os.path.exists(self.entry(key)):
-                _files.remove(os.path.join(self.path, key + COMPILE_SIDECAR))
+            self.write(key, data, beside)
+        except OSError:  # (the replace failed: what this write put beside it, and only that, goes)
+            for path, mine in ours.items():
+                if _files.read(path, len(mine) + 1) == mine:
+                    _files.remove(path)
             raise
         return written
 
