@@ -235,3 +235,30 @@ def test_an_entry_waited_for_that_jax_cannot_load_is_a_local_miss(tmp_path: Path
     m.store.put(key(1), entry(1))
     local = m.chain.numbers()["local"]
     assert (local["hits"], local["misses"]) == (0, 1), (local, m.told.said)
+
+
+class _RebuiltMeanwhile:
+    """A rebuild ahead in this process that compiled the key a lookup missed (or tried: ``writes``)."""
+
+    def __init__(self, local: Any, writes: bool) -> None:
+        self.local, self.writes = local, writes
+
+    def missed(self, k: str) -> bool:
+        if self.writes:
+            self.local.put(k, entry(1), 2.0, "", None, rebuilt=True)
+        return True
+
+
+@pytest.mark.parametrize("writes", [True, False], ids=["rebuilt", "not rebuilt"])
+def test_a_lookup_looked_at_again_after_a_rebuild_is_one_lookup_of_the_local_level(tmp_path: Path, writes: bool) -> None:
+    """A miss whose key a rebuild here compiled meanwhile is looked up again (``Store.get``): one
+    request of JAX's, one hit or one miss of the local level, never a miss and then a hit; the
+    shared level asked once."""
+    shared = tmp_path / "team"
+    (shared / "jax-0.0.0").mkdir(parents=True, mode=0o700)
+    m = Machine(shared, tmp_path / "a")
+    m.store._rebuilds = _RebuiltMeanwhile(local_at(tmp_path / "a"), writes)
+    assert (m.store.get(key(1)) == entry(1)) is writes
+    local = m.chain.numbers()["local"]
+    assert (local["hits"], local["misses"]) == ((1, 0) if writes else (0, 1)), local
+    assert m.chain.numbers()["shared"]["misses"] == 1  # asked once, in the first lookup

@@ -131,8 +131,14 @@ class Chain:
     def signs(self) -> bool:
         return self.shared.signs
 
-    def lookup(self, key: str) -> Lookup:
+    def lookup(self, key: str, again: bool = False) -> Lookup:
+        """``again``: the same request of JAX's looked up a second time, in the local level only (a
+        rebuild here compiled its key meanwhile, ``Store.get``): one request, one hit or one miss of
+        the local level, and the shared level not asked twice (an empty answer where it misses)."""
         shared, local = self.shared, self.local
+        if again:
+            with self._lock:
+                self._local_counts["misses"] = max(self._local_counts["misses"] - 1, 0)
         shared.before_lookup(key)  # its prefetch, if in flight, lands first
         started = time.perf_counter()
         data, why = local.read(key)
@@ -144,6 +150,8 @@ class Chain:
             shared.local_hit(key, len(data), prefetched=receipt is not None)
             return Lookup(Entry(data, compile_secs, written), "local", run, receipt, rebuilt)
         self._tally(None)
+        if again:
+            return Lookup()
         shared.local_miss(key)
         if not why or compression_of(data or b"") is None:  # another environment's entry is left alone
             answer = shared.read(key)

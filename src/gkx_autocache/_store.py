@@ -141,7 +141,8 @@ class Store:
     def get(self, key: str) -> bytes | None:
         looked = self._chain.lookup(key)
         if looked.entry is None and self._rebuilds.missed(key):  # compiled by a rebuild here meanwhile: its entry
-            looked = self._chain.lookup(key)
+            again = self._chain.lookup(key, again=True)
+            looked = again if again.entry is not None else looked
         if looked.entry is None and not looked.refused and self._local.writable:
             looked = self._settle(key, looked)
         recorder = self._recorder
