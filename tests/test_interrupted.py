@@ -50,7 +50,11 @@ def interrupted(tmp_path: Path, body: str, ready: str, how: signal.Signals, env:
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:gkx_autocache",
                                  "--rootdir", str(tmp_path), *flags, str(tmp_path / "test_inner.py")], cwd=str(tmp_path),
-                                env=child_env, stdout=out, stderr=subprocess.STDOUT)
+                                env=child_env, stdout=out, stderr=subprocess.STDOUT,
+                                # (a suite started in the background, `bash .ci/run &`, inherits SIGINT
+                                # ignored, and so would the child: Python then makes no KeyboardInterrupt,
+                                # and the Ctrl-C sent below did nothing)
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while not (mark.exists() and mark.read_text()):
