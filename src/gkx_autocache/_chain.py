@@ -136,9 +136,6 @@ class Chain:
         rebuild here compiled its key meanwhile, ``Store.get``): one request, one hit or one miss of
         the local level, and the shared level not asked twice (an empty answer where it misses)."""
         shared, local = self.shared, self.local
-        if again:
-            with self._lock:
-                self._local_counts["misses"] = max(self._local_counts["misses"] - 1, 0)
         shared.before_lookup(key)  # its prefetch, if in flight, lands first
         started = time.perf_counter()
         data, why = local.read(key)
@@ -146,12 +143,12 @@ class Chain:
             compile_secs, written, run, rebuilt = local.compile_secs(key, data)
             receipt = local.landings.take(key)
             # A prefetched entry's first use is the shared level's hit, and the local level's miss.
-            self._tally(len(data) if receipt is None else None, time.perf_counter() - started)
+            self._tally(len(data) if receipt is None else None, time.perf_counter() - started, was_miss=again)
             shared.local_hit(key, len(data), prefetched=receipt is not None)
             return Lookup(Entry(data, compile_secs, written), "local", run, receipt, rebuilt)
-        self._tally(None)
-        if again:
+        if again:  # (its miss counted once, by the first lookup)
             return Lookup()
+        self._tally(None)
         shared.local_miss(key)
         if not why or compression_of(data or b"") is None:  # another environment's entry is left alone
             answer = shared.read(key)
@@ -188,29 +185,23 @@ class Chain:
 
     def waited(self, nbytes: int, secs: float) -> None:
         """A lookup the local level missed whose entry another process wrote while this one waited
-        for it (``Store._settle``): served from the local level after all, so counted as its hit
-        (one step under the lock: a snapshot never sees the lookup in neither column)."""
-        with self._lock:
-            counts = self._local_counts
-            if counts["misses"] < 1:  # (a fork reset the numbers since the miss: nothing to turn)
-                return
-            counts["misses"] -= 1
-            counts["hits"] += 1
-            counts["bytes_read"] += nbytes
-            counts["read_secs"] += secs
-            counts["reads"] += 1
+        for it (``Store._settle``): served from the local level after all, so counted as its hit."""
+        self._tally(nbytes, secs, was_miss=True)
 
     def unserved(self) -> None:
         """A local hit JAX could not load (``Store.reject``): the run counts it a miss, and so does the level."""
         with self._lock:
-            counts = self._local_counts
-            if counts["hits"] >= 1:
-                counts["hits"] -= 1
-                counts["misses"] += 1
+            self._local_counts["hits"] -= 1
+            self._local_counts["misses"] += 1
 
-    def _tally(self, hit_bytes: int | None, secs: float = 0.0) -> None:
+    def _tally(self, hit_bytes: int | None, secs: float = 0.0, was_miss: bool = False) -> None:
+        """One lookup's count (``hit_bytes`` None: a miss); ``was_miss``: a hit of a lookup already
+        counted a miss (looked at again, waited for), in its place in one step: a snapshot never
+        sees it in neither column, or in both."""
         with self._lock:
             counts = self._local_counts
+            if was_miss:
+                counts["misses"] -= 1
             if hit_bytes is None:
                 counts["misses"] += 1
                 return
